@@ -1,0 +1,35 @@
+"""coarse_jax: COARSE gradient synchronization for JAX.
+
+A second tier of devices, the proxies, reduces gradients that the workers push
+from inside the backward pass; the leading layers are reduced among the
+workers. See README.md.
+
+Example:
+  >>> import coarse_jax as coarse
+  >>> mesh = coarse.make_mesh(workers=4)
+  >>> @coarse.sync(mesh)
+  ... def train_step(state, batch):
+  ...     loss, grads = coarse.value_and_grad(loss_fn)(state.params, batch)
+  ...     return state.apply_gradients(grads=grads), loss
+"""
+
+from coarse_jax import reference
+from coarse_jax._ffi import has_cuda_support
+from coarse_jax.api import all_reduce, on_workers, sync, value_and_grad
+from coarse_jax.config import Config
+from coarse_jax.mesh import make_mesh
+from coarse_jax.plan import Plan, plan
+
+__all__ = [
+    "Config",
+    "Plan",
+    "all_reduce",
+    "has_cuda_support",
+    "make_mesh",
+    "on_workers",
+    "plan",
+    "reference",
+    "sync",
+    "value_and_grad",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,161 @@
+"""Bindings: registers the C++ handlers and wraps each custom call.
+
+Every call takes the int32[2] (tier, data index) of the calling device first,
+then leaves; all operands are cast to vary over both mesh axes (the
+handlers behave per device). Results are typed the way the runtime makes
+them: push/proxy-ring outputs vary per device, worker-ring and pull outputs
+are identical on every device of the mesh, so they are typed invariant and
+may leave ``shard_map`` with ``out_specs=P()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from coarse_jax.mesh import AXES, DATA, TIER
+from coarse_jax.plan import BucketPlan, Plan
+
+try:
+    from coarse_jax import _coarse_cpu
+except ImportError as _err:  # pragma: no cover - only without a build
+    _coarse_cpu = None
+    _IMPORT_ERROR: Exception | None = _err
+else:
+    _IMPORT_ERROR = None
+    for _name, _capsule in _coarse_cpu.registrations().items():
+        jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+try:
+    from coarse_jax import _coarse_cuda  # type: ignore[attr-defined]
+except ImportError:
+    _coarse_cuda = None
+
+
+def has_cuda_support() -> bool:
+    """True when the CUDA extension was built (not yet: see README "Not built yet")."""
+    return _coarse_cuda is not None
+
+
+def check_platform(mesh: jax.sharding.Mesh) -> None:
+    """Raises the actionable error before lowering a program the runtime cannot run."""
+    platform = mesh.devices.flat[0].platform
+    if platform == "cpu":
+        if _coarse_cpu is None:
+            raise ImportError(
+                "coarse_jax: the CPU extension coarse_jax._coarse_cpu is not built "
+                f"({_IMPORT_ERROR}). Reinstall with `pip install .` (or `make install`), or use "
+                "Config(mode='reference') / COARSE_JAX_MODE=reference."
+            )
+    elif platform in ("gpu", "cuda") and not has_cuda_support():
+        raise NotImplementedError(
+            "coarse_jax: this mesh is on GPUs, but the CUDA extension is not built (the CUDA "
+            "backend is not written yet). Use Config(mode='reference') or "
+            "COARSE_JAX_MODE=reference on GPUs for now."
+        )
+    elif platform not in ("cpu", "gpu", "cuda"):
+        raise NotImplementedError(f"coarse_jax: no runtime for platform {platform!r}; use mode='reference'.")
+
+
+def _vary(x: jax.Array) -> jax.Array:
+    missing = tuple(a for a in AXES if a not in jax.typeof(x).mat.varying)
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
+def vary(tree: Any) -> Any:
+    """Casts every leaf of ``tree`` to vary over both mesh axes."""
+    return jax.tree.map(_vary, tree)
+
+
+def who() -> jax.Array:
+    """The calling device's (tier, data index), as the handlers read it."""
+    return _vary(jnp.stack([lax.axis_index(TIER), lax.axis_index(DATA)]).astype(jnp.int32))
+
+
+def _result(x: jax.Array, varying: bool) -> Any:
+    # A varying result takes the (varied) operand's own type, which carries
+    # the mesh; an invariant one is a plain ShapeDtypeStruct.
+    return jax.typeof(x) if varying else jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def _call(target: str, results: Sequence[Any], operands: Sequence[jax.Array],
+          aliases: dict[int, int], plan: Plan, site: int, **attrs: Any) -> Any:
+    # vmap: "broadcast_all" hands the handlers batched buffers, which fail the
+    # plan's element-count check with an error; vmapping a collective over
+    # the mesh has no meaning here.
+    return jax.ffi.ffi_call(
+        target,
+        tuple(results),
+        has_side_effect=True,
+        vmap_method="broadcast_all",
+        input_output_aliases=aliases,
+    )(*operands, **plan.ffi_attrs(), site=site, **attrs)
+
+
+def push(me: jax.Array, leaves: Sequence[jax.Array], plan: Plan, bucket: BucketPlan, site: int) -> list[jax.Array]:
+    """Hands one bucket to the routed proxies; returns the leaves (aliased)."""
+    leaves = [_vary(x) for x in leaves]
+    out = _call(
+        "coarse_push",
+        [_result(x, True) for x in leaves],
+        [me, *leaves],
+        {i + 1: i for i in range(len(leaves))},
+        plan,
+        site,
+        first_leaf=bucket.first_leaf,
+        first_piece=bucket.first_piece,
+        num_pieces=bucket.num_pieces,
+        last=0,
+    )
+    return list(out)
+
+
+def proxy_ring(me: jax.Array, deps: Sequence[jax.Array], plan: Plan, site: int, last: bool) -> jax.Array:
+    """Proxies reduce every piece; returns a token that orders what follows."""
+    (token,) = _call("coarse_proxy_ring", [_result(me, True)], [me, *map(_vary, deps)], {}, plan, site, last=int(last))
+    return token
+
+
+def worker_ring(me: jax.Array, token: jax.Array, leaves: Sequence[jax.Array], plan: Plan,
+                site: int, last: bool) -> tuple[list[jax.Array], jax.Array]:
+    """Workers reduce the leading leaves and hand them to their proxies."""
+    leaves = [_vary(x) for x in leaves]
+    out = _call(
+        "coarse_worker_ring",
+        [*(_result(x, False) for x in leaves), _result(me, True)],
+        [me, token, *leaves],
+        {i + 2: i for i in range(len(leaves))},
+        plan,
+        site,
+        last=int(last),
+    )
+    return list(out[:-1]), out[-1]
+
+
+def pull(me: jax.Array, token: jax.Array, leaves: Sequence[jax.Array], plan: Plan, site: int) -> list[jax.Array]:
+    """Every device writes the reduced proxy leaves; ends the step."""
+    leaves = [_vary(x) for x in leaves]
+    out = _call(
+        "coarse_pull",
+        [_result(x, False) for x in leaves],
+        [me, token, *leaves],
+        {i + 2: i for i in range(len(leaves))},
+        plan,
+        site,
+        last=1,
+    )
+    return list(out)
+
+
+def inject_dropped_push(worker: int) -> None:
+    """Testing hook: the next push of ``worker`` is lost (its proxy must time out)."""
+    _coarse_cpu.inject_dropped_push(worker)
+
+
+def live_sessions() -> int:
+    """Testing hook: sessions the runtime holds now (0 between steps)."""
+    return _coarse_cpu.live_sessions()

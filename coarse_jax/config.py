@@ -1,0 +1,95 @@
+"""`coarse.Config`: every decision the planner and the runtime take, in one frozen value."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Literal
+
+Mode = Literal["ffi", "reference"]
+_MODES = ("ffi", "reference")
+
+
+def _default_mode() -> str:
+    return os.environ.get("COARSE_JAX_MODE", "ffi")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """How gradients are synchronized. Sizes are bytes of the leaves' own dtype.
+
+    Attributes:
+      shard_bytes: tensors larger than this are cut into equal shards (the last
+        one shorter); smaller tensors are batched together into pieces of up
+        to this size, so a step pays per-piece, not per-tensor, latency.
+      latency_threshold_bytes: pieces smaller than this go to a worker's
+        latency proxy, the rest to its bandwidth proxy.
+      routes: one ``(latency_proxy, bandwidth_proxy)`` pair per worker, proxies
+        named by their index on the "data" axis. ``None``: every worker uses its
+        local proxy (same index) for both.
+      leading_bytes: dual synchronization. The first layers' gradients (the
+        first leaves of the tree, up to this many bytes) are reduced among the
+        workers instead of through proxies. 0 sends everything through proxies;
+        a value at least the tree's size keeps everything on workers.
+      mode: "ffi" (the C++ runtime) or "reference" (the same dataflow in pure
+        JAX collectives, the test oracle). Default: ``$COARSE_JAX_MODE`` or "ffi".
+      timeout_s: every wait in the runtime gives up after this long with an
+        error naming the device, tier, step and tensor.
+
+    Example:
+      >>> cfg = coarse.Config(shard_bytes=1 << 20, leading_bytes=64 << 10)
+    """
+
+    shard_bytes: int = 4 << 20
+    latency_threshold_bytes: int = 2 << 20
+    routes: tuple[tuple[int, int], ...] | None = None
+    leading_bytes: int = 0
+    mode: str = dataclasses.field(default_factory=_default_mode)
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        for name in ("shard_bytes", "latency_threshold_bytes", "leading_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                hint = (
+                    ' ("auto" needs the profiler and performance model, not built yet)'
+                    if name == "leading_bytes" and value == "auto"
+                    else ""
+                )
+                raise ValueError(
+                    f"Config.{name}: expected a non-negative int (bytes), got {value!r}{hint}."
+                )
+        if self.shard_bytes < 4:
+            raise ValueError(f"Config.shard_bytes: expected at least 4 bytes, got {self.shard_bytes}.")
+        if self.mode not in _MODES:
+            raise ValueError(
+                f"Config.mode: expected one of {_MODES}, got {self.mode!r} "
+                "(check $COARSE_JAX_MODE)."
+            )
+        if not self.timeout_s > 0:
+            raise ValueError(f"Config.timeout_s: expected seconds > 0, got {self.timeout_s!r}.")
+        if self.routes is not None:
+            routes = tuple(tuple(int(v) for v in pair) for pair in self.routes)
+            if any(len(pair) != 2 for pair in routes):
+                raise ValueError(
+                    "Config.routes: expected one (latency_proxy, bandwidth_proxy) pair per "
+                    f"worker, got {self.routes!r}."
+                )
+            object.__setattr__(self, "routes", routes)
+
+    def routes_for(self, workers: int) -> tuple[tuple[int, int], ...]:
+        """The routing table for ``workers`` workers, checked against the mesh."""
+        if self.routes is None:
+            return tuple((i, i) for i in range(workers))
+        if len(self.routes) != workers:
+            raise ValueError(
+                f"Config.routes: expected {workers} (latency_proxy, bandwidth_proxy) pairs, one "
+                f"per worker of the mesh, got {len(self.routes)}."
+            )
+        for i, pair in enumerate(self.routes):
+            if any(not 0 <= proxy < workers for proxy in pair):
+                raise ValueError(
+                    f"Config.routes[{i}]: proxies are indices on the 'data' axis, 0..{workers - 1}; "
+                    f"got {pair}."
+                )
+        return self.routes

@@ -1,0 +1,316 @@
+"""`coarse.plan`: what happens to each leaf of a gradient tree.
+
+The plan fixes, before anything runs, every decision the runtime follows:
+
+* the dual-sync split: the first leaves of the tree (the model's first layers,
+  needed first by the next forward pass) up to ``Config.leading_bytes`` are
+  reduced among the workers; the rest goes through the proxies;
+* the sync order: proxy leaves are pushed in backward order (last leaf first),
+  which is also the one global order every proxy walks;
+* pieces: a leaf larger than ``shard_bytes`` is cut into equal shards, smaller
+  leaves are batched into pieces of up to ``shard_bytes``;
+* routes: a piece smaller than ``latency_threshold_bytes`` goes to the worker's
+  latency proxy, a larger one to its bandwidth proxy.
+
+The runtime receives the plan as FFI attributes of each custom call
+(`Plan.ffi_attrs`). Building it is linear in the number of leaves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+from coarse_jax.config import Config
+
+SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype(jax.numpy.bfloat16), np.dtype("float16"))
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafPlan:
+    """One leaf: where it sits in the tree and how it is synchronized."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    sync: str  # "proxy" or "worker"
+    sync_id: int  # position in sync order: proxy leaves first, then leading leaves
+    group: int  # pieces never mix leaves of different groups (see `plan`)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class PiecePlan:
+    """The unit that is routed, queued on a proxy and ring-reduced."""
+
+    index: int
+    nelems: int
+    nbytes: int
+    segments: tuple[tuple[int, int, int, int], ...]  # (sync_id, leaf_off, len, piece_off)
+    dest: tuple[int, ...]  # proxy per worker
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPlan:
+    """One push: consecutive proxy leaves [first_leaf, first_leaf + num_leaves)."""
+
+    first_leaf: int
+    num_leaves: int
+    first_piece: int
+    num_pieces: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The decisions for one tree on one mesh. See the module docstring."""
+
+    workers: int
+    config: Config
+    leaves: tuple[LeafPlan, ...]  # in tree-flatten order
+    sync_order: tuple[int, ...]  # sync_id -> tree index
+    num_proxy_leaves: int
+    pieces: tuple[PiecePlan, ...]
+    buckets: tuple[BucketPlan, ...]
+    mean: bool = True
+
+    @property
+    def proxy_leaves(self) -> tuple[int, ...]:
+        """Tree indices of the proxy-synced leaves, in sync order."""
+        return self.sync_order[: self.num_proxy_leaves]
+
+    @property
+    def leading_leaves(self) -> tuple[int, ...]:
+        """Tree indices of the worker-synced (leading) leaves, in sync order."""
+        return self.sync_order[self.num_proxy_leaves :]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(leaf.nbytes for leaf in self.leaves)
+
+    @property
+    def proxy_bytes(self) -> int:
+        return sum(self.leaves[i].nbytes for i in self.proxy_leaves)
+
+    def ffi_attrs(self) -> dict[str, Any]:
+        """The plan as FFI attributes (see ffi/runtime/plan.h), cached."""
+        cached = getattr(self, "_attrs", None)
+        if cached is not None:
+            return cached
+        p = self.workers
+        segs = np.array(
+            [(sid, off, n, pc.index, poff) for pc in self.pieces for (sid, off, n, poff) in pc.segments],
+            dtype=np.int64,
+        ).reshape(-1)
+        attrs: dict[str, Any] = {
+            "workers": np.int64(p),
+            "timeout_ms": np.int64(max(1, round(self.config.timeout_s * 1000))),
+            "mean": np.int64(1 if self.mean else 0),
+            "num_proxy_leaves": np.int64(self.num_proxy_leaves),
+            "piece_nelems": np.array([pc.nelems for pc in self.pieces], dtype=np.int64),
+            "piece_dest": np.array([d for pc in self.pieces for d in pc.dest], dtype=np.int64).reshape(-1),
+            "segments": segs,
+            "leaf_nelems": np.array([self.leaves[i].size for i in self.sync_order], dtype=np.int64),
+            "leaf_names": "\n".join(self.leaves[i].name for i in self.sync_order),
+        }
+        digest = hashlib.blake2b(digest_size=8)
+        for key in sorted(attrs):
+            value = attrs[key]
+            digest.update(key.encode())
+            digest.update(value.encode() if isinstance(value, str) else np.asarray(value).tobytes())
+        attrs["plan_key"] = np.int64(int.from_bytes(digest.digest(), "little") & ((1 << 63) - 1))
+        object.__setattr__(self, "_attrs", attrs)
+        return attrs
+
+    def summary(self, max_rows: int = 30) -> str:
+        """A table a person can read: one row per leaf (first ``max_rows``), then totals."""
+        p = self.workers
+        pieces_of: dict[int, list[PiecePlan]] = {}
+        for pc in self.pieces:
+            for sid, *_ in pc.segments:
+                pieces_of.setdefault(sid, []).append(pc)
+        header = f"{'leaf':<40} {'shape':<18} {'dtype':<8} {'bytes':>10}  {'sync':<22} dest proxy per worker"
+        rows = [header, "-" * len(header)]
+        for sid, tree_index in enumerate(self.sync_order[:max_rows]):
+            leaf = self.leaves[tree_index]
+            if leaf.sync == "worker":
+                how, dest = "worker ring", "-"
+            else:
+                own = pieces_of.get(sid, [])
+                n = len(own)
+                if n > 1:
+                    how = f"proxy, {n} shards"
+                else:
+                    batched = len(own[0].segments) if own else 1
+                    how = f"proxy, piece {own[0].index}" + (f" (+{batched - 1})" if batched > 1 else "")
+                dests = sorted({pc.dest for pc in own})
+                dest = " ".join("".join(str(d) for d in route) for route in dests)
+            name = leaf.name if len(leaf.name) <= 40 else "..." + leaf.name[-37:]
+            rows.append(
+                f"{name:<40} {str(leaf.shape):<18} {leaf.dtype.name:<8} {leaf.nbytes:>10}  {how:<22} {dest}"
+            )
+        if len(self.sync_order) > max_rows:
+            rows.append(f"... {len(self.sync_order) - max_rows} more leaves")
+        routes = self.config.routes_for(p)
+        rows.append("-" * len(header))
+        rows.append(
+            f"{len(self.leaves)} leaves, {self.total_bytes / 2**20:.2f} MiB: "
+            f"{self.proxy_bytes / 2**20:.2f} MiB via {p} proxies in {len(self.pieces)} pieces "
+            f"({len(self.buckets)} pushes per worker), "
+            f"{(self.total_bytes - self.proxy_bytes) / 2**20:.2f} MiB via the worker ring "
+            f"({len(self.leading_leaves)} leaves)"
+        )
+        rows.append(
+            f"shard {self.config.shard_bytes} B, latency threshold "
+            f"{self.config.latency_threshold_bytes} B, routes (lat, bw) per worker: "
+            + " ".join(f"w{i}:{lat},{bw}" for i, (lat, bw) in enumerate(routes))
+        )
+        return "\n".join(rows)
+
+
+def _leaf_name(path: tuple[Any, ...]) -> str:
+    name = jax.tree_util.keystr(path)
+    return name or "<root>"
+
+
+def check_dtype(name: str, dtype: Any, where: str) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt not in SUPPORTED_DTYPES:
+        kind = "integer/boolean" if not np.issubdtype(dt, np.inexact) else "unsupported"
+        raise TypeError(
+            f"{where}: leaf {name} has {kind} dtype {dt.name}; only float32, bfloat16 and "
+            "float16 values can be synchronized. Fix: differentiate/reduce only floating "
+            "leaves (e.g. keep step counters out of the tree or pass them as other arguments)."
+        )
+    return dt
+
+
+def plan(
+    tree: Any,
+    mesh_or_workers: Any,
+    config: Config | None = None,
+    *,
+    groups: Any = None,
+    mean: bool = True,
+    where: str = "coarse.plan",
+) -> Plan:
+    """Decides how each leaf of ``tree`` is synchronized.
+
+    Args:
+      tree: a pytree of arrays or ``jax.ShapeDtypeStruct``s (only shapes and dtypes are read).
+      mesh_or_workers: the coarse mesh (or its number of workers).
+      config: a `Config`; default ``Config()``.
+      groups: optional pytree of ints shaped like ``tree``: leaves of different
+        groups never share a piece (``value_and_grad`` keeps the loss, known
+        after the forward pass, apart from gradients known later).
+      mean: the runtime scales sums by 1/p when true.
+      where: the caller named in errors.
+
+    Returns:
+      A `Plan`; ``plan.summary()`` prints it.
+
+    Raises:
+      TypeError: a leaf is not float32, bfloat16 or float16.
+      ValueError: the routes do not fit the mesh.
+
+    Example:
+      >>> print(coarse.plan(params, mesh, coarse.Config(leading_bytes=1 << 16)).summary())
+    """
+    config = config or Config()
+    workers = mesh_or_workers if isinstance(mesh_or_workers, int) else mesh_or_workers.shape["data"]
+    routes = config.routes_for(workers)
+    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    group_leaves = [0] * len(paths_leaves) if groups is None else treedef.flatten_up_to(groups)
+
+    shapes = []
+    for (path, leaf) in paths_leaves:
+        name = _leaf_name(path)
+        shapes.append((name, tuple(int(d) for d in np.shape(leaf)), check_dtype(name, leaf.dtype, where)))
+
+    # Dual-sync split: leading leaves are a prefix of the flatten order.
+    n_leading, acc = 0, 0
+    for _, shape, dt in shapes:
+        nbytes = math.prod(shape) * dt.itemsize
+        if acc + nbytes > config.leading_bytes:
+            break
+        acc += nbytes
+        n_leading += 1
+    proxy_tree_ids = list(range(len(shapes) - 1, n_leading - 1, -1))  # backward order
+    leading_tree_ids = list(range(n_leading - 1, -1, -1))
+    sync_order = tuple(proxy_tree_ids + leading_tree_ids)
+    sync_id_of = {t: s for s, t in enumerate(sync_order)}
+    leaves = tuple(
+        LeafPlan(
+            name=name,
+            shape=shape,
+            dtype=dt,
+            sync="worker" if t < n_leading else "proxy",
+            sync_id=sync_id_of[t],
+            group=int(group_leaves[t]),
+        )
+        for t, (name, shape, dt) in enumerate(shapes)
+    )
+
+    pieces: list[PiecePlan] = []
+    buckets: list[BucketPlan] = []
+
+    def add_piece(segments: list[tuple[int, int, int, int]], nelems: int, nbytes: int) -> None:
+        kind = 0 if nbytes < config.latency_threshold_bytes else 1
+        dest = tuple(route[kind] for route in routes)
+        pieces.append(PiecePlan(len(pieces), nelems, nbytes, tuple(segments), dest))
+
+    batch: list[tuple[int, int, int, int]] = []  # segments of the open batch
+    batch_elems = batch_bytes = 0
+    batch_first_leaf = batch_group = None
+
+    def close_batch() -> None:
+        nonlocal batch, batch_elems, batch_bytes, batch_first_leaf
+        if batch:
+            first_piece = len(pieces)
+            add_piece(batch, batch_elems, batch_bytes)
+            buckets.append(BucketPlan(batch_first_leaf, len(batch), first_piece, 1))
+        batch, batch_elems, batch_bytes, batch_first_leaf = [], 0, 0, None
+
+    for sid, t in enumerate(proxy_tree_ids):
+        leaf = leaves[t]
+        if leaf.nbytes > config.shard_bytes:
+            close_batch()
+            per_shard = max(1, config.shard_bytes // leaf.dtype.itemsize)
+            n_shards = -(-leaf.size // per_shard)
+            shard = -(-leaf.size // n_shards)  # equal shards, the last one shorter
+            first_piece = len(pieces)
+            for off in range(0, leaf.size, shard):
+                n = min(shard, leaf.size - off)
+                add_piece([(sid, off, n, 0)], n, n * leaf.dtype.itemsize)
+            buckets.append(BucketPlan(sid, 1, first_piece, len(pieces) - first_piece))
+            continue
+        if batch and (batch_bytes + leaf.nbytes > config.shard_bytes or leaf.group != batch_group):
+            close_batch()
+        if not batch:
+            batch_first_leaf, batch_group = sid, leaf.group
+        batch.append((sid, 0, leaf.size, batch_elems))
+        batch_elems += leaf.size
+        batch_bytes += leaf.nbytes
+    close_batch()
+
+    return Plan(
+        workers=workers,
+        config=config,
+        leaves=leaves,
+        sync_order=sync_order,
+        num_proxy_leaves=len(proxy_tree_ids),
+        pieces=tuple(pieces),
+        buckets=tuple(buckets),
+        mean=mean,
+    )

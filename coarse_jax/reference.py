@@ -1,0 +1,37 @@
+"""Pure-JAX twin of the runtime: the test oracle and ``mode="reference"``.
+
+Every custom call ends in the same collective: the mean (or sum) over the
+workers of each leaf, accumulated in f32, written on every device of both
+tiers. push + proxy ring + pull computes it through the proxies, the worker
+ring among the workers; both are, value for value, a masked ``psum`` over the
+whole mesh (proxies contribute zeros). This module says so with JAX
+collectives and shares no code with the runtime.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from coarse_jax.mesh import AXES, TIER
+
+
+def _reduce_leaf(x: jax.Array, workers: int, mean: bool) -> jax.Array:
+    missing = tuple(a for a in AXES if a not in jax.typeof(x).mat.varying)
+    x = lax.pcast(x, missing, to="varying") if missing else x
+    contribution = jnp.where(lax.axis_index(TIER) == 0, x.astype(jnp.float32), 0.0)
+    total = lax.psum(contribution, AXES)
+    if mean:
+        total = total * jnp.float32(1.0 / workers)
+    return total.astype(x.dtype)
+
+
+def all_reduce(tree: Any, workers: int, mean: bool = True) -> Any:
+    """Mean (or sum) over the worker tier of every leaf, identical on all devices.
+
+    Must run inside ``shard_map`` over the coarse mesh (``coarse.sync`` does that).
+    """
+    return jax.tree.map(lambda x: _reduce_leaf(x, workers, mean), tree)

@@ -1,0 +1,35 @@
+// coarse_jax._coarse_cpu: the CPU handlers and two testing hooks.
+#include <nanobind/nanobind.h>
+
+#include "runtime/session.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+
+namespace coarse {
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Push);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ProxyRing);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(WorkerRing);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Pull);
+}  // namespace coarse
+
+template <typename T>
+static nb::capsule Encapsulate(T* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+NB_MODULE(_coarse_cpu, m) {
+  m.doc() = "coarse_jax CPU runtime: XLA FFI handlers for push, proxy ring, worker ring, pull.";
+  m.def("registrations", []() {
+    nb::dict d;
+    d["coarse_push"] = Encapsulate(coarse::Push);
+    d["coarse_proxy_ring"] = Encapsulate(coarse::ProxyRing);
+    d["coarse_worker_ring"] = Encapsulate(coarse::WorkerRing);
+    d["coarse_pull"] = Encapsulate(coarse::Pull);
+    return d;
+  }, "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target.");
+  m.def("inject_dropped_push", &coarse::InjectDroppedPush, nb::arg("worker"),
+        "Testing: the next push of `worker` is lost (its proxy must time out, not hang).");
+  m.def("live_sessions", &coarse::LiveSessions,
+        "Number of synchronization sessions the runtime holds right now.");
+}

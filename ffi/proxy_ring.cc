@@ -1,0 +1,85 @@
+// coarse_proxy_ring: a proxy reduces every piece with the other proxies.
+//
+// Pieces are walked in the plan's one global order on every proxy. For each
+// piece the proxy waits until all clients routed to it have pushed (one slot
+// per client: a proxy is never blocked on one client's queue by another's),
+// sums the slots in client order into its accumulator (zeros if nobody routes
+// the piece here), then runs the two opposite rings with its peers. Workers
+// run this call as a no-op; it only orders their pull after their pushes.
+#include <cstring>
+
+#include "call.h"
+#include "runtime/ring.h"
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+static std::string ListWorkers(const std::vector<int32_t>& ws) {
+  std::string out;
+  for (int32_t w : ws) out += (out.empty() ? "" : ", ") + std::to_string(w);
+  return out;
+}
+
+static ffi::Error ReducePieces(Call& call) {
+  Session& session = *call.session;
+  const Plan& plan = call.plan();
+  const int64_t p = plan.workers, k = call.who.index;
+  for (int64_t s = 0; s < plan.num_pieces(); ++s) {
+    const auto& from = plan.contributors_of(k, s);
+    const int32_t expected = static_cast<int32_t>(from.size());
+    ffi::Error err = session.Wait(
+        call.who,
+        [&] { return session.arrived(k, s).load(std::memory_order_acquire) >= expected; },
+        [&] {
+          return "worker(s) " + ListWorkers(from) + " to push " + plan.DescribePiece(s) + " (" +
+                 std::to_string(session.arrived(k, s).load()) + " of " +
+                 std::to_string(expected) + " arrived)";
+        });
+    if (err.failure()) return err;
+    const int64_t n = plan.piece_nelems[s];
+    float* own = session.arena(k) + plan.slot(k, s, 0);
+    if (from.empty()) std::memset(own, 0, n * sizeof(float));
+    for (size_t j = 1; j < from.size(); ++j) cpu::AddF32(own, own + j * n, n);
+
+    RingMember m;
+    m.own = own;
+    for (int r = 0; r < 2; ++r) {
+      const int64_t pred = RingPredecessor(r, k, p);
+      m.pred[r] = session.arena(pred) + plan.slot(pred, s, 0);
+      m.progress[r] = &session.proxy_progress(k, s, r);
+      m.pred_progress[r] = &session.proxy_progress(pred, s, r);
+      m.successor_device[r] = p + RingSuccessor(r, k, p);
+      m.position[r] = RingPosition(r, k, p);
+    }
+    err = RingAllReduce(session, call.who, n, m, [&](int r, int32_t g) {
+      return "proxy " + std::to_string(RingPredecessor(r, k, p)) + " to finish step " +
+             std::to_string(g + 1) + "/" + std::to_string(RingSteps(p)) + " of ring " +
+             std::to_string(r) + " for " + plan.DescribePiece(s);
+    });
+    if (err.failure()) return err;
+    for (int32_t w : from) session.Notify(w);  // their pull may be waiting on this piece
+  }
+  return ffi::Error::Success();
+}
+
+static ffi::Error ProxyRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::RemainingArgs deps,
+                                ffi::Result<ffi::AnyBuffer> token, ffi::Dictionary attrs) {
+  (void)deps;  // operands only order this call after the pushes
+  auto begun = BeginCall(run_id, who, attrs);
+  if (begun.has_error()) return begun.error();
+  Call call = std::move(begun.value());
+  std::memset(token->untyped_data(), 0, token->size_bytes());
+  ffi::Error status =
+      call.who.tier == kProxy ? ReducePieces(call) : ffi::Error::Success();
+  return EndCall(call, std::move(status), attrs);
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ProxyRing, ProxyRingImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()       // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()   // int32[2] (tier, data index)
+                                  .RemainingArgs()         // push outputs: dependencies only
+                                  .Ret<ffi::AnyBuffer>()   // int32[] token for the next call
+                                  .Attrs<ffi::Dictionary>());  // plan
+
+}  // namespace coarse

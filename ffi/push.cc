@@ -1,0 +1,74 @@
+// coarse_push: a worker hands one bucket of gradient leaves to the proxies.
+//
+// Called from inside the backward pass as soon as the bucket's gradients
+// exist. For every piece of the bucket it widens the values into the slot the
+// routed proxy keeps for this client (the transfer), then bumps that proxy's
+// arrival counter for the piece and wakes it. It never waits for anyone, so
+// pushes cannot deadlock whatever order XLA runs them in. Outputs alias the
+// inputs: they exist only so the pull data-depends on every push.
+#include <cstring>
+
+#include "call.h"
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+static ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::RemainingArgs leaves,
+                           ffi::RemainingRets outs, ffi::Dictionary attrs) {
+  auto begun = BeginCall(run_id, who, attrs);
+  if (begun.has_error()) return begun.error();
+  Call call = std::move(begun.value());
+  const Plan& plan = call.plan();
+  auto status = [&]() -> ffi::Error {
+    auto first_leaf = attrs.get<int64_t>("first_leaf");
+    auto first_piece = attrs.get<int64_t>("first_piece");
+    auto num_pieces = attrs.get<int64_t>("num_pieces");
+    if (first_leaf.has_error() || first_piece.has_error() || num_pieces.has_error())
+      return ffi::Error::InvalidArgument("coarse_push: missing bucket attributes");
+    // Pass-through outputs (aliased to the inputs, copied only if XLA did not alias).
+    for (size_t a = 0; a < leaves.size(); ++a) {
+      auto in = leaves.get<ffi::AnyBuffer>(a);
+      auto out = outs.get<ffi::AnyBuffer>(a);
+      if (in.has_error() || out.has_error())
+        return ffi::Error::InvalidArgument("coarse_push: operands and results must pair up");
+      ffi::Error e = CheckLeaf(plan, first_leaf.value() + a, in.value().element_type(),
+                               in.value().element_count(), "coarse_push");
+      if (e.failure()) return e;
+      if (out.value()->untyped_data() != in.value().untyped_data())
+        std::memcpy(out.value()->untyped_data(), in.value().untyped_data(),
+                    in.value().size_bytes());
+    }
+    if (call.who.tier != kWorker) return ffi::Error::Success();  // proxies push nothing
+    const int64_t i = call.who.index;
+    if (TakeDroppedPush(i)) return ffi::Error::Success();  // testing: a lost push
+    Session& session = *call.session;
+    for (int64_t s = first_piece.value(); s < first_piece.value() + num_pieces.value(); ++s) {
+      const int64_t k = plan.dest(s, i);
+      const auto& from = plan.contributors_of(k, s);
+      int64_t j = 0;
+      while (from[j] != i) ++j;
+      float* slot = session.arena(k) + plan.slot(k, s, j);
+      for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
+        const Segment& seg = plan.segments[g];
+        ffi::AnyBuffer leaf = leaves.get<ffi::AnyBuffer>(seg.leaf - first_leaf.value()).value();
+        cpu::WidenToF32(leaf.element_type(),
+                        ElementPtr(leaf.untyped_data(), leaf.element_type(), seg.leaf_off),
+                        slot + seg.piece_off, seg.len);
+      }
+      session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
+      session.Notify(plan.workers + k);
+    }
+    return ffi::Error::Success();
+  }();
+  return EndCall(call, std::move(status), attrs);
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Push, PushImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()       // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()   // int32[2] (tier, data index)
+                                  .RemainingArgs()         // the bucket's gradient leaves
+                                  .RemainingRets()         // the same leaves, aliased
+                                  .Attrs<ffi::Dictionary>());  // plan + first_leaf, first_piece, num_pieces
+
+}  // namespace coarse

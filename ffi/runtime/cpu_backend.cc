@@ -1,0 +1,91 @@
+#include "runtime/cpu_backend.h"
+
+#include <cstring>
+
+namespace coarse::cpu {
+namespace ffi = xla::ffi;
+
+namespace {
+
+inline float Bf16ToF32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline uint16_t F32ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+
+}  // namespace
+
+bool IsSupported(ffi::DataType dtype) {
+  return dtype == ffi::DataType::F32 || dtype == ffi::DataType::BF16 ||
+         dtype == ffi::DataType::F16;
+}
+
+const char* DtypeName(ffi::DataType dtype) {
+  switch (dtype) {
+    case ffi::DataType::F32: return "float32";
+    case ffi::DataType::BF16: return "bfloat16";
+    case ffi::DataType::F16: return "float16";
+    default: return "an unsupported dtype";
+  }
+}
+
+void WidenToF32(ffi::DataType dtype, const void* src, float* dst, int64_t n) {
+  switch (dtype) {
+    case ffi::DataType::F32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    case ffi::DataType::BF16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(s[i]);
+      return;
+    }
+    case ffi::DataType::F16: {
+      const _Float16* s = static_cast<const _Float16*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void NarrowFromF32(ffi::DataType dtype, const float* src, float scale, void* dst, int64_t n) {
+  switch (dtype) {
+    case ffi::DataType::F32: {
+      float* d = static_cast<float*>(dst);
+      if (scale == 1.0f) {
+        std::memcpy(d, src, n * sizeof(float));
+      } else {
+        for (int64_t i = 0; i < n; ++i) d[i] = src[i] * scale;
+      }
+      return;
+    }
+    case ffi::DataType::BF16: {
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = F32ToBf16(src[i] * scale);
+      return;
+    }
+    case ffi::DataType::F16: {
+      _Float16* d = static_cast<_Float16*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<_Float16>(src[i] * scale);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void AddF32(float* __restrict acc, const float* __restrict x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
+}
+
+}  // namespace coarse::cpu

@@ -1,0 +1,28 @@
+// The CPU device backend: the only code that touches element values.
+//
+// Proxies and the worker ring keep every value in f32 ("f32 accumulate for
+// bf16/f16"): a push widens into f32 storage, a pull narrows back with the 1/p
+// scale folded in, so each transfer is exactly one pass over memory. On CPU all
+// devices share one address space, so a transfer is this one loop, not a
+// send plus a receive. The CUDA backend (kernels/) mirrors these signatures.
+#pragma once
+
+#include <cstdint>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace coarse::cpu {
+
+// Only floating leaves are synchronized; the Python side rejects the rest
+// before lowering, this is the runtime's own check.
+bool IsSupported(xla::ffi::DataType dtype);
+const char* DtypeName(xla::ffi::DataType dtype);
+
+// dst[i] = float(src[i]) for a leaf of `dtype`.
+void WidenToF32(xla::ffi::DataType dtype, const void* src, float* dst, int64_t n);
+// dst[i] = dtype(src[i] * scale), round to nearest even.
+void NarrowFromF32(xla::ffi::DataType dtype, const float* src, float scale, void* dst, int64_t n);
+// acc[i] += x[i]
+void AddF32(float* __restrict acc, const float* __restrict x, int64_t n);
+
+}  // namespace coarse::cpu

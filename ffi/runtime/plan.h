@@ -1,0 +1,77 @@
+// The synchronization plan as the runtime sees it: pieces, segments, routes and
+// the storage layout every proxy uses for them.
+//
+// The Python planner (coarse_jax/plan.py) decides everything; it hands the
+// decisions to every custom call as FFI attributes (plain int64 arrays), so a
+// compiled program carries its own plan and nothing is registered out of band.
+// The runtime parses a plan once per process (cached by `plan_key`).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace coarse {
+
+// A run of consecutive elements of one leaf that lives inside one piece.
+struct Segment {
+  int64_t leaf;       // leaf id in sync order (proxy leaves first, then leading)
+  int64_t leaf_off;   // element offset inside the leaf
+  int64_t len;        // number of elements
+  int64_t piece;      // piece id (global order)
+  int64_t piece_off;  // element offset inside the piece
+};
+
+struct Plan {
+  int64_t key = 0;         // hash of everything below, from Python
+  int64_t workers = 0;     // p: workers == proxies
+  int64_t timeout_ms = 0;  // every wait gives up after this long
+  bool mean = true;        // scale the sum by 1/p
+
+  // Pieces: the unit that is routed, queued and ring-reduced.
+  std::vector<int64_t> piece_nelems;
+  std::vector<int32_t> piece_dest;        // [piece * p + worker] -> proxy
+  std::vector<Segment> segments;          // sorted by piece
+  std::vector<int64_t> piece_seg_begin;   // [num_pieces + 1]
+  std::vector<int64_t> piece_shard;       // shard index of the piece in its leaf
+  std::vector<int64_t> piece_num_shards;  // shard count of that leaf
+
+  // Leaves in sync order.
+  std::vector<int64_t> leaf_nelems;
+  std::vector<std::string> leaf_names;
+  int64_t num_proxy_leaves = 0;  // leaves [0, num_proxy_leaves) go through proxies
+  int64_t leading_nelems = 0;    // leaves after them are reduced among workers
+
+  // Proxy storage layout (derived from the routes): for proxy k and piece s,
+  // the workers routing s to k in ascending order, one f32 slot each; slot 0
+  // is the accumulator ("own" buffer) the ring works on. A proxy nobody routes
+  // s to still keeps one slot, zero-filled, as its ring contribution.
+  std::vector<std::vector<int32_t>> contributors;  // [k * S + s]
+  std::vector<int64_t> slot_begin;                 // [k * S + s] -> arena offset
+  std::vector<int64_t> arena_nelems;               // [k]
+
+  int64_t num_pieces() const { return static_cast<int64_t>(piece_nelems.size()); }
+  int32_t dest(int64_t piece, int64_t worker) const {
+    return piece_dest[piece * workers + worker];
+  }
+  int64_t slot(int64_t proxy, int64_t piece, int64_t j) const {
+    return slot_begin[proxy * num_pieces() + piece] + j * piece_nelems[piece];
+  }
+  const std::vector<int32_t>& contributors_of(int64_t proxy, int64_t piece) const {
+    return contributors[proxy * num_pieces() + piece];
+  }
+  // "tensor 'params/w' [shard 2/5]": how errors name a piece.
+  std::string DescribePiece(int64_t piece) const;
+};
+
+// Returns the cached plan for the attributes' `plan_key`, parsing it on first
+// use. Attributes (all int64 unless noted):
+//   plan_key, workers, timeout_ms, mean (0/1), num_proxy_leaves,
+//   piece_nelems[S], piece_dest[S*p], segments[5*G], leaf_nelems[L],
+//   leaf_names (string, '\n'-separated).
+xla::ffi::ErrorOr<std::shared_ptr<const Plan>> GetPlan(const xla::ffi::Dictionary& attrs);
+
+}  // namespace coarse

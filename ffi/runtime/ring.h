@@ -1,0 +1,51 @@
+// Ring all-reduce over f32 buffers in one address space, used both by the
+// proxies (per piece) and by the workers (leading layers).
+//
+// Two rings run in opposite directions, each on one half of the buffer, so
+// every link carries data both ways (the paper's two sync-core groups).
+// Each half is cut into p chunks; p-1 reduce-scatter steps then p-1
+// all-gather steps. In step g a member reads its ring predecessor's buffer
+// directly (the "transfer" is that read) once the predecessor has completed
+// g steps. The order of additions depends only on ring positions, so results
+// are bitwise reproducible run to run.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "runtime/session.h"
+
+namespace coarse {
+
+struct RingMember {
+  float* own;                               // this member's buffer, n floats
+  const float* pred[2];                     // ring r predecessor's buffer
+  std::atomic<int32_t>* progress[2];        // steps this member completed, per ring
+  std::atomic<int32_t>* pred_progress[2];   // same for the ring r predecessor
+  int64_t successor_device[2];              // whom to wake after a step
+  int64_t position[2];                      // position in ring r, 0..p-1
+};
+
+// Position of member `index` of p in ring r: ring 0 runs 0->1->..->p-1->0,
+// ring 1 the other way round.
+inline int64_t RingPosition(int ring, int64_t index, int64_t p) {
+  return ring == 0 ? index : (p - index) % p;
+}
+inline int64_t RingPredecessor(int ring, int64_t index, int64_t p) {
+  return ring == 0 ? (index + p - 1) % p : (index + 1) % p;
+}
+inline int64_t RingSuccessor(int ring, int64_t index, int64_t p) {
+  return RingPredecessor(1 - ring, index, p);
+}
+
+// Steps in one ring: reduce-scatter then all-gather.
+inline int32_t RingSteps(int64_t p) { return static_cast<int32_t>(2 * (p - 1)); }
+
+// Marks the member ready (progress 0) and runs all steps. `what(ring, step)`
+// names what a wait was for, for the timeout error.
+xla::ffi::Error RingAllReduce(Session& session, const Who& who, int64_t n, const RingMember& m,
+                              const std::function<std::string(int, int32_t)>& what);
+
+}  // namespace coarse

@@ -1,0 +1,205 @@
+#include "runtime/session.h"
+
+#include <cstdio>
+#include <map>
+#include <utility>
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+namespace {
+
+// Storage is reused across steps of the same plan: allocating (and first
+// touching) hundreds of MB every step would cost more than the sync itself.
+// One spare set per plan, a handful of plans at most.
+struct BufferSet {
+  std::vector<std::unique_ptr<float[]>> arenas, scratch;
+};
+
+class BufferPool {
+ public:
+  BufferSet Take(const Plan& plan) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = spare_.find(plan.key);
+      if (it != spare_.end()) {
+        BufferSet set = std::move(it->second);
+        spare_.erase(it);
+        return set;
+      }
+    }
+    BufferSet set;
+    for (int64_t k = 0; k < plan.workers; ++k) {
+      set.arenas.emplace_back(new float[std::max<int64_t>(1, plan.arena_nelems[k])]);
+      set.scratch.emplace_back(new float[std::max<int64_t>(1, plan.leading_nelems)]);
+    }
+    return set;
+  }
+  void Give(int64_t key, BufferSet set) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spare_.size() >= kMaxPlans && !spare_.count(key)) spare_.erase(spare_.begin());
+    spare_[key] = std::move(set);
+  }
+
+ private:
+  static constexpr size_t kMaxPlans = 8;
+  std::mutex mu_;
+  std::map<int64_t, BufferSet> spare_;
+};
+
+BufferPool& Pool() {
+  static BufferPool* pool = new BufferPool;
+  return *pool;
+}
+
+template <typename T>
+std::unique_ptr<std::atomic<T>[]> Counters(size_t n, T init) {
+  std::unique_ptr<std::atomic<T>[]> c(new std::atomic<T>[n]);
+  for (size_t i = 0; i < n; ++i) c[i].store(init, std::memory_order_relaxed);
+  return c;
+}
+
+std::atomic<int64_t> g_dropped_push_worker{-1};
+
+}  // namespace
+
+class Registry {
+ public:
+  std::shared_ptr<Session> Join(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto key = std::make_pair(run_id, site);
+    auto it = sessions_.find(key);
+    if (it != sessions_.end()) return it->second;
+    // Programs run one at a time, so a failed session of an older run has no
+    // live participant left: drop it now rather than leak it.
+    for (auto s = sessions_.begin(); s != sessions_.end();) {
+      if (s->first.first != run_id && s->second->poisoned())
+        s = sessions_.erase(s);
+      else
+        ++s;
+    }
+    const int64_t step = ++steps_[std::make_pair(plan->key, site)];
+    auto session = std::make_shared<Session>(std::move(plan), run_id, site, step);
+    sessions_.emplace(key, session);
+    return session;
+  }
+  void Remove(int64_t run_id, int64_t site) {
+    std::lock_guard<std::mutex> lock(mu_);
+    sessions_.erase(std::make_pair(run_id, site));
+  }
+  int64_t Live() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(sessions_.size());
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Session>> sessions_;
+  std::map<std::pair<int64_t, int64_t>, int64_t> steps_;
+};
+
+static Registry& TheRegistry() {
+  static Registry* registry = new Registry;
+  return *registry;
+}
+
+std::string Who::Describe() const {
+  return std::string(tier == kWorker ? "worker " : "proxy ") + std::to_string(index) +
+         " (tier=" + std::to_string(static_cast<int>(tier)) +
+         ", data=" + std::to_string(index) + ")";
+}
+
+Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site, int64_t step)
+    : plan_(std::move(plan)), run_id_(run_id), site_(site), step_(step) {
+  const int64_t p = plan_->workers, S = plan_->num_pieces();
+  BufferSet set = Pool().Take(*plan_);
+  arenas_ = std::move(set.arenas);
+  scratch_ = std::move(set.scratch);
+  arrived_ = Counters<int32_t>(p * S, 0);
+  proxy_progress_ = Counters<int32_t>(p * S * 2, -1);
+  worker_progress_ = Counters<int32_t>(p * 2, -1);
+  leading_ready_ = Counters<int32_t>(p, 0);
+  mailboxes_.reset(new Mailbox[2 * p]);
+}
+
+Session::~Session() {
+  Pool().Give(plan_->key, BufferSet{std::move(arenas_), std::move(scratch_)});
+}
+
+void Session::Notify(int64_t device) {
+  Mailbox& m = mailboxes_[device];
+  { std::lock_guard<std::mutex> lock(m.mu); }  // pairs with the waiter's check
+  m.cv.notify_all();
+}
+
+void Session::Poison(const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (error_.empty()) error_ = error;
+  }
+  poisoned_.store(true, std::memory_order_release);
+  for (int64_t d = 0; d < 2 * p(); ++d) Notify(d);
+}
+
+ffi::Error Session::Wait(const Who& who, const std::function<bool()>& ready,
+                         const std::function<std::string()>& what) {
+  if (ready()) return ffi::Error::Success();
+  Mailbox& m = mailboxes_[who.device(p())];
+  const auto timeout = std::chrono::milliseconds(plan_->timeout_ms);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::unique_lock<std::mutex> lock(m.mu);
+  while (true) {
+    if (ready()) return ffi::Error::Success();
+    if (poisoned()) {
+      std::lock_guard<std::mutex> elock(error_mu_);
+      return ffi::Error::Internal("coarse_jax: " + who.Describe() + " gave up at step " +
+                                  std::to_string(step_) + " while waiting for " + what() +
+                                  ", because another device failed first: " + error_);
+    }
+    if (m.cv.wait_until(lock, deadline) == std::cv_status::timeout && !ready() && !poisoned()) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.3f", plan_->timeout_ms / 1000.0);
+      std::string msg = "coarse_jax: " + who.Describe() + " timed out after " + secs +
+                        " s at step " + std::to_string(step_) + " waiting for " + what() +
+                        ". Every device of the mesh must run the same coarse.sync step; "
+                        "raise Config(timeout_s=...) if the step is just slow.";
+      lock.unlock();
+      Poison(msg);
+      return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, msg);
+    }
+  }
+}
+
+void Session::Leave() {
+  if (left_.fetch_add(1, std::memory_order_acq_rel) + 1 == 2 * p())
+    TheRegistry().Remove(run_id_, site_);
+}
+
+std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id,
+                                     int64_t site) {
+  return TheRegistry().Join(std::move(plan), run_id, site);
+}
+
+ffi::ErrorOr<Who> ReadWho(ffi::AnyBuffer who, int64_t workers) {
+  if (who.element_type() != ffi::DataType::S32 || who.element_count() != 2)
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        "coarse_jax: first operand must be int32[2] (tier, data index)"));
+  const int32_t* v = static_cast<const int32_t*>(who.untyped_data());
+  if ((v[0] != kWorker && v[0] != kProxy) || v[1] < 0 || v[1] >= workers)
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        "coarse_jax: device index (tier=" + std::to_string(v[0]) + ", data=" +
+        std::to_string(v[1]) + ") is outside the mesh of " + std::to_string(workers) +
+        " workers"));
+  return Who{static_cast<Tier>(v[0]), v[1]};
+}
+
+void InjectDroppedPush(int64_t worker) { g_dropped_push_worker.store(worker); }
+
+bool TakeDroppedPush(int64_t worker) {
+  int64_t expected = worker;
+  return g_dropped_push_worker.compare_exchange_strong(expected, -1);
+}
+
+int64_t LiveSessions() { return TheRegistry().Live(); }
+
+}  // namespace coarse

@@ -1,0 +1,116 @@
+// The runtime's shared state for one synchronization in one execution.
+//
+// A Session is keyed by (FFI RunId, call site): every custom call of one
+// `coarse.sync` step on every device of the mesh finds the same Session. It
+// owns the proxies' f32 storage (per-client slots, see Plan), the workers'
+// f32 scratch for the leading layers, and the progress counters that order
+// the rings. Custom calls of one program on different devices run on
+// different threads, so they meet here; a call never waits for another
+// program, and every wait has a deadline.
+//
+// Devices are numbered worker i -> i, proxy k -> p + k. Each device has a
+// mailbox (mutex + condition variable); whoever advances state a device may
+// be waiting for pokes that device's mailbox, so no wait polls and no wake-up
+// is broadcast to everyone.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/plan.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace coarse {
+
+enum Tier : int32_t { kWorker = 0, kProxy = 1 };
+
+// Who is calling: read from the (tier, data) index operand of every call.
+struct Who {
+  Tier tier;
+  int64_t index;  // position on the "data" axis
+  int64_t device(int64_t p) const { return tier == kWorker ? index : p + index; }
+  std::string Describe() const;
+};
+
+class Session {
+ public:
+  Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site, int64_t step);
+  ~Session();
+
+  const Plan& plan() const { return *plan_; }
+  int64_t step() const { return step_; }
+  int64_t p() const { return plan_->workers; }
+
+  // Storage.
+  float* arena(int64_t proxy) { return arenas_[proxy].get(); }
+  float* scratch(int64_t worker) { return scratch_[worker].get(); }
+
+  // Counters (all start at 0 / -1 for ring progress = "not ready").
+  std::atomic<int32_t>& arrived(int64_t proxy, int64_t piece) {
+    return arrived_[proxy * plan_->num_pieces() + piece];
+  }
+  std::atomic<int32_t>& proxy_progress(int64_t proxy, int64_t piece, int ring) {
+    return proxy_progress_[(proxy * plan_->num_pieces() + piece) * 2 + ring];
+  }
+  std::atomic<int32_t>& worker_progress(int64_t worker, int ring) {
+    return worker_progress_[worker * 2 + ring];
+  }
+  std::atomic<int32_t>& leading_ready(int64_t worker) { return leading_ready_[worker]; }
+
+  // Wakes device `device` if it waits on anything.
+  void Notify(int64_t device);
+
+  // Waits until `ready()` holds. On timeout the session is poisoned (so peers
+  // stop waiting for this device at once) and the error names the device,
+  // tier, step and what it waited for (`what()` is only built on error).
+  xla::ffi::Error Wait(const Who& who, const std::function<bool()>& ready,
+                       const std::function<std::string()>& what);
+
+  // Marks the session failed with `error` and wakes everyone.
+  void Poison(const std::string& error);
+  bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
+
+  // Counts devices whose last call of this step is done; the last one to
+  // leave removes the session from the registry.
+  void Leave();
+
+ private:
+  struct Mailbox {
+    std::mutex mu;
+    std::condition_variable cv;
+  };
+
+  std::shared_ptr<const Plan> plan_;
+  int64_t run_id_, site_, step_;
+  std::vector<std::unique_ptr<float[]>> arenas_, scratch_;
+  std::unique_ptr<std::atomic<int32_t>[]> arrived_, proxy_progress_, worker_progress_,
+      leading_ready_;
+  std::unique_ptr<Mailbox[]> mailboxes_;
+  std::atomic<bool> poisoned_{false};
+  std::mutex error_mu_;
+  std::string error_;
+  std::atomic<int64_t> left_{0};
+
+  friend class Registry;
+};
+
+// Finds or creates the session of (run_id, site) for `plan`.
+std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id,
+                                     int64_t site);
+
+// Reads the int32[2] (tier, data index) operand.
+xla::ffi::ErrorOr<Who> ReadWho(xla::ffi::AnyBuffer who, int64_t workers);
+
+// Testing hooks, exposed by the nanobind module.
+void InjectDroppedPush(int64_t worker);   // the next push of `worker` is lost
+bool TakeDroppedPush(int64_t worker);     // push.cc asks: drop this one?
+int64_t LiveSessions();
+
+}  // namespace coarse
