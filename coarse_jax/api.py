@@ -366,7 +366,14 @@ def value_and_grad(
         # order is the reverse). Group 1 keeps loss/aux out of gradient pieces.
         shapes = (grads_shape, aux_shape, loss_shape)
         groups = (jax.tree.map(lambda _: 0, grads_shape), jax.tree.map(lambda _: 1, aux_shape), 1)
-        plan = make_plan(shapes, ctx.workers, cfg, groups=groups, where="coarse.value_and_grad")
+        names = [
+            prefix + (jax.tree_util.keystr(path) if prefix != "loss" else "")
+            for prefix, part in (("grads", grads_shape), ("aux", aux_shape), ("loss", loss_shape))
+            for path, _ in jax.tree_util.tree_flatten_with_path(part)[0]
+        ]
+        plan = make_plan(
+            shapes, ctx.workers, cfg, groups=groups, names=names, where="coarse.value_and_grad"
+        )
         n_grad = len(jax.tree.leaves(grads_shape))
         site = ctx.new_site() if cfg.mode == "ffi" else -1
 

@@ -203,6 +203,7 @@ def plan(
     *,
     groups: Any = None,
     mean: bool = True,
+    names: list[str] | None = None,
     where: str = "coarse.plan",
 ) -> Plan:
     """Decides how each leaf of ``tree`` is synchronized.
@@ -215,6 +216,8 @@ def plan(
         groups never share a piece (``value_and_grad`` keeps the loss, known
         after the forward pass, apart from gradients known later).
       mean: the runtime scales sums by 1/p when true.
+      names: optional leaf names (flatten order) for the summary and errors;
+        default: the leaves' key paths.
       where: the caller named in errors.
 
     Returns:
@@ -234,8 +237,8 @@ def plan(
     group_leaves = [0] * len(paths_leaves) if groups is None else treedef.flatten_up_to(groups)
 
     shapes = []
-    for (path, leaf) in paths_leaves:
-        name = _leaf_name(path)
+    for t, (path, leaf) in enumerate(paths_leaves):
+        name = names[t] if names is not None else _leaf_name(path)
         shapes.append((name, tuple(int(d) for d in np.shape(leaf)), check_dtype(name, leaf.dtype, where)))
 
     # Dual-sync split: leading leaves are a prefix of the flatten order.

@@ -28,7 +28,7 @@ static ffi::Error ReducePieces(Call& call) {
     const auto& from = plan.contributors_of(k, s);
     const int32_t expected = static_cast<int32_t>(from.size());
     ffi::Error err = session.Wait(
-        call.who,
+        call.who, Session::Waits::kPush,
         [&] { return session.arrived(k, s).load(std::memory_order_acquire) >= expected; },
         [&] {
           return "worker(s) " + ListWorkers(from) + " to push " + plan.DescribePiece(s) + " (" +

@@ -37,7 +37,7 @@ static ffi::Error PullImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer
     for (int64_t s = 0; s < plan.num_pieces(); ++s) {
       const int64_t k = call.who.tier == kWorker ? plan.dest(s, me) : me;
       ffi::Error err = session.Wait(
-          call.who,
+          call.who, Session::Waits::kPeer,
           [&] {
             return session.proxy_progress(k, s, 0).load(std::memory_order_acquire) == steps &&
                    session.proxy_progress(k, s, 1).load(std::memory_order_acquire) == steps;

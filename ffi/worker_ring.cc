@@ -63,7 +63,7 @@ static ffi::Error WorkerRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Any
       session.Notify(p + me);
     } else {
       ffi::Error err = session.Wait(
-          call.who,
+          call.who, Session::Waits::kPeer,
           [&] { return session.leading_ready(me).load(std::memory_order_acquire) != 0; },
           [&] {
             return "worker " + std::to_string(me) +

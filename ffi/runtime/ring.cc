@@ -19,7 +19,7 @@ ffi::Error RingAllReduce(Session& session, const Who& who, int64_t n, const Ring
   for (int32_t g = 0; g < steps; ++g) {
     for (int r = 0; r < 2; ++r) {
       ffi::Error err = session.Wait(
-          who, [&] { return m.pred_progress[r]->load(std::memory_order_acquire) >= g; },
+          who, Session::Waits::kPeer, [&] { return m.pred_progress[r]->load(std::memory_order_acquire) >= g; },
           [&] { return what(r, g); });
       if (err.failure()) return err;
       // Chunk c of half r: [base + c*H/p, base + (c+1)*H/p).

@@ -1,6 +1,7 @@
 #include "runtime/session.h"
 
 #include <cstdio>
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -141,11 +142,12 @@ void Session::Poison(const std::string& error) {
   for (int64_t d = 0; d < 2 * p(); ++d) Notify(d);
 }
 
-ffi::Error Session::Wait(const Who& who, const std::function<bool()>& ready,
+ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>& ready,
                          const std::function<std::string()>& what) {
   if (ready()) return ffi::Error::Success();
   Mailbox& m = mailboxes_[who.device(p())];
-  const auto timeout = std::chrono::milliseconds(plan_->timeout_ms);
+  const int64_t grace_ms = kind == Waits::kPeer ? std::max<int64_t>(500, plan_->timeout_ms / 4) : 0;
+  const auto timeout = std::chrono::milliseconds(plan_->timeout_ms + grace_ms);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock<std::mutex> lock(m.mu);
   while (true) {
@@ -158,7 +160,7 @@ ffi::Error Session::Wait(const Who& who, const std::function<bool()>& ready,
     }
     if (m.cv.wait_until(lock, deadline) == std::cv_status::timeout && !ready() && !poisoned()) {
       char secs[32];
-      std::snprintf(secs, sizeof secs, "%.3f", plan_->timeout_ms / 1000.0);
+      std::snprintf(secs, sizeof secs, "%.3f", (plan_->timeout_ms + grace_ms) / 1000.0);
       std::string msg = "coarse_jax: " + who.Describe() + " timed out after " + secs +
                         " s at step " + std::to_string(step_) + " waiting for " + what() +
                         ". Every device of the mesh must run the same coarse.sync step; "

@@ -67,10 +67,17 @@ class Session {
   // Wakes device `device` if it waits on anything.
   void Notify(int64_t device);
 
+  // What a wait depends on. A wait for a worker's push is a root: nothing
+  // else explains it. A wait for a peer's progress (ring step, reduced piece,
+  // handed-over leading layers) usually stalls because that peer waits on a
+  // root, so it gets a grace period: the root times out first and its error,
+  // naming the missing push, is the one every device reports.
+  enum class Waits { kPush, kPeer };
+
   // Waits until `ready()` holds. On timeout the session is poisoned (so peers
   // stop waiting for this device at once) and the error names the device,
   // tier, step and what it waited for (`what()` is only built on error).
-  xla::ffi::Error Wait(const Who& who, const std::function<bool()>& ready,
+  xla::ffi::Error Wait(const Who& who, Waits kind, const std::function<bool()>& ready,
                        const std::function<std::string()>& what);
 
   // Marks the session failed with `error` and wakes everyone.

@@ -1,0 +1,1 @@
+"""Configurations for the coarse_jax demo."""

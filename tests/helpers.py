@@ -1,0 +1,71 @@
+"""Oracles for the tests: nothing here shares code with coarse_jax."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def mlp_init(key: jax.Array, sizes: tuple[int, ...], dtype=jnp.float32) -> dict:
+    """A dict of layers; flatten order = layer order ("l0", "l1", ...; < 10 layers)."""
+    params = {}
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        key, k1, k2 = jax.random.split(key, 3)
+        params[f"l{i}"] = {
+            "b": (jax.random.normal(k2, (b,)) * 0.1).astype(dtype),
+            "w": (jax.random.normal(k1, (a, b)) / np.sqrt(a)).astype(dtype),
+        }
+    return params
+
+
+def mlp_loss(params: dict, batch: dict) -> jax.Array:
+    x = batch["x"]
+    n = len(params)
+    for i in range(n):
+        layer = params[f"l{i}"]
+        x = x.astype(layer["w"].dtype) @ layer["w"] + layer["b"]
+        if i < n - 1:
+            x = jnp.tanh(x)
+    return jnp.mean((x.astype(jnp.float32) - batch["y"]) ** 2)
+
+
+def make_batch(key: jax.Array, n: int, d_in: int, d_out: int) -> dict:
+    k1, k2 = jax.random.split(key)
+    return {"x": jax.random.normal(k1, (n, d_in)), "y": jax.random.normal(k2, (n, d_out))}
+
+
+def per_worker_mean(fun, params, batch, workers: int):
+    """Value and gradient of each worker's slice on one device, averaged in float64."""
+    n = jax.tree.leaves(batch)[0].shape[0] // workers
+    results = [
+        jax.jit(jax.value_and_grad(fun))(params, jax.tree.map(lambda x: x[i * n : (i + 1) * n], batch))
+        for i in range(workers)
+    ]
+    loss = np.mean([np.float64(r[0]) for r in results])
+    grads = jax.tree.map(
+        lambda *gs: np.mean([np.asarray(g, np.float64) for g in gs], axis=0), *[r[1] for r in results]
+    )
+    return loss, grads
+
+
+def assert_tree_close(actual, expected, rtol: float, atol_scale: float) -> None:
+    """allclose leaf by leaf; atol = atol_scale * max|expected| absorbs cancellation."""
+    for path, a in jax.tree_util.tree_flatten_with_path(actual)[0]:
+        e = expected
+        for k in path:
+            e = e[k.key] if hasattr(k, "key") else e[k.idx]
+        e = np.asarray(e, np.float64)
+        atol = atol_scale * (np.max(np.abs(e)) if e.size else 0.0)
+        np.testing.assert_allclose(
+            np.asarray(a, np.float64), e, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path)
+        )
+
+
+def assert_replicated(tree) -> None:
+    """Every device of the mesh holds bitwise the same value of every leaf."""
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        shards = [np.asarray(s.data) for s in x.addressable_shards]
+        assert len(shards) == len(x.sharding.device_set)
+        for s in shards[1:]:
+            assert s.tobytes() == shards[0].tobytes(), f"{jax.tree_util.keystr(path)} differs across devices"

@@ -1,0 +1,90 @@
+"""Errors a user can act on, and waits that fail instead of hanging."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import coarse_jax as coarse
+
+
+def test_value_and_grad_outside_sync():
+    with pytest.raises(RuntimeError, match="outside a coarse.sync step"):
+        coarse.value_and_grad(lambda p: jnp.sum(p))(jnp.ones(3))
+    with pytest.raises(RuntimeError, match="outside a coarse.sync step"):
+        coarse.all_reduce(jnp.ones(3))
+
+
+def test_unusable_device_counts():
+    with pytest.raises(ValueError, match="workers=5 needs 10 devices"):
+        coarse.make_mesh(workers=5)
+    with pytest.raises(ValueError, match="even number"):
+        coarse.make_mesh(devices=jax.devices()[:3])
+    with pytest.raises(ValueError, match="positive int"):
+        coarse.make_mesh(workers=0)
+
+
+def test_mesh_without_the_two_axes():
+    flat = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
+    with pytest.raises(ValueError, match=r"axes \('tier', 'data'\)"):
+        coarse.sync(lambda b: b, mesh=flat)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_])
+def test_integer_and_boolean_gradient_leaves(dtype):
+    mesh = coarse.make_mesh(workers=2)
+
+    @coarse.sync(mesh)
+    def step(params, batch):
+        return coarse.value_and_grad(lambda p, b: jnp.sum(p["w"] * b) + 0.0 * jnp.sum(p["n"]))(params, batch)
+
+    params = {"n": jnp.ones(3, dtype), "w": jnp.ones(3)}
+    with pytest.raises(TypeError, match=r"\['n'\] of argument 0 has integer/boolean dtype"):
+        step(params, jnp.ones((2, 3)))
+
+
+def test_tree_changes_between_calls():
+    mesh = coarse.make_mesh(workers=2)
+
+    @coarse.sync(mesh)
+    def step(params, batch):
+        return coarse.value_and_grad(lambda p, b: jnp.sum(jax.tree.leaves(p)[0] * b))(params, batch)
+
+    step({"w": jnp.ones(3)}, jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match="argument 0 changed structure or shapes"):
+        step({"w": jnp.ones(3), "extra": jnp.ones(3)}, jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match="argument 0 changed structure or shapes"):
+        step({"w": jnp.ones(4)}, jnp.ones((2, 4)))
+
+
+def test_batch_not_divisible():
+    mesh = coarse.make_mesh(workers=4)
+    step = coarse.sync(lambda b: coarse.all_reduce(jnp.sum(b)), mesh=mesh)
+    with pytest.raises(ValueError, match="divisible by the 4 workers"):
+        step(jnp.ones((6, 2)))
+
+
+def test_missing_arrival_times_out_with_a_named_error():
+    from coarse_jax import _ffi
+
+    mesh = coarse.make_mesh(workers=4)
+    cfg = coarse.Config(timeout_s=1.0, shard_bytes=256)
+
+    @coarse.sync(mesh, config=cfg)
+    def step(params, batch):
+        return coarse.value_and_grad(lambda p, b: jnp.sum((b @ p["w"]) ** 2))(params, batch)
+
+    params = {"w": jnp.ones((8, 16))}
+    batch = jnp.ones((8, 8))
+    jax.block_until_ready(step(params, batch))  # compile; a healthy step
+    _ffi.inject_dropped_push(1)
+    start = time.perf_counter()
+    with pytest.raises(Exception, match=r"proxy 1 \(tier=1, data=1\) timed out after 1.000 s at step 2 "
+                       r"waiting for worker\(s\) 1 to push tensor '(loss|grads\\['w'\\])'"):
+        jax.block_until_ready(step(params, batch))
+    assert time.perf_counter() - start < 30
+    # The failure does not poison later steps.
+    loss, grads = step(params, batch)
+    np.testing.assert_allclose(grads["w"], jax.grad(lambda p: jnp.sum((batch[:2] @ p["w"]) ** 2))(params)["w"], rtol=1e-6)

@@ -1,0 +1,74 @@
+"""The planner alone: shards, batches, routes, the dual-sync split."""
+
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import coarse_jax as coarse
+
+
+def _tree(shapes, dtype=np.float32):
+    return {f"t{i:05d}": jax.ShapeDtypeStruct(s, dtype) for i, s in enumerate(shapes)}
+
+
+def test_pieces_cover_every_element_once():
+    tree = _tree([(10,), (3000,), (1,), (), (257, 3), (5,)])
+    plan = coarse.plan(tree, 4, coarse.Config(shard_bytes=1024, leading_bytes=40))
+    covered = {i: np.zeros(leaf.size, int) for i, leaf in enumerate(plan.leaves)}
+    for pc in plan.pieces:
+        assert sum(n for _, _, n, _ in pc.segments) == pc.nelems
+        for sid, off, n, _ in pc.segments:
+            covered[plan.sync_order[sid]][off : off + n] += 1
+    for t in plan.leading_leaves:
+        covered[t] += 1
+    assert all((c == 1).all() for c in covered.values())
+
+
+def test_backward_order_and_leading_prefix():
+    tree = _tree([(4,), (4,), (4,), (4,)])  # 16 bytes each
+    plan = coarse.plan(tree, 2, coarse.Config(leading_bytes=32))
+    assert plan.leading_leaves == (1, 0)  # the first layers
+    assert plan.proxy_leaves == (3, 2)  # last layer first: backward order
+
+
+def test_routes_by_threshold():
+    tree = _tree([(10,), (10_000,)])
+    cfg = coarse.Config(shard_bytes=1000, latency_threshold_bytes=1000, routes=((0, 1), (1, 0)))
+    plan = coarse.plan(tree, 2, cfg)
+    assert len(plan.pieces) == 1 + 40
+    for pc in plan.pieces:
+        assert pc.dest == ((0, 1) if pc.nbytes < 1000 else (1, 0))
+
+
+def test_plan_is_linear_in_leaves():
+    tree = _tree([(3,)] * 20_000)
+    start = time.perf_counter()
+    plan = coarse.plan(tree, 4, coarse.Config(shard_bytes=4096))
+    plan.ffi_attrs()
+    assert time.perf_counter() - start < 5.0
+    assert "20000 leaves" in plan.summary()
+
+
+def test_summary_is_readable():
+    tree = _tree([(64, 64), (64,), (10, 10)])
+    text = coarse.plan(tree, 4, coarse.Config(shard_bytes=4096, leading_bytes=400)).summary()
+    assert "worker ring" in text and "shards" in text and "routes" in text
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.float64])
+def test_rejects_unsupported_dtypes(dtype):
+    with pytest.raises(TypeError, match=r"\['bad'\].*only float32, bfloat16 and float16"):
+        coarse.plan({"bad": jax.ShapeDtypeStruct((3,), dtype)}, 2)
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="leading_bytes.*auto"):
+        coarse.Config(leading_bytes="auto")
+    with pytest.raises(ValueError, match="mode"):
+        coarse.Config(mode="fast")
+    with pytest.raises(ValueError, match=r"routes\[1\]"):
+        coarse.Config(routes=((0, 0), (0, 5))).routes_for(2)
+    with pytest.raises(ValueError, match="expected 4"):
+        coarse.Config(routes=((0, 0),)).routes_for(4)

@@ -1,0 +1,135 @@
+"""coarse.value_and_grad against per-worker gradients averaged without any mesh."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_replicated, assert_tree_close, make_batch, mlp_init, mlp_loss, per_worker_mean
+
+import coarse_jax as coarse
+
+MODES = ["ffi", "reference"]
+
+
+def _step(mesh, cfg, fun=mlp_loss, **kw):
+    @coarse.sync(mesh, config=cfg)
+    def step(params, batch):
+        return coarse.value_and_grad(fun, **kw)(params, batch)
+
+    return step
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_matches_per_worker_mean_f32(workers, mode):
+    mesh = coarse.make_mesh(workers=workers)
+    # Odd sizes, a size-1 output layer: leaves of shape (1,) and (5, 1).
+    params = mlp_init(jax.random.key(0), (7, 13, 5, 1))
+    batch = make_batch(jax.random.key(1), 4 * workers, 7, 1)
+    cfg = coarse.Config(mode=mode, shard_bytes=64, leading_bytes=7 * 13 * 4 + 13 * 4)
+    loss, grads = _step(mesh, cfg)(params, batch)
+    want_loss, want_grads = per_worker_mean(mlp_loss, params, batch, workers)
+    np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
+    assert_tree_close(grads, want_grads, rtol=1e-6, atol_scale=1e-6)
+    assert_replicated((loss, grads))
+
+
+@pytest.mark.parametrize("dtype,rtol", [(jnp.bfloat16, 2e-2), (jnp.float16, 4e-3)])
+def test_half_precision_params(dtype, rtol):
+    mesh = coarse.make_mesh(workers=4)
+    params = mlp_init(jax.random.key(2), (9, 6, 3), dtype=dtype)
+    batch = make_batch(jax.random.key(3), 16, 9, 3)
+    loss, grads = _step(mesh, coarse.Config(shard_bytes=32, leading_bytes=40))(params, batch)
+    _, want = per_worker_mean(mlp_loss, params, batch, 4)
+    assert all(g.dtype == dtype for g in jax.tree.leaves(grads))
+    assert_tree_close(grads, want, rtol=rtol, atol_scale=rtol)
+    assert_replicated(grads)
+
+
+def test_scalar_leaf_and_has_aux():
+    mesh = coarse.make_mesh(workers=4)
+
+    def loss_fn(params, batch):
+        pred = batch["x"] @ params["w"] * params["scale"]
+        err = pred - batch["y"]
+        return jnp.mean(err**2), {"mae": jnp.mean(jnp.abs(err))}
+
+    params = {"scale": jnp.float32(1.5), "w": jnp.ones((3, 2)) * 0.1}
+    batch = make_batch(jax.random.key(4), 8, 3, 2)
+    (loss, aux), grads = _step(mesh, coarse.Config(), loss_fn, has_aux=True)(params, batch)
+    want_loss, want = per_worker_mean(lambda p, b: loss_fn(p, b)[0], params, batch, 4)
+    maes = [loss_fn(params, jax.tree.map(lambda x: x[2 * i : 2 * i + 2], batch))[1]["mae"] for i in range(4)]
+    np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
+    np.testing.assert_allclose(float(aux["mae"]), np.mean(maes), rtol=1e-6)
+    assert grads["scale"].shape == ()
+    assert_tree_close(grads, want, rtol=1e-6, atol_scale=1e-6)
+
+
+@pytest.mark.parametrize("leading", ["none", "middle", "all"])
+def test_leading_bytes_split(leading):
+    mesh = coarse.make_mesh(workers=4)
+    params = mlp_init(jax.random.key(5), (6, 10, 8, 4))
+    total = sum(x.nbytes for x in jax.tree.leaves(params))
+    leading_bytes = {"none": 0, "middle": total // 2, "all": 10 * total}[leading]
+    cfg = coarse.Config(shard_bytes=128, leading_bytes=leading_bytes)
+    plan = coarse.plan(params, mesh, cfg)
+    n_worker = sum(leaf.sync == "worker" for leaf in plan.leaves)
+    assert (n_worker == 0) == (leading == "none")
+    assert (n_worker == len(plan.leaves)) == (leading == "all")
+    batch = make_batch(jax.random.key(6), 8, 6, 4)
+    loss, grads = _step(mesh, cfg)(params, batch)
+    want_loss, want = per_worker_mean(mlp_loss, params, batch, 4)
+    np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
+    assert_tree_close(grads, want, rtol=1e-6, atol_scale=1e-6)
+    assert_replicated(grads)
+
+
+def test_bitwise_reproducible_and_no_leftover_sessions():
+    from coarse_jax import _ffi
+
+    mesh = coarse.make_mesh(workers=4)
+    params = mlp_init(jax.random.key(7), (16, 32, 8))
+    batch = make_batch(jax.random.key(8), 32, 16, 8)
+    cfg = coarse.Config(shard_bytes=256, leading_bytes=16 * 32 * 4, routes=((0, 1), (1, 2), (2, 3), (3, 0)))
+    step = _step(mesh, cfg)
+    first = jax.device_get(step(params, batch))
+    second = jax.device_get(step(params, batch))
+    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second)):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert _ffi.live_sessions() == 0
+
+
+def test_twenty_optax_steps_match_pmean_training():
+    import optax
+    from jax.sharding import PartitionSpec as P
+
+    mesh = coarse.make_mesh(workers=4)
+    params = mlp_init(jax.random.key(9), (8, 16, 16, 4))
+    opt = optax.adam(1e-2)
+    cfg = coarse.Config(shard_bytes=256, leading_bytes=8 * 16 * 4 + 64)
+
+    @coarse.sync(mesh, config=cfg)
+    def coarse_step(params, opt_state, batch):
+        loss, grads = coarse.value_and_grad(mlp_loss)(params, batch)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    flat = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("data",))
+
+    @jax.jit
+    @jax.shard_map(mesh=flat, in_specs=(P(), P(), P("data")), out_specs=P())
+    def pmean_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(mlp_loss)(jax.lax.pcast(params, "data", to="varying"), batch)
+        loss, grads = jax.lax.pmean((loss, grads), "data")
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    a_params, a_state = params, opt.init(params)
+    b_params, b_state = params, opt.init(params)
+    for i in range(20):
+        batch = make_batch(jax.random.key(100 + i), 16, 8, 4)
+        a_params, a_state, a_loss = coarse_step(a_params, a_state, batch)
+        b_params, b_state, b_loss = pmean_step(b_params, b_state, batch)
+        np.testing.assert_allclose(float(a_loss), float(b_loss), rtol=1e-5)
+    assert_tree_close(a_params, jax.device_get(b_params), rtol=1e-5, atol_scale=1e-5)
+    assert_replicated(a_params)
