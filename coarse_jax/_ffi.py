@@ -96,39 +96,59 @@ def _call(target: str, results: Sequence[Any], operands: Sequence[jax.Array],
     )(*operands, **plan.ffi_attrs(), site=site, **attrs)
 
 
-def push(me: jax.Array, leaves: Sequence[jax.Array], plan: Plan, bucket: BucketPlan, site: int) -> list[jax.Array]:
-    """Hands one bucket to the routed proxies; returns the leaves (aliased)."""
+def push(me: jax.Array, leaves: Sequence[jax.Array], plan: Plan, bucket: BucketPlan, site: int,
+         passthrough: bool) -> list[jax.Array]:
+    """Hands one bucket to the routed proxies.
+
+    ``passthrough``: return the leaves themselves (aliased), for the backward
+    hooks, whose cotangent outputs must be the gradients. Otherwise return one
+    token: aliasing a still-live operand (a step argument, say) would make XLA
+    copy it first.
+    """
     leaves = [_vary(x) for x in leaves]
     out = _call(
         "coarse_push",
-        [_result(x, True) for x in leaves],
+        [_result(x, True) for x in leaves] if passthrough else [_result(me, True)],
         [me, *leaves],
-        {i + 1: i for i in range(len(leaves))},
+        {i + 1: i for i in range(len(leaves))} if passthrough else {},
         plan,
         site,
         first_leaf=bucket.first_leaf,
         first_piece=bucket.first_piece,
         num_pieces=bucket.num_pieces,
+        passthrough=int(passthrough),
         last=0,
     )
     return list(out)
 
 
 def proxy_ring(me: jax.Array, deps: Sequence[jax.Array], plan: Plan, site: int, last: bool) -> jax.Array:
-    """Proxies reduce every piece; returns a token that orders what follows."""
-    (token,) = _call("coarse_proxy_ring", [_result(me, True)], [me, *map(_vary, deps)], {}, plan, site, last=int(last))
+    """Proxies reduce every piece; returns a token that orders what follows.
+
+    ``deps`` (push outputs) only order this call after this device's pushes.
+    """
+    (token,) = _call(
+        "coarse_proxy_ring", [_result(me, True)], [me, *map(_vary, deps)], {}, plan, site,
+        last=int(last),
+    )
     return token
 
 
+def _aliases(n: int, first_operand: int, alias: bool) -> dict[int, int]:
+    # Writing into a dead temporary (the gradients) saves XLA allocating and
+    # faulting in fresh output buffers every step.
+    return {first_operand + i: i for i in range(n)} if alias else {}
+
+
 def worker_ring(me: jax.Array, token: jax.Array, leaves: Sequence[jax.Array], plan: Plan,
-                site: int, last: bool) -> tuple[list[jax.Array], jax.Array]:
+                site: int, last: bool, alias: bool) -> tuple[list[jax.Array], jax.Array]:
     """Workers reduce the leading leaves and hand them to their proxies."""
     leaves = [_vary(x) for x in leaves]
     out = _call(
         "coarse_worker_ring",
         [*(_result(x, False) for x in leaves), _result(me, True)],
         [me, token, *leaves],
-        {i + 2: i for i in range(len(leaves))},
+        _aliases(len(leaves), 2, alias),
         plan,
         site,
         last=int(last),
@@ -136,14 +156,18 @@ def worker_ring(me: jax.Array, token: jax.Array, leaves: Sequence[jax.Array], pl
     return list(out[:-1]), out[-1]
 
 
-def pull(me: jax.Array, token: jax.Array, leaves: Sequence[jax.Array], plan: Plan, site: int) -> list[jax.Array]:
-    """Every device writes the reduced proxy leaves; ends the step."""
+def pull(me: jax.Array, token: jax.Array, leaves: Sequence[jax.Array], plan: Plan, site: int,
+         alias: bool) -> list[jax.Array]:
+    """Every device writes the reduced proxy leaves; ends the step.
+
+    ``leaves`` give the result shapes; they are operands only when aliased.
+    """
     leaves = [_vary(x) for x in leaves]
     out = _call(
         "coarse_pull",
         [_result(x, False) for x in leaves],
-        [me, token, *leaves],
-        {i + 2: i for i in range(len(leaves))},
+        [me, token, *(leaves if alias else [])],
+        _aliases(len(leaves), 2, alias),
         plan,
         site,
         last=1,

@@ -209,8 +209,13 @@ def on_workers(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapped
 
 
-def _finish(ctx: _SyncContext, plan: Plan, site: int, leaves: list[jax.Array]) -> list[jax.Array]:
-    """Proxy ring, worker ring and pull for leaves already pushed (tree order)."""
+def _finish(plan: Plan, site: int, leaves: list[jax.Array], pushed: Sequence[jax.Array],
+            in_place: bool) -> list[jax.Array]:
+    """Proxy ring, worker ring and pull, after this device's pushes (``pushed``).
+
+    ``leaves`` in tree order. ``in_place``: the leaves are dead temporaries
+    (gradients) the results may overwrite.
+    """
     me = _ffi.who()
     out = list(leaves)
     has_proxy = plan.num_proxy_leaves > 0
@@ -218,28 +223,34 @@ def _finish(ctx: _SyncContext, plan: Plan, site: int, leaves: list[jax.Array]) -
     proxy_vals = [leaves[t] for t in plan.proxy_leaves]
     token = None
     if has_proxy:
-        token = _ffi.proxy_ring(me, proxy_vals, plan, site, last=False)
+        token = _ffi.proxy_ring(me, pushed, plan, site, last=False)
     if has_lead:
         if token is None:
             token = _ffi.vary(jnp.zeros((), jnp.int32))
         lead_vals = [leaves[t] for t in plan.leading_leaves]
-        reduced, token = _ffi.worker_ring(me, token, lead_vals, plan, site, last=not has_proxy)
+        reduced, token = _ffi.worker_ring(
+            me, token, lead_vals, plan, site, last=not has_proxy, alias=in_place
+        )
         for t, v in zip(plan.leading_leaves, reduced):
             out[t] = v
     if has_proxy:
-        for t, v in zip(plan.proxy_leaves, _ffi.pull(me, token, proxy_vals, plan, site)):
+        for t, v in zip(plan.proxy_leaves, _ffi.pull(me, token, proxy_vals, plan, site, alias=in_place)):
             out[t] = v
     return out
 
 
-def _push_buckets(plan: Plan, site: int, leaves: list[jax.Array], buckets: Sequence[Any]) -> list[jax.Array]:
-    out = list(leaves)
+def _bucket_leaves(plan: Plan, bucket: Any) -> list[int]:
+    """Tree indices of a bucket's leaves, in the order the push takes them."""
+    return [plan.sync_order[s] for s in range(bucket.first_leaf, bucket.first_leaf + bucket.num_leaves)]
+
+
+def _push_tokens(plan: Plan, site: int, leaves: list[jax.Array], buckets: Sequence[Any]) -> list[jax.Array]:
+    """Pushes ``buckets`` of ``leaves`` (tree order); returns one token per push."""
     me = _ffi.who()
-    for b in buckets:
-        ids = [plan.sync_order[s] for s in range(b.first_leaf, b.first_leaf + b.num_leaves)]
-        for t, v in zip(ids, _ffi.push(me, [out[t] for t in ids], plan, b, site)):
-            out[t] = v
-    return out
+    return [
+        _ffi.push(me, [leaves[t] for t in _bucket_leaves(plan, b)], plan, b, site, passthrough=False)[0]
+        for b in buckets
+    ]
 
 
 def _check_op(op: str) -> bool:
@@ -283,8 +294,8 @@ def all_reduce(tree: Any, op: str = "mean", *, config: Config | None = None) -> 
     if not leaves:
         return tree
     site = ctx.new_site()
-    pushed = _push_buckets(plan, site, leaves, plan.buckets)
-    return jax.tree.unflatten(treedef, _finish(ctx, plan, site, pushed))
+    tokens = _push_tokens(plan, site, leaves, plan.buckets)
+    return jax.tree.unflatten(treedef, _finish(plan, site, leaves, tokens, in_place=False))
 
 
 # ----------------------------------------------------------------------------- value_and_grad
@@ -304,7 +315,7 @@ def _push_hook(plan: Plan, bucket: Any, site: int) -> Callable[..., Any]:
         # Runs as soon as this bucket's gradients exist; the push's outputs
         # (aliased to its inputs) are the "gradients" the vjp returns, so the
         # pull depends on every push and no push can be dropped.
-        return tuple(_ffi.push(_ffi.who(), list(cts), plan, bucket, site))
+        return tuple(_ffi.push(_ffi.who(), list(cts), plan, bucket, site, passthrough=True))
 
     hook.defvjp(fwd, bwd)
     return hook
@@ -386,7 +397,7 @@ def value_and_grad(
                 leaves = list(leaves)
                 if cfg.mode == "ffi":
                     for b in plan.buckets:
-                        ids = [plan.sync_order[s] for s in range(b.first_leaf, b.first_leaf + b.num_leaves)]
+                        ids = _bucket_leaves(plan, b)
                         if ids[0] < n_grad:
                             hooked = _push_hook(plan, b, site)(*[leaves[t] for t in ids])
                             for t, v in zip(ids, hooked):
@@ -402,10 +413,15 @@ def value_and_grad(
                 (loss, vjp_fn), aux = jax.vjp(f, *diff_leaves), None
             head = list(jax.tree.leaves((aux, loss)))
             if cfg.mode == "ffi":
-                # The loss (and aux) are known after the forward pass: push now.
-                all_leaves = [None] * n_grad + head
-                head_buckets = [b for b in plan.buckets if plan.sync_order[b.first_leaf] >= n_grad]
-                head = _push_buckets(plan, site, all_leaves, head_buckets)[n_grad:]
+                # The loss (and aux) are known after the forward pass: push
+                # now, passing them through so their push cannot be dropped.
+                me = _ffi.who()
+                for b in plan.buckets:
+                    ids = _bucket_leaves(plan, b)
+                    if ids[0] >= n_grad:
+                        pushed = _ffi.push(me, [head[t - n_grad] for t in ids], plan, b, site, passthrough=True)
+                        for t, v in zip(ids, pushed):
+                            head[t - n_grad] = v
             grads = list(vjp_fn(jnp.ones_like(loss)))
             return _ffi.vary(grads + head)
 
@@ -418,7 +434,9 @@ def value_and_grad(
         if cfg.mode == "reference":
             leaves = reference.all_reduce(leaves, ctx.workers)
         else:
-            leaves = _finish(ctx, plan, site, leaves)
+            # The pushed values (pass-through outputs) order the rest after the pushes.
+            pushed = [leaves[t] for t in plan.proxy_leaves]
+            leaves = _finish(plan, site, leaves, pushed, in_place=True)
         grads_l, head = leaves[:n_grad], leaves[n_grad:]
         grads = jax.tree.unflatten(jax.tree.structure(grads_shape), grads_l)
         aux, loss = jax.tree.unflatten(jax.tree.structure((aux_shape, loss_shape)), head)

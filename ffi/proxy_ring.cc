@@ -51,7 +51,7 @@ static ffi::Error ReducePieces(Call& call) {
       m.successor_device[r] = p + RingSuccessor(r, k, p);
       m.position[r] = RingPosition(r, k, p);
     }
-    err = RingAllReduce(session, call.who, n, m, [&](int r, int32_t g) {
+    err = RingAllReduce(session, call.who, n, MeanScale(plan), m, [&](int r, int32_t g) {
       return "proxy " + std::to_string(RingPredecessor(r, k, p)) + " to finish step " +
              std::to_string(g + 1) + "/" + std::to_string(RingSteps(p)) + " of ring " +
              std::to_string(r) + " for " + plan.DescribePiece(s);

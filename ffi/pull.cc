@@ -2,8 +2,8 @@
 //
 // A worker waits, piece by piece in global order, until the proxy it routed
 // the piece to has finished both rings for it, then narrows the f32 sum into
-// its output leaves with the 1/p scale folded in (reassembling shards and
-// unbatching small tensors in the same pass). A proxy does the same from its
+// its output leaves (the ring already applied the 1/p scale), reassembling
+// shards and unbatching small tensors in the same pass. A proxy does the same from its
 // own storage. Same code, same f32 input: both tiers end bitwise equal.
 #include "call.h"
 #include "runtime/ring.h"
@@ -33,7 +33,6 @@ static ffi::Error PullImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer
     }
     const int64_t p = plan.workers, me = call.who.index;
     const int32_t steps = RingSteps(p);
-    const float scale = MeanScale(plan);
     for (int64_t s = 0; s < plan.num_pieces(); ++s) {
       const int64_t k = call.who.tier == kWorker ? plan.dest(s, me) : me;
       ffi::Error err = session.Wait(
@@ -44,11 +43,11 @@ static ffi::Error PullImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer
           },
           [&] { return "proxy " + std::to_string(k) + " to reduce " + plan.DescribePiece(s); });
       if (err.failure()) return err;
-      const float* sum = session.arena(k) + plan.slot(k, s, 0);
+      const float* sum = session.arena(k) + plan.slot(k, s, 0);  // already scaled by the ring
       for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
         const Segment& seg = plan.segments[g];
         ffi::Result<ffi::AnyBuffer> out = outs.get<ffi::AnyBuffer>(seg.leaf).value();
-        cpu::NarrowFromF32(out->element_type(), sum + seg.piece_off, scale,
+        cpu::NarrowFromF32(out->element_type(), sum + seg.piece_off,
                            ElementPtr(out->untyped_data(), out->element_type(), seg.leaf_off),
                            seg.len);
       }

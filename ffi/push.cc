@@ -4,8 +4,9 @@
 // exist. For every piece of the bucket it widens the values into the slot the
 // routed proxy keeps for this client (the transfer), then bumps that proxy's
 // arrival counter for the piece and wakes it. It never waits for anyone, so
-// pushes cannot deadlock whatever order XLA runs them in. Outputs alias the
-// inputs: they exist only so the pull data-depends on every push.
+// pushes cannot deadlock whatever order XLA runs them in. Its outputs exist
+// so the pull data-depends on every push: the leaves themselves, aliased
+// (attribute passthrough=1, for backward hooks), or one token.
 #include <cstring>
 
 #include "call.h"
@@ -25,18 +26,27 @@ static ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Remaining
     auto num_pieces = attrs.get<int64_t>("num_pieces");
     if (first_leaf.has_error() || first_piece.has_error() || num_pieces.has_error())
       return ffi::Error::InvalidArgument("coarse_push: missing bucket attributes");
-    // Pass-through outputs (aliased to the inputs, copied only if XLA did not alias).
+    auto passthrough_attr = attrs.get<int64_t>("passthrough");
+    if (passthrough_attr.has_error()) return passthrough_attr.error();
+    const bool passthrough = passthrough_attr.value() != 0;
+    if (passthrough ? outs.size() != leaves.size() : outs.size() != 1)
+      return ffi::Error::InvalidArgument(
+          "coarse_push: expected one result per operand (passthrough) or one token");
     for (size_t a = 0; a < leaves.size(); ++a) {
       auto in = leaves.get<ffi::AnyBuffer>(a);
-      auto out = outs.get<ffi::AnyBuffer>(a);
-      if (in.has_error() || out.has_error())
-        return ffi::Error::InvalidArgument("coarse_push: operands and results must pair up");
+      if (in.has_error()) return in.error();
       ffi::Error e = CheckLeaf(plan, first_leaf.value() + a, in.value().element_type(),
                                in.value().element_count(), "coarse_push");
       if (e.failure()) return e;
-      if (out.value()->untyped_data() != in.value().untyped_data())
-        std::memcpy(out.value()->untyped_data(), in.value().untyped_data(),
-                    in.value().size_bytes());
+      if (!passthrough) continue;
+      // Aliased to the input; copied only if XLA did not alias.
+      ffi::Result<ffi::AnyBuffer> out = outs.get<ffi::AnyBuffer>(a).value();
+      if (out->untyped_data() != in.value().untyped_data())
+        std::memcpy(out->untyped_data(), in.value().untyped_data(), in.value().size_bytes());
+    }
+    if (!passthrough) {
+      ffi::Result<ffi::AnyBuffer> token = outs.get<ffi::AnyBuffer>(0).value();
+      std::memset(token->untyped_data(), 0, token->size_bytes());
     }
     if (call.who.tier != kWorker) return ffi::Error::Success();  // proxies push nothing
     const int64_t i = call.who.index;
@@ -68,7 +78,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Push, PushImpl,
                                   .Ctx<ffi::RunId>()       // rendezvous key: one execution
                                   .Arg<ffi::AnyBuffer>()   // int32[2] (tier, data index)
                                   .RemainingArgs()         // the bucket's gradient leaves
-                                  .RemainingRets()         // the same leaves, aliased
-                                  .Attrs<ffi::Dictionary>());  // plan + first_leaf, first_piece, num_pieces
+                                  .RemainingRets()         // the same leaves (aliased), or a token
+                                  .Attrs<ffi::Dictionary>());  // plan + bucket range, passthrough
 
 }  // namespace coarse

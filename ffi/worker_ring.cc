@@ -51,7 +51,8 @@ static ffi::Error WorkerRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Any
         m.successor_device[r] = RingSuccessor(r, me, p);
         m.position[r] = RingPosition(r, me, p);
       }
-      ffi::Error err = RingAllReduce(session, call.who, plan.leading_nelems, m, [&](int r, int32_t g) {
+      ffi::Error err = RingAllReduce(
+          session, call.who, plan.leading_nelems, MeanScale(plan), m, [&](int r, int32_t g) {
         return "worker " + std::to_string(RingPredecessor(r, me, p)) + " to finish step " +
                std::to_string(g + 1) + "/" + std::to_string(RingSteps(p)) + " of ring " +
                std::to_string(r) + " for the leading layers (" +
@@ -72,14 +73,13 @@ static ffi::Error WorkerRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Any
           });
       if (err.failure()) return err;
     }
-    const float scale = MeanScale(plan);
-    int64_t off = 0;
+    int64_t off = 0;  // the ring already applied the 1/p scale
     for (int64_t a = 0; a < L; ++a) {
       ffi::Result<ffi::AnyBuffer> out = outs.get<ffi::AnyBuffer>(a).value();
       ffi::Error e = CheckLeaf(plan, first + a, out->element_type(), out->element_count(),
                                "coarse_worker_ring");
       if (e.failure()) return e;
-      cpu::NarrowFromF32(out->element_type(), scratch + off, scale, out->untyped_data(),
+      cpu::NarrowFromF32(out->element_type(), scratch + off, out->untyped_data(),
                          out->element_count());
       off += out->element_count();
     }

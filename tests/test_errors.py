@@ -82,7 +82,7 @@ def test_missing_arrival_times_out_with_a_named_error():
     _ffi.inject_dropped_push(1)
     start = time.perf_counter()
     with pytest.raises(Exception, match=r"proxy 1 \(tier=1, data=1\) timed out after 1.000 s at step 2 "
-                       r"waiting for worker\(s\) 1 to push tensor '(loss|grads\\['w'\\])'"):
+                       r"waiting for worker\(s\) 1 to push tensor '(loss|grads\['w'\])'"):
         jax.block_until_ready(step(params, batch))
     assert time.perf_counter() - start < 30
     # The failure does not poison later steps.

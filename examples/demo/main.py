@@ -13,11 +13,12 @@ import os
 # when jax initializes its backend, so it is set before anything imports jax.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
+import argparse
+import dataclasses
+import sys
 
-import train  # noqa: E402
-from configs import default  # noqa: E402
+import train
+from configs import default
 
 
 def parse_args() -> argparse.Namespace:
@@ -38,6 +39,7 @@ def main() -> None:
     summary = train.train_and_evaluate(config, args.workdir)
     ok = summary["max_rel_loss_diff"] < 1e-4
     print(f"loss curves match (relative diff < 1e-4): {ok}")
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -197,8 +197,7 @@ def leading_bytes(params: Any, layers: int) -> int:
 
 def write_jsonl(path: str, records: Iterator[dict[str, Any]]) -> None:
     with open(path, "w") as f:
-        for record in records:
-            f.write(json.dumps(record) + "\n")
+        f.writelines(json.dumps(record) + "\n" for record in records)
 
 
 def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
@@ -296,7 +295,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     def records() -> Iterator[dict[str, Any]]:
         for name, run in runs.items():
             times = [None, *run.step_times_s]  # step 0 compiled, not timed
-            for i, (loss, t) in enumerate(zip(run.losses, times)):
+            for i, (loss, t) in enumerate(zip(run.losses, times, strict=True)):
                 yield {"impl": name, "step": i, "loss": loss, "step_time_s": t}
         for name in runs:
             yield {"impl": name, "summary": True, "median_step_s": step_s[name],

@@ -1,8 +1,9 @@
 // The CPU device backend: the only code that touches element values.
 //
 // Proxies and the worker ring keep every value in f32 ("f32 accumulate for
-// bf16/f16"): a push widens into f32 storage, a pull narrows back with the 1/p
-// scale folded in, so each transfer is exactly one pass over memory. On CPU all
+// bf16/f16"): a push widens into f32 storage, the ring folds the 1/p scale into
+// its last reduce-scatter step, a pull narrows back (for f32 a plain memcpy),
+// so each transfer is exactly one pass over memory. On CPU all
 // devices share one address space, so a transfer is this one loop, not a
 // send plus a receive. The CUDA backend (kernels/) mirrors these signatures.
 #pragma once
@@ -20,9 +21,13 @@ const char* DtypeName(xla::ffi::DataType dtype);
 
 // dst[i] = float(src[i]) for a leaf of `dtype`.
 void WidenToF32(xla::ffi::DataType dtype, const void* src, float* dst, int64_t n);
-// dst[i] = dtype(src[i] * scale), round to nearest even.
-void NarrowFromF32(xla::ffi::DataType dtype, const float* src, float scale, void* dst, int64_t n);
+// dst[i] = dtype(src[i]), round to nearest even.
+void NarrowFromF32(xla::ffi::DataType dtype, const float* src, void* dst, int64_t n);
 // acc[i] += x[i]
 void AddF32(float* __restrict acc, const float* __restrict x, int64_t n);
+// acc[i] = (acc[i] + x[i]) * scale: the last reduce-scatter step of a mean.
+void AddScaleF32(float* __restrict acc, const float* __restrict x, float scale, int64_t n);
+// x[i] *= scale
+void ScaleF32(float* x, float scale, int64_t n);
 
 }  // namespace coarse::cpu

@@ -43,9 +43,13 @@ inline int64_t RingSuccessor(int ring, int64_t index, int64_t p) {
 // Steps in one ring: reduce-scatter then all-gather.
 inline int32_t RingSteps(int64_t p) { return static_cast<int32_t>(2 * (p - 1)); }
 
-// Marks the member ready (progress 0) and runs all steps. `what(ring, step)`
-// names what a wait was for, for the timeout error.
-xla::ffi::Error RingAllReduce(Session& session, const Who& who, int64_t n, const RingMember& m,
+// Marks the member ready (progress 0) and runs all steps. The member that
+// completes a chunk's sum (last reduce-scatter step) multiplies it by `scale`
+// in the same pass, so the mean costs no extra pass and readers can copy the
+// result as is. `what(ring, step)` names what a wait was for, for the timeout
+// error.
+xla::ffi::Error RingAllReduce(Session& session, const Who& who, int64_t n, float scale,
+                              const RingMember& m,
                               const std::function<std::string(int, int32_t)>& what);
 
 }  // namespace coarse

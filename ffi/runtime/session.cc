@@ -12,7 +12,7 @@ namespace {
 
 // Storage is reused across steps of the same plan: allocating (and first
 // touching) hundreds of MB every step would cost more than the sync itself.
-// One spare set per plan, a handful of plans at most.
+// A couple of spare sets per plan, a handful of plans at most.
 struct BufferSet {
   std::vector<std::unique_ptr<float[]>> arenas, scratch;
 };
@@ -23,9 +23,9 @@ class BufferPool {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = spare_.find(plan.key);
-      if (it != spare_.end()) {
-        BufferSet set = std::move(it->second);
-        spare_.erase(it);
+      if (it != spare_.end() && !it->second.empty()) {
+        BufferSet set = std::move(it->second.back());
+        it->second.pop_back();
         return set;
       }
     }
@@ -39,13 +39,17 @@ class BufferPool {
   void Give(int64_t key, BufferSet set) {
     std::lock_guard<std::mutex> lock(mu_);
     if (spare_.size() >= kMaxPlans && !spare_.count(key)) spare_.erase(spare_.begin());
-    spare_[key] = std::move(set);
+    auto& sets = spare_[key];
+    if (sets.size() < kSetsPerPlan) sets.push_back(std::move(set));
   }
 
  private:
   static constexpr size_t kMaxPlans = 8;
+  // Two per plan: the next step's session can be created while the last
+  // thread of the previous one is still releasing its set.
+  static constexpr size_t kSetsPerPlan = 2;
   std::mutex mu_;
-  std::map<int64_t, BufferSet> spare_;
+  std::map<int64_t, std::vector<BufferSet>> spare_;
 };
 
 BufferPool& Pool() {

@@ -1,0 +1,42 @@
+"""Benchmark setup: 8 CPU devices (4 workers + 4 proxies) and a closing summary.
+
+XLA reads ``--xla_force_host_platform_device_count`` only when jax creates its
+CPU backend, so the flag is added here, before any benchmark module imports jax.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}=8".strip()
+
+# impl -> {"bytes", "median_s", "busbw_gbs"}, filled by the benchmarks.
+RESULTS_KEY = pytest.StashKey[dict[str, dict[str, float]]]()
+
+
+@pytest.fixture(scope="session")
+def sync_results(pytestconfig: pytest.Config) -> dict[str, dict[str, float]]:
+    """Where each benchmark leaves its median time and bus bandwidth for the summary."""
+    return pytestconfig.stash.setdefault(RESULTS_KEY, {})
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Prints median time per implementation, its ratio to pmean, and bus bandwidth."""
+    results = config.stash.get(RESULTS_KEY, {})
+    if not results:
+        return
+    base = results.get("pmean", {}).get("median_s")
+    tr = terminalreporter
+    tr.section("gradient sync summary (ResNet-50 tree, 4 workers)")
+    tr.write_line(f"{'impl':<18} {'MiB':>8} {'median ms':>10} {'x pmean':>8} {'busbw GB/s':>11}")
+    for name, r in results.items():
+        ratio = f"{r['median_s'] / base:.2f}" if base else "-"
+        tr.write_line(
+            f"{name:<18} {r['bytes'] / 2**20:>8.1f} {r['median_s'] * 1e3:>10.2f} "
+            f"{ratio:>8} {r['busbw_gbs']:>11.2f}"
+        )

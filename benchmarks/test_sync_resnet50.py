@@ -1,0 +1,288 @@
+"""Gradient synchronization of a ResNet-50-sized tree: coarse_jax vs ``lax.pmean``.
+
+Each implementation all-reduces (mean) the 161 float32 leaves of a ResNet-50
+gradient tree (~25.6M parameters, ~97.5 MiB) over 4 workers:
+
+* ``coarse_ffi``: a `coarse.sync` step calling `coarse.all_reduce`, C++ runtime
+  (4 workers + 4 proxies, 8 devices);
+* ``coarse_reference``: the same with ``Config(mode="reference")`` (pure JAX
+  collectives over the same 8 devices);
+* ``pmean``: ``jit(shard_map(pmean))`` over a 4-device ``("data",)`` mesh.
+
+The tree is passed as a batch argument with a leading axis of one slice per
+worker, so each worker reduces its own values as it would after a backward
+pass. Compilation and warm-up happen outside the timed calls. Bus bandwidth
+follows the NCCL convention: bytes / time * 2 (p - 1) / p.
+
+Run: ``make bench``, or from outside the repo (so the installed package is
+imported): ``pytest -q benchmarks -p no:cacheprovider``.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import coarse_jax as coarse
+
+WORKERS = 4
+ROUNDS = 20
+
+# ResNet-50 (v1.5) parameters in network order: conv kernels HWIO, batchnorm
+# scale/bias, then the classifier. Batchnorm running statistics are state,
+# not gradients, so they are left out.
+RESNET50_SHAPES: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("stem/conv/kernel", (7, 7, 3, 64)),
+    ("stem/bn/scale", (64,)),
+    ("stem/bn/bias", (64,)),
+    ("stage1/block0/conv1/kernel", (1, 1, 64, 64)),
+    ("stage1/block0/bn1/scale", (64,)),
+    ("stage1/block0/bn1/bias", (64,)),
+    ("stage1/block0/conv2/kernel", (3, 3, 64, 64)),
+    ("stage1/block0/bn2/scale", (64,)),
+    ("stage1/block0/bn2/bias", (64,)),
+    ("stage1/block0/conv3/kernel", (1, 1, 64, 256)),
+    ("stage1/block0/bn3/scale", (256,)),
+    ("stage1/block0/bn3/bias", (256,)),
+    ("stage1/block0/proj/kernel", (1, 1, 64, 256)),
+    ("stage1/block0/proj_bn/scale", (256,)),
+    ("stage1/block0/proj_bn/bias", (256,)),
+    ("stage1/block1/conv1/kernel", (1, 1, 256, 64)),
+    ("stage1/block1/bn1/scale", (64,)),
+    ("stage1/block1/bn1/bias", (64,)),
+    ("stage1/block1/conv2/kernel", (3, 3, 64, 64)),
+    ("stage1/block1/bn2/scale", (64,)),
+    ("stage1/block1/bn2/bias", (64,)),
+    ("stage1/block1/conv3/kernel", (1, 1, 64, 256)),
+    ("stage1/block1/bn3/scale", (256,)),
+    ("stage1/block1/bn3/bias", (256,)),
+    ("stage1/block2/conv1/kernel", (1, 1, 256, 64)),
+    ("stage1/block2/bn1/scale", (64,)),
+    ("stage1/block2/bn1/bias", (64,)),
+    ("stage1/block2/conv2/kernel", (3, 3, 64, 64)),
+    ("stage1/block2/bn2/scale", (64,)),
+    ("stage1/block2/bn2/bias", (64,)),
+    ("stage1/block2/conv3/kernel", (1, 1, 64, 256)),
+    ("stage1/block2/bn3/scale", (256,)),
+    ("stage1/block2/bn3/bias", (256,)),
+    ("stage2/block0/conv1/kernel", (1, 1, 256, 128)),
+    ("stage2/block0/bn1/scale", (128,)),
+    ("stage2/block0/bn1/bias", (128,)),
+    ("stage2/block0/conv2/kernel", (3, 3, 128, 128)),
+    ("stage2/block0/bn2/scale", (128,)),
+    ("stage2/block0/bn2/bias", (128,)),
+    ("stage2/block0/conv3/kernel", (1, 1, 128, 512)),
+    ("stage2/block0/bn3/scale", (512,)),
+    ("stage2/block0/bn3/bias", (512,)),
+    ("stage2/block0/proj/kernel", (1, 1, 256, 512)),
+    ("stage2/block0/proj_bn/scale", (512,)),
+    ("stage2/block0/proj_bn/bias", (512,)),
+    ("stage2/block1/conv1/kernel", (1, 1, 512, 128)),
+    ("stage2/block1/bn1/scale", (128,)),
+    ("stage2/block1/bn1/bias", (128,)),
+    ("stage2/block1/conv2/kernel", (3, 3, 128, 128)),
+    ("stage2/block1/bn2/scale", (128,)),
+    ("stage2/block1/bn2/bias", (128,)),
+    ("stage2/block1/conv3/kernel", (1, 1, 128, 512)),
+    ("stage2/block1/bn3/scale", (512,)),
+    ("stage2/block1/bn3/bias", (512,)),
+    ("stage2/block2/conv1/kernel", (1, 1, 512, 128)),
+    ("stage2/block2/bn1/scale", (128,)),
+    ("stage2/block2/bn1/bias", (128,)),
+    ("stage2/block2/conv2/kernel", (3, 3, 128, 128)),
+    ("stage2/block2/bn2/scale", (128,)),
+    ("stage2/block2/bn2/bias", (128,)),
+    ("stage2/block2/conv3/kernel", (1, 1, 128, 512)),
+    ("stage2/block2/bn3/scale", (512,)),
+    ("stage2/block2/bn3/bias", (512,)),
+    ("stage2/block3/conv1/kernel", (1, 1, 512, 128)),
+    ("stage2/block3/bn1/scale", (128,)),
+    ("stage2/block3/bn1/bias", (128,)),
+    ("stage2/block3/conv2/kernel", (3, 3, 128, 128)),
+    ("stage2/block3/bn2/scale", (128,)),
+    ("stage2/block3/bn2/bias", (128,)),
+    ("stage2/block3/conv3/kernel", (1, 1, 128, 512)),
+    ("stage2/block3/bn3/scale", (512,)),
+    ("stage2/block3/bn3/bias", (512,)),
+    ("stage3/block0/conv1/kernel", (1, 1, 512, 256)),
+    ("stage3/block0/bn1/scale", (256,)),
+    ("stage3/block0/bn1/bias", (256,)),
+    ("stage3/block0/conv2/kernel", (3, 3, 256, 256)),
+    ("stage3/block0/bn2/scale", (256,)),
+    ("stage3/block0/bn2/bias", (256,)),
+    ("stage3/block0/conv3/kernel", (1, 1, 256, 1024)),
+    ("stage3/block0/bn3/scale", (1024,)),
+    ("stage3/block0/bn3/bias", (1024,)),
+    ("stage3/block0/proj/kernel", (1, 1, 512, 1024)),
+    ("stage3/block0/proj_bn/scale", (1024,)),
+    ("stage3/block0/proj_bn/bias", (1024,)),
+    ("stage3/block1/conv1/kernel", (1, 1, 1024, 256)),
+    ("stage3/block1/bn1/scale", (256,)),
+    ("stage3/block1/bn1/bias", (256,)),
+    ("stage3/block1/conv2/kernel", (3, 3, 256, 256)),
+    ("stage3/block1/bn2/scale", (256,)),
+    ("stage3/block1/bn2/bias", (256,)),
+    ("stage3/block1/conv3/kernel", (1, 1, 256, 1024)),
+    ("stage3/block1/bn3/scale", (1024,)),
+    ("stage3/block1/bn3/bias", (1024,)),
+    ("stage3/block2/conv1/kernel", (1, 1, 1024, 256)),
+    ("stage3/block2/bn1/scale", (256,)),
+    ("stage3/block2/bn1/bias", (256,)),
+    ("stage3/block2/conv2/kernel", (3, 3, 256, 256)),
+    ("stage3/block2/bn2/scale", (256,)),
+    ("stage3/block2/bn2/bias", (256,)),
+    ("stage3/block2/conv3/kernel", (1, 1, 256, 1024)),
+    ("stage3/block2/bn3/scale", (1024,)),
+    ("stage3/block2/bn3/bias", (1024,)),
+    ("stage3/block3/conv1/kernel", (1, 1, 1024, 256)),
+    ("stage3/block3/bn1/scale", (256,)),
+    ("stage3/block3/bn1/bias", (256,)),
+    ("stage3/block3/conv2/kernel", (3, 3, 256, 256)),
+    ("stage3/block3/bn2/scale", (256,)),
+    ("stage3/block3/bn2/bias", (256,)),
+    ("stage3/block3/conv3/kernel", (1, 1, 256, 1024)),
+    ("stage3/block3/bn3/scale", (1024,)),
+    ("stage3/block3/bn3/bias", (1024,)),
+    ("stage3/block4/conv1/kernel", (1, 1, 1024, 256)),
+    ("stage3/block4/bn1/scale", (256,)),
+    ("stage3/block4/bn1/bias", (256,)),
+    ("stage3/block4/conv2/kernel", (3, 3, 256, 256)),
+    ("stage3/block4/bn2/scale", (256,)),
+    ("stage3/block4/bn2/bias", (256,)),
+    ("stage3/block4/conv3/kernel", (1, 1, 256, 1024)),
+    ("stage3/block4/bn3/scale", (1024,)),
+    ("stage3/block4/bn3/bias", (1024,)),
+    ("stage3/block5/conv1/kernel", (1, 1, 1024, 256)),
+    ("stage3/block5/bn1/scale", (256,)),
+    ("stage3/block5/bn1/bias", (256,)),
+    ("stage3/block5/conv2/kernel", (3, 3, 256, 256)),
+    ("stage3/block5/bn2/scale", (256,)),
+    ("stage3/block5/bn2/bias", (256,)),
+    ("stage3/block5/conv3/kernel", (1, 1, 256, 1024)),
+    ("stage3/block5/bn3/scale", (1024,)),
+    ("stage3/block5/bn3/bias", (1024,)),
+    ("stage4/block0/conv1/kernel", (1, 1, 1024, 512)),
+    ("stage4/block0/bn1/scale", (512,)),
+    ("stage4/block0/bn1/bias", (512,)),
+    ("stage4/block0/conv2/kernel", (3, 3, 512, 512)),
+    ("stage4/block0/bn2/scale", (512,)),
+    ("stage4/block0/bn2/bias", (512,)),
+    ("stage4/block0/conv3/kernel", (1, 1, 512, 2048)),
+    ("stage4/block0/bn3/scale", (2048,)),
+    ("stage4/block0/bn3/bias", (2048,)),
+    ("stage4/block0/proj/kernel", (1, 1, 1024, 2048)),
+    ("stage4/block0/proj_bn/scale", (2048,)),
+    ("stage4/block0/proj_bn/bias", (2048,)),
+    ("stage4/block1/conv1/kernel", (1, 1, 2048, 512)),
+    ("stage4/block1/bn1/scale", (512,)),
+    ("stage4/block1/bn1/bias", (512,)),
+    ("stage4/block1/conv2/kernel", (3, 3, 512, 512)),
+    ("stage4/block1/bn2/scale", (512,)),
+    ("stage4/block1/bn2/bias", (512,)),
+    ("stage4/block1/conv3/kernel", (1, 1, 512, 2048)),
+    ("stage4/block1/bn3/scale", (2048,)),
+    ("stage4/block1/bn3/bias", (2048,)),
+    ("stage4/block2/conv1/kernel", (1, 1, 2048, 512)),
+    ("stage4/block2/bn1/scale", (512,)),
+    ("stage4/block2/bn1/bias", (512,)),
+    ("stage4/block2/conv2/kernel", (3, 3, 512, 512)),
+    ("stage4/block2/bn2/scale", (512,)),
+    ("stage4/block2/bn2/bias", (512,)),
+    ("stage4/block2/conv3/kernel", (1, 1, 512, 2048)),
+    ("stage4/block2/bn3/scale", (2048,)),
+    ("stage4/block2/bn3/bias", (2048,)),
+    ("head/dense/kernel", (2048, 1000)),
+    ("head/dense/bias", (1000,)),
+)
+
+
+def test_shapes_are_resnet50() -> None:
+    """The table above is ResNet-50: 161 leaves, 25,557,032 parameters."""
+    assert len(RESNET50_SHAPES) == 161
+    assert sum(math.prod(shape) for _, shape in RESNET50_SHAPES) == 25_557_032
+
+
+@pytest.fixture(scope="module")
+def per_worker_grads() -> collections.OrderedDict[str, np.ndarray]:
+    """One float32 gradient tree per worker, stacked on a leading axis of size 4.
+
+    An OrderedDict keeps network order when flattened (a dict would be sorted
+    by name), which is the order coarse pushes in reverse.
+    """
+    rng = np.random.default_rng(0)
+    return collections.OrderedDict(
+        (name, rng.standard_normal((WORKERS, *shape), dtype=np.float32))
+        for name, shape in RESNET50_SHAPES
+    )
+
+
+def coarse_sync(mode: str) -> tuple[Callable[[Any], Any], NamedSharding]:
+    """``coarse.all_reduce`` of the per-worker tree inside a `coarse.sync` step."""
+    mesh = coarse.make_mesh(workers=WORKERS)
+
+    @coarse.sync(mesh, config=coarse.Config(mode=mode))
+    def sync_grads(per_worker: Any) -> Any:
+        # Each worker (and its proxy) holds a (1, ...) slice of the batch.
+        return coarse.all_reduce(jax.tree.map(lambda x: x[0], per_worker))
+
+    return sync_grads, NamedSharding(mesh, P("data"))
+
+
+def pmean_sync() -> tuple[Callable[[Any], Any], NamedSharding]:
+    """``lax.pmean`` of the per-worker tree over a 4-device data mesh."""
+    mesh = jax.make_mesh((WORKERS,), ("data",), devices=jax.devices()[:WORKERS])
+
+    def sync_grads(per_worker: Any) -> Any:
+        return lax.pmean(jax.tree.map(lambda x: x[0], per_worker), "data")
+
+    fn = jax.jit(jax.shard_map(sync_grads, mesh=mesh, in_specs=P("data"), out_specs=P()))
+    return fn, NamedSharding(mesh, P("data"))
+
+
+IMPLS: dict[str, Callable[[], tuple[Callable[[Any], Any], NamedSharding]]] = {
+    "coarse_ffi": lambda: coarse_sync("ffi"),
+    "coarse_reference": lambda: coarse_sync("reference"),
+    "pmean": pmean_sync,
+}
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_sync_resnet50(
+    benchmark: Any,
+    impl: str,
+    per_worker_grads: collections.OrderedDict[str, np.ndarray],
+    sync_results: dict[str, dict[str, float]],
+) -> None:
+    """Times one all-reduce of the ResNet-50 gradient tree."""
+    fn, sharding = IMPLS[impl]()
+    tree = jax.block_until_ready(jax.device_put(per_worker_grads, sharding))
+
+    # Compile, warm up, and check the result once, all outside the timed calls.
+    out = jax.block_until_ready(fn(tree))
+    for name in ("stem/conv/kernel", "stage4/block2/conv2/kernel", "head/dense/bias"):
+        np.testing.assert_allclose(
+            np.asarray(out[name]), per_worker_grads[name].mean(axis=0), rtol=1e-5, atol=1e-6
+        )
+    del out
+    jax.block_until_ready(fn(tree))
+
+    benchmark.pedantic(
+        lambda: jax.block_until_ready(fn(tree)), rounds=ROUNDS, iterations=1, warmup_rounds=1
+    )
+
+    nbytes = sum(x.nbytes // WORKERS for x in per_worker_grads.values())
+    median_s = benchmark.stats.stats.median
+    busbw_gbs = nbytes / median_s * 2 * (WORKERS - 1) / WORKERS / 1e9
+    benchmark.extra_info.update(
+        {"bytes": nbytes, "time_per_call_s": median_s, "busbw_GBps": busbw_gbs}
+    )
+    sync_results[impl] = {"bytes": nbytes, "median_s": median_s, "busbw_gbs": busbw_gbs}
