@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 import coarse_jax as coarse
 
 WORKERS = 4
-ROUNDS = 20
+ROUNDS = 30
 
 # ResNet-50 (v1.5) parameters in network order: conv kernels HWIO, batchnorm
 # scale/bias, then the classifier. Batchnorm running statistics are state,

@@ -155,7 +155,7 @@ class Plan:
                     batched = len(own[0].segments) if own else 1
                     how = f"proxy, piece {own[0].index}" + (f" (+{batched - 1})" if batched > 1 else "")
                 dests = sorted({pc.dest for pc in own})
-                dest = " ".join("".join(str(d) for d in route) for route in dests)
+                dest = " ".join(",".join(str(d) for d in route) for route in dests)
             name = leaf.name if len(leaf.name) <= 40 else "..." + leaf.name[-37:]
             rows.append(
                 f"{name:<40} {str(leaf.shape):<18} {leaf.dtype.name:<8} {leaf.nbytes:>10}  {how:<22} {dest}"
