@@ -158,7 +158,7 @@ class Plan:
                 dest = " ".join(",".join(str(d) for d in route) for route in dests)
             name = leaf.name if len(leaf.name) <= 40 else "..." + leaf.name[-37:]
             rows.append(
-                f"{name:<40} {str(leaf.shape):<18} {leaf.dtype.name:<8} {leaf.nbytes:>10}  {how:<22} {dest}"
+                f"{name:<40} {leaf.shape!s:<18} {leaf.dtype.name:<8} {leaf.nbytes:>10}  {how:<22} {dest}"
             )
         if len(self.sync_order) > max_rows:
             rows.append(f"... {len(self.sync_order) - max_rows} more leaves")

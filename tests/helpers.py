@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +12,7 @@ import numpy as np
 def mlp_init(key: jax.Array, sizes: tuple[int, ...], dtype=jnp.float32) -> dict:
     """A dict of layers; flatten order = layer order ("l0", "l1", ...; < 10 layers)."""
     params = {}
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         key, k1, k2 = jax.random.split(key, 3)
         params[f"l{i}"] = {
             "b": (jax.random.normal(k2, (b,)) * 0.1).astype(dtype),
@@ -38,10 +40,8 @@ def make_batch(key: jax.Array, n: int, d_in: int, d_out: int) -> dict:
 def per_worker_mean(fun, params, batch, workers: int):
     """Value and gradient of each worker's slice on one device, averaged in float64."""
     n = jax.tree.leaves(batch)[0].shape[0] // workers
-    results = [
-        jax.jit(jax.value_and_grad(fun))(params, jax.tree.map(lambda x: x[i * n : (i + 1) * n], batch))
-        for i in range(workers)
-    ]
+    slices = [jax.tree.map(lambda x, lo=i * n: x[lo : lo + n], batch) for i in range(workers)]
+    results = [jax.jit(jax.value_and_grad(fun))(params, s) for s in slices]
     loss = np.mean([np.float64(r[0]) for r in results])
     grads = jax.tree.map(
         lambda *gs: np.mean([np.asarray(g, np.float64) for g in gs], axis=0), *[r[1] for r in results]

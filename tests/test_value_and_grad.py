@@ -4,7 +4,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_replicated, assert_tree_close, make_batch, mlp_init, mlp_loss, per_worker_mean
+from helpers import (
+    assert_replicated,
+    assert_tree_close,
+    make_batch,
+    mlp_init,
+    mlp_loss,
+    per_worker_mean,
+)
 
 import coarse_jax as coarse
 
@@ -39,7 +46,7 @@ def test_half_precision_params(dtype, rtol):
     mesh = coarse.make_mesh(workers=4)
     params = mlp_init(jax.random.key(2), (9, 6, 3), dtype=dtype)
     batch = make_batch(jax.random.key(3), 16, 9, 3)
-    loss, grads = _step(mesh, coarse.Config(shard_bytes=32, leading_bytes=40))(params, batch)
+    _, grads = _step(mesh, coarse.Config(shard_bytes=32, leading_bytes=40))(params, batch)
     _, want = per_worker_mean(mlp_loss, params, batch, 4)
     assert all(g.dtype == dtype for g in jax.tree.leaves(grads))
     assert_tree_close(grads, want, rtol=rtol, atol_scale=rtol)
@@ -58,7 +65,8 @@ def test_scalar_leaf_and_has_aux():
     batch = make_batch(jax.random.key(4), 8, 3, 2)
     (loss, aux), grads = _step(mesh, coarse.Config(), loss_fn, has_aux=True)(params, batch)
     want_loss, want = per_worker_mean(lambda p, b: loss_fn(p, b)[0], params, batch, 4)
-    maes = [loss_fn(params, jax.tree.map(lambda x: x[2 * i : 2 * i + 2], batch))[1]["mae"] for i in range(4)]
+    slices = [jax.tree.map(lambda x, lo=2 * i: x[lo : lo + 2], batch) for i in range(4)]
+    maes = [loss_fn(params, s)[1]["mae"] for s in slices]
     np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
     np.testing.assert_allclose(float(aux["mae"]), np.mean(maes), rtol=1e-6)
     assert grads["scale"].shape == ()
