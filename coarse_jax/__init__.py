@@ -19,10 +19,12 @@ from coarse_jax.api import all_reduce, on_workers, sync, value_and_grad
 from coarse_jax.config import Config
 from coarse_jax.mesh import make_mesh
 from coarse_jax.plan import Plan, plan
+from coarse_jax.topology import Topology
 
 __all__ = [
     "Config",
     "Plan",
+    "Topology",
     "all_reduce",
     "has_cuda_support",
     "make_mesh",

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from coarse_jax.topology import Topology
 
 Mode = Literal["ffi", "reference"]
 _MODES = ("ffi", "reference")
@@ -35,6 +38,9 @@ class Config:
         JAX collectives, the test oracle). Default: ``$COARSE_JAX_MODE`` or "ffi".
       timeout_s: every wait in the runtime gives up after this long with an
         error naming the device, tier, step and tensor.
+      topology: run on an emulated interconnect (`coarse.Topology`): every
+        transfer of the runtime (push, ring steps, pull, worker ring) lasts as
+        long as that link says. ``None``: the host's real transport.
 
     Example:
       >>> cfg = coarse.Config(shard_bytes=1 << 20, leading_bytes=64 << 10)
@@ -46,6 +52,7 @@ class Config:
     leading_bytes: int = 0
     mode: str = dataclasses.field(default_factory=_default_mode)
     timeout_s: float = 120.0
+    topology: Topology | None = None
 
     def __post_init__(self) -> None:
         for name in ("shard_bytes", "latency_threshold_bytes", "leading_bytes"):

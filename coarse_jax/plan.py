@@ -119,11 +119,15 @@ class Plan:
             "mean": np.int64(1 if self.mean else 0),
             "num_proxy_leaves": np.int64(self.num_proxy_leaves),
             "piece_nelems": np.array([pc.nelems for pc in self.pieces], dtype=np.int64),
+            "piece_nbytes": np.array([pc.nbytes for pc in self.pieces], dtype=np.int64),
+            "leading_nbytes": np.int64(sum(self.leaves[i].nbytes for i in self.leading_leaves)),
             "piece_dest": np.array([d for pc in self.pieces for d in pc.dest], dtype=np.int64).reshape(-1),
             "segments": segs,
             "leaf_nelems": np.array([self.leaves[i].size for i in self.sync_order], dtype=np.int64),
             "leaf_names": "\n".join(self.leaves[i].name for i in self.sync_order),
         }
+        if self.config.topology is not None:
+            attrs.update(self.config.topology.ffi_attrs())
         digest = hashlib.blake2b(digest_size=8)
         for key in sorted(attrs):
             value = attrs[key]
@@ -233,6 +237,11 @@ def plan(
     config = config or Config()
     workers = mesh_or_workers if isinstance(mesh_or_workers, int) else mesh_or_workers.shape["data"]
     routes = config.routes_for(workers)
+    if config.topology is not None and config.topology.workers != workers:
+        raise ValueError(
+            f"Config.topology: describes {config.topology.workers} workers, the mesh has "
+            f"{workers}. Fix: coarse.Topology.preset(name, workers={workers})."
+        )
     paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     group_leaves = [0] * len(paths_leaves) if groups is None else treedef.flatten_up_to(groups)
 

@@ -20,11 +20,39 @@ static std::string ListWorkers(const std::vector<int32_t>& ws) {
   return out;
 }
 
+// A piece is reduced on proxy k when both its rings completed there.
+static bool IsReduced(Session& session, int64_t k, int64_t s) {
+  const int32_t steps = RingSteps(session.p());
+  return session.proxy_progress(k, s, 0).load(std::memory_order_acquire) == steps &&
+         session.proxy_progress(k, s, 1).load(std::memory_order_acquire) == steps;
+}
+
+static void MarkReduced(Session& session, int64_t k, int64_t s) {
+  const int32_t steps = RingSteps(session.p());
+  session.proxy_progress(k, s, 0).store(steps, std::memory_order_release);
+  session.proxy_progress(k, s, 1).store(steps, std::memory_order_release);
+  for (int64_t d = 0; d < 2 * session.p(); ++d) session.Notify(d);  // clients and other proxies
+}
+
 static ffi::Error ReducePieces(Call& call) {
   Session& session = *call.session;
   const Plan& plan = call.plan();
   const int64_t p = plan.workers, k = call.who.index;
   for (int64_t s = 0; s < plan.num_pieces(); ++s) {
+    const int32_t holder = plan.piece_holder[s];
+    if (holder >= 0 && holder != k) {
+      // Not part of the emulated system: this copy only keeps every device's
+      // outputs identical, so it is not charged to any link.
+      ffi::Error err = session.Wait(
+          call.who, Session::Waits::kPeer, [&] { return IsReduced(session, holder, s); },
+          [&] { return "proxy " + std::to_string(holder) + " to reduce " + plan.DescribePiece(s); });
+      if (err.failure()) return err;
+      std::memcpy(session.arena(k) + plan.slot(k, s, 0),
+                  session.arena(holder) + plan.slot(holder, s, 0),
+                  plan.piece_nelems[s] * sizeof(float));
+      MarkReduced(session, k, s);
+      continue;
+    }
     const auto& from = plan.contributors_of(k, s);
     const int32_t expected = static_cast<int32_t>(from.size());
     ffi::Error err = session.Wait(
@@ -36,10 +64,16 @@ static ffi::Error ReducePieces(Call& call) {
                  std::to_string(expected) + " arrived)";
         });
     if (err.failure()) return err;
+    Session::SleepUntil(session.LastArrival(k, s));
     const int64_t n = plan.piece_nelems[s];
     float* own = session.arena(k) + plan.slot(k, s, 0);
     if (from.empty()) std::memset(own, 0, n * sizeof(float));
     for (size_t j = 1; j < from.size(); ++j) cpu::AddF32(own, own + j * n, n);
+    if (plan.piece_holder[s] == k) {  // DENSE: every client pushed here, the sum is done
+      if (MeanScale(plan) != 1.0f) cpu::ScaleF32(own, MeanScale(plan), n);
+      MarkReduced(session, k, s);
+      continue;
+    }
 
     RingMember m;
     m.own = own;
@@ -50,7 +84,10 @@ static ffi::Error ReducePieces(Call& call) {
       m.pred_progress[r] = &session.proxy_progress(pred, s, r);
       m.successor_device[r] = p + RingSuccessor(r, k, p);
       m.position[r] = RingPosition(r, k, p);
+      m.pred_device[r] = p + pred;
     }
+    m.self_device = p + k;
+    m.wire_bytes_per_elem = n ? static_cast<double>(plan.piece_nbytes[s]) / n : 0.0;
     err = RingAllReduce(session, call.who, n, MeanScale(plan), m, [&](int r, int32_t g) {
       return "proxy " + std::to_string(RingPredecessor(r, k, p)) + " to finish step " +
              std::to_string(g + 1) + "/" + std::to_string(RingSteps(p)) + " of ring " +

@@ -43,6 +43,11 @@ static ffi::Error PullImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer
           },
           [&] { return "proxy " + std::to_string(k) + " to reduce " + plan.DescribePiece(s); });
       if (err.failure()) return err;
+      // A proxy reads its own storage: no transfer. A worker's copy below
+      // happens inside the emulated transfer window.
+      const Clock::time_point arrival = call.who.tier == kWorker
+                                            ? session.Reserve(p + k, me, plan.piece_nbytes[s])
+                                            : Clock::time_point::min();
       const float* sum = session.arena(k) + plan.slot(k, s, 0);  // already scaled by the ring
       for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
         const Segment& seg = plan.segments[g];
@@ -51,6 +56,7 @@ static ffi::Error PullImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer
                            ElementPtr(out->untyped_data(), out->element_type(), seg.leaf_off),
                            seg.len);
       }
+      Session::SleepUntil(arrival);
     }
     return ffi::Error::Success();
   }();

@@ -65,6 +65,9 @@ static ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Remaining
                         ElementPtr(leaf.untyped_data(), leaf.element_type(), seg.leaf_off),
                         slot + seg.piece_off, seg.len);
       }
+      // The copy above is the transfer; an emulated link also makes the
+      // proxy wait for the arrival time it books (the push itself never waits).
+      session.NoteArrival(k, s, session.Reserve(i, plan.workers + k, plan.piece_nbytes[s]));
       session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
       session.Notify(plan.workers + k);
     }

@@ -50,7 +50,12 @@ static ffi::Error WorkerRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Any
         m.pred_progress[r] = &session.worker_progress(pred, r);
         m.successor_device[r] = RingSuccessor(r, me, p);
         m.position[r] = RingPosition(r, me, p);
+        m.pred_device[r] = pred;
       }
+      m.self_device = me;
+      m.wire_bytes_per_elem = plan.leading_nelems
+                                  ? static_cast<double>(plan.leading_nbytes) / plan.leading_nelems
+                                  : 0.0;
       ffi::Error err = RingAllReduce(
           session, call.who, plan.leading_nelems, MeanScale(plan), m, [&](int r, int32_t g) {
         return "worker " + std::to_string(RingPredecessor(r, me, p)) + " to finish step " +
@@ -60,6 +65,11 @@ static ffi::Error WorkerRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Any
                plan.leaf_names[first] + "')";
       });
       if (err.failure()) return err;
+      // The hand-over to the local proxy is traffic of the dual-sync design.
+      // With no proxy pieces at all (the AllReduce baseline) the proxies are
+      // not part of the emulated system and the copy is not charged.
+      if (plan.num_pieces() > 0)
+        session.NoteLeadingArrival(me, session.Reserve(me, p + me, plan.leading_nbytes));
       session.leading_ready(me).store(1, std::memory_order_release);
       session.Notify(p + me);
     } else {
@@ -72,6 +82,7 @@ static ffi::Error WorkerRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Any
                    plan.leaf_names[first] + "')";
           });
       if (err.failure()) return err;
+      Session::SleepUntil(session.LeadingArrival(me));
     }
     int64_t off = 0;  // the ring already applied the 1/p scale
     for (int64_t a = 0; a < L; ++a) {

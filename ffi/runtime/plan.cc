@@ -36,6 +36,8 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
   COARSE_GET(mean, int64_t, "mean");
   COARSE_GET(num_proxy_leaves, int64_t, "num_proxy_leaves");
   COARSE_GET(piece_nelems, ffi::Span<const int64_t>, "piece_nelems");
+  COARSE_GET(piece_nbytes, ffi::Span<const int64_t>, "piece_nbytes");
+  COARSE_GET(leading_nbytes, int64_t, "leading_nbytes");
   COARSE_GET(piece_dest, ffi::Span<const int64_t>, "piece_dest");
   COARSE_GET(segments, ffi::Span<const int64_t>, "segments");
   COARSE_GET(leaf_nelems, ffi::Span<const int64_t>, "leaf_nelems");
@@ -44,7 +46,8 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
   const int64_t p = workers;
   const int64_t S = static_cast<int64_t>(piece_nelems.size());
   if (p < 1) return ffi::Unexpected(Invalid("workers must be >= 1"));
-  if (static_cast<int64_t>(piece_dest.size()) != S * p)
+  if (static_cast<int64_t>(piece_dest.size()) != S * p ||
+      static_cast<int64_t>(piece_nbytes.size()) != S)
     return ffi::Unexpected(Invalid("piece_dest has wrong length"));
   if (segments.size() % 5 != 0) return ffi::Unexpected(Invalid("segments not a multiple of 5"));
 
@@ -53,6 +56,11 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
   plan->mean = mean != 0;
   plan->num_proxy_leaves = num_proxy_leaves;
   plan->piece_nelems.assign(piece_nelems.begin(), piece_nelems.end());
+  plan->piece_nbytes.assign(piece_nbytes.begin(), piece_nbytes.end());
+  plan->leading_nbytes = leading_nbytes;
+  auto emulated = ParseTopology(attrs, p, &plan->topology);
+  if (emulated.has_error()) return ffi::Unexpected(emulated.error());
+  plan->emulated = emulated.value();
   plan->piece_dest.reserve(piece_dest.size());
   for (int64_t d : piece_dest) {
     if (d < 0 || d >= p) return ffi::Unexpected(Invalid("route to a proxy out of range"));
@@ -102,6 +110,14 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
     const bool continues = s + 1 < S && plan->piece_shard[s + 1] > 0;
     plan->piece_num_shards[s] =
         continues ? plan->piece_num_shards[s + 1] : plan->piece_shard[s] + 1;
+  }
+
+  // A piece every worker routes to one proxy needs no ring (DENSE).
+  plan->piece_holder.assign(S, -1);
+  for (int64_t s = 0; s < S; ++s) {
+    bool one = true;
+    for (int64_t w = 1; w < p; ++w) one = one && plan->dest(s, w) == plan->dest(s, 0);
+    if (one) plan->piece_holder[s] = plan->dest(s, 0);
   }
 
   // Proxy storage layout.

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/emulator.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse {
@@ -33,6 +34,8 @@ struct Plan {
 
   // Pieces: the unit that is routed, queued and ring-reduced.
   std::vector<int64_t> piece_nelems;
+  std::vector<int64_t> piece_nbytes;      // on the wire: the leaves' own dtypes
+  std::vector<int32_t> piece_holder;      // the one proxy every worker routes to, or -1
   std::vector<int32_t> piece_dest;        // [piece * p + worker] -> proxy
   std::vector<Segment> segments;          // sorted by piece
   std::vector<int64_t> piece_seg_begin;   // [num_pieces + 1]
@@ -44,6 +47,10 @@ struct Plan {
   std::vector<std::string> leaf_names;
   int64_t num_proxy_leaves = 0;  // leaves [0, num_proxy_leaves) go through proxies
   int64_t leading_nelems = 0;    // leaves after them are reduced among workers
+  int64_t leading_nbytes = 0;
+
+  bool emulated = false;  // transfers follow `topology` (coarse.Topology)
+  Topology topology;
 
   // Proxy storage layout (derived from the routes): for proxy k and piece s,
   // the workers routing s to k in ascending order, one f32 slot each; slot 0
@@ -70,8 +77,9 @@ struct Plan {
 // Returns the cached plan for the attributes' `plan_key`, parsing it on first
 // use. Attributes (all int64 unless noted):
 //   plan_key, workers, timeout_ms, mean (0/1), num_proxy_leaves,
-//   piece_nelems[S], piece_dest[S*p], segments[5*G], leaf_nelems[L],
-//   leaf_names (string, '\n'-separated).
+//   piece_nelems[S], piece_nbytes[S], piece_dest[S*p], segments[5*G],
+//   leaf_nelems[L], leading_nbytes, leaf_names (string, '\n'-separated),
+//   and optionally the emu_* topology attributes (float64, see emulator.h).
 xla::ffi::ErrorOr<std::shared_ptr<const Plan>> GetPlan(const xla::ffi::Dictionary& attrs);
 
 }  // namespace coarse

@@ -19,26 +19,40 @@ ffi::Error RingAllReduce(Session& session, const Who& who, int64_t n, float scal
   }
   const int32_t steps = RingSteps(p);
   for (int32_t g = 0; g < steps; ++g) {
+    const bool reducing = g < p - 1;
+    const int64_t t = reducing ? g : g - (p - 1);
+    int64_t lo[2], hi[2];
+    Clock::time_point arrival[2];
+    // Both rings book their transfer before either sleeps: the two
+    // directions run at the same time, as on full-duplex links.
     for (int r = 0; r < 2; ++r) {
       ffi::Error err = session.Wait(
-          who, Session::Waits::kPeer, [&] { return m.pred_progress[r]->load(std::memory_order_acquire) >= g; },
+          who, Session::Waits::kPeer,
+          [&] { return m.pred_progress[r]->load(std::memory_order_acquire) >= g; },
           [&] { return what(r, g); });
       if (err.failure()) return err;
       // Chunk c of half r: [base + c*H/p, base + (c+1)*H/p).
       const int64_t base = half[r], H = half[r + 1] - half[r];
       const int64_t q = m.position[r];
-      const bool reducing = g < p - 1;
-      const int64_t t = reducing ? g : g - (p - 1);
       const int64_t c = ((reducing ? q - 1 - t : q - t) % p + p) % p;
-      const int64_t lo = base + c * H / p, hi = base + (c + 1) * H / p;
-      if (hi > lo) {
+      lo[r] = base + c * H / p;
+      hi[r] = base + (c + 1) * H / p;
+      arrival[r] = session.Reserve(m.pred_device[r], m.self_device,
+                                   (hi[r] - lo[r]) * m.wire_bytes_per_elem);
+    }
+    for (int r = 0; r < 2; ++r) {
+      // The copy/add happens inside the emulated transfer window: the host's
+      // own cost is hidden while it is shorter than the link's.
+      const int64_t n_chunk = hi[r] - lo[r];
+      if (n_chunk > 0) {
         if (reducing && g == p - 2 && scale != 1.0f)
-          cpu::AddScaleF32(m.own + lo, m.pred[r] + lo, scale, hi - lo);
+          cpu::AddScaleF32(m.own + lo[r], m.pred[r] + lo[r], scale, n_chunk);
         else if (reducing)
-          cpu::AddF32(m.own + lo, m.pred[r] + lo, hi - lo);
+          cpu::AddF32(m.own + lo[r], m.pred[r] + lo[r], n_chunk);
         else
-          std::memcpy(m.own + lo, m.pred[r] + lo, (hi - lo) * sizeof(float));
+          std::memcpy(m.own + lo[r], m.pred[r] + lo[r], n_chunk * sizeof(float));
       }
+      Session::SleepUntil(arrival[r]);
       m.progress[r]->store(g + 1, std::memory_order_release);
       session.Notify(m.successor_device[r]);
     }

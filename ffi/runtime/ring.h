@@ -26,6 +26,8 @@ struct RingMember {
   std::atomic<int32_t>* pred_progress[2];   // same for the ring r predecessor
   int64_t successor_device[2];              // whom to wake after a step
   int64_t position[2];                      // position in ring r, 0..p-1
+  int64_t self_device, pred_device[2];      // for the emulated links
+  double wire_bytes_per_elem;               // bytes a chunk element costs on a link
 };
 
 // Position of member `index` of p in ring r: ring 0 runs 0->1->..->p-1->0,

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/emulator.h"
 #include "runtime/plan.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -64,6 +65,17 @@ class Session {
   }
   std::atomic<int32_t>& leading_ready(int64_t worker) { return leading_ready_[worker]; }
 
+  // Emulated transport (see emulator.h). Reserve() books a transfer of
+  // `bytes` from device `src` to `dst` and returns its arrival time (now,
+  // without a topology); SleepUntil() waits for it.
+  Clock::time_point Reserve(int64_t src, int64_t dst, double bytes);
+  static void SleepUntil(Clock::time_point t);
+  // Latest arrival among the pushes of `piece` to `proxy` (emulated runs).
+  void NoteArrival(int64_t proxy, int64_t piece, Clock::time_point t);
+  Clock::time_point LastArrival(int64_t proxy, int64_t piece) const;
+  void NoteLeadingArrival(int64_t worker, Clock::time_point t);
+  Clock::time_point LeadingArrival(int64_t worker) const;
+
   // Wakes device `device` if it waits on anything.
   void Notify(int64_t device);
 
@@ -100,6 +112,8 @@ class Session {
   std::unique_ptr<std::atomic<int32_t>[]> arrived_, proxy_progress_, worker_progress_,
       leading_ready_;
   std::unique_ptr<Mailbox[]> mailboxes_;
+  std::unique_ptr<Emulator> emulator_;  // null without a topology
+  std::unique_ptr<std::atomic<int64_t>[]> arrival_ns_, leading_arrival_ns_;
   std::atomic<bool> poisoned_{false};
   std::mutex error_mu_;
   std::string error_;

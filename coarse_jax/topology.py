@@ -1,0 +1,155 @@
+"""`coarse.Topology`: an emulated interconnect, enforced inside the runtime's transport.
+
+COARSE's decisions depend on the links between devices (the paper's Fig. 8:
+on AWS V100 boxes remote PCIe is *faster* than local, on SDSC P100 boxes it is
+slower). CPU devices share one memory, so the runtime emulates links the way
+the paper emulated CCI devices: every transfer lasts ``latency + bytes /
+bandwidth``, times ``time_scale``, on its directed link, and a link carries one
+transfer at a time per direction (full duplex). Worker<->proxy transfers also
+share the device's serial-bus port (one transfer in and one out at a time), so
+many clients pushing to one proxy (DENSE) queue up as on real hardware.
+
+Bandwidths are GB/s (1e9 bytes/s) per direction, latencies microseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+Matrix = tuple[tuple[float, ...], ...]
+
+
+def _matrix(value: Any, p: int, what: str) -> Matrix:
+    m = np.asarray(value, dtype=np.float64)
+    if m.shape != (p, p):
+        raise ValueError(f"Topology.{what}: expected a {p}x{p} matrix, got shape {m.shape}.")
+    return tuple(tuple(float(v) for v in row) for row in m)
+
+
+def _local_remote(p: int, local: float, remote: float) -> Matrix:
+    return tuple(tuple(local if i == j else remote for j in range(p)) for i in range(p))
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Per-link bandwidth (GB/s) and latency (us) for a mesh of ``workers`` workers and proxies.
+
+    Attributes:
+      name: a label for tables and plots.
+      workers: p.
+      worker_proxy_gbps, worker_proxy_us: ``[worker][proxy]``; the same both ways.
+      proxy_proxy_gbps, proxy_proxy_us: ``[proxy][proxy]`` (the diagonal is unused).
+      worker_worker_gbps, worker_worker_us: ``[worker][worker]`` (used by the worker ring).
+      time_scale: every emulated duration is multiplied by this, so emulated
+        links can be made slow enough to dominate the host's own copy costs.
+
+    Example:
+      >>> topo = coarse.Topology.preset("v100", workers=4)
+      >>> mesh = coarse.make_mesh(workers=4)
+      >>> cfg = coarse.Config(topology=topo)
+    """
+
+    name: str
+    workers: int
+    worker_proxy_gbps: Matrix
+    worker_proxy_us: Matrix
+    proxy_proxy_gbps: Matrix
+    proxy_proxy_us: Matrix
+    worker_worker_gbps: Matrix
+    worker_worker_us: Matrix
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        p = self.workers
+        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+            raise ValueError(f"Topology.workers: expected a positive int, got {p!r}.")
+        for field in dataclasses.fields(self):
+            if field.name.endswith(("_gbps", "_us")):
+                m = _matrix(getattr(self, field.name), p, field.name)
+                arr = np.asarray(m)
+                off_diagonal = ~np.eye(p, dtype=bool) if not field.name.startswith("worker_proxy") else None
+                values = arr if off_diagonal is None else arr[off_diagonal]
+                if field.name.endswith("_gbps") and not (values > 0).all():
+                    raise ValueError(f"Topology.{field.name}: bandwidths must be > 0 GB/s.")
+                if field.name.endswith("_us") and not (values >= 0).all():
+                    raise ValueError(f"Topology.{field.name}: latencies must be >= 0 us.")
+                object.__setattr__(self, field.name, m)
+        if not self.time_scale > 0:
+            raise ValueError(f"Topology.time_scale: expected > 0, got {self.time_scale!r}.")
+
+    @staticmethod
+    def preset(name: str, workers: int, *, time_scale: float = 1.0) -> Topology:
+        """An interconnect from the paper (Section III-E, Fig. 8), for ``workers`` workers.
+
+        * ``"t4"``: local = remote (12 GB/s, 5 us worker<->proxy).
+        * ``"v100"``: AWS p3 PCIe "anti-locality": local 9 GB/s (3 us), remote
+          16 GB/s (8 us): small tensors go local, large ones remote.
+        * ``"p100"``: SDSC PCIe: local 25 GB/s (3 us), remote 18 GB/s (8 us).
+
+        The paper gives worker<->proxy bandwidths only; the rest are this
+        project's assumptions, the same in every preset so that presets differ
+        only where the paper's machines do: proxy<->proxy (the CCI) 24 GB/s,
+        2 us; worker<->worker (PCIe peer-to-peer through the host, where
+        AllReduce runs) 9 GB/s, 8 us.
+
+        Args:
+          name: "t4", "v100" or "p100".
+          workers: p.
+          time_scale: multiplies every emulated duration.
+
+        Raises:
+          ValueError: an unknown preset name.
+        """
+        presets = {
+            "t4": ((12.0, 5.0), (12.0, 5.0)),
+            "v100": ((9.0, 3.0), (16.0, 8.0)),
+            "p100": ((25.0, 3.0), (18.0, 8.0)),
+        }
+        if name not in presets:
+            raise ValueError(
+                f"Topology.preset: name must be one of {sorted(presets)}, got {name!r}."
+            )
+        (local_bw, local_us), (remote_bw, remote_us) = presets[name]
+        p = workers
+        return Topology(
+            name=name,
+            workers=p,
+            worker_proxy_gbps=_local_remote(p, local_bw, remote_bw),
+            worker_proxy_us=_local_remote(p, local_us, remote_us),
+            proxy_proxy_gbps=_local_remote(p, 24.0, 24.0),
+            proxy_proxy_us=_local_remote(p, 2.0, 2.0),
+            worker_worker_gbps=_local_remote(p, 9.0, 9.0),
+            worker_worker_us=_local_remote(p, 8.0, 8.0),
+            time_scale=time_scale,
+        )
+
+    def transfer_s(self, kind: str, src: int, dst: int, nbytes: float) -> float:
+        """Emulated seconds for one transfer of ``nbytes`` (kind: "wp", "pp" or "ww")."""
+        bw, us = {
+            "wp": (self.worker_proxy_gbps, self.worker_proxy_us),
+            "pp": (self.proxy_proxy_gbps, self.proxy_proxy_us),
+            "ww": (self.worker_worker_gbps, self.worker_worker_us),
+        }[kind]
+        return self.time_scale * (us[src][dst] * 1e-6 + nbytes / (bw[src][dst] * 1e9))
+
+    def ffi_attrs(self) -> dict[str, np.ndarray]:
+        """The topology as FFI attributes: bytes/s and seconds, already scaled."""
+        scale = self.time_scale
+
+        def rate(m: Matrix) -> np.ndarray:  # seconds per byte
+            return (scale / (np.asarray(m, np.float64) * 1e9)).reshape(-1)
+
+        def lat(m: Matrix) -> np.ndarray:
+            return (scale * np.asarray(m, np.float64) * 1e-6).reshape(-1)
+
+        return {
+            "emu_wp_s_per_byte": rate(self.worker_proxy_gbps),
+            "emu_wp_latency_s": lat(self.worker_proxy_us),
+            "emu_pp_s_per_byte": rate(self.proxy_proxy_gbps),
+            "emu_pp_latency_s": lat(self.proxy_proxy_us),
+            "emu_ww_s_per_byte": rate(self.worker_worker_gbps),
+            "emu_ww_latency_s": lat(self.worker_worker_us),
+        }

@@ -1,0 +1,60 @@
+// Interconnect emulation (coarse.Topology): how long each transfer takes.
+//
+// Every transfer of the runtime names a directed link (src device -> dst
+// device) and a byte count. Without a topology it is just the copy. With one,
+// the transfer also lasts latency + bytes * seconds_per_byte on that link:
+// Reserve() books the link from max(now, link free) for bytes/bandwidth and
+// returns the arrival time (booking + latency); the receiver sleeps until
+// then. Links are full duplex (each direction booked separately). A
+// worker<->proxy transfer also books the worker's and the proxy's serial-bus
+// port (one transfer in, one out at a time), so clients crowding one proxy
+// (DENSE) queue as on hardware. Durations arrive already multiplied by the
+// topology's time_scale.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace coarse {
+
+using Clock = std::chrono::steady_clock;
+
+enum class LinkKind { kWorkerProxy, kProxyProxy, kWorkerWorker };
+
+struct LinkTable {
+  std::vector<double> s_per_byte;  // [src_index * p + dst_index]
+  std::vector<double> latency_s;
+};
+
+struct Topology {
+  int64_t workers = 0;
+  LinkTable wp, pp, ww;  // wp is indexed [worker][proxy] for both directions
+};
+
+// Parses the emu_* attributes; returns false when the call has none.
+xla::ffi::ErrorOr<bool> ParseTopology(const xla::ffi::Dictionary& attrs, int64_t workers,
+                                      Topology* out);
+
+class Emulator {
+ public:
+  explicit Emulator(const Topology& topology);
+
+  // Books a transfer of `bytes` from device `src` to device `dst` (worker i =
+  // i, proxy k = p + k) and returns when it arrives.
+  Clock::time_point Reserve(int64_t src, int64_t dst, double bytes);
+
+ private:
+  const LinkTable& Table(int64_t src, int64_t dst, int64_t* a, int64_t* b) const;
+
+  Topology topo_;
+  int64_t p_;
+  std::mutex mu_;
+  std::vector<Clock::time_point> link_free_;    // [src * 2p + dst]
+  std::vector<Clock::time_point> port_in_free_, port_out_free_;  // [device]
+};
+
+}  // namespace coarse

@@ -1,0 +1,280 @@
+"""`coarse_jax.profile_data`: the Profile container and the Section III-E planner.
+
+Profiles here are synthetic, built from the link model ``time = latency +
+size / bandwidth`` so the planner's answers can be checked analytically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from coarse_jax.config import Config
+from coarse_jax.profile_data import (
+    FORMAT,
+    Profile,
+    config_from_profile,
+    routes_from_profile,
+    shard_bytes_from_profile,
+    threshold_bytes,
+)
+
+SIZES = tuple(1 << k for k in range(10, 27))  # 1 KiB .. 64 MiB
+
+
+def _t(us: float, gbps: float, sizes=SIZES) -> np.ndarray:
+    return us * 1e-6 + np.asarray(sizes, np.float64) / (gbps * 1e9)
+
+
+def linear_profile(
+    p: int,
+    local: tuple[float, float],
+    remote: tuple[float, float],
+    *,
+    sizes=SIZES,
+    name: str | None = None,
+) -> Profile:
+    """A profile of the link model; ``local``/``remote`` are (GB/s, us) of worker<->proxy links."""
+    s = len(sizes)
+    wp = np.empty((p, p, s))
+    for i in range(p):
+        for k in range(p):
+            bw, us = local if i == k else remote
+            wp[i, k] = _t(us, bw, sizes)
+    ring_pp = np.broadcast_to(_t(2.0, 24.0, sizes), (p, 2, s))
+    ring_ww = np.broadcast_to(_t(8.0, 9.0, sizes), (p, 2, s))
+    return Profile(
+        workers=p,
+        sizes=sizes,
+        wp_oneway_s=wp,
+        wp_bidir_s=wp * 1.1,
+        pp_oneway_s=ring_pp,
+        pp_bidir_s=ring_pp * 1.1,
+        ww_oneway_s=ring_ww,
+        topology=name,
+        host="synthetic",
+    )
+
+
+V100 = ((9.0, 3.0), (16.0, 8.0))
+P100 = ((25.0, 3.0), (18.0, 8.0))
+T4 = ((12.0, 5.0), (12.0, 5.0))
+
+
+@pytest.fixture
+def v100() -> Profile:
+    return linear_profile(4, *V100, name="v100")
+
+
+# ---------------------------------------------------------------- Profile
+
+
+def test_derived_latency_and_bandwidth(v100):
+    lat = v100.wp_latency_us()
+    bw = v100.wp_bandwidth_gbps()
+    assert lat.shape == bw.shape == (4, 4)
+    # Latency is the time at the smallest size: the link latency plus 1 KiB at line rate.
+    assert lat[0, 0] == pytest.approx(3.0 + 1024 / 9e9 * 1e6)
+    assert lat[0, 1] == pytest.approx(8.0 + 1024 / 16e9 * 1e6)
+    # Peak bandwidth is at the largest size and approaches the line rate.
+    assert bw[0, 0] == pytest.approx(SIZES[-1] / _t(3.0, 9.0)[-1] / 1e9)
+    assert 8.9 < bw[2, 2] < 9.0 and 15.9 < bw[2, 3] < 16.0
+    assert v100.bidir_bandwidth_gbps()[0, 0] == pytest.approx(2 * bw[0, 0] / 1.1)
+    assert v100.pp_latency_us().shape == v100.pp_bandwidth_gbps().shape == (4, 2)
+    assert v100.ww_latency_us().shape == v100.ww_bandwidth_gbps().shape == (4, 2)
+    assert 23.9 < v100.pp_bandwidth_gbps()[1, 1] < 24.0
+    assert 8.9 < v100.ww_bandwidth_gbps()[3, 0] < 9.0
+
+
+def test_lists_become_readonly_arrays(v100):
+    d = v100.to_json_dict()
+    prof = Profile(
+        workers=d["workers"], sizes=d["sizes"],
+        **{k: d[k] for k in ("wp_oneway_s", "wp_bidir_s", "pp_oneway_s", "pp_bidir_s", "ww_oneway_s")},
+    )
+    assert isinstance(prof.wp_oneway_s, np.ndarray) and isinstance(prof.sizes, tuple)
+    with pytest.raises(ValueError):
+        prof.wp_oneway_s[0, 0, 0] = 1.0
+
+
+def test_equality_and_allclose(v100):
+    same = linear_profile(4, *V100, name="v100")
+    assert v100 == same
+    assert not v100.__ne__(same)
+    other = linear_profile(4, *P100, name="v100")
+    assert v100 != other
+    assert v100 != dataclasses.replace(v100, host="elsewhere")
+    nudged = dataclasses.replace(v100, wp_oneway_s=v100.wp_oneway_s * (1 + 1e-12))
+    assert nudged != v100 and nudged.allclose(v100)
+    assert not other.allclose(v100)
+    with pytest.raises(TypeError):
+        hash(v100)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"workers": 0}, "workers"),
+        ({"sizes": (2048, 1024) + SIZES[2:]}, "ascending"),
+        ({"sizes": (0,) + SIZES[1:]}, "positive"),
+        ({"sizes": SIZES[:-1]}, r"wp_oneway_s.*shape"),
+        ({"pp_oneway_s": np.ones((4, 4, len(SIZES)))}, r"pp_oneway_s.*\(4, 2, 17\)"),
+        ({"ww_oneway_s": np.zeros((4, 2, len(SIZES)))}, r"ww_oneway_s.*> 0"),
+        ({"wp_bidir_s": np.full((4, 4, len(SIZES)), np.nan)}, "wp_bidir_s"),
+        ({"time_scale": 0.0}, "time_scale"),
+        ({"topology": 3}, "topology"),
+    ],
+)
+def test_validation(v100, change, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(v100, **change)
+
+
+def test_save_load_round_trip(v100, tmp_path):
+    path = tmp_path / "v100.json"
+    v100.save(path)
+    data = json.loads(path.read_text())
+    assert data["format"] == FORMAT and data["topology"] == "v100"
+    loaded = Profile.load(path)
+    assert loaded == v100
+    assert loaded.sizes == SIZES and loaded.host == "synthetic"
+    assert Profile.load(str(path)) == v100
+
+
+def test_load_rejects_bad_files(v100, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="invalid JSON"):
+        Profile.load(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="JSON object"):
+        Profile.load(bad)
+    data = v100.to_json_dict()
+    bad.write_text(json.dumps({**data, "format": "something/2"}))
+    with pytest.raises(ValueError, match=r"format.*coarse_jax\.profile/1.*something/2"):
+        Profile.load(bad)
+    del data["wp_bidir_s"]
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="missing.*wp_bidir_s"):
+        Profile.load(bad)
+    data = v100.to_json_dict()
+    data["sizes"] = data["sizes"][::-1]
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"bad\.json.*ascending"):
+        Profile.load(bad)
+
+
+def test_table_contains_numbers(v100):
+    text = v100.table()
+    lat, bw = v100.wp_latency_us(), v100.wp_bandwidth_gbps()
+    assert "v100" in text
+    assert f"{lat[0, 0]:.2f}" in text and f"{bw[0, 1]:.3f}" in text
+    assert f"{v100.pp_bandwidth_gbps()[0, 0]:.3f}" in text
+    assert f"{v100.ww_latency_us()[0, 0]:.2f}" in text
+    assert "proxy ring" in text and "worker ring" in text
+    assert f"{threshold_bytes(v100, 0)} B" in text
+    assert len([l for l in text.splitlines() if "*" in l]) == 4  # one row per worker, local marked
+
+
+def test_plot_writes_png(v100, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "v100.png"
+    v100.plot(path)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+# ---------------------------------------------------------------- planner
+
+
+def test_v100_routes_small_local_large_remote(v100):
+    routes = routes_from_profile(v100)
+    for i, (lat, bw) in enumerate(routes):
+        assert lat == i  # lowest latency: the local proxy
+        assert bw != i  # highest bandwidth: a remote one
+        assert bw == (1 if i == 0 else 0)  # remote ties go to the lowest index
+    (l_bw, l_us), (r_bw, r_us) = V100
+    crossing = (r_us - l_us) * 1e-6 / (1 / (l_bw * 1e9) - 1 / (r_bw * 1e9))
+    for i in range(4):
+        th = threshold_bytes(v100, i)
+        assert th is not None
+        # Times are linear in size, so interpolation is exact up to rounding.
+        assert abs(th - crossing) <= 1
+        # ... and it lies between the measured sizes where the curves cross.
+        j = np.searchsorted(SIZES, crossing)
+        assert SIZES[j - 1] < th < SIZES[j]
+
+
+@pytest.mark.parametrize("preset", [P100, T4], ids=["p100", "t4"])
+def test_local_when_local_is_best(preset):
+    prof = linear_profile(4, *preset)
+    assert routes_from_profile(prof) == tuple((i, i) for i in range(4))
+    assert all(threshold_bytes(prof, i) is None for i in range(4))
+    cfg = config_from_profile(prof)
+    assert cfg.routes == tuple((i, i) for i in range(4))
+    assert cfg.latency_threshold_bytes == 0
+
+
+def test_threshold_edge_cases():
+    # BwProxy is chosen by *measured* peak bandwidth: if only sizes below the
+    # crossing are measured the local proxy wins both, and there is no threshold.
+    sizes = (1024, 2048, 4096)
+    prof = linear_profile(2, (9.0, 3.0), (16.0, 8.0), sizes=sizes)
+    assert routes_from_profile(prof) == ((0, 0), (1, 1))
+    assert threshold_bytes(prof, 0) is None
+    # Crossing exactly at a measured size: the threshold is that size.
+    (l_bw, l_us), (r_bw, r_us) = V100
+    crossing = (r_us - l_us) * 1e-6 / (1 / (l_bw * 1e9) - 1 / (r_bw * 1e9))
+    sizes = (1000, round(crossing), 10**7)
+    prof = linear_profile(2, (9.0, 3.0), (16.0, 8.0), sizes=sizes)
+    assert abs(threshold_bytes(prof, 1) - crossing) <= 1
+    # Hand-made times where the BwProxy is no slower already at the smallest size
+    # (equal latency; the local proxy wins the latency tie).
+    wp = np.empty((2, 2, 3))
+    wp[:, :] = [1e-6, 2e-6, 3e-6]
+    wp[0, 1] = [1e-6, 1.5e-6, 2e-6]
+    ring = np.ones((2, 2, 3))
+    prof = Profile(2, sizes, wp, wp, ring, ring, ring)
+    assert routes_from_profile(prof)[0] == (0, 1)
+    assert threshold_bytes(prof, 0) == sizes[0]
+    with pytest.raises(ValueError, match="worker"):
+        threshold_bytes(prof, 2)
+
+
+def test_shard_size_first_size_at_95_percent():
+    sizes = (1000, 2000, 4000, 8000, 16000)
+    gbps = np.array([1.0, 4.0, 9.4, 9.5, 10.0])  # 9.5 is exactly 95% of the 10 GB/s peak
+    wp = np.broadcast_to(np.asarray(sizes) / (gbps * 1e9), (2, 2, 5)).copy()
+    ring = np.ones((2, 2, 5))
+    prof = Profile(2, sizes, wp, wp, ring, ring, ring)
+    assert shard_bytes_from_profile(prof, 0) == 8000
+    assert shard_bytes_from_profile(prof, 1, fraction=0.9) == 4000
+    assert shard_bytes_from_profile(prof, 1, fraction=1.0) == 16000
+    with pytest.raises(ValueError, match="fraction"):
+        shard_bytes_from_profile(prof, 0, fraction=0.0)
+
+
+def test_shard_size_matches_link_model(v100):
+    # Bandwidth to the BwProxy (remote, 16 GB/s, 8 us) at each size; pick the first >= 95% of peak.
+    curve = np.asarray(SIZES) / _t(8.0, 16.0) / 1e9
+    expected = SIZES[int(np.argmax(curve >= 0.95 * curve.max()))]
+    assert all(shard_bytes_from_profile(v100, i) == expected for i in range(4))
+    assert config_from_profile(v100).shard_bytes == expected
+
+
+def test_config_from_profile(v100):
+    cfg = config_from_profile(v100)
+    assert isinstance(cfg, Config)
+    assert cfg.routes == routes_from_profile(v100)
+    assert cfg.latency_threshold_bytes == max(threshold_bytes(v100, i) for i in range(4))
+    assert cfg.shard_bytes == max(shard_bytes_from_profile(v100, i) for i in range(4))
+    cfg = config_from_profile(v100, leading_bytes=1 << 16, shard_bytes=1 << 20, mode="reference")
+    assert (cfg.leading_bytes, cfg.shard_bytes, cfg.mode) == (1 << 16, 1 << 20, "reference")
+    assert cfg.routes == routes_from_profile(v100)
+    with pytest.raises(ValueError, match=r"unknown Config field.*shard_size"):
+        config_from_profile(v100, shard_size=4096)
+    with pytest.raises(ValueError, match="leading_bytes"):
+        config_from_profile(v100, leading_bytes=-1)
