@@ -96,21 +96,27 @@ def _call(target: str, results: Sequence[Any], operands: Sequence[jax.Array],
     )(*operands, **plan.ffi_attrs(), site=site, **attrs)
 
 
-def push(me: jax.Array, leaves: Sequence[jax.Array], plan: Plan, bucket: BucketPlan, site: int,
-         passthrough: bool) -> list[jax.Array]:
-    """Hands one bucket to the routed proxies.
+def token() -> jax.Array:
+    """A fresh ordering token (float32 scalar: it may travel as a cotangent)."""
+    return _vary(jnp.zeros((), jnp.float32))
 
-    ``passthrough``: return the leaves themselves (aliased), for the backward
-    hooks, whose cotangent outputs must be the gradients. Otherwise return one
-    token: aliasing a still-live operand (a step argument, say) would make XLA
-    copy it first.
+
+def push(me: jax.Array, after: jax.Array, leaves: Sequence[jax.Array], plan: Plan,
+         bucket: BucketPlan, site: int, passthrough: bool) -> tuple[list[jax.Array], jax.Array]:
+    """Hands one bucket to the routed proxies, after the push that made ``after``.
+
+    Returns ``(leaves, token)``. ``passthrough``: the leaves come back
+    (aliased), for the backward hooks, whose cotangent outputs must be the
+    gradients; otherwise ``[]``: aliasing a still-live operand (a step
+    argument, say) would make XLA copy it first.
     """
     leaves = [_vary(x) for x in leaves]
+    after = _vary(after)
     out = _call(
         "coarse_push",
-        [_result(x, True) for x in leaves] if passthrough else [_result(me, True)],
-        [me, *leaves],
-        {i + 1: i for i in range(len(leaves))} if passthrough else {},
+        [*([_result(x, True) for x in leaves] if passthrough else []), _result(after, True)],
+        [me, after, *leaves],
+        {i + 2: i for i in range(len(leaves))} if passthrough else {},
         plan,
         site,
         first_leaf=bucket.first_leaf,
@@ -119,7 +125,7 @@ def push(me: jax.Array, leaves: Sequence[jax.Array], plan: Plan, bucket: BucketP
         passthrough=int(passthrough),
         last=0,
     )
-    return list(out)
+    return list(out[:-1]), out[-1]
 
 
 def proxy_ring(me: jax.Array, deps: Sequence[jax.Array], plan: Plan, site: int, last: bool) -> jax.Array:

@@ -244,13 +244,13 @@ def _bucket_leaves(plan: Plan, bucket: Any) -> list[int]:
     return [plan.sync_order[s] for s in range(bucket.first_leaf, bucket.first_leaf + bucket.num_leaves)]
 
 
-def _push_tokens(plan: Plan, site: int, leaves: list[jax.Array], buckets: Sequence[Any]) -> list[jax.Array]:
-    """Pushes ``buckets`` of ``leaves`` (tree order); returns one token per push."""
-    me = _ffi.who()
-    return [
-        _ffi.push(me, [leaves[t] for t in _bucket_leaves(plan, b)], plan, b, site, passthrough=False)[0]
-        for b in buckets
-    ]
+def _push_in_order(plan: Plan, site: int, leaves: list[jax.Array]) -> jax.Array:
+    """Pushes every bucket of ``leaves`` (tree order), chained in plan order; returns the last token."""
+    me, tok = _ffi.who(), _ffi.token()
+    for b in plan.buckets:
+        _, tok = _ffi.push(me, tok, [leaves[t] for t in _bucket_leaves(plan, b)], plan, b, site,
+                           passthrough=False)
+    return tok
 
 
 def _check_op(op: str) -> bool:
@@ -294,28 +294,34 @@ def all_reduce(tree: Any, op: str = "mean", *, config: Config | None = None) -> 
     if not leaves:
         return tree
     site = ctx.new_site()
-    tokens = _push_tokens(plan, site, leaves, plan.buckets)
-    return jax.tree.unflatten(treedef, _finish(plan, site, leaves, tokens, in_place=False))
+    last = _push_in_order(plan, site, leaves)
+    return jax.tree.unflatten(treedef, _finish(plan, site, leaves, [last], in_place=False))
 
 
 # ----------------------------------------------------------------------------- value_and_grad
 
 
 def _push_hook(plan: Plan, bucket: Any, site: int) -> Callable[..., Any]:
-    """Identity on a bucket of parameters whose backward pushes their gradients."""
+    """Identity on (token, *bucket parameters) whose backward pushes their gradients.
+
+    The token's cotangent arrives from the previous push in plan order and
+    leaves as this push's token, so the backward pass issues pushes in the
+    order the proxies walk them, each as soon as its gradients exist.
+    """
 
     @jax.custom_vjp
-    def hook(*xs: jax.Array) -> tuple[jax.Array, ...]:
-        return xs
+    def hook(tok: jax.Array, *xs: jax.Array) -> tuple[jax.Array, ...]:
+        return (tok, *xs)
 
-    def fwd(*xs: jax.Array) -> tuple[tuple[jax.Array, ...], None]:
-        return xs, None
+    def fwd(tok: jax.Array, *xs: jax.Array) -> tuple[tuple[jax.Array, ...], None]:
+        return (tok, *xs), None
 
     def bwd(_: None, cts: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-        # Runs as soon as this bucket's gradients exist; the push's outputs
-        # (aliased to its inputs) are the "gradients" the vjp returns, so the
-        # pull depends on every push and no push can be dropped.
-        return tuple(_ffi.push(_ffi.who(), list(cts), plan, bucket, site, passthrough=True))
+        # The push's outputs (aliased to its inputs) are the "gradients" the
+        # vjp returns, so the pull depends on every push.
+        after, *grads = cts
+        pushed, tok = _ffi.push(_ffi.who(), after, grads, plan, bucket, site, passthrough=True)
+        return (tok, *pushed)
 
     hook.defvjp(fwd, bwd)
     return hook
@@ -395,34 +401,50 @@ def value_and_grad(
 
             def f(*leaves: jax.Array) -> Any:
                 leaves = list(leaves)
+                tok = None
                 if cfg.mode == "ffi":
-                    for b in plan.buckets:
+                    # Hooks chained in reverse plan order here, so that in the
+                    # backward pass the token runs in plan order.
+                    tok = _ffi.token()
+                    for b in reversed(plan.buckets):
                         ids = _bucket_leaves(plan, b)
                         if ids[0] < n_grad:
-                            hooked = _push_hook(plan, b, site)(*[leaves[t] for t in ids])
+                            tok, *hooked = _push_hook(plan, b, site)(tok, *[leaves[t] for t in ids])
                             for t, v in zip(ids, hooked):
                                 leaves[t] = v
                 call = list(a)
                 for i, v in zip(nums, jax.tree.unflatten(diff_def, leaves)):
                     call[i] = v
-                return fun(*call, **kwargs)
+                out = fun(*call, **kwargs)
+                if tok is None:
+                    return out
+                # Tie the chain's end to the loss (adds 0) so its cotangent,
+                # the backward pass's first push, exists.
+                if has_aux:
+                    return out[0] + 0.0 * tok.astype(out[0].dtype), out[1]
+                return out + 0.0 * tok.astype(out.dtype)
 
             if has_aux:
                 loss, vjp_fn, aux = jax.vjp(f, *diff_leaves, has_aux=True)
             else:
                 (loss, vjp_fn), aux = jax.vjp(f, *diff_leaves), None
             head = list(jax.tree.leaves((aux, loss)))
+            seed = jnp.ones_like(loss)
             if cfg.mode == "ffi":
                 # The loss (and aux) are known after the forward pass: push
-                # now, passing them through so their push cannot be dropped.
-                me = _ffi.who()
+                # now (they come first in plan order), passing them through so
+                # their push cannot be dropped; the backward pass's pushes
+                # follow them in the token chain through the seed.
+                me, tok = _ffi.who(), _ffi.token()
                 for b in plan.buckets:
                     ids = _bucket_leaves(plan, b)
                     if ids[0] >= n_grad:
-                        pushed = _ffi.push(me, [head[t - n_grad] for t in ids], plan, b, site, passthrough=True)
+                        pushed, tok = _ffi.push(me, tok, [head[t - n_grad] for t in ids], plan, b,
+                                                site, passthrough=True)
                         for t, v in zip(ids, pushed):
                             head[t - n_grad] = v
-            grads = list(vjp_fn(jnp.ones_like(loss)))
+                seed = seed + 0.0 * tok.astype(seed.dtype)
+            grads = list(vjp_fn(seed))
             return _ffi.vary(grads + head)
 
         def on_proxy(*a: Any) -> Any:

@@ -41,6 +41,8 @@ FULL_BANDWIDTH_FRACTION = 0.95
 # Relative tolerance under which two latencies/bandwidths count as a tie, so
 # float rounding in size/time does not pick a remote proxy over the local one.
 _TIE_RTOL = 1e-9
+# Route choices treat measurements within 3% of the best as equal.
+ROUTE_TIE_RTOL = 0.03
 
 # (field name, shape as a function of p and S, what the axes are) for the error messages.
 _ARRAY_FIELDS: tuple[tuple[str, str], ...] = (
@@ -468,12 +470,19 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _pick(values: np.ndarray, local: int, best: str) -> int:
-    """Index of the best value (``best``: "min" or "max"); ties go to ``local``, then the lowest index."""
+    """Index of the best value (``best``: "min" or "max").
+
+    Values within `ROUTE_TIE_RTOL` of the best are ties (measurements are
+    noisy). Ties go to ``local`` first: it shares the worker's switch and
+    disturbs no other worker's links. Then to ``local + 1``, ``local + 2``, ...
+    (mod p): on a symmetric machine this gives every worker a different
+    remote proxy, where "lowest index" would send every worker's large
+    tensors to the same proxy and queue them on its one port.
+    """
     target = values.min() if best == "min" else values.max()
-    tied = np.flatnonzero(np.isclose(values, target, rtol=_TIE_RTOL, atol=0.0))
-    # Prefer the local proxy on a tie: it shares the worker's switch, so it
-    # disturbs no other worker's links.
-    return local if local in tied else int(tied[0])
+    tied = set(np.flatnonzero(np.isclose(values, target, rtol=ROUTE_TIE_RTOL, atol=0.0)).tolist())
+    p = len(values)
+    return next((local + k) % p for k in range(p) if (local + k) % p in tied)
 
 
 def _check_worker(profile: Profile, worker: int, fn: str) -> None:
@@ -495,8 +504,8 @@ def routes_from_profile(profile: Profile) -> tuple[tuple[int, int], ...]:
     """Per worker ``(LatProxy, BwProxy)``, as `Config.routes` takes them.
 
     LatProxy has the lowest one-way latency (time at the smallest size),
-    BwProxy the highest peak one-way bandwidth. Ties go to the worker's local
-    proxy (same index), then to the lowest index.
+    BwProxy the highest peak one-way bandwidth. Ties (within 3%) go to the
+    worker's local proxy (same index), then to the next indices cyclically.
     """
     return tuple(_route(profile, i) for i in range(profile.workers))
 

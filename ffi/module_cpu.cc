@@ -11,6 +11,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(Push);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ProxyRing);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(WorkerRing);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Pull);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Probe);
 }  // namespace coarse
 
 template <typename T>
@@ -19,13 +20,14 @@ static nb::capsule Encapsulate(T* fn) {
 }
 
 NB_MODULE(_coarse_cpu, m) {
-  m.doc() = "coarse_jax CPU runtime: XLA FFI handlers for push, proxy ring, worker ring, pull.";
+  m.doc() = "coarse_jax CPU runtime: XLA FFI handlers for push, proxy ring, worker ring, pull, probe.";
   m.def("registrations", []() {
     nb::dict d;
     d["coarse_push"] = Encapsulate(coarse::Push);
     d["coarse_proxy_ring"] = Encapsulate(coarse::ProxyRing);
     d["coarse_worker_ring"] = Encapsulate(coarse::WorkerRing);
     d["coarse_pull"] = Encapsulate(coarse::Pull);
+    d["coarse_probe"] = Encapsulate(coarse::Probe);
     return d;
   }, "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target.");
   m.def("inject_dropped_push", &coarse::InjectDroppedPush, nb::arg("worker"),

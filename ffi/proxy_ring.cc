@@ -64,7 +64,13 @@ static ffi::Error ReducePieces(Call& call) {
                  std::to_string(expected) + " arrived)";
         });
     if (err.failure()) return err;
-    Session::SleepUntil(session.LastArrival(k, s));
+    if (session.emulated()) {
+      Clock::time_point arrival = Clock::time_point::min();
+      for (int32_t w : from)
+        arrival = std::max(arrival, session.Reserve(w, p + k, plan.piece_nbytes[s],
+                                                    session.PushReady(w, s)));
+      Session::SleepUntil(arrival);
+    }
     const int64_t n = plan.piece_nelems[s];
     float* own = session.arena(k) + plan.slot(k, s, 0);
     if (from.empty()) std::memset(own, 0, n * sizeof(float));

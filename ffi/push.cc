@@ -4,9 +4,12 @@
 // exist. For every piece of the bucket it widens the values into the slot the
 // routed proxy keeps for this client (the transfer), then bumps that proxy's
 // arrival counter for the piece and wakes it. It never waits for anyone, so
-// pushes cannot deadlock whatever order XLA runs them in. Its outputs exist
-// so the pull data-depends on every push: the leaves themselves, aliased
-// (attribute passthrough=1, for backward hooks), or one token.
+// pushes cannot deadlock whatever order XLA runs them in. Still, the Python
+// side chains them by a token (each push takes the previous one's) so they
+// are issued in the plan's order, the order every proxy walks: left to XLA,
+// independent pushes run in any order and a proxy idles on a piece whose
+// push was issued late. Outputs: the leaves themselves, aliased (attribute
+// passthrough=1, for backward hooks), then the token.
 #include <cstring>
 
 #include "call.h"
@@ -14,8 +17,10 @@
 namespace coarse {
 namespace ffi = xla::ffi;
 
-static ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::RemainingArgs leaves,
-                           ffi::RemainingRets outs, ffi::Dictionary attrs) {
+static ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer after,
+                           ffi::RemainingArgs leaves, ffi::RemainingRets outs,
+                           ffi::Dictionary attrs) {
+  (void)after;  // orders this push after the previous one
   auto begun = BeginCall(run_id, who, attrs);
   if (begun.has_error()) return begun.error();
   Call call = std::move(begun.value());
@@ -29,9 +34,9 @@ static ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Remaining
     auto passthrough_attr = attrs.get<int64_t>("passthrough");
     if (passthrough_attr.has_error()) return passthrough_attr.error();
     const bool passthrough = passthrough_attr.value() != 0;
-    if (passthrough ? outs.size() != leaves.size() : outs.size() != 1)
+    if (outs.size() != (passthrough ? leaves.size() : 0) + 1)
       return ffi::Error::InvalidArgument(
-          "coarse_push: expected one result per operand (passthrough) or one token");
+          "coarse_push: expected the leaves (passthrough) and then one token as results");
     for (size_t a = 0; a < leaves.size(); ++a) {
       auto in = leaves.get<ffi::AnyBuffer>(a);
       if (in.has_error()) return in.error();
@@ -44,10 +49,8 @@ static ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Remaining
       if (out->untyped_data() != in.value().untyped_data())
         std::memcpy(out->untyped_data(), in.value().untyped_data(), in.value().size_bytes());
     }
-    if (!passthrough) {
-      ffi::Result<ffi::AnyBuffer> token = outs.get<ffi::AnyBuffer>(0).value();
-      std::memset(token->untyped_data(), 0, token->size_bytes());
-    }
+    ffi::Result<ffi::AnyBuffer> token = outs.get<ffi::AnyBuffer>(outs.size() - 1).value();
+    std::memset(token->untyped_data(), 0, token->size_bytes());
     if (call.who.tier != kWorker) return ffi::Error::Success();  // proxies push nothing
     const int64_t i = call.who.index;
     if (TakeDroppedPush(i)) return ffi::Error::Success();  // testing: a lost push
@@ -65,9 +68,9 @@ static ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Remaining
                         ElementPtr(leaf.untyped_data(), leaf.element_type(), seg.leaf_off),
                         slot + seg.piece_off, seg.len);
       }
-      // The copy above is the transfer; an emulated link also makes the
-      // proxy wait for the arrival time it books (the push itself never waits).
-      session.NoteArrival(k, s, session.Reserve(i, plan.workers + k, plan.piece_nbytes[s]));
+      // The copy above is the transfer; on an emulated link the proxy books
+      // it when it takes the piece (the push itself never waits).
+      session.NotePushReady(i, s, Clock::now());
       session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
       session.Notify(plan.workers + k);
     }
@@ -80,8 +83,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Push, PushImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::RunId>()       // rendezvous key: one execution
                                   .Arg<ffi::AnyBuffer>()   // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()   // token of the previous push (ordering)
                                   .RemainingArgs()         // the bucket's gradient leaves
-                                  .RemainingRets()         // the same leaves (aliased), or a token
+                                  .RemainingRets()         // [the same leaves, aliased,] token
                                   .Attrs<ffi::Dictionary>());  // plan + bucket range, passthrough
 
 }  // namespace coarse

@@ -65,11 +65,6 @@ static ffi::Error WorkerRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Any
                plan.leaf_names[first] + "')";
       });
       if (err.failure()) return err;
-      // The hand-over to the local proxy is traffic of the dual-sync design.
-      // With no proxy pieces at all (the AllReduce baseline) the proxies are
-      // not part of the emulated system and the copy is not charged.
-      if (plan.num_pieces() > 0)
-        session.NoteLeadingArrival(me, session.Reserve(me, p + me, plan.leading_nbytes));
       session.leading_ready(me).store(1, std::memory_order_release);
       session.Notify(p + me);
     } else {
@@ -82,7 +77,11 @@ static ffi::Error WorkerRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Any
                    plan.leaf_names[first] + "')";
           });
       if (err.failure()) return err;
-      Session::SleepUntil(session.LeadingArrival(me));
+      // The hand-over from the local worker is traffic of the dual-sync
+      // design. With no proxy pieces at all (the AllReduce baseline) the
+      // proxies are not part of the emulated system: not charged.
+      if (plan.num_pieces() > 0)
+        Session::SleepUntil(session.Reserve(me, p + me, plan.leading_nbytes));
     }
     int64_t off = 0;  // the ring already applied the 1/p scale
     for (int64_t a = 0; a < L; ++a) {

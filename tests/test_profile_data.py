@@ -195,7 +195,7 @@ def test_v100_routes_small_local_large_remote(v100):
     for i, (lat, bw) in enumerate(routes):
         assert lat == i  # lowest latency: the local proxy
         assert bw != i  # highest bandwidth: a remote one
-        assert bw == (1 if i == 0 else 0)  # remote ties go to the lowest index
+        assert bw == (i + 1) % 4  # remote ties go to the next proxy: one client each
     (l_bw, l_us), (r_bw, r_us) = V100
     crossing = (r_us - l_us) * 1e-6 / (1 / (l_bw * 1e9) - 1 / (r_bw * 1e9))
     for i in range(4):

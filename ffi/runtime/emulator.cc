@@ -67,7 +67,8 @@ const LinkTable& Emulator::Table(int64_t src, int64_t dst, int64_t* a, int64_t* 
   return topo_.wp;
 }
 
-Clock::time_point Emulator::Reserve(int64_t src, int64_t dst, double bytes) {
+Clock::time_point Emulator::Reserve(int64_t src, int64_t dst, double bytes,
+                                   Clock::time_point not_before) {
   int64_t a, b;
   const LinkTable& t = Table(src, dst, &a, &b);
   const bool serial_bus = (src < p_) != (dst < p_);
@@ -75,7 +76,7 @@ Clock::time_point Emulator::Reserve(int64_t src, int64_t dst, double bytes) {
   const Clock::duration latency = Seconds(t.latency_s[a * p_ + b]);
   std::lock_guard<std::mutex> lock(mu_);
   Clock::time_point& link = link_free_[src * 2 * p_ + dst];
-  Clock::time_point start = std::max(Clock::now(), link);
+  Clock::time_point start = std::max(not_before, link);
   if (serial_bus) start = std::max({start, port_out_free_[src], port_in_free_[dst]});
   link = start + busy;
   if (serial_bus) port_out_free_[src] = port_in_free_[dst] = start + busy;

@@ -3,9 +3,12 @@
 // Every transfer of the runtime names a directed link (src device -> dst
 // device) and a byte count. Without a topology it is just the copy. With one,
 // the transfer also lasts latency + bytes * seconds_per_byte on that link:
-// Reserve() books the link from max(now, link free) for bytes/bandwidth and
+// Reserve() books the link from max(ready, link free) for bytes/bandwidth and
 // returns the arrival time (booking + latency); the receiver sleeps until
-// then. Links are full duplex (each direction booked separately). A
+// then. The receiver books, in the order it consumes (a proxy walks pieces in
+// plan order), with the time the sender made the data ready: booking at issue
+// time instead would let whichever thread the OS ran first take a shared
+// port for all its transfers, which no link arbiter does. Links are full duplex (each direction booked separately). A
 // worker<->proxy transfer also books the worker's and the proxy's serial-bus
 // port (one transfer in, one out at a time), so clients crowding one proxy
 // (DENSE) queue as on hardware. Durations arrive already multiplied by the
@@ -44,8 +47,10 @@ class Emulator {
   explicit Emulator(const Topology& topology);
 
   // Books a transfer of `bytes` from device `src` to device `dst` (worker i =
-  // i, proxy k = p + k) and returns when it arrives.
-  Clock::time_point Reserve(int64_t src, int64_t dst, double bytes);
+  // i, proxy k = p + k), starting no earlier than `not_before`, and returns
+  // when it arrives. A start in the past is fine: the transfer ran in the
+  // background while the receiver was busy.
+  Clock::time_point Reserve(int64_t src, int64_t dst, double bytes, Clock::time_point not_before);
 
  private:
   const LinkTable& Table(int64_t src, int64_t dst, int64_t* a, int64_t* b) const;

@@ -128,44 +128,28 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
   mailboxes_.reset(new Mailbox[2 * p]);
   if (plan_->emulated) {
     emulator_ = std::make_unique<Emulator>(plan_->topology);
-    arrival_ns_ = Counters<int64_t>(p * S, 0);
-    leading_arrival_ns_ = Counters<int64_t>(p, 0);
+    push_ready_ns_ = Counters<int64_t>(p * S, 0);
   }
 }
 
-Clock::time_point Session::Reserve(int64_t src, int64_t dst, double bytes) {
-  return emulator_ ? emulator_->Reserve(src, dst, bytes) : Clock::now();
+Clock::time_point Session::Reserve(int64_t src, int64_t dst, double bytes,
+                                   Clock::time_point ready) {
+  return emulator_ ? emulator_->Reserve(src, dst, bytes, ready) : ready;
 }
 
 void Session::SleepUntil(Clock::time_point t) {
   if (t > Clock::now()) std::this_thread::sleep_until(t);
 }
 
-static void AtomicMax(std::atomic<int64_t>& a, int64_t v) {
-  int64_t cur = a.load(std::memory_order_relaxed);
-  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_acq_rel)) {
-  }
+void Session::NotePushReady(int64_t worker, int64_t piece, Clock::time_point t) {
+  if (push_ready_ns_)
+    push_ready_ns_[worker * plan_->num_pieces() + piece].store(t.time_since_epoch().count(),
+                                                               std::memory_order_release);
 }
 
-void Session::NoteArrival(int64_t proxy, int64_t piece, Clock::time_point t) {
-  if (arrival_ns_)
-    AtomicMax(arrival_ns_[proxy * plan_->num_pieces() + piece], t.time_since_epoch().count());
-}
-
-Clock::time_point Session::LastArrival(int64_t proxy, int64_t piece) const {
-  if (!arrival_ns_) return Clock::time_point::min();
+Clock::time_point Session::PushReady(int64_t worker, int64_t piece) const {
   return Clock::time_point(Clock::duration(
-      arrival_ns_[proxy * plan_->num_pieces() + piece].load(std::memory_order_acquire)));
-}
-
-void Session::NoteLeadingArrival(int64_t worker, Clock::time_point t) {
-  if (leading_arrival_ns_) AtomicMax(leading_arrival_ns_[worker], t.time_since_epoch().count());
-}
-
-Clock::time_point Session::LeadingArrival(int64_t worker) const {
-  if (!leading_arrival_ns_) return Clock::time_point::min();
-  return Clock::time_point(
-      Clock::duration(leading_arrival_ns_[worker].load(std::memory_order_acquire)));
+      push_ready_ns_[worker * plan_->num_pieces() + piece].load(std::memory_order_acquire)));
 }
 
 Session::~Session() {

@@ -66,15 +66,16 @@ class Session {
   std::atomic<int32_t>& leading_ready(int64_t worker) { return leading_ready_[worker]; }
 
   // Emulated transport (see emulator.h). Reserve() books a transfer of
-  // `bytes` from device `src` to `dst` and returns its arrival time (now,
-  // without a topology); SleepUntil() waits for it.
-  Clock::time_point Reserve(int64_t src, int64_t dst, double bytes);
+  // `bytes` from device `src` to `dst`, ready at `ready`, and returns its
+  // arrival time (`ready`, without a topology); SleepUntil() waits for it.
+  Clock::time_point Reserve(int64_t src, int64_t dst, double bytes,
+                            Clock::time_point ready = Clock::now());
   static void SleepUntil(Clock::time_point t);
-  // Latest arrival among the pushes of `piece` to `proxy` (emulated runs).
-  void NoteArrival(int64_t proxy, int64_t piece, Clock::time_point t);
-  Clock::time_point LastArrival(int64_t proxy, int64_t piece) const;
-  void NoteLeadingArrival(int64_t worker, Clock::time_point t);
-  Clock::time_point LeadingArrival(int64_t worker) const;
+  // When worker `worker` made its push of `piece` (to its routed proxy)
+  // ready; the proxy books the transfer when it consumes the piece.
+  void NotePushReady(int64_t worker, int64_t piece, Clock::time_point t);
+  Clock::time_point PushReady(int64_t worker, int64_t piece) const;
+  bool emulated() const { return emulator_ != nullptr; }
 
   // Wakes device `device` if it waits on anything.
   void Notify(int64_t device);
@@ -113,7 +114,7 @@ class Session {
       leading_ready_;
   std::unique_ptr<Mailbox[]> mailboxes_;
   std::unique_ptr<Emulator> emulator_;  // null without a topology
-  std::unique_ptr<std::atomic<int64_t>[]> arrival_ns_, leading_arrival_ns_;
+  std::unique_ptr<std::atomic<int64_t>[]> push_ready_ns_;  // [worker * S + piece]
   std::atomic<bool> poisoned_{false};
   std::mutex error_mu_;
   std::string error_;
