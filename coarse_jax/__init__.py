@@ -13,23 +13,28 @@ Example:
   ...     return state.apply_gradients(grads=grads), loss
 """
 
-from coarse_jax import reference
+from coarse_jax import model, reference
 from coarse_jax._ffi import has_cuda_support
 from coarse_jax.api import all_reduce, on_workers, sync, value_and_grad
 from coarse_jax.config import Config
 from coarse_jax.mesh import make_mesh
 from coarse_jax.plan import Plan, plan
+from coarse_jax.profile import profile
+from coarse_jax.profile_data import Profile
 from coarse_jax.topology import Topology
 
 __all__ = [
     "Config",
     "Plan",
+    "Profile",
     "Topology",
     "all_reduce",
     "has_cuda_support",
     "make_mesh",
     "on_workers",
+    "model",
     "plan",
+    "profile",
     "reference",
     "sync",
     "value_and_grad",

@@ -7,6 +7,7 @@ import os
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from coarse_jax.profile_data import Profile
     from coarse_jax.topology import Topology
 
 Mode = Literal["ffi", "reference"]
@@ -83,6 +84,23 @@ class Config:
                     f"worker, got {self.routes!r}."
                 )
             object.__setattr__(self, "routes", routes)
+
+    @staticmethod
+    def from_profile(profile: Profile, **overrides: object) -> Config:
+        """A Config whose routes, latency threshold and shard size come from ``profile``.
+
+        Per worker: LatProxy = lowest measured latency, BwProxy = highest
+        bandwidth; the threshold is where their transfer times cross; the shard
+        size is the smallest measured size reaching 95% of the BwProxy link's
+        peak (paper III-E). ``overrides`` replace any field, e.g.
+        ``topology=`` to run on the emulated links that were measured.
+
+        Example:
+          >>> cfg = coarse.Config.from_profile(coarse.profile(mesh), leading_bytes=1 << 16)
+        """
+        from coarse_jax.profile_data import config_from_profile  # profile_data imports Config
+
+        return config_from_profile(profile, **overrides)
 
     def routes_for(self, workers: int) -> tuple[tuple[int, int], ...]:
         """The routing table for ``workers`` workers, checked against the mesh."""

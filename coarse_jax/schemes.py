@@ -1,0 +1,66 @@
+"""The three synchronization schemes the paper compares, on one mesh and one set of links.
+
+* ``"coarse"``: the given Config (routes, threshold, shards, dual-sync split);
+* ``"allreduce"``: every leaf reduced among the workers (the worker ring),
+  the decentralized baseline;
+* ``"dense"``: every worker pushes to and pulls from proxy 0, which sums
+  (no ring), the centralized parameter-server baseline.
+
+All three run through the same runtime and, with ``Config(topology=...)``,
+on the same emulated links, so their times compare like for like.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from coarse_jax.api import all_reduce, sync
+from coarse_jax.config import Config
+from coarse_jax.mesh import DATA
+
+SCHEMES = ("dense", "allreduce", "coarse")
+
+
+def scheme_config(scheme: str, config: Config, workers: int) -> Config:
+    """``config`` turned into ``scheme`` (see the module docstring)."""
+    if scheme == "coarse":
+        return config
+    if scheme == "allreduce":
+        return dataclasses.replace(config, leading_bytes=1 << 62, routes=None)
+    if scheme == "dense":
+        return dataclasses.replace(config, leading_bytes=0, routes=((0, 0),) * workers)
+    raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}.")
+
+
+def time_sync(mesh: Any, shapes: Any, config: Config, reps: int = 3) -> float:
+    """Median seconds of one `coarse.all_reduce` of a tree shaped like ``shapes``.
+
+    Each worker holds different values (a leading axis of one slice per
+    worker); compilation and one warm-up call are not timed.
+    """
+    p = mesh.shape[DATA]
+    rng = np.random.default_rng(0)
+    per_worker = jax.tree.map(
+        lambda s: rng.standard_normal((p, *s.shape)).astype(s.dtype), shapes
+    )
+    tree = jax.device_put(per_worker, NamedSharding(mesh, P(DATA)))
+
+    @sync(mesh, config=config)
+    def step(x: Any) -> Any:
+        return all_reduce(jax.tree.map(lambda v: v[0], x))
+
+    jax.block_until_ready(step(tree))
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(step(tree))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
