@@ -25,8 +25,31 @@ def sync_results(pytestconfig: pytest.Config) -> dict[str, dict[str, float]]:
     return pytestconfig.stash.setdefault(RESULTS_KEY, {})
 
 
+EMULATED_KEY = pytest.StashKey[dict[str, dict[str, float]]]()
+
+
+@pytest.fixture(scope="session")
+def emulated_results(pytestconfig: pytest.Config) -> dict[str, dict[str, float]]:
+    """Where the emulated-V100 benchmarks leave measured and predicted times."""
+    return pytestconfig.stash.setdefault(EMULATED_KEY, {})
+
+
+def _emulated_summary(tr: Any, results: dict[str, dict[str, float]]) -> None:
+    tr.section("emulated v100 links x300 (ResNet-50 tree, 4 workers)")
+    tr.write_line(f"{'scheme':<10} {'measured ms':>12} {'predicted ms':>13} {'error':>7} {'busbw GB/s':>11}")
+    for name, r in results.items():
+        err = r["median_s"] / r["predicted_s"] - 1
+        tr.write_line(
+            f"{name:<10} {r['median_s'] * 1e3:>12.1f} {r['predicted_s'] * 1e3:>13.1f} "
+            f"{err:>+7.1%} {r['busbw']:>11.2f}"
+        )
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """Prints median time per implementation, its ratio to pmean, and bus bandwidth."""
+    emulated = config.stash.get(EMULATED_KEY, {})
+    if emulated:
+        _emulated_summary(terminalreporter, emulated)
     results = config.stash.get(RESULTS_KEY, {})
     if not results:
         return

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -40,11 +41,12 @@ def scheme_config(scheme: str, config: Config, workers: int) -> Config:
     raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}.")
 
 
-def time_sync(mesh: Any, shapes: Any, config: Config, reps: int = 3) -> float:
-    """Median seconds of one `coarse.all_reduce` of a tree shaped like ``shapes``.
+def sync_step(mesh: Any, shapes: Any, config: Config) -> tuple[Callable[[], Any], Any]:
+    """A compiled, warmed-up `coarse.all_reduce` of a tree shaped like ``shapes``.
 
     Each worker holds different values (a leading axis of one slice per
-    worker); compilation and one warm-up call are not timed.
+    worker). Returns ``(run, tree)``: ``run()`` performs one synchronization
+    and waits for it.
     """
     p = mesh.shape[DATA]
     rng = np.random.default_rng(0)
@@ -57,10 +59,19 @@ def time_sync(mesh: Any, shapes: Any, config: Config, reps: int = 3) -> float:
     def step(x: Any) -> Any:
         return all_reduce(jax.tree.map(lambda v: v[0], x))
 
-    jax.block_until_ready(step(tree))
+    def run() -> Any:
+        return jax.block_until_ready(step(tree))
+
+    run()  # compile and warm up
+    return run, tree
+
+
+def time_sync(mesh: Any, shapes: Any, config: Config, reps: int = 3) -> float:
+    """Median seconds of one synchronization (see `sync_step`), compile and warm-up excluded."""
+    run, _ = sync_step(mesh, shapes, config)
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        jax.block_until_ready(step(tree))
+        run()
         times.append(time.perf_counter() - start)
     return statistics.median(times)

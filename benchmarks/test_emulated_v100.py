@@ -1,0 +1,56 @@
+"""DENSE vs AllReduce vs COARSE on emulated V100 links (paper Fig. 15), one run.
+
+A ResNet-50 gradient tree (97.5 MiB) is all-reduced over 4 workers on the
+"v100" preset, the links slowed x300 so that they, not this host's copies,
+set the time. COARSE's routes, threshold and shard size come from a profile
+of the same links (`coarse.profile` + `Config.from_profile`). Each scheme's
+median time is reported beside `coarse.model.predict_plan_sync_s`'s
+prediction and as bus bandwidth in the links' own (unscaled) time.
+
+Run: ``make bench`` (about 2 minutes).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+import coarse_jax as coarse
+from coarse_jax import schemes
+from coarse_jax.model import predict_plan_sync_s
+from coarse_jax.shapes import RESNET50_SHAPES, resnet50_tree
+
+WORKERS = 4
+SYNC_SCALE = 300.0
+ROUNDS = 3
+
+
+@pytest.fixture(scope="module")
+def v100_config() -> coarse.Config:
+    mesh = coarse.make_mesh(workers=WORKERS)
+    probe = coarse.Topology.preset("v100", WORKERS, time_scale=50)
+    prof = coarse.profile(mesh, topology=probe, sizes=tuple(4**k for k in range(5, 12)), reps=3)
+    return coarse.Config.from_profile(
+        prof, topology=coarse.Topology.preset("v100", WORKERS, time_scale=SYNC_SCALE)
+    )
+
+
+@pytest.mark.parametrize("scheme", schemes.SCHEMES)
+def test_emulated_v100_sync(
+    benchmark: Any, scheme: str, v100_config: coarse.Config, emulated_results: dict[str, Any]
+) -> None:
+    mesh = coarse.make_mesh(workers=WORKERS)
+    cfg = schemes.scheme_config(scheme, v100_config, WORKERS)
+    tree = resnet50_tree()
+    run, _ = schemes.sync_step(mesh, tree, cfg)  # compiled and warmed up, untimed
+    benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
+    median = benchmark.stats.stats.median
+    predicted = predict_plan_sync_s(coarse.plan(tree, mesh, cfg), cfg.topology)
+    nbytes = sum(math.prod(s) * 4 for _, s in RESNET50_SHAPES)
+    busbw = nbytes / (median / SYNC_SCALE) * 2 * (WORKERS - 1) / WORKERS / 1e9
+    benchmark.extra_info.update(
+        {"predicted_s": predicted, "busbw_GBps_unscaled": busbw, "routes": str(cfg.routes)}
+    )
+    emulated_results[scheme] = {"median_s": median, "predicted_s": predicted, "busbw": busbw}
