@@ -30,10 +30,18 @@ class _SyncContext:
     mesh: Mesh
     config: Config
     next_site: int = 0
+    # (tree, keyword arguments) of every plan built with the step's own
+    # Config: re-profiling re-plans them to see whether anything changed.
+    plans: list[tuple[Any, dict[str, Any]]] = dataclasses.field(default_factory=list)
 
     @property
     def workers(self) -> int:
         return self.mesh.shape[DATA]
+
+    def plan(self, tree: Any, cfg: Config, **kwargs: Any) -> Plan:
+        if cfg is self.config:
+            self.plans.append((tree, kwargs))
+        return make_plan(tree, self.workers, cfg, **kwargs)
 
     def new_site(self) -> int:
         # Each synchronization in one program gets its own site: the runtime
@@ -87,7 +95,10 @@ def sync(
     The first call fixes the structure and shapes of the non-batch arguments
     (the plan is compiled for them); a later call with a different structure
     raises instead of silently re-planning. The batch may change shape
-    (that recompiles, as ``jax.jit`` does).
+    (that recompiles, as ``jax.jit`` does). With ``Config(reprofile_every=N)``
+    the links are profiled again every N calls and the step re-planned,
+    recompiling only if routes, threshold or shard size changed. The returned
+    step has ``step.config()`` (the Config in use) and ``step.stats()``.
 
     Args:
       fn: the step; or the mesh, for ``@coarse.sync(mesh)``.
@@ -113,17 +124,53 @@ def sync(
     if fn is None:
         return lambda f: sync(f, mesh=mesh, config=config, batch_argnums=batch_argnums)
     mesh = check_mesh(mesh, "coarse.sync")
-    config = config or Config()
     step_name = getattr(fn, "__name__", "step")
-    compiled: dict[tuple[int, tuple[int, ...]], Callable[..., Any]] = {}
+    # The config can change when re-profiling re-plans; a compiled program is
+    # kept per config, so an unchanged plan never recompiles.
+    state: dict[str, Any] = {"config": config or Config(), "calls": 0, "reprofiles": 0}
+    compiled: dict[tuple[int, tuple[int, ...], Config], Callable[..., Any]] = {}
     seen: dict[int, Any] = {}
 
-    def body(*args: Any) -> Any:
-        _stack().append(_SyncContext(mesh, config))
-        try:
-            return fn(*args)
-        finally:
-            _stack().pop()
+    plans: list[tuple[Any, dict[str, Any]]] = []  # what the traces planned
+
+    def make_body(cfg: Config) -> Callable[..., Any]:
+        def body(*args: Any) -> Any:
+            ctx = _SyncContext(mesh, cfg, plans=plans)
+            _stack().append(ctx)
+            try:
+                return fn(*args)
+            finally:
+                _stack().pop()
+
+        return body
+
+    def plan_keys(cfg: Config) -> list[int]:
+        return [make_plan(t, mesh.shape[DATA], cfg, **kw).ffi_attrs()["plan_key"] for t, kw in plans]
+
+    def maybe_reprofile() -> None:
+        cfg = state["config"]
+        state["calls"] += 1
+        if not cfg.reprofile_every or state["calls"] % cfg.reprofile_every:
+            return
+        from coarse_jax.profile import profile
+
+        old = cfg.profile
+        topology = (
+            dataclasses.replace(cfg.topology, time_scale=old.time_scale) if cfg.topology else None
+        )
+        fresh = profile(mesh, topology=topology, sizes=old.sizes, reps=3)
+        kept = {
+            f.name: getattr(cfg, f.name)
+            for f in dataclasses.fields(cfg)
+            if f.name not in ("routes", "latency_threshold_bytes", "shard_bytes", "profile")
+        }
+        new = Config.from_profile(fresh, **kept)
+        state["reprofiles"] += 1
+        # Switch (and recompile) only if some plan of this step changes: a
+        # threshold that moved between two piece sizes routes nothing else.
+        if plan_keys(new) != plan_keys(cfg):
+            plans.clear()
+            state["config"] = new
 
     @functools.wraps(fn)
     def step(*args: Any) -> Any:
@@ -159,18 +206,26 @@ def sync(
                     "structure fixed during training, or decorate a new function with "
                     "coarse.sync for the new tree."
                 )
-        key = (n, bnums)
+        cfg = state["config"]
+        key = (n, bnums, cfg)
         if key not in compiled:
-            if config.mode == "ffi":
+            if cfg.mode == "ffi":
                 _ffi.check_platform(mesh)
             in_specs = tuple(P(DATA) if i in bnums else P() for i in range(n))
             compiled[key] = jax.jit(
-                jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=P())
+                jax.shard_map(make_body(cfg), mesh=mesh, in_specs=in_specs, out_specs=P())
             )
-        return compiled[key](*args)
+        out = compiled[key](*args)
+        maybe_reprofile()
+        return out
 
     step.mesh = mesh  # type: ignore[attr-defined]
-    step.config = config  # type: ignore[attr-defined]
+    step.config = lambda: state["config"]  # type: ignore[attr-defined]
+    step.stats = lambda: {  # type: ignore[attr-defined]
+        "calls": state["calls"],
+        "reprofiles": state["reprofiles"],
+        "compiled": len(compiled),
+    }
     return step
 
 
@@ -287,7 +342,7 @@ def all_reduce(tree: Any, op: str = "mean", *, config: Config | None = None) -> 
     ctx = _current("coarse.all_reduce")
     mean = _check_op(op)
     cfg = config or ctx.config
-    plan = make_plan(tree, ctx.workers, cfg, mean=mean, where="coarse.all_reduce")
+    plan = ctx.plan(jax.eval_shape(lambda t: t, tree), cfg, mean=mean, where="coarse.all_reduce")
     if cfg.mode == "reference":
         return reference.all_reduce(tree, ctx.workers, mean)
     leaves, treedef = jax.tree.flatten(tree)
@@ -388,9 +443,7 @@ def value_and_grad(
             for prefix, part in (("grads", grads_shape), ("aux", aux_shape), ("loss", loss_shape))
             for path, _ in jax.tree_util.tree_flatten_with_path(part)[0]
         ]
-        plan = make_plan(
-            shapes, ctx.workers, cfg, groups=groups, names=names, where="coarse.value_and_grad"
-        )
+        plan = ctx.plan(shapes, cfg, groups=groups, names=names, where="coarse.value_and_grad")
         n_grad = len(jax.tree.leaves(grads_shape))
         site = ctx.new_site() if cfg.mode == "ffi" else -1
 

@@ -35,6 +35,17 @@ class Config:
         first leaves of the tree, up to this many bytes) are reduced among the
         workers instead of through proxies. 0 sends everything through proxies;
         a value at least the tree's size keeps everything on workers.
+        ``"auto"``: the paper's model picks the split (III-F) from ``profile``
+        (proxy-ring and worker-ring bandwidth) and ``step_times_s``.
+      profile: the `coarse.Profile` this Config was planned from
+        (`Config.from_profile` sets it); needed by ``leading_bytes="auto"`` and
+        ``reprofile_every``.
+      step_times_s: ``(T_FP, T_BP)`` in seconds, the forward and backward time
+        of one step, for ``leading_bytes="auto"``; measure them with
+        `coarse.measure_step_times`.
+      reprofile_every: with a ``profile``, `coarse.sync` profiles the links
+        again every this many calls and re-plans; the step recompiles only if
+        the plan changed. 0: never.
       mode: "ffi" (the C++ runtime) or "reference" (the same dataflow in pure
         JAX collectives, the test oracle). Default: ``$COARSE_JAX_MODE`` or "ffi".
       timeout_s: every wait in the runtime gives up after this long with an
@@ -50,23 +61,44 @@ class Config:
     shard_bytes: int = 4 << 20
     latency_threshold_bytes: int = 2 << 20
     routes: tuple[tuple[int, int], ...] | None = None
-    leading_bytes: int = 0
+    leading_bytes: int | Literal["auto"] = 0
     mode: str = dataclasses.field(default_factory=_default_mode)
     timeout_s: float = 120.0
     topology: Topology | None = None
+    profile: Profile | None = dataclasses.field(default=None, compare=False, repr=False)
+    step_times_s: tuple[float, float] | None = None
+    reprofile_every: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("shard_bytes", "latency_threshold_bytes", "leading_bytes"):
+        for name in ("shard_bytes", "latency_threshold_bytes", "leading_bytes", "reprofile_every"):
             value = getattr(self, name)
+            if name == "leading_bytes" and value == "auto":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                hint = (
-                    ' ("auto" needs the profiler and performance model, not built yet)'
-                    if name == "leading_bytes" and value == "auto"
-                    else ""
-                )
+                also = ' or "auto"' if name == "leading_bytes" else ""
                 raise ValueError(
-                    f"Config.{name}: expected a non-negative int (bytes), got {value!r}{hint}."
+                    f"Config.{name}: expected a non-negative int{also}, got {value!r}."
                 )
+        if self.leading_bytes == "auto" and (self.profile is None or self.step_times_s is None):
+            raise ValueError(
+                'Config.leading_bytes="auto" needs profile= (a coarse.Profile) and step_times_s= '
+                "(T_FP, T_BP); got profile="
+                f"{'set' if self.profile is not None else None}, step_times_s={self.step_times_s}. "
+                "Fix: Config.from_profile(coarse.profile(mesh), leading_bytes='auto', "
+                "step_times_s=coarse.measure_step_times(loss_fn, params, batch))."
+            )
+        if self.reprofile_every and self.profile is None:
+            raise ValueError(
+                "Config.reprofile_every needs the profile it re-measures: build the Config with "
+                "Config.from_profile(...)."
+            )
+        if self.step_times_s is not None:
+            t = tuple(float(v) for v in self.step_times_s)
+            if len(t) != 2 or min(t) < 0:
+                raise ValueError(
+                    f"Config.step_times_s: expected (T_FP, T_BP) seconds >= 0, got {self.step_times_s!r}."
+                )
+            object.__setattr__(self, "step_times_s", t)
         if self.shard_bytes < 4:
             raise ValueError(f"Config.shard_bytes: expected at least 4 bytes, got {self.shard_bytes}.")
         if self.mode not in _MODES:

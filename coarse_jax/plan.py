@@ -183,6 +183,30 @@ class Plan:
         return "\n".join(rows)
 
 
+def auto_leading_bytes(leaf_bytes: list[int], config: Config, workers: int) -> int:
+    """``leading_bytes="auto"``: the split m of the paper's model (III-F).
+
+    m (bytes through proxies) minimizes T_train = max(T_FP + T_BP + T_sync(GPU),
+    T_FP + T_sync(proxy)) over the layer boundaries of the tree (leading bytes
+    are a prefix of the flatten order). BW_proxy and BW_GPU are the profile's
+    mean proxy-ring and worker-ring link bandwidths, converted to the time the
+    step runs in (an emulated topology's time_scale stretches both).
+    """
+    from coarse_jax import model  # the model needs nothing from the planner
+
+    profile, (t_fp, t_bp) = config.profile, config.step_times_s
+    run_scale = config.topology.time_scale if config.topology is not None else 1.0
+    to_run_time = profile.time_scale / run_scale
+    bw_proxy = float(profile.pp_bandwidth_gbps().mean()) * to_run_time
+    bw_gpu = float(profile.ww_bandwidth_gbps().mean()) * to_run_time
+    n = sum(leaf_bytes)
+    prefix = [0]
+    for b in leaf_bytes:
+        prefix.append(prefix[-1] + b)
+    m, _ = model.best_split(n, workers, bw_proxy, bw_gpu, t_fp, t_bp, candidates=[n - x for x in prefix])
+    return int(n - m)
+
+
 def _leaf_name(path: tuple[Any, ...]) -> str:
     name = jax.tree_util.keystr(path)
     return name or "<root>"
@@ -251,10 +275,13 @@ def plan(
         shapes.append((name, tuple(int(d) for d in np.shape(leaf)), check_dtype(name, leaf.dtype, where)))
 
     # Dual-sync split: leading leaves are a prefix of the flatten order.
+    leading_bytes = config.leading_bytes
+    if leading_bytes == "auto":
+        leading_bytes = auto_leading_bytes([math.prod(s) * dt.itemsize for _, s, dt in shapes], config, workers)
     n_leading, acc = 0, 0
     for _, shape, dt in shapes:
         nbytes = math.prod(shape) * dt.itemsize
-        if acc + nbytes > config.leading_bytes:
+        if acc + nbytes > leading_bytes:
             break
         acc += nbytes
         n_leading += 1

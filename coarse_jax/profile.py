@@ -20,7 +20,9 @@ AllReduce and COARSE on a ResNet-50-shaped gradient tree.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -149,6 +151,37 @@ def profile(
         time_scale=1.0 if topology is None else topology.time_scale,
         host=f"{jax.devices()[0].platform}, {len(jax.devices())} devices",
     )
+
+
+def measure_step_times(
+    fun: Callable[..., Any], *args: Any, argnums: int | Sequence[int] = 0, reps: int = 5
+) -> tuple[float, float]:
+    """``(T_FP, T_BP)``: seconds of ``fun``'s forward and backward pass on one device.
+
+    Runs ``jit(fun)`` and ``jit(value_and_grad(fun))`` a few times on the
+    first device with ``args`` (give one worker's share of the batch) and
+    takes medians; T_BP is the difference. For ``Config(leading_bytes="auto")``.
+
+    Example:
+      >>> times = coarse.measure_step_times(loss_fn, params, batch_shard)
+      >>> cfg = coarse.Config.from_profile(prof, leading_bytes="auto", step_times_s=times)
+    """
+    device = jax.devices()[0]
+    args = jax.device_put(args, device)
+    forward = jax.jit(fun)
+    both = jax.jit(jax.value_and_grad(fun, argnums=argnums))
+
+    def median_s(f: Callable[..., Any]) -> float:
+        jax.block_until_ready(f(*args))  # compile, warm up
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+
+    t_fp = median_s(forward)
+    return t_fp, max(0.0, median_s(both) - t_fp)
 
 
 if __name__ == "__main__":

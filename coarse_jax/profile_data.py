@@ -589,6 +589,7 @@ def config_from_profile(profile: Profile, **overrides: Any) -> Config:
     * ``shard_bytes``: the largest `shard_bytes_from_profile` over workers (at
       least 4, `Config`'s minimum), so every worker's shards reach full bandwidth.
 
+    ``profile`` itself is kept (for ``leading_bytes="auto"`` and re-profiling).
     ``profile.topology`` is only a name, so ``Config.topology`` is left at its
     default; pass ``topology=coarse.Topology...`` to run on the emulated links.
 
@@ -615,5 +616,6 @@ def config_from_profile(profile: Profile, **overrides: Any) -> Config:
         shard_bytes=max(4, max(shard_bytes_from_profile(profile, i) for i in range(profile.workers))),
         latency_threshold_bytes=max(known) if known else 0,
         routes=routes_from_profile(profile),
+        profile=profile,
     )
     return dataclasses.replace(cfg, **overrides)

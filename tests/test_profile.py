@@ -115,3 +115,78 @@ def test_topology_checks():
     with pytest.raises(ValueError, match="time_scale"):
         dataclasses.replace(topo, time_scale=0.0)
     assert math.isclose(topo.transfer_s("pp", 0, 1, 24e9), 1.0 + 2e-6)
+
+
+def _paper_t_train(m, n, p, bw_proxy, bw_gpu, t_fp, t_bp):
+    """The paper's T_train written out again (oracle; shares no code with coarse.model)."""
+    c = 2 * (p - 1) / p
+    return max(t_fp + t_bp + c * (n - m) / (bw_gpu * 1e9), t_fp + c * m / (bw_proxy * 1e9))
+
+
+@pytest.mark.parametrize("t_bp", [0.0, 0.02, 10.0])
+def test_auto_leading_bytes_minimizes_the_papers_t_train(v100_profile, t_bp):
+    leaves = {f"l{i:02d}": jax.ShapeDtypeStruct((256, 256), np.float32) for i in range(12)}
+    cfg = coarse.Config.from_profile(v100_profile, leading_bytes="auto", step_times_s=(0.01, t_bp))
+    plan = coarse.plan(leaves, 4, cfg)
+    leading = sum(leaf.nbytes for leaf in plan.leaves if leaf.sync == "worker")
+    n = sum(leaf.nbytes for leaf in plan.leaves)
+    scale = v100_profile.time_scale
+    bw_p = v100_profile.pp_bandwidth_gbps().mean() * scale
+    bw_g = v100_profile.ww_bandwidth_gbps().mean() * scale
+    costs = {k * 256 * 256 * 4: _paper_t_train(n - k * 256 * 256 * 4, n, 4, bw_p, bw_g, 0.01, t_bp)
+             for k in range(13)}
+    assert costs[leading] == pytest.approx(min(costs.values()), rel=1e-9)
+    if t_bp == 10.0:
+        assert leading == 0  # a long backward pass hides all proxy traffic
+
+
+def test_auto_needs_profile_and_step_times():
+    with pytest.raises(ValueError, match='leading_bytes="auto" needs profile='):
+        coarse.Config(leading_bytes="auto")
+
+
+def test_measure_step_times():
+    import jax.numpy as jnp
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    t_fp, t_bp = coarse.measure_step_times(loss, jnp.ones((64, 64)), jnp.ones((32, 64)), reps=3)
+    assert t_fp > 0 and t_bp >= 0
+
+
+@pytest.fixture(scope="module")
+def small_v100_profile(mesh):
+    topo = coarse.Topology.preset("v100", 4, time_scale=50)
+    return coarse.profile(mesh, topology=topo, sizes=(1 << 10, 1 << 16, 1 << 22), reps=3)
+
+
+def _reduce_step(mesh, cfg):
+    @coarse.sync(mesh, config=cfg)
+    def step(x):
+        return coarse.all_reduce(x[0])
+
+    return step
+
+
+def test_reprofiling_keeps_the_program_when_the_plan_holds(mesh, small_v100_profile):
+    topo = coarse.Topology.preset("v100", 4, time_scale=50)
+    cfg = coarse.Config.from_profile(small_v100_profile, topology=topo, reprofile_every=2)
+    step = _reduce_step(mesh, cfg)
+    x = np.ones((4, 300_000), np.float32)
+    for _ in range(4):
+        np.testing.assert_allclose(step(x), 1.0)
+    assert step.stats() == {"calls": 4, "reprofiles": 2, "compiled": 1}
+
+
+def test_reprofiling_replans_when_the_links_change(mesh, small_v100_profile):
+    # Planned on V100 links (remote bandwidth proxies), running on P100 links.
+    topo = coarse.Topology.preset("p100", 4, time_scale=50)
+    cfg = coarse.Config.from_profile(small_v100_profile, topology=topo, reprofile_every=2)
+    assert any(lat != bw for lat, bw in cfg.routes)
+    step = _reduce_step(mesh, cfg)
+    x = np.ones((4, 300_000), np.float32)
+    for _ in range(3):
+        np.testing.assert_allclose(step(x), 1.0)
+    assert step.config().routes == tuple((i, i) for i in range(4))  # P100: local wins
+    assert step.stats() == {"calls": 3, "reprofiles": 1, "compiled": 2}
