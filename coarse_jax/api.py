@@ -152,7 +152,7 @@ def sync(
         state["calls"] += 1
         if not cfg.reprofile_every or state["calls"] % cfg.reprofile_every:
             return
-        from coarse_jax.profile import profile
+        from coarse_jax.profiler import profile
 
         old = cfg.profile
         topology = (

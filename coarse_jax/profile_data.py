@@ -12,7 +12,7 @@ client (worker), the latency and bandwidth to each proxy, then:
 
 This module holds the data (`Profile`, saved as JSON) and that planner
 (`routes_from_profile`, `threshold_bytes`, `shard_bytes_from_profile`,
-`config_from_profile`). Taking the measurements is `coarse_jax.profile`'s job.
+`config_from_profile`). Taking the measurements is `coarse_jax.profiler`'s job.
 
 Units: times are seconds, sizes bytes, latencies microseconds, bandwidths GB/s
 (1e9 bytes/s), as in `coarse.Topology`.

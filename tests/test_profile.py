@@ -190,3 +190,23 @@ def test_reprofiling_replans_when_the_links_change(mesh, small_v100_profile):
         np.testing.assert_allclose(step(x), 1.0)
     assert step.config().routes == tuple((i, i) for i in range(4))  # P100: local wins
     assert step.stats() == {"calls": 3, "reprofiles": 1, "compiled": 2}
+
+
+def test_cli_prints_matrices_routes_and_split(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "coarse_jax.profile", "--emulate", "v100", "--workers", "2",
+         "--max-size", str(1 << 20), "--reps", "2", "--no-sync", "--save", str(tmp_path / "p.json")],
+        cwd=tmp_path,  # the installed package, not the source tree
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "worker -> proxy" in out and "routing table" in out and "leading_bytes =" in out
+    assert "RuntimeWarning" not in result.stderr
+    assert coarse.Profile.load(tmp_path / "p.json").workers == 2
