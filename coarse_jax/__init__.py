@@ -19,8 +19,8 @@ from coarse_jax.api import all_reduce, on_workers, sync, value_and_grad
 from coarse_jax.config import Config
 from coarse_jax.mesh import make_mesh
 from coarse_jax.plan import Plan, plan
-from coarse_jax.profiler import measure_step_times, profile
 from coarse_jax.profile_data import Profile
+from coarse_jax.profiler import measure_step_times, profile
 from coarse_jax.topology import Topology
 
 __all__ = [

@@ -589,16 +589,6 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
     ``time_scale`` that makes the emulated links dominate.
     """
     p = plan.workers
-    ts = topology.time_scale
-
-    def table(kind: str) -> tuple[Any, Any]:
-        bw, us = {
-            "wp": (topology.worker_proxy_gbps, topology.worker_proxy_us),
-            "pp": (topology.proxy_proxy_gbps, topology.proxy_proxy_us),
-            "ww": (topology.worker_worker_gbps, topology.worker_worker_us),
-        }[kind]
-        return bw, us
-
     link_free: dict[tuple[int, int], float] = {}
     port_in = [0.0] * (2 * p)
     port_out = [0.0] * (2 * p)
@@ -612,8 +602,8 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
         else:
             kind = "wp"
             a, b = (src, dst - p) if src_w else (dst, src - p)
-        bw, us = table(kind)
-        busy = ts * nbytes / (bw[a][b] * 1e9)
+        s_per_byte, latency = topology.link(kind, a, b)
+        busy = nbytes * s_per_byte
         start = max(ready, link_free.get((src, dst), 0.0))
         serial_bus = src_w != dst_w
         if serial_bus:
@@ -621,17 +611,13 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
         link_free[(src, dst)] = start + busy
         if serial_bus:
             port_out[src] = port_in[dst] = start + busy
-        return start + busy + ts * us[a][b] * 1e-6
+        return start + busy + latency
 
     def ring_s(nbytes: float, kind: str) -> float:
         if p == 1:
             return 0.0
-        bw, us = table(kind)
-        # Ring neighbours' links; take the slowest so a lockstep ring is bounded by it.
-        step = max(
-            ts * (nbytes / (2 * p)) / (bw[k][(k + 1) % p] * 1e9) + ts * us[k][(k + 1) % p] * 1e-6
-            for k in range(p)
-        )
+        # Lockstep rings are bounded by their slowest neighbour link.
+        step = max(topology.transfer_s(kind, k, (k + 1) % p, nbytes / (2 * p)) for k in range(p))
         return 2 * (p - 1) * step
 
     pieces = plan.pieces

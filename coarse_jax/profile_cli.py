@@ -43,8 +43,8 @@ def main() -> None:
 
     import coarse_jax as coarse
     from coarse_jax import model, schemes
-    from coarse_jax.profiler import DEFAULT_SIZES
     from coarse_jax.profile_data import shard_bytes_from_profile, threshold_bytes
+    from coarse_jax.profiler import DEFAULT_SIZES
     from coarse_jax.shapes import RESNET50_SHAPES, resnet50_tree
 
     p = args.workers

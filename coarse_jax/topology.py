@@ -126,14 +126,22 @@ class Topology:
             time_scale=time_scale,
         )
 
-    def transfer_s(self, kind: str, src: int, dst: int, nbytes: float) -> float:
-        """Emulated seconds for one transfer of ``nbytes`` (kind: "wp", "pp" or "ww")."""
+    def link(self, kind: str, a: int, b: int) -> tuple[float, float]:
+        """``(seconds per byte, latency seconds)`` of one link, time_scale applied.
+
+        ``kind``: "wp" (indexed [worker][proxy], both directions), "pp" or "ww".
+        """
         bw, us = {
             "wp": (self.worker_proxy_gbps, self.worker_proxy_us),
             "pp": (self.proxy_proxy_gbps, self.proxy_proxy_us),
             "ww": (self.worker_worker_gbps, self.worker_worker_us),
         }[kind]
-        return self.time_scale * (us[src][dst] * 1e-6 + nbytes / (bw[src][dst] * 1e9))
+        return self.time_scale / (bw[a][b] * 1e9), self.time_scale * us[a][b] * 1e-6
+
+    def transfer_s(self, kind: str, src: int, dst: int, nbytes: float) -> float:
+        """Emulated seconds for one transfer of ``nbytes`` (kind: "wp", "pp" or "ww")."""
+        s_per_byte, latency = self.link(kind, src, dst)
+        return latency + nbytes * s_per_byte
 
     def ffi_attrs(self) -> dict[str, np.ndarray]:
         """The topology as FFI attributes: bytes/s and seconds, already scaled."""
