@@ -20,20 +20,6 @@ static std::string ListWorkers(const std::vector<int32_t>& ws) {
   return out;
 }
 
-// A piece is reduced on proxy k when both its rings completed there.
-static bool IsReduced(Session& session, int64_t k, int64_t s) {
-  const int32_t steps = RingSteps(session.p());
-  return session.proxy_progress(k, s, 0).load(std::memory_order_acquire) == steps &&
-         session.proxy_progress(k, s, 1).load(std::memory_order_acquire) == steps;
-}
-
-static void MarkReduced(Session& session, int64_t k, int64_t s) {
-  const int32_t steps = RingSteps(session.p());
-  session.proxy_progress(k, s, 0).store(steps, std::memory_order_release);
-  session.proxy_progress(k, s, 1).store(steps, std::memory_order_release);
-  for (int64_t d = 0; d < 2 * session.p(); ++d) session.Notify(d);  // clients and other proxies
-}
-
 static ffi::Error ReducePieces(Call& call) {
   Session& session = *call.session;
   const Plan& plan = call.plan();
@@ -44,13 +30,13 @@ static ffi::Error ReducePieces(Call& call) {
       // Not part of the emulated system: this copy only keeps every device's
       // outputs identical, so it is not charged to any link.
       ffi::Error err = session.Wait(
-          call.who, Session::Waits::kPeer, [&] { return IsReduced(session, holder, s); },
+          call.who, Session::Waits::kPeer, [&] { return session.IsReduced(holder, s); },
           [&] { return "proxy " + std::to_string(holder) + " to reduce " + plan.DescribePiece(s); });
       if (err.failure()) return err;
       std::memcpy(session.arena(k) + plan.slot(k, s, 0),
                   session.arena(holder) + plan.slot(holder, s, 0),
                   plan.piece_nelems[s] * sizeof(float));
-      MarkReduced(session, k, s);
+      session.MarkReduced(k, s);
       continue;
     }
     const auto& from = plan.contributors_of(k, s);
@@ -77,7 +63,7 @@ static ffi::Error ReducePieces(Call& call) {
     for (size_t j = 1; j < from.size(); ++j) cpu::AddF32(own, own + j * n, n);
     if (plan.piece_holder[s] == k) {  // DENSE: every client pushed here, the sum is done
       if (MeanScale(plan) != 1.0f) cpu::ScaleF32(own, MeanScale(plan), n);
-      MarkReduced(session, k, s);
+      session.MarkReduced(k, s);
       continue;
     }
 

@@ -6,7 +6,6 @@
 // shards and unbatching small tensors in the same pass. A proxy does the same from its
 // own storage. Same code, same f32 input: both tiers end bitwise equal.
 #include "call.h"
-#include "runtime/ring.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -32,15 +31,11 @@ static ffi::Error PullImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer
       if (e.failure()) return e;
     }
     const int64_t p = plan.workers, me = call.who.index;
-    const int32_t steps = RingSteps(p);
     for (int64_t s = 0; s < plan.num_pieces(); ++s) {
       const int64_t k = call.who.tier == kWorker ? plan.dest(s, me) : me;
       ffi::Error err = session.Wait(
           call.who, Session::Waits::kPeer,
-          [&] {
-            return session.proxy_progress(k, s, 0).load(std::memory_order_acquire) == steps &&
-                   session.proxy_progress(k, s, 1).load(std::memory_order_acquire) == steps;
-          },
+          [&] { return session.IsReduced(k, s); },
           [&] { return "proxy " + std::to_string(k) + " to reduce " + plan.DescribePiece(s); });
       if (err.failure()) return err;
       // A proxy reads its own storage: no transfer. A worker's copy below

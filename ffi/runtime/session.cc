@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <algorithm>
+#include <list>
 #include <map>
 #include <thread>
 #include <utility>
@@ -13,7 +14,10 @@ namespace {
 
 // Storage is reused across steps of the same plan: allocating (and first
 // touching) hundreds of MB every step would cost more than the sync itself.
-// A couple of spare sets per plan, a handful of plans at most.
+// Spare sets are kept most recent first and the oldest are freed beyond
+// kMaxSpareBytes, so a process that ran many large plans (a benchmark
+// suite) does not keep them all; the newest set is always kept, whatever
+// its size, so a single large plan still reuses its storage.
 struct BufferSet {
   std::vector<std::unique_ptr<float[]>> arenas, scratch;
 };
@@ -23,10 +27,11 @@ class BufferPool {
   BufferSet Take(const Plan& plan) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = spare_.find(plan.key);
-      if (it != spare_.end() && !it->second.empty()) {
-        BufferSet set = std::move(it->second.back());
-        it->second.pop_back();
+      for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+        if (it->key != plan.key) continue;
+        BufferSet set = std::move(it->set);
+        bytes_ -= it->bytes;
+        spare_.erase(it);
         return set;
       }
     }
@@ -37,20 +42,33 @@ class BufferPool {
     }
     return set;
   }
-  void Give(int64_t key, BufferSet set) {
+
+  void Give(const Plan& plan, BufferSet set) {
+    int64_t bytes = 0;
+    for (int64_t k = 0; k < plan.workers; ++k)
+      bytes += (std::max<int64_t>(1, plan.arena_nelems[k]) +
+                std::max<int64_t>(1, plan.leading_nelems)) * sizeof(float);
     std::lock_guard<std::mutex> lock(mu_);
-    if (spare_.size() >= kMaxPlans && !spare_.count(key)) spare_.erase(spare_.begin());
-    auto& sets = spare_[key];
-    if (sets.size() < kSetsPerPlan) sets.push_back(std::move(set));
+    spare_.push_front(Entry{plan.key, std::move(set), bytes});
+    bytes_ += bytes;
+    // Two sets of one plan may be spare at once: the next step's session can
+    // be created while the last thread of the previous one still releases.
+    while (spare_.size() > 1 && bytes_ > kMaxSpareBytes) {
+      bytes_ -= spare_.back().bytes;
+      spare_.pop_back();
+    }
   }
 
  private:
-  static constexpr size_t kMaxPlans = 8;
-  // Two per plan: the next step's session can be created while the last
-  // thread of the previous one is still releasing its set.
-  static constexpr size_t kSetsPerPlan = 2;
+  static constexpr int64_t kMaxSpareBytes = int64_t{2} << 30;
+  struct Entry {
+    int64_t key;
+    BufferSet set;
+    int64_t bytes;
+  };
   std::mutex mu_;
-  std::map<int64_t, std::vector<BufferSet>> spare_;
+  std::list<Entry> spare_;
+  int64_t bytes_ = 0;
 };
 
 BufferPool& Pool() {
@@ -152,8 +170,21 @@ Clock::time_point Session::PushReady(int64_t worker, int64_t piece) const {
       push_ready_ns_[worker * plan_->num_pieces() + piece].load(std::memory_order_acquire)));
 }
 
+bool Session::IsReduced(int64_t proxy, int64_t piece) {
+  const int32_t steps = static_cast<int32_t>(2 * (p() - 1));  // RingSteps (ring.h)
+  return proxy_progress(proxy, piece, 0).load(std::memory_order_acquire) == steps &&
+         proxy_progress(proxy, piece, 1).load(std::memory_order_acquire) == steps;
+}
+
+void Session::MarkReduced(int64_t proxy, int64_t piece) {
+  const int32_t steps = static_cast<int32_t>(2 * (p() - 1));
+  proxy_progress(proxy, piece, 0).store(steps, std::memory_order_release);
+  proxy_progress(proxy, piece, 1).store(steps, std::memory_order_release);
+  for (int64_t d = 0; d < 2 * p(); ++d) Notify(d);  // its clients and the other proxies
+}
+
 Session::~Session() {
-  Pool().Give(plan_->key, BufferSet{std::move(arenas_), std::move(scratch_)});
+  Pool().Give(*plan_, BufferSet{std::move(arenas_), std::move(scratch_)});
 }
 
 void Session::Notify(int64_t device) {

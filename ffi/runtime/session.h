@@ -65,6 +65,12 @@ class Session {
   }
   std::atomic<int32_t>& leading_ready(int64_t worker) { return leading_ready_[worker]; }
 
+  // Piece `piece` is reduced on proxy `proxy`: both its rings are complete
+  // there (or it was marked so without a ring, see MarkReduced).
+  bool IsReduced(int64_t proxy, int64_t piece);
+  // Marks it reduced without a ring (DENSE) and wakes everyone who may wait on it.
+  void MarkReduced(int64_t proxy, int64_t piece);
+
   // Emulated transport (see emulator.h). Reserve() books a transfer of
   // `bytes` from device `src` to `dst`, ready at `ready`, and returns its
   // arrival time (`ready`, without a topology); SleepUntil() waits for it.
