@@ -15,6 +15,21 @@ _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}=8".strip()
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--bench-trees",
+        default=None,
+        help="test_sync_suite.py: comma-separated trees (resnet50,bert_base,vit_b16); "
+        "default $COARSE_BENCH_TREES or all.",
+    )
+    parser.addoption(
+        "--bench-workers",
+        default=None,
+        help="test_sync_suite.py: comma-separated worker counts (of 1,2,4); "
+        "default $COARSE_BENCH_WORKERS or all.",
+    )
+
+
 # impl -> {"bytes", "median_s", "busbw_gbs"}, filled by the benchmarks.
 RESULTS_KEY = pytest.StashKey[dict[str, dict[str, float]]]()
 

@@ -1,0 +1,26 @@
+"""Example: a small Flax CNN on MNIST-sized data, coarse_jax vs pmean: ``python examples/cnn/main.py [--impl both] [--steps N]``.
+
+Flags: --impl {coarse,pmean,both} (default both), --steps, --workers, --workdir,
+--data-dir (a local dataset; nothing is ever downloaded), --plot (loss.png).
+With --impl both the exit status is 1 if the two loss curves differ by a
+relative 1e-4 or more at any step. See `train.train_and_evaluate`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# The CPU must offer 8 devices (4 workers + 4 proxies); XLA reads this only
+# when jax initializes its backend, so it is set before anything imports jax.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# examples/ onto the path for the shared `common` package (this directory is
+# already there, as the script's own).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import train
+from common import cli
+from configs import default
+
+if __name__ == "__main__":
+    cli.main("cnn", __doc__.splitlines()[0], default.get_config, train.train_and_evaluate)

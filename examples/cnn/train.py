@@ -1,0 +1,135 @@
+"""Trains a small Flax CNN classifier with coarse_jax and with ``shard_map`` + ``lax.pmean``.
+
+MNIST-sized inputs (28x28x1, 10 classes). By default the data are synthetic
+and deterministic: Gaussian images labelled by a fixed random teacher (a
+linear map of the 7x7-pooled image plus noise), so the loss goes down. With
+``config.data_dir`` the images come from a local ``mnist.npz`` instead.
+Both runs share the initial parameters and the batches (see `common.trainer`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+# examples/ onto the path for the shared `common` package (main.py does this
+# too; here it lets train.py be imported on its own).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from common import trainer
+
+Batch = dict[str, Any]
+
+
+class CNN(nn.Module):
+    """Conv(3x3) + ReLU + 2x2 average pool per entry of ``features``, then Dense + ReLU + Dense."""
+
+    features: tuple[int, ...]
+    dense: int
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for f in self.features:
+            x = nn.relu(nn.Conv(f, (3, 3))(x))
+            x = nn.avg_pool(x, (2, 2), strides=(2, 2))
+        x = x.reshape(x.shape[0], -1)
+        x = nn.relu(nn.Dense(self.dense)(x))
+        return nn.Dense(self.num_classes)(x)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def synthetic(config: Any, n_train: int) -> tuple[Batch, Batch]:
+    """``n_train`` training and ``eval_size`` test examples from a fixed random teacher."""
+    rng = np.random.default_rng(config.seed)
+    h, w, c = config.image_shape
+    pooled = (h // 4) * (w // 4) * c
+    teacher = rng.normal(size=(pooled, config.num_classes)) / np.sqrt(pooled)
+
+    def sample(n: int) -> Batch:
+        x = rng.normal(size=(n, h, w, c)).astype(np.float32)
+        feats = x.reshape(n, h // 4, 4, w // 4, 4, c).mean((2, 4)).reshape(n, -1) * 4.0
+        logits = feats @ teacher + config.label_noise * rng.normal(size=(n, config.num_classes))
+        return {"x": x, "y": logits.argmax(-1).astype(np.int32)}
+
+    return sample(n_train), sample(config.eval_size)
+
+
+def load_mnist(data_dir: str, n_train: int, eval_size: int, seed: int) -> tuple[Batch, Batch]:
+    """MNIST from ``<data_dir>/mnist.npz`` (Keras' layout), standardized; never downloads."""
+    path = os.path.join(data_dir, "mnist.npz")
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{path} not found. Fix: put Keras' mnist.npz (keys x_train, y_train, x_test, "
+            "y_test) there, or leave out --data-dir for synthetic data."
+        )
+    with np.load(path) as f:
+        x_train, y_train, x_test, y_test = (f[k] for k in ("x_train", "y_train", "x_test", "y_test"))
+
+    def prep(x: np.ndarray) -> np.ndarray:
+        return ((x.astype(np.float32) / 255.0 - 0.1307) / 0.3081)[..., None]
+
+    # A fixed permutation, repeated over epochs as needed: the same batches for both runs.
+    rng = np.random.default_rng(seed)
+    order = np.concatenate([rng.permutation(len(x_train))
+                            for _ in range(-(-n_train // len(x_train)))])[:n_train]
+    return ({"x": prep(x_train[order]), "y": y_train[order].astype(np.int32)},
+            {"x": prep(x_test[:eval_size]), "y": y_test[:eval_size].astype(np.int32)})
+
+
+def make_data(config: Any) -> tuple[Batch, Batch]:
+    """Train batches with leading axes ``(steps, batch_size)`` and a flat test set."""
+    n = config.steps * config.batch_size
+    if config.data_dir:
+        train, test = load_mnist(config.data_dir, n, config.eval_size, config.seed)
+    else:
+        train, test = synthetic(config, n)
+    train = {k: v.reshape(config.steps, config.batch_size, *v.shape[1:]) for k, v in train.items()}
+    return train, test
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def make_loss(apply_fn: Callable[..., jax.Array]) -> Callable[[Any, Batch], jax.Array]:
+    """Mean softmax cross-entropy of one worker's batch, as a function of (params, batch)."""
+
+    def loss(params: Any, batch: Batch) -> jax.Array:
+        logits = apply_fn(params, batch["x"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+    return loss
+
+
+def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
+    """Trains the CNN with coarse and/or pmean, compares the loss curves and times the steps.
+
+    Args:
+      config: a `configs.default.CNNConfig`.
+      workdir: directory for ``metrics.jsonl`` (and ``loss.png``), created if missing.
+
+    Returns:
+      `common.trainer.run_comparison`'s summary; ``eval`` holds the test accuracy.
+    """
+    model = CNN(features=config.features, dense=config.dense, num_classes=config.num_classes)
+    params = model.init(jax.random.key(config.seed), jnp.zeros((1, *config.image_shape)))
+    train, test = make_data(config)
+    predict = jax.jit(model.apply)
+
+    def evaluate(state: Any) -> float:
+        logits = predict(jax.device_get(state.params), test["x"])
+        return float((np.asarray(logits).argmax(-1) == test["y"]).mean())
+
+    return trainer.run_comparison(
+        config, workdir, name="cnn", apply_fn=model.apply, params=params,
+        make_loss=make_loss, train_data=train, evaluate=evaluate,
+    )

@@ -1,0 +1,290 @@
+"""Trains one model twice, with coarse_jax and with ``shard_map`` + ``lax.pmean``, and compares.
+
+What an example provides: a Flax model, its initial parameters, a loss
+(``make_loss(apply_fn) -> loss(params, batch)``), one batch per step (numpy,
+leading axes ``(steps, global_batch)``) and optionally an evaluation. What
+this module does, the same way for every example (and as ``examples/demo``
+does it): builds both train steps, places the same initial state and the same
+batches on each mesh, runs both with a progress bar, times every step, prints
+the loss-curve difference and a timing table, writes ``metrics.jsonl`` and,
+if asked, ``loss.png``.
+
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set before jax
+is imported (every ``main.py`` does that) so the CPU offers ``2 * workers``
+devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from flax.training import train_state
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from tqdm import tqdm
+
+import coarse_jax as coarse
+
+Batch = dict[str, Any]
+LossFn = Callable[[Any, Batch], jax.Array]
+MakeLoss = Callable[[Callable[..., Any]], LossFn]
+StepFn = Callable[[train_state.TrainState, Batch], tuple[train_state.TrainState, jax.Array]]
+
+IMPLS = ("coarse", "pmean")
+MATCH_RTOL = 1e-4  # the demo's rule: curves must agree to a relative 1e-4 at every step
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def coarse_train_step(mesh: Mesh, cfg: coarse.Config, make_loss: MakeLoss) -> StepFn:
+    """A step whose gradients are synchronized by coarse (proxies + worker ring).
+
+    ``make_loss`` gets ``state.apply_fn`` and is closed over rather than
+    passed: `coarse.value_and_grad` traces every positional argument as an array.
+    """
+
+    @coarse.sync(mesh, config=cfg)
+    def train_step(state: train_state.TrainState, batch: Batch) -> Any:
+        loss, grads = coarse.value_and_grad(make_loss(state.apply_fn))(state.params, batch)
+        # grads are identical on every device of both tiers, so every device
+        # applies the same update and the replicated state stays replicated.
+        return state.apply_gradients(grads=grads), loss
+
+    return train_step
+
+
+def pmean_train_step(mesh: Mesh, make_loss: MakeLoss) -> StepFn:
+    """The same step with ``jax.value_and_grad`` + ``lax.pmean`` over a 1-D ("data",) mesh."""
+
+    def train_step(state: train_state.TrainState, batch: Batch) -> Any:
+        # Mark the replicated params as varying over "data": otherwise the
+        # vjp of their implicit broadcast already psums the gradients and the
+        # pmean below would see sums, not per-worker gradients.
+        params = lax.pcast(state.params, "data", to="varying")
+        loss, grads = jax.value_and_grad(make_loss(state.apply_fn))(params, batch)
+        loss, grads = lax.pmean((loss, grads), "data")
+        return state.apply_gradients(grads=grads), loss
+
+    return jax.jit(
+        jax.shard_map(train_step, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
+    )
+
+
+def pmean_mesh(workers: int) -> Mesh:
+    """The baseline's 1-D mesh: the first ``workers`` devices (coarse's worker tier)."""
+    return Mesh(np.array(jax.devices()[:workers]), ("data",))
+
+
+def leading_bytes(params: Any, modules: int) -> int:
+    """Bytes of the first ``modules`` top-level Flax modules, in flatten (sorted-key) order.
+
+    That is the prefix of the flatten order that `coarse.Config.leading_bytes`
+    takes, so these modules are reduced among the workers (dual sync).
+    """
+    tree = params["params"]
+    first = [tree[k] for k in sorted(tree)[:modules]]
+    return sum(leaf.nbytes for leaf in jax.tree.leaves(first))
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One implementation's training run."""
+
+    state: train_state.TrainState
+    losses: list[float]
+    step_times_s: list[float]  # the first (compiling) step excluded
+
+    @property
+    def median_step_s(self) -> float:
+        return statistics.median(self.step_times_s) if self.step_times_s else math.nan
+
+
+def place_batches(train: Batch, sharding: NamedSharding) -> list[Batch]:
+    """Places every step's batch on the devices up front, so steps time compute, not copies."""
+    steps = len(next(iter(train.values())))
+    return [jax.device_put({k: v[i] for k, v in train.items()}, sharding) for i in range(steps)]
+
+
+def train(step: StepFn, state: train_state.TrainState, data: list[Batch], desc: str) -> RunResult:
+    """Runs ``step`` over ``data`` with a progress bar, timing every step."""
+    losses, times = [], []
+    for batch in tqdm(data, desc=desc, unit="step", leave=True):
+        start = time.perf_counter()
+        state, loss = jax.block_until_ready(step(state, batch))
+        times.append(time.perf_counter() - start)
+        losses.append(float(loss))
+    return RunResult(state, losses, times[1:])
+
+
+def compare(runs: dict[str, RunResult]) -> tuple[float, float]:
+    """Largest absolute and relative (to pmean) difference between the two loss curves."""
+    a, b = np.array(runs["coarse"].losses), np.array(runs["pmean"].losses)
+    diff = np.abs(a - b)
+    return float(diff.max()), float((diff / np.abs(b)).max())
+
+
+def write_jsonl(path: str, records: Iterator[dict[str, Any]]) -> None:
+    with open(path, "w") as f:
+        f.writelines(json.dumps(record) + "\n" for record in records)
+
+
+def plot_losses(runs: dict[str, RunResult], path: str, title: str) -> None:
+    """Writes a PNG of the loss curves (and, with both, their absolute difference).
+
+    Uses the object-oriented API on an Agg canvas: no pyplot, no global figure
+    state, no display needed.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    both = all(name in runs for name in IMPLS)
+    fig = Figure(figsize=(10 if both else 5, 4), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2 if both else 1, squeeze=False)[0]
+    for name, run in runs.items():
+        axes[0].plot(run.losses, label=name, linestyle="-" if name == "coarse" else "--")
+    axes[0].set(xlabel="step", ylabel="training loss", title=title)
+    axes[0].legend()
+    if both:
+        diff = np.abs(np.array(runs["coarse"].losses) - np.array(runs["pmean"].losses))
+        axes[1].plot(np.maximum(diff, 1e-12))
+        axes[1].set(xlabel="step", ylabel="|loss_coarse - loss_pmean|", yscale="log",
+                    title="difference (floored at 1e-12)")
+    fig.savefig(path, dpi=100)
+
+
+def run_comparison(
+    config: Any,
+    workdir: str,
+    *,
+    name: str,
+    apply_fn: Callable[..., Any],
+    params: Any,
+    make_loss: MakeLoss,
+    train_data: Batch,
+    evaluate: Callable[[train_state.TrainState], float] | None = None,
+    eval_name: str = "test accuracy",
+) -> dict[str, Any]:
+    """Trains with the implementations in ``config.impl`` and compares them.
+
+    Args:
+      config: an example's config; reads ``workers``, ``steps``,
+        ``batch_size``, ``learning_rate``, ``momentum``, ``shard_bytes``,
+        ``leading_modules``, ``impl`` ("coarse", "pmean" or "both") and ``plot``.
+      workdir: directory for ``metrics.jsonl`` and ``loss.png`` (created if missing).
+      name: the example's name, for titles.
+      apply_fn: the model's ``apply``.
+      params: initial parameters (the same for both runs).
+      make_loss: ``make_loss(apply_fn)`` returns the per-worker mean loss ``loss(params, batch)``.
+      train_data: numpy arrays with leading axes ``(steps, batch_size)``.
+      evaluate: optional held-out metric of a trained state.
+      eval_name: how to print ``evaluate``'s value.
+
+    Returns:
+      A summary dict: final losses, median step times (s), the held-out
+      metric, and with both impls ``max_abs_loss_diff`` / ``max_rel_loss_diff``;
+      ``metrics_path`` and ``plot_path`` (or None).
+    """
+    os.makedirs(workdir, exist_ok=True)
+    p = config.workers
+    if config.batch_size % p:
+        raise ValueError(f"batch_size {config.batch_size} must be a multiple of workers {p}.")
+    if len(jax.devices()) < 2 * p:
+        raise RuntimeError(
+            f"{2 * p} devices needed (workers + proxies), jax sees {len(jax.devices())}. Fix: set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={2 * p} before jax is imported."
+        )
+    impls = IMPLS if config.impl == "both" else (config.impl,)
+
+    tx = optax.sgd(config.learning_rate, momentum=config.momentum)
+    state = train_state.TrainState.create(apply_fn=apply_fn, params=params, tx=tx)
+    coarse_mesh = coarse.make_mesh(workers=p)
+    cfg = coarse.Config(shard_bytes=config.shard_bytes,
+                        leading_bytes=leading_bytes(params, config.leading_modules))
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    print(f"{name}: {n_params:,} parameters, {config.steps} steps, global batch "
+          f"{config.batch_size} on {p} workers, impl {config.impl}")
+    if "coarse" in impls:
+        print(coarse.plan(params, coarse_mesh, cfg).summary())
+    print()
+
+    runs: dict[str, RunResult] = {}
+    for impl in impls:
+        if impl == "coarse":
+            mesh, step = coarse_mesh, coarse_train_step(coarse_mesh, cfg, make_loss)
+        else:
+            mesh = pmean_mesh(p)
+            step = pmean_train_step(mesh, make_loss)
+        # The initial state goes replicated onto the mesh, as the steps return
+        # it, so only the first step compiles (an uncommitted input would
+        # recompile on the second step).
+        runs[impl] = train(
+            step,
+            jax.device_put(state, NamedSharding(mesh, P())),
+            place_batches(train_data, NamedSharding(mesh, P("data"))),
+            f"{impl:<6}",
+        )
+
+    metric = {impl: evaluate(run.state) for impl, run in runs.items()} if evaluate else {}
+    summary: dict[str, Any] = {
+        "final_loss": {impl: run.losses[-1] for impl, run in runs.items()},
+        "median_step_s": {impl: run.median_step_s for impl, run in runs.items()},
+        "eval": metric,
+    }
+    first = next(iter(runs.values())).losses[0]
+    print()
+    print(f"loss: first {first:.4f}, "
+          + ", ".join(f"last {impl} {run.losses[-1]:.6f}" for impl, run in runs.items()))
+    if len(runs) == 2:
+        max_abs, max_rel = compare(runs)
+        summary.update(max_abs_loss_diff=max_abs, max_rel_loss_diff=max_rel)
+        print(f"max |loss_coarse - loss_pmean| over {config.steps} steps: {max_abs:.3e} "
+              f"(relative {max_rel:.3e})")
+    if metric:
+        print(f"{eval_name}: " + ", ".join(f"{impl} {v:.4f}" for impl, v in metric.items()))
+    print()
+    print(f"{'impl':<8} {'median step (ms)':>17}")
+    for impl, run in runs.items():
+        print(f"{impl:<8} {run.median_step_s * 1e3:>17.3f}")
+
+    metrics_path = os.path.join(workdir, "metrics.jsonl")
+
+    def records() -> Iterator[dict[str, Any]]:
+        for impl, run in runs.items():
+            times = [None, *run.step_times_s]  # step 0 compiled, not timed
+            for i, (loss, t) in enumerate(zip(run.losses, times, strict=True)):
+                yield {"example": name, "impl": impl, "step": i, "loss": loss, "step_time_s": t}
+        for impl, run in runs.items():
+            record = {"example": name, "impl": impl, "summary": True,
+                      "median_step_s": run.median_step_s}
+            if metric:
+                record[eval_name.replace(" ", "_")] = metric[impl]
+            yield record
+        if len(runs) == 2:
+            yield {"example": name, "max_abs_loss_diff": summary["max_abs_loss_diff"],
+                   "max_rel_loss_diff": summary["max_rel_loss_diff"]}
+
+    write_jsonl(metrics_path, records())
+    print(f"\nmetrics written to {metrics_path}")
+    summary["metrics_path"] = metrics_path
+    summary["plot_path"] = None
+    if config.plot:
+        summary["plot_path"] = os.path.join(workdir, "loss.png")
+        plot_losses(runs, summary["plot_path"], f"{name}: training loss")
+        print(f"loss curves plotted to {summary['plot_path']}")
+    return summary
