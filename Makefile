@@ -32,12 +32,12 @@ test: $(STAMP)
 	$(VENV)/bin/pytest -q tests
 
 # One JSON per pytest process, merged by report.py into out/bench/results.json
-# (+ .md, .png). test_sync_suite.py runs one process per (tree, worker count):
-# the C++ runtime keeps its buffer sets for up to 8 plans until the process
-# exits, so all of BERT-base in one process peaks near 17 GiB; this way the
-# peak is 14.4 GB (BERT, p=4). test_sync_resnet50.py and test_emulated_v100.py run
-# together in the first process and print their own summaries. From /tmp, so
-# the installed package is imported.
+# (+ .md, .png). test_sync_suite.py runs one process per (tree, worker count)
+# so each case starts from a clean heap: a BERT-base case at p=4 alone holds
+# several GB (inputs and outputs on 8 devices plus the proxies' storage).
+# test_sync_resnet50.py and test_emulated_v100.py run together in the first
+# process and print their own summaries. From /tmp, so the installed package
+# is imported.
 BENCH_OUT := $(CURDIR)/out/bench
 BENCH_TREES ?= resnet50 vit_b16 bert_base
 BENCH_WORKERS ?= 1 2 4
