@@ -252,7 +252,10 @@ def on_workers(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        _current("coarse.on_workers")
+        ctx = _current("coarse.on_workers")
+        if ctx.config.worker_compute == "all":  # see Config.worker_compute
+            out = _ffi.vary(fn(*args, **kwargs))
+            return jax.tree.map(lambda v: jnp.where(_tier_is_worker(), v, jnp.zeros_like(v)), out)
         shapes = jax.eval_shape(lambda *a: fn(*a, **kwargs), *args)
         return lax.cond(
             _tier_is_worker(),
@@ -505,7 +508,10 @@ def value_and_grad(
                 [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in plan.leaves]
             )
 
-        leaves = lax.cond(_tier_is_worker(), on_worker, on_proxy, *args)
+        if cfg.worker_compute == "cond":
+            leaves = lax.cond(_tier_is_worker(), on_worker, on_proxy, *args)
+        else:  # "all": proxies compute too; their pushes are no-ops, pulls overwrite the rest
+            leaves = on_worker(*args)
         if cfg.mode == "reference":
             leaves = reference.all_reduce(leaves, ctx.workers)
         else:

@@ -26,14 +26,16 @@ def _step(mesh, cfg, fun=mlp_loss, **kw):
     return step
 
 
+@pytest.mark.parametrize("worker_compute", ["cond", "all"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("workers", [1, 2, 4])
-def test_matches_per_worker_mean_f32(workers, mode):
+def test_matches_per_worker_mean_f32(workers, mode, worker_compute):
     mesh = coarse.make_mesh(workers=workers)
     # Odd sizes, a size-1 output layer: leaves of shape (1,) and (5, 1).
     params = mlp_init(jax.random.key(0), (7, 13, 5, 1))
     batch = make_batch(jax.random.key(1), 4 * workers, 7, 1)
-    cfg = coarse.Config(mode=mode, shard_bytes=64, leading_bytes=7 * 13 * 4 + 13 * 4)
+    cfg = coarse.Config(mode=mode, shard_bytes=64, leading_bytes=7 * 13 * 4 + 13 * 4,
+                        worker_compute=worker_compute)
     loss, grads = _step(mesh, cfg)(params, batch)
     want_loss, want_grads = per_worker_mean(mlp_loss, params, batch, workers)
     np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
@@ -141,3 +143,22 @@ def test_twenty_optax_steps_match_pmean_training():
         np.testing.assert_allclose(float(a_loss), float(b_loss), rtol=1e-5)
     assert_tree_close(a_params, jax.device_get(b_params), rtol=1e-5, atol_scale=1e-5)
     assert_replicated(a_params)
+
+
+@pytest.mark.parametrize("worker_compute", ["cond", "all"])
+def test_on_workers_gives_proxies_zeros(worker_compute):
+    mesh = coarse.make_mesh(workers=2)
+
+    @coarse.sync(mesh, config=coarse.Config(worker_compute=worker_compute))
+    def step(x):
+        y = coarse.on_workers(lambda v: v * 2.0 + 1.0)(x)
+        # Sum over *all* devices: proxies must contribute zeros.
+        return jax.lax.psum(y, ("tier", "data"))
+
+    x = np.arange(2 * 3, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_allclose(step(x), (x * 2.0 + 1.0).sum(0, keepdims=True))
+
+
+def test_worker_compute_is_checked():
+    with pytest.raises(ValueError, match="worker_compute"):
+        coarse.Config(worker_compute="proxies")

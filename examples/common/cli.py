@@ -31,6 +31,9 @@ def parse_args(name: str, description: str, defaults: Any) -> argparse.Namespace
                         help="local dataset (never downloaded); synthetic data if omitted")
     parser.add_argument("--plot", action="store_true",
                         help="write loss.png with the loss curves into the workdir")
+    parser.add_argument("--worker-compute", choices=("cond", "all"), default=defaults.worker_compute,
+                        help="coarse.Config.worker_compute: 'all' runs the model on the proxies "
+                             "too (faster for conv nets on XLA:CPU, whose conditionals are slow)")
     return parser.parse_args()
 
 
@@ -43,7 +46,8 @@ def main(name: str, description: str, get_config: Callable[[], Any],
     """
     args = parse_args(name, description, get_config())
     config = dataclasses.replace(get_config(), steps=args.steps, workers=args.workers,
-                                 impl=args.impl, data_dir=args.data_dir, plot=args.plot)
+                                 impl=args.impl, data_dir=args.data_dir, plot=args.plot,
+                                 worker_compute=args.worker_compute)
     summary = train_and_evaluate(config, args.workdir)
     if args.impl != "both":
         sys.exit(0)

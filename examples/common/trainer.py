@@ -215,7 +215,8 @@ def run_comparison(
     state = train_state.TrainState.create(apply_fn=apply_fn, params=params, tx=tx)
     coarse_mesh = coarse.make_mesh(workers=p)
     cfg = coarse.Config(shard_bytes=config.shard_bytes,
-                        leading_bytes=leading_bytes(params, config.leading_modules))
+                        leading_bytes=leading_bytes(params, config.leading_modules),
+                        worker_compute=config.worker_compute)
     n_params = sum(x.size for x in jax.tree.leaves(params))
     print(f"{name}: {n_params:,} parameters, {config.steps} steps, global batch "
           f"{config.batch_size} on {p} workers, impl {config.impl}")

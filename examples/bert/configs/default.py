@@ -61,6 +61,7 @@ class BertConfig:
     seed: int = 0
     shard_bytes: int = 32 << 10
     leading_modules: int = 2
+    worker_compute: str = "cond"  # coarse.Config.worker_compute ("all" is faster for conv nets on CPU)
     impl: str = "both"
     data_dir: str | None = None
     plot: bool = False

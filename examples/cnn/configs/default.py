@@ -53,6 +53,7 @@ class CNNConfig:
     seed: int = 0
     shard_bytes: int = 128 << 10
     leading_modules: int = 1
+    worker_compute: str = "cond"  # coarse.Config.worker_compute ("all" is faster for conv nets on CPU)
     impl: str = "both"
     data_dir: str | None = None
     plot: bool = False
