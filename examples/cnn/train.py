@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 # examples/ onto the path for the shared `common` package (main.py does this
@@ -22,7 +21,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from common import trainer
 
 Batch = dict[str, Any]
@@ -86,28 +84,7 @@ def load_mnist(data_dir: str, n_train: int, eval_size: int, seed: int) -> tuple[
             {"x": prep(x_test[:eval_size]), "y": y_test[:eval_size].astype(np.int32)})
 
 
-def make_data(config: Any) -> tuple[Batch, Batch]:
-    """Train batches with leading axes ``(steps, batch_size)`` and a flat test set."""
-    n = config.steps * config.batch_size
-    if config.data_dir:
-        train, test = load_mnist(config.data_dir, n, config.eval_size, config.seed)
-    else:
-        train, test = synthetic(config, n)
-    train = {k: v.reshape(config.steps, config.batch_size, *v.shape[1:]) for k, v in train.items()}
-    return train, test
-
-
 # ----------------------------------------------------------------------------- training
-
-
-def make_loss(apply_fn: Callable[..., jax.Array]) -> Callable[[Any, Batch], jax.Array]:
-    """Mean softmax cross-entropy of one worker's batch, as a function of (params, batch)."""
-
-    def loss(params: Any, batch: Batch) -> jax.Array:
-        logits = apply_fn(params, batch["x"])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-
-    return loss
 
 
 def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
@@ -122,7 +99,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     """
     model = CNN(features=config.features, dense=config.dense, num_classes=config.num_classes)
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, *config.image_shape)))
-    train, test = make_data(config)
+    train, test = trainer.load_or_synthesize(config, load_mnist, synthetic)
     predict = jax.jit(model.apply)
 
     def evaluate(state: Any) -> float:
@@ -131,5 +108,5 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
 
     return trainer.run_comparison(
         config, workdir, name="cnn", apply_fn=model.apply, params=params,
-        make_loss=make_loss, train_data=train, evaluate=evaluate,
+        make_loss=trainer.classification_loss, train_data=train, evaluate=evaluate,
     )

@@ -82,6 +82,33 @@ def pmean_train_step(mesh: Mesh, make_loss: MakeLoss) -> StepFn:
     )
 
 
+def classification_loss(apply_fn: Callable[..., jax.Array]) -> Callable[[Any, Batch], jax.Array]:
+    """Mean softmax cross-entropy of one worker's batch, as a function of (params, batch)."""
+
+    def loss(params: Any, batch: Batch) -> jax.Array:
+        logits = apply_fn(params, batch["x"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+    return loss
+
+
+def load_or_synthesize(config: Any, load: Callable[[str, int, int, int], tuple[Batch, Batch]],
+                       synthesize: Callable[[Any, int], tuple[Batch, Batch]]) -> tuple[Batch, Batch]:
+    """Train batches with leading axes ``(steps, batch_size)`` and a flat test set.
+
+    ``load(data_dir, n, eval_size, seed)`` reads a local dataset when
+    ``config.data_dir`` is set (nothing is ever downloaded); otherwise
+    ``synthesize(config, n)`` makes the data.
+    """
+    n = config.steps * config.batch_size
+    if config.data_dir:
+        train, test = load(config.data_dir, n, config.eval_size, config.seed)
+    else:
+        train, test = synthesize(config, n)
+    train = {k: v.reshape(config.steps, config.batch_size, *v.shape[1:]) for k, v in train.items()}
+    return train, test
+
+
 def pmean_mesh(workers: int) -> Mesh:
     """The baseline's 1-D mesh: the first ``workers`` devices (coarse's worker tier)."""
     return Mesh(np.array(jax.devices()[:workers]), ("data",))
