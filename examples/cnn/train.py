@@ -46,22 +46,6 @@ class CNN(nn.Module):
 # ----------------------------------------------------------------------------- data
 
 
-def synthetic(config: Any, n_train: int) -> tuple[Batch, Batch]:
-    """``n_train`` training and ``eval_size`` test examples from a fixed random teacher."""
-    rng = np.random.default_rng(config.seed)
-    h, w, c = config.image_shape
-    pooled = (h // 4) * (w // 4) * c
-    teacher = rng.normal(size=(pooled, config.num_classes)) / np.sqrt(pooled)
-
-    def sample(n: int) -> Batch:
-        x = rng.normal(size=(n, h, w, c)).astype(np.float32)
-        feats = x.reshape(n, h // 4, 4, w // 4, 4, c).mean((2, 4)).reshape(n, -1) * 4.0
-        logits = feats @ teacher + config.label_noise * rng.normal(size=(n, config.num_classes))
-        return {"x": x, "y": logits.argmax(-1).astype(np.int32)}
-
-    return sample(n_train), sample(config.eval_size)
-
-
 def load_mnist(data_dir: str, n_train: int, eval_size: int, seed: int) -> tuple[Batch, Batch]:
     """MNIST from ``<data_dir>/mnist.npz`` (Keras' layout), standardized; never downloads."""
     path = os.path.join(data_dir, "mnist.npz")
@@ -99,7 +83,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     """
     model = CNN(features=config.features, dense=config.dense, num_classes=config.num_classes)
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, *config.image_shape)))
-    train, test = trainer.load_or_synthesize(config, load_mnist, synthetic)
+    train, test = trainer.load_or_synthesize(config, load_mnist, trainer.teacher_images)
     predict = jax.jit(model.apply)
 
     def evaluate(state: Any) -> float:

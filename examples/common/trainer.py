@@ -92,6 +92,27 @@ def classification_loss(apply_fn: Callable[..., jax.Array]) -> Callable[[Any, Ba
     return loss
 
 
+def teacher_images(config: Any, n_train: int) -> tuple[Batch, Batch]:
+    """``n_train`` training and ``eval_size`` test images labelled by a fixed random teacher.
+
+    Gaussian images of ``config.image_shape``; the label is the argmax of a
+    random linear map of the 4x4-pooled image plus ``config.label_noise``, so
+    the loss can go down. Deterministic in ``config.seed``.
+    """
+    rng = np.random.default_rng(config.seed)
+    h, w, c = config.image_shape
+    pooled = (h // 4) * (w // 4) * c
+    teacher = rng.normal(size=(pooled, config.num_classes)) / np.sqrt(pooled)
+
+    def sample(n: int) -> Batch:
+        x = rng.normal(size=(n, h, w, c)).astype(np.float32)
+        feats = x.reshape(n, h // 4, 4, w // 4, 4, c).mean((2, 4)).reshape(n, -1) * 4.0
+        logits = feats @ teacher + config.label_noise * rng.normal(size=(n, config.num_classes))
+        return {"x": x, "y": logits.argmax(-1).astype(np.int32)}
+
+    return sample(n_train), sample(config.eval_size)
+
+
 def load_or_synthesize(config: Any, load: Callable[[str, int, int, int], tuple[Batch, Batch]],
                        synthesize: Callable[[Any, int], tuple[Batch, Batch]]) -> tuple[Batch, Batch]:
     """Train batches with leading axes ``(steps, batch_size)`` and a flat test set.

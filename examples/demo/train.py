@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -31,6 +32,10 @@ from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
 import coarse_jax as coarse
+
+# examples/ on the path for the shared trainer (see examples/common/__init__.py).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import trainer
 
 Batch = dict[str, Any]
 StepFn = Callable[[train_state.TrainState, Batch], tuple[train_state.TrainState, jax.Array]]
@@ -79,50 +84,6 @@ def batches(train: Batch, sharding: NamedSharding) -> list[Batch]:
 
 
 # ----------------------------------------------------------------------------- steps
-
-
-def loss_fn(apply_fn: Callable[..., jax.Array]) -> Callable[[Any, Batch], jax.Array]:
-    """Mean softmax cross-entropy of one worker's batch, as a function of (params, batch).
-
-    ``apply_fn`` is closed over rather than passed: `coarse.value_and_grad`
-    traces every positional argument as an array.
-    """
-
-    def loss(params: Any, batch: Batch) -> jax.Array:
-        logits = apply_fn(params, batch["x"])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-
-    return loss
-
-
-def coarse_train_step(mesh: jax.sharding.Mesh, cfg: coarse.Config) -> StepFn:
-    """A step whose gradients are synchronized by coarse (proxies + worker ring)."""
-
-    @coarse.sync(mesh, config=cfg)
-    def train_step(state: train_state.TrainState, batch: Batch) -> Any:
-        loss, grads = coarse.value_and_grad(loss_fn(state.apply_fn))(state.params, batch)
-        # grads are identical on every device of both tiers, so every device
-        # applies the same update and the replicated state stays replicated.
-        return state.apply_gradients(grads=grads), loss
-
-    return train_step
-
-
-def pmean_train_step(mesh: jax.sharding.Mesh) -> StepFn:
-    """The same step with ``jax.value_and_grad`` + ``lax.pmean`` over a 1-D data mesh."""
-
-    def train_step(state: train_state.TrainState, batch: Batch) -> Any:
-        # Mark the replicated params as varying over "data": otherwise the
-        # vjp of their implicit broadcast already psums the gradients and the
-        # pmean below would see sums, not per-worker gradients.
-        params = lax.pcast(state.params, "data", to="varying")
-        loss, grads = jax.value_and_grad(loss_fn(state.apply_fn))(params, batch)
-        loss, grads = lax.pmean((loss, grads), "data")
-        return state.apply_gradients(grads=grads), loss
-
-    return jax.jit(
-        jax.shard_map(train_step, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
-    )
 
 
 def coarse_sync_only(mesh: jax.sharding.Mesh, cfg: coarse.Config) -> Callable[[Any], Any]:
@@ -243,13 +204,13 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     # recompile on the second step).
     runs = {
         "coarse": train(
-            coarse_train_step(coarse_mesh, cfg),
+            trainer.coarse_train_step(coarse_mesh, cfg, trainer.classification_loss),
             jax.device_put(state, NamedSharding(coarse_mesh, P())),
             coarse_data,
             "coarse",
         ),
         "pmean": train(
-            pmean_train_step(pmean_mesh),
+            trainer.pmean_train_step(pmean_mesh, trainer.classification_loss),
             jax.device_put(state, NamedSharding(pmean_mesh, P())),
             pmean_data,
             "pmean ",
