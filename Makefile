@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.coarse-installed
-SOURCES := pyproject.toml CMakeLists.txt $(wildcard ffi/*.cc ffi/*.h ffi/runtime/*.cc ffi/runtime/*.h coarse_jax/*.py)
+SOURCES := pyproject.toml CMakeLists.txt $(wildcard ffi/*.cc ffi/*.h ffi/runtime/*.cc ffi/runtime/*.h \
+	ffi/cuda/*.cc ffi/cuda/*.h kernels/*.cu kernels/*.cuh kernels/*.h coarse_jax/*.py)
 # Build deps are installed into the venv and the build runs without isolation,
 # so the extension compiles against the very jaxlib that runs it.
 BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "jax==0.10.2" "jaxlib==0.10.2"

@@ -13,7 +13,7 @@ Example:
   ...     return state.apply_gradients(grads=grads), loss
 """
 
-from coarse_jax import model, reference
+from coarse_jax import kernels, model, reference
 from coarse_jax._ffi import has_cuda_support
 from coarse_jax.api import all_reduce, on_workers, sync, value_and_grad
 from coarse_jax.config import Config
@@ -30,6 +30,7 @@ __all__ = [
     "Topology",
     "all_reduce",
     "has_cuda_support",
+    "kernels",
     "make_mesh",
     "measure_step_times",
     "model",

@@ -32,13 +32,51 @@ else:
 
 try:
     from coarse_jax import _coarse_cuda  # type: ignore[attr-defined]
-except ImportError:
+except ImportError:  # built without nvcc (COARSE_JAX_ENABLE_CUDA=AUTO found none, or OFF)
     _coarse_cuda = None
+else:
+    # Registering for "CUDA" needs no GPU: a jaxlib without the CUDA plugin
+    # keeps the targets until a plugin appears, and a GPU-less host never asks.
+    for _name, _capsule in _coarse_cuda.registrations().items():
+        jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+
+# Custom calls the CUDA extension implements today; the transport (push,
+# rings, pull) is CPU-only until ffi/cuda has it (README "Not built yet").
+CUDA_TARGETS = frozenset(_coarse_cuda.registrations()) if _coarse_cuda is not None else frozenset()
 
 
 def has_cuda_support() -> bool:
-    """True when the CUDA extension was built (not yet: see README "Not built yet")."""
+    """True when the CUDA extension ``coarse_jax._coarse_cuda`` was built.
+
+    It builds when nvcc is found at install time (CMake option
+    ``COARSE_JAX_ENABLE_CUDA``, default AUTO). Today it holds the kernels
+    (`coarse_jax.kernels`); the GPU transport of ``coarse.sync`` is not built yet.
+
+    Example:
+      >>> import coarse_jax as coarse
+      >>> coarse.has_cuda_support()  # doctest: +SKIP
+      True
+    """
     return _coarse_cuda is not None
+
+
+def check_gpu_target(target: str, platform: str) -> None:
+    """Raises the actionable error for custom call ``target`` on ``platform``."""
+    if platform not in ("gpu", "cuda"):
+        return
+    if not has_cuda_support():
+        raise RuntimeError(
+            f"coarse_jax: {target} is asked to run on a GPU, but coarse_jax was built without its "
+            "CUDA extension (coarse_jax._coarse_cuda: no nvcc was found at install time). "
+            "Reinstall on a host with the CUDA toolkit (or after `pip install coarse_jax[cuda]`), "
+            "e.g. `COARSE_JAX_ENABLE_CUDA=ON pip install --no-build-isolation .`."
+        )
+    if target not in CUDA_TARGETS:
+        raise NotImplementedError(
+            f"coarse_jax: {target} has no CUDA implementation yet (built: "
+            f"{', '.join(sorted(CUDA_TARGETS))}). Use Config(mode='reference') / "
+            "COARSE_JAX_MODE=reference for coarse.sync on GPUs."
+        )
 
 
 def check_platform(mesh: jax.sharding.Mesh) -> None:
@@ -51,12 +89,8 @@ def check_platform(mesh: jax.sharding.Mesh) -> None:
                 f"({_IMPORT_ERROR}). Reinstall with `pip install .` (or `make install`), or use "
                 "Config(mode='reference') / COARSE_JAX_MODE=reference."
             )
-    elif platform in ("gpu", "cuda") and not has_cuda_support():
-        raise NotImplementedError(
-            "coarse_jax: this mesh is on GPUs, but the CUDA extension is not built (the CUDA "
-            "backend is not written yet). Use Config(mode='reference') or "
-            "COARSE_JAX_MODE=reference on GPUs for now."
-        )
+    elif platform in ("gpu", "cuda"):
+        check_gpu_target("coarse_push", platform)
     elif platform not in ("cpu", "gpu", "cuda"):
         raise NotImplementedError(f"coarse_jax: no runtime for platform {platform!r}; use mode='reference'.")
 

@@ -12,6 +12,9 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(ProxyRing);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(WorkerRing);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Pull);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Probe);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Pack);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Unpack);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Reduce);
 }  // namespace coarse
 
 template <typename T>
@@ -20,7 +23,7 @@ static nb::capsule Encapsulate(T* fn) {
 }
 
 NB_MODULE(_coarse_cpu, m) {
-  m.doc() = "coarse_jax CPU runtime: XLA FFI handlers for push, proxy ring, worker ring, pull, probe.";
+  m.doc() = "coarse_jax CPU runtime: XLA FFI handlers for push, proxy ring, worker ring, pull, probe, pack, unpack, reduce.";
   m.def("registrations", []() {
     nb::dict d;
     d["coarse_push"] = Encapsulate(coarse::Push);
@@ -28,6 +31,9 @@ NB_MODULE(_coarse_cpu, m) {
     d["coarse_worker_ring"] = Encapsulate(coarse::WorkerRing);
     d["coarse_pull"] = Encapsulate(coarse::Pull);
     d["coarse_probe"] = Encapsulate(coarse::Probe);
+    d["coarse_pack"] = Encapsulate(coarse::Pack);
+    d["coarse_unpack"] = Encapsulate(coarse::Unpack);
+    d["coarse_reduce"] = Encapsulate(coarse::Reduce);
     return d;
   }, "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target.");
   m.def("inject_dropped_push", &coarse::InjectDroppedPush, nb::arg("worker"),

@@ -6,8 +6,6 @@
 // sums the slots in client order into its accumulator (zeros if nobody routes
 // the piece here), then runs the two opposite rings with its peers. Workers
 // run this call as a no-op; it only orders their pull after their pushes.
-#include <cstring>
-
 #include "call.h"
 #include "runtime/ring.h"
 
@@ -20,7 +18,7 @@ static std::string ListWorkers(const std::vector<int32_t>& ws) {
   return out;
 }
 
-static ffi::Error ReducePieces(Call& call) {
+static ffi::Error ReducePieces(Call& call, Device& dev) {
   Session& session = *call.session;
   const Plan& plan = call.plan();
   const int64_t p = plan.workers, k = call.who.index;
@@ -33,9 +31,14 @@ static ffi::Error ReducePieces(Call& call) {
           call.who, Session::Waits::kPeer, [&] { return session.IsReduced(holder, s); },
           [&] { return "proxy " + std::to_string(holder) + " to reduce " + plan.DescribePiece(s); });
       if (err.failure()) return err;
-      std::memcpy(session.arena(k) + plan.slot(k, s, 0),
-                  session.arena(holder) + plan.slot(holder, s, 0),
-                  plan.piece_nelems[s] * sizeof(float));
+      err = dev.Acquire(p + holder);
+      if (err.failure()) return err;
+      err = dev.CopyFrom(session.arena(k) + plan.slot(k, s, 0),
+                         session.arena(holder) + plan.slot(holder, s, 0), p + holder,
+                         plan.piece_nelems[s]);
+      if (err.failure()) return err;
+      err = dev.Publish();
+      if (err.failure()) return err;
       session.MarkReduced(k, s);
       continue;
     }
@@ -50,6 +53,10 @@ static ffi::Error ReducePieces(Call& call) {
                  std::to_string(expected) + " arrived)";
         });
     if (err.failure()) return err;
+    for (int32_t w : from) {
+      err = dev.Acquire(w);
+      if (err.failure()) return err;
+    }
     if (session.emulated()) {
       Clock::time_point arrival = Clock::time_point::min();
       for (int32_t w : from)
@@ -59,10 +66,12 @@ static ffi::Error ReducePieces(Call& call) {
     }
     const int64_t n = plan.piece_nelems[s];
     float* own = session.arena(k) + plan.slot(k, s, 0);
-    if (from.empty()) std::memset(own, 0, n * sizeof(float));
-    for (size_t j = 1; j < from.size(); ++j) cpu::AddF32(own, own + j * n, n);
+    err = dev.SumSlots(own, n, static_cast<int64_t>(from.size()));
+    if (err.failure()) return err;
     if (plan.piece_holder[s] == k) {  // DENSE: every client pushed here, the sum is done
-      if (MeanScale(plan) != 1.0f) cpu::ScaleF32(own, MeanScale(plan), n);
+      if (MeanScale(plan) != 1.0f) err = dev.Scale(own, n, MeanScale(plan));
+      if (err.success()) err = dev.Publish();
+      if (err.failure()) return err;
       session.MarkReduced(k, s);
       continue;
     }
@@ -80,7 +89,7 @@ static ffi::Error ReducePieces(Call& call) {
     }
     m.self_device = p + k;
     m.wire_bytes_per_elem = n ? static_cast<double>(plan.piece_nbytes[s]) / n : 0.0;
-    err = RingAllReduce(session, call.who, n, MeanScale(plan), m, [&](int r, int32_t g) {
+    err = RingAllReduce(session, dev, call.who, n, MeanScale(plan), m, [&](int r, int32_t g) {
       return "proxy " + std::to_string(RingPredecessor(r, k, p)) + " to finish step " +
              std::to_string(g + 1) + "/" + std::to_string(RingSteps(p)) + " of ring " +
              std::to_string(r) + " for " + plan.DescribePiece(s);
@@ -91,24 +100,10 @@ static ffi::Error ReducePieces(Call& call) {
   return ffi::Error::Success();
 }
 
-static ffi::Error ProxyRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::RemainingArgs deps,
-                                ffi::Result<ffi::AnyBuffer> token, ffi::Dictionary attrs) {
-  (void)deps;  // operands only order this call after the pushes
-  auto begun = BeginCall(run_id, who, attrs);
-  if (begun.has_error()) return begun.error();
-  Call call = std::move(begun.value());
-  std::memset(token->untyped_data(), 0, token->size_bytes());
-  ffi::Error status =
-      call.who.tier == kProxy ? ReducePieces(call) : ffi::Error::Success();
-  return EndCall(call, std::move(status), attrs);
+ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::Result<ffi::AnyBuffer> token) {
+  ffi::Error e = dev.ZeroBytes(token->untyped_data(), token->size_bytes());
+  if (e.failure()) return e;
+  return call.who.tier == kProxy ? ReducePieces(call, dev) : ffi::Error::Success();
 }
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ProxyRing, ProxyRingImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::RunId>()       // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()   // int32[2] (tier, data index)
-                                  .RemainingArgs()         // push outputs: dependencies only
-                                  .Ret<ffi::AnyBuffer>()   // int32[] token for the next call
-                                  .Attrs<ffi::Dictionary>());  // plan
 
 }  // namespace coarse

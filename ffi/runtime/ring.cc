@@ -1,18 +1,20 @@
 #include "runtime/ring.h"
 
-#include <cstring>
-
-#include "runtime/cpu_backend.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
 
-ffi::Error RingAllReduce(Session& session, const Who& who, int64_t n, float scale,
+ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int64_t n, float scale,
                          const RingMember& m,
                          const std::function<std::string(int, int32_t)>& what) {
   const int64_t p = session.p();
   const int64_t half[3] = {0, n / 2, n};
-  if (p == 1 && scale != 1.0f) cpu::ScaleF32(m.own, scale, n);  // no ring step to fold it into
+  if (p == 1 && scale != 1.0f) {  // no ring step to fold it into
+    ffi::Error e = dev.Scale(m.own, n, scale);
+    if (e.failure()) return e;
+  }
+  ffi::Error e = dev.Publish();  // the member's starting values (read at step 0)
+  if (e.failure()) return e;
   for (int r = 0; r < 2; ++r) {
     m.progress[r]->store(0, std::memory_order_release);
     session.Notify(m.successor_device[r]);
@@ -31,6 +33,8 @@ ffi::Error RingAllReduce(Session& session, const Who& who, int64_t n, float scal
           [&] { return m.pred_progress[r]->load(std::memory_order_acquire) >= g; },
           [&] { return what(r, g); });
       if (err.failure()) return err;
+      err = dev.Acquire(m.pred_device[r]);
+      if (err.failure()) return err;
       // Chunk c of half r: [base + c*H/p, base + (c+1)*H/p).
       const int64_t base = half[r], H = half[r + 1] - half[r];
       const int64_t q = m.position[r];
@@ -45,12 +49,14 @@ ffi::Error RingAllReduce(Session& session, const Who& who, int64_t n, float scal
       // own cost is hidden while it is shorter than the link's.
       const int64_t n_chunk = hi[r] - lo[r];
       if (n_chunk > 0) {
-        if (reducing && g == p - 2 && scale != 1.0f)
-          cpu::AddScaleF32(m.own + lo[r], m.pred[r] + lo[r], scale, n_chunk);
-        else if (reducing)
-          cpu::AddF32(m.own + lo[r], m.pred[r] + lo[r], n_chunk);
-        else
-          std::memcpy(m.own + lo[r], m.pred[r] + lo[r], n_chunk * sizeof(float));
+        const float step_scale = reducing && g == p - 2 ? scale : 1.0f;
+        ffi::Error err =
+            reducing ? dev.AddFrom(m.own + lo[r], m.pred[r] + lo[r], m.pred_device[r], n_chunk,
+                                   step_scale)
+                     : dev.CopyFrom(m.own + lo[r], m.pred[r] + lo[r], m.pred_device[r], n_chunk);
+        if (err.failure()) return err;
+        err = dev.Publish();
+        if (err.failure()) return err;
       }
       Session::SleepUntil(arrival[r]);
       m.progress[r]->store(g + 1, std::memory_order_release);

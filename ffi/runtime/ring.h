@@ -1,5 +1,5 @@
-// Ring all-reduce over f32 buffers in one address space, used both by the
-// proxies (per piece) and by the workers (leading layers).
+// Ring all-reduce over f32 buffers, used both by the proxies (per piece) and
+// by the workers (leading layers), on any Device (runtime/device.h).
 //
 // Two rings run in opposite directions, each on one half of the buffer, so
 // every link carries data both ways (the paper's two sync-core groups).
@@ -15,6 +15,7 @@
 #include <functional>
 #include <string>
 
+#include "runtime/device.h"
 #include "runtime/session.h"
 
 namespace coarse {
@@ -26,7 +27,7 @@ struct RingMember {
   std::atomic<int32_t>* pred_progress[2];   // same for the ring r predecessor
   int64_t successor_device[2];              // whom to wake after a step
   int64_t position[2];                      // position in ring r, 0..p-1
-  int64_t self_device, pred_device[2];      // for the emulated links
+  int64_t self_device, pred_device[2];      // mesh devices: peer copies, emulated links
   double wire_bytes_per_elem;               // bytes a chunk element costs on a link
 };
 
@@ -50,7 +51,7 @@ inline int32_t RingSteps(int64_t p) { return static_cast<int32_t>(2 * (p - 1)); 
 // in the same pass, so the mean costs no extra pass and readers can copy the
 // result as is. `what(ring, step)` names what a wait was for, for the timeout
 // error.
-xla::ffi::Error RingAllReduce(Session& session, const Who& who, int64_t n, float scale,
+xla::ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int64_t n, float scale,
                               const RingMember& m,
                               const std::function<std::string(int, int32_t)>& what);
 

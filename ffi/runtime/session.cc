@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <algorithm>
-#include <list>
 #include <map>
 #include <thread>
 #include <utility>
@@ -11,70 +10,6 @@ namespace coarse {
 namespace ffi = xla::ffi;
 
 namespace {
-
-// Storage is reused across steps of the same plan: allocating (and first
-// touching) hundreds of MB every step would cost more than the sync itself.
-// Spare sets are kept most recent first and the oldest are freed beyond
-// kMaxSpareBytes, so a process that ran many large plans (a benchmark
-// suite) does not keep them all; the newest set is always kept, whatever
-// its size, so a single large plan still reuses its storage.
-struct BufferSet {
-  std::vector<std::unique_ptr<float[]>> arenas, scratch;
-};
-
-class BufferPool {
- public:
-  BufferSet Take(const Plan& plan) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto it = spare_.begin(); it != spare_.end(); ++it) {
-        if (it->key != plan.key) continue;
-        BufferSet set = std::move(it->set);
-        bytes_ -= it->bytes;
-        spare_.erase(it);
-        return set;
-      }
-    }
-    BufferSet set;
-    for (int64_t k = 0; k < plan.workers; ++k) {
-      set.arenas.emplace_back(new float[std::max<int64_t>(1, plan.arena_nelems[k])]);
-      set.scratch.emplace_back(new float[std::max<int64_t>(1, plan.leading_nelems)]);
-    }
-    return set;
-  }
-
-  void Give(const Plan& plan, BufferSet set) {
-    int64_t bytes = 0;
-    for (int64_t k = 0; k < plan.workers; ++k)
-      bytes += (std::max<int64_t>(1, plan.arena_nelems[k]) +
-                std::max<int64_t>(1, plan.leading_nelems)) * sizeof(float);
-    std::lock_guard<std::mutex> lock(mu_);
-    spare_.push_front(Entry{plan.key, std::move(set), bytes});
-    bytes_ += bytes;
-    // Two sets of one plan may be spare at once: the next step's session can
-    // be created while the last thread of the previous one still releases.
-    while (spare_.size() > 1 && bytes_ > kMaxSpareBytes) {
-      bytes_ -= spare_.back().bytes;
-      spare_.pop_back();
-    }
-  }
-
- private:
-  static constexpr int64_t kMaxSpareBytes = int64_t{2} << 30;
-  struct Entry {
-    int64_t key;
-    BufferSet set;
-    int64_t bytes;
-  };
-  std::mutex mu_;
-  std::list<Entry> spare_;
-  int64_t bytes_ = 0;
-};
-
-BufferPool& Pool() {
-  static BufferPool* pool = new BufferPool;
-  return *pool;
-}
 
 template <typename T>
 std::unique_ptr<std::atomic<T>[]> Counters(size_t n, T init) {
@@ -89,7 +24,8 @@ std::atomic<int64_t> g_dropped_push_worker{-1};
 
 class Registry {
  public:
-  std::shared_ptr<Session> Join(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site) {
+  std::shared_ptr<Session> Join(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
+                                const std::vector<int64_t>& ordinals) {
     std::lock_guard<std::mutex> lock(mu_);
     auto key = std::make_pair(run_id, site);
     auto it = sessions_.find(key);
@@ -103,7 +39,7 @@ class Registry {
         ++s;
     }
     const int64_t step = ++steps_[std::make_pair(plan->key, site)];
-    auto session = std::make_shared<Session>(std::move(plan), run_id, site, step);
+    auto session = std::make_shared<Session>(std::move(plan), run_id, site, step, ordinals);
     sessions_.emplace(key, session);
     return session;
   }
@@ -133,12 +69,13 @@ std::string Who::Describe() const {
          ", data=" + std::to_string(index) + ")";
 }
 
-Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site, int64_t step)
-    : plan_(std::move(plan)), run_id_(run_id), site_(site), step_(step) {
+Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site, int64_t step,
+                 std::vector<int64_t> ordinals)
+    : plan_(std::move(plan)), run_id_(run_id), site_(site), step_(step),
+      ordinals_(std::move(ordinals)) {
   const int64_t p = plan_->workers, S = plan_->num_pieces();
-  BufferSet set = Pool().Take(*plan_);
-  arenas_ = std::move(set.arenas);
-  scratch_ = std::move(set.scratch);
+  storage_ = TheStoragePool().Take(*plan_, ordinals_);
+  first_call_ = Counters<int32_t>(2 * p, 0);
   arrived_ = Counters<int32_t>(p * S, 0);
   proxy_progress_ = Counters<int32_t>(p * S * 2, -1);
   worker_progress_ = Counters<int32_t>(p * 2, -1);
@@ -183,8 +120,10 @@ void Session::MarkReduced(int64_t proxy, int64_t piece) {
   for (int64_t d = 0; d < 2 * p(); ++d) Notify(d);  // its clients and the other proxies
 }
 
-Session::~Session() {
-  Pool().Give(*plan_, BufferSet{std::move(arenas_), std::move(scratch_)});
+Session::~Session() { TheStoragePool().Give(*plan_, ordinals_, std::move(storage_)); }
+
+bool Session::TakeFirstCall(int64_t device) {
+  return first_call_[device].exchange(1, std::memory_order_acq_rel) == 0;
 }
 
 void Session::Notify(int64_t device) {
@@ -238,8 +177,8 @@ void Session::Leave() {
 }
 
 std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id,
-                                     int64_t site) {
-  return TheRegistry().Join(std::move(plan), run_id, site);
+                                     int64_t site, const std::vector<int64_t>& ordinals) {
+  return TheRegistry().Join(std::move(plan), run_id, site, ordinals);
 }
 
 ffi::ErrorOr<Who> ReadWho(ffi::AnyBuffer who, int64_t workers) {

@@ -26,6 +26,7 @@
 
 #include "runtime/emulator.h"
 #include "runtime/plan.h"
+#include "runtime/storage.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse {
@@ -42,16 +43,27 @@ struct Who {
 
 class Session {
  public:
-  Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site, int64_t step);
+  Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site, int64_t step,
+          std::vector<int64_t> ordinals);
   ~Session();
 
   const Plan& plan() const { return *plan_; }
   int64_t step() const { return step_; }
   int64_t p() const { return plan_->workers; }
 
-  // Storage.
-  float* arena(int64_t proxy) { return arenas_[proxy].get(); }
-  float* scratch(int64_t worker) { return scratch_[worker].get(); }
+  // Storage (from this module's pool; see storage.h).
+  float* arena(int64_t proxy) { return storage_->arena(proxy); }
+  float* scratch(int64_t worker) { return storage_->scratch(worker); }
+  Storage& storage() { return *storage_; }
+  // The platform's device number of mesh device `device` (-1 if not given).
+  int64_t ordinal(int64_t device) const {
+    return device < static_cast<int64_t>(ordinals_.size()) ? ordinals_[device] : -1;
+  }
+
+  // True exactly once per mesh device: its first call of this session, which
+  // must first wait (Device::Acquire) for every device's work of the session
+  // that used this storage before.
+  bool TakeFirstCall(int64_t device);
 
   // Counters (all start at 0 / -1 for ring progress = "not ready").
   std::atomic<int32_t>& arrived(int64_t proxy, int64_t piece) {
@@ -115,7 +127,9 @@ class Session {
 
   std::shared_ptr<const Plan> plan_;
   int64_t run_id_, site_, step_;
-  std::vector<std::unique_ptr<float[]>> arenas_, scratch_;
+  std::vector<int64_t> ordinals_;
+  std::unique_ptr<Storage> storage_;
+  std::unique_ptr<std::atomic<int32_t>[]> first_call_;
   std::unique_ptr<std::atomic<int32_t>[]> arrived_, proxy_progress_, worker_progress_,
       leading_ready_;
   std::unique_ptr<Mailbox[]> mailboxes_;
@@ -130,8 +144,9 @@ class Session {
 };
 
 // Finds or creates the session of (run_id, site) for `plan`.
+// `ordinals`: see StoragePool::Take.
 std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id,
-                                     int64_t site);
+                                     int64_t site, const std::vector<int64_t>& ordinals);
 
 // Reads the int32[2] (tier, data index) operand.
 xla::ffi::ErrorOr<Who> ReadWho(xla::ffi::AnyBuffer who, int64_t workers);

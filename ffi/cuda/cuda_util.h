@@ -1,0 +1,30 @@
+// What every CUDA handler needs besides the kernels: CUDA errors as FFI
+// errors, XLA element types as kernel dtypes, and a host->device upload that
+// never waits for the GPU.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+#include "coarse_kernels.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace coarse::cuda {
+
+// Success, or an Internal error "coarse_jax: <what>: <CUDA's message>".
+xla::ffi::Error Check(cudaError_t err, const std::string& what);
+
+// F32/BF16/F16; false for anything else (the caller names the tensor).
+bool ToKernelDType(xla::ffi::DataType t, kernels::DType* out);
+
+// Copies `bytes` from host `src` to device `dst` in stream order, through
+// pinned host blocks that are reused once the copy that last used them has
+// completed (checked with cudaEventQuery, never waited for), so neither the
+// caller nor a later upload blocks on the GPU and `src` may die on return.
+// `device` is the ordinal `stream` belongs to.
+cudaError_t UploadAsync(int device, void* dst, const void* src, size_t bytes,
+                        cudaStream_t stream);
+
+}  // namespace coarse::cuda

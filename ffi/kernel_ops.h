@@ -1,0 +1,16 @@
+// coarse_pack / coarse_unpack / coarse_reduce: the device kernels as custom
+// calls on one device (coarse_jax.kernels), registered for "cpu" and "CUDA"
+// under the same names. Handler symbols: coarse::{Pack,Unpack,Reduce} (CPU,
+// kernel_ops_cpu.cc) and coarse::cuda::{Pack,Unpack,Reduce} (cuda/kernel_ops.cc).
+#pragma once
+
+#include "xla/ffi/api/ffi.h"
+
+namespace coarse {
+
+// coarse_reduce's operands: 1..max_inputs arrays with the output's dtype and
+// element count. The error names which operand is off and how.
+xla::ffi::Error CheckReduceOperands(xla::ffi::RemainingArgs inputs, const xla::ffi::AnyBuffer& out,
+                                    int max_inputs);
+
+}  // namespace coarse

@@ -1,0 +1,57 @@
+#include "runtime/cpu_device.h"
+
+#include <cstring>
+
+#include "runtime/cpu_backend.h"
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+ffi::Error CpuDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t, int64_t) {
+  for (int64_t r = 0; r < num_runs; ++r)
+    cpu::WidenToF32(runs[r].dtype, runs[r].leaf, dst + runs[r].buf_off, runs[r].len);
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuDevice::Scatter(const float* src, int64_t, int64_t, const LeafRun* runs,
+                              int64_t num_runs) {
+  for (int64_t r = 0; r < num_runs; ++r)
+    cpu::NarrowFromF32(runs[r].dtype, src + runs[r].buf_off, runs[r].leaf, runs[r].len);
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuDevice::SumSlots(float* own, int64_t n, int64_t slots) {
+  if (slots == 0) std::memset(own, 0, n * sizeof(float));
+  for (int64_t j = 1; j < slots; ++j) cpu::AddF32(own, own + j * n, n);
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuDevice::AddFrom(float* own, const float* peer, int64_t, int64_t n, float scale) {
+  if (scale != 1.0f)
+    cpu::AddScaleF32(own, peer, scale, n);
+  else
+    cpu::AddF32(own, peer, n);
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuDevice::CopyFrom(float* own, const float* peer, int64_t, int64_t n) {
+  std::memcpy(own, peer, n * sizeof(float));
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuDevice::Scale(float* x, int64_t n, float scale) {
+  cpu::ScaleF32(x, scale, n);
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuDevice::ZeroBytes(void* dst, size_t bytes) {
+  std::memset(dst, 0, bytes);
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuDevice::CopyBytes(void* dst, const void* src, size_t bytes) {
+  if (dst != src) std::memcpy(dst, src, bytes);
+  return ffi::Error::Success();
+}
+
+}  // namespace coarse

@@ -1,0 +1,27 @@
+// The CPU device backend: every operation is a loop (or memcpy) over one
+// address space, finished when it returns, so Publish/Acquire do nothing.
+#pragma once
+
+#include "runtime/device.h"
+
+namespace coarse {
+
+class CpuDevice final : public Device {
+ public:
+  xla::ffi::Error Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
+                         int64_t dst_len) override;
+  xla::ffi::Error Scatter(const float* src, int64_t src_device, int64_t src_len,
+                          const LeafRun* runs, int64_t num_runs) override;
+  xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots) override;
+  xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                          float scale) override;
+  xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) override;
+  xla::ffi::Error Scale(float* x, int64_t n, float scale) override;
+  xla::ffi::Error ZeroBytes(void* dst, size_t bytes) override;
+  xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) override;
+  xla::ffi::Error Publish() override { return xla::ffi::Error::Success(); }
+  xla::ffi::Error Acquire(int64_t) override { return xla::ffi::Error::Success(); }
+  bool SupportsEmulation() const override { return true; }
+};
+
+}  // namespace coarse

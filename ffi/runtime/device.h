@@ -1,0 +1,71 @@
+// The device backend: everything the protocol does to memory, behind one
+// interface, so push / proxy ring / worker ring / pull are written once for
+// every platform.
+//
+// Storage pointers (arenas, scratch) belong to a mesh device; an operation
+// that reads or writes another device's storage names that device, so a
+// backend that needs to (CUDA) turns it into a peer copy. The protocol's
+// host-side counters say *that* a peer's data is ready; Publish/Acquire make
+// the device's own work respect it:
+//   producer: enqueue writes; Publish(); bump the counter; Notify
+//   consumer: Wait for the counter; Acquire(producer); enqueue reads
+// On CPU every operation is finished when it returns, so Publish/Acquire do
+// nothing; on CUDA operations are enqueued on XLA's stream and
+// Publish/Acquire are an event record / a stream wait on it: a handler never
+// waits on the host for GPU work, only for other handlers' host progress.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace coarse {
+
+// A run of consecutive elements of one of this device's leaves and where it
+// sits in an f32 piece (or scratch) buffer.
+struct LeafRun {
+  void* leaf;                 // first element of the run inside the leaf
+  xla::ffi::DataType dtype;   // the leaf's element type
+  int64_t len;                // elements
+  int64_t buf_off;            // offset in the f32 buffer
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // dst[run.buf_off + i] = float(run.leaf[i]) for every run; `dst` is storage
+  // of mesh device `dst_device` (this one or a peer), `dst_len` elements long.
+  virtual xla::ffi::Error Gather(const LeafRun* runs, int64_t num_runs, float* dst,
+                                 int64_t dst_device, int64_t dst_len) = 0;
+  // run.leaf[i] = dtype(src[run.buf_off + i]); `src` is storage of `src_device`.
+  virtual xla::ffi::Error Scatter(const float* src, int64_t src_device, int64_t src_len,
+                                  const LeafRun* runs, int64_t num_runs) = 0;
+
+  // Local storage: own[i] = sum_j own[j * n + i] over `slots` consecutive
+  // slots (zeros if slots == 0), in slot order.
+  virtual xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots) = 0;
+  // own[i] = (own[i] + peer[i]) * scale, `peer` storage of `peer_device`.
+  virtual xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                                  float scale) = 0;
+  // own[i] = peer[i].
+  virtual xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device,
+                                   int64_t n) = 0;
+  // x[i] *= scale (local).
+  virtual xla::ffi::Error Scale(float* x, int64_t n, float scale) = 0;
+
+  // Plain local bytes: result buffers the protocol fills (tokens, un-aliased
+  // pass-through outputs).
+  virtual xla::ffi::Error ZeroBytes(void* dst, size_t bytes) = 0;
+  virtual xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) = 0;
+
+  // See the top of this file.
+  virtual xla::ffi::Error Publish() = 0;
+  virtual xla::ffi::Error Acquire(int64_t device) = 0;
+
+  // Whether this backend can run an emulated topology (host-timed links).
+  virtual bool SupportsEmulation() const = 0;
+};
+
+}  // namespace coarse

@@ -1,0 +1,57 @@
+// coarse_jax CUDA kernels: plain launch functions on a cudaStream_t, no XLA types.
+//
+// Three jobs, the device half of the runtime (ffi/cuda/) and of the
+// single-device ops coarse_pack / coarse_unpack / coarse_reduce:
+//   * pack:   gather many runs of leaf elements into one packed buffer (one
+//             launch however many leaves), casting and scaling on the way;
+//   * unpack: the inverse scatter;
+//   * reduce: out = scale * (in_0 + ... + in_{k-1}), accumulating in f32.
+// Every launch returns the launch's cudaError_t; none synchronizes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace coarse::kernels {
+
+enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+inline size_t ByteWidth(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// One run of consecutive elements of a leaf that lands at `buf_off` in the
+// packed buffer. Spans are ordered and `begin` is the exclusive prefix sum of
+// `len` over the spans before this one (SetBegins fills it): it is how a
+// block finds its spans by binary search, so one launch covers thousands of
+// small leaves as well as one huge one.
+struct Span {
+  void* leaf;        // device pointer to the run's first element inside the leaf
+  int64_t buf_off;   // element offset of the run in the packed buffer
+  int64_t len;       // elements in the run
+  int64_t begin;     // sum of len over the spans before this one
+  DType leaf_dtype;  // element type of the leaf
+  int32_t pad_ = 0;
+};
+
+// Fills `begin` for spans[0..n) on the host and returns the total length.
+int64_t SetBegins(Span* spans, int64_t n);
+
+// buf[span.buf_off + i] = buf_dtype(scale * float(span.leaf[i])) for every span.
+// `spans` is device memory holding `num_spans` spans (begin filled), `total`
+// the sum of their lengths. Elements of `buf` no span covers are not written.
+cudaError_t LaunchPack(const Span* spans, int64_t num_spans, int64_t total, void* buf,
+                       DType buf_dtype, float scale, cudaStream_t stream);
+
+// span.leaf[i] = leaf_dtype(scale * float(buf[span.buf_off + i])) for every span.
+cudaError_t LaunchUnpack(const void* buf, DType buf_dtype, const Span* spans,
+                         int64_t num_spans, int64_t total, float scale, cudaStream_t stream);
+
+// out[i] = dtype(scale * (float(in[0][i]) + ... + float(in[k-1][i]))), summed in
+// input order (bitwise reproducible). 1 <= k <= kMaxReduceInputs; `out` may
+// alias in[0] (an accumulator), other overlaps are not allowed.
+constexpr int kMaxReduceInputs = 8;
+cudaError_t LaunchReduce(const void* const* inputs, int num_inputs, void* out, int64_t n,
+                         DType dtype, float scale, cudaStream_t stream);
+
+}  // namespace coarse::kernels
