@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from coarse_jax.mesh import AXES, DATA, TIER
@@ -40,8 +41,8 @@ else:
     for _name, _capsule in _coarse_cuda.registrations().items():
         jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
 
-# Custom calls the CUDA extension implements today; the transport (push,
-# rings, pull) is CPU-only until ffi/cuda has it (README "Not built yet").
+# Custom calls the CUDA extension implements (coarse_probe, the profiler's
+# transfers, is CPU-only).
 CUDA_TARGETS = frozenset(_coarse_cuda.registrations()) if _coarse_cuda is not None else frozenset()
 
 
@@ -49,8 +50,10 @@ def has_cuda_support() -> bool:
     """True when the CUDA extension ``coarse_jax._coarse_cuda`` was built.
 
     It builds when nvcc is found at install time (CMake option
-    ``COARSE_JAX_ENABLE_CUDA``, default AUTO). Today it holds the kernels
-    (`coarse_jax.kernels`); the GPU transport of ``coarse.sync`` is not built yet.
+    ``COARSE_JAX_ENABLE_CUDA``, default AUTO) and holds the GPU runtime of
+    ``coarse.sync`` (push, rings, pull over peer copies) and the kernels of
+    `coarse_jax.kernels`. Whether a GPU is present is jax's business
+    (``jax.devices("gpu")``).
 
     Example:
       >>> import coarse_jax as coarse
@@ -74,8 +77,8 @@ def check_gpu_target(target: str, platform: str) -> None:
     if target not in CUDA_TARGETS:
         raise NotImplementedError(
             f"coarse_jax: {target} has no CUDA implementation yet (built: "
-            f"{', '.join(sorted(CUDA_TARGETS))}). Use Config(mode='reference') / "
-            "COARSE_JAX_MODE=reference for coarse.sync on GPUs."
+            f"{', '.join(sorted(CUDA_TARGETS))}). On GPUs use what is built, or "
+            "Config(mode='reference') / COARSE_JAX_MODE=reference."
         )
 
 
@@ -116,6 +119,26 @@ def _result(x: jax.Array, varying: bool) -> Any:
     return jax.typeof(x) if varying else jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
+def device_ordinals(mesh: jax.sharding.Mesh) -> np.ndarray:
+    """The platform's device number of every mesh device, worker i at i, proxy k at p + k.
+
+    The CUDA handlers learn which device calls them from the GPU ordinal XLA
+    runs them on (the (tier, data) operand lives in GPU memory), and place
+    the runtime's buffers on the right GPUs; CPU handlers ignore it.
+    """
+    devices = np.asarray(mesh.devices).reshape(2, -1)  # (tier, data): workers first
+    return np.array(
+        [d.local_hardware_id if d.local_hardware_id is not None else d.id for d in devices.flat],
+        dtype=np.int64,
+    )
+
+
+def _current_ordinals() -> np.ndarray:
+    from coarse_jax.api import _current  # api imports this module
+
+    return device_ordinals(_current("coarse_jax").mesh)
+
+
 def _call(target: str, results: Sequence[Any], operands: Sequence[jax.Array],
           aliases: dict[int, int], plan: Plan, site: int, **attrs: Any) -> Any:
     # vmap: "broadcast_all" hands the handlers batched buffers, which fail the
@@ -127,7 +150,7 @@ def _call(target: str, results: Sequence[Any], operands: Sequence[jax.Array],
         has_side_effect=True,
         vmap_method="broadcast_all",
         input_output_aliases=aliases,
-    )(*operands, **plan.ffi_attrs(), site=site, **attrs)
+    )(*operands, **plan.ffi_attrs(), site=site, ordinals=_current_ordinals(), **attrs)
 
 
 def token() -> jax.Array:

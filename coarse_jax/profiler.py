@@ -101,6 +101,8 @@ def profile(
         raise ValueError(
             f"coarse.profile: topology describes {topology.workers} workers, the mesh has {p}."
         )
+    # The probe's transfers are host memcpys: no CUDA version yet.
+    _ffi.check_gpu_target("coarse_probe", mesh.devices.flat[0].platform)
     sizes = tuple(int(s) for s in (DEFAULT_SIZES if sizes is None else sizes))
     if not sizes or any(s <= 0 for s in sizes) or list(sizes) != sorted(set(sizes)):
         raise ValueError(f"coarse.profile: sizes must be ascending positive byte counts, got {sizes}.")

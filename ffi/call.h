@@ -83,6 +83,10 @@ xla::ffi::Error WorkerRingBody(Call& call, Device& dev, xla::ffi::RemainingArgs 
                                xla::ffi::RemainingRets outs);
 xla::ffi::Error PullBody(Call& call, Device& dev, xla::ffi::RemainingRets outs);
 
+// Worker `who` runs both rings over the workers' scratch (the leading layers,
+// already gathered there); used by WorkerRingBody and the ring self-test.
+xla::ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who);
+
 inline char* ElementPtr(void* base, xla::ffi::DataType dtype, int64_t offset) {
   return static_cast<char*>(base) + offset * xla::ffi::ByteWidth(dtype);
 }

@@ -2,6 +2,7 @@
 #include <nanobind/nanobind.h>
 
 #include "runtime/session.h"
+#include "selftest_binding.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
@@ -38,6 +39,15 @@ NB_MODULE(_coarse_cpu, m) {
   }, "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target.");
   m.def("inject_dropped_push", &coarse::InjectDroppedPush, nb::arg("worker"),
         "Testing: the next push of `worker` is lost (its proxy must time out, not hang).");
+  m.def(
+      "ring_selftest",
+      [](nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> values,
+         int64_t steps) {
+        return coarse::RunRingSelfTest(values, steps, {}, coarse::CpuSelfTestMembers());
+      },
+      nb::arg("values"), nb::arg("steps"),
+      "Testing: the workers' ring all-reduce (mean) of values[p, n] on p threads for `steps` "
+      "sessions; returns [steps, p, n]. See ffi/ring_selftest.h.");
   m.def("live_sessions", &coarse::LiveSessions,
         "Number of synchronization sessions the runtime holds right now.");
 }

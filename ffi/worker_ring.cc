@@ -31,6 +31,34 @@ static ffi::ErrorOr<std::vector<LeafRun>> LeadingRuns(const Plan& plan,
   return runs;
 }
 
+ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who) {
+  const Plan& plan = session.plan();
+  const int64_t p = plan.workers, me = who.index;
+  RingMember m;
+  m.own = session.scratch(me);
+  for (int r = 0; r < 2; ++r) {
+    const int64_t pred = RingPredecessor(r, me, p);
+    m.pred[r] = session.scratch(pred);
+    m.progress[r] = &session.worker_progress(me, r);
+    m.pred_progress[r] = &session.worker_progress(pred, r);
+    m.successor_device[r] = RingSuccessor(r, me, p);
+    m.position[r] = RingPosition(r, me, p);
+    m.pred_device[r] = pred;
+  }
+  m.self_device = me;
+  m.wire_bytes_per_elem = plan.leading_nelems
+                              ? static_cast<double>(plan.leading_nbytes) / plan.leading_nelems
+                              : 0.0;
+  return RingAllReduce(
+      session, dev, who, plan.leading_nelems, MeanScale(plan), m, [&](int r, int32_t g) {
+        return "worker " + std::to_string(RingPredecessor(r, me, p)) + " to finish step " +
+               std::to_string(g + 1) + "/" + std::to_string(RingSteps(p)) + " of ring " +
+               std::to_string(r) + " for the leading layers (" +
+               std::to_string(plan.leading_nelems) + " elements, first tensor '" +
+               plan.leaf_names[plan.num_proxy_leaves] + "')";
+      });
+}
+
 ffi::Error WorkerRingBody(Call& call, Device& dev, ffi::RemainingArgs leaves,
                           ffi::RemainingRets outs) {
   const Plan& plan = call.plan();
@@ -49,29 +77,7 @@ ffi::Error WorkerRingBody(Call& call, Device& dev, ffi::RemainingArgs leaves,
     if (runs.has_error()) return runs.error();
     ffi::Error err = dev.Gather(runs.value().data(), L, scratch, me, plan.leading_nelems);
     if (err.failure()) return err;
-    RingMember m;
-    m.own = scratch;
-    for (int r = 0; r < 2; ++r) {
-      const int64_t pred = RingPredecessor(r, me, p);
-      m.pred[r] = session.scratch(pred);
-      m.progress[r] = &session.worker_progress(me, r);
-      m.pred_progress[r] = &session.worker_progress(pred, r);
-      m.successor_device[r] = RingSuccessor(r, me, p);
-      m.position[r] = RingPosition(r, me, p);
-      m.pred_device[r] = pred;
-    }
-    m.self_device = me;
-    m.wire_bytes_per_elem = plan.leading_nelems
-                                ? static_cast<double>(plan.leading_nbytes) / plan.leading_nelems
-                                : 0.0;
-    err = RingAllReduce(
-        session, dev, call.who, plan.leading_nelems, MeanScale(plan), m, [&](int r, int32_t g) {
-          return "worker " + std::to_string(RingPredecessor(r, me, p)) + " to finish step " +
-                 std::to_string(g + 1) + "/" + std::to_string(RingSteps(p)) + " of ring " +
-                 std::to_string(r) + " for the leading layers (" +
-                 std::to_string(plan.leading_nelems) + " elements, first tensor '" +
-                 plan.leaf_names[first] + "')";
-        });
+    err = WorkerRingAllReduce(session, dev, call.who);
     if (err.failure()) return err;
     session.leading_ready(me).store(1, std::memory_order_release);
     session.Notify(p + me);

@@ -70,15 +70,32 @@ cudaError_t LaunchReduce(const void* const* inputs, int num_inputs, void* out, i
   for (int k = 0; k < num_inputs; ++k) in.p[k] = inputs[k];
   DispatchDType(dtype, [&](auto zero) {
     using T = decltype(zero);
-    bool aligned = VecAligned<T>(out);
-    for (int k = 0; k < num_inputs; ++k) aligned = aligned && VecAligned<T>(inputs[k]);
+    T* o = static_cast<T*>(out);
+    constexpr uintptr_t kVecBytes = kVec * sizeof(T);
+    // Pointers equally far from a 16-byte (8-byte) boundary, as a ring chunk
+    // of the accumulator and the received copy placed at the same offset
+    // are: peel the few head elements so the rest runs vectorized.
+    const uintptr_t mis = reinterpret_cast<uintptr_t>(o) % kVecBytes;
+    bool same = mis % sizeof(T) == 0;
+    for (int k = 0; k < num_inputs; ++k)
+      same = same && reinterpret_cast<uintptr_t>(in.p[k]) % kVecBytes == mis;
+    if (same && mis != 0) {
+      const int64_t head = std::min<int64_t>(n, (kVecBytes - mis) / sizeof(T));
+      ReduceKernel<T, false><<<1, kThreads, 0, stream>>>(in, o, head, scale);
+      for (int k = 0; k < num_inputs; ++k) in.p[k] = static_cast<const T*>(in.p[k]) + head;
+      o += head;
+      n -= head;
+      if (n == 0) return;
+    }
+    bool aligned = VecAligned<T>(o);
+    for (int k = 0; k < num_inputs; ++k) aligned = aligned && VecAligned<T>(in.p[k]);
     const int64_t per_block = kThreads * (aligned ? kVec * kVectorsPerThread : kVectorsPerThread);
     const int64_t blocks = std::min<int64_t>((n + per_block - 1) / per_block, 1 << 20);
     const unsigned grid = static_cast<unsigned>(std::max<int64_t>(blocks, 1));
     if (aligned)
-      ReduceKernel<T, true><<<grid, kThreads, 0, stream>>>(in, static_cast<T*>(out), n, scale);
+      ReduceKernel<T, true><<<grid, kThreads, 0, stream>>>(in, o, n, scale);
     else
-      ReduceKernel<T, false><<<grid, kThreads, 0, stream>>>(in, static_cast<T*>(out), n, scale);
+      ReduceKernel<T, false><<<grid, kThreads, 0, stream>>>(in, o, n, scale);
   });
   return cudaGetLastError();
 }

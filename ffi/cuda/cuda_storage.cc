@@ -1,0 +1,141 @@
+#include "cuda/cuda_storage.h"
+
+#include <algorithm>
+#include <list>
+#include <memory>
+#include <mutex>
+
+namespace coarse::cuda {
+
+namespace {
+
+// Switches the calling thread to `ordinal` and back: XLA's thread keeps its
+// own device current.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int ordinal) {
+    cudaGetDevice(&saved_);
+    cudaSetDevice(ordinal);
+  }
+  ~DeviceScope() { cudaSetDevice(saved_); }
+
+ private:
+  int saved_ = 0;
+};
+
+}  // namespace
+
+CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
+    : ordinals_(ordinals) {
+  const int64_t p = plan.workers, devices = 2 * p;
+  if (static_cast<int64_t>(ordinals_.size()) != devices) {
+    error_ = "coarse_jax: the CUDA runtime needs the mesh's device ordinals (attribute "
+             "'ordinals'), got " + std::to_string(ordinals_.size()) + " for " +
+             std::to_string(devices) + " devices";
+    return;
+  }
+  int64_t max_piece = 0, max_segs = 0;
+  for (int64_t s = 0; s < plan.num_pieces(); ++s) {
+    max_piece = std::max(max_piece, plan.piece_nelems[s]);
+    max_segs = std::max(max_segs, plan.piece_seg_begin[s + 1] - plan.piece_seg_begin[s]);
+  }
+  const int64_t leading_leaves = static_cast<int64_t>(plan.leaf_nelems.size()) - plan.num_proxy_leaves;
+  staging_len_ = std::max<int64_t>({max_piece, plan.leading_nelems, 1});
+  max_runs_ = std::max<int64_t>({max_segs, leading_leaves, 1});
+  for (int64_t k = 0; k < p; ++k)
+    arenas_.push_back(static_cast<float*>(
+        Alloc(p + k, std::max<int64_t>(1, plan.arena_nelems[k]) * sizeof(float), "proxy arena")));
+  for (int64_t w = 0; w < p; ++w)
+    scratch_.push_back(static_cast<float*>(
+        Alloc(w, std::max<int64_t>(1, plan.leading_nelems) * sizeof(float), "worker scratch")));
+  for (int64_t d = 0; d < devices; ++d) {
+    staging_.push_back(static_cast<float*>(Alloc(d, (staging_len_ + 4) * sizeof(float), "staging")));
+    spans_.push_back(
+        static_cast<kernels::Span*>(Alloc(d, max_runs_ * sizeof(kernels::Span), "span table")));
+    cudaEvent_t ev = nullptr;
+    DeviceScope scope(ordinal(d));
+    if (error_.empty() && cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
+      error_ = "coarse_jax: cudaEventCreate failed on GPU " + std::to_string(ordinal(d));
+    events_.push_back(ev);
+  }
+}
+
+void* CudaStorage::Alloc(int64_t device, size_t bytes, const char* what) {
+  if (!error_.empty()) return nullptr;
+  DeviceScope scope(ordinal(device));
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMalloc(&ptr, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it for XLA
+    error_ = "coarse_jax: cudaMalloc of " + std::to_string(bytes) + " bytes (" + what +
+             ") on GPU " + std::to_string(ordinal(device)) + " failed: " +
+             cudaGetErrorString(err) +
+             ". JAX preallocates 75% of each GPU; leave room with "
+             "XLA_PYTHON_CLIENT_MEM_FRACTION=.6 (or XLA_PYTHON_CLIENT_PREALLOCATE=false).";
+    return nullptr;
+  }
+  allocations_.emplace_back(ordinal(device), ptr);
+  bytes_ += static_cast<int64_t>(bytes);
+  return ptr;
+}
+
+CudaStorage::~CudaStorage() {
+  // cudaFree waits for the device: this runs only when the pool evicts a set
+  // (or on a failed allocation), never per step.
+  for (auto& [ord, ptr] : allocations_) {
+    DeviceScope scope(ord);
+    cudaFree(ptr);
+  }
+  for (size_t d = 0; d < events_.size(); ++d)
+    if (events_[d] != nullptr) cudaEventDestroy(events_[d]);
+}
+
+namespace {
+
+// Spare sets per (plan, ordinals), at most kMaxSparePerKey each: steps of
+// one plan overlap by at most about one on the GPU (async dispatch), so two
+// sets cover the steady state.
+class CudaPool final : public StoragePool {
+ public:
+  std::unique_ptr<Storage> Take(const Plan& plan, const std::vector<int64_t>& ordinals) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+        if (it->key != plan.key || it->ordinals != ordinals) continue;
+        std::unique_ptr<Storage> set = std::move(it->set);
+        spare_.erase(it);
+        return set;
+      }
+    }
+    return std::make_unique<CudaStorage>(plan, ordinals);
+  }
+
+  void Give(const Plan& plan, const std::vector<int64_t>& ordinals,
+            std::unique_ptr<Storage> set) override {
+    if (!static_cast<CudaStorage&>(*set).error().empty()) return;  // never reuse a failed set
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t same = 0;
+    for (auto& e : spare_) same += e.key == plan.key && e.ordinals == ordinals;
+    if (same >= kMaxSparePerKey) return;  // `set` is freed on return
+    spare_.push_front(Entry{plan.key, ordinals, std::move(set)});
+  }
+
+ private:
+  static constexpr int64_t kMaxSparePerKey = 2;
+  struct Entry {
+    int64_t key;
+    std::vector<int64_t> ordinals;
+    std::unique_ptr<Storage> set;
+  };
+  std::mutex mu_;
+  std::list<Entry> spare_;
+};
+
+}  // namespace
+
+void InstallCudaStoragePool() {
+  static CudaPool* pool = new CudaPool;  // lives for the process
+  SetStoragePool(pool);
+}
+
+}  // namespace coarse::cuda

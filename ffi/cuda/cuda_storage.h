@@ -1,0 +1,55 @@
+// GPU storage for one session: each buffer on the GPU of the mesh device it
+// belongs to (arenas on proxies, scratch on workers), plus per-device staging
+// for peer copies and span tables, and one event per device (Publish/Acquire).
+// Allocated with cudaMalloc on first use of a plan and then reused by later
+// steps through the pool (cuda_storage.cc), so the hot path allocates nothing.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "coarse_kernels.h"
+#include "runtime/storage.h"
+
+namespace coarse::cuda {
+
+class CudaStorage final : public Storage {
+ public:
+  CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals);
+  ~CudaStorage() override;
+
+  float* arena(int64_t proxy) override { return arenas_[proxy]; }
+  float* scratch(int64_t worker) override { return scratch_[worker]; }
+
+  // Empty when every allocation succeeded; else what failed, for the error.
+  const std::string& error() const { return error_; }
+  int ordinal(int64_t device) const { return static_cast<int>(ordinals_[device]); }
+  // Per mesh device: f32 staging of staging_len() floats (+ 4 for alignment
+  // shifts), a span table of max_runs() spans, the device's event.
+  float* staging(int64_t device) { return staging_[device]; }
+  int64_t staging_len() const { return staging_len_; }
+  kernels::Span* spans(int64_t device) { return spans_[device]; }
+  int64_t max_runs() const { return max_runs_; }
+  cudaEvent_t event(int64_t device) { return events_[device]; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  void* Alloc(int64_t device, size_t bytes, const char* what);
+
+  std::vector<int64_t> ordinals_;
+  std::vector<float*> arenas_, scratch_, staging_;
+  std::vector<kernels::Span*> spans_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<std::pair<int, void*>> allocations_;  // (ordinal, pointer)
+  int64_t staging_len_ = 0, max_runs_ = 0, bytes_ = 0;
+  std::string error_;
+};
+
+// Installs the GPU pool as this module's storage pool (the CUDA module's
+// initializer calls it once).
+void InstallCudaStoragePool();
+
+}  // namespace coarse::cuda

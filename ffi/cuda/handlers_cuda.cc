@@ -1,0 +1,106 @@
+// The CUDA bindings of coarse_push / coarse_proxy_ring / coarse_worker_ring /
+// coarse_pull: the same protocol as on CPU (call.h), run on a CudaDevice over
+// XLA's stream. The caller is named by its device ordinal (the (tier, data)
+// operand is on the GPU, so the host cannot read it), looked up in the
+// "ordinals" attribute the Python side adds for the mesh.
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "call.h"
+#include "cuda/cuda_device.h"
+#include "cuda/cuda_util.h"
+
+namespace coarse::cuda {
+namespace ffi = xla::ffi;
+
+namespace {
+
+auto DeviceMaker(cudaStream_t stream, int32_t ordinal) {
+  return [stream, ordinal](const Call& call) -> ffi::ErrorOr<std::unique_ptr<Device>> {
+    auto& storage = static_cast<CudaStorage&>(call.session->storage());
+    if (!storage.error().empty()) return ffi::Unexpected(ffi::Error::Internal(storage.error()));
+    ffi::Error e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
+    if (e.failure()) return ffi::Unexpected(e);
+    return std::unique_ptr<Device>(new CudaDevice(stream, call.device(), storage));
+  };
+}
+
+Caller ByOrdinal(int32_t ordinal) { return Caller{nullptr, static_cast<int64_t>(ordinal)}; }
+
+ffi::Error PushImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
+                    ffi::AnyBuffer, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
+                    ffi::Dictionary attrs) {
+  return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
+                 [&](Call& call, Device& dev) { return PushBody(call, dev, leaves, outs, attrs); });
+}
+
+ffi::Error ProxyRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
+                         ffi::RemainingArgs, ffi::Result<ffi::AnyBuffer> token,
+                         ffi::Dictionary attrs) {
+  return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
+                 [&](Call& call, Device& dev) { return ProxyRingBody(call, dev, token); });
+}
+
+ffi::Error WorkerRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
+                          ffi::AnyBuffer, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
+                          ffi::Dictionary attrs) {
+  return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
+                 [&](Call& call, Device& dev) { return WorkerRingBody(call, dev, leaves, outs); });
+}
+
+ffi::Error PullImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
+                    ffi::AnyBuffer, ffi::RemainingArgs, ffi::RemainingRets outs,
+                    ffi::Dictionary attrs) {
+  return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
+                 [&](Call& call, Device& dev) { return PullBody(call, dev, outs); });
+}
+
+}  // namespace
+
+// Operands and results as in handlers_cpu.cc; the (tier, data) operand and
+// the ordering tokens are dependencies only.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Push, PushImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
+                                  .Ctx<ffi::DeviceOrdinal>()  // names the caller
+                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()      // token of the previous push
+                                  .RemainingArgs()            // the bucket's gradient leaves
+                                  .RemainingRets()            // [the same leaves, aliased,] token
+                                  .Attrs<ffi::Dictionary>());  // plan, bucket, ordinals
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ProxyRing, ProxyRingImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
+                                  .Ctx<ffi::DeviceOrdinal>()  // names the caller
+                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
+                                  .RemainingArgs()            // push outputs: dependencies only
+                                  .Ret<ffi::AnyBuffer>()      // token for the next call
+                                  .Attrs<ffi::Dictionary>());  // plan, ordinals
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(WorkerRing, WorkerRingImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
+                                  .Ctx<ffi::DeviceOrdinal>()  // names the caller
+                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()      // token: after the proxy ring
+                                  .RemainingArgs()            // leading leaves
+                                  .RemainingRets()            // reduced leading leaves, token
+                                  .Attrs<ffi::Dictionary>());  // plan, ordinals
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Pull, PullImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
+                                  .Ctx<ffi::DeviceOrdinal>()  // names the caller
+                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()      // token: after proxy/worker ring
+                                  .RemainingArgs()            // proxy leaves (aliased to results)
+                                  .RemainingRets()            // the reduced proxy leaves
+                                  .Attrs<ffi::Dictionary>());  // plan, ordinals
+
+}  // namespace coarse::cuda
