@@ -28,7 +28,7 @@ def _check_mean(out, values, steps):
     p, n = values.shape
     assert out.shape == (steps, p, n)
     want = values.astype(np.float64).mean(axis=0)
-    scale = max(1.0, float(np.abs(values).max()))
+    scale = max(1.0, float(np.abs(values).max(initial=0.0)))
     np.testing.assert_allclose(out, np.broadcast_to(want, out.shape), rtol=0, atol=4e-7 * p * scale)
     # Every worker holds the same bits, and every step (a fresh session on
     # reused storage) gives the same bits: the reduction order is fixed.
