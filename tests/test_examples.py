@@ -1,5 +1,6 @@
 """Every example runs for a couple of steps, so none of them rots."""
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -34,3 +35,30 @@ def test_example_plot(tmp_path):
     png = tmp_path / "loss.png"
     assert png.exists()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_example_noise_floor(tmp_path):
+    """--noise-floor adds pmean with the worker sum reversed and compares step-0 gradients."""
+    result = run_example("cnn", tmp_path, "--steps", "2", "--noise-floor")
+    out = result.stdout
+    assert "step-0 gradients, coarse vs pmean" in out, out
+    assert "noise floor: max |loss_pmean-reversed - loss_pmean|" in out, out
+    assert "loss curves match (relative diff < 1e-4): True" in out, out
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {r["impl"] for r in records if "step" in r} == {"coarse", "pmean", "pmean-reversed"}
+    (diffs,) = [r for r in records if "noise_rel_loss_diff" in r]
+    # Two valid float32 orders of the same 4-term sum: rounding-level, not zero-by-accident.
+    assert diffs["noise_rel_loss_diff"] < 1e-5
+    # Step-0 mean gradients agree to float32 rounding (the conv-in-lax.cond of
+    # worker_compute="cond" compiles convolutions differently: a few 1e-6).
+    assert 0 < diffs["step0_grad_diff"]["pmean-reversed"] < 1e-6
+    assert diffs["step0_grad_diff"]["coarse"] < 1e-5
+
+
+def test_noise_floor_needs_both(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "cnn" / "main.py"), "--workdir", str(tmp_path),
+         "--impl", "pmean", "--noise-floor"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 2 and "--noise-floor needs --impl both" in result.stderr

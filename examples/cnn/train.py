@@ -27,19 +27,24 @@ Batch = dict[str, Any]
 
 
 class CNN(nn.Module):
-    """Conv(3x3) + ReLU + 2x2 average pool per entry of ``features``, then Dense + ReLU + Dense."""
+    """Conv(3x3) + activation + 2x2 average pool per entry of ``features``, then Dense + activation + Dense.
+
+    ``activation`` names a `flax.linen` function ("gelu", "relu", ...).
+    """
 
     features: tuple[int, ...]
     dense: int
     num_classes: int
+    activation: str = "gelu"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        act = getattr(nn, self.activation)
         for f in self.features:
-            x = nn.relu(nn.Conv(f, (3, 3))(x))
+            x = act(nn.Conv(f, (3, 3))(x))
             x = nn.avg_pool(x, (2, 2), strides=(2, 2))
         x = x.reshape(x.shape[0], -1)
-        x = nn.relu(nn.Dense(self.dense)(x))
+        x = act(nn.Dense(self.dense)(x))
         return nn.Dense(self.num_classes)(x)
 
 
@@ -81,7 +86,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     Returns:
       `common.trainer.run_comparison`'s summary; ``eval`` holds the test accuracy.
     """
-    model = CNN(features=config.features, dense=config.dense, num_classes=config.num_classes)
+    model = CNN(features=config.features, dense=config.dense, num_classes=config.num_classes,
+                activation=config.activation)
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, *config.image_shape)))
     train, test = trainer.load_or_synthesize(config, load_mnist, trainer.teacher_images)
     predict = jax.jit(model.apply)

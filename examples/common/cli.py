@@ -34,7 +34,14 @@ def parse_args(name: str, description: str, defaults: Any) -> argparse.Namespace
     parser.add_argument("--worker-compute", choices=("cond", "all"), default=defaults.worker_compute,
                         help="coarse.Config.worker_compute: 'all' runs the model on the proxies "
                              "too (faster for conv nets on XLA:CPU, whose conditionals are slow)")
-    return parser.parse_args()
+    parser.add_argument("--noise-floor", action="store_true",
+                        help="with --impl both, also train pmean with the gradients summed in "
+                             "the reverse worker order (an equally valid float32 all-reduce) and "
+                             "compare the step-0 gradients: how far two valid orders drift apart")
+    args = parser.parse_args()
+    if args.noise_floor and args.impl != "both":
+        parser.error("--noise-floor needs --impl both")
+    return args
 
 
 def main(name: str, description: str, get_config: Callable[[], Any],
@@ -47,7 +54,8 @@ def main(name: str, description: str, get_config: Callable[[], Any],
     args = parse_args(name, description, get_config())
     config = dataclasses.replace(get_config(), steps=args.steps, workers=args.workers,
                                  impl=args.impl, data_dir=args.data_dir, plot=args.plot,
-                                 worker_compute=args.worker_compute)
+                                 worker_compute=args.worker_compute,
+                                 noise_floor=args.noise_floor)
     summary = train_and_evaluate(config, args.workdir)
     if args.impl != "both":
         sys.exit(0)

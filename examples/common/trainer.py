@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax.training import train_state
@@ -42,6 +43,9 @@ MakeLoss = Callable[[Callable[..., Any]], LossFn]
 StepFn = Callable[[train_state.TrainState, Batch], tuple[train_state.TrainState, jax.Array]]
 
 IMPLS = ("coarse", "pmean")
+# The noise-floor run: pmean's step with the worker gradients summed in another,
+# equally valid float32 order (see `reversed_mean`).
+REVERSED = "pmean-reversed"
 MATCH_RTOL = 1e-4  # the demo's rule: curves must agree to a relative 1e-4 at every step
 
 
@@ -65,8 +69,40 @@ def coarse_train_step(mesh: Mesh, cfg: coarse.Config, make_loss: MakeLoss) -> St
     return train_step
 
 
-def pmean_train_step(mesh: Mesh, make_loss: MakeLoss) -> StepFn:
-    """The same step with ``jax.value_and_grad`` + ``lax.pmean`` over a 1-D ("data",) mesh."""
+def reversed_mean(x: jax.Array, axis: str = "data") -> jax.Array:
+    """The mean over ``axis``, summed from the last worker to the first: ``((x3 + x2) + x1) + x0``.
+
+    The same p terms as ``lax.pmean`` adds, in another order, so it is an
+    equally valid float32 mean; the difference between training with it and
+    with ``lax.pmean`` is the noise floor of any two all-reduce orders. The
+    workers' values are gathered by a ``psum`` in which each slot holds one
+    worker's value and p - 1 exact zeros (so the gather is exact and its
+    result replicated), then added one at a time: XLA does not reassociate
+    float additions.
+    """
+    p = lax.axis_size(axis)
+    slots = jnp.zeros((p, *x.shape), x.dtype).at[lax.axis_index(axis)].set(x)
+    xs = lax.psum(slots, axis)
+    total = xs[p - 1]
+    for i in range(p - 2, -1, -1):
+        total = total + xs[i]
+    return total / p
+
+
+def _pmean(tree: Any, reduce: str) -> Any:
+    if reduce == "pmean":
+        return lax.pmean(tree, "data")
+    if reduce == "reversed":
+        return jax.tree.map(reversed_mean, tree)
+    raise ValueError(f"reduce must be 'pmean' or 'reversed', got {reduce!r}")
+
+
+def pmean_train_step(mesh: Mesh, make_loss: MakeLoss, reduce: str = "pmean") -> StepFn:
+    """The same step with ``jax.value_and_grad`` + ``lax.pmean`` over a 1-D ("data",) mesh.
+
+    ``reduce="reversed"`` sums the workers' gradients (and losses) in the
+    reverse order instead (`reversed_mean`): the noise-floor run.
+    """
 
     def train_step(state: train_state.TrainState, batch: Batch) -> Any:
         # Mark the replicated params as varying over "data": otherwise the
@@ -74,12 +110,52 @@ def pmean_train_step(mesh: Mesh, make_loss: MakeLoss) -> StepFn:
         # pmean below would see sums, not per-worker gradients.
         params = lax.pcast(state.params, "data", to="varying")
         loss, grads = jax.value_and_grad(make_loss(state.apply_fn))(params, batch)
-        loss, grads = lax.pmean((loss, grads), "data")
+        loss, grads = _pmean((loss, grads), reduce)
         return state.apply_gradients(grads=grads), loss
 
     return jax.jit(
         jax.shard_map(train_step, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
     )
+
+
+def step0_gradients(mesh: Mesh, make_loss: MakeLoss, apply_fn: Callable[..., Any], params: Any,
+                    batch: Batch, impl: str, cfg: coarse.Config | None = None) -> Any:
+    """The synchronized (mean) gradients of the first step, as numpy, from ``impl``'s step.
+
+    ``impl``: "coarse" (``coarse.value_and_grad`` under ``coarse.sync`` on the
+    coarse ``mesh`` with ``cfg``), "pmean" or `REVERSED` (on a 1-D mesh).
+    """
+    loss = make_loss(apply_fn)
+    if impl == "coarse":
+        @coarse.sync(mesh, config=cfg)
+        def grads_fn(params: Any, batch: Batch) -> Any:
+            return coarse.value_and_grad(loss)(params, batch)[1]
+    else:
+        reduce = "reversed" if impl == REVERSED else "pmean"
+
+        def per_worker(params: Any, batch: Batch) -> Any:
+            grads = jax.grad(loss)(lax.pcast(params, "data", to="varying"), batch)
+            return _pmean(grads, reduce)
+
+        grads_fn = jax.jit(jax.shard_map(per_worker, mesh=mesh, in_specs=(P(), P("data")),
+                                         out_specs=P()))
+    placed = jax.device_put(batch, NamedSharding(mesh, P("data")))
+    return jax.device_get(grads_fn(jax.device_put(params, NamedSharding(mesh, P())), placed))
+
+
+def gradient_diff(a: Any, b: Any) -> tuple[float, float]:
+    """How far gradient tree ``a`` is from ``b``.
+
+    Returns ``(worst, identical)``: the largest, over leaves, of
+    ``max|a - b| / max|b|`` (float32 rounding of a sum of p terms is a few
+    1e-8 to 1e-7 of the leaf's scale), and the fraction of elements that are
+    bit-identical.
+    """
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    worst = max(float(np.abs(x - y).max() / max(np.abs(y).max(), np.finfo(np.float32).tiny))
+                for x, y in zip(la, lb, strict=True))
+    identical = sum(int((x == y).sum()) for x, y in zip(la, lb, strict=True))
+    return worst, identical / sum(x.size for x in lb)
 
 
 def classification_loss(apply_fn: Callable[..., jax.Array]) -> Callable[[Any, Batch], jax.Array]:
@@ -179,9 +255,9 @@ def train(step: StepFn, state: train_state.TrainState, data: list[Batch], desc: 
     return RunResult(state, losses, times[1:])
 
 
-def compare(runs: dict[str, RunResult]) -> tuple[float, float]:
-    """Largest absolute and relative (to pmean) difference between the two loss curves."""
-    a, b = np.array(runs["coarse"].losses), np.array(runs["pmean"].losses)
+def compare(runs: dict[str, RunResult], other: str = "coarse") -> tuple[float, float]:
+    """Largest absolute and relative (to pmean) difference between ``other``'s and pmean's loss curves."""
+    a, b = np.array(runs[other].losses), np.array(runs["pmean"].losses)
     diff = np.abs(a - b)
     return float(diff.max()), float((diff / np.abs(b)).max())
 
@@ -192,7 +268,7 @@ def write_jsonl(path: str, records: Iterator[dict[str, Any]]) -> None:
 
 
 def plot_losses(runs: dict[str, RunResult], path: str, title: str) -> None:
-    """Writes a PNG of the loss curves (and, with both, their absolute difference).
+    """Writes a PNG of the loss curves (and, next to pmean, each other run's absolute difference).
 
     Uses the object-oriented API on an Agg canvas: no pyplot, no global figure
     state, no display needed.
@@ -200,19 +276,21 @@ def plot_losses(runs: dict[str, RunResult], path: str, title: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    both = all(name in runs for name in IMPLS)
-    fig = Figure(figsize=(10 if both else 5, 4), layout="constrained")
+    others = [name for name in runs if name != "pmean"] if "pmean" in runs else []
+    fig = Figure(figsize=(10 if others else 5, 4), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2 if both else 1, squeeze=False)[0]
+    axes = fig.subplots(1, 2 if others else 1, squeeze=False)[0]
     for name, run in runs.items():
         axes[0].plot(run.losses, label=name, linestyle="-" if name == "coarse" else "--")
     axes[0].set(xlabel="step", ylabel="training loss", title=title)
     axes[0].legend()
-    if both:
-        diff = np.abs(np.array(runs["coarse"].losses) - np.array(runs["pmean"].losses))
-        axes[1].plot(np.maximum(diff, 1e-12))
-        axes[1].set(xlabel="step", ylabel="|loss_coarse - loss_pmean|", yscale="log",
+    for name in others:
+        diff = np.abs(np.array(runs[name].losses) - np.array(runs["pmean"].losses))
+        axes[1].plot(np.maximum(diff, 1e-12), label=f"{name} - pmean")
+    if others:
+        axes[1].set(xlabel="step", ylabel="|loss - loss_pmean|", yscale="log",
                     title="difference (floored at 1e-12)")
+        axes[1].legend()
     fig.savefig(path, dpi=100)
 
 
@@ -233,7 +311,12 @@ def run_comparison(
     Args:
       config: an example's config; reads ``workers``, ``steps``,
         ``batch_size``, ``learning_rate``, ``momentum``, ``shard_bytes``,
-        ``leading_modules``, ``impl`` ("coarse", "pmean" or "both") and ``plot``.
+        ``leading_modules``, ``worker_compute``, ``impl`` ("coarse", "pmean"
+        or "both"), ``noise_floor`` and ``plot``. ``noise_floor`` (with
+        "both") adds a third run, `REVERSED`: pmean's step with the gradients
+        summed in the reverse worker order, whose distance from pmean is the
+        noise floor that coarse's distance from pmean is judged against; and
+        it compares the three implementations' step-0 gradients.
       workdir: directory for ``metrics.jsonl`` and ``loss.png`` (created if missing).
       name: the example's name, for titles.
       apply_fn: the model's ``apply``.
@@ -245,7 +328,10 @@ def run_comparison(
 
     Returns:
       A summary dict: final losses, median step times (s), the held-out
-      metric, and with both impls ``max_abs_loss_diff`` / ``max_rel_loss_diff``;
+      metric, and with both impls ``max_abs_loss_diff`` / ``max_rel_loss_diff``
+      (coarse vs pmean); with ``noise_floor`` also ``noise_abs_loss_diff`` /
+      ``noise_rel_loss_diff`` (`REVERSED` vs pmean) and ``step0_grad_diff``
+      (``{"coarse": worst, REVERSED: worst}``, see `gradient_diff`);
       ``metrics_path`` and ``plot_path`` (or None).
     """
     os.makedirs(workdir, exist_ok=True)
@@ -258,6 +344,12 @@ def run_comparison(
             f"XLA_FLAGS=--xla_force_host_platform_device_count={2 * p} before jax is imported."
         )
     impls = IMPLS if config.impl == "both" else (config.impl,)
+    noise_floor = getattr(config, "noise_floor", False)
+    if noise_floor:
+        if config.impl != "both":
+            raise ValueError("noise_floor needs impl 'both': it compares coarse and pmean "
+                             "with pmean in another summation order.")
+        impls = (*IMPLS, REVERSED)
 
     tx = optax.sgd(config.learning_rate, momentum=config.momentum)
     state = train_state.TrainState.create(apply_fn=apply_fn, params=params, tx=tx)
@@ -272,13 +364,26 @@ def run_comparison(
         print(coarse.plan(params, coarse_mesh, cfg).summary())
     print()
 
+    grad_diff: dict[str, tuple[float, float]] = {}
+    if noise_floor:
+        batch0 = {k: v[0] for k, v in train_data.items()}
+        grads = {impl: step0_gradients(coarse_mesh if impl == "coarse" else pmean_mesh(p),
+                                       make_loss, apply_fn, params, batch0, impl, cfg)
+                 for impl in impls}
+        grad_diff = {impl: gradient_diff(grads[impl], grads["pmean"]) for impl in ("coarse", REVERSED)}
+        for impl, (worst, identical) in grad_diff.items():
+            print(f"step-0 gradients, {impl} vs pmean: max over leaves of max|diff|/max|g| "
+                  f"{worst:.3e}, {identical:.1%} of elements bit-identical")
+        print()
+
     runs: dict[str, RunResult] = {}
     for impl in impls:
         if impl == "coarse":
             mesh, step = coarse_mesh, coarse_train_step(coarse_mesh, cfg, make_loss)
         else:
             mesh = pmean_mesh(p)
-            step = pmean_train_step(mesh, make_loss)
+            step = pmean_train_step(mesh, make_loss,
+                                    reduce="reversed" if impl == REVERSED else "pmean")
         # The initial state goes replicated onto the mesh, as the steps return
         # it, so only the first step compiles (an uncommitted input would
         # recompile on the second step).
@@ -286,7 +391,7 @@ def run_comparison(
             step,
             jax.device_put(state, NamedSharding(mesh, P())),
             place_batches(train_data, NamedSharding(mesh, P("data"))),
-            f"{impl:<6}",
+            f"{impl:<14}" if noise_floor else f"{impl:<6}",
         )
 
     metric = {impl: evaluate(run.state) for impl, run in runs.items()} if evaluate else {}
@@ -299,17 +404,24 @@ def run_comparison(
     print()
     print(f"loss: first {first:.4f}, "
           + ", ".join(f"last {impl} {run.losses[-1]:.6f}" for impl, run in runs.items()))
-    if len(runs) == 2:
+    if "coarse" in runs and "pmean" in runs:
         max_abs, max_rel = compare(runs)
         summary.update(max_abs_loss_diff=max_abs, max_rel_loss_diff=max_rel)
         print(f"max |loss_coarse - loss_pmean| over {config.steps} steps: {max_abs:.3e} "
               f"(relative {max_rel:.3e})")
+    if noise_floor:
+        noise_abs, noise_rel = compare(runs, REVERSED)
+        summary.update(noise_abs_loss_diff=noise_abs, noise_rel_loss_diff=noise_rel,
+                       step0_grad_diff={impl: d[0] for impl, d in grad_diff.items()})
+        print(f"noise floor: max |loss_{REVERSED} - loss_pmean| over {config.steps} steps: "
+              f"{noise_abs:.3e} (relative {noise_rel:.3e})")
     if metric:
         print(f"{eval_name}: " + ", ".join(f"{impl} {v:.4f}" for impl, v in metric.items()))
     print()
-    print(f"{'impl':<8} {'median step (ms)':>17}")
+    width = max(8, *(len(impl) + 1 for impl in runs))
+    print(f"{'impl':<{width}} {'median step (ms)':>17}")
     for impl, run in runs.items():
-        print(f"{impl:<8} {run.median_step_s * 1e3:>17.3f}")
+        print(f"{impl:<{width}} {run.median_step_s * 1e3:>17.3f}")
 
     metrics_path = os.path.join(workdir, "metrics.jsonl")
 
@@ -324,9 +436,10 @@ def run_comparison(
             if metric:
                 record[eval_name.replace(" ", "_")] = metric[impl]
             yield record
-        if len(runs) == 2:
-            yield {"example": name, "max_abs_loss_diff": summary["max_abs_loss_diff"],
-                   "max_rel_loss_diff": summary["max_rel_loss_diff"]}
+        if "max_rel_loss_diff" in summary:
+            yield {"example": name, **{k: summary[k] for k in (
+                "max_abs_loss_diff", "max_rel_loss_diff", "noise_abs_loss_diff",
+                "noise_rel_loss_diff", "step0_grad_diff") if k in summary}}
 
     write_jsonl(metrics_path, records())
     print(f"\nmetrics written to {metrics_path}")

@@ -1,7 +1,10 @@
 """Example: a ResNet-18-style Flax CNN on CIFAR-sized data, coarse_jax vs pmean: ``python examples/resnet18/main.py [--impl both] [--steps N]``.
 
 Flags: --impl {coarse,pmean,both} (default both), --steps, --workers, --workdir,
---data-dir (a local dataset; nothing is ever downloaded), --plot (loss.png).
+--data-dir (a local dataset; nothing is ever downloaded), --plot (loss.png),
+--worker-compute {cond,all}, --noise-floor (also train pmean with the worker sum
+reversed, the distance two valid all-reduce orders drift apart, and compare the
+step-0 gradients).
 With --impl both the exit status is 1 if the two loss curves differ by a
 relative 1e-4 or more at any step. See `train.train_and_evaluate`.
 """

@@ -38,6 +38,9 @@ class BertConfig:
         (``layer0_embed``, ``layer0_pos``, ``layer1_encoder``, ...) are reduced among the
         workers (dual sync): 2 is the token and position embeddings.
       impl: "coarse", "pmean" or "both" (set by main.py's --impl).
+      noise_floor: with "both", also train pmean with the gradients summed in
+        the reverse worker order and compare step-0 gradients (--noise-floor;
+        see `common.trainer.run_comparison`).
       data_dir: a ``.npy`` file of int32 token ids (1-D, or 2-D rows that are
         concatenated), or a directory holding ``tokens.npy``; None: synthetic
         Markov-chain tokens. Ids are shifted by one to free id 0 for ``[MASK]``.
@@ -63,6 +66,7 @@ class BertConfig:
     leading_modules: int = 2
     worker_compute: str = "cond"  # coarse.Config.worker_compute ("all" is faster for conv nets on CPU)
     impl: str = "both"
+    noise_floor: bool = False
     data_dir: str | None = None
     plot: bool = False
 
