@@ -1,4 +1,4 @@
-"""Oracles for the tests: nothing here shares code with coarse_jax."""
+"""Oracles and helpers for the tests: the oracles share no code with coarse_jax."""
 
 from __future__ import annotations
 
@@ -69,3 +69,25 @@ def assert_replicated(tree) -> None:
         assert len(shards) == len(x.sharding.device_set)
         for s in shards[1:]:
             assert s.tobytes() == shards[0].tobytes(), f"{jax.tree_util.keystr(path)} differs across devices"
+
+
+def gpu_or_skip():
+    """The first GPU jax sees and coarse_jax's CUDA module; skips the test without a GPU.
+
+    A GPU without the module fails the test: the build should have made it.
+    """
+    import pytest
+
+    import coarse_jax
+
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        gpus = []
+    if not gpus:
+        pytest.skip("no GPU visible to jax")
+    if not coarse_jax.has_cuda_support():
+        pytest.fail("a GPU is visible but coarse_jax was built without its CUDA extension")
+    from coarse_jax import _coarse_cuda
+
+    return gpus[0], _coarse_cuda

@@ -11,10 +11,9 @@ order, the 1/p scale folded into the same step).
 """
 
 import numpy as np
-import jax
 import pytest
 
-import coarse_jax as coarse
+from helpers import gpu_or_skip
 
 CASES = [(1, 5), (2, 0), (2, 1), (3, 7), (4, 1003), (4, (1 << 20) + 3), (8, 4099)]
 
@@ -44,23 +43,9 @@ def test_cpu_ring(p, n):
     assert _coarse_cpu.live_sessions() == 0
 
 
-def _cuda_ext():
-    try:
-        gpus = jax.devices("gpu")
-    except RuntimeError:
-        gpus = []
-    if not gpus:
-        pytest.skip("no GPU visible to jax")
-    if not coarse.has_cuda_support():
-        pytest.fail("a GPU is visible but coarse_jax was built without its CUDA extension")
-    from coarse_jax import _coarse_cuda
-
-    return _coarse_cuda
-
-
 @pytest.mark.parametrize("p,n", CASES)
 def test_cuda_ring_matches_cpu_bitwise(p, n):
-    cuda = _cuda_ext()
+    cuda = gpu_or_skip()[1]
     from coarse_jax import _coarse_cpu
 
     values = _values(p, n)
@@ -73,7 +58,7 @@ def test_cuda_ring_matches_cpu_bitwise(p, n):
 def test_cuda_ring_many_steps_new_values():
     # Storage reused across sessions with different inputs: a step that read
     # the previous step's data (a missing wait) would show here.
-    cuda = _cuda_ext()
+    cuda = gpu_or_skip()[1]
     for _ in range(20):
         values = _values(4, 65537)
         _check_mean(cuda.ring_selftest(values, 1), values, 1)

@@ -12,30 +12,18 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import coarse_jax as coarse
 from coarse_jax import kernels
+from helpers import gpu_or_skip
 
 DTYPES = ["float32", "bfloat16", "float16"]
 NP = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-
-
-def _gpu_devices():
-    try:
-        return jax.devices("gpu")
-    except RuntimeError:
-        return []
 
 
 @pytest.fixture(params=["cpu", "gpu"])
 def device(request):
     if request.param == "cpu":
         return jax.devices("cpu")[0]
-    gpus = _gpu_devices()
-    if not gpus:
-        pytest.skip("no GPU visible to jax")
-    if not coarse.has_cuda_support():
-        pytest.fail("a GPU is visible but coarse_jax was built without its CUDA extension")
-    return gpus[0]
+    return gpu_or_skip()[0]
 
 
 def _random(rng, shape, dtype):

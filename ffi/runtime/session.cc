@@ -120,7 +120,13 @@ void Session::MarkReduced(int64_t proxy, int64_t piece) {
   for (int64_t d = 0; d < 2 * p(); ++d) Notify(d);  // its clients and the other proxies
 }
 
-Session::~Session() { TheStoragePool().Give(*plan_, ordinals_, std::move(storage_)); }
+Session::~Session() {
+  // After a failure a device may have stopped halfway, with work of this
+  // session still queued (on a GPU): its storage is freed (cudaFree waits for
+  // that work), not handed to the next step.
+  if (poisoned()) return;
+  TheStoragePool().Give(*plan_, ordinals_, std::move(storage_));
+}
 
 bool Session::TakeFirstCall(int64_t device) {
   return first_call_[device].exchange(1, std::memory_order_acq_rel) == 0;
