@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -83,9 +84,29 @@ xla::ffi::Error WorkerRingBody(Call& call, Device& dev, xla::ffi::RemainingArgs 
                                xla::ffi::RemainingRets outs);
 xla::ffi::Error PullBody(Call& call, Device& dev, xla::ffi::RemainingRets outs);
 
-// Worker `who` runs both rings over the workers' scratch (the leading layers,
-// already gathered there); used by WorkerRingBody and the ring self-test.
+// The protocol's phases without XLA types, which the bodies above wrap and
+// the self-test (sync_selftest.h) drives directly. A LeafResolver gives the
+// caller's buffer of a plan leaf.
+struct LeafRef {
+  void* data;
+  xla::ffi::DataType dtype;
+};
+using LeafResolver = std::function<LeafRef(int64_t leaf)>;
+
+// A worker pushes pieces [first_piece, first_piece + num_pieces).
+xla::ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_pieces,
+                           const LeafResolver& leaf_of);
+// A proxy reduces every piece with the other proxies.
+xla::ffi::Error ReducePieces(Call& call, Device& dev);
+// Workers gather `in_runs` (the leading leaves) into their scratch and ring-
+// reduce it; every device then scatters the result into `out_runs` (a proxy
+// from its worker's scratch, after the hand-over).
+xla::ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
+                              const std::vector<LeafRun>& out_runs);
+// Worker `who` runs both rings over the workers' scratch.
 xla::ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who);
+// Every device writes the reduced proxy pieces into its leaves.
+xla::ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of);
 
 inline char* ElementPtr(void* base, xla::ffi::DataType dtype, int64_t offset) {
   return static_cast<char*>(base) + offset * xla::ffi::ByteWidth(dtype);

@@ -40,14 +40,14 @@ NB_MODULE(_coarse_cpu, m) {
   m.def("inject_dropped_push", &coarse::InjectDroppedPush, nb::arg("worker"),
         "Testing: the next push of `worker` is lost (its proxy must time out, not hang).");
   m.def(
-      "ring_selftest",
-      [](nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> values,
-         int64_t steps) {
-        return coarse::RunRingSelfTest(values, steps, {}, coarse::CpuSelfTestMembers());
+      "sync_selftest",
+      [](coarse::SelfTestValues values, int64_t leading_elems, int64_t piece,
+         const std::string& route, int64_t steps) {
+        return coarse::RunSyncSelfTest(values, leading_elems, piece, route, steps,
+                                       {}, coarse::CpuSelfTestMembers());
       },
-      nb::arg("values"), nb::arg("steps"),
-      "Testing: the workers' ring all-reduce (mean) of values[p, n] on p threads for `steps` "
-      "sessions; returns [steps, p, n]. See ffi/ring_selftest.h.");
+      nb::arg("values"), nb::arg("leading_elems"), nb::arg("piece"), nb::arg("route"),
+      nb::arg("steps"), COARSE_SELFTEST_DOC);
   m.def("live_sessions", &coarse::LiveSessions,
         "Number of synchronization sessions the runtime holds right now.");
 }

@@ -47,17 +47,14 @@ NB_MODULE(_coarse_cuda, m) {
         "Median microseconds and bytes moved of copy/pack/unpack/reduce on the current GPU "
         "(CUDA events). See ffi/cuda/kernel_bench.h.");
   m.def(
-      "ring_selftest",
-      [](nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> values,
-         int64_t steps, int ordinal) {
-        const std::vector<int64_t> ordinals(2 * values.shape(0), ordinal);
-        return coarse::RunRingSelfTest(values, steps, ordinals,
-                                       coarse::cuda::CudaSelfTestMembers(ordinal));
+      "sync_selftest",
+      [](coarse::SelfTestValues values, int64_t leading_elems, int64_t piece,
+         const std::string& route, int64_t steps, int ordinal) {
+        return coarse::RunSyncSelfTest(values, leading_elems, piece, route, steps,
+                                       std::vector<int64_t>(2 * values.shape(0), ordinal), coarse::cuda::CudaSelfTestMembers(ordinal));
       },
-      nb::arg("values"), nb::arg("steps"), nb::arg("ordinal") = 0,
-      "Testing: the workers' ring all-reduce (mean) of values[p, n], every member on its own "
-      "stream of GPU `ordinal`, for `steps` sessions; returns [steps, p, n]. See "
-      "ffi/ring_selftest.h.");
+      nb::arg("values"), nb::arg("leading_elems"), nb::arg("piece"), nb::arg("route"),
+      nb::arg("steps"), nb::arg("ordinal") = 0, COARSE_SELFTEST_DOC);
   m.def("live_sessions", &coarse::LiveSessions,
         "Number of synchronization sessions the CUDA runtime holds right now.");
 }

@@ -18,7 +18,7 @@ static std::string ListWorkers(const std::vector<int32_t>& ws) {
   return out;
 }
 
-static ffi::Error ReducePieces(Call& call, Device& dev) {
+ffi::Error ReducePieces(Call& call, Device& dev) {
   Session& session = *call.session;
   const Plan& plan = call.plan();
   const int64_t p = plan.workers, k = call.who.index;

@@ -13,18 +13,9 @@
 namespace coarse {
 namespace ffi = xla::ffi;
 
-ffi::Error PullBody(Call& call, Device& dev, ffi::RemainingRets outs) {
+ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of) {
   const Plan& plan = call.plan();
   Session& session = *call.session;
-  if (static_cast<int64_t>(outs.size()) != plan.num_proxy_leaves)
-    return ffi::Error::InvalidArgument("coarse_pull: expected one result per proxy leaf");
-  for (size_t a = 0; a < outs.size(); ++a) {
-    auto out = outs.get<ffi::AnyBuffer>(a);
-    if (out.has_error()) return out.error();
-    ffi::Error e = CheckLeaf(plan, a, out.value()->element_type(), out.value()->element_count(),
-                             "coarse_pull");
-    if (e.failure()) return e;
-  }
   const int64_t p = plan.workers, me = call.who.index;
   std::vector<LeafRun> runs;
   for (int64_t s = 0; s < plan.num_pieces(); ++s) {
@@ -43,9 +34,9 @@ ffi::Error PullBody(Call& call, Device& dev, ffi::RemainingRets outs) {
     runs.clear();
     for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
       const Segment& seg = plan.segments[g];
-      ffi::Result<ffi::AnyBuffer> out = outs.get<ffi::AnyBuffer>(seg.leaf).value();
-      runs.push_back(LeafRun{ElementPtr(out->untyped_data(), out->element_type(), seg.leaf_off),
-                             out->element_type(), seg.len, seg.piece_off});
+      const LeafRef out = leaf_of(seg.leaf);
+      runs.push_back(
+          LeafRun{ElementPtr(out.data, out.dtype, seg.leaf_off), out.dtype, seg.len, seg.piece_off});
     }
     // Already scaled by the ring.
     err = dev.Scatter(session.arena(k) + plan.slot(k, s, 0), p + k, plan.piece_nelems[s],
@@ -54,6 +45,23 @@ ffi::Error PullBody(Call& call, Device& dev, ffi::RemainingRets outs) {
     Session::SleepUntil(arrival);
   }
   return ffi::Error::Success();
+}
+
+ffi::Error PullBody(Call& call, Device& dev, ffi::RemainingRets outs) {
+  const Plan& plan = call.plan();
+  if (static_cast<int64_t>(outs.size()) != plan.num_proxy_leaves)
+    return ffi::Error::InvalidArgument("coarse_pull: expected one result per proxy leaf");
+  for (size_t a = 0; a < outs.size(); ++a) {
+    auto out = outs.get<ffi::AnyBuffer>(a);
+    if (out.has_error()) return out.error();
+    ffi::Error e = CheckLeaf(plan, a, out.value()->element_type(), out.value()->element_count(),
+                             "coarse_pull");
+    if (e.failure()) return e;
+  }
+  return PullPieces(call, dev, [&](int64_t leaf) {
+    ffi::Result<ffi::AnyBuffer> out = outs.get<ffi::AnyBuffer>(leaf).value();
+    return LeafRef{out->untyped_data(), out->element_type()};
+  });
 }
 
 }  // namespace coarse

@@ -18,6 +18,40 @@
 namespace coarse {
 namespace ffi = xla::ffi;
 
+ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_pieces,
+                      const LeafResolver& leaf_of) {
+  const Plan& plan = call.plan();
+  const int64_t i = call.who.index;
+  if (TakeDroppedPush(i)) return ffi::Error::Success();  // testing: a lost push
+  Session& session = *call.session;
+  std::vector<LeafRun> runs;
+  for (int64_t s = first_piece; s < first_piece + num_pieces; ++s) {
+    const int64_t k = plan.dest(s, i);
+    const auto& from = plan.contributors_of(k, s);
+    int64_t j = 0;
+    while (from[j] != i) ++j;
+    runs.clear();
+    for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
+      const Segment& seg = plan.segments[g];
+      const LeafRef leaf = leaf_of(seg.leaf);
+      runs.push_back(LeafRun{ElementPtr(leaf.data, leaf.dtype, seg.leaf_off), leaf.dtype, seg.len,
+                             seg.piece_off});
+    }
+    ffi::Error e = dev.Gather(runs.data(), static_cast<int64_t>(runs.size()),
+                              session.arena(k) + plan.slot(k, s, j), plan.workers + k,
+                              plan.piece_nelems[s]);
+    if (e.failure()) return e;
+    e = dev.Publish();
+    if (e.failure()) return e;
+    // The gather above is the transfer; on an emulated link the proxy books
+    // it when it takes the piece (the push itself never waits).
+    session.NotePushReady(i, s, Clock::now());
+    session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
+    session.Notify(plan.workers + k);
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error PushBody(Call& call, Device& dev, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                     const ffi::Dictionary& attrs) {
   const Plan& plan = call.plan();
@@ -48,34 +82,10 @@ ffi::Error PushBody(Call& call, Device& dev, ffi::RemainingArgs leaves, ffi::Rem
   ffi::Error e = dev.ZeroBytes(token->untyped_data(), token->size_bytes());
   if (e.failure()) return e;
   if (call.who.tier != kWorker) return ffi::Error::Success();  // proxies push nothing
-  const int64_t i = call.who.index;
-  if (TakeDroppedPush(i)) return ffi::Error::Success();  // testing: a lost push
-  Session& session = *call.session;
-  std::vector<LeafRun> runs;
-  for (int64_t s = first_piece.value(); s < first_piece.value() + num_pieces.value(); ++s) {
-    const int64_t k = plan.dest(s, i);
-    const auto& from = plan.contributors_of(k, s);
-    int64_t j = 0;
-    while (from[j] != i) ++j;
-    runs.clear();
-    for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
-      const Segment& seg = plan.segments[g];
-      ffi::AnyBuffer leaf = leaves.get<ffi::AnyBuffer>(seg.leaf - first_leaf.value()).value();
-      runs.push_back(LeafRun{ElementPtr(leaf.untyped_data(), leaf.element_type(), seg.leaf_off),
-                             leaf.element_type(), seg.len, seg.piece_off});
-    }
-    e = dev.Gather(runs.data(), static_cast<int64_t>(runs.size()),
-                   session.arena(k) + plan.slot(k, s, j), plan.workers + k, plan.piece_nelems[s]);
-    if (e.failure()) return e;
-    e = dev.Publish();
-    if (e.failure()) return e;
-    // The gather above is the transfer; on an emulated link the proxy books
-    // it when it takes the piece (the push itself never waits).
-    session.NotePushReady(i, s, Clock::now());
-    session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
-    session.Notify(plan.workers + k);
-  }
-  return ffi::Error::Success();
+  return PushPieces(call, dev, first_piece.value(), num_pieces.value(), [&](int64_t leaf) {
+    ffi::AnyBuffer b = leaves.get<ffi::AnyBuffer>(leaf - first_leaf.value()).value();
+    return LeafRef{b.untyped_data(), b.element_type()};
+  });
 }
 
 }  // namespace coarse

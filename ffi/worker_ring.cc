@@ -59,23 +59,16 @@ ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who) {
       });
 }
 
-ffi::Error WorkerRingBody(Call& call, Device& dev, ffi::RemainingArgs leaves,
-                          ffi::RemainingRets outs) {
+ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
+                         const std::vector<LeafRun>& out_runs) {
   const Plan& plan = call.plan();
   Session& session = *call.session;
   const int64_t first = plan.num_proxy_leaves;
-  const int64_t L = static_cast<int64_t>(plan.leaf_nelems.size()) - first;
-  if (static_cast<int64_t>(leaves.size()) != L || static_cast<int64_t>(outs.size()) != L + 1)
-    return ffi::Error::InvalidArgument(
-        "coarse_worker_ring: expected one operand per leading leaf and a token result");
   const int64_t p = plan.workers, me = call.who.index;
   float* scratch = session.scratch(me);
   if (call.who.tier == kWorker) {
-    std::vector<ffi::AnyBuffer> ins;
-    for (int64_t a = 0; a < L; ++a) ins.push_back(leaves.get<ffi::AnyBuffer>(a).value());
-    auto runs = LeadingRuns(plan, ins);
-    if (runs.has_error()) return runs.error();
-    ffi::Error err = dev.Gather(runs.value().data(), L, scratch, me, plan.leading_nelems);
+    ffi::Error err = dev.Gather(in_runs.data(), static_cast<int64_t>(in_runs.size()), scratch, me,
+                                plan.leading_nelems);
     if (err.failure()) return err;
     err = WorkerRingAllReduce(session, dev, call.who);
     if (err.failure()) return err;
@@ -100,11 +93,27 @@ ffi::Error WorkerRingBody(Call& call, Device& dev, ffi::RemainingArgs leaves,
       Session::SleepUntil(session.Reserve(me, p + me, plan.leading_nbytes));
   }
   // The ring already applied the 1/p scale; a proxy reads its worker's scratch.
-  std::vector<ffi::AnyBuffer> results;
+  return dev.Scatter(scratch, me, plan.leading_nelems, out_runs.data(),
+                     static_cast<int64_t>(out_runs.size()));
+}
+
+ffi::Error WorkerRingBody(Call& call, Device& dev, ffi::RemainingArgs leaves,
+                          ffi::RemainingRets outs) {
+  const Plan& plan = call.plan();
+  const int64_t first = plan.num_proxy_leaves;
+  const int64_t L = static_cast<int64_t>(plan.leaf_nelems.size()) - first;
+  if (static_cast<int64_t>(leaves.size()) != L || static_cast<int64_t>(outs.size()) != L + 1)
+    return ffi::Error::InvalidArgument(
+        "coarse_worker_ring: expected one operand per leading leaf and a token result");
+  std::vector<ffi::AnyBuffer> ins, results;
+  if (call.who.tier == kWorker)
+    for (int64_t a = 0; a < L; ++a) ins.push_back(leaves.get<ffi::AnyBuffer>(a).value());
   for (int64_t a = 0; a < L; ++a) results.push_back(*outs.get<ffi::AnyBuffer>(a).value());
-  auto runs = LeadingRuns(plan, results);
-  if (runs.has_error()) return runs.error();
-  ffi::Error err = dev.Scatter(scratch, me, plan.leading_nelems, runs.value().data(), L);
+  auto in_runs = LeadingRuns(plan, ins);
+  if (in_runs.has_error()) return in_runs.error();
+  auto out_runs = LeadingRuns(plan, results);
+  if (out_runs.has_error()) return out_runs.error();
+  ffi::Error err = ReduceLeading(call, dev, in_runs.value(), out_runs.value());
   if (err.failure()) return err;
   ffi::Result<ffi::AnyBuffer> token = outs.get<ffi::AnyBuffer>(L).value();
   return dev.ZeroBytes(token->untyped_data(), token->size_bytes());

@@ -2,6 +2,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
 #include "cuda/cuda_device.h"
 #include "cuda/cuda_util.h"
 
@@ -12,23 +16,31 @@ namespace {
 
 class CudaMember final : public SelfTestMember {
  public:
-  CudaMember(int ordinal, int64_t worker, CudaStorage& storage) {
+  CudaMember(int ordinal, int64_t device, CudaStorage& storage) {
     cudaSetDevice(ordinal);
     cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
-    dev_ = std::make_unique<CudaDevice>(stream_, worker, storage);
+    dev_ = std::make_unique<CudaDevice>(stream_, device, storage);
   }
   ~CudaMember() override {
     cudaStreamSynchronize(stream_);
+    for (void* b : buffers_) cudaFree(b);
     cudaStreamDestroy(stream_);
   }
   Device& device() override { return *dev_; }
-  ffi::Error Load(float* storage, const float* host, int64_t n) override {
-    return Check(cudaMemcpyAsync(storage, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
+  float* Buffer(int64_t n) override {
+    void* b = nullptr;
+    if (cudaMalloc(&b, std::max<int64_t>(n, 1) * sizeof(float)) != cudaSuccess)
+      throw std::runtime_error("sync self-test: cudaMalloc failed");
+    buffers_.push_back(b);
+    return static_cast<float*>(b);
+  }
+  ffi::Error Load(float* buffer, const float* host, int64_t n) override {
+    return Check(cudaMemcpyAsync(buffer, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
                  "self-test load");
   }
-  ffi::Error Store(float* host, const float* storage, int64_t n) override {
+  ffi::Error Store(float* host, const float* buffer, int64_t n) override {
     ffi::Error e = Check(
-        cudaMemcpyAsync(host, storage, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+        cudaMemcpyAsync(host, buffer, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
         "self-test store");
     if (e.failure()) return e;
     return Check(cudaStreamSynchronize(stream_), "self-test sync");
@@ -37,15 +49,16 @@ class CudaMember final : public SelfTestMember {
  private:
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CudaDevice> dev_;
+  std::vector<void*> buffers_;
 };
 
 }  // namespace
 
 MakeMember CudaSelfTestMembers(int ordinal) {
-  return [ordinal](int64_t worker, Session& session) {
+  return [ordinal](int64_t device, Session& session) {
     auto& storage = static_cast<CudaStorage&>(session.storage());
     if (!storage.error().empty()) throw std::runtime_error(storage.error());
-    return std::unique_ptr<SelfTestMember>(new CudaMember(ordinal, worker, storage));
+    return std::unique_ptr<SelfTestMember>(new CudaMember(ordinal, device, storage));
   };
 }
 

@@ -1,8 +1,8 @@
-// Ring self-test members on one GPU: each member its own non-blocking stream
-// (see ring_selftest.h).
+// Sync self-test members on one GPU: each member its own non-blocking stream
+// and buffers (see sync_selftest.h).
 #pragma once
 
-#include "ring_selftest.h"
+#include "sync_selftest.h"
 
 namespace coarse::cuda {
 

@@ -98,6 +98,14 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
   for (int64_t s = 1; s <= S; ++s)
     plan->piece_seg_begin[s] = std::max(plan->piece_seg_begin[s], plan->piece_seg_begin[s - 1]);
 
+  FinishPlan(plan.get());
+  return std::shared_ptr<const Plan>(std::move(plan));
+}
+
+}  // namespace
+
+void FinishPlan(Plan* plan) {
+  const int64_t p = plan->workers, S = plan->num_pieces();
   // Shard numbering for messages: pieces cut from one leaf are its shards.
   plan->piece_shard.assign(S, 0);
   plan->piece_num_shards.assign(S, 1);
@@ -131,13 +139,10 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
     for (int64_t s = 0; s < S; ++s) {
       plan->slot_begin[k * S + s] = plan->arena_nelems[k];
       const int64_t slots = std::max<int64_t>(1, plan->contributors[k * S + s].size());
-      plan->arena_nelems[k] += slots * piece_nelems[s];
+      plan->arena_nelems[k] += slots * plan->piece_nelems[s];
     }
   }
-  return std::shared_ptr<const Plan>(std::move(plan));
 }
-
-}  // namespace
 
 std::string Plan::DescribePiece(int64_t piece) const {
   const Segment& first = segments[piece_seg_begin[piece]];

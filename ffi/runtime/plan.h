@@ -74,6 +74,11 @@ struct Plan {
   std::string DescribePiece(int64_t piece) const;
 };
 
+// Derives what follows from the routes and segments (shard numbering, DENSE
+// holders, contributors, the proxies' storage layout). GetPlan calls it; so
+// does a self-test that builds a Plan by hand.
+void FinishPlan(Plan* plan);
+
 // Returns the cached plan for the attributes' `plan_key`, parsing it on first
 // use. Attributes (all int64 unless noted):
 //   plan_key, workers, timeout_ms, mean (0/1), num_proxy_leaves,
