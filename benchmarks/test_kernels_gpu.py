@@ -83,8 +83,10 @@ def _report():
     if not ROWS:
         return
     lines = [
-        f"GPU: {ROWS[0]['gpu']}; median of {ITERS} runs (CUDA events); GB/s = (bytes read + "
-        "bytes written) / time; % = of the copy's GB/s",
+        (
+            f"GPU: {ROWS[0]['gpu']}; median of {ITERS} runs (CUDA events); GB/s = (bytes read + "
+            "bytes written) / time; % = of the copy's GB/s"
+        ),
         "",
         "| case | dtype | copy GB/s | pack GB/s (%) | unpack GB/s (%) | reduce GB/s (%) |",
         "|---|---|---:|---:|---:|---:|",

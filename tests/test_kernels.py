@@ -6,14 +6,14 @@ bit (same f32 path, one rounding, sums in argument order). GPU cases run
 when jax sees a GPU and the CUDA extension is built, and skip otherwise.
 """
 
-import ml_dtypes
-import numpy as np
 import jax
 import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
 import pytest
+from helpers import gpu_or_skip
 
 from coarse_jax import kernels
-from helpers import gpu_or_skip
 
 DTYPES = ["float32", "bfloat16", "float16"]
 NP = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}

@@ -14,7 +14,6 @@ bit (same sums in the same order, the 1/p scale folded into the same step).
 
 import numpy as np
 import pytest
-
 from helpers import gpu_or_skip
 
 # (p, proxy elements, piece, leading elements, route)
