@@ -34,6 +34,7 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
              std::to_string(devices) + " devices";
     return;
   }
+  EnablePeerAccess();
   int64_t max_piece = 0, max_segs = 0;
   for (int64_t s = 0; s < plan.num_pieces(); ++s) {
     max_piece = std::max(max_piece, plan.piece_nelems[s]);
@@ -58,6 +59,23 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
       error_ = "coarse_jax: cudaEventCreate failed on GPU " + std::to_string(ordinal(d));
     events_.push_back(ev);
   }
+}
+
+void CudaStorage::EnablePeerAccess() {
+  // Lets cudaMemcpyPeerAsync go GPU to GPU (NVLink / PCIe P2P) instead of
+  // through host memory. A context-wide switch, set once per pair; where the
+  // hardware cannot, peer copies still work, staged by the driver.
+  for (int64_t a : ordinals_)
+    for (int64_t b : ordinals_) {
+      if (a == b) continue;
+      int can = 0;
+      if (cudaDeviceCanAccessPeer(&can, static_cast<int>(a), static_cast<int>(b)) != cudaSuccess ||
+          !can)
+        continue;
+      DeviceScope scope(static_cast<int>(a));
+      if (cudaDeviceEnablePeerAccess(static_cast<int>(b), 0) != cudaSuccess)
+        cudaGetLastError();  // already enabled (by XLA or an earlier plan): clear it
+    }
 }
 
 void* CudaStorage::Alloc(int64_t device, size_t bytes, const char* what) {

@@ -38,6 +38,7 @@ class CudaStorage final : public Storage {
 
  private:
   void* Alloc(int64_t device, size_t bytes, const char* what);
+  void EnablePeerAccess();
 
   std::vector<int64_t> ordinals_;
   std::vector<float*> arenas_, scratch_, staging_;
