@@ -63,8 +63,11 @@ def has_cuda_support() -> bool:
     return _coarse_cuda is not None
 
 
-def check_gpu_target(target: str, platform: str) -> None:
-    """Raises the actionable error for custom call ``target`` on ``platform``."""
+def check_gpu_target(target: str, platform: str, fallback: str = "") -> None:
+    """Raises the actionable error for custom call ``target`` on ``platform``.
+
+    ``fallback``: what else the caller can do, appended to the message.
+    """
     if platform not in ("gpu", "cuda"):
         return
     if not has_cuda_support():
@@ -72,13 +75,12 @@ def check_gpu_target(target: str, platform: str) -> None:
             f"coarse_jax: {target} is asked to run on a GPU, but coarse_jax was built without its "
             "CUDA extension (coarse_jax._coarse_cuda: no nvcc was found at install time). "
             "Reinstall on a host with the CUDA toolkit (or after `pip install coarse_jax[cuda]`), "
-            "e.g. `COARSE_JAX_ENABLE_CUDA=ON pip install --no-build-isolation .`."
+            f"e.g. `COARSE_JAX_ENABLE_CUDA=ON pip install --no-build-isolation .`.{fallback}"
         )
     if target not in CUDA_TARGETS:
         raise NotImplementedError(
-            f"coarse_jax: {target} has no CUDA implementation yet (built: "
-            f"{', '.join(sorted(CUDA_TARGETS))}). On GPUs use what is built, or "
-            "Config(mode='reference') / COARSE_JAX_MODE=reference."
+            f"coarse_jax: {target} has no CUDA implementation (built for CUDA: "
+            f"{', '.join(sorted(CUDA_TARGETS))}).{fallback}"
         )
 
 
@@ -93,7 +95,10 @@ def check_platform(mesh: jax.sharding.Mesh) -> None:
                 "Config(mode='reference') / COARSE_JAX_MODE=reference."
             )
     elif platform in ("gpu", "cuda"):
-        check_gpu_target("coarse_push", platform)
+        check_gpu_target(
+            "coarse_push", platform,
+            " Or run the step in pure JAX: Config(mode='reference') / COARSE_JAX_MODE=reference.",
+        )
     elif platform not in ("cpu", "gpu", "cuda"):
         raise NotImplementedError(f"coarse_jax: no runtime for platform {platform!r}; use mode='reference'.")
 

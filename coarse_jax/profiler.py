@@ -102,7 +102,11 @@ def profile(
             f"coarse.profile: topology describes {topology.workers} workers, the mesh has {p}."
         )
     # The probe's transfers are host memcpys: no CUDA version yet.
-    _ffi.check_gpu_target("coarse_probe", mesh.devices.flat[0].platform)
+    _ffi.check_gpu_target(
+        "coarse_probe", mesh.devices.flat[0].platform,
+        " coarse.profile times host transfers: profile a CPU mesh or an emulated Topology, or "
+        "give the routes directly (Config(routes=..., latency_threshold_bytes=...)).",
+    )
     sizes = tuple(int(s) for s in (DEFAULT_SIZES if sizes is None else sizes))
     if not sizes or any(s <= 0 for s in sizes) or list(sizes) != sorted(set(sizes)):
         raise ValueError(f"coarse.profile: sizes must be ascending positive byte counts, got {sizes}.")

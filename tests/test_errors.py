@@ -88,3 +88,17 @@ def test_missing_arrival_times_out_with_a_named_error():
     # The failure does not poison later steps.
     _, grads = step(params, batch)
     np.testing.assert_allclose(grads["w"], jax.grad(lambda p: jnp.sum((batch[:2] @ p["w"]) ** 2))(params)["w"], rtol=1e-6)
+
+
+def test_gpu_errors_name_the_missing_piece_and_the_fix(monkeypatch):
+    from coarse_jax import _ffi
+
+    with pytest.raises(NotImplementedError, match=r"coarse_probe has no CUDA implementation.*Topology"):
+        _ffi.check_gpu_target("coarse_probe", "gpu", " profile a CPU mesh or an emulated Topology")
+    _ffi.check_gpu_target("coarse_probe", "cpu")  # nothing to say on CPU
+    monkeypatch.setattr(_ffi, "_coarse_cuda", None)
+    with pytest.raises(RuntimeError, match=r"built without its CUDA extension.*COARSE_JAX_ENABLE_CUDA=ON"):
+        _ffi.check_gpu_target("coarse_push", "gpu")
+    monkeypatch.setattr(coarse.kernels, "_platform", lambda: "gpu")
+    with pytest.raises(RuntimeError, match="built without its CUDA extension"):
+        coarse.kernels.reduce(jnp.ones(3))
