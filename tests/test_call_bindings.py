@@ -1,14 +1,17 @@
-"""The sync calls' XLA bindings on one device, CPU and (when present) GPU.
+"""The four sync calls through XLA on one device, CPU and (when present) GPU.
 
 A coarse mesh needs 2p devices, so on a single GPU no `coarse.sync` step can
-run. What one device can run is a worker's own calls of a p = 1 plan: its
-push (which lands in proxy 0's storage and returns the leaves and a token)
-and its worker ring (p = 1: the mean is the value itself). That exercises
-each platform's binding layer inside a jitted program: the context it
-decodes (run id; on CUDA the stream and device ordinal, which names the
-caller through the "ordinals" attribute), the plan attributes, the device
-backend's gather/scatter, and the results XLA gets back. The proxy never
-runs, so each session stays open, which is harmless here.
+run. One device can still run a whole p = 1 step by playing both tiers in
+one jitted program: worker 0's calls and proxy 0's calls, chained by their
+tokens in the order a step runs them (pushes, proxy ring, worker ring on the
+worker then on the proxy, pull on the worker then on the proxy). The caller
+is named as the platform names it: on CPU by the (tier, data) operand, on
+CUDA by the device ordinal looked up in the "ordinals" attribute (the proxy's
+calls list a placeholder ordinal for the worker, so the GPU's ordinal names
+the proxy; the session's storage was placed by the first call, on this GPU).
+That exercises each platform's binding layer (run id, stream, ordinal,
+attributes, results) and every phase of the protocol through XLA. With
+p = 1 the mean is the value itself, so every result must equal its input.
 """
 
 import itertools
@@ -22,7 +25,8 @@ from helpers import gpu_or_skip
 
 import coarse_jax as coarse
 
-_SITES = itertools.count(1 << 30)  # a fresh call site per program: never a shared session
+_SITES = itertools.count(1 << 30)  # a fresh call site per program
+_ELSEWHERE = 1 << 20  # an ordinal no GPU has
 
 
 @pytest.fixture(params=["cpu", "gpu"])
@@ -30,68 +34,72 @@ def device(request):
     return jax.devices("cpu")[0] if request.param == "cpu" else gpu_or_skip()[0]
 
 
-def _tree(rng):
-    return {
-        "a": rng.standard_normal((33, 7)).astype(np.float32),
-        "b": rng.standard_normal((5,)).astype(ml_dtypes.bfloat16),
-        "c": rng.standard_normal((4099,)).astype(np.float32),
-    }
+def _live_sessions(device):
+    if device.platform == "cpu":
+        from coarse_jax import _coarse_cpu
+
+        return _coarse_cpu.live_sessions()
+    return gpu_or_skip()[1].live_sessions()
 
 
-def _attrs(plan, device, **extra):
+def _step(plan, device):
+    """One p = 1 step as one program: worker 0 and proxy 0 on `device`."""
+    base = {**plan.ffi_attrs(), "site": np.int64(next(_SITES))}
     ordinal = device.local_hardware_id if device.local_hardware_id is not None else device.id
-    return {
-        **plan.ffi_attrs(),
-        "site": np.int64(next(_SITES)),
-        "ordinals": np.array([ordinal, ordinal], np.int64),  # worker 0, proxy 0
-        **extra,
+    tiers = {  # (tier, data) operand, ordinals attribute
+        "worker": (np.array([0, 0], np.int32), np.array([ordinal, ordinal], np.int64)),
+        "proxy": (np.array([1, 0], np.int32), np.array([_ELSEWHERE, ordinal], np.int64)),
     }
 
+    def call(target, tier, results, operands, **attrs):
+        who, ordinals = tiers[tier]
+        return jax.ffi.ffi_call(target, results, has_side_effect=True,
+                                vmap_method="broadcast_all")(
+            who, *operands, **base, ordinals=ordinals, **attrs)
 
-def _run(device, fn, *args):
+    def step(*leaves):
+        proxy_leaves = [leaves[i] for i in plan.proxy_leaves]
+        lead = [leaves[i] for i in plan.leading_leaves]
+        spec = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
+        token_spec = jax.ShapeDtypeStruct((2,), jnp.int32)
+        tok = jnp.zeros((), jnp.float32)
+        for b in plan.buckets:
+            bucket = proxy_leaves[b.first_leaf:b.first_leaf + b.num_leaves]
+            (tok,) = call("coarse_push", "worker", [jax.ShapeDtypeStruct((), jnp.float32)],
+                          [tok, *bucket], first_leaf=np.int64(b.first_leaf),
+                          first_piece=np.int64(b.first_piece), num_pieces=np.int64(b.num_pieces),
+                          passthrough=np.int64(0), last=np.int64(0))
+        (ring,) = call("coarse_proxy_ring", "proxy", [token_spec], [tok], last=np.int64(0))
+        outs = {}
+        for tier in ("worker", "proxy"):
+            *reduced, ring = call("coarse_worker_ring", tier,
+                                  [*(spec[i] for i in plan.leading_leaves), token_spec],
+                                  [ring, *lead], last=np.int64(0))
+            outs[tier] = dict(zip(plan.leading_leaves, reduced))
+        pulled_spec = [spec[i] for i in plan.proxy_leaves]
+        after = ring
+        for tier in ("worker", "proxy"):
+            pulled = call("coarse_pull", tier, pulled_spec, [after], last=np.int64(1))
+            outs[tier].update(zip(plan.proxy_leaves, pulled))
+            after = pulled[0] if pulled else after  # the proxy's pull after the worker's
+        return [[outs[t][i] for i in range(len(leaves))] for t in ("worker", "proxy")]
+
+    return step
+
+
+@pytest.mark.parametrize("leading_bytes", [0, 1000, 1 << 30])
+def test_one_device_runs_a_whole_step_through_xla(device, leading_bytes):
+    rng = np.random.default_rng()
+    leaves = [
+        rng.standard_normal((33, 7)).astype(np.float32),
+        rng.standard_normal((5,)).astype(ml_dtypes.bfloat16),
+        rng.standard_normal((4099,)).astype(np.float32),
+        rng.standard_normal((300,)).astype(np.float16),
+    ]
+    plan = coarse.plan(leaves, 1, coarse.Config(leading_bytes=leading_bytes, shard_bytes=4096))
     with jax.default_device(device):
-        return jax.device_get(jax.jit(fn)(*jax.device_put(args, device)))
-
-
-def test_worker_ring_of_one_worker_returns_the_values(device):
-    tree = _tree(np.random.default_rng())
-    plan = coarse.plan(tree, 1, coarse.Config(leading_bytes=1 << 30))
-    leaves = jax.tree.leaves(tree)
-    ordered = [leaves[i] for i in plan.leading_leaves]
-    assert len(ordered) == len(leaves)
-    attrs = _attrs(plan, device, last=np.int64(1))
-
-    def call(who, token, *xs):
-        results = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs]
-        results.append(jax.ShapeDtypeStruct(who.shape, who.dtype))
-        return jax.ffi.ffi_call("coarse_worker_ring", results, has_side_effect=True,
-                                vmap_method="broadcast_all")(who, token, *xs, **attrs)
-
-    out = _run(device, call, np.zeros(2, np.int32), np.zeros(2, np.int32), *ordered)
-    for got, want in zip(out[:-1], ordered):
-        np.testing.assert_array_equal(np.asarray(got), want)  # mean of one worker, f32 in between
-    np.testing.assert_array_equal(np.asarray(out[-1]), 0)
-
-
-def test_push_passes_the_leaves_through(device):
-    tree = _tree(np.random.default_rng())
-    plan = coarse.plan(tree, 1, coarse.Config(leading_bytes=0, shard_bytes=4096))
-    leaves = jax.tree.leaves(tree)
-    bucket = plan.buckets[0]
-    ids = plan.proxy_leaves[bucket.first_leaf:bucket.first_leaf + bucket.num_leaves]
-    xs = [leaves[i] for i in ids]
-    attrs = _attrs(plan, device, first_leaf=np.int64(bucket.first_leaf),
-                   first_piece=np.int64(bucket.first_piece),
-                   num_pieces=np.int64(bucket.num_pieces), passthrough=np.int64(1),
-                   last=np.int64(0))
-
-    def call(who, token, *xs):
-        results = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs]
-        results.append(jax.ShapeDtypeStruct((), jnp.float32))
-        return jax.ffi.ffi_call("coarse_push", results, has_side_effect=True,
-                                vmap_method="broadcast_all")(who, token, *xs, **attrs)
-
-    out = _run(device, call, np.zeros(2, np.int32), np.float32(0), *xs)
-    for got, want in zip(out[:-1], xs):
-        np.testing.assert_array_equal(np.asarray(got), want)
-    assert float(out[-1]) == 0.0
+        out = jax.device_get(jax.jit(_step(plan, device))(*jax.device_put(leaves, device)))
+    for tier_out in out:  # the worker's results, then the proxy's
+        for got, want in zip(tier_out, leaves):
+            np.testing.assert_array_equal(np.asarray(got), want)
+    assert _live_sessions(device) == 0
