@@ -8,7 +8,8 @@ worker then on the proxy, pull on the worker then on the proxy). The caller
 is named as the platform names it: on CPU by the (tier, data) operand, on
 CUDA by the device ordinal looked up in the "ordinals" attribute (the proxy's
 calls list a placeholder ordinal for the worker, so the GPU's ordinal names
-the proxy; the session's storage was placed by the first call, on this GPU).
+the proxy; a worker call comes first and opens the session, whose storage
+its ordinals place on this GPU).
 That exercises each platform's binding layer (run id, stream, ordinal,
 attributes, results) and every phase of the protocol through XLA. With
 p = 1 the mean is the value itself, so every result must equal its input.
@@ -69,7 +70,12 @@ def _step(plan, device):
                           [tok, *bucket], first_leaf=np.int64(b.first_leaf),
                           first_piece=np.int64(b.first_piece), num_pieces=np.int64(b.num_pieces),
                           passthrough=np.int64(0), last=np.int64(0))
-        (ring,) = call("coarse_proxy_ring", "proxy", [token_spec], [tok], last=np.int64(0))
+        # Every device runs every call; the worker's proxy ring (a no-op) comes
+        # first, so a worker call always opens the session (its ordinals place
+        # the storage).
+        ring = tok
+        for tier in ("worker", "proxy"):
+            (ring,) = call("coarse_proxy_ring", tier, [token_spec], [ring], last=np.int64(0))
         outs = {}
         for tier in ("worker", "proxy"):
             *reduced, ring = call("coarse_worker_ring", tier,

@@ -15,12 +15,15 @@ class DeviceScope {
  public:
   explicit DeviceScope(int ordinal) {
     cudaGetDevice(&saved_);
-    cudaSetDevice(ordinal);
+    ok_ = cudaSetDevice(ordinal) == cudaSuccess;
+    if (!ok_) cudaGetLastError();  // leave no error behind for the next launch check
   }
   ~DeviceScope() { cudaSetDevice(saved_); }
+  bool ok() const { return ok_; }
 
  private:
   int saved_ = 0;
+  bool ok_ = false;
 };
 
 }  // namespace
@@ -55,8 +58,10 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
         static_cast<kernels::Span*>(Alloc(d, max_runs_ * sizeof(kernels::Span), "span table")));
     cudaEvent_t ev = nullptr;
     DeviceScope scope(ordinal(d));
-    if (error_.empty() && cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
+    if (error_.empty() && cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
+      cudaGetLastError();
       error_ = "coarse_jax: cudaEventCreate failed on GPU " + std::to_string(ordinal(d));
+    }
     events_.push_back(ev);
   }
 }
@@ -81,6 +86,12 @@ void CudaStorage::EnablePeerAccess() {
 void* CudaStorage::Alloc(int64_t device, size_t bytes, const char* what) {
   if (!error_.empty()) return nullptr;
   DeviceScope scope(ordinal(device));
+  if (!scope.ok()) {
+    error_ = "coarse_jax: the mesh places a device on GPU " + std::to_string(ordinal(device)) +
+             ", which this process cannot use (cudaSetDevice failed; check the mesh and "
+             "CUDA_VISIBLE_DEVICES)";
+    return nullptr;
+  }
   void* ptr = nullptr;
   const cudaError_t err = cudaMalloc(&ptr, bytes);
   if (err != cudaSuccess) {
