@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import pytest
 
 import coarse_jax as coarse
@@ -24,12 +25,17 @@ from coarse_jax.shapes import RESNET50_SHAPES, resnet50_tree
 
 WORKERS = 4
 SYNC_SCALE = 300.0
+
+
+def _cpu_mesh():
+    # Emulated links are timed on the host: always the CPU devices, also on a GPU host.
+    return coarse.make_mesh(workers=WORKERS, devices=jax.devices("cpu")[: 2 * WORKERS])
 ROUNDS = 3
 
 
 @pytest.fixture(scope="module")
 def v100_config() -> coarse.Config:
-    mesh = coarse.make_mesh(workers=WORKERS)
+    mesh = _cpu_mesh()
     probe = coarse.Topology.preset("v100", WORKERS, time_scale=50)
     prof = coarse.profile(mesh, topology=probe, sizes=tuple(4**k for k in range(5, 12)), reps=3)
     return coarse.Config.from_profile(
@@ -41,7 +47,7 @@ def v100_config() -> coarse.Config:
 def test_emulated_v100_sync(
     benchmark: Any, scheme: str, v100_config: coarse.Config, emulated_results: dict[str, Any]
 ) -> None:
-    mesh = coarse.make_mesh(workers=WORKERS)
+    mesh = _cpu_mesh()
     cfg = schemes.scheme_config(scheme, v100_config, WORKERS)
     tree = resnet50_tree()
     run, _ = schemes.sync_step(mesh, tree, cfg)  # compiled and warmed up, untimed
