@@ -11,7 +11,6 @@ is imported (``main.py`` does that) so that the CPU offers 2 * workers devices.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import statistics
@@ -29,7 +28,6 @@ from flax.training import train_state
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from tqdm import tqdm
 
 import coarse_jax as coarse
 
@@ -77,12 +75,6 @@ def make_data(config: Any) -> tuple[Batch, Batch]:
     return train, sample(config.eval_size)
 
 
-def batches(train: Batch, sharding: NamedSharding) -> list[Batch]:
-    """Places every step's batch on the devices up front, so steps time compute, not copies."""
-    steps = len(train["x"])
-    return [jax.device_put({k: v[i] for k, v in train.items()}, sharding) for i in range(steps)]
-
-
 # ----------------------------------------------------------------------------- steps
 
 
@@ -110,26 +102,6 @@ def pmean_sync_only(mesh: jax.sharding.Mesh) -> Callable[[Any], Any]:
 
 
 # ----------------------------------------------------------------------------- running
-
-
-@dataclasses.dataclass
-class RunResult:
-    """One implementation's training run."""
-
-    state: train_state.TrainState
-    losses: list[float]
-    step_times_s: list[float]  # the first (compiling) step excluded
-
-
-def train(step: StepFn, state: train_state.TrainState, data: list[Batch], desc: str) -> RunResult:
-    """Runs ``step`` over ``data`` with a progress bar, timing every step."""
-    losses, times = [], []
-    for batch in tqdm(data, desc=desc, unit="step", leave=True):
-        start = time.perf_counter()
-        state, loss = jax.block_until_ready(step(state, batch))
-        times.append(time.perf_counter() - start)
-        losses.append(float(loss))
-    return RunResult(state, losses, times[1:])
 
 
 def median_call_s(fn: Callable[[Any], Any], arg: Any, calls: int, warmup: int = 3) -> float:
@@ -196,20 +168,20 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     print()
 
     train_data, test = make_data(config)
-    coarse_data = batches(train_data, NamedSharding(coarse_mesh, P("data")))
-    pmean_data = batches(train_data, NamedSharding(pmean_mesh, P("data")))
+    coarse_data = trainer.place_batches(train_data, NamedSharding(coarse_mesh, P("data")))
+    pmean_data = trainer.place_batches(train_data, NamedSharding(pmean_mesh, P("data")))
 
     # Place the initial state replicated on each mesh, as the steps return it,
     # so that only the first step compiles (an uncommitted input would
     # recompile on the second step).
     runs = {
-        "coarse": train(
+        "coarse": trainer.train(
             trainer.coarse_train_step(coarse_mesh, cfg, trainer.classification_loss),
             jax.device_put(state, NamedSharding(coarse_mesh, P())),
             coarse_data,
             "coarse",
         ),
-        "pmean": train(
+        "pmean": trainer.train(
             trainer.pmean_train_step(pmean_mesh, trainer.classification_loss),
             jax.device_put(state, NamedSharding(pmean_mesh, P())),
             pmean_data,
@@ -236,9 +208,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     }
 
     a, b = np.array(runs["coarse"].losses), np.array(runs["pmean"].losses)
-    max_abs = float(np.abs(a - b).max())
-    max_rel = float((np.abs(a - b) / np.abs(b)).max())
-    step_s = {name: statistics.median(run.step_times_s) for name, run in runs.items()}
+    max_abs, max_rel = trainer.compare(runs)
+    step_s = {name: run.median_step_s for name, run in runs.items()}
     acc = {name: accuracy(run.state, test) for name, run in runs.items()}
 
     print()
