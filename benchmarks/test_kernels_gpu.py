@@ -21,11 +21,13 @@ Skips without a GPU. Run on a GPU host: ``pytest -q benchmarks/test_kernels_gpu.
 from __future__ import annotations
 
 import os
+import sys
 
-import jax
 import pytest
 
-import coarse_jax as coarse
+# The tests' GPU check (skip without a GPU, fail if the CUDA module is missing).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from helpers import gpu_or_skip
 
 ITERS = 50
 MIB = 1 << 20
@@ -34,22 +36,8 @@ DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ROWS: list[dict] = []
 
 
-def _gpu():
-    try:
-        gpus = jax.devices("gpu")
-    except RuntimeError:
-        gpus = []
-    if not gpus:
-        pytest.skip("no GPU visible to jax")
-    if not coarse.has_cuda_support():
-        pytest.fail("a GPU is visible but coarse_jax was built without its CUDA extension")
-    from coarse_jax import _coarse_cuda
-
-    return gpus[0], _coarse_cuda
-
-
 def _measure(benchmark, nelems, dtype, num_leaves, label):
-    device, ext = _gpu()
+    device, ext = gpu_or_skip()
     result = benchmark.pedantic(
         ext.bench_kernels, args=(nelems, dtype, num_leaves, ITERS), rounds=1, iterations=1
     )
