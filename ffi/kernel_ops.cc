@@ -5,8 +5,8 @@
 namespace coarse {
 namespace ffi = xla::ffi;
 
-ffi::Error CheckReduceOperands(ffi::RemainingArgs inputs, const ffi::AnyBuffer& out,
-                               int max_inputs) {
+ffi::Error CheckReduceOperands(ffi::RemainingArgs inputs, const ffi::AnyBuffer& out) {
+  const int max_inputs = kReduceMaxInputs;
   if (inputs.size() < 1 || static_cast<int>(inputs.size()) > max_inputs)
     return ffi::Error::InvalidArgument("coarse_jax: coarse_reduce takes 1 to " +
                                        std::to_string(max_inputs) + " arrays, got " +

@@ -8,9 +8,12 @@
 
 namespace coarse {
 
-// coarse_reduce's operands: 1..max_inputs arrays with the output's dtype and
+// coarse_reduce takes at most this many arrays on every platform (the CUDA
+// kernel passes them in its launch parameters; kernels::kMaxReduceInputs).
+constexpr int kReduceMaxInputs = 8;
+
+// coarse_reduce's operands: 1..kReduceMaxInputs arrays with the output's dtype and
 // element count. The error names which operand is off and how.
-xla::ffi::Error CheckReduceOperands(xla::ffi::RemainingArgs inputs, const xla::ffi::AnyBuffer& out,
-                                    int max_inputs);
+xla::ffi::Error CheckReduceOperands(xla::ffi::RemainingArgs inputs, const xla::ffi::AnyBuffer& out);
 
 }  // namespace coarse

@@ -75,7 +75,7 @@ ffi::Error UnpackImpl(ffi::AnyBuffer buf, ffi::RemainingRets rets, float scale) 
 }
 
 ffi::Error ReduceImpl(ffi::RemainingArgs inputs, ffi::Result<ffi::AnyBuffer> out, float scale) {
-  ffi::Error e = CheckReduceOperands(inputs, *out, 8);
+  ffi::Error e = CheckReduceOperands(inputs, *out);
   if (e.failure()) return e;
   e = CheckDtype(out->element_type(), "coarse_reduce", "the output");
   if (e.failure()) return e;

@@ -13,6 +13,9 @@
 namespace coarse::cuda {
 namespace ffi = xla::ffi;
 
+static_assert(kReduceMaxInputs == kernels::kMaxReduceInputs,
+              "coarse_reduce's operand limit is the kernel's");
+
 namespace {
 
 ffi::Error DTypeOf(ffi::AnyBuffer b, const char* op, const std::string& what,
@@ -95,7 +98,7 @@ ffi::Error UnpackImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
 
 ffi::Error ReduceImpl(cudaStream_t stream, ffi::RemainingArgs inputs,
                       ffi::Result<ffi::AnyBuffer> out, float scale) {
-  ffi::Error e = CheckReduceOperands(inputs, *out, kernels::kMaxReduceInputs);
+  ffi::Error e = CheckReduceOperands(inputs, *out);
   if (e.failure()) return e;
   kernels::DType dtype;
   e = DTypeOf(*out, "coarse_reduce", "the output", &dtype);
