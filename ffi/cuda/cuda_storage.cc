@@ -104,7 +104,6 @@ void* CudaStorage::Alloc(int64_t device, size_t bytes, const char* what) {
     return nullptr;
   }
   allocations_.emplace_back(ordinal(device), ptr);
-  bytes_ += static_cast<int64_t>(bytes);
   return ptr;
 }
 

@@ -34,7 +34,6 @@ class CudaStorage final : public Storage {
   kernels::Span* spans(int64_t device) { return spans_[device]; }
   int64_t max_runs() const { return max_runs_; }
   cudaEvent_t event(int64_t device) { return events_[device]; }
-  int64_t bytes() const { return bytes_; }
 
  private:
   void* Alloc(int64_t device, size_t bytes, const char* what);
@@ -45,7 +44,7 @@ class CudaStorage final : public Storage {
   std::vector<kernels::Span*> spans_;
   std::vector<cudaEvent_t> events_;
   std::vector<std::pair<int, void*>> allocations_;  // (ordinal, pointer)
-  int64_t staging_len_ = 0, max_runs_ = 0, bytes_ = 0;
+  int64_t staging_len_ = 0, max_runs_ = 0;
   std::string error_;
 };
 

@@ -55,10 +55,6 @@ class Session {
   float* arena(int64_t proxy) { return storage_->arena(proxy); }
   float* scratch(int64_t worker) { return storage_->scratch(worker); }
   Storage& storage() { return *storage_; }
-  // The platform's device number of mesh device `device` (-1 if not given).
-  int64_t ordinal(int64_t device) const {
-    return device < static_cast<int64_t>(ordinals_.size()) ? ordinals_[device] : -1;
-  }
 
   // True exactly once per mesh device: its first call of this session, which
   // must first wait (Device::Acquire) for every device's work of the session
