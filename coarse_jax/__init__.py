@@ -14,7 +14,7 @@ Example:
 """
 
 from coarse_jax import kernels, model, reference
-from coarse_jax._ffi import has_cuda_support
+from coarse_jax._ffi import has_cuda_support, virtual_sync_seconds
 from coarse_jax.api import all_reduce, on_workers, sync, value_and_grad
 from coarse_jax.config import Config
 from coarse_jax.mesh import make_mesh
@@ -40,5 +40,6 @@ __all__ = [
     "reference",
     "sync",
     "value_and_grad",
+    "virtual_sync_seconds",
 ]
 __version__ = "0.1.0"

@@ -63,6 +63,29 @@ def has_cuda_support() -> bool:
     return _coarse_cuda is not None
 
 
+def virtual_sync_seconds() -> list[float]:
+    """Simulated seconds of each synchronization run on a virtual-clock topology.
+
+    One entry per finished synchronization (a `coarse.sync` step's
+    `value_and_grad` / `all_reduce` each count one) with
+    ``Config(topology=coarse.Topology(..., clock="virtual"))``, in completion
+    order, since the previous call; each call returns and forgets them. A
+    synchronization's time is its latest device's simulated clock when it
+    ends, counted from 0 when it starts.
+
+    Example:
+      >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+      >>> step = coarse.sync(lambda x: coarse.all_reduce(x[0]), mesh=mesh,
+      ...                    config=coarse.Config(topology=topo))
+      >>> _ = jax.block_until_ready(step(x))
+      >>> coarse.virtual_sync_seconds()  # doctest: +SKIP
+      [0.000123]
+    """
+    if _coarse_cpu is None:
+        return []
+    return [float(s) for s in _coarse_cpu.take_virtual_spans()]
+
+
 def check_gpu_target(target: str, platform: str, fallback: str = "") -> None:
     """Raises the actionable error for custom call ``target`` on ``platform``.
 

@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from coarse_jax._ffi import virtual_sync_seconds
 from coarse_jax.api import all_reduce, sync
 from coarse_jax.config import Config
 from coarse_jax.mesh import DATA
@@ -67,11 +68,24 @@ def sync_step(mesh: Any, shapes: Any, config: Config) -> tuple[Callable[[], Any]
 
 
 def time_sync(mesh: Any, shapes: Any, config: Config, reps: int = 3) -> float:
-    """Median seconds of one synchronization (see `sync_step`), compile and warm-up excluded."""
+    """Median seconds of one synchronization (see `sync_step`), compile and warm-up excluded.
+
+    On a virtual-clock topology (``Topology(clock="virtual")``) the seconds
+    are the simulated ones the runtime reports (exact and repeatable);
+    otherwise wall time.
+    """
     run, _ = sync_step(mesh, shapes, config)
+    virtual = config.topology is not None and config.topology.clock == "virtual"
+    virtual_sync_seconds()  # forget the warm-up's
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         run()
-        times.append(time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        if virtual:
+            spans = virtual_sync_seconds()
+            if len(spans) != 1:
+                raise RuntimeError(f"time_sync: expected one simulated time per step, got {spans}.")
+            elapsed = spans[0]
+        times.append(elapsed)
     return statistics.median(times)

@@ -10,6 +10,16 @@ share the device's serial-bus port (one transfer in and one out at a time), so
 many clients pushing to one proxy (DENSE) queue up as on real hardware.
 
 Bandwidths are GB/s (1e9 bytes/s) per direction, latencies microseconds.
+
+Two clocks. ``clock="real"`` (the default) makes every transfer really last
+its emulated time (the runtime sleeps), so a step's wall time shows the links:
+for demos and benchmarks, host noise included. ``clock="virtual"`` runs the
+same protocol and gives the same results, but time is simulated: each device
+keeps its own clock, a transfer is booked from the simulated time its data was
+ready and a wait moves the waiter's clock to the arrival, so nothing sleeps.
+`coarse.profile` then measures exact, repeatable times, and
+`virtual_sync_seconds` reads how long each synchronization took. Host work
+(copies, additions) takes no simulated time.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from typing import Any
 import numpy as np
 
 Matrix = tuple[tuple[float, ...], ...]
+CLOCKS = ("real", "virtual")
 
 
 def _matrix(value: Any, p: int, what: str) -> Matrix:
@@ -45,6 +56,8 @@ class Topology:
       worker_worker_gbps, worker_worker_us: ``[worker][worker]`` (used by the worker ring).
       time_scale: every emulated duration is multiplied by this, so emulated
         links can be made slow enough to dominate the host's own copy costs.
+      clock: "real" (transfers sleep; wall time shows the links) or
+        "virtual" (simulated time, exact and repeatable; see the module docstring).
 
     Example:
       >>> topo = coarse.Topology.preset("v100", workers=4)
@@ -61,6 +74,7 @@ class Topology:
     worker_worker_gbps: Matrix
     worker_worker_us: Matrix
     time_scale: float = 1.0
+    clock: str = "real"
 
     def __post_init__(self) -> None:
         p = self.workers
@@ -79,9 +93,16 @@ class Topology:
                 object.__setattr__(self, field.name, m)
         if not self.time_scale > 0:
             raise ValueError(f"Topology.time_scale: expected > 0, got {self.time_scale!r}.")
+        if self.clock not in CLOCKS:
+            raise ValueError(
+                f"Topology.clock: expected one of {CLOCKS}, got {self.clock!r}; "
+                '"virtual" simulates time (exact, repeatable), "real" sleeps.'
+            )
 
     @staticmethod
-    def preset(name: str, workers: int, *, time_scale: float = 1.0) -> Topology:
+    def preset(
+        name: str, workers: int, *, time_scale: float = 1.0, clock: str = "real"
+    ) -> Topology:
         """An interconnect from the paper (Section III-E, Fig. 8), for ``workers`` workers.
 
         * ``"t4"``: local = remote (12 GB/s, 5 us worker<->proxy).
@@ -99,6 +120,7 @@ class Topology:
           name: "t4", "v100" or "p100".
           workers: p.
           time_scale: multiplies every emulated duration.
+          clock: "real" or "virtual" (see the module docstring).
 
         Raises:
           ValueError: an unknown preset name.
@@ -124,6 +146,7 @@ class Topology:
             worker_worker_gbps=_local_remote(p, 9.0, 9.0),
             worker_worker_us=_local_remote(p, 8.0, 8.0),
             time_scale=time_scale,
+            clock=clock,
         )
 
     def link(self, kind: str, a: int, b: int) -> tuple[float, float]:
@@ -143,8 +166,8 @@ class Topology:
         s_per_byte, latency = self.link(kind, src, dst)
         return latency + nbytes * s_per_byte
 
-    def ffi_attrs(self) -> dict[str, np.ndarray]:
-        """The topology as FFI attributes: bytes/s and seconds, already scaled."""
+    def ffi_attrs(self) -> dict[str, Any]:
+        """The topology as FFI attributes: bytes/s and seconds, already scaled, and the clock."""
         scale = self.time_scale
 
         def rate(m: Matrix) -> np.ndarray:  # seconds per byte
@@ -160,4 +183,5 @@ class Topology:
             "emu_pp_latency_s": lat(self.proxy_proxy_us),
             "emu_ww_s_per_byte": rate(self.worker_worker_gbps),
             "emu_ww_latency_s": lat(self.worker_worker_us),
+            "emu_virtual": np.int64(self.clock == "virtual"),
         }

@@ -1,5 +1,6 @@
 // coarse_jax._coarse_cpu: the CPU handlers and two testing hooks.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/vector.h>
 
 #include "runtime/session.h"
 #include "selftest_binding.h"
@@ -50,4 +51,7 @@ NB_MODULE(_coarse_cpu, m) {
       nb::arg("steps"), COARSE_SELFTEST_DOC);
   m.def("live_sessions", &coarse::LiveSessions,
         "Number of synchronization sessions the runtime holds right now.");
+  m.def("take_virtual_spans", &coarse::TakeVirtualSpans,
+        "Simulated seconds of each finished sync on a virtual-clock Topology, in completion "
+        "order, since the last call (which forgets them).");
 }

@@ -8,6 +8,9 @@
 // a push, ring step or pull does. Sources start each repetition together (a
 // barrier), so two pairs in opposite directions measure the link both ways
 // at once. Result: seconds per repetition on source devices, 0 elsewhere.
+// With a virtual clock (emulator.h) nothing sleeps: a repetition starts at
+// the simulated time the barrier opened (the latest source's clock) and
+// lasts until the booked arrival, so the result is exact.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -15,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "runtime/emulator.h"
@@ -36,21 +40,28 @@ class ProbeSession {
 
   char* buffer(int64_t device) { return buffers_[device].get(); }
 
-  Clock::time_point Reserve(int64_t src, int64_t dst, double bytes) {
-    return emulator_ ? emulator_->Reserve(src, dst, bytes, Clock::now()) : Clock::now();
+  Clock::time_point Reserve(int64_t src, int64_t dst, double bytes, Clock::time_point start) {
+    return emulator_ ? emulator_->Reserve(src, dst, bytes, start) : start;
   }
 
-  // All sources arrive before any of them starts repetition `rep`.
-  bool Barrier(std::chrono::milliseconds timeout) {
+  // All sources arrive before any of them starts the next repetition.
+  // `clock`: the caller's simulated time (virtual clock), replaced by the
+  // time the barrier opened. False on timeout.
+  bool Barrier(std::chrono::milliseconds timeout, Clock::time_point* clock) {
     std::unique_lock<std::mutex> lock(mu_);
     const int64_t gen = generation_;
+    opens_at_ = std::max(opens_at_, *clock);
     if (++waiting_ == sources_) {
       waiting_ = 0;
       ++generation_;
+      opened_at_ = opens_at_;
       cv_.notify_all();
-      return true;
+    } else if (!cv_.wait_for(lock, timeout, [&] { return generation_ != gen; })) {
+      return false;
     }
-    return cv_.wait_for(lock, timeout, [&] { return generation_ != gen; });
+    // The next opening is only computed once every source has read this one.
+    *clock = opened_at_;
+    return true;
   }
 
   // True for the last device to leave.
@@ -65,6 +76,7 @@ class ProbeSession {
   std::condition_variable cv_;
   int waiting_ = 0;
   int64_t generation_ = 0;
+  Clock::time_point opens_at_{}, opened_at_{};  // virtual clock: simulated times
   std::atomic<int64_t> left_{0};
 };
 
@@ -95,6 +107,7 @@ static ffi::Error ProbeImpl(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyB
   Topology topo;
   auto emulated = ParseTopology(attrs, p, &topo);
   if (emulated.has_error()) return emulated.error();
+  const bool virtual_clock = emulated.value() && topo.virtual_clock;
 
   std::shared_ptr<ProbeSession> session;
   {
@@ -117,18 +130,25 @@ static ffi::Error ProbeImpl(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyB
       status = ffi::Error::InvalidArgument("coarse_probe: bad destination device");
       break;
     }
+    Clock::time_point clock{};  // simulated time of this source (virtual clock)
     for (size_t rep = 0; rep < reps; ++rep) {
-      if (!session->Barrier(std::chrono::milliseconds(timeout_ms.value()))) {
+      if (!session->Barrier(std::chrono::milliseconds(timeout_ms.value()), &clock)) {
         status = ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
                             "coarse_probe: " + who.value().Describe() +
                                 " timed out waiting for the other source of the probe");
         break;
       }
-      const Clock::time_point start = Clock::now();
-      const Clock::time_point arrival = session->Reserve(me, dst, static_cast<double>(nbytes));
+      const Clock::time_point start = virtual_clock ? clock : Clock::now();
+      const Clock::time_point arrival =
+          session->Reserve(me, dst, static_cast<double>(nbytes), start);
       std::memcpy(session->buffer(dst), payload.untyped_data(), nbytes);
-      Session::SleepUntil(arrival);
-      out[rep] = std::chrono::duration<float>(Clock::now() - start).count();
+      if (virtual_clock) {
+        clock = arrival;
+        out[rep] = std::chrono::duration<float>(arrival - start).count();
+      } else {
+        if (arrival > Clock::now()) std::this_thread::sleep_until(arrival);
+        out[rep] = std::chrono::duration<float>(Clock::now() - start).count();
+      }
     }
   }
   if (session->Leave()) {

@@ -31,6 +31,7 @@ ffi::Error ReducePieces(Call& call, Device& dev) {
           call.who, Session::Waits::kPeer, [&] { return session.IsReduced(holder, s); },
           [&] { return "proxy " + std::to_string(holder) + " to reduce " + plan.DescribePiece(s); });
       if (err.failure()) return err;
+      session.AdvanceTo(p + k, session.ReducedAt(holder, s));
       err = dev.Acquire(p + holder);
       if (err.failure()) return err;
       err = dev.CopyFrom(session.arena(k) + plan.slot(k, s, 0),
@@ -58,11 +59,18 @@ ffi::Error ReducePieces(Call& call, Device& dev) {
       if (err.failure()) return err;
     }
     if (session.emulated()) {
+      // A push is a transfer the worker started: it does not wait for this
+      // proxy to be free, only for the link and ports.
       Clock::time_point arrival = Clock::time_point::min();
-      for (int32_t w : from)
-        arrival = std::max(arrival, session.Reserve(w, p + k, plan.piece_nbytes[s],
-                                                    session.PushReady(w, s)));
-      Session::SleepUntil(arrival);
+      for (int32_t w : from) {
+        auto t = session.ReserveInOrder(
+            call.who, w, p + k, plan.piece_nbytes[s], session.PushReady(w, s), s,
+            plan.proxy_port_rank[s * p + w],
+            "the push of worker " + std::to_string(w) + " of " + plan.DescribePiece(s));
+        if (t.has_error()) return t.error();
+        arrival = std::max(arrival, t.value());
+      }
+      session.AdvanceTo(p + k, arrival);
     }
     const int64_t n = plan.piece_nelems[s];
     float* own = session.arena(k) + plan.slot(k, s, 0);
@@ -86,6 +94,10 @@ ffi::Error ReducePieces(Call& call, Device& dev) {
       m.successor_device[r] = p + RingSuccessor(r, k, p);
       m.position[r] = RingPosition(r, k, p);
       m.pred_device[r] = p + pred;
+    }
+    for (int r = 0; r < 2; ++r) {
+      m.step_times[r] = session.proxy_step_times(k, s, r);
+      m.pred_step_times[r] = session.proxy_step_times(RingPredecessor(r, k, p), s, r);
     }
     m.self_device = p + k;
     m.wire_bytes_per_elem = n ? static_cast<double>(plan.piece_nbytes[s]) / n : 0.0;

@@ -26,11 +26,20 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of) {
     if (err.failure()) return err;
     err = dev.Acquire(p + k);
     if (err.failure()) return err;
-    // A proxy reads its own storage: no transfer. A worker's copy below
-    // happens inside the emulated transfer window.
-    const Clock::time_point arrival = call.who.tier == kWorker
-                                          ? session.Reserve(p + k, me, plan.piece_nbytes[s])
-                                          : Clock::time_point::min();
+    // A proxy reads its own storage: no transfer. A worker's pull is booked
+    // from the moment the piece was reduced, not from when the worker got
+    // here: pulls are pipelined like pushes (the link and the ports still
+    // serialize them). The copy below happens inside the transfer window.
+    const int64_t self = call.who.device(p);
+    const Clock::time_point reduced = session.ReducedAt(k, s);
+    Clock::time_point arrival = reduced;
+    if (call.who.tier == kWorker) {
+      auto t = session.ReserveInOrder(call.who, p + k, me, plan.piece_nbytes[s], reduced,
+                                      plan.proxy_port_rank[s * p + me], s,
+                                      "the pull of " + plan.DescribePiece(s));
+      if (t.has_error()) return t.error();
+      arrival = t.value();
+    }
     runs.clear();
     for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
       const Segment& seg = plan.segments[g];
@@ -42,7 +51,7 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of) {
     err = dev.Scatter(session.arena(k) + plan.slot(k, s, 0), p + k, plan.piece_nelems[s],
                       runs.data(), static_cast<int64_t>(runs.size()));
     if (err.failure()) return err;
-    Session::SleepUntil(arrival);
+    session.AdvanceTo(self, arrival);
   }
   return ffi::Error::Success();
 }

@@ -45,7 +45,7 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
     if (e.failure()) return e;
     // The gather above is the transfer; on an emulated link the proxy books
     // it when it takes the piece (the push itself never waits).
-    session.NotePushReady(i, s, Clock::now());
+    session.NotePushReady(i, s);
     session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
     session.Notify(plan.workers + k);
   }

@@ -45,6 +45,10 @@ ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who) {
     m.position[r] = RingPosition(r, me, p);
     m.pred_device[r] = pred;
   }
+  for (int r = 0; r < 2; ++r) {
+    m.step_times[r] = session.worker_step_times(me, r);
+    m.pred_step_times[r] = session.worker_step_times(RingPredecessor(r, me, p), r);
+  }
   m.self_device = me;
   m.wire_bytes_per_elem = plan.leading_nelems
                               ? static_cast<double>(plan.leading_nbytes) / plan.leading_nelems
@@ -72,6 +76,7 @@ ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in
     if (err.failure()) return err;
     err = WorkerRingAllReduce(session, dev, call.who);
     if (err.failure()) return err;
+    session.NoteLeadingReady(me);
     session.leading_ready(me).store(1, std::memory_order_release);
     session.Notify(p + me);
   } else {
@@ -89,8 +94,17 @@ ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in
     // The hand-over from the local worker is traffic of the dual-sync
     // design. With no proxy pieces at all (the AllReduce baseline) the
     // proxies are not part of the emulated system: not charged.
-    if (plan.num_pieces() > 0)
-      Session::SleepUntil(session.Reserve(me, p + me, plan.leading_nbytes));
+    // Like a push, the hand-over is the worker's transfer: booked from when
+    // the worker had the values, whatever this proxy was doing.
+    Clock::time_point arrival = session.LeadingReadyAt(me);
+    if (plan.num_pieces() > 0) {
+      auto t = session.ReserveInOrder(call.who, me, p + me, plan.leading_nbytes, arrival,
+                                      plan.num_pieces(), plan.proxy_port_transfers[me],
+                                      "the hand-over of the leading layers");
+      if (t.has_error()) return t.error();
+      arrival = t.value();
+    }
+    session.AdvanceTo(p + me, arrival);
   }
   // The ring already applied the 1/p scale; a proxy reads its worker's scratch.
   return dev.Scatter(scratch, me, plan.leading_nelems, out_runs.data(),

@@ -4,20 +4,35 @@
 // device) and a byte count. Without a topology it is just the copy. With one,
 // the transfer also lasts latency + bytes * seconds_per_byte on that link:
 // Reserve() books the link from max(ready, link free) for bytes/bandwidth and
-// returns the arrival time (booking + latency); the receiver sleeps until
+// returns the arrival time (booking + latency); the receiver waits until
 // then. The receiver books, in the order it consumes (a proxy walks pieces in
 // plan order), with the time the sender made the data ready: booking at issue
 // time instead would let whichever thread the OS ran first take a shared
-// port for all its transfers, which no link arbiter does. Links are full duplex (each direction booked separately). A
-// worker<->proxy transfer also books the worker's and the proxy's serial-bus
-// port (one transfer in, one out at a time), so clients crowding one proxy
-// (DENSE) queue as on hardware. Durations arrive already multiplied by the
-// topology's time_scale.
+// port for all its transfers, which no link arbiter does. Links are full
+// duplex (each direction booked separately). A worker<->proxy transfer also
+// books the worker's and the proxy's serial-bus port (one transfer in, one
+// out at a time), so clients crowding one proxy (DENSE) queue as on
+// hardware. Durations arrive already multiplied by the topology's time_scale.
+//
+// Two clocks (coarse.Topology(clock=...)):
+// * "real": times are the host's steady clock and a receiver sleeps until
+//   the arrival, so what is measured is wall time, host noise included (for
+//   demos and benchmarks).
+// * "virtual": every device of a session keeps a simulated clock that starts
+//   at 0. A transfer is booked from the simulated time its data was ready,
+//   and a wait moves the waiter's clock to the arrival instead of sleeping
+//   (Session::Now / AdvanceTo). The protocol still runs for real and the
+//   results are exact; only time is simulated, so timings are repeatable and
+//   cost no sleep. Host work (copies, additions) takes no simulated time.
+// The Emulator does the same arithmetic for both: it only sees time points.
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -35,6 +50,7 @@ struct LinkTable {
 
 struct Topology {
   int64_t workers = 0;
+  bool virtual_clock = false;  // attribute emu_virtual (see above)
   LinkTable wp, pp, ww;  // wp is indexed [worker][proxy] for both directions
 };
 
@@ -52,14 +68,31 @@ class Emulator {
   // background while the receiver was busy.
   Clock::time_point Reserve(int64_t src, int64_t dst, double bytes, Clock::time_point not_before);
 
+  // Reserve for a worker<->proxy transfer, booked on each serial-bus port in
+  // a fixed order: it waits until `src_rank` earlier transfers have booked
+  // src's out port and `dst_rank` dst's in port. Ports are shared by transfers
+  // that different threads book (a worker's pushes to two proxies, a proxy's
+  // pulls by several workers); first come, first served would order them by
+  // which thread the OS ran first, so the same step would take different
+  // times. The ranks (Plan: the plan's global order) make it the same every
+  // run. Returns nullopt when `give_up()` says so (checked while waiting).
+  std::optional<Clock::time_point> ReserveInOrder(int64_t src, int64_t dst, double bytes,
+                                                  Clock::time_point not_before,
+                                                  int64_t src_rank, int64_t dst_rank,
+                                                  const std::function<bool()>& give_up);
+
  private:
   const LinkTable& Table(int64_t src, int64_t dst, int64_t* a, int64_t* b) const;
+  Clock::time_point BookLocked(int64_t src, int64_t dst, double bytes,
+                               Clock::time_point not_before);
 
   Topology topo_;
   int64_t p_;
   std::mutex mu_;
   std::vector<Clock::time_point> link_free_;    // [src * 2p + dst]
   std::vector<Clock::time_point> port_in_free_, port_out_free_;  // [device]
+  std::vector<int64_t> port_in_next_, port_out_next_;  // [device]: rank of the next booking
+  std::condition_variable cv_;
 };
 
 }  // namespace coarse

@@ -128,6 +128,13 @@ void FinishPlan(Plan* plan) {
     if (one) plan->piece_holder[s] = plan->dest(s, 0);
   }
 
+  // Port ranks: pairs (s, w) in ascending order, counted per proxy.
+  plan->proxy_port_rank.assign(S * p, 0);
+  plan->proxy_port_transfers.assign(p, 0);
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t w = 0; w < p; ++w)
+      plan->proxy_port_rank[s * p + w] = plan->proxy_port_transfers[plan->dest(s, w)]++;
+
   // Proxy storage layout.
   plan->contributors.assign(p * S, {});
   plan->slot_begin.assign(p * S, 0);

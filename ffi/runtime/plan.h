@@ -60,6 +60,14 @@ struct Plan {
   std::vector<int64_t> slot_begin;                 // [k * S + s] -> arena offset
   std::vector<int64_t> arena_nelems;               // [k]
 
+  // Emulated serial-bus ports (emulator.h, ReserveInOrder): transfers book a
+  // port in the plan's global order. A worker pushes, and pulls, piece s as
+  // its s-th transfer on its port; a proxy serves (s, worker) pairs in
+  // ascending order, pushes in and pulls out alike; the leading layers'
+  // hand-over comes after all pushes on both ends.
+  std::vector<int64_t> proxy_port_rank;  // [piece * p + worker]
+  std::vector<int64_t> proxy_port_transfers;  // [k]: pushes into proxy k
+
   int64_t num_pieces() const { return static_cast<int64_t>(piece_nelems.size()); }
   int32_t dest(int64_t piece, int64_t worker) const {
     return piece_dest[piece * workers + worker];

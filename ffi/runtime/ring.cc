@@ -1,5 +1,6 @@
 #include "runtime/ring.h"
 
+#include <algorithm>
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -15,10 +16,15 @@ ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int64_t 
   }
   ffi::Error e = dev.Publish();  // the member's starting values (read at step 0)
   if (e.failure()) return e;
-  for (int r = 0; r < 2; ++r) {
-    m.progress[r]->store(0, std::memory_order_release);
+  // Emulated links: record when a step was reached before publishing it.
+  auto note_step = [&](int r, int32_t g) {
+    if (m.step_times[r])
+      m.step_times[r][g].store(session.Now(m.self_device).time_since_epoch().count(),
+                               std::memory_order_release);
+    m.progress[r]->store(g, std::memory_order_release);
     session.Notify(m.successor_device[r]);
-  }
+  };
+  for (int r = 0; r < 2; ++r) note_step(r, 0);
   const int32_t steps = RingSteps(p);
   for (int32_t g = 0; g < steps; ++g) {
     const bool reducing = g < p - 1;
@@ -41,8 +47,12 @@ ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int64_t 
       const int64_t c = ((reducing ? q - 1 - t : q - t) % p + p) % p;
       lo[r] = base + c * H / p;
       hi[r] = base + (c + 1) * H / p;
+      Clock::time_point ready = session.Now(m.self_device);
+      if (m.pred_step_times[r])
+        ready = std::max(ready, Clock::time_point(Clock::duration(
+                                    m.pred_step_times[r][g].load(std::memory_order_acquire))));
       arrival[r] = session.Reserve(m.pred_device[r], m.self_device,
-                                   (hi[r] - lo[r]) * m.wire_bytes_per_elem);
+                                   (hi[r] - lo[r]) * m.wire_bytes_per_elem, ready);
     }
     for (int r = 0; r < 2; ++r) {
       // The copy/add happens inside the emulated transfer window: the host's
@@ -58,9 +68,8 @@ ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int64_t 
         err = dev.Publish();
         if (err.failure()) return err;
       }
-      Session::SleepUntil(arrival[r]);
-      m.progress[r]->store(g + 1, std::memory_order_release);
-      session.Notify(m.successor_device[r]);
+      session.AdvanceTo(m.self_device, arrival[r]);
+      note_step(r, g + 1);
     }
   }
   return ffi::Error::Success();

@@ -29,6 +29,11 @@ struct RingMember {
   int64_t position[2];                      // position in ring r, 0..p-1
   int64_t self_device, pred_device[2];      // mesh devices: peer copies, emulated links
   double wire_bytes_per_elem;               // bytes a chunk element costs on a link
+  // Emulated links only (else null): when this member's / its predecessor's
+  // progress in ring r reached g, RingSteps(p) + 1 entries (Session's
+  // *_step_times). A step's transfer is ready when both were there.
+  std::atomic<int64_t>* step_times[2] = {nullptr, nullptr};
+  const std::atomic<int64_t>* pred_step_times[2] = {nullptr, nullptr};
 };
 
 // Position of member `index` of p in ring r: ring 0 runs 0->1->..->p-1->0,

@@ -1,10 +1,13 @@
 #include "runtime/session.h"
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
+#include <limits>
 #include <map>
 #include <thread>
 #include <utility>
+
+#include "runtime/ring.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -19,6 +22,20 @@ std::unique_ptr<std::atomic<T>[]> Counters(size_t n, T init) {
 }
 
 std::atomic<int64_t> g_dropped_push_worker{-1};
+
+std::mutex g_spans_mu;
+std::vector<double> g_virtual_spans;  // bounded: a caller that never reads loses the oldest
+
+constexpr int64_t kNever = std::numeric_limits<int64_t>::min();
+
+int64_t Ticks(Clock::time_point t) { return t.time_since_epoch().count(); }
+Clock::time_point AtTicks(int64_t ticks) { return Clock::time_point(Clock::duration(ticks)); }
+
+void AtomicMax(std::atomic<int64_t>& a, int64_t v) {
+  int64_t cur = a.load(std::memory_order_relaxed);
+  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_acq_rel)) {
+  }
+}
 
 }  // namespace
 
@@ -83,8 +100,25 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
   mailboxes_.reset(new Mailbox[2 * p]);
   if (plan_->emulated) {
     emulator_ = std::make_unique<Emulator>(plan_->topology);
-    push_ready_ns_ = Counters<int64_t>(p * S, 0);
+    virtual_clock_ = plan_->topology.virtual_clock;
+    const int64_t G = RingSteps(p) + 1;
+    if (virtual_clock_) clock_ = Counters<int64_t>(2 * p, 0);
+    push_ready_ = Counters<int64_t>(p * S, kNever);
+    leading_ready_at_ = Counters<int64_t>(p, kNever);
+    proxy_steps_ = Counters<int64_t>(p * S * 2 * G, kNever);
+    worker_steps_ = Counters<int64_t>(p * 2 * G, kNever);
   }
+}
+
+Clock::time_point Session::Now(int64_t device) const {
+  return clock_ ? AtTicks(clock_[device].load(std::memory_order_acquire)) : Clock::now();
+}
+
+void Session::AdvanceTo(int64_t device, Clock::time_point t) {
+  if (clock_)
+    AtomicMax(clock_[device], Ticks(t));
+  else if (t > Clock::now())
+    std::this_thread::sleep_until(t);
 }
 
 Clock::time_point Session::Reserve(int64_t src, int64_t dst, double bytes,
@@ -92,19 +126,71 @@ Clock::time_point Session::Reserve(int64_t src, int64_t dst, double bytes,
   return emulator_ ? emulator_->Reserve(src, dst, bytes, ready) : ready;
 }
 
-void Session::SleepUntil(Clock::time_point t) {
-  if (t > Clock::now()) std::this_thread::sleep_until(t);
+ffi::ErrorOr<Clock::time_point> Session::ReserveInOrder(const Who& who, int64_t src, int64_t dst,
+                                                       double bytes, Clock::time_point ready,
+                                                       int64_t src_rank, int64_t dst_rank,
+                                                       const std::string& what) {
+  if (!emulator_) return ready;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(plan_->timeout_ms + std::max<int64_t>(
+                                                                          500, plan_->timeout_ms / 4));
+  auto arrival = emulator_->ReserveInOrder(src, dst, bytes, ready, src_rank, dst_rank, [&] {
+    return poisoned() || std::chrono::steady_clock::now() > deadline;
+  });
+  if (arrival.has_value()) return *arrival;
+  if (poisoned()) {
+    std::lock_guard<std::mutex> elock(error_mu_);
+    return ffi::Unexpected(ffi::Error::Internal(
+        "coarse_jax: " + who.Describe() + " gave up at step " + std::to_string(step_) +
+        " while booking the emulated link for " + what + ", because another device failed first: " +
+        error_));
+  }
+  std::string msg = "coarse_jax: " + who.Describe() + " timed out at step " +
+                    std::to_string(step_) + " booking the emulated link for " + what +
+                    ": the transfers ordered before it on the same ports never booked. Every "
+                    "device of the mesh must run the same coarse.sync step.";
+  Poison(msg);
+  return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kDeadlineExceeded, msg));
 }
 
-void Session::NotePushReady(int64_t worker, int64_t piece, Clock::time_point t) {
-  if (push_ready_ns_)
-    push_ready_ns_[worker * plan_->num_pieces() + piece].store(t.time_since_epoch().count(),
-                                                               std::memory_order_release);
+void Session::NotePushReady(int64_t worker, int64_t piece) {
+  if (push_ready_)
+    push_ready_[worker * plan_->num_pieces() + piece].store(Ticks(Now(worker)),
+                                                            std::memory_order_release);
 }
 
 Clock::time_point Session::PushReady(int64_t worker, int64_t piece) const {
-  return Clock::time_point(Clock::duration(
-      push_ready_ns_[worker * plan_->num_pieces() + piece].load(std::memory_order_acquire)));
+  if (!push_ready_) return Clock::time_point::min();
+  return AtTicks(push_ready_[worker * plan_->num_pieces() + piece].load(std::memory_order_acquire));
+}
+
+std::atomic<int64_t>* Session::proxy_step_times(int64_t proxy, int64_t piece, int ring) {
+  if (!proxy_steps_) return nullptr;
+  const int64_t G = RingSteps(p()) + 1;
+  return &proxy_steps_[((proxy * plan_->num_pieces() + piece) * 2 + ring) * G];
+}
+
+std::atomic<int64_t>* Session::worker_step_times(int64_t worker, int ring) {
+  if (!worker_steps_) return nullptr;
+  return &worker_steps_[(worker * 2 + ring) * (RingSteps(p()) + 1)];
+}
+
+Clock::time_point Session::ReducedAt(int64_t proxy, int64_t piece) const {
+  if (!proxy_steps_) return Clock::time_point::min();
+  const int64_t G = RingSteps(p()) + 1;
+  const int64_t base = (proxy * plan_->num_pieces() + piece) * 2 * G;
+  return AtTicks(std::max(proxy_steps_[base + G - 1].load(std::memory_order_acquire),
+                          proxy_steps_[base + 2 * G - 1].load(std::memory_order_acquire)));
+}
+
+void Session::NoteLeadingReady(int64_t worker) {
+  if (leading_ready_at_)
+    leading_ready_at_[worker].store(Ticks(Now(worker)), std::memory_order_release);
+}
+
+Clock::time_point Session::LeadingReadyAt(int64_t worker) const {
+  if (!leading_ready_at_) return Clock::time_point::min();
+  return AtTicks(leading_ready_at_[worker].load(std::memory_order_acquire));
 }
 
 bool Session::IsReduced(int64_t proxy, int64_t piece) {
@@ -115,6 +201,11 @@ bool Session::IsReduced(int64_t proxy, int64_t piece) {
 
 void Session::MarkReduced(int64_t proxy, int64_t piece) {
   const int32_t steps = static_cast<int32_t>(2 * (p() - 1));
+  if (proxy_steps_) {
+    const int64_t now = Ticks(Now(p() + proxy));
+    for (int r = 0; r < 2; ++r)
+      proxy_step_times(proxy, piece, r)[steps].store(now, std::memory_order_release);
+  }
   proxy_progress(proxy, piece, 0).store(steps, std::memory_order_release);
   proxy_progress(proxy, piece, 1).store(steps, std::memory_order_release);
   for (int64_t d = 0; d < 2 * p(); ++d) Notify(d);  // its clients and the other proxies
@@ -178,8 +269,16 @@ ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>
 }
 
 void Session::Leave() {
-  if (left_.fetch_add(1, std::memory_order_acq_rel) + 1 == 2 * p())
-    TheRegistry().Remove(run_id_, site_);
+  if (left_.fetch_add(1, std::memory_order_acq_rel) + 1 != 2 * p()) return;
+  if (clock_) {
+    int64_t span = 0;
+    for (int64_t d = 0; d < 2 * p(); ++d)
+      span = std::max(span, clock_[d].load(std::memory_order_acquire));
+    std::lock_guard<std::mutex> lock(g_spans_mu);
+    if (g_virtual_spans.size() >= 4096) g_virtual_spans.erase(g_virtual_spans.begin());
+    g_virtual_spans.push_back(std::chrono::duration<double>(Clock::duration(span)).count());
+  }
+  TheRegistry().Remove(run_id_, site_);
 }
 
 std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id,
@@ -208,5 +307,12 @@ bool TakeDroppedPush(int64_t worker) {
 }
 
 int64_t LiveSessions() { return TheRegistry().Live(); }
+
+std::vector<double> TakeVirtualSpans() {
+  std::lock_guard<std::mutex> lock(g_spans_mu);
+  std::vector<double> out;
+  out.swap(g_virtual_spans);
+  return out;
+}
 
 }  // namespace coarse

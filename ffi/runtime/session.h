@@ -79,17 +79,42 @@ class Session {
   // Marks it reduced without a ring (DENSE) and wakes everyone who may wait on it.
   void MarkReduced(int64_t proxy, int64_t piece);
 
-  // Emulated transport (see emulator.h). Reserve() books a transfer of
-  // `bytes` from device `src` to `dst`, ready at `ready`, and returns its
-  // arrival time (`ready`, without a topology); SleepUntil() waits for it.
-  Clock::time_point Reserve(int64_t src, int64_t dst, double bytes,
-                            Clock::time_point ready = Clock::now());
-  static void SleepUntil(Clock::time_point t);
-  // When worker `worker` made its push of `piece` (to its routed proxy)
-  // ready; the proxy books the transfer when it consumes the piece.
-  void NotePushReady(int64_t worker, int64_t piece, Clock::time_point t);
-  Clock::time_point PushReady(int64_t worker, int64_t piece) const;
+  // Emulated transport (see emulator.h). Times are Clock time points: the
+  // host's steady clock, or with a virtual clock simulated time since the
+  // session opened. Without a topology nothing is booked and nothing waits.
   bool emulated() const { return emulator_ != nullptr; }
+  bool virtual_clock() const { return virtual_clock_; }
+  // Device `device`'s current time.
+  Clock::time_point Now(int64_t device) const;
+  // Device `device` waits until `t`: sleeps (real clock) or moves its
+  // simulated clock forward (virtual clock). Never moves a clock back.
+  void AdvanceTo(int64_t device, Clock::time_point t);
+  // Books a transfer of `bytes` from device `src` to `dst` whose data is
+  // ready at `ready`; returns its arrival (`ready` without a topology).
+  Clock::time_point Reserve(int64_t src, int64_t dst, double bytes, Clock::time_point ready);
+  // Reserve for a worker<->proxy transfer in the plan's port order
+  // (Emulator::ReserveInOrder, ranks from Plan). `who` (the caller) and
+  // `what` name the wait in the error if earlier transfers never book.
+  xla::ffi::ErrorOr<Clock::time_point> ReserveInOrder(const Who& who, int64_t src, int64_t dst,
+                                                      double bytes, Clock::time_point ready,
+                                                      int64_t src_rank, int64_t dst_rank,
+                                                      const std::string& what);
+
+  // When shared state changed, for whoever books a transfer from it (all
+  // Clock::time_point::min() without a topology). A waiter's transfer is
+  // ready at max(its own Now(), the event's time).
+  // Worker `worker` published its push of `piece` (at its Now()).
+  void NotePushReady(int64_t worker, int64_t piece);
+  Clock::time_point PushReady(int64_t worker, int64_t piece) const;
+  // Piece `piece` became reduced on proxy `proxy` (see IsReduced).
+  Clock::time_point ReducedAt(int64_t proxy, int64_t piece) const;
+  // Worker `worker` handed over the reduced leading layers (leading_ready).
+  void NoteLeadingReady(int64_t worker);
+  Clock::time_point LeadingReadyAt(int64_t worker) const;
+  // Per ring member, RingSteps(p) + 1 times: when its progress reached g
+  // (ring.h). Null without a topology.
+  std::atomic<int64_t>* proxy_step_times(int64_t proxy, int64_t piece, int ring);
+  std::atomic<int64_t>* worker_step_times(int64_t worker, int ring);
 
   // Wakes device `device` if it waits on anything.
   void Notify(int64_t device);
@@ -130,7 +155,13 @@ class Session {
       leading_ready_;
   std::unique_ptr<Mailbox[]> mailboxes_;
   std::unique_ptr<Emulator> emulator_;  // null without a topology
-  std::unique_ptr<std::atomic<int64_t>[]> push_ready_ns_;  // [worker * S + piece]
+  bool virtual_clock_ = false;
+  // Emulated sessions only; Clock::duration counts (see the accessors above).
+  std::unique_ptr<std::atomic<int64_t>[]> clock_;          // [device], virtual clock only
+  std::unique_ptr<std::atomic<int64_t>[]> push_ready_;     // [worker * S + piece]
+  std::unique_ptr<std::atomic<int64_t>[]> leading_ready_at_;  // [worker]
+  std::unique_ptr<std::atomic<int64_t>[]> proxy_steps_;    // [((proxy*S + piece)*2 + ring)*(G+1) + g]
+  std::unique_ptr<std::atomic<int64_t>[]> worker_steps_;   // [(worker*2 + ring)*(G+1) + g]
   std::atomic<bool> poisoned_{false};
   std::mutex error_mu_;
   std::string error_;
@@ -151,5 +182,10 @@ xla::ffi::ErrorOr<Who> ReadWho(xla::ffi::AnyBuffer who, int64_t workers);
 void InjectDroppedPush(int64_t worker);   // the next push of `worker` is lost
 bool TakeDroppedPush(int64_t worker);     // push.cc asks: drop this one?
 int64_t LiveSessions();
+
+// Simulated seconds each finished virtual-clock session took (the latest
+// device clock when its last device left), in completion order; returns and
+// forgets them. coarse_jax reads them to time emulated steps exactly.
+std::vector<double> TakeVirtualSpans();
 
 }  // namespace coarse
