@@ -45,7 +45,7 @@ EMULATED_KEY = pytest.StashKey[dict[str, dict[str, float]]]()
 
 @pytest.fixture(scope="session")
 def emulated_results(pytestconfig: pytest.Config) -> dict[str, dict[str, float]]:
-    """Where the emulated-V100 benchmarks leave measured and predicted times."""
+    """Where the emulated-V100 benchmarks (real clock) leave measured and predicted times."""
     return pytestconfig.stash.setdefault(EMULATED_KEY, {})
 
 

@@ -23,6 +23,9 @@ def _parse() -> argparse.Namespace:
                         help="time_scale while profiling the emulated links")
     parser.add_argument("--sync-time-scale", type=float, default=300.0,
                         help="time_scale while timing the sync (emulated links must dominate host costs)")
+    parser.add_argument("--clock", choices=["real", "virtual"], default="real",
+                        help="emulated links: 'virtual' simulates time (exact, repeatable, no "
+                        "sleeping), 'real' sleeps so wall time shows the links")
     parser.add_argument("--max-size", type=int, default=4 << 20, help="largest probe size, bytes")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--t-fp-ms", type=float, default=30.0, help="forward time per step for the split m")
@@ -51,8 +54,10 @@ def main() -> None:
     mesh = coarse.make_mesh(workers=p)
     probe_topo = sync_topo = None
     if args.emulate:
-        probe_topo = coarse.Topology.preset(args.emulate, p, time_scale=args.profile_time_scale)
-        sync_topo = coarse.Topology.preset(args.emulate, p, time_scale=args.sync_time_scale)
+        probe_topo = coarse.Topology.preset(args.emulate, p, time_scale=args.profile_time_scale,
+                                            clock=args.clock)
+        sync_topo = coarse.Topology.preset(args.emulate, p, time_scale=args.sync_time_scale,
+                                           clock=args.clock)
     sizes = [s for s in DEFAULT_SIZES if s <= args.max_size]
     prof = coarse.profile(mesh, topology=probe_topo, sizes=sizes, reps=args.reps)
     print(prof.table())
@@ -89,7 +94,8 @@ def main() -> None:
     tree = resnet50_tree()
     print(f"\nsync of a ResNet-50 gradient tree ({n / 2**20:.1f} MiB, {p} workers"
           + (f", {args.emulate} links x{args.sync_time_scale:g}" if args.emulate else "") + "):")
-    print(f"{'scheme':<10} {'measured ms':>12} {'predicted ms':>13}")
+    label = "simulated ms" if args.emulate and args.clock == "virtual" else "measured ms"
+    print(f"{'scheme':<10} {label:>12} {'predicted ms':>13}")
     for scheme in schemes.SCHEMES:
         scfg = schemes.scheme_config(scheme, dataclasses.replace(cfg, leading_bytes=0), p)
         measured = schemes.time_sync(mesh, tree, scfg, reps=args.reps)

@@ -91,6 +91,11 @@ class Profile:
       time_scale: the emulated topology's ``time_scale`` during the
         measurement. Times are stored as measured (wall clock), not divided by it.
       host: free text describing where it was measured.
+      wp_spread: ``[p, p, S]`` how noisy each ``wp_oneway_s`` measurement was:
+        the median repetition's excess over the fastest, relative to it
+        (outliers dropped; `coarse_jax.profiler.robust_time`); ``None`` when
+        unknown (a profile written by hand or by an older version). Routing
+        treats links whose difference is within this noise as tied.
 
     Raises:
       ValueError: a field with the wrong shape, order or range (the message
@@ -113,6 +118,7 @@ class Profile:
     topology: str | None = None
     time_scale: float = 1.0
     host: str = ""
+    wp_spread: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         p = self.workers
@@ -169,6 +175,16 @@ class Profile:
         object.__setattr__(self, "time_scale", float(scale))
         if not isinstance(self.host, str):
             raise TypeError(f"Profile.host: expected free text (str), got {self.host!r}.")
+        if self.wp_spread is not None:
+            spread = np.array(self.wp_spread, dtype=np.float64, copy=True)
+            want = _shape("wp", p, len(sizes))
+            if spread.shape != want or not (np.isfinite(spread).all() and (spread >= 0).all()):
+                raise ValueError(
+                    f"Profile.wp_spread: expected finite relative spreads >= 0 of shape {want} "
+                    f"[worker, proxy, size], or None; got shape {spread.shape}."
+                )
+            spread.setflags(write=False)
+            object.__setattr__(self, "wp_spread", spread)
 
     # ---------------------------------------------------------------- equality
 
@@ -178,6 +194,10 @@ class Profile:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Profile):
             return NotImplemented
+        if (self.wp_spread is None) != (other.wp_spread is None):
+            return False
+        if self.wp_spread is not None and not np.array_equal(self.wp_spread, other.wp_spread):
+            return False
         return self._scalars() == other._scalars() and all(
             np.array_equal(getattr(self, n), getattr(other, n)) for n, _ in _ARRAY_FIELDS
         )
@@ -270,6 +290,8 @@ class Profile:
         }
         for name, _ in _ARRAY_FIELDS:
             out[name] = getattr(self, name).tolist()
+        if self.wp_spread is not None:
+            out["wp_spread"] = self.wp_spread.tolist()
         return out
 
     @staticmethod
@@ -311,6 +333,7 @@ class Profile:
                 topology=data.get("topology"),
                 time_scale=data.get("time_scale", 1.0),
                 host=data.get("host", ""),
+                wp_spread=data.get("wp_spread"),
             )
         except ValueError as e:
             raise ValueError(f"{source}: {e}") from None
@@ -390,6 +413,17 @@ class Profile:
                     f"{dev} {k:<3} -> {(k + 1) % p}: {lat_m[k, 0]:7.2f}/{bw_m[k, 0]:8.3f}   "
                     f"-> {(k - 1) % p}: {lat_m[k, 1]:7.2f}/{bw_m[k, 1]:8.3f}"
                 )
+        if self.wp_spread is None:
+            lines.append("measurement spread: unknown (not recorded in this profile)")
+        else:
+            worst = np.unravel_index(int(np.argmax(self.wp_spread)), self.wp_spread.shape)
+            lines.append(
+                "measurement spread (median repetition over the fastest, worker -> proxy): "
+                f"median {100 * float(np.median(self.wp_spread)):.1f}%, max "
+                f"{100 * float(self.wp_spread.max()):.1f}% (worker {worst[0]} -> proxy {worst[1]}, "
+                f"{_fmt_bytes(self.sizes[worst[2]])}); links closer than "
+                f"max({100 * ROUTE_TIE_RTOL:.0f}%, 2x their spread) count as tied"
+            )
         return "\n".join(lines)
 
     def plot(self, path: str | os.PathLike[str]) -> None:
@@ -471,19 +505,22 @@ def _fmt_bytes(n: float) -> str:
 # -------------------------------------------------------------------- planner
 
 
-def _pick(values: np.ndarray, local: int, best: str) -> int:
+def _pick(values: np.ndarray, local: int, best: str, spread: np.ndarray | None = None) -> int:
     """Index of the best value (``best``: "min" or "max").
 
-    Values within `ROUTE_TIE_RTOL` of the best are ties (measurements are
-    noisy). Ties go to ``local`` first: it shares the worker's switch and
+    Values within `ROUTE_TIE_RTOL` of the best, or within twice the larger of
+    the two measurements' relative ``spread`` (their noise), are ties. Ties go to ``local`` first: it shares the worker's switch and
     disturbs no other worker's links. Then to ``local + 1``, ``local + 2``, ...
     (mod p): on a symmetric machine this gives every worker a different
     remote proxy, where "lowest index" would send every worker's large
     tensors to the same proxy and queue them on its one port.
     """
-    target = values.min() if best == "min" else values.max()
-    tied = set(np.flatnonzero(np.isclose(values, target, rtol=ROUTE_TIE_RTOL, atol=0.0)).tolist())
     p = len(values)
+    best_k = int(np.argmin(values) if best == "min" else np.argmax(values))
+    target = values[best_k]
+    noise = np.zeros(p) if spread is None else np.maximum(spread, spread[best_k])
+    rtol = np.maximum(ROUTE_TIE_RTOL, 2 * noise)
+    tied = set(np.flatnonzero(np.abs(values - target) <= rtol * np.abs(target)).tolist())
     return next((local + k) % p for k in range(p) if (local + k) % p in tied)
 
 
@@ -497,8 +534,13 @@ def _check_worker(profile: Profile, worker: int, fn: str) -> None:
 
 
 def _route(profile: Profile, worker: int) -> tuple[int, int]:
-    lat = _pick(profile.wp_latency_us()[worker], worker, "min")
-    bw = _pick(profile.wp_bandwidth_gbps()[worker], worker, "max")
+    spread = profile.wp_spread
+    lat = _pick(profile.wp_latency_us()[worker], worker, "min",
+                None if spread is None else spread[worker, :, 0])
+    # Bandwidth: the noise of each link's measurement at its peak size.
+    peak_at = np.argmax(profile.wp_bandwidth_curve_gbps()[worker], axis=-1)
+    bw = _pick(profile.wp_bandwidth_gbps()[worker], worker, "max",
+               None if spread is None else spread[worker, np.arange(profile.workers), peak_at])
     return lat, bw
 
 
@@ -506,8 +548,10 @@ def routes_from_profile(profile: Profile) -> tuple[tuple[int, int], ...]:
     """Per worker ``(LatProxy, BwProxy)``, as `Config.routes` takes them.
 
     LatProxy has the lowest one-way latency (time at the smallest size),
-    BwProxy the highest peak one-way bandwidth. Ties (within 10%) go to the
-    worker's local proxy (same index), then to the next indices cyclically.
+    BwProxy the highest peak one-way bandwidth. Ties (within 10%, or within
+    twice the measurements' spread where the profile recorded it, so noise
+    never decides) go to the worker's local proxy (same index), then to the
+    next indices cyclically.
     """
     return tuple(_route(profile, i) for i in range(profile.workers))
 

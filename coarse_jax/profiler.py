@@ -60,6 +60,24 @@ def _probe_program(mesh: Mesh, nbytes: int, reps: int, topology: Topology | None
     return jax.jit(fn)
 
 
+def robust_time(times: np.ndarray) -> tuple[float, float]:
+    """``(seconds, spread)`` of one transfer from its repetitions (warm-up already dropped).
+
+    Host noise (a thread woken late, another process on the core) only ever
+    adds time, so the transfer's own time is the fastest repetition.
+    ``spread`` says how noisy the repetitions were: the median's excess over
+    the fastest, relative to it, after dropping outliers (repetitions more
+    than 5 median absolute deviations above the median: one preempted
+    repetition says nothing about the rest). 0 on a virtual clock.
+    """
+    times = np.asarray(times, dtype=np.float64)
+    fastest = float(times.min())
+    median = float(np.median(times))
+    mad = float(np.median(np.abs(times - median)))
+    kept = times[times <= median + 5 * mad] if mad > 0 else times
+    return fastest, float(np.median(kept) - fastest) / fastest
+
+
 def _device(tier: int, index: int, p: int) -> int:
     return index if tier == 0 else p + index
 
@@ -81,7 +99,9 @@ def profile(
         Include sizes past the latency/bandwidth crossing, or the planner
         cannot see which proxy has more bandwidth.
       reps: repetitions per measurement; the first is dropped as warm-up, the
-        fastest of the rest is kept (host noise only adds time).
+        fastest of the rest is kept (host noise only adds time) and their
+        spread recorded (`robust_time`; ``Profile.wp_spread``), so routing
+        does not take noise for a difference between links.
 
     Returns:
       A `coarse.Profile` (``table()``, ``plot(path)``, ``save(path)``);
@@ -114,7 +134,7 @@ def profile(
         raise ValueError(f"coarse.profile: reps must be >= 2 (one is warm-up), got {reps}.")
 
     S = len(sizes)
-    wp_one, wp_bi = np.zeros((p, p, S)), np.zeros((p, p, S))
+    wp_one, wp_bi, wp_spread = np.zeros((p, p, S)), np.zeros((p, p, S)), np.zeros((p, p, S))
     pp_one, pp_bi = np.zeros((p, 2, S)), np.zeros((p, 2, S))
     ww_one = np.zeros((p, 2, S))
     neighbours = [(lambda k: (k + 1) % p), (lambda k: (k - 1) % p)]
@@ -122,28 +142,28 @@ def profile(
     for j, nbytes in enumerate(sizes):
         run = _probe_program(mesh, nbytes, reps, topology)
 
-        def measure(*pairs: tuple[int, int], run=run) -> float:
+        def measure(*pairs: tuple[int, int], run=run) -> tuple[float, float]:
+            """(seconds, relative spread) of one transfer, or of two at once."""
             flat = [v for pair in pairs for v in pair] + [-1, -1] * (2 - len(pairs))
             times = np.asarray(run(jnp.asarray(flat, jnp.int32))).reshape(2 * p, reps)
-            # Host noise (a thread woken late) only ever adds time: keep the
-            # fastest repetition after the warm-up one.
-            per_pair = [np.min(times[src, 1:]) for src, _ in pairs]
-            return float(max(per_pair))  # both directions done
+            per_pair = [robust_time(times[src, 1:]) for src, _ in pairs]  # [0]: warm-up
+            slowest = max(per_pair)  # both directions done
+            return slowest[0], max(spread for _, spread in per_pair)
 
         for i in range(p):
             for k in range(p):
                 w, x = _device(0, i, p), _device(1, k, p)
-                wp_one[i, k, j] = measure((w, x))
-                wp_bi[i, k, j] = measure((w, x), (x, w))
+                wp_one[i, k, j], wp_spread[i, k, j] = measure((w, x))
+                wp_bi[i, k, j], _ = measure((w, x), (x, w))
         for k in range(p):
             for r, nb in enumerate(neighbours):
                 a, b = _device(1, k, p), _device(1, nb(k), p)
                 if p == 1:  # no neighbour: a ring of one moves nothing
                     pp_one[k, r, j] = pp_bi[k, r, j] = ww_one[k, r, j] = 1e-9
                     continue
-                pp_one[k, r, j] = measure((a, b))
-                pp_bi[k, r, j] = measure((a, b), (b, a))
-                ww_one[k, r, j] = measure((_device(0, k, p), _device(0, nb(k), p)))
+                pp_one[k, r, j], _ = measure((a, b))
+                pp_bi[k, r, j], _ = measure((a, b), (b, a))
+                ww_one[k, r, j], _ = measure((_device(0, k, p), _device(0, nb(k), p)))
 
     return Profile(
         workers=p,
@@ -156,6 +176,7 @@ def profile(
         topology=None if topology is None else topology.name,
         time_scale=1.0 if topology is None else topology.time_scale,
         host=f"{jax.devices()[0].platform}, {len(jax.devices())} devices",
+        wp_spread=wp_spread,
     )
 
 

@@ -1,6 +1,5 @@
 """Errors a user can act on, and waits that fail instead of hanging."""
 
-import time
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +65,7 @@ def test_batch_not_divisible():
         step(jnp.ones((6, 2)))
 
 
+@pytest.mark.timeout(120)  # a hang guard: the 1 s timeout must fire, not wait forever
 def test_missing_arrival_times_out_with_a_named_error():
     from coarse_jax import _ffi
 
@@ -80,11 +80,9 @@ def test_missing_arrival_times_out_with_a_named_error():
     batch = jnp.ones((8, 8))
     jax.block_until_ready(step(params, batch))  # compile; a healthy step
     _ffi.inject_dropped_push(1)
-    start = time.perf_counter()
     with pytest.raises(Exception, match=r"proxy 1 \(tier=1, data=1\) timed out after 1.000 s at step 2 "
                        r"waiting for worker\(s\) 1 to push tensor '(loss|grads\['w'\])'"):
         jax.block_until_ready(step(params, batch))
-    assert time.perf_counter() - start < 30
     # The failure does not poison later steps.
     _, grads = step(params, batch)
     np.testing.assert_allclose(grads["w"], jax.grad(lambda p: jnp.sum((batch[:2] @ p["w"]) ** 2))(params)["w"], rtol=1e-6)

@@ -284,7 +284,8 @@ def test_cli_prints_matrices_routes_and_split(tmp_path):
 
     result = subprocess.run(
         [sys.executable, "-m", "coarse_jax.profile", "--emulate", "v100", "--workers", "2",
-         "--max-size", str(1 << 20), "--reps", "2", "--no-sync", "--save", str(tmp_path / "p.json")],
+         "--max-size", str(1 << 20), "--reps", "2", "--clock", "virtual", "--save",
+         str(tmp_path / "p.json")],
         cwd=tmp_path,  # the installed package, not the source tree
         capture_output=True,
         text=True,
@@ -294,5 +295,6 @@ def test_cli_prints_matrices_routes_and_split(tmp_path):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "worker -> proxy" in out and "routing table" in out and "leading_bytes =" in out
+    assert "allreduce" in out and "coarse" in out  # the schemes' simulated sync times
     assert "RuntimeWarning" not in result.stderr
     assert coarse.Profile.load(tmp_path / "p.json").workers == 2

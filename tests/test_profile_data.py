@@ -278,3 +278,28 @@ def test_config_from_profile(v100):
         config_from_profile(v100, shard_size=4096)
     with pytest.raises(ValueError, match="leading_bytes"):
         config_from_profile(v100, leading_bytes=-1)
+
+
+def test_robust_time_keeps_the_fastest_and_drops_outliers_from_the_spread():
+    from coarse_jax.profiler import robust_time
+
+    fastest, spread = robust_time(np.array([1.0, 1.1, 1.2, 50.0]))  # one preempted repetition
+    assert fastest == 1.0
+    assert spread == pytest.approx(0.1)  # median of 1.0, 1.1, 1.2 over the fastest
+    assert robust_time(np.array([2.0, 2.0])) == (2.0, 0.0)
+
+
+def test_noise_does_not_decide_routes():
+    """A remote proxy measured 15% faster at a size whose repetitions spread 12% is a tie: local wins."""
+    base = linear_profile(2, (12.0, 5.0), (12.0, 5.0))
+    wp = np.array(base.wp_oneway_s)
+    wp[0, 1] *= 0.85  # worker 0 -> proxy 1 looks faster at every size
+    quiet = dataclasses.replace(base, wp_oneway_s=wp, wp_spread=np.full(wp.shape, 0.01))
+    noisy = dataclasses.replace(base, wp_oneway_s=wp, wp_spread=np.full(wp.shape, 0.12))
+    assert routes_from_profile(quiet)[0] == (1, 1)  # a real difference: taken
+    assert routes_from_profile(noisy)[0] == (0, 0)  # within the noise: the local proxy
+    assert "max 12.0%" in noisy.table()
+    assert Profile.from_json_dict(json.loads(json.dumps(noisy.to_json_dict()))) == noisy
+    assert noisy != quiet and base != quiet  # the spread is part of the profile
+    with pytest.raises(ValueError, match="wp_spread"):
+        dataclasses.replace(base, wp_spread=np.full((2, 2), 0.1))
