@@ -33,7 +33,7 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of) {
     const int64_t self = call.who.device(p);
     const Clock::time_point reduced = session.ReducedAt(k, s);
     Clock::time_point arrival = reduced;
-    if (call.who.tier == kWorker) {
+    if (call.who.tier == kWorker && session.emulated()) {
       auto t = session.ReserveInOrder(call.who, p + k, me, plan.piece_nbytes[s], reduced,
                                       plan.proxy_port_rank[s * p + me], s,
                                       "the pull of " + plan.DescribePiece(s));

@@ -97,7 +97,7 @@ ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in
     // Like a push, the hand-over is the worker's transfer: booked from when
     // the worker had the values, whatever this proxy was doing.
     Clock::time_point arrival = session.LeadingReadyAt(me);
-    if (plan.num_pieces() > 0) {
+    if (plan.num_pieces() > 0 && session.emulated()) {
       auto t = session.ReserveInOrder(call.who, me, p + me, plan.leading_nbytes, arrival,
                                       plan.num_pieces(), plan.proxy_port_transfers[me],
                                       "the hand-over of the leading layers");
