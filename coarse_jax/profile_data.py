@@ -509,8 +509,9 @@ def _pick(values: np.ndarray, local: int, best: str, spread: np.ndarray | None =
     """Index of the best value (``best``: "min" or "max").
 
     Values within `ROUTE_TIE_RTOL` of the best, or within twice the larger of
-    the two measurements' relative ``spread`` (their noise), are ties. Ties go to ``local`` first: it shares the worker's switch and
-    disturbs no other worker's links. Then to ``local + 1``, ``local + 2``, ...
+    the two measurements' relative ``spread`` (their noise), are ties. Ties go
+    to ``local`` first: it shares the worker's switch and disturbs no other
+    worker's links. Then to ``local + 1``, ``local + 2``, ...
     (mod p): on a symmetric machine this gives every worker a different
     remote proxy, where "lowest index" would send every worker's large
     tensors to the same proxy and queue them on its one port.

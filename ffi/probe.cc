@@ -18,7 +18,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "runtime/emulator.h"
@@ -146,7 +145,7 @@ static ffi::Error ProbeImpl(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyB
         clock = arrival;
         out[rep] = std::chrono::duration<float>(arrival - start).count();
       } else {
-        if (arrival > Clock::now()) std::this_thread::sleep_until(arrival);
+        SleepUntil(arrival);
         out[rep] = std::chrono::duration<float>(Clock::now() - start).count();
       }
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <thread>
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -48,6 +49,10 @@ ffi::ErrorOr<bool> ParseTopology(const ffi::Dictionary& attrs, int64_t workers, 
     out->virtual_clock = v.value() != 0;
   }
   return true;
+}
+
+void SleepUntil(Clock::time_point t) {
+  if (t > Clock::now()) std::this_thread::sleep_until(t);
 }
 
 Emulator::Emulator(const Topology& topology)

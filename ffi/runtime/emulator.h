@@ -41,6 +41,13 @@ namespace coarse {
 
 using Clock = std::chrono::steady_clock;
 
+// Time points as the int64 tick counts kept in atomics (1 tick = 1 ns).
+inline int64_t Ticks(Clock::time_point t) { return t.time_since_epoch().count(); }
+inline Clock::time_point AtTicks(int64_t ticks) { return Clock::time_point(Clock::duration(ticks)); }
+
+// Real clock: sleeps until `t` if it lies ahead.
+void SleepUntil(Clock::time_point t);
+
 enum class LinkKind { kWorkerProxy, kProxyProxy, kWorkerWorker };
 
 struct LinkTable {

@@ -19,8 +19,7 @@ ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int64_t 
   // Emulated links: record when a step was reached before publishing it.
   auto note_step = [&](int r, int32_t g) {
     if (m.step_times[r])
-      m.step_times[r][g].store(session.Now(m.self_device).time_since_epoch().count(),
-                               std::memory_order_release);
+      m.step_times[r][g].store(Ticks(session.Now(m.self_device)), std::memory_order_release);
     m.progress[r]->store(g, std::memory_order_release);
     session.Notify(m.successor_device[r]);
   };
@@ -49,8 +48,7 @@ ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int64_t 
       hi[r] = base + (c + 1) * H / p;
       Clock::time_point ready = session.Now(m.self_device);
       if (m.pred_step_times[r])
-        ready = std::max(ready, Clock::time_point(Clock::duration(
-                                    m.pred_step_times[r][g].load(std::memory_order_acquire))));
+        ready = std::max(ready, AtTicks(m.pred_step_times[r][g].load(std::memory_order_acquire)));
       arrival[r] = session.Reserve(m.pred_device[r], m.self_device,
                                    (hi[r] - lo[r]) * m.wire_bytes_per_elem, ready);
     }

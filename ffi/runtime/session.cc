@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <limits>
 #include <map>
-#include <thread>
 #include <utility>
 
 #include "runtime/ring.h"
@@ -27,9 +26,6 @@ std::mutex g_spans_mu;
 std::vector<double> g_virtual_spans;  // bounded: a caller that never reads loses the oldest
 
 constexpr int64_t kNever = std::numeric_limits<int64_t>::min();
-
-int64_t Ticks(Clock::time_point t) { return t.time_since_epoch().count(); }
-Clock::time_point AtTicks(int64_t ticks) { return Clock::time_point(Clock::duration(ticks)); }
 
 void AtomicMax(std::atomic<int64_t>& a, int64_t v) {
   int64_t cur = a.load(std::memory_order_relaxed);
@@ -100,9 +96,8 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
   mailboxes_.reset(new Mailbox[2 * p]);
   if (plan_->emulated) {
     emulator_ = std::make_unique<Emulator>(plan_->topology);
-    virtual_clock_ = plan_->topology.virtual_clock;
     const int64_t G = RingSteps(p) + 1;
-    if (virtual_clock_) clock_ = Counters<int64_t>(2 * p, 0);
+    if (plan_->topology.virtual_clock) clock_ = Counters<int64_t>(2 * p, 0);
     push_ready_ = Counters<int64_t>(p * S, kNever);
     leading_ready_at_ = Counters<int64_t>(p, kNever);
     proxy_steps_ = Counters<int64_t>(p * S * 2 * G, kNever);
@@ -117,8 +112,8 @@ Clock::time_point Session::Now(int64_t device) const {
 void Session::AdvanceTo(int64_t device, Clock::time_point t) {
   if (clock_)
     AtomicMax(clock_[device], Ticks(t));
-  else if (t > Clock::now())
-    std::this_thread::sleep_until(t);
+  else
+    SleepUntil(t);
 }
 
 Clock::time_point Session::Reserve(int64_t src, int64_t dst, double bytes,
@@ -131,20 +126,12 @@ ffi::ErrorOr<Clock::time_point> Session::ReserveInOrder(const Who& who, int64_t 
                                                        int64_t src_rank, int64_t dst_rank,
                                                        const std::string& what) {
   if (!emulator_) return ready;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(plan_->timeout_ms + std::max<int64_t>(
-                                                                          500, plan_->timeout_ms / 4));
+  const auto deadline = std::chrono::steady_clock::now() + WaitLimit(Waits::kPeer);
   auto arrival = emulator_->ReserveInOrder(src, dst, bytes, ready, src_rank, dst_rank, [&] {
     return poisoned() || std::chrono::steady_clock::now() > deadline;
   });
   if (arrival.has_value()) return *arrival;
-  if (poisoned()) {
-    std::lock_guard<std::mutex> elock(error_mu_);
-    return ffi::Unexpected(ffi::Error::Internal(
-        "coarse_jax: " + who.Describe() + " gave up at step " + std::to_string(step_) +
-        " while booking the emulated link for " + what + ", because another device failed first: " +
-        error_));
-  }
+  if (poisoned()) return ffi::Unexpected(GaveUp(who, "booking the emulated link for " + what));
   std::string msg = "coarse_jax: " + who.Describe() + " timed out at step " +
                     std::to_string(step_) + " booking the emulated link for " + what +
                     ": the transfers ordered before it on the same ports never booked. Every "
@@ -164,23 +151,22 @@ Clock::time_point Session::PushReady(int64_t worker, int64_t piece) const {
   return AtTicks(push_ready_[worker * plan_->num_pieces() + piece].load(std::memory_order_acquire));
 }
 
-std::atomic<int64_t>* Session::proxy_step_times(int64_t proxy, int64_t piece, int ring) {
+std::atomic<int64_t>* Session::proxy_step_times(int64_t proxy, int64_t piece, int ring) const {
   if (!proxy_steps_) return nullptr;
   const int64_t G = RingSteps(p()) + 1;
   return &proxy_steps_[((proxy * plan_->num_pieces() + piece) * 2 + ring) * G];
 }
 
-std::atomic<int64_t>* Session::worker_step_times(int64_t worker, int ring) {
+std::atomic<int64_t>* Session::worker_step_times(int64_t worker, int ring) const {
   if (!worker_steps_) return nullptr;
   return &worker_steps_[(worker * 2 + ring) * (RingSteps(p()) + 1)];
 }
 
 Clock::time_point Session::ReducedAt(int64_t proxy, int64_t piece) const {
   if (!proxy_steps_) return Clock::time_point::min();
-  const int64_t G = RingSteps(p()) + 1;
-  const int64_t base = (proxy * plan_->num_pieces() + piece) * 2 * G;
-  return AtTicks(std::max(proxy_steps_[base + G - 1].load(std::memory_order_acquire),
-                          proxy_steps_[base + 2 * G - 1].load(std::memory_order_acquire)));
+  const int32_t last = RingSteps(p());
+  return AtTicks(std::max(proxy_step_times(proxy, piece, 0)[last].load(std::memory_order_acquire),
+                          proxy_step_times(proxy, piece, 1)[last].load(std::memory_order_acquire)));
 }
 
 void Session::NoteLeadingReady(int64_t worker) {
@@ -238,25 +224,31 @@ void Session::Poison(const std::string& error) {
   for (int64_t d = 0; d < 2 * p(); ++d) Notify(d);
 }
 
+std::chrono::milliseconds Session::WaitLimit(Waits kind) const {
+  const int64_t grace_ms = kind == Waits::kPeer ? std::max<int64_t>(500, plan_->timeout_ms / 4) : 0;
+  return std::chrono::milliseconds(plan_->timeout_ms + grace_ms);
+}
+
+ffi::Error Session::GaveUp(const Who& who, const std::string& doing) {
+  std::lock_guard<std::mutex> elock(error_mu_);
+  return ffi::Error::Internal("coarse_jax: " + who.Describe() + " gave up at step " +
+                              std::to_string(step_) + " while " + doing +
+                              ", because another device failed first: " + error_);
+}
+
 ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>& ready,
                          const std::function<std::string()>& what) {
   if (ready()) return ffi::Error::Success();
   Mailbox& m = mailboxes_[who.device(p())];
-  const int64_t grace_ms = kind == Waits::kPeer ? std::max<int64_t>(500, plan_->timeout_ms / 4) : 0;
-  const auto timeout = std::chrono::milliseconds(plan_->timeout_ms + grace_ms);
+  const auto timeout = WaitLimit(kind);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock<std::mutex> lock(m.mu);
   while (true) {
     if (ready()) return ffi::Error::Success();
-    if (poisoned()) {
-      std::lock_guard<std::mutex> elock(error_mu_);
-      return ffi::Error::Internal("coarse_jax: " + who.Describe() + " gave up at step " +
-                                  std::to_string(step_) + " while waiting for " + what() +
-                                  ", because another device failed first: " + error_);
-    }
+    if (poisoned()) return GaveUp(who, "waiting for " + what());
     if (m.cv.wait_until(lock, deadline) == std::cv_status::timeout && !ready() && !poisoned()) {
       char secs[32];
-      std::snprintf(secs, sizeof secs, "%.3f", (plan_->timeout_ms + grace_ms) / 1000.0);
+      std::snprintf(secs, sizeof secs, "%.3f", timeout.count() / 1000.0);
       std::string msg = "coarse_jax: " + who.Describe() + " timed out after " + secs +
                         " s at step " + std::to_string(step_) + " waiting for " + what() +
                         ". Every device of the mesh must run the same coarse.sync step; "

@@ -83,7 +83,6 @@ class Session {
   // host's steady clock, or with a virtual clock simulated time since the
   // session opened. Without a topology nothing is booked and nothing waits.
   bool emulated() const { return emulator_ != nullptr; }
-  bool virtual_clock() const { return virtual_clock_; }
   // Device `device`'s current time.
   Clock::time_point Now(int64_t device) const;
   // Device `device` waits until `t`: sleeps (real clock) or moves its
@@ -113,8 +112,8 @@ class Session {
   Clock::time_point LeadingReadyAt(int64_t worker) const;
   // Per ring member, RingSteps(p) + 1 times: when its progress reached g
   // (ring.h). Null without a topology.
-  std::atomic<int64_t>* proxy_step_times(int64_t proxy, int64_t piece, int ring);
-  std::atomic<int64_t>* worker_step_times(int64_t worker, int ring);
+  std::atomic<int64_t>* proxy_step_times(int64_t proxy, int64_t piece, int ring) const;
+  std::atomic<int64_t>* worker_step_times(int64_t worker, int ring) const;
 
   // Wakes device `device` if it waits on anything.
   void Notify(int64_t device);
@@ -141,6 +140,12 @@ class Session {
   void Leave();
 
  private:
+  // How long a wait of `kind` may last: the timeout, plus a grace period for
+  // waits on peers (see Waits).
+  std::chrono::milliseconds WaitLimit(Waits kind) const;
+  // The error of a device that stops `doing` something because another failed.
+  xla::ffi::Error GaveUp(const Who& who, const std::string& doing);
+
   struct Mailbox {
     std::mutex mu;
     std::condition_variable cv;
@@ -155,13 +160,13 @@ class Session {
       leading_ready_;
   std::unique_ptr<Mailbox[]> mailboxes_;
   std::unique_ptr<Emulator> emulator_;  // null without a topology
-  bool virtual_clock_ = false;
   // Emulated sessions only; Clock::duration counts (see the accessors above).
   std::unique_ptr<std::atomic<int64_t>[]> clock_;          // [device], virtual clock only
   std::unique_ptr<std::atomic<int64_t>[]> push_ready_;     // [worker * S + piece]
   std::unique_ptr<std::atomic<int64_t>[]> leading_ready_at_;  // [worker]
-  std::unique_ptr<std::atomic<int64_t>[]> proxy_steps_;    // [((proxy*S + piece)*2 + ring)*(G+1) + g]
-  std::unique_ptr<std::atomic<int64_t>[]> worker_steps_;   // [(worker*2 + ring)*(G+1) + g]
+  // Ring step times, RingSteps(p) + 1 per (member, ring); see *_step_times.
+  std::unique_ptr<std::atomic<int64_t>[]> proxy_steps_;    // [(proxy*S + piece)*2 + ring][g]
+  std::unique_ptr<std::atomic<int64_t>[]> worker_steps_;   // [worker*2 + ring][g]
   std::atomic<bool> poisoned_{false};
   std::mutex error_mu_;
   std::string error_;
