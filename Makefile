@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.coarse-installed
-SOURCES := pyproject.toml CMakeLists.txt $(wildcard ffi/*.cc ffi/*.h ffi/runtime/*.cc ffi/runtime/*.h \
-	ffi/cuda/*.cc ffi/cuda/*.h kernels/*.cu kernels/*.cuh kernels/*.h coarse_jax/*.py)
+SOURCES := pyproject.toml CMakeLists.txt $(shell find ffi kernels coarse_jax -type f \
+	\( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.py' \
+	-o -name '*.typed' \) 2>/dev/null)
 # Build deps are installed into the venv and the build runs without isolation,
 # so the extension compiles against the very jaxlib that runs it.
 BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "jax==0.10.2" "jaxlib==0.10.2"
