@@ -19,9 +19,9 @@ import jax
 import pytest
 
 import coarse_jax as coarse
-from coarse_jax import schemes
+from coarse_jax.bench import schemes
 from coarse_jax.model import predict_plan_sync_s
-from coarse_jax.shapes import RESNET50_SHAPES, resnet50_tree
+from coarse_jax.bench.shapes import RESNET50_SHAPES, resnet50_tree
 
 WORKERS = 4
 SYNC_SCALE = 300.0

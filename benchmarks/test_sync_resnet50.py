@@ -33,7 +33,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
-from coarse_jax.shapes import RESNET50_SHAPES  # the 161 leaves, written out
+from coarse_jax.bench.shapes import RESNET50_SHAPES  # the 161 leaves, written out
 
 WORKERS = 4
 ROUNDS = 30

@@ -15,18 +15,17 @@ Example:
 
 from coarse_jax import kernels, model, reference
 from coarse_jax._ffi import has_cuda_support, virtual_sync_seconds
-from coarse_jax.api import all_reduce, on_workers, sync, value_and_grad
+from coarse_jax.api import SyncedStep, all_reduce, on_workers, sync, value_and_grad
 from coarse_jax.config import Config
 from coarse_jax.mesh import make_mesh
 from coarse_jax.plan import Plan, plan
-from coarse_jax.profile_data import Profile
-from coarse_jax.profiler import measure_step_times, profile
-from coarse_jax.topology import Topology
+from coarse_jax.profiling import Profile, Topology, measure_step_times, profile
 
 __all__ = [
     "Config",
     "Plan",
     "Profile",
+    "SyncedStep",
     "Topology",
     "all_reduce",
     "has_cuda_support",

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from coarse_jax.profiling import routing
 
 if TYPE_CHECKING:
-    from coarse_jax.profile_data import Profile
-    from coarse_jax.topology import Topology
+    from coarse_jax.profiling.data import Profile
+    from coarse_jax.profiling.topology import Topology
 
 Mode = Literal["ffi", "reference"]
 _MODES = ("ffi", "reference")
@@ -131,21 +133,49 @@ class Config:
             object.__setattr__(self, "routes", routes)
 
     @staticmethod
-    def from_profile(profile: Profile, **overrides: object) -> Config:
+    def from_profile(profile: Profile, **overrides: Any) -> Config:
         """A Config whose routes, latency threshold and shard size come from ``profile``.
 
-        Per worker: LatProxy = lowest measured latency, BwProxy = highest
-        bandwidth; the threshold is where their transfer times cross; the shard
-        size is the smallest measured size reaching 95% of the BwProxy link's
-        peak (paper III-E). ``overrides`` replace any field, e.g.
-        ``topology=`` to run on the emulated links that were measured.
+        The paper's planner (Section III-E, `coarse_jax.profiling.routing`):
+
+        * ``routes``: per worker, LatProxy = lowest measured latency, BwProxy =
+          highest peak bandwidth (`routing.routes_from_profile`).
+        * ``latency_threshold_bytes``: the largest `routing.threshold_bytes`
+          (where the two proxies' transfer times cross) over workers: one value
+          serves the whole mesh. 0 when LatProxy == BwProxy everywhere (the
+          value cannot matter then).
+        * ``shard_bytes``: the largest `routing.shard_bytes_from_profile` (the
+          smallest measured size reaching 95% of the BwProxy link's peak) over
+          workers, at least 4, so every worker's shards reach full bandwidth.
+
+        ``profile`` itself is kept (for ``leading_bytes="auto"`` and
+        re-profiling). ``profile.topology`` is only a name, so ``topology`` is
+        left at its default; pass ``topology=coarse.Topology...`` to run on the
+        emulated links that were measured. ``overrides`` replace any field.
+
+        Raises:
+          ValueError: an override that is not a Config field, or a value Config rejects.
 
         Example:
           >>> cfg = coarse.Config.from_profile(coarse.profile(mesh), leading_bytes=1 << 16)
         """
-        from coarse_jax.profile_data import config_from_profile  # profile_data imports Config
-
-        return config_from_profile(profile, **overrides)
+        fields = {f.name for f in dataclasses.fields(Config)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ValueError(
+                f"Config.from_profile: unknown Config field(s) {unknown}; expected some of "
+                f"{sorted(fields)}."
+            )
+        workers = range(profile.workers)
+        thresholds = [routing.threshold_bytes(profile, i) for i in workers]
+        known = [t for t in thresholds if t is not None]
+        cfg = Config(
+            shard_bytes=max(4, *(routing.shard_bytes_from_profile(profile, i) for i in workers)),
+            latency_threshold_bytes=max(known) if known else 0,
+            routes=routing.routes_from_profile(profile),
+            profile=profile,
+        )
+        return dataclasses.replace(cfg, **overrides)  # type: ignore[arg-type]
 
     def routes_for(self, workers: int) -> tuple[tuple[int, int], ...]:
         """The routing table for ``workers`` workers, checked against the mesh."""

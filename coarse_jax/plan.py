@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from coarse_jax.config import Config
+from coarse_jax.model.paper import best_split
 
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype(jax.numpy.bfloat16), np.dtype("float16"))
 
@@ -192,8 +193,6 @@ def auto_leading_bytes(leaf_bytes: list[int], config: Config, workers: int) -> i
     mean proxy-ring and worker-ring link bandwidths, converted to the time the
     step runs in (an emulated topology's time_scale stretches both).
     """
-    from coarse_jax import model  # the model needs nothing from the planner
-
     profile, (t_fp, t_bp) = config.profile, config.step_times_s
     run_scale = config.topology.time_scale if config.topology is not None else 1.0
     to_run_time = profile.time_scale / run_scale
@@ -203,7 +202,7 @@ def auto_leading_bytes(leaf_bytes: list[int], config: Config, workers: int) -> i
     prefix = [0]
     for b in leaf_bytes:
         prefix.append(prefix[-1] + b)
-    m, _ = model.best_split(n, workers, bw_proxy, bw_gpu, t_fp, t_bp, candidates=[n - x for x in prefix])
+    m, _ = best_split(n, workers, bw_proxy, bw_gpu, t_fp, t_bp, candidates=[n - x for x in prefix])
     return int(n - m)
 
 

@@ -1,10 +1,16 @@
-"""``python -m coarse_jax.profile``: the profiler's command line (see `coarse_jax.profile_cli`).
+"""``python -m coarse_jax.profile``: the profiler's command line, kept under its first name.
 
-Only an entry point: `coarse.profile` the function lives in `coarse_jax.profiler`,
-so that running this module does not re-import one the package already loaded.
+Only an entry point (the same as ``python -m coarse_jax.profiling``). Importing
+it is refused: as a submodule it would replace the function ``coarse.profile``
+with this module on the package.
 """
 
-from coarse_jax.profile_cli import main
+if __name__ != "__main__":
+    raise ImportError(
+        "coarse_jax.profile is the profiler's command line, not a module to import: use the "
+        "function coarse_jax.profile (coarse.profile(mesh)) or the package coarse_jax.profiling."
+    )
 
-if __name__ == "__main__":
-    main()
+from coarse_jax.profiling.cli import main
+
+main()

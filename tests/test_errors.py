@@ -94,7 +94,7 @@ def test_gpu_errors_name_the_missing_piece_and_the_fix(monkeypatch):
     with pytest.raises(NotImplementedError, match=r"coarse_probe has no CUDA implementation.*Topology"):
         _ffi.check_gpu_target("coarse_probe", "gpu", " profile a CPU mesh or an emulated Topology")
     _ffi.check_gpu_target("coarse_probe", "cpu")  # nothing to say on CPU
-    monkeypatch.setattr(_ffi, "_coarse_cuda", None)
+    monkeypatch.setattr(_ffi.extension, "_coarse_cuda", None)
     with pytest.raises(RuntimeError, match=r"built without its CUDA extension.*COARSE_JAX_ENABLE_CUDA=ON"):
         _ffi.check_gpu_target("coarse_push", "gpu")
     monkeypatch.setattr(coarse.kernels, "_platform", lambda: "gpu")

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import coarse_jax as coarse
-from coarse_jax import schemes
+from coarse_jax.bench import schemes
 from coarse_jax.model import predict_plan_sync_s
-from coarse_jax.profile_data import threshold_bytes
-from coarse_jax.shapes import resnet50_tree
+from coarse_jax.profiling.routing import threshold_bytes
+from coarse_jax.bench.shapes import resnet50_tree
 
 SIZES = (1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22)
 
@@ -221,7 +221,7 @@ def test_measure_step_times(monkeypatch):
     """T_FP is the forward pass's median, T_BP what value_and_grad adds (never negative)."""
     import jax.numpy as jnp
 
-    from coarse_jax import profiler
+    from coarse_jax.profiling import measure
 
     def loss(w, x):
         return jnp.sum(jnp.tanh(x @ w) ** 2)
@@ -236,11 +236,11 @@ def test_measure_step_times(monkeypatch):
             self.started = not self.started
             return self.now
 
-    monkeypatch.setattr(profiler, "time", FakeClock([1, 5, 1, 3, 3, 4]))
+    monkeypatch.setattr(measure, "time", FakeClock([1, 5, 1, 3, 3, 4]))
     args = (jnp.ones((64, 64)), jnp.ones((32, 64)))
     assert coarse.measure_step_times(loss, *args, reps=3) == (1.0, 2.0)
     # A backward pass measured faster than the forward one (noise) counts as free.
-    monkeypatch.setattr(profiler, "time", FakeClock([2, 2, 2, 1, 1, 1]))
+    monkeypatch.setattr(measure, "time", FakeClock([2, 2, 2, 1, 1, 1]))
     assert coarse.measure_step_times(loss, *args, reps=3) == (2.0, 0.0)
 
 

@@ -1,4 +1,4 @@
-"""`coarse_jax.profile_data`: the Profile container and the Section III-E planner.
+"""`coarse_jax.profiling.data` and `.routing`: the Profile container and the Section III-E planner.
 
 Profiles here are synthetic, built from the link model ``time = latency +
 size / bandwidth`` so the planner's answers can be checked analytically.
@@ -13,10 +13,8 @@ import numpy as np
 import pytest
 
 from coarse_jax.config import Config
-from coarse_jax.profile_data import (
-    FORMAT,
-    Profile,
-    config_from_profile,
+from coarse_jax.profiling.data import FORMAT, Profile
+from coarse_jax.profiling.routing import (
     routes_from_profile,
     shard_bytes_from_profile,
     threshold_bytes,
@@ -213,7 +211,7 @@ def test_local_when_local_is_best(preset):
     prof = linear_profile(4, *preset)
     assert routes_from_profile(prof) == tuple((i, i) for i in range(4))
     assert all(threshold_bytes(prof, i) is None for i in range(4))
-    cfg = config_from_profile(prof)
+    cfg = Config.from_profile(prof)
     assert cfg.routes == tuple((i, i) for i in range(4))
     assert cfg.latency_threshold_bytes == 0
 
@@ -262,26 +260,26 @@ def test_shard_size_matches_link_model(v100):
     curve = np.asarray(SIZES) / _t(8.0, 16.0) / 1e9
     expected = SIZES[int(np.argmax(curve >= 0.95 * curve.max()))]
     assert all(shard_bytes_from_profile(v100, i) == expected for i in range(4))
-    assert config_from_profile(v100).shard_bytes == expected
+    assert Config.from_profile(v100).shard_bytes == expected
 
 
 def test_config_from_profile(v100):
-    cfg = config_from_profile(v100)
+    cfg = Config.from_profile(v100)
     assert isinstance(cfg, Config)
     assert cfg.routes == routes_from_profile(v100)
     assert cfg.latency_threshold_bytes == max(threshold_bytes(v100, i) for i in range(4))
     assert cfg.shard_bytes == max(shard_bytes_from_profile(v100, i) for i in range(4))
-    cfg = config_from_profile(v100, leading_bytes=1 << 16, shard_bytes=1 << 20, mode="reference")
+    cfg = Config.from_profile(v100, leading_bytes=1 << 16, shard_bytes=1 << 20, mode="reference")
     assert (cfg.leading_bytes, cfg.shard_bytes, cfg.mode) == (1 << 16, 1 << 20, "reference")
     assert cfg.routes == routes_from_profile(v100)
-    with pytest.raises(ValueError, match=r"unknown Config field.*shard_size"):
-        config_from_profile(v100, shard_size=4096)
+    with pytest.raises(ValueError, match=r"Config.from_profile: unknown Config field.*shard_size"):
+        Config.from_profile(v100, shard_size=4096)
     with pytest.raises(ValueError, match="leading_bytes"):
-        config_from_profile(v100, leading_bytes=-1)
+        Config.from_profile(v100, leading_bytes=-1)
 
 
 def test_robust_time_keeps_the_fastest_and_drops_outliers_from_the_spread():
-    from coarse_jax.profiler import robust_time
+    from coarse_jax.profiling.measure import robust_time
 
     fastest, spread = robust_time(np.array([1.0, 1.1, 1.2, 50.0]))  # one preempted repetition
     assert fastest == 1.0

@@ -1,4 +1,4 @@
-"""The model shape tables in `coarse_jax.shapes`: leaf counts and exact parameter totals."""
+"""The model shape tables in `coarse_jax.bench.shapes`: leaf counts and exact parameter totals."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from coarse_jax import shapes
+from coarse_jax.bench import shapes
 
 
 def _params(table: shapes.Shapes) -> int:

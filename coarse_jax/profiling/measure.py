@@ -11,7 +11,7 @@ the host's real copies.
 
 CLI::
 
-    python -m coarse_jax.profile --emulate v100 --workers 4
+    python -m coarse_jax.profiling --emulate v100 --workers 4
 
 prints the link table, each worker's routing table, the threshold S, shard size
 S', the dual-sync split m, and predicted vs measured sync time for DENSE,
@@ -32,8 +32,8 @@ from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
 from coarse_jax.mesh import AXES, DATA, check_mesh
-from coarse_jax.profile_data import Profile
-from coarse_jax.topology import Topology
+from coarse_jax.profiling.data import Profile
+from coarse_jax.profiling.topology import Topology
 
 DEFAULT_SIZES = tuple(4**k for k in range(5, 13)) + (16 << 20,)  # 1 KiB .. 16 MiB
 _PROBE_SITE = 1 << 40  # keeps probe sessions apart from sync sites

@@ -1,18 +1,10 @@
-"""`Profile`: link measurements of one mesh, and the planner that turns them into a `Config`.
+"""`Profile`: link measurements of one mesh, saved and loaded as JSON.
 
 The paper's profiler (Section III-E, "Dynamic Partitioning") measures, for every
-client (worker), the latency and bandwidth to each proxy, then:
-
-* picks the proxy with the lowest latency (*LatProxy*) and the one with the
-  highest bandwidth (*BwProxy*);
-* if they differ, finds the size ``S`` where ``T_LatProxy(S) = T_BwProxy(S)``:
-  smaller tensors go to *LatProxy*, larger ones to *BwProxy*;
-* finds the smallest measured size ``S'`` that reaches full bandwidth to
-  *BwProxy*: large tensors are cut into ``S'``-sized shards.
-
-This module holds the data (`Profile`, saved as JSON) and that planner
-(`routes_from_profile`, `threshold_bytes`, `shard_bytes_from_profile`,
-`config_from_profile`). Taking the measurements is `coarse_jax.profiler`'s job.
+client (worker), the latency and bandwidth to each proxy. `Profile` holds those
+measurements; `coarse_jax.profiling.routing` turns them into routes, the
+threshold S and the shard size S'; `coarse_jax.profiling.report` prints and
+plots them; `coarse_jax.profiling.measure` takes them.
 
 Units: times are seconds, sizes bytes, latencies microseconds, bandwidths GB/s
 (1e9 bytes/s), as in `coarse.Topology`.
@@ -29,22 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from coarse_jax.config import Config
-
 FORMAT = "coarse_jax.profile/1"
-
-# Fraction of a link's peak bandwidth that counts as "full bandwidth" when
-# choosing the shard size: measured curves approach their peak asymptotically,
-# so demanding 100% would always pick the largest size measured.
-FULL_BANDWIDTH_FRACTION = 0.95
-
-# Relative tolerance under which two latencies/bandwidths count as a tie, so
-# float rounding in size/time does not pick a remote proxy over the local one.
-_TIE_RTOL = 1e-9
-# Route choices treat measurements within 10% of the best as equal: a small
-# probe's time is mostly host overhead (thread wake-ups), which varies by
-# that much between identical links.
-ROUTE_TIE_RTOL = 0.10
 
 # (field name, shape as a function of p and S, what the axes are) for the error messages.
 _ARRAY_FIELDS: tuple[tuple[str, str], ...] = (
@@ -93,7 +70,7 @@ class Profile:
       host: free text describing where it was measured.
       wp_spread: ``[p, p, S]`` how noisy each ``wp_oneway_s`` measurement was:
         the median repetition's excess over the fastest, relative to it
-        (outliers dropped; `coarse_jax.profiler.robust_time`); ``None`` when
+        (outliers dropped; `coarse_jax.profiling.measure.robust_time`); ``None`` when
         unknown (a profile written by hand or by an older version). Routing
         treats links whose difference is within this noise as tied.
 
@@ -105,7 +82,7 @@ class Profile:
     Example:
       >>> prof = Profile.load("v100.json")
       >>> print(prof.table())
-      >>> cfg = config_from_profile(prof, leading_bytes=64 << 10)
+      >>> cfg = coarse.Config.from_profile(prof, leading_bytes=64 << 10)
     """
 
     workers: int
@@ -365,302 +342,25 @@ class Profile:
 
     # ---------------------------------------------------------------- reports
 
-    def _title(self) -> str:
-        topo = self.topology if self.topology is not None else "host devices"
-        extra = f", time_scale {self.time_scale:g}" if self.time_scale != 1.0 else ""
-        host = f" on {self.host}" if self.host else ""
-        return f"{topo}: {self.workers} workers{extra}{host}"
-
     def table(self) -> str:
         """A readable text summary: latency (us) / peak bandwidth (GB/s) of every link.
 
         One row per worker with its link to each proxy (``*`` marks the local
         proxy; LatProxy/BwProxy as the planner picks them), then each proxy's
-        and each worker's ring neighbours.
+        and each worker's ring neighbours (`coarse_jax.profiling.report.table`).
         """
-        p = self.workers
-        lat, bw = self.wp_latency_us(), self.wp_bandwidth_gbps()
-        bidir = self.bidir_bandwidth_gbps()
-        routes = routes_from_profile(self)
-        span = f"{_fmt_bytes(self.sizes[0])}..{_fmt_bytes(self.sizes[-1])}"
-        lines = [
-            f"Profile {self._title()}; sizes {span} ({len(self.sizes)} sizes)",
-            "worker -> proxy: latency us / peak bandwidth GB/s (one way; bidir = push+pull peak)",
-        ]
-        cells = [f"proxy {k}" for k in range(p)]
-        lines.append("          " + "  ".join(f"{c:>18}" for c in cells) + "  lat/bw proxy  threshold")
-        for i in range(p):
-            row = []
-            for k in range(p):
-                mark = "*" if k == i else " "
-                row.append(f"{lat[i, k]:7.2f}/{bw[i, k]:8.3f}{mark:>1} ")
-            th = threshold_bytes(self, i)
-            th_s = "-" if th is None else f"{th} B ({_fmt_bytes(th)})"
-            lines.append(
-                f"worker {i:<3}" + "  ".join(f"{c:>18}" for c in row)
-                + f"  {routes[i][0]:>4}/{routes[i][1]:<4}     {th_s}"
-            )
-            lines.append(
-                " bidir    " + "  ".join(f"{'':7} {bidir[i, k]:8.3f}  " for k in range(p))
-            )
-        for label, dev, lat_m, bw_m in (
-            ("proxy ring", "proxy", self.pp_latency_us(), self.pp_bandwidth_gbps()),
-            ("worker ring", "worker", self.ww_latency_us(), self.ww_bandwidth_gbps()),
-        ):
-            lines.append(f"{label}: latency us / peak bandwidth GB/s to next, previous neighbour")
-            for k in range(p):
-                lines.append(
-                    f"{dev} {k:<3} -> {(k + 1) % p}: {lat_m[k, 0]:7.2f}/{bw_m[k, 0]:8.3f}   "
-                    f"-> {(k - 1) % p}: {lat_m[k, 1]:7.2f}/{bw_m[k, 1]:8.3f}"
-                )
-        if self.wp_spread is None:
-            lines.append("measurement spread: unknown (not recorded in this profile)")
-        else:
-            worst = np.unravel_index(int(np.argmax(self.wp_spread)), self.wp_spread.shape)
-            lines.append(
-                "measurement spread (median repetition over the fastest, worker -> proxy): "
-                f"median {100 * float(np.median(self.wp_spread)):.1f}%, max "
-                f"{100 * float(self.wp_spread.max()):.1f}% (worker {worst[0]} -> proxy {worst[1]}, "
-                f"{_fmt_bytes(self.sizes[worst[2]])}); links closer than "
-                f"max({100 * ROUTE_TIE_RTOL:.0f}%, 2x their spread) count as tied"
-            )
-        return "\n".join(lines)
+        from coarse_jax.profiling import report  # report reads routes, which read profiles
+
+        return report.table(self)
 
     def plot(self, path: str | os.PathLike[str]) -> None:
         """Write a PNG of bandwidth (GB/s) against transfer size (log x) to ``path``.
 
-        One subplot per worker (a line per proxy, the local one solid and
-        thicker), then one for the proxy ring and one for the worker ring.
+        See `coarse_jax.profiling.report.plot`.
 
         Raises:
           ImportError: matplotlib is not installed.
         """
-        # The object-oriented API with the Agg canvas draws without pyplot, so
-        # it neither needs a display nor changes the caller's global backend.
-        try:
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-            from matplotlib.figure import Figure
-        except ImportError as e:
-            raise ImportError(
-                "Profile.plot needs matplotlib; install it (pip install matplotlib) or use "
-                "Profile.table() for a text summary."
-            ) from e
-        p = self.workers
-        n = p + 2
-        cols = min(n, 4)
-        rows = math.ceil(n / cols)
-        fig = Figure(figsize=(4.2 * cols, 3.3 * rows), layout="constrained")
-        FigureCanvasAgg(fig)
-        axes = fig.subplots(rows, cols, squeeze=False).reshape(-1)
-        sizes = np.asarray(self.sizes)
-        wp = self.wp_bandwidth_curve_gbps()
-        routes = routes_from_profile(self)
-        for i in range(p):
-            ax = axes[i]
-            for k in range(p):
-                tags = [t for t, v in (("lat", routes[i][0]), ("bw", routes[i][1])) if v == k]
-                label = f"proxy {k}" + (" (local)" if k == i else "")
-                label += f" [{'+'.join(tags)}]" if tags else ""
-                # Equal remote links draw on top of each other: keep the
-                # proxies the planner picked visible above the rest.
-                ax.plot(
-                    sizes, wp[i, k], marker="o", markersize=3,
-                    linewidth=2.2 if k == i else 1.2, linestyle="-" if k == i else "--",
-                    label=label, zorder=3 if tags else 2,
-                )
-            th = threshold_bytes(self, i)
-            if th is not None:
-                ax.axvline(th, color="grey", linewidth=0.8, linestyle=":", label="threshold")
-            ax.set_title(f"worker {i} -> proxies")
-        for ax, title, curve, dev in (
-            (axes[p], "proxy ring", self.pp_bandwidth_curve_gbps(), "proxy"),
-            (axes[p + 1], "worker ring", self.ww_bandwidth_curve_gbps(), "worker"),
-        ):
-            for k in range(p):
-                ax.plot(sizes, curve[k, 0], marker="o", markersize=3, label=f"{dev} {k}->{(k + 1) % p}")
-                if p > 2:  # with p <= 2 "previous" is the same neighbour as "next"
-                    ax.plot(sizes, curve[k, 1], marker="x", markersize=3, linestyle="--",
-                            label=f"{dev} {k}->{(k - 1) % p}")
-            ax.set_title(title)
-        for ax in axes[:n]:
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("transfer size (bytes)")
-            ax.set_ylabel("bandwidth (GB/s)")
-            ax.set_ylim(bottom=0)
-            ax.grid(True, which="major", alpha=0.3)
-            ax.legend(fontsize="x-small", loc="upper left")
-        for ax in axes[n:]:
-            ax.set_visible(False)
-        fig.suptitle(f"COARSE link profile: {self._title()}")
-        fig.savefig(path, format="png", dpi=100)
+        from coarse_jax.profiling import report
 
-
-def _fmt_bytes(n: float) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:g}{unit}"
-    return f"{n:g}B"
-
-
-# -------------------------------------------------------------------- planner
-
-
-def _pick(values: np.ndarray, local: int, best: str, spread: np.ndarray | None = None) -> int:
-    """Index of the best value (``best``: "min" or "max").
-
-    Values within `ROUTE_TIE_RTOL` of the best, or within twice the larger of
-    the two measurements' relative ``spread`` (their noise), are ties. Ties go
-    to ``local`` first: it shares the worker's switch and disturbs no other
-    worker's links. Then to ``local + 1``, ``local + 2``, ...
-    (mod p): on a symmetric machine this gives every worker a different
-    remote proxy, where "lowest index" would send every worker's large
-    tensors to the same proxy and queue them on its one port.
-    """
-    p = len(values)
-    best_k = int(np.argmin(values) if best == "min" else np.argmax(values))
-    target = values[best_k]
-    noise = np.zeros(p) if spread is None else np.maximum(spread, spread[best_k])
-    rtol = np.maximum(ROUTE_TIE_RTOL, 2 * noise)
-    tied = set(np.flatnonzero(np.abs(values - target) <= rtol * np.abs(target)).tolist())
-    return next((local + k) % p for k in range(p) if (local + k) % p in tied)
-
-
-def _check_worker(profile: Profile, worker: int, fn: str) -> None:
-    if isinstance(worker, bool) or not isinstance(worker, (int, np.integer)):
-        raise TypeError(f"{fn}: worker must be an int index, got {worker!r}.")
-    if not 0 <= worker < profile.workers:
-        raise ValueError(
-            f"{fn}: worker must be in 0..{profile.workers - 1} (the profile's workers), got {worker}."
-        )
-
-
-def _route(profile: Profile, worker: int) -> tuple[int, int]:
-    spread = profile.wp_spread
-    lat = _pick(profile.wp_latency_us()[worker], worker, "min",
-                None if spread is None else spread[worker, :, 0])
-    # Bandwidth: the noise of each link's measurement at its peak size.
-    peak_at = np.argmax(profile.wp_bandwidth_curve_gbps()[worker], axis=-1)
-    bw = _pick(profile.wp_bandwidth_gbps()[worker], worker, "max",
-               None if spread is None else spread[worker, np.arange(profile.workers), peak_at])
-    return lat, bw
-
-
-def routes_from_profile(profile: Profile) -> tuple[tuple[int, int], ...]:
-    """Per worker ``(LatProxy, BwProxy)``, as `Config.routes` takes them.
-
-    LatProxy has the lowest one-way latency (time at the smallest size),
-    BwProxy the highest peak one-way bandwidth. Ties (within 10%, or within
-    twice the measurements' spread where the profile recorded it, so noise
-    never decides) go to the worker's local proxy (same index), then to the
-    next indices cyclically.
-    """
-    return tuple(_route(profile, i) for i in range(profile.workers))
-
-
-def threshold_bytes(profile: Profile, worker: int) -> int | None:
-    """Size ``S`` where ``T_LatProxy(S) = T_BwProxy(S)`` for ``worker``; ``None`` if the proxies agree.
-
-    Tensors smaller than ``S`` go to the LatProxy. ``S`` is linearly
-    interpolated (in size) between the two measured sizes where
-    ``T_Lat - T_Bw`` changes sign (the first such change), rounded to the
-    nearest byte. Edge cases:
-
-    * ``T_Bw <= T_Lat`` already at the smallest size: the smallest size
-      (nothing measured is latency-bound).
-    * ``T_Lat < T_Bw`` at every size: the largest size (everything measured is
-      latency-bound). With BwProxy chosen by peak measured bandwidth this cannot
-      happen (at the BwProxy's peak size its time is the lower one); the guard
-      keeps the answer defined for hand-edited profiles.
-
-    Args:
-      profile: the measurements.
-      worker: the worker's index.
-
-    Raises:
-      ValueError: ``worker`` is not an index of the profile's workers.
-      TypeError: ``worker`` is not an int.
-    """
-    _check_worker(profile, worker, "threshold_bytes")
-    lat, bw = _route(profile, int(worker))
-    if lat == bw:
-        return None
-    diff = profile.wp_oneway_s[worker, lat] - profile.wp_oneway_s[worker, bw]
-    sizes = profile.sizes
-    if diff[0] >= 0:
-        return sizes[0]
-    crossed = np.flatnonzero(diff >= 0)
-    if crossed.size == 0:
-        return sizes[-1]
-    j = int(crossed[0])
-    d0, d1 = float(diff[j - 1]), float(diff[j])  # d0 < 0 <= d1
-    s0, s1 = sizes[j - 1], sizes[j]
-    return round(s0 + (s1 - s0) * (-d0) / (d1 - d0))
-
-
-def shard_bytes_from_profile(
-    profile: Profile, worker: int, fraction: float = FULL_BANDWIDTH_FRACTION
-) -> int:
-    """Smallest measured size reaching ``fraction`` of the peak bandwidth to ``worker``'s BwProxy.
-
-    Args:
-      profile: the measurements.
-      worker: the worker's index.
-      fraction: what counts as "full bandwidth", in (0, 1]; default 0.95.
-
-    Raises:
-      ValueError: ``worker`` out of range or ``fraction`` outside (0, 1].
-      TypeError: ``worker`` is not an int.
-    """
-    _check_worker(profile, worker, "shard_bytes_from_profile")
-    if not 0 < fraction <= 1:
-        raise ValueError(
-            f"shard_bytes_from_profile: fraction must be in (0, 1], got {fraction!r}."
-        )
-    _, bw = _route(profile, int(worker))
-    curve = profile.wp_bandwidth_curve_gbps()[worker, bw]
-    # The tolerance keeps the peak itself (fraction=1) from failing on rounding.
-    reached = np.flatnonzero(curve >= fraction * curve.max() * (1 - _TIE_RTOL))
-    return profile.sizes[int(reached[0])]
-
-
-def config_from_profile(profile: Profile, **overrides: Any) -> Config:
-    """A `Config` planned from ``profile`` (paper Section III-E), with ``overrides`` on top.
-
-    * ``routes``: `routes_from_profile`.
-    * ``latency_threshold_bytes``: the largest `threshold_bytes` over workers
-      (one value serves the whole mesh). When no worker has a threshold
-      (LatProxy == BwProxy everywhere) it is 0: the value cannot matter since
-      both routes are the same proxy.
-    * ``shard_bytes``: the largest `shard_bytes_from_profile` over workers (at
-      least 4, `Config`'s minimum), so every worker's shards reach full bandwidth.
-
-    ``profile`` itself is kept (for ``leading_bytes="auto"`` and re-profiling).
-    ``profile.topology`` is only a name, so ``Config.topology`` is left at its
-    default; pass ``topology=coarse.Topology...`` to run on the emulated links.
-
-    Args:
-      profile: the measurements.
-      **overrides: `Config` fields to set instead of (or besides) the planned ones.
-
-    Raises:
-      ValueError: an override that is not a `Config` field, or a value `Config` rejects.
-
-    Example:
-      >>> cfg = config_from_profile(Profile.load("v100.json"), leading_bytes=1 << 20)
-    """
-    fields = {f.name for f in dataclasses.fields(Config)}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise ValueError(
-            f"config_from_profile: unknown Config field(s) {unknown}; expected some of "
-            f"{sorted(fields)}."
-        )
-    thresholds = [threshold_bytes(profile, i) for i in range(profile.workers)]
-    known = [t for t in thresholds if t is not None]
-    cfg = Config(
-        shard_bytes=max(4, max(shard_bytes_from_profile(profile, i) for i in range(profile.workers))),
-        latency_threshold_bytes=max(known) if known else 0,
-        routes=routes_from_profile(profile),
-        profile=profile,
-    )
-    return dataclasses.replace(cfg, **overrides)
+        report.plot(self, path)

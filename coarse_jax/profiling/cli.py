@@ -1,4 +1,4 @@
-"""``python -m coarse_jax.profile``: profile a mesh, plan from it, compare DENSE / AllReduce / COARSE.
+"""``python -m coarse_jax.profiling``: profile a mesh, plan from it, compare DENSE / AllReduce / COARSE.
 
 Prints the measured link matrices, each worker's routing table, the
 threshold S and shard size S', the dual-sync split m the paper's model
@@ -15,7 +15,7 @@ import os
 
 
 def _parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m coarse_jax.profile", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m coarse_jax.profiling", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--emulate", choices=["t4", "v100", "p100"], default=None,
                         help="emulate this interconnect (default: the host's real devices)")
@@ -45,10 +45,11 @@ def main() -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={2 * args.workers}".strip()
 
     import coarse_jax as coarse
-    from coarse_jax import model, schemes
-    from coarse_jax.profile_data import shard_bytes_from_profile, threshold_bytes
-    from coarse_jax.profiler import DEFAULT_SIZES
-    from coarse_jax.shapes import RESNET50_SHAPES, resnet50_tree
+    from coarse_jax import model
+    from coarse_jax.bench import schemes
+    from coarse_jax.bench.shapes import RESNET50_SHAPES, resnet50_tree
+    from coarse_jax.profiling.measure import DEFAULT_SIZES
+    from coarse_jax.profiling.routing import shard_bytes_from_profile, threshold_bytes
 
     p = args.workers
     mesh = coarse.make_mesh(workers=p)
@@ -103,6 +104,3 @@ def main() -> None:
                      if sync_topo else float("nan"))
         print(f"{scheme:<10} {measured * 1e3:>12.1f} {predicted * 1e3:>13.1f}")
 
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,55 @@
+"""The binding layer: the compiled extension and one wrapper per custom call.
+
+* `coarse_jax._ffi.extension`: loads ``_coarse_cpu`` / ``_coarse_cuda``,
+  registers their FFI targets, checks a platform can run them.
+* `coarse_jax._ffi.calls`: push, proxy ring, worker ring, pull, each taking an
+  explicit `CallSite` (plan, site, device ordinals).
+
+Nothing here reads the API's state (`coarse_jax.api`): arrows point down.
+"""
+
+from coarse_jax._ffi.calls import (
+    Bucket,
+    CallSite,
+    device_ordinals,
+    proxy_ring,
+    pull,
+    push,
+    token,
+    vary,
+    who,
+    worker_ring,
+)
+from coarse_jax._ffi.extension import (
+    CUDA_TARGETS,
+    check_gpu_target,
+    check_platform,
+    cpu_module,
+    cuda_module,
+    has_cuda_support,
+    inject_dropped_push,
+    live_sessions,
+    virtual_sync_seconds,
+)
+
+__all__ = [
+    "CUDA_TARGETS",
+    "Bucket",
+    "CallSite",
+    "check_gpu_target",
+    "check_platform",
+    "cpu_module",
+    "cuda_module",
+    "device_ordinals",
+    "has_cuda_support",
+    "inject_dropped_push",
+    "live_sessions",
+    "proxy_ring",
+    "pull",
+    "push",
+    "token",
+    "vary",
+    "who",
+    "worker_ring",
+    "virtual_sync_seconds",
+]

@@ -1,0 +1,191 @@
+"""One wrapper per synchronization custom call: push, proxy ring, worker ring, pull.
+
+Every call takes the int32[2] (tier, data index) of the calling device first,
+then leaves, and a `CallSite` naming the plan, the site and the devices.
+Inside ``shard_map`` all operands are cast to vary over the mesh axes (the
+handlers behave per device); results are typed the way the runtime makes
+them: push/proxy-ring outputs vary per device, worker-ring and pull outputs
+are identical on every device of the mesh, so they are typed invariant and
+may leave ``shard_map`` with ``out_specs=P()``.
+
+This layer knows nothing of `coarse.sync`: the caller passes what the
+handlers need (`CallSite`), so the wrappers also run outside a mesh (one
+device playing both tiers, in tests) with ``CallSite(axes=())``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from coarse_jax.mesh import AXES, DATA, TIER
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CallSite:
+    """Where a custom call belongs: which plan, which sync of the program, which devices.
+
+    Attributes:
+      plan_attrs: the plan's FFI attributes (``Plan.ffi_attrs()``): its key and layout.
+      site: which synchronization of the program; the runtime keys its
+        rendezvous by (execution, site), so two syncs of one program never meet.
+      ordinals: int64[2p], the platform's device number of every mesh device,
+        workers first (`device_ordinals`); the CUDA handlers find the caller by it.
+      axes: the mesh axes operands are cast to vary over; ``()`` outside ``shard_map``.
+    """
+
+    plan_attrs: Mapping[str, Any]
+    site: int
+    ordinals: np.ndarray
+    axes: tuple[str, ...] = AXES
+
+
+class Bucket(Protocol):
+    """The part of a plan bucket a push needs (`coarse_jax.plan.BucketPlan` has it)."""
+
+    @property
+    def first_leaf(self) -> int: ...
+
+    @property
+    def first_piece(self) -> int: ...
+
+    @property
+    def num_pieces(self) -> int: ...
+
+
+def _vary(x: jax.Array, axes: tuple[str, ...] = AXES) -> jax.Array:
+    missing = tuple(a for a in axes if a not in jax.typeof(x).mat.varying)
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
+def vary(tree: Any, axes: tuple[str, ...] = AXES) -> Any:
+    """Casts every leaf of ``tree`` to vary over ``axes`` (both mesh axes by default)."""
+    return jax.tree.map(lambda x: _vary(x, axes), tree)
+
+
+def who() -> jax.Array:
+    """The calling device's (tier, data index), as the handlers read it (inside ``shard_map``)."""
+    return _vary(jnp.stack([lax.axis_index(TIER), lax.axis_index(DATA)]).astype(jnp.int32))
+
+
+def token() -> jax.Array:
+    """A fresh ordering token (float32 scalar: it may travel as a cotangent; inside ``shard_map``)."""
+    return _vary(jnp.zeros((), jnp.float32))
+
+
+def device_ordinals(mesh: jax.sharding.Mesh) -> np.ndarray:
+    """The platform's device number of every mesh device, worker i at i, proxy k at p + k.
+
+    The CUDA handlers learn which device calls them from the GPU ordinal XLA
+    runs them on (the (tier, data) operand lives in GPU memory), and place
+    the runtime's buffers on the right GPUs; CPU handlers ignore it.
+    """
+    devices = np.asarray(mesh.devices).reshape(2, -1)  # (tier, data): workers first
+    return np.array(
+        [d.local_hardware_id if d.local_hardware_id is not None else d.id for d in devices.flat],
+        dtype=np.int64,
+    )
+
+
+def _result(x: jax.Array, varying: bool) -> Any:
+    # A varying result takes the (varied) operand's own type, which carries
+    # the mesh; an invariant one is a plain ShapeDtypeStruct.
+    return jax.typeof(x) if varying else jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def _call(target: str, call: CallSite, results: Sequence[Any], operands: Sequence[jax.Array],
+          aliases: dict[int, int], **attrs: Any) -> Any:
+    # vmap: "broadcast_all" hands the handlers batched buffers, which fail the
+    # plan's element-count check with an error; `coarse.sync` rejects vmap at
+    # trace time before it comes to that (a collective over the mesh has no
+    # batched meaning).
+    return jax.ffi.ffi_call(
+        target,
+        tuple(results),
+        has_side_effect=True,
+        vmap_method="broadcast_all",
+        input_output_aliases=aliases,
+    )(*operands, **call.plan_attrs, site=call.site, ordinals=call.ordinals, **attrs)
+
+
+def _aliases(n: int, first_operand: int, alias: bool) -> dict[int, int]:
+    # Writing into a dead temporary (the gradients) saves XLA allocating and
+    # faulting in fresh output buffers every step.
+    return {first_operand + i: i for i in range(n)} if alias else {}
+
+
+def push(call: CallSite, me: jax.Array, after: jax.Array, leaves: Sequence[jax.Array],
+         bucket: Bucket, passthrough: bool) -> tuple[list[jax.Array], jax.Array]:
+    """Hands one bucket to the routed proxies, after the push that made ``after``.
+
+    Returns ``(leaves, token)``. ``passthrough``: the leaves come back
+    (aliased), for the backward hooks, whose cotangent outputs must be the
+    gradients; otherwise ``[]``: aliasing a still-live operand (a step
+    argument, say) would make XLA copy it first.
+    """
+    leaves = [_vary(x, call.axes) for x in leaves]
+    after = _vary(after, call.axes)
+    out = _call(
+        "coarse_push",
+        call,
+        [*([_result(x, True) for x in leaves] if passthrough else []), _result(after, True)],
+        [me, after, *leaves],
+        _aliases(len(leaves), 2, passthrough),
+        first_leaf=np.int64(bucket.first_leaf),
+        first_piece=np.int64(bucket.first_piece),
+        num_pieces=np.int64(bucket.num_pieces),
+        passthrough=np.int64(passthrough),
+        last=np.int64(0),
+    )
+    return list(out[:-1]), out[-1]
+
+
+def proxy_ring(call: CallSite, me: jax.Array, deps: Sequence[jax.Array], last: bool) -> jax.Array:
+    """Proxies reduce every piece; returns a token that orders what follows.
+
+    ``deps`` (push outputs) only order this call after this device's pushes.
+    """
+    (ring_token,) = _call(
+        "coarse_proxy_ring", call, [_result(me, True)],
+        [me, *(_vary(d, call.axes) for d in deps)], {}, last=np.int64(last),
+    )
+    return ring_token
+
+
+def worker_ring(call: CallSite, me: jax.Array, after: jax.Array, leaves: Sequence[jax.Array],
+                last: bool, alias: bool) -> tuple[list[jax.Array], jax.Array]:
+    """Workers reduce the leading leaves and hand them to their proxies."""
+    leaves = [_vary(x, call.axes) for x in leaves]
+    out = _call(
+        "coarse_worker_ring",
+        call,
+        [*(_result(x, False) for x in leaves), _result(me, True)],
+        [me, after, *leaves],
+        _aliases(len(leaves), 2, alias),
+        last=np.int64(last),
+    )
+    return list(out[:-1]), out[-1]
+
+
+def pull(call: CallSite, me: jax.Array, after: jax.Array, leaves: Sequence[jax.Array],
+         alias: bool) -> list[jax.Array]:
+    """Every device writes the reduced proxy leaves; ends the step.
+
+    ``leaves`` give the result shapes; they are operands only when aliased.
+    """
+    leaves = [_vary(x, call.axes) for x in leaves]
+    out = _call(
+        "coarse_pull",
+        call,
+        [_result(x, False) for x in leaves],
+        [me, after, *(leaves if alias else [])],
+        _aliases(len(leaves), 2, alias),
+        last=np.int64(1),
+    )
+    return list(out)

@@ -1,0 +1,15 @@
+"""The public API: `sync`, `value_and_grad`, `all_reduce`, `on_workers`.
+
+* `sync.py`: `coarse.sync` and the `SyncedStep` it returns (compile per config, check arguments, re-profile).
+* `grad.py`: `coarse.value_and_grad`, pushing gradients from the backward pass.
+* `collectives.py`: `coarse.all_reduce` and `coarse.on_workers`.
+* `_phases.py`: one synchronization's custom calls in step order.
+* `_context.py`: what a step knows while it is traced (mesh, config, call sites).
+* `reprofile.py`: when and how a step re-profiles its links.
+"""
+
+from coarse_jax.api.collectives import all_reduce, on_workers
+from coarse_jax.api.grad import value_and_grad
+from coarse_jax.api.sync import SyncedStep, sync
+
+__all__ = ["SyncedStep", "all_reduce", "on_workers", "sync", "value_and_grad"]

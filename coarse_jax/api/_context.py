@@ -1,0 +1,78 @@
+"""What a traced `coarse.sync` step knows while its function runs: mesh, config, call sites.
+
+`coarse.sync` pushes a `SyncContext` while it traces the user's step;
+`coarse.value_and_grad`, `coarse.all_reduce` and `coarse.on_workers` read the
+innermost one. Only this package reads it: the binding layer below gets what
+it needs as a `CallSite`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import numpy as np
+from jax.sharding import Mesh
+
+from coarse_jax import _ffi
+from coarse_jax.config import Config
+from coarse_jax.mesh import DATA
+from coarse_jax.plan import Plan
+from coarse_jax.plan import plan as make_plan
+
+# (tree, keyword arguments) of one plan built with the step's own Config.
+PlanRequest = tuple[Any, dict[str, Any]]
+
+
+@dataclasses.dataclass
+class SyncContext:
+    """One trace of a `coarse.sync` step."""
+
+    mesh: Mesh
+    config: Config
+    # Shared with the step: every plan built with its own Config, so that
+    # re-profiling can re-plan them and see whether anything changed.
+    plans: list[PlanRequest]
+    next_site: int = 0
+
+    @property
+    def workers(self) -> int:
+        return int(self.mesh.shape[DATA])
+
+    def plan(self, tree: Any, cfg: Config, **kwargs: Any) -> Plan:
+        if cfg is self.config:
+            self.plans.append((tree, kwargs))
+        return make_plan(tree, self.workers, cfg, **kwargs)
+
+    def call_site(self, plan: Plan) -> _ffi.CallSite:
+        """A new synchronization of this program: its own site, so the runtime
+        keys its rendezvous by (execution, site) apart from the others."""
+        site = self.next_site
+        self.next_site += 1
+        return _ffi.CallSite(plan.ffi_attrs(), site, self.ordinals)
+
+    @property
+    def ordinals(self) -> np.ndarray:
+        return _ffi.device_ordinals(self.mesh)
+
+
+_local = threading.local()
+
+
+def stack() -> list[SyncContext]:
+    """This thread's contexts, innermost last (a step may trace another step)."""
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack  # type: ignore[no-any-return]
+
+
+def current(where: str) -> SyncContext:
+    """The innermost context; a clear error naming ``where`` outside `coarse.sync`."""
+    if not stack():
+        raise RuntimeError(
+            f"{where} was called outside a coarse.sync step: it synchronizes over the "
+            "'tier' and 'data' axes of a coarse mesh, which only exist inside it. Fix: decorate "
+            "the train step with @coarse.sync(mesh) and call it from there."
+        )
+    return stack()[-1]

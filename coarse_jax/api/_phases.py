@@ -1,0 +1,75 @@
+"""A synchronization's custom calls in the order one step runs them, as traced ops.
+
+Shared by `coarse.all_reduce` and `coarse.value_and_grad`: pushes chained in
+plan order, then the proxy ring, the worker ring of the leading layers and the
+pull. Which device does what is decided at run time by the handlers (every
+device runs every call); this module only fixes the data dependencies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from coarse_jax import _ffi
+from coarse_jax.mesh import TIER
+from coarse_jax.plan import BucketPlan, Plan
+
+
+def tier_is_worker() -> jax.Array:
+    return lax.axis_index(TIER) == 0
+
+
+def zeros_like_shapes(shapes: Any) -> Any:
+    """Zeros of ``shapes`` (a tree of ShapeDtypeStructs), varying like a worker's results."""
+    return _ffi.vary(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+
+
+def bucket_leaves(plan: Plan, bucket: BucketPlan) -> list[int]:
+    """Tree indices of a bucket's leaves, in the order the push takes them."""
+    first = bucket.first_leaf
+    return [plan.sync_order[s] for s in range(first, first + bucket.num_leaves)]
+
+
+def push_in_order(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> jax.Array:
+    """Pushes every bucket of ``leaves`` (tree order), chained in plan order; returns the last token."""
+    me, tok = _ffi.who(), _ffi.token()
+    for b in plan.buckets:
+        _, tok = _ffi.push(call, me, tok, [leaves[t] for t in bucket_leaves(plan, b)], b,
+                           passthrough=False)
+    return tok
+
+
+def finish(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array], pushed: Sequence[jax.Array],
+           in_place: bool) -> list[jax.Array]:
+    """Proxy ring, worker ring and pull, after this device's pushes (``pushed``).
+
+    ``leaves`` in tree order. ``in_place``: the leaves are dead temporaries
+    (gradients) the results may overwrite.
+    """
+    me = _ffi.who()
+    out = list(leaves)
+    has_proxy = plan.num_proxy_leaves > 0
+    has_lead = len(plan.leading_leaves) > 0
+    proxy_vals = [leaves[t] for t in plan.proxy_leaves]
+    token = None
+    if has_proxy:
+        token = _ffi.proxy_ring(call, me, pushed, last=False)
+    if has_lead:
+        if token is None:
+            token = _ffi.vary(jnp.zeros((), jnp.int32))
+        lead_vals = [leaves[t] for t in plan.leading_leaves]
+        reduced, token = _ffi.worker_ring(call, me, token, lead_vals, last=not has_proxy,
+                                          alias=in_place)
+        for t, v in zip(plan.leading_leaves, reduced, strict=True):
+            out[t] = v
+    if has_proxy:
+        assert token is not None
+        pulled = _ffi.pull(call, me, token, proxy_vals, alias=in_place)
+        for t, v in zip(plan.proxy_leaves, pulled, strict=True):
+            out[t] = v
+    return out

@@ -1,0 +1,85 @@
+"""`coarse.all_reduce` (a tree that already exists) and `coarse.on_workers`."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from coarse_jax import _ffi, reference
+from coarse_jax.api import _context
+from coarse_jax.api._phases import finish, push_in_order, tier_is_worker, zeros_like_shapes
+from coarse_jax.config import Config
+
+
+def on_workers(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Returns ``fn`` run on the worker tier only; proxies return zeros of the same shapes.
+
+    Outputs vary per device; send them through `coarse.all_reduce` before
+    returning them from the step.
+
+    Example:
+      >>> logits = coarse.on_workers(model.apply)(params, batch["x"])
+    """
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        ctx = _context.current("coarse.on_workers")
+        if ctx.config.worker_compute == "all":  # see Config.worker_compute
+            out = _ffi.vary(fn(*args, **kwargs))
+            return jax.tree.map(lambda v: jnp.where(tier_is_worker(), v, jnp.zeros_like(v)), out)
+        shapes = jax.eval_shape(lambda *a: fn(*a, **kwargs), *args)
+        return lax.cond(
+            tier_is_worker(),
+            lambda *a: _ffi.vary(fn(*a, **kwargs)),
+            lambda *a: zeros_like_shapes(shapes),
+            *args,
+        )
+
+    return wrapped
+
+
+def _check_op(op: str) -> bool:
+    if op not in ("mean", "sum"):
+        raise ValueError(f"coarse.all_reduce: op must be 'mean' or 'sum', got {op!r}.")
+    return op == "mean"
+
+
+def all_reduce(tree: Any, op: str = "mean", *, config: Config | None = None) -> Any:
+    """Mean (or sum) over the workers of every leaf, identical on every device.
+
+    The values the proxies hold are ignored: only the worker tier contributes.
+    Same routes, pieces and rings as `value_and_grad`, without the overlap
+    with a backward pass.
+
+    Args:
+      tree: pytree of float32/bfloat16/float16 arrays.
+      op: "mean" or "sum".
+      config: overrides the step's `Config`.
+
+    Returns:
+      A tree like ``tree`` holding the reduced values.
+
+    Raises:
+      RuntimeError: called outside `coarse.sync`.
+      TypeError: a leaf is not a supported float.
+
+    Example:
+      >>> metrics = coarse.all_reduce({"accuracy": acc})
+    """
+    ctx = _context.current("coarse.all_reduce")
+    mean = _check_op(op)
+    cfg = config or ctx.config
+    plan = ctx.plan(jax.eval_shape(lambda t: t, tree), cfg, mean=mean, where="coarse.all_reduce")
+    if cfg.mode == "reference":
+        return reference.all_reduce(tree, ctx.workers, mean)
+    leaves, treedef = jax.tree.flatten(tree)
+    if not leaves:
+        return tree
+    call = ctx.call_site(plan)
+    last = push_in_order(plan, call, leaves)
+    return jax.tree.unflatten(treedef, finish(plan, call, leaves, [last], in_place=False))

@@ -1,0 +1,184 @@
+"""`coarse.value_and_grad`: gradients pushed to the proxies from inside the backward pass."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from coarse_jax import _ffi, reference
+from coarse_jax.api import _context
+from coarse_jax.api._phases import bucket_leaves, finish, tier_is_worker, zeros_like_shapes
+from coarse_jax.config import Config
+from coarse_jax.plan import BucketPlan, check_dtype
+
+
+def _push_hook(call: _ffi.CallSite, bucket: BucketPlan) -> Callable[..., Any]:
+    """Identity on (token, *bucket parameters) whose backward pushes their gradients.
+
+    The token's cotangent arrives from the previous push in plan order and
+    leaves as this push's token, so the backward pass issues pushes in the
+    order the proxies walk them, each as soon as its gradients exist.
+    """
+
+    @jax.custom_vjp
+    def hook(tok: jax.Array, *xs: jax.Array) -> tuple[jax.Array, ...]:
+        return (tok, *xs)
+
+    def fwd(tok: jax.Array, *xs: jax.Array) -> tuple[tuple[jax.Array, ...], None]:
+        return (tok, *xs), None
+
+    def bwd(_: None, cts: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        # The push's outputs (aliased to its inputs) are the "gradients" the
+        # vjp returns, so the pull depends on every push.
+        after, *grads = cts
+        pushed, tok = _ffi.push(call, _ffi.who(), after, grads, bucket, passthrough=True)
+        return (tok, *pushed)
+
+    hook.defvjp(fwd, bwd)
+    return hook
+
+
+def value_and_grad(
+    fun: Callable[..., Any],
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+    *,
+    config: Config | None = None,
+) -> Callable[..., Any]:
+    """`jax.value_and_grad`, synchronized the COARSE way. Replaces value_and_grad + pmean.
+
+    Computed on the workers only. Each bucket of gradients is pushed to its
+    proxy from inside the backward pass as soon as it exists; proxies
+    ring-reduce while the backward pass goes on; the leading layers are
+    reduced among the workers; everyone pulls. Returns the mean loss and the
+    mean gradients over the workers (``has_aux``: the aux tree, also averaged,
+    must hold floats), identical on every device of the mesh.
+
+    Args:
+      fun: the loss function, as for `jax.value_and_grad`.
+      argnums: which positional argument(s) to differentiate.
+      has_aux: ``fun`` returns ``(loss, aux)``.
+      config: overrides the step's `Config`.
+
+    Returns:
+      A function returning ``(loss, grads)`` or ``((loss, aux), grads)``.
+
+    Raises:
+      RuntimeError: called outside `coarse.sync`.
+      TypeError: a differentiated leaf is not float32/bfloat16/float16, or the loss is not a float scalar.
+
+    Example:
+      >>> loss, grads = coarse.value_and_grad(loss_fn)(params, batch)
+    """
+    single = isinstance(argnums, int)
+    nums = (argnums,) if single else tuple(argnums)
+
+    @functools.wraps(fun)
+    def vg(*args: Any, **kwargs: Any) -> Any:
+        ctx = _context.current("coarse.value_and_grad")
+        cfg = config or ctx.config
+        for i in nums:
+            for path, leaf in jax.tree_util.tree_flatten_with_path(args[i])[0]:
+                check_dtype(f"{jax.tree_util.keystr(path) or '<root>'} of argument {i}",
+                            jnp.result_type(leaf), "coarse.value_and_grad")
+        out_shape = jax.eval_shape(lambda *a: fun(*a, **kwargs), *args)
+        loss_shape, aux_shape = out_shape if has_aux else (out_shape, None)
+        if getattr(loss_shape, "shape", None) != () or not jnp.issubdtype(loss_shape.dtype, jnp.floating):
+            raise TypeError(
+                f"coarse.value_and_grad: fun must return a float scalar loss, got {loss_shape}."
+            )
+        diff_shapes = tuple(jax.eval_shape(lambda x: x, args[i]) for i in nums)
+        grads_shape = diff_shapes[0] if single else diff_shapes
+        # Sync tree: gradients first in flatten order (so the leading split
+        # takes the first layers), then aux and loss (pushed first: the sync
+        # order is the reverse). Group 1 keeps loss/aux out of gradient pieces.
+        shapes = (grads_shape, aux_shape, loss_shape)
+        groups = (jax.tree.map(lambda _: 0, grads_shape), jax.tree.map(lambda _: 1, aux_shape), 1)
+        names = [
+            prefix + (jax.tree_util.keystr(path) if prefix != "loss" else "")
+            for prefix, part in (("grads", grads_shape), ("aux", aux_shape), ("loss", loss_shape))
+            for path, _ in jax.tree_util.tree_flatten_with_path(part)[0]
+        ]
+        plan = ctx.plan(shapes, cfg, groups=groups, names=names, where="coarse.value_and_grad")
+        n_grad = len(jax.tree.leaves(grads_shape))
+        call = ctx.call_site(plan) if cfg.mode == "ffi" else None
+
+        def on_worker(*a: Any) -> Any:
+            a = list(a)
+            diff = [_ffi.vary(a[i]) for i in nums]  # varying: no implicit psum in the vjp
+            diff_leaves, diff_def = jax.tree.flatten(tuple(diff))
+
+            def f(*leaves: jax.Array) -> Any:
+                leaves = list(leaves)
+                tok = None
+                if cfg.mode == "ffi":
+                    # Hooks chained in reverse plan order here, so that in the
+                    # backward pass the token runs in plan order.
+                    tok = _ffi.token()
+                    for b in reversed(plan.buckets):
+                        ids = bucket_leaves(plan, b)
+                        if ids[0] < n_grad:
+                            tok, *hooked = _push_hook(call, b)(tok, *[leaves[t] for t in ids])
+                            for t, v in zip(ids, hooked):
+                                leaves[t] = v
+                fun_args = list(a)
+                for i, v in zip(nums, jax.tree.unflatten(diff_def, leaves)):
+                    fun_args[i] = v
+                out = fun(*fun_args, **kwargs)
+                if tok is None:
+                    return out
+                # Tie the chain's end to the loss (adds 0) so its cotangent,
+                # the backward pass's first push, exists.
+                if has_aux:
+                    return out[0] + 0.0 * tok.astype(out[0].dtype), out[1]
+                return out + 0.0 * tok.astype(out.dtype)
+
+            if has_aux:
+                loss, vjp_fn, aux = jax.vjp(f, *diff_leaves, has_aux=True)
+            else:
+                (loss, vjp_fn), aux = jax.vjp(f, *diff_leaves), None
+            head = list(jax.tree.leaves((aux, loss)))
+            seed = jnp.ones_like(loss)
+            if cfg.mode == "ffi":
+                # The loss (and aux) are known after the forward pass: push
+                # now (they come first in plan order), passing them through so
+                # their push cannot be dropped; the backward pass's pushes
+                # follow them in the token chain through the seed.
+                me, tok = _ffi.who(), _ffi.token()
+                for b in plan.buckets:
+                    ids = bucket_leaves(plan, b)
+                    if ids[0] >= n_grad:
+                        pushed, tok = _ffi.push(call, me, tok, [head[t - n_grad] for t in ids], b,
+                                                passthrough=True)
+                        for t, v in zip(ids, pushed):
+                            head[t - n_grad] = v
+                seed = seed + 0.0 * tok.astype(seed.dtype)
+            grads = list(vjp_fn(seed))
+            return _ffi.vary(grads + head)
+
+        def on_proxy(*a: Any) -> Any:
+            return zeros_like_shapes(
+                [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in plan.leaves]
+            )
+
+        if cfg.worker_compute == "cond":
+            leaves = lax.cond(tier_is_worker(), on_worker, on_proxy, *args)
+        else:  # "all": proxies compute too; their pushes are no-ops, pulls overwrite the rest
+            leaves = on_worker(*args)
+        if cfg.mode == "reference":
+            leaves = reference.all_reduce(leaves, ctx.workers)
+        else:
+            # The pushed values (pass-through outputs) order the rest after the pushes.
+            pushed = [leaves[t] for t in plan.proxy_leaves]
+            leaves = finish(plan, call, leaves, pushed, in_place=True)
+        grads_l, head = leaves[:n_grad], leaves[n_grad:]
+        grads = jax.tree.unflatten(jax.tree.structure(grads_shape), grads_l)
+        aux, loss = jax.tree.unflatten(jax.tree.structure((aux_shape, loss_shape)), head)
+        return ((loss, aux) if has_aux else loss), grads
+
+    return vg

@@ -1,0 +1,45 @@
+"""Analytic performance models of gradient synchronization (pure Python, no JAX).
+
+So the planner and the benchmarks can reason about a configuration without
+running it:
+
+* `coarse_jax.model.paper`: the COARSE paper's dual-synchronization estimate
+  (`t_train`, `best_split`) and the pipelined proxy path against a centralized
+  parameter server (`coarse_sync_s`, `dense_sync_s`).
+* `coarse_jax.model.dag`: the DAG model of S-SGD with wait-free
+  backpropagation, chained over iterations (`dag_iterations_s`).
+* `coarse_jax.model.schedule`: the runtime's own schedule on emulated links,
+  piece by piece (`predict_plan_sync_s`), equal to the virtual clock's time.
+
+Units: bytes, GB/s (1e9 bytes/s, per direction), microseconds for latencies and
+seconds for every returned time. A bandwidth may be ``math.inf`` (a link that
+costs nothing), which is how the extremes of the model are probed.
+"""
+
+from coarse_jax.model.dag import Layer, dag_iteration_s, dag_iterations_s
+from coarse_jax.model.paper import (
+    best_split,
+    coarse_sync_s,
+    dense_sync_s,
+    leading_bytes_for,
+    ring_allreduce_s,
+    t_sync_gpu,
+    t_sync_proxy,
+    t_train,
+)
+from coarse_jax.model.schedule import predict_plan_sync_s
+
+__all__ = [
+    "Layer",
+    "best_split",
+    "coarse_sync_s",
+    "dag_iteration_s",
+    "dag_iterations_s",
+    "dense_sync_s",
+    "leading_bytes_for",
+    "predict_plan_sync_s",
+    "ring_allreduce_s",
+    "t_sync_gpu",
+    "t_sync_proxy",
+    "t_train",
+]

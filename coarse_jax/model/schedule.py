@@ -1,0 +1,82 @@
+"""The runtime's schedule on emulated links, piece by piece: `predict_plan_sync_s`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def predict_plan_sync_s(plan: Any, topology: Any) -> float:
+    """Predicted seconds for one `coarse.all_reduce` of ``plan`` on an emulated ``topology``.
+
+    The paper's push -> proxy ring -> pull pipeline, evaluated piece by piece
+    on the links and ports the runtime books (coarse_jax/topology.py,
+    ffi/runtime/emulator.h), so unequal pieces, crossing routes and DENSE
+    (every worker routed to one proxy: no ring, one port) are all covered:
+
+    * pushes: each worker issues its pieces in plan order at t=0; a transfer
+      books its directed link and, worker<->proxy, both devices' ports; it
+      arrives ``latency + bytes / bandwidth`` after its start;
+    * proxy ring: piece s starts when every proxy has its pushes and piece
+      s-1 is done; two rings in opposite directions each move half of s in
+      2(p-1) steps of ``chunk = bytes / 2p`` (a piece held by one proxy has
+      no ring);
+    * pulls: each worker takes its pieces in order from its proxy once reduced;
+    * leading layers: the worker ring (same two rings on worker links), then
+      the hand-over to the local proxy when proxies are in use.
+
+    Host costs (copies, additions, thread wake-ups) are not modelled: pick a
+    ``time_scale`` that makes the emulated links dominate.
+    """
+    p = plan.workers
+    link_free: dict[tuple[int, int], float] = {}
+    port_in = [0.0] * (2 * p)
+    port_out = [0.0] * (2 * p)
+
+    def book(src: int, dst: int, nbytes: float, ready: float) -> float:
+        src_w, dst_w = src < p, dst < p
+        if src_w and dst_w:
+            kind, a, b = "ww", src, dst
+        elif not src_w and not dst_w:
+            kind, a, b = "pp", src - p, dst - p
+        else:
+            kind = "wp"
+            a, b = (src, dst - p) if src_w else (dst, src - p)
+        s_per_byte, latency = topology.link(kind, a, b)
+        busy = nbytes * s_per_byte
+        start = max(ready, link_free.get((src, dst), 0.0))
+        serial_bus = src_w != dst_w
+        if serial_bus:
+            start = max(start, port_out[src], port_in[dst])
+        link_free[(src, dst)] = start + busy
+        if serial_bus:
+            port_out[src] = port_in[dst] = start + busy
+        return start + busy + latency
+
+    def ring_s(nbytes: float, kind: str) -> float:
+        if p == 1:
+            return 0.0
+        # Lockstep rings are bounded by their slowest neighbour link.
+        step = max(topology.transfer_s(kind, k, (k + 1) % p, nbytes / (2 * p)) for k in range(p))
+        return 2 * (p - 1) * step
+
+    pieces = plan.pieces
+    # Book in time order (piece by piece, all workers), as the devices do.
+    arrival = [[book(i, p + pc.dest[i], pc.nbytes, 0.0) for i in range(p)] for pc in pieces]
+    ring_end = 0.0
+    done = 0.0
+    reduced = []
+    for s, pc in enumerate(pieces):
+        start = max(max(arrival[s]), ring_end)
+        holder = pc.dest[0] if all(d == pc.dest[0] for d in pc.dest) else None
+        ring_end = start + (0.0 if holder is not None else ring_s(pc.nbytes, "pp"))
+        reduced.append(ring_end)
+    for s, pc in enumerate(pieces):
+        for i in range(p):
+            done = max(done, book(p + pc.dest[i], i, pc.nbytes, reduced[s]))
+    lead_bytes = sum(plan.leaves[t].nbytes for t in plan.leading_leaves)
+    if plan.leading_leaves:
+        lead_done = ring_s(lead_bytes, "ww")
+        if pieces:
+            lead_done = max(book(i, p + i, lead_bytes, lead_done) for i in range(p))
+        done = max(done, lead_done)
+    return done

@@ -1,0 +1,16 @@
+"""Measuring the mesh's links and planning from the measurements (paper Section III-E).
+
+* `measure.py`: `coarse.profile` (links through the runtime's own transport),
+  `coarse.measure_step_times`, `robust_time`.
+* `data.py`: `coarse.Profile`, the measurements, saved as JSON.
+* `routing.py`: LatProxy / BwProxy per worker, the threshold S, the shard size S'.
+* `report.py`: `Profile.table()` and `Profile.plot()`.
+* `topology.py`: `coarse.Topology`, emulated interconnects and their clocks.
+* `cli.py`: ``python -m coarse_jax.profiling`` (also ``python -m coarse_jax.profile``).
+"""
+
+from coarse_jax.profiling.data import Profile
+from coarse_jax.profiling.measure import measure_step_times, profile, robust_time
+from coarse_jax.profiling.topology import Topology
+
+__all__ = ["Profile", "Topology", "measure_step_times", "profile", "robust_time"]

@@ -1,0 +1,152 @@
+"""Reports of a `Profile` a person reads: the text table and the bandwidth plot."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from coarse_jax.profiling.routing import ROUTE_TIE_RTOL, routes_from_profile, threshold_bytes
+
+if TYPE_CHECKING:
+    from coarse_jax.profiling.data import Profile
+
+
+def title(profile: Profile) -> str:
+    """One line naming what was measured: topology, workers, time scale, host."""
+    topo = profile.topology if profile.topology is not None else "host devices"
+    extra = f", time_scale {profile.time_scale:g}" if profile.time_scale != 1.0 else ""
+    host = f" on {profile.host}" if profile.host else ""
+    return f"{topo}: {profile.workers} workers{extra}{host}"
+
+def table(profile: Profile) -> str:
+    """A readable text summary: latency (us) / peak bandwidth (GB/s) of every link.
+
+    One row per worker with its link to each proxy (``*`` marks the local
+    proxy; LatProxy/BwProxy as the planner picks them), then each proxy's
+    and each worker's ring neighbours.
+    """
+    p = profile.workers
+    lat, bw = profile.wp_latency_us(), profile.wp_bandwidth_gbps()
+    bidir = profile.bidir_bandwidth_gbps()
+    routes = routes_from_profile(profile)
+    span = f"{_fmt_bytes(profile.sizes[0])}..{_fmt_bytes(profile.sizes[-1])}"
+    lines = [
+        f"Profile {title(profile)}; sizes {span} ({len(profile.sizes)} sizes)",
+        "worker -> proxy: latency us / peak bandwidth GB/s (one way; bidir = push+pull peak)",
+    ]
+    cells = [f"proxy {k}" for k in range(p)]
+    lines.append("          " + "  ".join(f"{c:>18}" for c in cells) + "  lat/bw proxy  threshold")
+    for i in range(p):
+        row = []
+        for k in range(p):
+            mark = "*" if k == i else " "
+            row.append(f"{lat[i, k]:7.2f}/{bw[i, k]:8.3f}{mark:>1} ")
+        th = threshold_bytes(profile, i)
+        th_s = "-" if th is None else f"{th} B ({_fmt_bytes(th)})"
+        lines.append(
+            f"worker {i:<3}" + "  ".join(f"{c:>18}" for c in row)
+            + f"  {routes[i][0]:>4}/{routes[i][1]:<4}     {th_s}"
+        )
+        lines.append(
+            " bidir    " + "  ".join(f"{'':7} {bidir[i, k]:8.3f}  " for k in range(p))
+        )
+    for label, dev, lat_m, bw_m in (
+        ("proxy ring", "proxy", profile.pp_latency_us(), profile.pp_bandwidth_gbps()),
+        ("worker ring", "worker", profile.ww_latency_us(), profile.ww_bandwidth_gbps()),
+    ):
+        lines.append(f"{label}: latency us / peak bandwidth GB/s to next, previous neighbour")
+        for k in range(p):
+            lines.append(
+                f"{dev} {k:<3} -> {(k + 1) % p}: {lat_m[k, 0]:7.2f}/{bw_m[k, 0]:8.3f}   "
+                f"-> {(k - 1) % p}: {lat_m[k, 1]:7.2f}/{bw_m[k, 1]:8.3f}"
+            )
+    if profile.wp_spread is None:
+        lines.append("measurement spread: unknown (not recorded in this profile)")
+    else:
+        worst = np.unravel_index(int(np.argmax(profile.wp_spread)), profile.wp_spread.shape)
+        lines.append(
+            "measurement spread (median repetition over the fastest, worker -> proxy): "
+            f"median {100 * float(np.median(profile.wp_spread)):.1f}%, max "
+            f"{100 * float(profile.wp_spread.max()):.1f}% (worker {worst[0]} -> proxy {worst[1]}, "
+            f"{_fmt_bytes(profile.sizes[worst[2]])}); links closer than "
+            f"max({100 * ROUTE_TIE_RTOL:.0f}%, 2x their spread) count as tied"
+        )
+    return "\n".join(lines)
+
+def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
+    """Write a PNG of bandwidth (GB/s) against transfer size (log x) to ``path``.
+
+    One subplot per worker (a line per proxy, the local one solid and
+    thicker), then one for the proxy ring and one for the worker ring.
+
+    Raises:
+      ImportError: matplotlib is not installed.
+    """
+    # The object-oriented API with the Agg canvas draws without pyplot, so
+    # it neither needs a display nor changes the caller's global backend.
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ImportError(
+            "Profile.plot needs matplotlib; install it (pip install matplotlib) or use "
+            "Profile.table() for a text summary."
+        ) from e
+    p = profile.workers
+    n = p + 2
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(4.2 * cols, 3.3 * rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False).reshape(-1)
+    sizes = np.asarray(profile.sizes)
+    wp = profile.wp_bandwidth_curve_gbps()
+    routes = routes_from_profile(profile)
+    for i in range(p):
+        ax = axes[i]
+        for k in range(p):
+            tags = [t for t, v in (("lat", routes[i][0]), ("bw", routes[i][1])) if v == k]
+            label = f"proxy {k}" + (" (local)" if k == i else "")
+            label += f" [{'+'.join(tags)}]" if tags else ""
+            # Equal remote links draw on top of each other: keep the
+            # proxies the planner picked visible above the rest.
+            ax.plot(
+                sizes, wp[i, k], marker="o", markersize=3,
+                linewidth=2.2 if k == i else 1.2, linestyle="-" if k == i else "--",
+                label=label, zorder=3 if tags else 2,
+            )
+        th = threshold_bytes(profile, i)
+        if th is not None:
+            ax.axvline(th, color="grey", linewidth=0.8, linestyle=":", label="threshold")
+        ax.set_title(f"worker {i} -> proxies")
+    for ax, name, curve, dev in (
+        (axes[p], "proxy ring", profile.pp_bandwidth_curve_gbps(), "proxy"),
+        (axes[p + 1], "worker ring", profile.ww_bandwidth_curve_gbps(), "worker"),
+    ):
+        for k in range(p):
+            ax.plot(sizes, curve[k, 0], marker="o", markersize=3, label=f"{dev} {k}->{(k + 1) % p}")
+            if p > 2:  # with p <= 2 "previous" is the same neighbour as "next"
+                ax.plot(sizes, curve[k, 1], marker="x", markersize=3, linestyle="--",
+                        label=f"{dev} {k}->{(k - 1) % p}")
+        ax.set_title(name)
+    for ax in axes[:n]:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("transfer size (bytes)")
+        ax.set_ylabel("bandwidth (GB/s)")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize="x-small", loc="upper left")
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    fig.suptitle(f"COARSE link profile: {title(profile)}")
+    fig.savefig(path, format="png", dpi=100)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g}{unit}"
+    return f"{n:g}B"

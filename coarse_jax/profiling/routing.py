@@ -1,0 +1,149 @@
+"""Routing from a `Profile`: LatProxy / BwProxy per worker, the threshold S, the shard size S'.
+
+The paper's planner (Section III-E): per worker, the proxy with the lowest
+latency (*LatProxy*) and the one with the highest bandwidth (*BwProxy*); if
+they differ, the size ``S`` where ``T_LatProxy(S) = T_BwProxy(S)`` (smaller
+tensors go to *LatProxy*, larger ones to *BwProxy*); and the smallest measured
+size ``S'`` that reaches full bandwidth to *BwProxy* (large tensors are cut
+into ``S'``-sized shards). `coarse.Config.from_profile` puts them together.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from coarse_jax.profiling.data import Profile
+
+# Fraction of a link's peak bandwidth that counts as "full bandwidth" when
+# choosing the shard size: measured curves approach their peak asymptotically,
+# so demanding 100% would always pick the largest size measured.
+FULL_BANDWIDTH_FRACTION = 0.95
+
+# Relative tolerance under which two latencies/bandwidths count as a tie, so
+# float rounding in size/time does not pick a remote proxy over the local one.
+_TIE_RTOL = 1e-9
+# Route choices treat measurements within 10% of the best as equal: a small
+# probe's time is mostly host overhead (thread wake-ups), which varies by
+# that much between identical links.
+ROUTE_TIE_RTOL = 0.10
+
+
+def _pick(values: np.ndarray, local: int, best: str, spread: np.ndarray | None = None) -> int:
+    """Index of the best value (``best``: "min" or "max").
+
+    Values within `ROUTE_TIE_RTOL` of the best, or within twice the larger of
+    the two measurements' relative ``spread`` (their noise), are ties. Ties go
+    to ``local`` first: it shares the worker's switch and disturbs no other
+    worker's links. Then to ``local + 1``, ``local + 2``, ...
+    (mod p): on a symmetric machine this gives every worker a different
+    remote proxy, where "lowest index" would send every worker's large
+    tensors to the same proxy and queue them on its one port.
+    """
+    p = len(values)
+    best_k = int(np.argmin(values) if best == "min" else np.argmax(values))
+    target = values[best_k]
+    noise = np.zeros(p) if spread is None else np.maximum(spread, spread[best_k])
+    rtol = np.maximum(ROUTE_TIE_RTOL, 2 * noise)
+    tied = set(np.flatnonzero(np.abs(values - target) <= rtol * np.abs(target)).tolist())
+    return next((local + k) % p for k in range(p) if (local + k) % p in tied)
+
+
+def _check_worker(profile: Profile, worker: int, fn: str) -> None:
+    if isinstance(worker, bool) or not isinstance(worker, (int, np.integer)):
+        raise TypeError(f"{fn}: worker must be an int index, got {worker!r}.")
+    if not 0 <= worker < profile.workers:
+        raise ValueError(
+            f"{fn}: worker must be in 0..{profile.workers - 1} (the profile's workers), got {worker}."
+        )
+
+
+def _route(profile: Profile, worker: int) -> tuple[int, int]:
+    spread = profile.wp_spread
+    lat = _pick(profile.wp_latency_us()[worker], worker, "min",
+                None if spread is None else spread[worker, :, 0])
+    # Bandwidth: the noise of each link's measurement at its peak size.
+    peak_at = np.argmax(profile.wp_bandwidth_curve_gbps()[worker], axis=-1)
+    bw = _pick(profile.wp_bandwidth_gbps()[worker], worker, "max",
+               None if spread is None else spread[worker, np.arange(profile.workers), peak_at])
+    return lat, bw
+
+
+def routes_from_profile(profile: Profile) -> tuple[tuple[int, int], ...]:
+    """Per worker ``(LatProxy, BwProxy)``, as `Config.routes` takes them.
+
+    LatProxy has the lowest one-way latency (time at the smallest size),
+    BwProxy the highest peak one-way bandwidth. Ties (within 10%, or within
+    twice the measurements' spread where the profile recorded it, so noise
+    never decides) go to the worker's local proxy (same index), then to the
+    next indices cyclically.
+    """
+    return tuple(_route(profile, i) for i in range(profile.workers))
+
+
+def threshold_bytes(profile: Profile, worker: int) -> int | None:
+    """Size ``S`` where ``T_LatProxy(S) = T_BwProxy(S)`` for ``worker``; ``None`` if the proxies agree.
+
+    Tensors smaller than ``S`` go to the LatProxy. ``S`` is linearly
+    interpolated (in size) between the two measured sizes where
+    ``T_Lat - T_Bw`` changes sign (the first such change), rounded to the
+    nearest byte. Edge cases:
+
+    * ``T_Bw <= T_Lat`` already at the smallest size: the smallest size
+      (nothing measured is latency-bound).
+    * ``T_Lat < T_Bw`` at every size: the largest size (everything measured is
+      latency-bound). With BwProxy chosen by peak measured bandwidth this cannot
+      happen (at the BwProxy's peak size its time is the lower one); the guard
+      keeps the answer defined for hand-edited profiles.
+
+    Args:
+      profile: the measurements.
+      worker: the worker's index.
+
+    Raises:
+      ValueError: ``worker`` is not an index of the profile's workers.
+      TypeError: ``worker`` is not an int.
+    """
+    _check_worker(profile, worker, "threshold_bytes")
+    lat, bw = _route(profile, int(worker))
+    if lat == bw:
+        return None
+    diff = profile.wp_oneway_s[worker, lat] - profile.wp_oneway_s[worker, bw]
+    sizes = profile.sizes
+    if diff[0] >= 0:
+        return sizes[0]
+    crossed = np.flatnonzero(diff >= 0)
+    if crossed.size == 0:
+        return sizes[-1]
+    j = int(crossed[0])
+    d0, d1 = float(diff[j - 1]), float(diff[j])  # d0 < 0 <= d1
+    s0, s1 = sizes[j - 1], sizes[j]
+    return round(s0 + (s1 - s0) * (-d0) / (d1 - d0))
+
+
+def shard_bytes_from_profile(
+    profile: Profile, worker: int, fraction: float = FULL_BANDWIDTH_FRACTION
+) -> int:
+    """Smallest measured size reaching ``fraction`` of the peak bandwidth to ``worker``'s BwProxy.
+
+    Args:
+      profile: the measurements.
+      worker: the worker's index.
+      fraction: what counts as "full bandwidth", in (0, 1]; default 0.95.
+
+    Raises:
+      ValueError: ``worker`` out of range or ``fraction`` outside (0, 1].
+      TypeError: ``worker`` is not an int.
+    """
+    _check_worker(profile, worker, "shard_bytes_from_profile")
+    if not 0 < fraction <= 1:
+        raise ValueError(
+            f"shard_bytes_from_profile: fraction must be in (0, 1], got {fraction!r}."
+        )
+    _, bw = _route(profile, int(worker))
+    curve = profile.wp_bandwidth_curve_gbps()[worker, bw]
+    # The tolerance keeps the peak itself (fraction=1) from failing on rounding.
+    reached = np.flatnonzero(curve >= fraction * curve.max() * (1 - _TIE_RTOL))
+    return profile.sizes[int(reached[0])]
