@@ -15,6 +15,7 @@ _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}=8".strip()
 
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--bench-trees",
@@ -51,7 +52,9 @@ def emulated_results(pytestconfig: pytest.Config) -> dict[str, dict[str, float]]
 
 def _emulated_summary(tr: Any, results: dict[str, dict[str, float]]) -> None:
     tr.section("emulated v100 links x300 (ResNet-50 tree, 4 workers)")
-    tr.write_line(f"{'scheme':<10} {'measured ms':>12} {'predicted ms':>13} {'error':>7} {'busbw GB/s':>11}")
+    tr.write_line(
+        f"{'scheme':<10} {'measured ms':>12} {'predicted ms':>13} {'error':>7} {'busbw GB/s':>11}"
+    )
     for name, r in results.items():
         err = r["median_s"] / r["predicted_s"] - 1
         tr.write_line(

@@ -199,7 +199,7 @@ def plot(rows: list[Row], out: Path) -> None:
             pts = sorted((r.workers, r.busbw_gbs) for r in grp if r.impl == impl)
             pts = [(p, bw) for p, bw in pts if bw is not None]
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=impl, color=colors[impl])
+                ax.plot(*zip(*pts, strict=True), marker="o", label=impl, color=colors[impl])
         ax.set_xticks(workers)
         ax.set_xlabel("workers p")
         ax.set_ylabel("bus bandwidth GB/s")

@@ -20,8 +20,8 @@ import pytest
 
 import coarse_jax as coarse
 from coarse_jax.bench import schemes
-from coarse_jax.model import predict_plan_sync_s
 from coarse_jax.bench.shapes import RESNET50_SHAPES, resnet50_tree
+from coarse_jax.model import predict_plan_sync_s
 
 WORKERS = 4
 SYNC_SCALE = 300.0
@@ -30,6 +30,8 @@ SYNC_SCALE = 300.0
 def _cpu_mesh():
     # Emulated links are timed on the host: always the CPU devices, also on a GPU host.
     return coarse.make_mesh(workers=WORKERS, devices=jax.devices("cpu")[: 2 * WORKERS])
+
+
 ROUNDS = 3
 
 
@@ -74,10 +76,15 @@ def test_emulated_link_real_clock(benchmark: Any) -> None:
     topo = coarse.Topology.preset("v100", WORKERS, time_scale=200)
     want = topo.transfer_s("wp", 0, 0, 4 << 20)
     prof = benchmark.pedantic(
-        lambda: coarse.profile(mesh, topology=topo, sizes=(4 << 20,), reps=2), rounds=1, iterations=1
+        lambda: coarse.profile(mesh, topology=topo, sizes=(4 << 20,), reps=2),
+        rounds=1,
+        iterations=1,
     )
     measured = float(prof.wp_oneway_s[0, 0, 0])
-    benchmark.extra_info.update({"emulated_s": want, "measured_s": measured,
-                                 "measured_over_emulated": measured / want})
-    print(f"\nreal clock: one 4 MiB push {measured * 1e3:.1f} ms for {want * 1e3:.1f} ms emulated "
-          f"({measured / want - 1:+.1%})")
+    benchmark.extra_info.update(
+        {"emulated_s": want, "measured_s": measured, "measured_over_emulated": measured / want}
+    )
+    print(
+        f"\nreal clock: one 4 MiB push {measured * 1e3:.1f} ms for {want * 1e3:.1f} ms emulated "
+        f"({measured / want - 1:+.1%})"
+    )

@@ -26,7 +26,9 @@ import sys
 import pytest
 
 # The tests' GPU check (skip without a GPU, fail if the CUDA module is missing).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+)
 from helpers import gpu_or_skip
 
 ITERS = 50
@@ -82,8 +84,10 @@ def _report():
     for r in ROWS:
         lines.append(
             f"| {r['case']} | {r['dtype']} | {r['copy_gbs']:.0f} | "
-            + " | ".join(f"{r[f'{k}_gbs']:.0f} ({100 * r[f'{k}_of_copy']:.0f}%)"
-                         for k in ("pack", "unpack", "reduce"))
+            + " | ".join(
+                f"{r[f'{k}_gbs']:.0f} ({100 * r[f'{k}_of_copy']:.0f}%)"
+                for k in ("pack", "unpack", "reduce")
+            )
             + " |"
         )
     text = "\n".join(lines)

@@ -39,7 +39,6 @@ WORKERS = 4
 ROUNDS = 30
 
 
-
 def test_shapes_are_resnet50() -> None:
     """The table above is ResNet-50: 161 leaves, 25,557,032 parameters."""
     assert len(RESNET50_SHAPES) == 161

@@ -107,11 +107,14 @@ class Config:
             t = tuple(float(v) for v in self.step_times_s)
             if len(t) != 2 or min(t) < 0:
                 raise ValueError(
-                    f"Config.step_times_s: expected (T_FP, T_BP) seconds >= 0, got {self.step_times_s!r}."
+                    "Config.step_times_s: expected (T_FP, T_BP) seconds >= 0, "
+                    f"got {self.step_times_s!r}."
                 )
             object.__setattr__(self, "step_times_s", t)
         if self.shard_bytes < 4:
-            raise ValueError(f"Config.shard_bytes: expected at least 4 bytes, got {self.shard_bytes}.")
+            raise ValueError(
+                f"Config.shard_bytes: expected at least 4 bytes, got {self.shard_bytes}."
+            )
         if self.mode not in _MODES:
             raise ValueError(
                 f"Config.mode: expected one of {_MODES}, got {self.mode!r} "
@@ -175,7 +178,7 @@ class Config:
             routes=routing.routes_from_profile(profile),
             profile=profile,
         )
-        return dataclasses.replace(cfg, **overrides)  # type: ignore[arg-type]
+        return dataclasses.replace(cfg, **overrides)
 
     def routes_for(self, workers: int) -> tuple[tuple[int, int], ...]:
         """The routing table for ``workers`` workers, checked against the mesh."""
@@ -189,7 +192,8 @@ class Config:
         for i, pair in enumerate(self.routes):
             if any(not 0 <= proxy < workers for proxy in pair):
                 raise ValueError(
-                    f"Config.routes[{i}]: proxies are indices on the 'data' axis, 0..{workers - 1}; "
+                    f"Config.routes[{i}]: proxies are indices on the 'data' axis, "
+                    f"0..{workers - 1}; "
                     f"got {pair}."
                 )
         return self.routes

@@ -50,7 +50,7 @@ def _platform() -> str:
     # Where the op will run: the default device if one is set (jax.default_device),
     # else the default backend. Checked at trace time, so a GPU program without
     # the CUDA extension fails here with the fix, not inside XLA's compiler.
-    device = jax.config.jax_default_device
+    device = jax.config.jax_default_device  # type: ignore[attr-defined]
     if isinstance(device, str):
         return device
     return device.platform if device is not None else jax.default_backend()
@@ -109,8 +109,10 @@ def unpack(buffer: jax.Array, like: Sequence[Any], scale: float = 1.0) -> list[j
     """
     buffer = jnp.asarray(buffer)
     _check_dtype(buffer.dtype, "buffer")
-    outs = [jax.ShapeDtypeStruct(tuple(x.shape), _check_dtype(x.dtype, f"like[{i}]"))
-            for i, x in enumerate(like)]
+    outs = [
+        jax.ShapeDtypeStruct(tuple(x.shape), _check_dtype(x.dtype, f"like[{i}]"))
+        for i, x in enumerate(like)
+    ]
     total = sum(int(np.prod(o.shape, dtype=np.int64)) for o in outs)
     if buffer.ndim != 1 or buffer.shape[0] != total:
         raise ValueError(

@@ -111,7 +111,11 @@ class Plan:
             return cached
         p = self.workers
         segs = np.array(
-            [(sid, off, n, pc.index, poff) for pc in self.pieces for (sid, off, n, poff) in pc.segments],
+            [
+                (sid, off, n, pc.index, poff)
+                for pc in self.pieces
+                for (sid, off, n, poff) in pc.segments
+            ],
             dtype=np.int64,
         ).reshape(-1)
         attrs: dict[str, Any] = {
@@ -122,7 +126,9 @@ class Plan:
             "piece_nelems": np.array([pc.nelems for pc in self.pieces], dtype=np.int64),
             "piece_nbytes": np.array([pc.nbytes for pc in self.pieces], dtype=np.int64),
             "leading_nbytes": np.int64(sum(self.leaves[i].nbytes for i in self.leading_leaves)),
-            "piece_dest": np.array([d for pc in self.pieces for d in pc.dest], dtype=np.int64).reshape(-1),
+            "piece_dest": np.array(
+                [d for pc in self.pieces for d in pc.dest], dtype=np.int64
+            ).reshape(-1),
             "segments": segs,
             "leaf_nelems": np.array([self.leaves[i].size for i in self.sync_order], dtype=np.int64),
             "leaf_names": "\n".join(self.leaves[i].name for i in self.sync_order),
@@ -145,7 +151,10 @@ class Plan:
         for pc in self.pieces:
             for sid, *_ in pc.segments:
                 pieces_of.setdefault(sid, []).append(pc)
-        header = f"{'leaf':<40} {'shape':<18} {'dtype':<8} {'bytes':>10}  {'sync':<22} dest proxy per worker"
+        header = (
+            f"{'leaf':<40} {'shape':<18} {'dtype':<8} {'bytes':>10}  {'sync':<22} "
+            "dest proxy per worker"
+        )
         rows = [header, "-" * len(header)]
         for sid, tree_index in enumerate(self.sync_order[:max_rows]):
             leaf = self.leaves[tree_index]
@@ -158,12 +167,15 @@ class Plan:
                     how = f"proxy, {n} shards"
                 else:
                     batched = len(own[0].segments) if own else 1
-                    how = f"proxy, piece {own[0].index}" + (f" (+{batched - 1})" if batched > 1 else "")
+                    how = f"proxy, piece {own[0].index}" + (
+                        f" (+{batched - 1})" if batched > 1 else ""
+                    )
                 dests = sorted({pc.dest for pc in own})
                 dest = " ".join(",".join(str(d) for d in route) for route in dests)
             name = leaf.name if len(leaf.name) <= 40 else "..." + leaf.name[-37:]
             rows.append(
-                f"{name:<40} {leaf.shape!s:<18} {leaf.dtype.name:<8} {leaf.nbytes:>10}  {how:<22} {dest}"
+                f"{name:<40} {leaf.shape!s:<18} {leaf.dtype.name:<8} {leaf.nbytes:>10}  "
+                f"{how:<22} {dest}"
             )
         if len(self.sync_order) > max_rows:
             rows.append(f"... {len(self.sync_order) - max_rows} more leaves")
@@ -193,7 +205,9 @@ def auto_leading_bytes(leaf_bytes: list[int], config: Config, workers: int) -> i
     mean proxy-ring and worker-ring link bandwidths, converted to the time the
     step runs in (an emulated topology's time_scale stretches both).
     """
-    profile, (t_fp, t_bp) = config.profile, config.step_times_s
+    profile, times = config.profile, config.step_times_s
+    assert profile is not None and times is not None, "Config checks 'auto' has both"
+    t_fp, t_bp = times
     run_scale = config.topology.time_scale if config.topology is not None else 1.0
     to_run_time = profile.time_scale / run_scale
     bw_proxy = float(profile.pp_bandwidth_gbps().mean()) * to_run_time
@@ -266,17 +280,21 @@ def plan(
             f"{workers}. Fix: coarse.Topology.preset(name, workers={workers})."
         )
     paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    group_leaves = [0] * len(paths_leaves) if groups is None else treedef.flatten_up_to(groups)
+    group_leaves = [0] * len(paths_leaves) if groups is None else treedef.flatten_up_to(groups)  # type: ignore[attr-defined]
 
     shapes = []
     for t, (path, leaf) in enumerate(paths_leaves):
         name = names[t] if names is not None else _leaf_name(path)
-        shapes.append((name, tuple(int(d) for d in np.shape(leaf)), check_dtype(name, leaf.dtype, where)))
+        shapes.append(
+            (name, tuple(int(d) for d in np.shape(leaf)), check_dtype(name, leaf.dtype, where))
+        )
 
     # Dual-sync split: leading leaves are a prefix of the flatten order.
     leading_bytes = config.leading_bytes
     if leading_bytes == "auto":
-        leading_bytes = auto_leading_bytes([math.prod(s) * dt.itemsize for _, s, dt in shapes], config, workers)
+        leading_bytes = auto_leading_bytes(
+            [math.prod(s) * dt.itemsize for _, s, dt in shapes], config, workers
+        )
     n_leading, acc = 0, 0
     for _, shape, dt in shapes:
         nbytes = math.prod(shape) * dt.itemsize
@@ -315,6 +333,7 @@ def plan(
     def close_batch() -> None:
         nonlocal batch, batch_elems, batch_bytes, batch_first_leaf
         if batch:
+            assert batch_first_leaf is not None
             first_piece = len(pieces)
             add_piece(batch, batch_elems, batch_bytes)
             buckets.append(BucketPlan(batch_first_leaf, len(batch), first_piece, 1))

@@ -11,6 +11,6 @@ if __name__ != "__main__":
         "function coarse_jax.profile (coarse.profile(mesh)) or the package coarse_jax.profiling."
     )
 
-from coarse_jax.profiling.cli import main
+from coarse_jax.bench.cli import main
 
 main()

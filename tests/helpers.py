@@ -44,7 +44,8 @@ def per_worker_mean(fun, params, batch, workers: int):
     results = [jax.jit(jax.value_and_grad(fun))(params, s) for s in slices]
     loss = np.mean([np.float64(r[0]) for r in results])
     grads = jax.tree.map(
-        lambda *gs: np.mean([np.asarray(g, np.float64) for g in gs], axis=0), *[r[1] for r in results]
+        lambda *gs: np.mean([np.asarray(g, np.float64) for g in gs], axis=0),
+        *[r[1] for r in results],
     )
     return loss, grads
 
@@ -68,7 +69,9 @@ def assert_replicated(tree) -> None:
         shards = [np.asarray(s.data) for s in x.addressable_shards]
         assert len(shards) == len(x.sharding.device_set)
         for s in shards[1:]:
-            assert s.tobytes() == shards[0].tobytes(), f"{jax.tree_util.keystr(path)} differs across devices"
+            assert s.tobytes() == shards[0].tobytes(), (
+                f"{jax.tree_util.keystr(path)} differs across devices"
+            )
 
 
 def gpu_or_skip():

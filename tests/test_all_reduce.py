@@ -21,7 +21,9 @@ def _reduce_step(mesh, cfg, op="mean"):
 
 
 def _random_tree(rng, shapes, workers, dtype=np.float32):
-    return {f"t{i:04d}": rng.standard_normal((workers, *s)).astype(dtype) for i, s in enumerate(shapes)}
+    return {
+        f"t{i:04d}": rng.standard_normal((workers, *s)).astype(dtype) for i, s in enumerate(shapes)
+    }
 
 
 def _expect(tree, op):
@@ -33,7 +35,9 @@ def _check(out, tree, op="mean", rtol=1e-6):
     want = _expect(tree, op)
     for k, v in want.items():
         got = np.asarray(out[k], np.float64)
-        np.testing.assert_allclose(got, v, rtol=rtol, atol=rtol * (np.abs(v).max() if v.size else 0), err_msg=k)
+        np.testing.assert_allclose(
+            got, v, rtol=rtol, atol=rtol * (np.abs(v).max() if v.size else 0), err_msg=k
+        )
 
 
 @pytest.mark.parametrize("mode", ["ffi", "reference"])
@@ -100,7 +104,10 @@ def test_random_routes_200_steps():
     for trial in range(4):
         routes = tuple(tuple(int(v) for v in rng.integers(0, 4, 2)) for _ in range(4))
         cfg = coarse.Config(
-            shard_bytes=2048, latency_threshold_bytes=1024, leading_bytes=trial * 1000, routes=routes
+            shard_bytes=2048,
+            latency_threshold_bytes=1024,
+            leading_bytes=trial * 1000,
+            routes=routes,
         )
         step = _reduce_step(mesh, cfg)
         for i in range(50):

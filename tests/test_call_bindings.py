@@ -54,9 +54,9 @@ def _step(plan, device):
 
     def call(target, tier, results, operands, **attrs):
         who, ordinals = tiers[tier]
-        return jax.ffi.ffi_call(target, results, has_side_effect=True,
-                                vmap_method="broadcast_all")(
-            who, *operands, **base, ordinals=ordinals, **attrs)
+        return jax.ffi.ffi_call(target, results, has_side_effect=True, vmap_method="broadcast_all")(
+            who, *operands, **base, ordinals=ordinals, **attrs
+        )
 
     def step(*leaves):
         proxy_leaves = [leaves[i] for i in plan.proxy_leaves]
@@ -65,11 +65,18 @@ def _step(plan, device):
         token_spec = jax.ShapeDtypeStruct((2,), jnp.int32)
         tok = jnp.zeros((), jnp.float32)
         for b in plan.buckets:
-            bucket = proxy_leaves[b.first_leaf:b.first_leaf + b.num_leaves]
-            (tok,) = call("coarse_push", "worker", [jax.ShapeDtypeStruct((), jnp.float32)],
-                          [tok, *bucket], first_leaf=np.int64(b.first_leaf),
-                          first_piece=np.int64(b.first_piece), num_pieces=np.int64(b.num_pieces),
-                          passthrough=np.int64(0), last=np.int64(0))
+            bucket = proxy_leaves[b.first_leaf : b.first_leaf + b.num_leaves]
+            (tok,) = call(
+                "coarse_push",
+                "worker",
+                [jax.ShapeDtypeStruct((), jnp.float32)],
+                [tok, *bucket],
+                first_leaf=np.int64(b.first_leaf),
+                first_piece=np.int64(b.first_piece),
+                num_pieces=np.int64(b.num_pieces),
+                passthrough=np.int64(0),
+                last=np.int64(0),
+            )
         # Every device runs every call; the worker's proxy ring (a no-op) comes
         # first, so a worker call always opens the session (its ordinals place
         # the storage).
@@ -78,15 +85,19 @@ def _step(plan, device):
             (ring,) = call("coarse_proxy_ring", tier, [token_spec], [ring], last=np.int64(0))
         outs = {}
         for tier in ("worker", "proxy"):
-            *reduced, ring = call("coarse_worker_ring", tier,
-                                  [*(spec[i] for i in plan.leading_leaves), token_spec],
-                                  [ring, *lead], last=np.int64(0))
-            outs[tier] = dict(zip(plan.leading_leaves, reduced))
+            *reduced, ring = call(
+                "coarse_worker_ring",
+                tier,
+                [*(spec[i] for i in plan.leading_leaves), token_spec],
+                [ring, *lead],
+                last=np.int64(0),
+            )
+            outs[tier] = dict(zip(plan.leading_leaves, reduced, strict=True))
         pulled_spec = [spec[i] for i in plan.proxy_leaves]
         after = ring
         for tier in ("worker", "proxy"):
             pulled = call("coarse_pull", tier, pulled_spec, [after], last=np.int64(1))
-            outs[tier].update(zip(plan.proxy_leaves, pulled))
+            outs[tier].update(zip(plan.proxy_leaves, pulled, strict=True))
             after = pulled[0] if pulled else after  # the proxy's pull after the worker's
         return [[outs[t][i] for i in range(len(leaves))] for t in ("worker", "proxy")]
 
@@ -106,6 +117,6 @@ def test_one_device_runs_a_whole_step_through_xla(device, leading_bytes):
     with jax.default_device(device):
         out = jax.device_get(jax.jit(_step(plan, device))(*jax.device_put(leaves, device)))
     for tier_out in out:  # the worker's results, then the proxy's
-        for got, want in zip(tier_out, leaves):
+        for got, want in zip(tier_out, leaves, strict=True):
             np.testing.assert_array_equal(np.asarray(got), want)
     assert _live_sessions(device) == 0

@@ -1,6 +1,5 @@
 """Errors a user can act on, and waits that fail instead of hanging."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,9 +9,9 @@ import coarse_jax as coarse
 
 
 def test_value_and_grad_outside_sync():
-    with pytest.raises(RuntimeError, match="outside a coarse.sync step"):
+    with pytest.raises(RuntimeError, match=r"outside a coarse\.sync step"):
         coarse.value_and_grad(lambda p: jnp.sum(p))(jnp.ones(3))
-    with pytest.raises(RuntimeError, match="outside a coarse.sync step"):
+    with pytest.raises(RuntimeError, match=r"outside a coarse\.sync step"):
         coarse.all_reduce(jnp.ones(3))
 
 
@@ -37,7 +36,9 @@ def test_integer_and_boolean_gradient_leaves(dtype):
 
     @coarse.sync(mesh)
     def step(params, batch):
-        return coarse.value_and_grad(lambda p, b: jnp.sum(p["w"] * b) + 0.0 * jnp.sum(p["n"]))(params, batch)
+        return coarse.value_and_grad(lambda p, b: jnp.sum(p["w"] * b) + 0.0 * jnp.sum(p["n"]))(
+            params, batch
+        )
 
     params = {"n": jnp.ones(3, dtype), "w": jnp.ones(3)}
     with pytest.raises(TypeError, match=r"\['n'\] of argument 0 has integer/boolean dtype"):
@@ -80,22 +81,31 @@ def test_missing_arrival_times_out_with_a_named_error():
     batch = jnp.ones((8, 8))
     jax.block_until_ready(step(params, batch))  # compile; a healthy step
     _ffi.inject_dropped_push(1)
-    with pytest.raises(Exception, match=r"proxy 1 \(tier=1, data=1\) timed out after 1.000 s at step 2 "
-                       r"waiting for worker\(s\) 1 to push tensor '(loss|grads\['w'\])'"):
+    with pytest.raises(
+        Exception,
+        match=r"proxy 1 \(tier=1, data=1\) timed out after 1.000 s at step 2 "
+        r"waiting for worker\(s\) 1 to push tensor '(loss|grads\['w'\])'",
+    ):
         jax.block_until_ready(step(params, batch))
     # The failure does not poison later steps.
     _, grads = step(params, batch)
-    np.testing.assert_allclose(grads["w"], jax.grad(lambda p: jnp.sum((batch[:2] @ p["w"]) ** 2))(params)["w"], rtol=1e-6)
+    np.testing.assert_allclose(
+        grads["w"], jax.grad(lambda p: jnp.sum((batch[:2] @ p["w"]) ** 2))(params)["w"], rtol=1e-6
+    )
 
 
 def test_gpu_errors_name_the_missing_piece_and_the_fix(monkeypatch):
     from coarse_jax import _ffi
 
-    with pytest.raises(NotImplementedError, match=r"coarse_probe has no CUDA implementation.*Topology"):
+    with pytest.raises(
+        NotImplementedError, match=r"coarse_probe has no CUDA implementation.*Topology"
+    ):
         _ffi.check_gpu_target("coarse_probe", "gpu", " profile a CPU mesh or an emulated Topology")
     _ffi.check_gpu_target("coarse_probe", "cpu")  # nothing to say on CPU
     monkeypatch.setattr(_ffi.extension, "_coarse_cuda", None)
-    with pytest.raises(RuntimeError, match=r"built without its CUDA extension.*COARSE_JAX_ENABLE_CUDA=ON"):
+    with pytest.raises(
+        RuntimeError, match=r"built without its CUDA extension.*COARSE_JAX_ENABLE_CUDA=ON"
+    ):
         _ffi.check_gpu_target("coarse_push", "gpu")
     monkeypatch.setattr(coarse.kernels, "_platform", lambda: "gpu")
     with pytest.raises(RuntimeError, match="built without its CUDA extension"):

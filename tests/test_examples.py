@@ -57,8 +57,19 @@ def test_example_noise_floor(tmp_path):
 
 def test_noise_floor_needs_both(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "cnn" / "main.py"), "--workdir", str(tmp_path),
-         "--impl", "pmean", "--noise-floor"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            str(EXAMPLES / "cnn" / "main.py"),
+            "--workdir",
+            str(tmp_path),
+            "--impl",
+            "pmean",
+            "--noise-floor",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 2 and "--noise-floor needs --impl both" in result.stderr

@@ -66,8 +66,8 @@ def test_pack_unpack_match_oracle(device, leaf_dtype, buf_dtype):
 
     outs = _run(device, lambda b: kernels.unpack(b, leaves, scale=4.0), buf)
     sizes = np.cumsum([0] + [int(np.prod(s)) for s in SHAPES])
-    for i, (out, leaf) in enumerate(zip(outs, leaves)):
-        want = (np.asarray(buf[sizes[i]:sizes[i + 1]], np.float32) * np.float32(4.0))
+    for i, (out, leaf) in enumerate(zip(outs, leaves, strict=True)):
+        want = np.asarray(buf[sizes[i] : sizes[i + 1]], np.float32) * np.float32(4.0)
         _same(out, want.astype(NP[leaf_dtype]).reshape(leaf.shape))
 
 
@@ -78,7 +78,7 @@ def test_pack_mixed_dtypes_and_many_small_leaves(device):
     buf = _run(device, lambda xs: kernels.pack(xs, dtype="float32"), leaves)
     _same(buf, _pack_oracle(leaves, "float32", 1.0))
     back = _run(device, lambda b: kernels.unpack(b, leaves), buf)
-    for out, leaf in zip(back, leaves):
+    for out, leaf in zip(back, leaves, strict=True):
         _same(out, leaf)  # f32 holds every bf16/f16 value exactly
 
 
@@ -116,7 +116,7 @@ def test_jitted_program_chains_the_kernels(device):
         return kernels.unpack(mean, a)
 
     got = _run(device, step, w0, w1)
-    for g, x0, x1 in zip(got, w0, w1):
+    for g, x0, x1 in zip(got, w0, w1, strict=True):
         want = (np.asarray(x0, np.float32) + np.asarray(x1, np.float32)) * np.float32(0.5)
         _same(g, want.astype(x0.dtype))
 

@@ -304,8 +304,13 @@ def test_leading_layer_sync_should_not_queue_behind_big_gradients():
         Layer("mid", fwd_s=1.0, bwd_s=4.0, grad_bytes=1),
         Layer("head", fwd_s=1.0, bwd_s=1.0, grad_bytes=55),
     ]
-    proxy = lambda b: 0.1 * b
-    worker = lambda b: 0.5 * b
+
+    def proxy(b):
+        return 0.1 * b
+
+    def worker(b):
+        return 0.5 * b
+
     assert dag_iteration_s(layers, proxy) == approx(9.7)
     assert dag_iteration_s(layers, proxy, worker_layers=1, worker_comm_s=worker) == approx(9.6)
     for steps in (2, 3, 5):
@@ -327,8 +332,13 @@ def test_dag_overlap_never_slower_and_monotone_in_comm():
             for i in range(int(rng.integers(1, 12)))
         ]
         rate = float(rng.uniform(0.001, 0.1))
-        fast = lambda b, r=rate: r * b
-        slow = lambda b, r=rate: 2 * r * b
+
+        def fast(b, r=rate):
+            return r * b
+
+        def slow(b, r=rate):
+            return 2 * r * b
+
         for steps in (1, 3):
             assert (
                 dag_iterations_s(layers, fast, steps)

@@ -85,7 +85,7 @@ def test_rejects_unsupported_dtypes(dtype):
 
 
 def test_config_errors():
-    with pytest.raises(ValueError, match="leading_bytes.*auto"):
+    with pytest.raises(ValueError, match=r"leading_bytes.*auto"):
         coarse.Config(leading_bytes="auto")
     with pytest.raises(ValueError, match="mode"):
         coarse.Config(mode="fast")

@@ -15,9 +15,9 @@ import pytest
 
 import coarse_jax as coarse
 from coarse_jax.bench import schemes
+from coarse_jax.bench.shapes import resnet50_tree
 from coarse_jax.model import predict_plan_sync_s
 from coarse_jax.profiling.routing import threshold_bytes
-from coarse_jax.bench.shapes import resnet50_tree
 
 SIZES = (1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22)
 
@@ -54,9 +54,11 @@ def test_virtual_profile_measures_exactly_the_emulated_links(v100_profile):
                 assert v100_profile.wp_bidir_s[i, k, j] == pytest.approx(want, **exact)
             for r, nb in enumerate(((i + 1) % p, (i - 1) % p)):
                 assert v100_profile.pp_oneway_s[i, r, j] == pytest.approx(
-                    topo.transfer_s("pp", i, nb, n), **exact)
+                    topo.transfer_s("pp", i, nb, n), **exact
+                )
                 assert v100_profile.ww_oneway_s[i, r, j] == pytest.approx(
-                    topo.transfer_s("ww", i, nb, n), **exact)
+                    topo.transfer_s("ww", i, nb, n), **exact
+                )
 
 
 def test_virtual_profile_is_repeatable(mesh, v100_profile):
@@ -84,7 +86,9 @@ def test_v100_routes_small_local_large_remote(v100_profile):
 
 @pytest.mark.parametrize("preset", ["p100", "t4"])
 def test_p100_and_t4_route_local(mesh, preset):
-    prof = coarse.profile(mesh, topology=_virtual(preset), sizes=(1 << 10, 1 << 16, 1 << 22), reps=2)
+    prof = coarse.profile(
+        mesh, topology=_virtual(preset), sizes=(1 << 10, 1 << 16, 1 << 22), reps=2
+    )
     cfg = coarse.Config.from_profile(prof)
     assert cfg.routes == tuple((i, i) for i in range(4))
 
@@ -109,7 +113,9 @@ def test_virtual_clock_does_not_sleep(mesh):
     them: it finishes within the hang guard only if nothing sleeps."""
     topo = coarse.Topology.preset("v100", 4, time_scale=1e5, clock="virtual")
     prof = coarse.profile(mesh, topology=topo, sizes=(4 << 20,), reps=2)
-    assert prof.wp_oneway_s[0, 0, 0] == pytest.approx(topo.transfer_s("wp", 0, 0, 4 << 20), rel=1e-6)
+    assert prof.wp_oneway_s[0, 0, 0] == pytest.approx(
+        topo.transfer_s("wp", 0, 0, 4 << 20), rel=1e-6
+    )
     assert prof.wp_oneway_s[0, 0, 0] > 40
 
 
@@ -130,8 +136,10 @@ def test_v100_coarse_beats_allreduce_and_dense(mesh, v100_profile):
     topo = _virtual("v100")
     cfg = coarse.Config.from_profile(v100_profile, topology=topo)
     tree = resnet50_tree()
-    measured = {s: schemes.time_sync(mesh, tree, schemes.scheme_config(s, cfg, 4), reps=1)
-                for s in schemes.SCHEMES}
+    measured = {
+        s: schemes.time_sync(mesh, tree, schemes.scheme_config(s, cfg, 4), reps=1)
+        for s in schemes.SCHEMES
+    }
     assert measured["coarse"] < measured["allreduce"] < measured["dense"]
 
 
@@ -139,8 +147,12 @@ def test_virtual_and_real_clock_and_no_topology_give_the_same_bits(mesh):
     x = np.random.default_rng(1).standard_normal((4, 70_000)).astype(np.float32)
     outs = []
     for topo in (None, _virtual("v100"), coarse.Topology.preset("v100", 4)):
-        cfg = coarse.Config(shard_bytes=1 << 16, latency_threshold_bytes=1 << 12,
-                            routes=((0, 1), (1, 2), (2, 3), (3, 0)), topology=topo)
+        cfg = coarse.Config(
+            shard_bytes=1 << 16,
+            latency_threshold_bytes=1 << 12,
+            routes=((0, 1), (1, 2), (2, 3), (3, 0)),
+            topology=topo,
+        )
         outs.append(np.asarray(_reduce_step(mesh, cfg)(x)))
     assert outs[0].tobytes() == outs[1].tobytes() == outs[2].tobytes()
     np.testing.assert_allclose(outs[0], x.mean(0), rtol=1e-5, atol=1e-6)
@@ -205,8 +217,10 @@ def test_auto_leading_bytes_minimizes_the_papers_t_train(v100_profile, t_bp):
     scale = v100_profile.time_scale
     bw_p = v100_profile.pp_bandwidth_gbps().mean() * scale
     bw_g = v100_profile.ww_bandwidth_gbps().mean() * scale
-    costs = {k * 256 * 256 * 4: _paper_t_train(n - k * 256 * 256 * 4, n, 4, bw_p, bw_g, 0.01, t_bp)
-             for k in range(13)}
+    costs = {
+        k * 256 * 256 * 4: _paper_t_train(n - k * 256 * 256 * 4, n, 4, bw_p, bw_g, 0.01, t_bp)
+        for k in range(13)
+    }
     assert costs[leading] == pytest.approx(min(costs.values()), rel=1e-9)
     if t_bp == 10.0:
         assert leading == 0  # a long backward pass hides all proxy traffic
@@ -246,7 +260,9 @@ def test_measure_step_times(monkeypatch):
 
 @pytest.fixture(scope="module")
 def small_v100_profile(mesh):
-    return coarse.profile(mesh, topology=_virtual("v100"), sizes=(1 << 10, 1 << 16, 1 << 22), reps=2)
+    return coarse.profile(
+        mesh, topology=_virtual("v100"), sizes=(1 << 10, 1 << 16, 1 << 22), reps=2
+    )
 
 
 def _reduce_step(mesh, cfg):
@@ -258,7 +274,9 @@ def _reduce_step(mesh, cfg):
 
 
 def test_reprofiling_keeps_the_program_when_the_plan_holds(mesh, small_v100_profile):
-    cfg = coarse.Config.from_profile(small_v100_profile, topology=_virtual("v100"), reprofile_every=2)
+    cfg = coarse.Config.from_profile(
+        small_v100_profile, topology=_virtual("v100"), reprofile_every=2
+    )
     step = _reduce_step(mesh, cfg)
     x = np.ones((4, 300_000), np.float32)
     for _ in range(4):
@@ -268,7 +286,9 @@ def test_reprofiling_keeps_the_program_when_the_plan_holds(mesh, small_v100_prof
 
 def test_reprofiling_replans_when_the_links_change(mesh, small_v100_profile):
     # Planned on V100 links (remote bandwidth proxies), running on P100 links.
-    cfg = coarse.Config.from_profile(small_v100_profile, topology=_virtual("p100"), reprofile_every=2)
+    cfg = coarse.Config.from_profile(
+        small_v100_profile, topology=_virtual("p100"), reprofile_every=2
+    )
     assert any(lat != bw for lat, bw in cfg.routes)
     step = _reduce_step(mesh, cfg)
     x = np.ones((4, 300_000), np.float32)
@@ -283,9 +303,23 @@ def test_cli_prints_matrices_routes_and_split(tmp_path):
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "coarse_jax.profile", "--emulate", "v100", "--workers", "2",
-         "--max-size", str(1 << 20), "--reps", "2", "--clock", "virtual", "--save",
-         str(tmp_path / "p.json")],
+        [
+            sys.executable,
+            "-m",
+            "coarse_jax.profile",
+            "--emulate",
+            "v100",
+            "--workers",
+            "2",
+            "--max-size",
+            str(1 << 20),
+            "--reps",
+            "2",
+            "--clock",
+            "virtual",
+            "--save",
+            str(tmp_path / "p.json"),
+        ],
         cwd=tmp_path,  # the installed package, not the source tree
         capture_output=True,
         text=True,

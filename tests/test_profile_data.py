@@ -90,8 +90,12 @@ def test_derived_latency_and_bandwidth(v100):
 def test_lists_become_readonly_arrays(v100):
     d = v100.to_json_dict()
     prof = Profile(
-        workers=d["workers"], sizes=d["sizes"],
-        **{k: d[k] for k in ("wp_oneway_s", "wp_bidir_s", "pp_oneway_s", "pp_bidir_s", "ww_oneway_s")},
+        workers=d["workers"],
+        sizes=d["sizes"],
+        **{
+            k: d[k]
+            for k in ("wp_oneway_s", "wp_bidir_s", "pp_oneway_s", "pp_bidir_s", "ww_oneway_s")
+        },
     )
     assert isinstance(prof.wp_oneway_s, np.ndarray) and isinstance(prof.sizes, tuple)
     with pytest.raises(ValueError):
@@ -116,8 +120,8 @@ def test_equality_and_allclose(v100):
     "change, match",
     [
         ({"workers": 0}, "workers"),
-        ({"sizes": (2048, 1024) + SIZES[2:]}, "ascending"),
-        ({"sizes": (0,) + SIZES[1:]}, "positive"),
+        ({"sizes": (2048, 1024, *SIZES[2:])}, "ascending"),
+        ({"sizes": (0, *SIZES[1:])}, "positive"),
         ({"sizes": SIZES[:-1]}, r"wp_oneway_s.*shape"),
         ({"pp_oneway_s": np.ones((4, 4, len(SIZES)))}, r"pp_oneway_s.*\(4, 2, 17\)"),
         ({"ww_oneway_s": np.zeros((4, 2, len(SIZES)))}, r"ww_oneway_s.*> 0"),
@@ -156,7 +160,7 @@ def test_load_rejects_bad_files(v100, tmp_path):
         Profile.load(bad)
     del data["wp_bidir_s"]
     bad.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match="missing.*wp_bidir_s"):
+    with pytest.raises(ValueError, match=r"missing.*wp_bidir_s"):
         Profile.load(bad)
     data = v100.to_json_dict()
     data["sizes"] = data["sizes"][::-1]
@@ -288,7 +292,7 @@ def test_robust_time_keeps_the_fastest_and_drops_outliers_from_the_spread():
 
 
 def test_noise_does_not_decide_routes():
-    """A remote proxy measured 15% faster at a size whose repetitions spread 12% is a tie: local wins."""
+    """A remote proxy 15% faster at a size whose repetitions spread 12% is a tie: local wins."""
     base = linear_profile(2, (12.0, 5.0), (12.0, 5.0))
     wp = np.array(base.wp_oneway_s)
     wp[0, 1] *= 0.85  # worker 0 -> proxy 1 looks faster at every size

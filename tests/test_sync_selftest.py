@@ -63,7 +63,9 @@ def test_cuda_sync_matches_cpu_bitwise(p, proxy, piece, lead, route):
     values = _values(p, proxy + lead)
     out = cuda.sync_selftest(values, lead, piece, route, 4)
     _check_mean(out, values, 4)
-    np.testing.assert_array_equal(out[0], _coarse_cpu.sync_selftest(values, lead, piece, route, 1)[0])
+    np.testing.assert_array_equal(
+        out[0], _coarse_cpu.sync_selftest(values, lead, piece, route, 1)[0]
+    )
     assert cuda.live_sessions() == 0
 
 

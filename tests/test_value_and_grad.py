@@ -34,8 +34,9 @@ def test_matches_per_worker_mean_f32(workers, mode, worker_compute):
     # Odd sizes, a size-1 output layer: leaves of shape (1,) and (5, 1).
     params = mlp_init(jax.random.key(0), (7, 13, 5, 1))
     batch = make_batch(jax.random.key(1), 4 * workers, 7, 1)
-    cfg = coarse.Config(mode=mode, shard_bytes=64, leading_bytes=7 * 13 * 4 + 13 * 4,
-                        worker_compute=worker_compute)
+    cfg = coarse.Config(
+        mode=mode, shard_bytes=64, leading_bytes=7 * 13 * 4 + 13 * 4, worker_compute=worker_compute
+    )
     loss, grads = _step(mesh, cfg)(params, batch)
     want_loss, want_grads = per_worker_mean(mlp_loss, params, batch, workers)
     np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
@@ -100,11 +101,13 @@ def test_bitwise_reproducible_and_no_leftover_sessions():
     mesh = coarse.make_mesh(workers=4)
     params = mlp_init(jax.random.key(7), (16, 32, 8))
     batch = make_batch(jax.random.key(8), 32, 16, 8)
-    cfg = coarse.Config(shard_bytes=256, leading_bytes=16 * 32 * 4, routes=((0, 1), (1, 2), (2, 3), (3, 0)))
+    cfg = coarse.Config(
+        shard_bytes=256, leading_bytes=16 * 32 * 4, routes=((0, 1), (1, 2), (2, 3), (3, 0))
+    )
     step = _step(mesh, cfg)
     first = jax.device_get(step(params, batch))
     second = jax.device_get(step(params, batch))
-    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second)):
+    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     assert _ffi.live_sessions() == 0
 
@@ -129,7 +132,9 @@ def test_twenty_optax_steps_match_pmean_training():
     @jax.jit
     @jax.shard_map(mesh=flat, in_specs=(P(), P(), P("data")), out_specs=P())
     def pmean_step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(mlp_loss)(jax.lax.pcast(params, "data", to="varying"), batch)
+        loss, grads = jax.value_and_grad(mlp_loss)(
+            jax.lax.pcast(params, "data", to="varying"), batch
+        )
         loss, grads = jax.lax.pmean((loss, grads), "data")
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss

@@ -49,7 +49,7 @@ __all__ = [
     "push",
     "token",
     "vary",
+    "virtual_sync_seconds",
     "who",
     "worker_ring",
-    "virtual_sync_seconds",
 ]

@@ -75,7 +75,7 @@ def who() -> jax.Array:
 
 
 def token() -> jax.Array:
-    """A fresh ordering token (float32 scalar: it may travel as a cotangent; inside ``shard_map``)."""
+    """A fresh ordering token, inside ``shard_map`` (f32 scalar: it may be a cotangent)."""
     return _vary(jnp.zeros((), jnp.float32))
 
 
@@ -99,8 +99,14 @@ def _result(x: jax.Array, varying: bool) -> Any:
     return jax.typeof(x) if varying else jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
-def _call(target: str, call: CallSite, results: Sequence[Any], operands: Sequence[jax.Array],
-          aliases: dict[int, int], **attrs: Any) -> Any:
+def _call(
+    target: str,
+    call: CallSite,
+    results: Sequence[Any],
+    operands: Sequence[jax.Array],
+    aliases: dict[int, int],
+    **attrs: Any,
+) -> Any:
     # vmap: "broadcast_all" hands the handlers batched buffers, which fail the
     # plan's element-count check with an error; `coarse.sync` rejects vmap at
     # trace time before it comes to that (a collective over the mesh has no
@@ -120,8 +126,14 @@ def _aliases(n: int, first_operand: int, alias: bool) -> dict[int, int]:
     return {first_operand + i: i for i in range(n)} if alias else {}
 
 
-def push(call: CallSite, me: jax.Array, after: jax.Array, leaves: Sequence[jax.Array],
-         bucket: Bucket, passthrough: bool) -> tuple[list[jax.Array], jax.Array]:
+def push(
+    call: CallSite,
+    me: jax.Array,
+    after: jax.Array,
+    leaves: Sequence[jax.Array],
+    bucket: Bucket,
+    passthrough: bool,
+) -> tuple[list[jax.Array], jax.Array]:
     """Hands one bucket to the routed proxies, after the push that made ``after``.
 
     Returns ``(leaves, token)``. ``passthrough``: the leaves come back
@@ -152,14 +164,24 @@ def proxy_ring(call: CallSite, me: jax.Array, deps: Sequence[jax.Array], last: b
     ``deps`` (push outputs) only order this call after this device's pushes.
     """
     (ring_token,) = _call(
-        "coarse_proxy_ring", call, [_result(me, True)],
-        [me, *(_vary(d, call.axes) for d in deps)], {}, last=np.int64(last),
+        "coarse_proxy_ring",
+        call,
+        [_result(me, True)],
+        [me, *(_vary(d, call.axes) for d in deps)],
+        {},
+        last=np.int64(last),
     )
     return ring_token
 
 
-def worker_ring(call: CallSite, me: jax.Array, after: jax.Array, leaves: Sequence[jax.Array],
-                last: bool, alias: bool) -> tuple[list[jax.Array], jax.Array]:
+def worker_ring(
+    call: CallSite,
+    me: jax.Array,
+    after: jax.Array,
+    leaves: Sequence[jax.Array],
+    last: bool,
+    alias: bool,
+) -> tuple[list[jax.Array], jax.Array]:
     """Workers reduce the leading leaves and hand them to their proxies."""
     leaves = [_vary(x, call.axes) for x in leaves]
     out = _call(
@@ -173,8 +195,9 @@ def worker_ring(call: CallSite, me: jax.Array, after: jax.Array, leaves: Sequenc
     return list(out[:-1]), out[-1]
 
 
-def pull(call: CallSite, me: jax.Array, after: jax.Array, leaves: Sequence[jax.Array],
-         alias: bool) -> list[jax.Array]:
+def pull(
+    call: CallSite, me: jax.Array, after: jax.Array, leaves: Sequence[jax.Array], alias: bool
+) -> list[jax.Array]:
     """Every device writes the reduced proxy leaves; ends the step.
 
     ``leaves`` give the result shapes; they are operands only when aliased.

@@ -12,21 +12,26 @@ from typing import Any
 
 import jax
 
+# The modules, or None where not built (typed Any: nanobind ships no stubs here).
+_coarse_cpu: Any = None
+_coarse_cuda: Any = None
+_IMPORT_ERROR: Exception | None = None
+
 try:
-    from coarse_jax import _coarse_cpu
+    import coarse_jax._coarse_cpu as _cpu_extension
 except ImportError as _err:  # pragma: no cover - only without a build
-    _coarse_cpu = None
-    _IMPORT_ERROR: Exception | None = _err
+    _IMPORT_ERROR = _err
 else:
-    _IMPORT_ERROR = None
+    _coarse_cpu = _cpu_extension
     for _name, _capsule in _coarse_cpu.registrations().items():
         jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 try:
-    from coarse_jax import _coarse_cuda  # type: ignore[attr-defined]
+    import coarse_jax._coarse_cuda as _cuda_extension
 except ImportError:  # built without nvcc (COARSE_JAX_ENABLE_CUDA=AUTO found none, or OFF)
-    _coarse_cuda = None
+    pass
 else:
+    _coarse_cuda = _cuda_extension
     # Registering for "CUDA" needs no GPU: a jaxlib without the CUDA plugin
     # keeps the targets until a plugin appears, and a GPU-less host never asks.
     for _name, _capsule in _coarse_cuda.registrations().items():
@@ -110,11 +115,14 @@ def check_platform(mesh: jax.sharding.Mesh) -> None:
             )
     elif platform in ("gpu", "cuda"):
         check_gpu_target(
-            "coarse_push", platform,
+            "coarse_push",
+            platform,
             " Or run the step in pure JAX: Config(mode='reference') / COARSE_JAX_MODE=reference.",
         )
     elif platform not in ("cpu", "gpu", "cuda"):
-        raise NotImplementedError(f"coarse_jax: no runtime for platform {platform!r}; use mode='reference'.")
+        raise NotImplementedError(
+            f"coarse_jax: no runtime for platform {platform!r}; use mode='reference'."
+        )
 
 
 def cpu_module() -> Any:

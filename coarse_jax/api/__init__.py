@@ -1,6 +1,7 @@
 """The public API: `sync`, `value_and_grad`, `all_reduce`, `on_workers`.
 
-* `sync.py`: `coarse.sync` and the `SyncedStep` it returns (compile per config, check arguments, re-profile).
+* `sync.py`: `coarse.sync` and the `SyncedStep` it returns (compiles per config, checks
+  arguments, re-profiles).
 * `grad.py`: `coarse.value_and_grad`, pushing gradients from the backward pass.
 * `collectives.py`: `coarse.all_reduce` and `coarse.on_workers`.
 * `_phases.py`: one synchronization's custom calls in step order.

@@ -64,7 +64,8 @@ def stack() -> list[SyncContext]:
     """This thread's contexts, innermost last (a step may trace another step)."""
     if not hasattr(_local, "stack"):
         _local.stack = []
-    return _local.stack  # type: ignore[no-any-return]
+    contexts: list[SyncContext] = _local.stack
+    return contexts
 
 
 def current(where: str) -> SyncContext:

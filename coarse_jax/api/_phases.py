@@ -36,16 +36,22 @@ def bucket_leaves(plan: Plan, bucket: BucketPlan) -> list[int]:
 
 
 def push_in_order(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> jax.Array:
-    """Pushes every bucket of ``leaves`` (tree order), chained in plan order; returns the last token."""
+    """Pushes every bucket of ``leaves`` (tree order) chained in plan order; the last token."""
     me, tok = _ffi.who(), _ffi.token()
     for b in plan.buckets:
-        _, tok = _ffi.push(call, me, tok, [leaves[t] for t in bucket_leaves(plan, b)], b,
-                           passthrough=False)
+        _, tok = _ffi.push(
+            call, me, tok, [leaves[t] for t in bucket_leaves(plan, b)], b, passthrough=False
+        )
     return tok
 
 
-def finish(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array], pushed: Sequence[jax.Array],
-           in_place: bool) -> list[jax.Array]:
+def finish(
+    plan: Plan,
+    call: _ffi.CallSite,
+    leaves: list[jax.Array],
+    pushed: Sequence[jax.Array],
+    in_place: bool,
+) -> list[jax.Array]:
     """Proxy ring, worker ring and pull, after this device's pushes (``pushed``).
 
     ``leaves`` in tree order. ``in_place``: the leaves are dead temporaries
@@ -63,8 +69,9 @@ def finish(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array], pushed: Seq
         if token is None:
             token = _ffi.vary(jnp.zeros((), jnp.int32))
         lead_vals = [leaves[t] for t in plan.leading_leaves]
-        reduced, token = _ffi.worker_ring(call, me, token, lead_vals, last=not has_proxy,
-                                          alias=in_place)
+        reduced, token = _ffi.worker_ring(
+            call, me, token, lead_vals, last=not has_proxy, alias=in_place
+        )
         for t, v in zip(plan.leading_leaves, reduced, strict=True):
             out[t] = v
     if has_proxy:

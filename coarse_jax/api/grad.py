@@ -70,13 +70,14 @@ def value_and_grad(
 
     Raises:
       RuntimeError: called outside `coarse.sync`.
-      TypeError: a differentiated leaf is not float32/bfloat16/float16, or the loss is not a float scalar.
+      TypeError: a differentiated leaf is not float32/bfloat16/float16, or the loss is not
+        a float scalar.
 
     Example:
       >>> loss, grads = coarse.value_and_grad(loss_fn)(params, batch)
     """
     single = isinstance(argnums, int)
-    nums = (argnums,) if single else tuple(argnums)
+    nums: tuple[int, ...] = (argnums,) if isinstance(argnums, int) else tuple(argnums)
 
     @functools.wraps(fun)
     def vg(*args: Any, **kwargs: Any) -> Any:
@@ -84,11 +85,16 @@ def value_and_grad(
         cfg = config or ctx.config
         for i in nums:
             for path, leaf in jax.tree_util.tree_flatten_with_path(args[i])[0]:
-                check_dtype(f"{jax.tree_util.keystr(path) or '<root>'} of argument {i}",
-                            jnp.result_type(leaf), "coarse.value_and_grad")
+                check_dtype(
+                    f"{jax.tree_util.keystr(path) or '<root>'} of argument {i}",
+                    jnp.result_type(leaf),
+                    "coarse.value_and_grad",
+                )
         out_shape = jax.eval_shape(lambda *a: fun(*a, **kwargs), *args)
         loss_shape, aux_shape = out_shape if has_aux else (out_shape, None)
-        if getattr(loss_shape, "shape", None) != () or not jnp.issubdtype(loss_shape.dtype, jnp.floating):
+        if getattr(loss_shape, "shape", None) != () or not jnp.issubdtype(
+            loss_shape.dtype, jnp.floating
+        ):
             raise TypeError(
                 f"coarse.value_and_grad: fun must return a float scalar loss, got {loss_shape}."
             )
@@ -109,14 +115,13 @@ def value_and_grad(
         call = ctx.call_site(plan) if cfg.mode == "ffi" else None
 
         def on_worker(*a: Any) -> Any:
-            a = list(a)
             diff = [_ffi.vary(a[i]) for i in nums]  # varying: no implicit psum in the vjp
             diff_leaves, diff_def = jax.tree.flatten(tuple(diff))
 
-            def f(*leaves: jax.Array) -> Any:
-                leaves = list(leaves)
+            def f(*diff_args: jax.Array) -> Any:
+                leaves = list(diff_args)
                 tok = None
-                if cfg.mode == "ffi":
+                if call is not None:
                     # Hooks chained in reverse plan order here, so that in the
                     # backward pass the token runs in plan order.
                     tok = _ffi.token()
@@ -124,10 +129,10 @@ def value_and_grad(
                         ids = bucket_leaves(plan, b)
                         if ids[0] < n_grad:
                             tok, *hooked = _push_hook(call, b)(tok, *[leaves[t] for t in ids])
-                            for t, v in zip(ids, hooked):
+                            for t, v in zip(ids, hooked, strict=True):
                                 leaves[t] = v
                 fun_args = list(a)
-                for i, v in zip(nums, jax.tree.unflatten(diff_def, leaves)):
+                for i, v in zip(nums, jax.tree.unflatten(diff_def, leaves), strict=True):
                     fun_args[i] = v
                 out = fun(*fun_args, **kwargs)
                 if tok is None:
@@ -144,7 +149,7 @@ def value_and_grad(
                 (loss, vjp_fn), aux = jax.vjp(f, *diff_leaves), None
             head = list(jax.tree.leaves((aux, loss)))
             seed = jnp.ones_like(loss)
-            if cfg.mode == "ffi":
+            if call is not None:
                 # The loss (and aux) are known after the forward pass: push
                 # now (they come first in plan order), passing them through so
                 # their push cannot be dropped; the backward pass's pushes
@@ -153,9 +158,10 @@ def value_and_grad(
                 for b in plan.buckets:
                     ids = bucket_leaves(plan, b)
                     if ids[0] >= n_grad:
-                        pushed, tok = _ffi.push(call, me, tok, [head[t - n_grad] for t in ids], b,
-                                                passthrough=True)
-                        for t, v in zip(ids, pushed):
+                        pushed, tok = _ffi.push(
+                            call, me, tok, [head[t - n_grad] for t in ids], b, passthrough=True
+                        )
+                        for t, v in zip(ids, pushed, strict=True):
                             head[t - n_grad] = v
                 seed = seed + 0.0 * tok.astype(seed.dtype)
             grads = list(vjp_fn(seed))
@@ -170,7 +176,7 @@ def value_and_grad(
             leaves = lax.cond(tier_is_worker(), on_worker, on_proxy, *args)
         else:  # "all": proxies compute too; their pushes are no-ops, pulls overwrite the rest
             leaves = on_worker(*args)
-        if cfg.mode == "reference":
+        if call is None:  # mode="reference"
             leaves = reference.all_reduce(leaves, ctx.workers)
         else:
             # The pushed values (pass-through outputs) order the rest after the pushes.

@@ -40,8 +40,13 @@ class SyncedStep:
       mesh: the two-tier mesh it runs on.
     """
 
-    def __init__(self, fn: Callable[..., Any], mesh: Mesh, config: Config | None,
-                 batch_argnums: int | Sequence[int] | None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        mesh: Mesh,
+        config: Config | None,
+        batch_argnums: int | Sequence[int] | None,
+    ) -> None:
         functools.update_wrapper(self, fn)
         self.mesh = mesh
         self._fn = fn
@@ -62,8 +67,11 @@ class SyncedStep:
 
     def stats(self) -> dict[str, int]:
         """``calls`` made, ``reprofiles`` done, programs ``compiled``."""
-        return {"calls": self._calls, "reprofiles": self._reprofiles,
-                "compiled": len(self._compiled)}
+        return {
+            "calls": self._calls,
+            "reprofiles": self._reprofiles,
+            "compiled": len(self._compiled),
+        }
 
     def __call__(self, *args: Any) -> Any:
         bnums = self._check_args(args)
@@ -148,14 +156,29 @@ class SyncedStep:
 
 
 @overload
-def sync(fn: Mesh, mesh: None = None, *, config: Config | None = ...,
-         batch_argnums: int | Sequence[int] | None = ...) -> Callable[[Callable[..., Any]], SyncedStep]: ...
+def sync(
+    fn: Mesh,
+    mesh: None = None,
+    *,
+    config: Config | None = ...,
+    batch_argnums: int | Sequence[int] | None = ...,
+) -> Callable[[Callable[..., Any]], SyncedStep]: ...
 @overload
-def sync(fn: None = None, mesh: Mesh | None = ..., *, config: Config | None = ...,
-         batch_argnums: int | Sequence[int] | None = ...) -> Callable[[Callable[..., Any]], SyncedStep]: ...
+def sync(
+    fn: None = None,
+    mesh: Mesh | None = ...,
+    *,
+    config: Config | None = ...,
+    batch_argnums: int | Sequence[int] | None = ...,
+) -> Callable[[Callable[..., Any]], SyncedStep]: ...
 @overload
-def sync(fn: Callable[..., Any], mesh: Mesh | None = ..., *, config: Config | None = ...,
-         batch_argnums: int | Sequence[int] | None = ...) -> SyncedStep: ...
+def sync(
+    fn: Callable[..., Any],
+    mesh: Mesh | None = ...,
+    *,
+    config: Config | None = ...,
+    batch_argnums: int | Sequence[int] | None = ...,
+) -> SyncedStep: ...
 
 
 def sync(

@@ -51,9 +51,7 @@ def sync_step(mesh: Any, shapes: Any, config: Config) -> tuple[Callable[[], Any]
     """
     p = mesh.shape[DATA]
     rng = np.random.default_rng(0)
-    per_worker = jax.tree.map(
-        lambda s: rng.standard_normal((p, *s.shape)).astype(s.dtype), shapes
-    )
+    per_worker = jax.tree.map(lambda s: rng.standard_normal((p, *s.shape)).astype(s.dtype), shapes)
     tree = jax.device_put(per_worker, NamedSharding(mesh, P(DATA)))
 
     @sync(mesh, config=config)

@@ -278,7 +278,9 @@ def resnet50_tree(dtype: object = np.float32) -> collections.OrderedDict[str, ja
     return _tree(RESNET50_SHAPES, dtype)
 
 
-def bert_base_tree(dtype: object = np.float32) -> collections.OrderedDict[str, jax.ShapeDtypeStruct]:
+def bert_base_tree(
+    dtype: object = np.float32,
+) -> collections.OrderedDict[str, jax.ShapeDtypeStruct]:
     """BERT-base's gradient tree (encoder and pooler) as ShapeDtypeStructs, in network order."""
     return _tree(BERT_BASE_SHAPES, dtype)
 

@@ -33,4 +33,3 @@ def xfer_s(nbytes: float, gbps: float) -> float:
 def ring_factor(p: int) -> float:
     """Fraction of the buffer each ring member sends: 2(p-1)/p."""
     return 2.0 * (p - 1) / p
-

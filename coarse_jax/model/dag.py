@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from coarse_jax.model._checks import check_nonneg
 
+
 @dataclass(frozen=True)
 class Layer:
     """Per-layer costs of one training iteration on one worker.

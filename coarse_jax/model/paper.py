@@ -22,6 +22,7 @@ from coarse_jax.model._checks import (
     xfer_s,
 )
 
+
 def ring_allreduce_s(nbytes: float, p: int, gbps: float, latency_us: float = 0.0) -> float:
     """Time of a bandwidth-optimal ring all-reduce.
 
@@ -200,13 +201,13 @@ def best_split(
                 raise ValueError(f"best_split: candidate {c!r} is outside [0, n={n}].")
             pool.add(int(c))
     else:
-        c = ring_factor(p)
+        ring = ring_factor(p)
         inv_p = 1.0 / (bw_proxy_gbps * 1e9)
         inv_g = 1.0 / (bw_gpu_gbps * 1e9)
-        if c == 0.0 or inv_p + inv_g == 0.0:
+        if ring == 0.0 or inv_p + inv_g == 0.0:
             pool = {n}  # t_train is independent of m
         else:
-            m_star = (t_bp + c * n * inv_g) / (c * (inv_p + inv_g))
+            m_star = (t_bp + ring * n * inv_g) / (ring * (inv_p + inv_g))
             m_star = min(max(m_star, 0.0), float(n))
             pool = {math.floor(m_star), math.ceil(m_star)}
 

@@ -6,7 +6,8 @@
 * `routing.py`: LatProxy / BwProxy per worker, the threshold S, the shard size S'.
 * `report.py`: `Profile.table()` and `Profile.plot()`.
 * `topology.py`: `coarse.Topology`, emulated interconnects and their clocks.
-* `cli.py`: ``python -m coarse_jax.profiling`` (also ``python -m coarse_jax.profile``).
+* `__main__.py`: ``python -m coarse_jax.profiling`` (also ``python -m coarse_jax.profile``),
+  the command line in `coarse_jax.bench.cli`.
 """
 
 from coarse_jax.profiling.data import Profile

@@ -1,5 +1,10 @@
-"""``python -m coarse_jax.profiling``: the profiler's command line (`coarse_jax.profiling.cli`)."""
+"""``python -m coarse_jax.profiling``: the profiler's command line.
 
-from coarse_jax.profiling.cli import main
+It lives in `coarse_jax.bench.cli`: besides profiling it times the sync
+schemes through `coarse.sync`, a layer above this package (.importlinter
+declares this one upward import).
+"""
+
+from coarse_jax.bench.cli import main
 
 main()

@@ -138,7 +138,8 @@ class Profile:
                 raise ValueError(
                     f"Profile.{name}: expected finite times > 0 s, got "
                     f"{arr[tuple(bad)]!r} at index {tuple(int(v) for v in bad)}; re-measure "
-                    "that link (a zero or negative time means the timer did not cover the transfer)."
+                    "that link (a zero or negative time means the timer did not cover the "
+                    "transfer)."
                 )
             arr.setflags(write=False)
             object.__setattr__(self, name, arr)
@@ -173,7 +174,11 @@ class Profile:
             return NotImplemented
         if (self.wp_spread is None) != (other.wp_spread is None):
             return False
-        if self.wp_spread is not None and not np.array_equal(self.wp_spread, other.wp_spread):
+        if (
+            self.wp_spread is not None
+            and other.wp_spread is not None
+            and not np.array_equal(self.wp_spread, other.wp_spread)
+        ):
             return False
         return self._scalars() == other._scalars() and all(
             np.array_equal(getattr(self, n), getattr(other, n)) for n, _ in _ARRAY_FIELDS
@@ -234,7 +239,7 @@ class Profile:
         return self._peak_gbps(self.wp_bidir_s, 2.0)
 
     def pp_latency_us(self) -> np.ndarray:
-        """``[p, 2]`` proxy -> (next, previous) ring neighbour one-way time at the smallest size, us."""
+        """``[p, 2]`` proxy -> (next, previous) ring neighbour: time at the smallest size, us."""
         return self.pp_oneway_s[..., 0] * 1e6
 
     def pp_bandwidth_gbps(self) -> np.ndarray:
@@ -246,7 +251,7 @@ class Profile:
         return self._peak_gbps(self.pp_bidir_s, 2.0)
 
     def ww_latency_us(self) -> np.ndarray:
-        """``[p, 2]`` worker -> (next, previous) ring neighbour one-way time at the smallest size, us."""
+        """``[p, 2]`` worker -> (next, previous) ring neighbour: time at the smallest size, us."""
         return self.ww_oneway_s[..., 0] * 1e6
 
     def ww_bandwidth_gbps(self) -> np.ndarray:
@@ -285,14 +290,14 @@ class Profile:
         """
         if not isinstance(data, dict):
             # A file holding the wrong JSON is bad content, like a wrong "format": one error type.
-            raise ValueError(  # noqa: TRY004
-                f"{source}: expected a JSON object with \"format\": {FORMAT!r}, got a "
+            raise ValueError(
+                f'{source}: expected a JSON object with "format": {FORMAT!r}, got a '
                 f"{type(data).__name__}; was it written by Profile.save?"
             )
         fmt = data.get("format")
         if fmt != FORMAT:
             raise ValueError(
-                f"{source}: expected \"format\": {FORMAT!r}, got {fmt!r}; write it with "
+                f'{source}: expected "format": {FORMAT!r}, got {fmt!r}; write it with '
                 "Profile.save (or re-run the profiler with this version of coarse_jax)."
             )
         required = ["workers", "sizes"] + [n for n, _ in _ARRAY_FIELDS]

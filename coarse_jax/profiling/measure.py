@@ -35,11 +35,13 @@ from coarse_jax.mesh import AXES, DATA, check_mesh
 from coarse_jax.profiling.data import Profile
 from coarse_jax.profiling.topology import Topology
 
-DEFAULT_SIZES = tuple(4**k for k in range(5, 13)) + (16 << 20,)  # 1 KiB .. 16 MiB
+DEFAULT_SIZES = (*(4**k for k in range(5, 13)), 16 << 20)  # 1 KiB .. 16 MiB
 _PROBE_SITE = 1 << 40  # keeps probe sessions apart from sync sites
 
 
-def _probe_program(mesh: Mesh, nbytes: int, reps: int, topology: Topology | None):
+def _probe_program(
+    mesh: Mesh, nbytes: int, reps: int, topology: Topology | None
+) -> Callable[[jax.Array], jax.Array]:
     """jit(shard_map): every device runs coarse_probe; returns seconds [2, p, reps]."""
     p = mesh.shape[DATA]
     attrs = {"workers": np.int64(p), "site": np.int64(_PROBE_SITE), "timeout_ms": np.int64(60_000)}
@@ -123,13 +125,16 @@ def profile(
         )
     # The probe's transfers are host memcpys: no CUDA version yet.
     _ffi.check_gpu_target(
-        "coarse_probe", mesh.devices.flat[0].platform,
+        "coarse_probe",
+        mesh.devices.flat[0].platform,
         " coarse.profile times host transfers: profile a CPU mesh or an emulated Topology, or "
         "give the routes directly (Config(routes=..., latency_threshold_bytes=...)).",
     )
     sizes = tuple(int(s) for s in (DEFAULT_SIZES if sizes is None else sizes))
     if not sizes or any(s <= 0 for s in sizes) or list(sizes) != sorted(set(sizes)):
-        raise ValueError(f"coarse.profile: sizes must be ascending positive byte counts, got {sizes}.")
+        raise ValueError(
+            f"coarse.profile: sizes must be ascending positive byte counts, got {sizes}."
+        )
     if reps < 2:
         raise ValueError(f"coarse.profile: reps must be >= 2 (one is warm-up), got {reps}.")
 
@@ -142,7 +147,9 @@ def profile(
     for j, nbytes in enumerate(sizes):
         run = _probe_program(mesh, nbytes, reps, topology)
 
-        def measure(*pairs: tuple[int, int], run=run) -> tuple[float, float]:
+        def measure(
+            *pairs: tuple[int, int], run: Callable[[jax.Array], jax.Array] = run
+        ) -> tuple[float, float]:
             """(seconds, relative spread) of one transfer, or of two at once."""
             flat = [v for pair in pairs for v in pair] + [-1, -1] * (2 - len(pairs))
             times = np.asarray(run(jnp.asarray(flat, jnp.int32))).reshape(2 * p, reps)

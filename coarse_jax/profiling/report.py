@@ -21,6 +21,7 @@ def title(profile: Profile) -> str:
     host = f" on {profile.host}" if profile.host else ""
     return f"{topo}: {profile.workers} workers{extra}{host}"
 
+
 def table(profile: Profile) -> str:
     """A readable text summary: latency (us) / peak bandwidth (GB/s) of every link.
 
@@ -47,12 +48,11 @@ def table(profile: Profile) -> str:
         th = threshold_bytes(profile, i)
         th_s = "-" if th is None else f"{th} B ({_fmt_bytes(th)})"
         lines.append(
-            f"worker {i:<3}" + "  ".join(f"{c:>18}" for c in row)
+            f"worker {i:<3}"
+            + "  ".join(f"{c:>18}" for c in row)
             + f"  {routes[i][0]:>4}/{routes[i][1]:<4}     {th_s}"
         )
-        lines.append(
-            " bidir    " + "  ".join(f"{'':7} {bidir[i, k]:8.3f}  " for k in range(p))
-        )
+        lines.append(" bidir    " + "  ".join(f"{'':7} {bidir[i, k]:8.3f}  " for k in range(p)))
     for label, dev, lat_m, bw_m in (
         ("proxy ring", "proxy", profile.pp_latency_us(), profile.pp_bandwidth_gbps()),
         ("worker ring", "worker", profile.ww_latency_us(), profile.ww_bandwidth_gbps()),
@@ -75,6 +75,7 @@ def table(profile: Profile) -> str:
             f"max({100 * ROUTE_TIE_RTOL:.0f}%, 2x their spread) count as tied"
         )
     return "\n".join(lines)
+
 
 def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
     """Write a PNG of bandwidth (GB/s) against transfer size (log x) to ``path``.
@@ -114,9 +115,14 @@ def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
             # Equal remote links draw on top of each other: keep the
             # proxies the planner picked visible above the rest.
             ax.plot(
-                sizes, wp[i, k], marker="o", markersize=3,
-                linewidth=2.2 if k == i else 1.2, linestyle="-" if k == i else "--",
-                label=label, zorder=3 if tags else 2,
+                sizes,
+                wp[i, k],
+                marker="o",
+                markersize=3,
+                linewidth=2.2 if k == i else 1.2,
+                linestyle="-" if k == i else "--",
+                label=label,
+                zorder=3 if tags else 2,
             )
         th = threshold_bytes(profile, i)
         if th is not None:
@@ -129,8 +135,14 @@ def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
         for k in range(p):
             ax.plot(sizes, curve[k, 0], marker="o", markersize=3, label=f"{dev} {k}->{(k + 1) % p}")
             if p > 2:  # with p <= 2 "previous" is the same neighbour as "next"
-                ax.plot(sizes, curve[k, 1], marker="x", markersize=3, linestyle="--",
-                        label=f"{dev} {k}->{(k - 1) % p}")
+                ax.plot(
+                    sizes,
+                    curve[k, 1],
+                    marker="x",
+                    markersize=3,
+                    linestyle="--",
+                    label=f"{dev} {k}->{(k - 1) % p}",
+                )
         ax.set_title(name)
     for ax in axes[:n]:
         ax.set_xscale("log", base=2)

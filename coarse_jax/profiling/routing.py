@@ -56,18 +56,27 @@ def _check_worker(profile: Profile, worker: int, fn: str) -> None:
         raise TypeError(f"{fn}: worker must be an int index, got {worker!r}.")
     if not 0 <= worker < profile.workers:
         raise ValueError(
-            f"{fn}: worker must be in 0..{profile.workers - 1} (the profile's workers), got {worker}."
+            f"{fn}: worker must be in 0..{profile.workers - 1} (the profile's workers), "
+            f"got {worker}."
         )
 
 
 def _route(profile: Profile, worker: int) -> tuple[int, int]:
     spread = profile.wp_spread
-    lat = _pick(profile.wp_latency_us()[worker], worker, "min",
-                None if spread is None else spread[worker, :, 0])
+    lat = _pick(
+        profile.wp_latency_us()[worker],
+        worker,
+        "min",
+        None if spread is None else spread[worker, :, 0],
+    )
     # Bandwidth: the noise of each link's measurement at its peak size.
     peak_at = np.argmax(profile.wp_bandwidth_curve_gbps()[worker], axis=-1)
-    bw = _pick(profile.wp_bandwidth_gbps()[worker], worker, "max",
-               None if spread is None else spread[worker, np.arange(profile.workers), peak_at])
+    bw = _pick(
+        profile.wp_bandwidth_gbps()[worker],
+        worker,
+        "max",
+        None if spread is None else spread[worker, np.arange(profile.workers), peak_at],
+    )
     return lat, bw
 
 
@@ -84,7 +93,7 @@ def routes_from_profile(profile: Profile) -> tuple[tuple[int, int], ...]:
 
 
 def threshold_bytes(profile: Profile, worker: int) -> int | None:
-    """Size ``S`` where ``T_LatProxy(S) = T_BwProxy(S)`` for ``worker``; ``None`` if the proxies agree.
+    """Size ``S`` where ``T_LatProxy(S) = T_BwProxy(S)`` for ``worker``; None if they agree.
 
     Tensors smaller than ``S`` go to the LatProxy. ``S`` is linearly
     interpolated (in size) between the two measured sizes where
@@ -139,9 +148,7 @@ def shard_bytes_from_profile(
     """
     _check_worker(profile, worker, "shard_bytes_from_profile")
     if not 0 < fraction <= 1:
-        raise ValueError(
-            f"shard_bytes_from_profile: fraction must be in (0, 1], got {fraction!r}."
-        )
+        raise ValueError(f"shard_bytes_from_profile: fraction must be in (0, 1], got {fraction!r}.")
     _, bw = _route(profile, int(worker))
     curve = profile.wp_bandwidth_curve_gbps()[worker, bw]
     # The tolerance keeps the peak itself (fraction=1) from failing on rounding.

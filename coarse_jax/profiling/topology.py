@@ -84,7 +84,9 @@ class Topology:
             if field.name.endswith(("_gbps", "_us")):
                 m = _matrix(getattr(self, field.name), p, field.name)
                 arr = np.asarray(m)
-                off_diagonal = ~np.eye(p, dtype=bool) if not field.name.startswith("worker_proxy") else None
+                off_diagonal = (
+                    ~np.eye(p, dtype=bool) if not field.name.startswith("worker_proxy") else None
+                )
                 values = arr if off_diagonal is None else arr[off_diagonal]
                 if field.name.endswith("_gbps") and not (values > 0).all():
                     raise ValueError(f"Topology.{field.name}: bandwidths must be > 0 GB/s.")

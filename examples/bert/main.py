@@ -1,4 +1,6 @@
-"""Example: a small BERT-style encoder with a masked-LM loss, coarse_jax vs pmean: ``python examples/bert/main.py [--impl both] [--steps N]``.
+"""Example: a small BERT-style encoder with a masked-LM loss, coarse_jax vs pmean.
+
+Run: ``python examples/bert/main.py [--impl both] [--steps N]``.
 
 Flags: --impl {coarse,pmean,both} (default both), --steps, --workers, --workdir,
 --data-dir (a local dataset; nothing is ever downloaded), --plot (loss.png),

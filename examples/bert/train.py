@@ -1,4 +1,4 @@
-"""Trains a small BERT-style encoder (masked LM) with coarse_jax and with ``shard_map`` + ``lax.pmean``.
+"""Trains a small BERT-style encoder (masked LM) with coarse_jax and with shard_map + pmean.
 
 Token + position embeddings, ``num_layers`` pre-LayerNorm transformer layers
 (self-attention and an MLP), a final LayerNorm and an output projection; the
@@ -78,8 +78,9 @@ def markov_tokens(config: Any, n_seqs: int, rng: np.random.Generator) -> np.ndar
     chain_rng = np.random.default_rng(config.seed)  # the chain itself is fixed by the seed
     weights = np.full((v, v), 0.02 / v)
     for row in range(v):
-        weights[row, chain_rng.choice(v, config.successors, replace=False)] += \
-            chain_rng.dirichlet(np.ones(config.successors))
+        weights[row, chain_rng.choice(v, config.successors, replace=False)] += chain_rng.dirichlet(
+            np.ones(config.successors)
+        )
     cdf = np.cumsum(weights / weights.sum(1, keepdims=True), axis=1)
     seqs = np.empty((n_seqs, config.seq_len), np.int64)
     seqs[:, 0] = rng.integers(v, size=n_seqs)
@@ -116,8 +117,11 @@ def mask(tokens: np.ndarray, rate: float, rng: np.random.Generator) -> Batch:
     """BERT-style inputs: ``rate`` of the positions (at least one per sequence) become [MASK]."""
     where = rng.random(tokens.shape) < rate
     where[np.arange(len(tokens)), rng.integers(tokens.shape[1], size=len(tokens))] = True
-    return {"inputs": np.where(where, MASK_ID, tokens).astype(np.int32),
-            "targets": tokens, "weights": where.astype(np.float32)}
+    return {
+        "inputs": np.where(where, MASK_ID, tokens).astype(np.int32),
+        "targets": tokens,
+        "weights": where.astype(np.float32),
+    }
 
 
 def make_data(config: Any) -> tuple[Batch, Batch]:
@@ -155,9 +159,14 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     Returns:
       `common.trainer.run_comparison`'s summary; ``eval`` holds the masked-token accuracy.
     """
-    model = Bert(vocab_size=config.vocab_size, seq_len=config.seq_len,
-                 num_layers=config.num_layers, d_model=config.d_model,
-                 num_heads=config.num_heads, d_mlp=config.d_mlp)
+    model = Bert(
+        vocab_size=config.vocab_size,
+        seq_len=config.seq_len,
+        num_layers=config.num_layers,
+        d_model=config.d_model,
+        num_heads=config.num_heads,
+        d_mlp=config.d_mlp,
+    )
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, config.seq_len), jnp.int32))
     train, test = make_data(config)
     predict = jax.jit(model.apply)
@@ -168,7 +177,13 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
         return float(((pred == test["targets"]) * w).sum() / w.sum())
 
     return trainer.run_comparison(
-        config, workdir, name="bert", apply_fn=model.apply, params=params,
-        make_loss=make_loss, train_data=train, evaluate=evaluate,
+        config,
+        workdir,
+        name="bert",
+        apply_fn=model.apply,
+        params=params,
+        make_loss=make_loss,
+        train_data=train,
+        evaluate=evaluate,
         eval_name="masked-token accuracy",
     )

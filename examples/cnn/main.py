@@ -1,4 +1,6 @@
-"""Example: a small Flax CNN on MNIST-sized data, coarse_jax vs pmean: ``python examples/cnn/main.py [--impl both] [--steps N]``.
+"""Example: a small Flax CNN on MNIST-sized data, coarse_jax vs pmean.
+
+Run: ``python examples/cnn/main.py [--impl both] [--steps N]``.
 
 Flags: --impl {coarse,pmean,both} (default both), --steps, --workers, --workdir,
 --data-dir (a local dataset; nothing is ever downloaded), --plot (loss.png),

@@ -27,7 +27,8 @@ Batch = dict[str, Any]
 
 
 class CNN(nn.Module):
-    """Conv(3x3) + activation + 2x2 average pool per entry of ``features``, then Dense + activation + Dense.
+    """Conv(3x3) + activation + 2x2 average pool per entry of ``features``, then Dense,
+    activation, Dense.
 
     ``activation`` names a `flax.linen` function ("gelu", "relu", ...).
     """
@@ -60,17 +61,22 @@ def load_mnist(data_dir: str, n_train: int, eval_size: int, seed: int) -> tuple[
             "y_test) there, or leave out --data-dir for synthetic data."
         )
     with np.load(path) as f:
-        x_train, y_train, x_test, y_test = (f[k] for k in ("x_train", "y_train", "x_test", "y_test"))
+        x_train, y_train, x_test, y_test = (
+            f[k] for k in ("x_train", "y_train", "x_test", "y_test")
+        )
 
     def prep(x: np.ndarray) -> np.ndarray:
         return ((x.astype(np.float32) / 255.0 - 0.1307) / 0.3081)[..., None]
 
     # A fixed permutation, repeated over epochs as needed: the same batches for both runs.
     rng = np.random.default_rng(seed)
-    order = np.concatenate([rng.permutation(len(x_train))
-                            for _ in range(-(-n_train // len(x_train)))])[:n_train]
-    return ({"x": prep(x_train[order]), "y": y_train[order].astype(np.int32)},
-            {"x": prep(x_test[:eval_size]), "y": y_test[:eval_size].astype(np.int32)})
+    order = np.concatenate(
+        [rng.permutation(len(x_train)) for _ in range(-(-n_train // len(x_train)))]
+    )[:n_train]
+    return (
+        {"x": prep(x_train[order]), "y": y_train[order].astype(np.int32)},
+        {"x": prep(x_test[:eval_size]), "y": y_test[:eval_size].astype(np.int32)},
+    )
 
 
 # ----------------------------------------------------------------------------- training
@@ -86,8 +92,12 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     Returns:
       `common.trainer.run_comparison`'s summary; ``eval`` holds the test accuracy.
     """
-    model = CNN(features=config.features, dense=config.dense, num_classes=config.num_classes,
-                activation=config.activation)
+    model = CNN(
+        features=config.features,
+        dense=config.dense,
+        num_classes=config.num_classes,
+        activation=config.activation,
+    )
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, *config.image_shape)))
     train, test = trainer.load_or_synthesize(config, load_mnist, trainer.teacher_images)
     predict = jax.jit(model.apply)
@@ -97,6 +107,12 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
         return float((np.asarray(logits).argmax(-1) == test["y"]).mean())
 
     return trainer.run_comparison(
-        config, workdir, name="cnn", apply_fn=model.apply, params=params,
-        make_loss=trainer.classification_loss, train_data=train, evaluate=evaluate,
+        config,
+        workdir,
+        name="cnn",
+        apply_fn=model.apply,
+        params=params,
+        make_loss=trainer.classification_loss,
+        train_data=train,
+        evaluate=evaluate,
     )

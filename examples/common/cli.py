@@ -19,43 +19,76 @@ MATCH_RTOL = 1e-4  # same as trainer.MATCH_RTOL; repeated so this module needs n
 
 def parse_args(name: str, description: str, defaults: Any) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--impl", choices=("coarse", "pmean", "both"), default="both",
-                        help="which gradient synchronization to train with (both: compare)")
-    parser.add_argument("--steps", type=int, default=defaults.steps,
-                        help="optimizer steps per implementation")
-    parser.add_argument("--workers", type=int, default=defaults.workers,
-                        help="data-parallel workers (coarse uses as many proxies)")
-    parser.add_argument("--workdir", default=os.path.join("out", name),
-                        help="where metrics.jsonl (and loss.png) are written")
-    parser.add_argument("--data-dir", default=None,
-                        help="local dataset (never downloaded); synthetic data if omitted")
-    parser.add_argument("--plot", action="store_true",
-                        help="write loss.png with the loss curves into the workdir")
-    parser.add_argument("--worker-compute", choices=("cond", "all"), default=defaults.worker_compute,
-                        help="coarse.Config.worker_compute: 'all' runs the model on the proxies "
-                             "too (faster for conv nets on XLA:CPU, whose conditionals are slow)")
-    parser.add_argument("--noise-floor", action="store_true",
-                        help="with --impl both, also train pmean with the gradients summed in "
-                             "the reverse worker order (an equally valid float32 all-reduce) and "
-                             "compare the step-0 gradients: how far two valid orders drift apart")
+    parser.add_argument(
+        "--impl",
+        choices=("coarse", "pmean", "both"),
+        default="both",
+        help="which gradient synchronization to train with (both: compare)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=defaults.steps, help="optimizer steps per implementation"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=defaults.workers,
+        help="data-parallel workers (coarse uses as many proxies)",
+    )
+    parser.add_argument(
+        "--workdir",
+        default=os.path.join("out", name),
+        help="where metrics.jsonl (and loss.png) are written",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="local dataset (never downloaded); synthetic data if omitted",
+    )
+    parser.add_argument(
+        "--plot", action="store_true", help="write loss.png with the loss curves into the workdir"
+    )
+    parser.add_argument(
+        "--worker-compute",
+        choices=("cond", "all"),
+        default=defaults.worker_compute,
+        help="coarse.Config.worker_compute: 'all' runs the model on the proxies "
+        "too (faster for conv nets on XLA:CPU, whose conditionals are slow)",
+    )
+    parser.add_argument(
+        "--noise-floor",
+        action="store_true",
+        help="with --impl both, also train pmean with the gradients summed in "
+        "the reverse worker order (an equally valid float32 all-reduce) and "
+        "compare the step-0 gradients: how far two valid orders drift apart",
+    )
     args = parser.parse_args()
     if args.noise_floor and args.impl != "both":
         parser.error("--noise-floor needs --impl both")
     return args
 
 
-def main(name: str, description: str, get_config: Callable[[], Any],
-         train_and_evaluate: Callable[[Any, str], dict[str, Any]]) -> None:
+def main(
+    name: str,
+    description: str,
+    get_config: Callable[[], Any],
+    train_and_evaluate: Callable[[Any, str], dict[str, Any]],
+) -> None:
     """Parses the flags, trains, and exits non-zero if the two loss curves differ.
 
     With ``--impl both`` the exit status is 1 when the curves differ by a
     relative ``1e-4`` or more at any step (the demo's rule).
     """
     args = parse_args(name, description, get_config())
-    config = dataclasses.replace(get_config(), steps=args.steps, workers=args.workers,
-                                 impl=args.impl, data_dir=args.data_dir, plot=args.plot,
-                                 worker_compute=args.worker_compute,
-                                 noise_floor=args.noise_floor)
+    config = dataclasses.replace(
+        get_config(),
+        steps=args.steps,
+        workers=args.workers,
+        impl=args.impl,
+        data_dir=args.data_dir,
+        plot=args.plot,
+        worker_compute=args.worker_compute,
+        noise_floor=args.noise_floor,
+    )
     summary = train_and_evaluate(config, args.workdir)
     if args.impl != "both":
         sys.exit(0)

@@ -113,13 +113,18 @@ def pmean_train_step(mesh: Mesh, make_loss: MakeLoss, reduce: str = "pmean") -> 
         loss, grads = _pmean((loss, grads), reduce)
         return state.apply_gradients(grads=grads), loss
 
-    return jax.jit(
-        jax.shard_map(train_step, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
-    )
+    return jax.jit(jax.shard_map(train_step, mesh=mesh, in_specs=(P(), P("data")), out_specs=P()))
 
 
-def step0_gradients(mesh: Mesh, make_loss: MakeLoss, apply_fn: Callable[..., Any], params: Any,
-                    batch: Batch, impl: str, cfg: coarse.Config | None = None) -> Any:
+def step0_gradients(
+    mesh: Mesh,
+    make_loss: MakeLoss,
+    apply_fn: Callable[..., Any],
+    params: Any,
+    batch: Batch,
+    impl: str,
+    cfg: coarse.Config | None = None,
+) -> Any:
     """The synchronized (mean) gradients of the first step, as numpy, from ``impl``'s step.
 
     ``impl``: "coarse" (``coarse.value_and_grad`` under ``coarse.sync`` on the
@@ -127,6 +132,7 @@ def step0_gradients(mesh: Mesh, make_loss: MakeLoss, apply_fn: Callable[..., Any
     """
     loss = make_loss(apply_fn)
     if impl == "coarse":
+
         @coarse.sync(mesh, config=cfg)
         def grads_fn(params: Any, batch: Batch) -> Any:
             return coarse.value_and_grad(loss)(params, batch)[1]
@@ -137,8 +143,9 @@ def step0_gradients(mesh: Mesh, make_loss: MakeLoss, apply_fn: Callable[..., Any
             grads = jax.grad(loss)(lax.pcast(params, "data", to="varying"), batch)
             return _pmean(grads, reduce)
 
-        grads_fn = jax.jit(jax.shard_map(per_worker, mesh=mesh, in_specs=(P(), P("data")),
-                                         out_specs=P()))
+        grads_fn = jax.jit(
+            jax.shard_map(per_worker, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
+        )
     placed = jax.device_put(batch, NamedSharding(mesh, P("data")))
     return jax.device_get(grads_fn(jax.device_put(params, NamedSharding(mesh, P())), placed))
 
@@ -152,8 +159,10 @@ def gradient_diff(a: Any, b: Any) -> tuple[float, float]:
     bit-identical.
     """
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    worst = max(float(np.abs(x - y).max() / max(np.abs(y).max(), np.finfo(np.float32).tiny))
-                for x, y in zip(la, lb, strict=True))
+    worst = max(
+        float(np.abs(x - y).max() / max(np.abs(y).max(), np.finfo(np.float32).tiny))
+        for x, y in zip(la, lb, strict=True)
+    )
     identical = sum(int((x == y).sum()) for x, y in zip(la, lb, strict=True))
     return worst, identical / sum(x.size for x in lb)
 
@@ -189,8 +198,11 @@ def teacher_images(config: Any, n_train: int) -> tuple[Batch, Batch]:
     return sample(n_train), sample(config.eval_size)
 
 
-def load_or_synthesize(config: Any, load: Callable[[str, int, int, int], tuple[Batch, Batch]],
-                       synthesize: Callable[[Any, int], tuple[Batch, Batch]]) -> tuple[Batch, Batch]:
+def load_or_synthesize(
+    config: Any,
+    load: Callable[[str, int, int, int], tuple[Batch, Batch]],
+    synthesize: Callable[[Any, int], tuple[Batch, Batch]],
+) -> tuple[Batch, Batch]:
     """Train batches with leading axes ``(steps, batch_size)`` and a flat test set.
 
     ``load(data_dir, n, eval_size, seed)`` reads a local dataset when
@@ -256,7 +268,7 @@ def train(step: StepFn, state: train_state.TrainState, data: list[Batch], desc: 
 
 
 def compare(runs: dict[str, RunResult], other: str = "coarse") -> tuple[float, float]:
-    """Largest absolute and relative (to pmean) difference between ``other``'s and pmean's loss curves."""
+    """Largest absolute and relative (to pmean) difference of ``other``'s and pmean's losses."""
     a, b = np.array(runs[other].losses), np.array(runs["pmean"].losses)
     diff = np.abs(a - b)
     return float(diff.max()), float((diff / np.abs(b)).max())
@@ -288,8 +300,12 @@ def plot_losses(runs: dict[str, RunResult], path: str, title: str) -> None:
         diff = np.abs(np.array(runs[name].losses) - np.array(runs["pmean"].losses))
         axes[1].plot(np.maximum(diff, 1e-12), label=f"{name} - pmean")
     if others:
-        axes[1].set(xlabel="step", ylabel="|loss - loss_pmean|", yscale="log",
-                    title="difference (floored at 1e-12)")
+        axes[1].set(
+            xlabel="step",
+            ylabel="|loss - loss_pmean|",
+            yscale="log",
+            title="difference (floored at 1e-12)",
+        )
         axes[1].legend()
     fig.savefig(path, dpi=100)
 
@@ -347,19 +363,25 @@ def run_comparison(
     noise_floor = getattr(config, "noise_floor", False)
     if noise_floor:
         if config.impl != "both":
-            raise ValueError("noise_floor needs impl 'both': it compares coarse and pmean "
-                             "with pmean in another summation order.")
+            raise ValueError(
+                "noise_floor needs impl 'both': it compares coarse and pmean "
+                "with pmean in another summation order."
+            )
         impls = (*IMPLS, REVERSED)
 
     tx = optax.sgd(config.learning_rate, momentum=config.momentum)
     state = train_state.TrainState.create(apply_fn=apply_fn, params=params, tx=tx)
     coarse_mesh = coarse.make_mesh(workers=p)
-    cfg = coarse.Config(shard_bytes=config.shard_bytes,
-                        leading_bytes=leading_bytes(params, config.leading_modules),
-                        worker_compute=config.worker_compute)
+    cfg = coarse.Config(
+        shard_bytes=config.shard_bytes,
+        leading_bytes=leading_bytes(params, config.leading_modules),
+        worker_compute=config.worker_compute,
+    )
     n_params = sum(x.size for x in jax.tree.leaves(params))
-    print(f"{name}: {n_params:,} parameters, {config.steps} steps, global batch "
-          f"{config.batch_size} on {p} workers, impl {config.impl}")
+    print(
+        f"{name}: {n_params:,} parameters, {config.steps} steps, global batch "
+        f"{config.batch_size} on {p} workers, impl {config.impl}"
+    )
     if "coarse" in impls:
         print(coarse.plan(params, coarse_mesh, cfg).summary())
     print()
@@ -367,13 +389,26 @@ def run_comparison(
     grad_diff: dict[str, tuple[float, float]] = {}
     if noise_floor:
         batch0 = {k: v[0] for k, v in train_data.items()}
-        grads = {impl: step0_gradients(coarse_mesh if impl == "coarse" else pmean_mesh(p),
-                                       make_loss, apply_fn, params, batch0, impl, cfg)
-                 for impl in impls}
-        grad_diff = {impl: gradient_diff(grads[impl], grads["pmean"]) for impl in ("coarse", REVERSED)}
+        grads = {
+            impl: step0_gradients(
+                coarse_mesh if impl == "coarse" else pmean_mesh(p),
+                make_loss,
+                apply_fn,
+                params,
+                batch0,
+                impl,
+                cfg,
+            )
+            for impl in impls
+        }
+        grad_diff = {
+            impl: gradient_diff(grads[impl], grads["pmean"]) for impl in ("coarse", REVERSED)
+        }
         for impl, (worst, identical) in grad_diff.items():
-            print(f"step-0 gradients, {impl} vs pmean: max over leaves of max|diff|/max|g| "
-                  f"{worst:.3e}, {identical:.1%} of elements bit-identical")
+            print(
+                f"step-0 gradients, {impl} vs pmean: max over leaves of max|diff|/max|g| "
+                f"{worst:.3e}, {identical:.1%} of elements bit-identical"
+            )
         print()
 
     runs: dict[str, RunResult] = {}
@@ -382,8 +417,9 @@ def run_comparison(
             mesh, step = coarse_mesh, coarse_train_step(coarse_mesh, cfg, make_loss)
         else:
             mesh = pmean_mesh(p)
-            step = pmean_train_step(mesh, make_loss,
-                                    reduce="reversed" if impl == REVERSED else "pmean")
+            step = pmean_train_step(
+                mesh, make_loss, reduce="reversed" if impl == REVERSED else "pmean"
+            )
         # The initial state goes replicated onto the mesh, as the steps return
         # it, so only the first step compiles (an uncommitted input would
         # recompile on the second step).
@@ -402,19 +438,28 @@ def run_comparison(
     }
     first = next(iter(runs.values())).losses[0]
     print()
-    print(f"loss: first {first:.4f}, "
-          + ", ".join(f"last {impl} {run.losses[-1]:.6f}" for impl, run in runs.items()))
+    print(
+        f"loss: first {first:.4f}, "
+        + ", ".join(f"last {impl} {run.losses[-1]:.6f}" for impl, run in runs.items())
+    )
     if "coarse" in runs and "pmean" in runs:
         max_abs, max_rel = compare(runs)
         summary.update(max_abs_loss_diff=max_abs, max_rel_loss_diff=max_rel)
-        print(f"max |loss_coarse - loss_pmean| over {config.steps} steps: {max_abs:.3e} "
-              f"(relative {max_rel:.3e})")
+        print(
+            f"max |loss_coarse - loss_pmean| over {config.steps} steps: {max_abs:.3e} "
+            f"(relative {max_rel:.3e})"
+        )
     if noise_floor:
         noise_abs, noise_rel = compare(runs, REVERSED)
-        summary.update(noise_abs_loss_diff=noise_abs, noise_rel_loss_diff=noise_rel,
-                       step0_grad_diff={impl: d[0] for impl, d in grad_diff.items()})
-        print(f"noise floor: max |loss_{REVERSED} - loss_pmean| over {config.steps} steps: "
-              f"{noise_abs:.3e} (relative {noise_rel:.3e})")
+        summary.update(
+            noise_abs_loss_diff=noise_abs,
+            noise_rel_loss_diff=noise_rel,
+            step0_grad_diff={impl: d[0] for impl, d in grad_diff.items()},
+        )
+        print(
+            f"noise floor: max |loss_{REVERSED} - loss_pmean| over {config.steps} steps: "
+            f"{noise_abs:.3e} (relative {noise_rel:.3e})"
+        )
     if metric:
         print(f"{eval_name}: " + ", ".join(f"{impl} {v:.4f}" for impl, v in metric.items()))
     print()
@@ -431,15 +476,30 @@ def run_comparison(
             for i, (loss, t) in enumerate(zip(run.losses, times, strict=True)):
                 yield {"example": name, "impl": impl, "step": i, "loss": loss, "step_time_s": t}
         for impl, run in runs.items():
-            record = {"example": name, "impl": impl, "summary": True,
-                      "median_step_s": run.median_step_s}
+            record = {
+                "example": name,
+                "impl": impl,
+                "summary": True,
+                "median_step_s": run.median_step_s,
+            }
             if metric:
                 record[eval_name.replace(" ", "_")] = metric[impl]
             yield record
         if "max_rel_loss_diff" in summary:
-            yield {"example": name, **{k: summary[k] for k in (
-                "max_abs_loss_diff", "max_rel_loss_diff", "noise_abs_loss_diff",
-                "noise_rel_loss_diff", "step0_grad_diff") if k in summary}}
+            yield {
+                "example": name,
+                **{
+                    k: summary[k]
+                    for k in (
+                        "max_abs_loss_diff",
+                        "max_rel_loss_diff",
+                        "noise_abs_loss_diff",
+                        "noise_rel_loss_diff",
+                        "step0_grad_diff",
+                    )
+                    if k in summary
+                },
+            }
 
     write_jsonl(metrics_path, records())
     print(f"\nmetrics written to {metrics_path}")

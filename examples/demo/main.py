@@ -24,12 +24,18 @@ from configs import default
 def parse_args() -> argparse.Namespace:
     defaults = default.get_config()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=defaults.steps,
-                        help="optimizer steps per implementation")
-    parser.add_argument("--workers", type=int, default=defaults.workers,
-                        help="data-parallel workers (coarse uses as many proxies)")
-    parser.add_argument("--workdir", default=os.path.join("out", "demo"),
-                        help="where metrics.jsonl is written")
+    parser.add_argument(
+        "--steps", type=int, default=defaults.steps, help="optimizer steps per implementation"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=defaults.workers,
+        help="data-parallel workers (coarse uses as many proxies)",
+    )
+    parser.add_argument(
+        "--workdir", default=os.path.join("out", "demo"), help="where metrics.jsonl is written"
+    )
     return parser.parse_args()
 
 

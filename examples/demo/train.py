@@ -191,9 +191,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
 
     # Sync-only timing on a gradient-shaped tree with different values per worker.
     rng = np.random.default_rng(config.seed + 1)
-    per_worker = jax.tree.map(
-        lambda x: rng.normal(size=(p, *x.shape)).astype(np.float32), params
-    )
+    per_worker = jax.tree.map(lambda x: rng.normal(size=(p, *x.shape)).astype(np.float32), params)
     sync_s = {
         "coarse": median_call_s(
             coarse_sync_only(coarse_mesh, cfg),
@@ -214,8 +212,10 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
 
     print()
     print(f"loss: first {b[0]:.4f}, last coarse {a[-1]:.6f}, last pmean {b[-1]:.6f}")
-    print(f"max |loss_coarse - loss_pmean| over {len(a)} steps: {max_abs:.3e} "
-          f"(relative {max_rel:.3e})")
+    print(
+        f"max |loss_coarse - loss_pmean| over {len(a)} steps: {max_abs:.3e} "
+        f"(relative {max_rel:.3e})"
+    )
     print(f"test accuracy: coarse {acc['coarse']:.4f}, pmean {acc['pmean']:.4f}")
     print()
     print(f"{'impl':<8} {'median step (ms)':>17} {'median sync (ms)':>17}")
@@ -230,8 +230,13 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
             for i, (loss, t) in enumerate(zip(run.losses, times, strict=True)):
                 yield {"impl": name, "step": i, "loss": loss, "step_time_s": t}
         for name in runs:
-            yield {"impl": name, "summary": True, "median_step_s": step_s[name],
-                   "median_sync_s": sync_s[name], "test_accuracy": acc[name]}
+            yield {
+                "impl": name,
+                "summary": True,
+                "median_step_s": step_s[name],
+                "median_sync_s": sync_s[name],
+                "test_accuracy": acc[name],
+            }
         yield {"max_abs_loss_diff": max_abs, "max_rel_loss_diff": max_rel}
 
     write_jsonl(metrics_path, records())

@@ -1,4 +1,6 @@
-"""Example: a ResNet-18-style Flax CNN on CIFAR-sized data, coarse_jax vs pmean: ``python examples/resnet18/main.py [--impl both] [--steps N]``.
+"""Example: a ResNet-18-style Flax CNN on CIFAR-sized data, coarse_jax vs pmean.
+
+Run: ``python examples/resnet18/main.py [--impl both] [--steps N]``.
 
 Flags: --impl {coarse,pmean,both} (default both), --steps, --workers, --workdir,
 --data-dir (a local dataset; nothing is ever downloaded), --plot (loss.png),

@@ -83,8 +83,13 @@ class ResNet(nn.Module):
             for j in range(blocks):
                 k += 1
                 strides = 2 if i > 0 and j == 0 else 1
-                x = BasicBlock(self.width * 2**i, strides, self.groups, self.activation,
-                               name=f"layer{k:02d}_block")(x)
+                x = BasicBlock(
+                    self.width * 2**i,
+                    strides,
+                    self.groups,
+                    self.activation,
+                    name=f"layer{k:02d}_block",
+                )(x)
         x = x.mean(axis=(1, 2))
         return nn.Dense(self.num_classes, name=f"layer{k + 1:02d}_head")(x)
 
@@ -119,10 +124,13 @@ def load_cifar10(data_dir: str, n_train: int, eval_size: int, seed: int) -> tupl
 
     # A fixed permutation, repeated over epochs as needed: the same batches for both runs.
     rng = np.random.default_rng(seed)
-    order = np.concatenate([rng.permutation(len(x_train))
-                            for _ in range(-(-n_train // len(x_train)))])[:n_train]
-    return ({"x": prep(x_train[order]), "y": y_train[order]},
-            {"x": prep(x_test[:eval_size]), "y": y_test[:eval_size]})
+    order = np.concatenate(
+        [rng.permutation(len(x_train)) for _ in range(-(-n_train // len(x_train)))]
+    )[:n_train]
+    return (
+        {"x": prep(x_train[order]), "y": y_train[order]},
+        {"x": prep(x_test[:eval_size]), "y": y_test[:eval_size]},
+    )
 
 
 def template_images(config: Any, n_train: int) -> tuple[Batch, Batch]:
@@ -168,20 +176,32 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     Returns:
       `common.trainer.run_comparison`'s summary; ``eval`` holds the test accuracy.
     """
-    model = ResNet(stage_sizes=config.stage_sizes, width=config.width,
-                   groups=config.norm_groups, num_classes=config.num_classes,
-                   activation=config.activation)
+    model = ResNet(
+        stage_sizes=config.stage_sizes,
+        width=config.width,
+        groups=config.norm_groups,
+        num_classes=config.num_classes,
+        activation=config.activation,
+    )
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, *config.image_shape)))
     train, test = trainer.load_or_synthesize(config, load_cifar10, template_images)
     predict = jax.jit(model.apply)
 
     def evaluate(state: Any) -> float:
         params = jax.device_get(state.params)
-        hits = [np.asarray(predict(params, test["x"][i:i + 128])).argmax(-1)
-                == test["y"][i:i + 128] for i in range(0, len(test["y"]), 128)]
+        hits = [
+            np.asarray(predict(params, test["x"][i : i + 128])).argmax(-1) == test["y"][i : i + 128]
+            for i in range(0, len(test["y"]), 128)
+        ]
         return float(np.concatenate(hits).mean())
 
     return trainer.run_comparison(
-        config, workdir, name="resnet18", apply_fn=model.apply, params=params,
-        make_loss=trainer.classification_loss, train_data=train, evaluate=evaluate,
+        config,
+        workdir,
+        name="resnet18",
+        apply_fn=model.apply,
+        params=params,
+        make_loss=trainer.classification_loss,
+        train_data=train,
+        evaluate=evaluate,
     )

@@ -64,7 +64,9 @@ class BertConfig:
     seed: int = 0
     shard_bytes: int = 32 << 10
     leading_modules: int = 2
-    worker_compute: str = "cond"  # coarse.Config.worker_compute ("all" is faster for conv nets on CPU)
+    worker_compute: str = (
+        "cond"  # coarse.Config.worker_compute ("all" is faster for conv nets on CPU)
+    )
     impl: str = "both"
     noise_floor: bool = False
     data_dir: str | None = None
