@@ -12,7 +12,7 @@ SOURCES := pyproject.toml CMakeLists.txt $(shell find ffi kernels coarse_jax -ty
 BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "jax==0.10.2" "jaxlib==0.10.2"
 XLA_CPU := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: demo test bench install clean lint
+.PHONY: demo test bench install clean lint types imports check format
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ $(PY):
 
 $(STAMP): $(PY) $(SOURCES)
 	$(PY) -m pip install -q $(BUILD_DEPS)
-	$(PY) -m pip install -q --no-build-isolation ".[test]"
+	$(PY) -m pip install -q --no-build-isolation ".[test,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -58,9 +58,30 @@ bench: $(STAMP)
 	$(PY) benchmarks/report.py $(BENCH_OUT)/parts/*.json --json-out $(BENCH_OUT)/results.json \
 		--markdown $(BENCH_OUT)/results.md --plot $(BENCH_OUT)/results.png
 
+# The checks .ci/run makes before the tests; each fails the build on its own.
+#   lint:  ruff's rules and formatting (Python), clang-format (C++/CUDA);
+#   types: mypy on the package;  imports: the layer contract in .importlinter.
+PY_TREE := coarse_jax tests benchmarks examples
+CXX_FILES = $(shell find ffi kernels -type f \( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \))
+
 lint: $(STAMP)
-	$(PY) -m pip install -q ruff
-	$(VENV)/bin/ruff check coarse_jax tests benchmarks examples
+	$(VENV)/bin/ruff check $(PY_TREE)
+	$(VENV)/bin/ruff format --check $(PY_TREE)
+	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_FILES)
+
+types: $(STAMP)
+	$(VENV)/bin/mypy
+
+imports: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+check: lint types imports
+
+# Rewrites the tree the way `make lint` wants it.
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix $(PY_TREE)
+	$(VENV)/bin/ruff format $(PY_TREE)
+	$(VENV)/bin/clang-format -i $(CXX_FILES)
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .benchmarks

@@ -11,7 +11,8 @@ calls list a placeholder ordinal for the worker, so the GPU's ordinal names
 the proxy; a worker call comes first and opens the session, whose storage
 its ordinals place on this GPU).
 That exercises each platform's binding layer (run id, stream, ordinal,
-attributes, results) and every phase of the protocol through XLA. With
+attributes, results) and every phase of the protocol through XLA, called
+through the same wrappers (`coarse_jax._ffi`) a `coarse.sync` step uses. With
 p = 1 the mean is the value itself, so every result must equal its input.
 """
 
@@ -25,6 +26,7 @@ import pytest
 from helpers import gpu_or_skip
 
 import coarse_jax as coarse
+from coarse_jax import _ffi
 
 _SITES = itertools.count(1 << 30)  # a fresh call site per program
 _ELSEWHERE = 1 << 20  # an ordinal no GPU has
@@ -37,66 +39,51 @@ def device(request):
 
 def _live_sessions(device):
     if device.platform == "cpu":
-        from coarse_jax import _coarse_cpu
-
-        return _coarse_cpu.live_sessions()
+        return _ffi.live_sessions()
     return gpu_or_skip()[1].live_sessions()
 
 
 def _step(plan, device):
-    """One p = 1 step as one program: worker 0 and proxy 0 on `device`."""
-    base = {**plan.ffi_attrs(), "site": np.int64(next(_SITES))}
+    """One p = 1 step as one program: worker 0 and proxy 0 on `device`, through the wrappers."""
+    site = next(_SITES)
     ordinal = device.local_hardware_id if device.local_hardware_id is not None else device.id
-    tiers = {  # (tier, data) operand, ordinals attribute
-        "worker": (np.array([0, 0], np.int32), np.array([ordinal, ordinal], np.int64)),
-        "proxy": (np.array([1, 0], np.int32), np.array([_ELSEWHERE, ordinal], np.int64)),
+    # Per tier: the (tier, data) operand and the call site (its ordinals
+    # attribute); axes=(): the program runs outside shard_map.
+    tiers = {
+        "worker": (
+            np.array([0, 0], np.int32),
+            _ffi.CallSite(plan.ffi_attrs(), site, np.array([ordinal, ordinal]), axes=()),
+        ),
+        "proxy": (
+            np.array([1, 0], np.int32),
+            _ffi.CallSite(plan.ffi_attrs(), site, np.array([_ELSEWHERE, ordinal]), axes=()),
+        ),
     }
-
-    def call(target, tier, results, operands, **attrs):
-        who, ordinals = tiers[tier]
-        return jax.ffi.ffi_call(target, results, has_side_effect=True, vmap_method="broadcast_all")(
-            who, *operands, **base, ordinals=ordinals, **attrs
-        )
 
     def step(*leaves):
         proxy_leaves = [leaves[i] for i in plan.proxy_leaves]
         lead = [leaves[i] for i in plan.leading_leaves]
-        spec = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
-        token_spec = jax.ShapeDtypeStruct((2,), jnp.int32)
+        me, call = tiers["worker"]
         tok = jnp.zeros((), jnp.float32)
         for b in plan.buckets:
             bucket = proxy_leaves[b.first_leaf : b.first_leaf + b.num_leaves]
-            (tok,) = call(
-                "coarse_push",
-                "worker",
-                [jax.ShapeDtypeStruct((), jnp.float32)],
-                [tok, *bucket],
-                first_leaf=np.int64(b.first_leaf),
-                first_piece=np.int64(b.first_piece),
-                num_pieces=np.int64(b.num_pieces),
-                passthrough=np.int64(0),
-                last=np.int64(0),
-            )
+            _, tok = _ffi.push(call, me, tok, bucket, b, passthrough=False)
         # Every device runs every call; the worker's proxy ring (a no-op) comes
         # first, so a worker call always opens the session (its ordinals place
         # the storage).
         ring = tok
         for tier in ("worker", "proxy"):
-            (ring,) = call("coarse_proxy_ring", tier, [token_spec], [ring], last=np.int64(0))
+            me, call = tiers[tier]
+            ring = _ffi.proxy_ring(call, me, [ring], last=False)
         outs = {}
         for tier in ("worker", "proxy"):
-            *reduced, ring = call(
-                "coarse_worker_ring",
-                tier,
-                [*(spec[i] for i in plan.leading_leaves), token_spec],
-                [ring, *lead],
-                last=np.int64(0),
-            )
+            me, call = tiers[tier]
+            reduced, ring = _ffi.worker_ring(call, me, ring, lead, last=False, alias=False)
             outs[tier] = dict(zip(plan.leading_leaves, reduced, strict=True))
-        pulled_spec = [spec[i] for i in plan.proxy_leaves]
         after = ring
         for tier in ("worker", "proxy"):
-            pulled = call("coarse_pull", tier, pulled_spec, [after], last=np.int64(1))
+            me, call = tiers[tier]
+            pulled = _ffi.pull(call, me, after, proxy_leaves, alias=False)
             outs[tier].update(zip(plan.proxy_leaves, pulled, strict=True))
             after = pulled[0] if pulled else after  # the proxy's pull after the worker's
         return [[outs[t][i] for i in range(len(leaves))] for t in ("worker", "proxy")]

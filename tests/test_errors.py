@@ -110,3 +110,38 @@ def test_gpu_errors_name_the_missing_piece_and_the_fix(monkeypatch):
     monkeypatch.setattr(coarse.kernels, "_platform", lambda: "gpu")
     with pytest.raises(RuntimeError, match="built without its CUDA extension"):
         coarse.kernels.reduce(jnp.ones(3))
+
+
+def _vg_step(mesh):
+    @coarse.sync(mesh)
+    def step(params, batch):
+        return coarse.value_and_grad(lambda p, b: jnp.sum(p * b))(params, batch)
+
+    return step
+
+
+def test_vmap_is_refused_at_trace_time():
+    """vmap over a step, or over a coarse call inside one, fails while tracing, naming vmap."""
+    mesh = coarse.make_mesh(workers=2)
+    batch = jnp.ones((4, 3))
+    with pytest.raises(TypeError, match=r"traced under jax\.vmap.*Fix: vmap the per-example"):
+        jax.vmap(_vg_step(mesh), in_axes=(0, None))(jnp.ones((5, 3)), batch)
+
+    @coarse.sync(mesh)
+    def vmapped_inside(params, batch):
+        vg = coarse.value_and_grad(lambda p, b: jnp.sum(p * b))
+        return jax.vmap(vg, in_axes=(0, None))(params, batch)
+
+    with pytest.raises(TypeError, match=r"coarse_push was traced under jax\.vmap"):
+        vmapped_inside(jnp.ones((5, 3)), batch)
+
+    @coarse.sync(mesh)
+    def reduce_rows(x):
+        return jax.vmap(coarse.all_reduce)(x)
+
+    with pytest.raises(TypeError, match=r"traced under jax\.vmap"):
+        reduce_rows(jnp.ones((4, 3)))
+    # Nothing ran, so nothing is left waiting: the same mesh still works.
+    loss, grads = _vg_step(mesh)(jnp.ones(3), batch)
+    assert float(loss) == 6.0
+    np.testing.assert_array_equal(np.asarray(grads), np.ones(3) * 2)

@@ -107,17 +107,32 @@ def _call(
     aliases: dict[int, int],
     **attrs: Any,
 ) -> Any:
-    # vmap: "broadcast_all" hands the handlers batched buffers, which fail the
-    # plan's element-count check with an error; `coarse.sync` rejects vmap at
-    # trace time before it comes to that (a collective over the mesh has no
-    # batched meaning).
-    return jax.ffi.ffi_call(
+    ffi = jax.ffi.ffi_call(
         target,
         tuple(results),
         has_side_effect=True,
-        vmap_method="broadcast_all",
+        vmap_method="broadcast_all",  # never reached: the rule below refuses first
         input_output_aliases=aliases,
-    )(*operands, **call.plan_attrs, site=call.site, ordinals=call.ordinals, **attrs)
+    )
+
+    @jax.custom_batching.custom_vmap
+    def run(*ops: jax.Array) -> Any:
+        return ffi(*ops, **call.plan_attrs, site=call.site, ordinals=call.ordinals, **attrs)
+
+    @run.def_vmap
+    def _refuse(axis_size: int, in_batched: Any, *ops: Any) -> Any:
+        raise _vmap_error(target)
+
+    return run(*operands)
+
+
+def _vmap_error(target: str) -> TypeError:
+    return TypeError(
+        f"coarse_jax: {target} was traced under jax.vmap. A coarse synchronization is one "
+        "collective over the mesh's devices and has no batched form (each batch element would "
+        "need its own rendezvous of all devices). Fix: vmap the per-example computation inside "
+        "the loss and call coarse.value_and_grad / coarse.all_reduce once on the result."
+    )
 
 
 def _aliases(n: int, first_operand: int, alias: bool) -> dict[int, int]:
