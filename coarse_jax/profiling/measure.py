@@ -35,7 +35,7 @@ from coarse_jax.mesh import AXES, DATA, check_mesh
 from coarse_jax.profiling.data import Profile
 from coarse_jax.profiling.topology import Topology
 
-DEFAULT_SIZES = (*(4**k for k in range(5, 13)), 16 << 20)  # 1 KiB .. 16 MiB
+DEFAULT_SIZES = tuple(4**k for k in range(5, 13))  # 1 KiB, 4 KiB, .., 16 MiB
 _PROBE_SITE = 1 << 40  # keeps probe sessions apart from sync sites
 
 
