@@ -73,3 +73,28 @@ def test_noise_floor_needs_both(tmp_path):
         check=False,
     )
     assert result.returncode == 2 and "--noise-floor needs --impl both" in result.stderr
+
+
+def test_demo_times_sync(tmp_path):
+    """The demo (sync_timing_calls 20 by default) times the gradient sync alone, per impl."""
+    result = run_example(
+        "demo", tmp_path, "--steps", "2", "--sync-timing-calls", "2", "--noise-floor"
+    )
+    assert "median step (ms)  median sync (ms)" in result.stdout, result.stdout
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    summaries = {r["impl"]: r for r in records if r.get("summary")}
+    assert set(summaries) == {"coarse", "pmean", "pmean-reversed"}
+    assert all(r["median_sync_s"] > 0 for r in summaries.values())
+
+
+def test_demo_has_no_data_dir(tmp_path):
+    """The demo's data are synthetic only: the shared CLI leaves --data-dir out."""
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "demo" / "main.py"), "--data-dir", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2 and "unrecognized arguments: --data-dir" in result.stderr

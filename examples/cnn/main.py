@@ -6,7 +6,7 @@ Flags: --impl {coarse,pmean,both} (default both), --steps, --workers, --workdir,
 --data-dir (a local dataset; nothing is ever downloaded), --plot (loss.png),
 --worker-compute {cond,all}, --noise-floor (also train pmean with the worker sum
 reversed, the distance two valid all-reduce orders drift apart, and compare the
-step-0 gradients).
+step-0 gradients), --sync-timing-calls N (also time the gradient sync alone).
 With --impl both the exit status is 1 if the two loss curves differ by a
 relative 1e-4 or more at any step. See `train.train_and_evaluate`.
 """

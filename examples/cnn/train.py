@@ -100,12 +100,6 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     )
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, *config.image_shape)))
     train, test = trainer.load_or_synthesize(config, load_mnist, trainer.teacher_images)
-    predict = jax.jit(model.apply)
-
-    def evaluate(state: Any) -> float:
-        logits = predict(jax.device_get(state.params), test["x"])
-        return float((np.asarray(logits).argmax(-1) == test["y"]).mean())
-
     return trainer.run_comparison(
         config,
         workdir,
@@ -114,5 +108,5 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
         params=params,
         make_loss=trainer.classification_loss,
         train_data=train,
-        evaluate=evaluate,
+        evaluate=trainer.accuracy(model.apply, test),
     )

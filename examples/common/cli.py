@@ -1,8 +1,8 @@
 """The command line every example's ``main.py`` shares.
 
 ``main.py`` sets ``XLA_FLAGS`` (8 CPU devices) before anything imports jax,
-puts ``examples/`` on ``sys.path`` and calls `main` with its config and
-``train.train_and_evaluate``.
+puts ``examples/`` on ``sys.path`` and calls `main` with its config (a
+`common.config.BaseConfig`) and ``train.train_and_evaluate``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from typing import Any
 MATCH_RTOL = 1e-4  # same as trainer.MATCH_RTOL; repeated so this module needs no jax import
 
 
-def parse_args(name: str, description: str, defaults: Any) -> argparse.Namespace:
+def parse_args(
+    name: str, description: str, defaults: Any, data_dir: bool = True
+) -> argparse.Namespace:
+    """The shared flags; ``data_dir=False`` leaves out ``--data-dir`` (synthetic data only)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--impl",
@@ -39,11 +42,12 @@ def parse_args(name: str, description: str, defaults: Any) -> argparse.Namespace
         default=os.path.join("out", name),
         help="where metrics.jsonl (and loss.png) are written",
     )
-    parser.add_argument(
-        "--data-dir",
-        default=None,
-        help="local dataset (never downloaded); synthetic data if omitted",
-    )
+    if data_dir:
+        parser.add_argument(
+            "--data-dir",
+            default=None,
+            help="local dataset (never downloaded); synthetic data if omitted",
+        )
     parser.add_argument(
         "--plot", action="store_true", help="write loss.png with the loss curves into the workdir"
     )
@@ -61,9 +65,18 @@ def parse_args(name: str, description: str, defaults: Any) -> argparse.Namespace
         "the reverse worker order (an equally valid float32 all-reduce) and "
         "compare the step-0 gradients: how far two valid orders drift apart",
     )
+    parser.add_argument(
+        "--sync-timing-calls",
+        type=int,
+        default=defaults.sync_timing_calls,
+        metavar="N",
+        help="also time the gradient sync alone: median of N calls per implementation (0: off)",
+    )
     args = parser.parse_args()
     if args.noise_floor and args.impl != "both":
         parser.error("--noise-floor needs --impl both")
+    if args.sync_timing_calls < 0:
+        parser.error("--sync-timing-calls must be >= 0")
     return args
 
 
@@ -72,22 +85,26 @@ def main(
     description: str,
     get_config: Callable[[], Any],
     train_and_evaluate: Callable[[Any, str], dict[str, Any]],
+    *,
+    data_dir: bool = True,
 ) -> None:
     """Parses the flags, trains, and exits non-zero if the two loss curves differ.
 
     With ``--impl both`` the exit status is 1 when the curves differ by a
-    relative ``1e-4`` or more at any step (the demo's rule).
+    relative ``1e-4`` or more at any step (the demo's rule). ``data_dir=False``:
+    the example has synthetic data only, so there is no ``--data-dir``.
     """
-    args = parse_args(name, description, get_config())
+    args = parse_args(name, description, get_config(), data_dir)
     config = dataclasses.replace(
         get_config(),
         steps=args.steps,
         workers=args.workers,
         impl=args.impl,
-        data_dir=args.data_dir,
+        data_dir=getattr(args, "data_dir", None),
         plot=args.plot,
         worker_compute=args.worker_compute,
         noise_floor=args.noise_floor,
+        sync_timing_calls=args.sync_timing_calls,
     )
     summary = train_and_evaluate(config, args.workdir)
     if args.impl != "both":

@@ -3,11 +3,12 @@
 What an example provides: a Flax model, its initial parameters, a loss
 (``make_loss(apply_fn) -> loss(params, batch)``), one batch per step (numpy,
 leading axes ``(steps, global_batch)``) and optionally an evaluation. What
-this module does, the same way for every example (and as ``examples/demo``
-does it): builds both train steps, places the same initial state and the same
-batches on each mesh, runs both with a progress bar, times every step, prints
-the loss-curve difference and a timing table, writes ``metrics.jsonl`` and,
-if asked, ``loss.png``.
+this module does, the same way for every example: builds both train steps,
+places the same initial state and the same batches on each mesh, runs both
+with a progress bar, times every step (and, if asked, the gradient sync
+alone), prints the loss-curve difference and a timing table, writes
+``metrics.jsonl`` and, if asked, ``loss.png``. The config is a
+`common.config.BaseConfig`.
 
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set before jax
 is imported (every ``main.py`` does that) so the CPU offers ``2 * workers``
@@ -116,6 +117,30 @@ def pmean_train_step(mesh: Mesh, make_loss: MakeLoss, reduce: str = "pmean") -> 
     return jax.jit(jax.shard_map(train_step, mesh=mesh, in_specs=(P(), P("data")), out_specs=P()))
 
 
+def sync_only(mesh: Mesh, impl: str, cfg: coarse.Config | None = None) -> Callable[[Any], Any]:
+    """Only ``impl``'s gradient sync of a per-worker tree, as a jitted function.
+
+    The argument is a gradient-shaped tree with a leading axis of one slice per
+    worker, placed split over "data", so every worker reduces its own values,
+    as after a backward pass. ``impl``: "coarse" (``coarse.all_reduce`` under
+    ``coarse.sync`` on the coarse ``mesh`` with ``cfg``), "pmean" or
+    `REVERSED` (on a 1-D mesh).
+    """
+    if impl == "coarse":
+
+        @coarse.sync(mesh, config=cfg)
+        def coarse_sync(per_worker: Any) -> Any:
+            return coarse.all_reduce(jax.tree.map(lambda x: x[0], per_worker))
+
+        return coarse_sync
+    reduce = "reversed" if impl == REVERSED else "pmean"
+
+    def pmean_sync(per_worker: Any) -> Any:
+        return _pmean(jax.tree.map(lambda x: x[0], per_worker), reduce)
+
+    return jax.jit(jax.shard_map(pmean_sync, mesh=mesh, in_specs=P("data"), out_specs=P()))
+
+
 def step0_gradients(
     mesh: Mesh,
     make_loss: MakeLoss,
@@ -167,6 +192,30 @@ def gradient_diff(a: Any, b: Any) -> tuple[float, float]:
     return worst, identical / sum(x.size for x in lb)
 
 
+def accuracy(
+    apply_fn: Callable[..., jax.Array], test: Batch, chunk: int | None = None
+) -> Callable[[train_state.TrainState], float]:
+    """An ``evaluate(state)``: top-1 accuracy of ``apply_fn`` on ``test["x"]`` / ``test["y"]``.
+
+    ``chunk``: predict that many examples at a time (bounds the memory of
+    big models); None: all at once.
+    """
+    predict = jax.jit(apply_fn)
+
+    def evaluate(state: train_state.TrainState) -> float:
+        params = jax.device_get(state.params)
+        n = len(test["y"])
+        step = chunk or n
+        hits = [
+            np.asarray(predict(params, test["x"][i : i + step])).argmax(-1)
+            == test["y"][i : i + step]
+            for i in range(0, n, step)
+        ]
+        return float(np.concatenate(hits).mean())
+
+    return evaluate
+
+
 def classification_loss(apply_fn: Callable[..., jax.Array]) -> Callable[[Any, Batch], jax.Array]:
     """Mean softmax cross-entropy of one worker's batch, as a function of (params, batch)."""
 
@@ -200,17 +249,21 @@ def teacher_images(config: Any, n_train: int) -> tuple[Batch, Batch]:
 
 def load_or_synthesize(
     config: Any,
-    load: Callable[[str, int, int, int], tuple[Batch, Batch]],
+    load: Callable[[str, int, int, int], tuple[Batch, Batch]] | None,
     synthesize: Callable[[Any, int], tuple[Batch, Batch]],
 ) -> tuple[Batch, Batch]:
     """Train batches with leading axes ``(steps, batch_size)`` and a flat test set.
 
     ``load(data_dir, n, eval_size, seed)`` reads a local dataset when
-    ``config.data_dir`` is set (nothing is ever downloaded); otherwise
-    ``synthesize(config, n)`` makes the data.
+    ``config.data_dir`` is set (nothing is ever downloaded; None: the example
+    has synthetic data only); otherwise ``synthesize(config, n)`` makes the data.
     """
     n = config.steps * config.batch_size
     if config.data_dir:
+        if load is None:
+            raise ValueError(
+                f"data_dir {config.data_dir!r} given, but this example has synthetic data only."
+            )
         train, test = load(config.data_dir, n, config.eval_size, config.seed)
     else:
         train, test = synthesize(config, n)
@@ -265,6 +318,42 @@ def train(step: StepFn, state: train_state.TrainState, data: list[Batch], desc: 
         times.append(time.perf_counter() - start)
         losses.append(float(loss))
     return RunResult(state, losses, times[1:])
+
+
+def median_call_s(fn: Callable[[Any], Any], arg: Any, calls: int, warmup: int = 3) -> float:
+    """Median wall time of ``fn(arg)`` over ``calls`` calls, after compiling and warming up."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(arg))
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(arg))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_syncs(
+    impls: tuple[str, ...],
+    params: Any,
+    coarse_mesh: Mesh,
+    cfg: coarse.Config,
+    calls: int,
+    seed: int,
+) -> dict[str, float]:
+    """Median seconds of each implementation's gradient sync alone (`sync_only`).
+
+    The tree has ``params``' shapes and different Gaussian values on every
+    worker (numpy, seeded with ``seed``).
+    """
+    p = coarse_mesh.shape["data"]
+    rng = np.random.default_rng(seed)
+    per_worker = jax.tree.map(lambda x: rng.normal(size=(p, *x.shape)).astype(np.float32), params)
+    times = {}
+    for impl in impls:
+        mesh = coarse_mesh if impl == "coarse" else pmean_mesh(p)
+        placed = jax.device_put(per_worker, NamedSharding(mesh, P("data")))
+        times[impl] = median_call_s(sync_only(mesh, impl, cfg), placed, calls)
+    return times
 
 
 def compare(runs: dict[str, RunResult], other: str = "coarse") -> tuple[float, float]:
@@ -328,7 +417,8 @@ def run_comparison(
       config: an example's config; reads ``workers``, ``steps``,
         ``batch_size``, ``learning_rate``, ``momentum``, ``shard_bytes``,
         ``leading_modules``, ``worker_compute``, ``impl`` ("coarse", "pmean"
-        or "both"), ``noise_floor`` and ``plot``. ``noise_floor`` (with
+        or "both"), ``noise_floor``, ``plot`` and ``sync_timing_calls`` (see
+        `common.config.BaseConfig`). ``noise_floor`` (with
         "both") adds a third run, `REVERSED`: pmean's step with the gradients
         summed in the reverse worker order, whose distance from pmean is the
         noise floor that coarse's distance from pmean is judged against; and
@@ -343,8 +433,9 @@ def run_comparison(
       eval_name: how to print ``evaluate``'s value.
 
     Returns:
-      A summary dict: final losses, median step times (s), the held-out
-      metric, and with both impls ``max_abs_loss_diff`` / ``max_rel_loss_diff``
+      A summary dict: final losses, median step times (s), with
+      ``sync_timing_calls`` median sync times (s) ``median_sync_s``, the
+      held-out metric ``eval``, and with both impls ``max_abs_loss_diff`` / ``max_rel_loss_diff``
       (coarse vs pmean); with ``noise_floor`` also ``noise_abs_loss_diff`` /
       ``noise_rel_loss_diff`` (`REVERSED` vs pmean) and ``step0_grad_diff``
       (``{"coarse": worst, REVERSED: worst}``, see `gradient_diff`);
@@ -360,7 +451,7 @@ def run_comparison(
             f"XLA_FLAGS=--xla_force_host_platform_device_count={2 * p} before jax is imported."
         )
     impls = IMPLS if config.impl == "both" else (config.impl,)
-    noise_floor = getattr(config, "noise_floor", False)
+    noise_floor = config.noise_floor
     if noise_floor:
         if config.impl != "both":
             raise ValueError(
@@ -430,12 +521,19 @@ def run_comparison(
             f"{impl:<14}" if noise_floor else f"{impl:<6}",
         )
 
+    sync_s = (
+        time_syncs(impls, params, coarse_mesh, cfg, config.sync_timing_calls, config.seed + 1)
+        if config.sync_timing_calls
+        else {}
+    )
     metric = {impl: evaluate(run.state) for impl, run in runs.items()} if evaluate else {}
     summary: dict[str, Any] = {
         "final_loss": {impl: run.losses[-1] for impl, run in runs.items()},
         "median_step_s": {impl: run.median_step_s for impl, run in runs.items()},
         "eval": metric,
     }
+    if sync_s:
+        summary["median_sync_s"] = sync_s
     first = next(iter(runs.values())).losses[0]
     print()
     print(
@@ -464,9 +562,11 @@ def run_comparison(
         print(f"{eval_name}: " + ", ".join(f"{impl} {v:.4f}" for impl, v in metric.items()))
     print()
     width = max(8, *(len(impl) + 1 for impl in runs))
-    print(f"{'impl':<{width}} {'median step (ms)':>17}")
+    sync_header = f" {'median sync (ms)':>17}" if sync_s else ""
+    print(f"{'impl':<{width}} {'median step (ms)':>17}{sync_header}")
     for impl, run in runs.items():
-        print(f"{impl:<{width}} {run.median_step_s * 1e3:>17.3f}")
+        sync_ms = f" {sync_s[impl] * 1e3:>17.3f}" if sync_s else ""
+        print(f"{impl:<{width}} {run.median_step_s * 1e3:>17.3f}{sync_ms}")
 
     metrics_path = os.path.join(workdir, "metrics.jsonl")
 
@@ -482,6 +582,8 @@ def run_comparison(
                 "summary": True,
                 "median_step_s": run.median_step_s,
             }
+            if sync_s:
+                record["median_sync_s"] = sync_s[impl]
             if metric:
                 record[eval_name.replace(" ", "_")] = metric[impl]
             yield record

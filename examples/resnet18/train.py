@@ -185,16 +185,6 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     )
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, *config.image_shape)))
     train, test = trainer.load_or_synthesize(config, load_cifar10, template_images)
-    predict = jax.jit(model.apply)
-
-    def evaluate(state: Any) -> float:
-        params = jax.device_get(state.params)
-        hits = [
-            np.asarray(predict(params, test["x"][i : i + 128])).argmax(-1) == test["y"][i : i + 128]
-            for i in range(0, len(test["y"]), 128)
-        ]
-        return float(np.concatenate(hits).mean())
-
     return trainer.run_comparison(
         config,
         workdir,
@@ -203,5 +193,5 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
         params=params,
         make_loss=trainer.classification_loss,
         train_data=train,
-        evaluate=evaluate,
+        evaluate=trainer.accuracy(model.apply, test, chunk=128),
     )

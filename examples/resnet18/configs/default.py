@@ -1,19 +1,24 @@
-"""Default hyperparameters for the ResNet-18 example (a frozen dataclass, no ml_collections)."""
+"""Default hyperparameters for the ResNet-18 example (`common.config.BaseConfig` plus the net's)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
+
+# examples/ onto the path for the shared `common` package (main.py does this
+# too; here it lets this module be imported on its own).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from common.config import BaseConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class ResNet18Config:
-    """Everything `train.train_and_evaluate` needs.
+class ResNet18Config(BaseConfig):
+    """Everything `train.train_and_evaluate` needs: `BaseConfig` (workers,
+    steps, SGD and why not Adam, coarse settings, flags) and the fields below.
 
     Attributes:
-      workers: data-parallel workers; coarse also uses as many proxies, so the
-        run needs ``2 * workers`` devices.
-      steps: optimizer steps per implementation.
-      batch_size: global batch size, split evenly over the workers.
       width: channels of the first stage; stages have width * (1, 2, 4, 8)
         (ResNet-18 proper: 64). 8 keeps 200 coarse steps on a 2-core CPU
         near 2 minutes: XLA:CPU runs the convolutions inside coarse's
@@ -34,35 +39,21 @@ class ResNet18Config:
         images' unit Gaussian noise (`train.template_images`).
       template_block: the templates are random on a grid this many times
         coarser than the image, upsampled (blocky, so a 3x3 conv sees them).
-      eval_size: held-out examples used for the final accuracy.
-      learning_rate: SGD learning rate. Kept modest: larger steps amplify
-        float32 rounding differences between two all-reduce orders even with
-        GELU (noise floor over 200 steps: 0.02: 1.6e-6, 0.05: 5.2e-2; 0.01
-        barely learns: loss 2.32 -> 2.23).
-      momentum: SGD momentum. SGD rather than Adam: Adam divides by
-        sqrt(second moment), which blows float32 summation-order rounding in
-        near-zero gradients up to full-size updates; its loss curves then drift
-        apart by ~1e-3 even between two valid all-reduce orders, which would
-        hide whether coarse computes the same mean as pmean.
-      seed: seeds the numpy data generator, the templates and the parameter init.
-      shard_bytes: coarse `Config.shard_bytes`; the last stage's kernels are
-        cut into several shards.
-      leading_modules: how many of the first modules in flatten order
-        (``layer00_stem``, ``layer00_stem_norm``, ``layer01_block``, ...) are
-        reduced among the workers (dual sync): 2 is the stem.
-      impl: "coarse", "pmean" or "both" (set by main.py's --impl).
-      noise_floor: with "both", also train pmean with the gradients summed in
-        the reverse worker order and compare step-0 gradients (--noise-floor;
-        see `common.trainer.run_comparison`).
-      data_dir: a directory holding CIFAR-10's python pickles (data_batch_1..5,
-        test_batch; e.g. ``cifar-10-batches-py``); None: synthetic data.
-        Nothing is downloaded.
-      plot: write ``loss.png`` into the workdir.
+
+    Defaults set here: ``learning_rate`` 0.02, kept modest: larger steps
+    amplify float32 rounding differences between two all-reduce orders even
+    with GELU (noise floor over 200 steps: 0.02: 1.6e-6, 0.05: 5.2e-2; 0.01
+    barely learns: loss 2.32 -> 2.23). ``shard_bytes`` 64 KiB (the last
+    stage's kernels are cut into several shards), ``leading_modules`` 2
+    (flatten order: ``layer00_stem``, ``layer00_stem_norm``,
+    ``layer01_block``, ...: the stem). ``data_dir``: a directory holding
+    CIFAR-10's python pickles (data_batch_1..5, test_batch; e.g.
+    ``cifar-10-batches-py``).
     """
 
-    workers: int = 4
-    steps: int = 200
-    batch_size: int = 32
+    learning_rate: float = 0.02
+    shard_bytes: int = 64 << 10
+    leading_modules: int = 2
     width: int = 8
     stage_sizes: tuple[int, ...] = (2, 2, 2, 2)
     norm_groups: int = 4
@@ -71,19 +62,6 @@ class ResNet18Config:
     image_shape: tuple[int, int, int] = (32, 32, 3)
     template_scale: float = 1.0
     template_block: int = 4
-    eval_size: int = 512
-    learning_rate: float = 0.02
-    momentum: float = 0.9
-    seed: int = 0
-    shard_bytes: int = 64 << 10
-    leading_modules: int = 2
-    worker_compute: str = (
-        "cond"  # coarse.Config.worker_compute ("all" is faster for conv nets on CPU)
-    )
-    impl: str = "both"
-    noise_floor: bool = False
-    data_dir: str | None = None
-    plot: bool = False
 
 
 def get_config() -> ResNet18Config:
