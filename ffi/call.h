@@ -16,7 +16,7 @@
 #include <optional>
 #include <vector>
 
-#include "runtime/cpu_backend.h"
+#include "cpu/cpu_backend.h"
 #include "runtime/device.h"
 #include "runtime/plan.h"
 #include "runtime/session.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "sync_selftest.h"
+#include "runtime/sync_selftest.h"
 
 namespace coarse {
 
@@ -48,6 +48,6 @@ inline nanobind::ndarray<nanobind::numpy, float, nanobind::ndim<3>> RunSyncSelfT
   "values[p, n] on 2p threads, each its own device, for `steps` sessions: the first "           \
   "n - leading_elems elements go through the proxies in pieces of `piece` elements routed "     \
   "`route` (local, cross, dense), the rest through the worker ring. Returns [steps, 2p, n]: "   \
-  "workers' then proxies' results. See ffi/sync_selftest.h."
+  "workers' then proxies' results. See ffi/runtime/sync_selftest.h."
 
 }  // namespace coarse

@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "call.h"
-#include "runtime/cpu_device.h"
+#include "cpu/cpu_device.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

@@ -1,4 +1,4 @@
-#include "sync_selftest.h"
+#include "runtime/sync_selftest.h"
 
 #include <atomic>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "call.h"
-#include "runtime/cpu_device.h"
+#include "cpu/cpu_device.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernel_ops.h"
-#include "runtime/cpu_backend.h"
+#include "cpu/cpu_backend.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

@@ -1,8 +1,8 @@
-#include "runtime/cpu_device.h"
+#include "cpu/cpu_device.h"
 
 #include <cstring>
 
-#include "runtime/cpu_backend.h"
+#include "cpu/cpu_backend.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

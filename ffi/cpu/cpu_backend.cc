@@ -1,4 +1,4 @@
-#include "runtime/cpu_backend.h"
+#include "cpu/cpu_backend.h"
 
 #include <cstring>
 
