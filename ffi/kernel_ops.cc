@@ -1,3 +1,5 @@
+// CheckReduceOperands: coarse_reduce's operand check, shared by the CPU and
+// CUDA handlers (see kernel_ops.h).
 #include "kernel_ops.h"
 
 #include <string>

@@ -33,20 +33,6 @@ inline uint16_t F32ToBf16(float f) {
 
 }  // namespace
 
-bool IsSupported(ffi::DataType dtype) {
-  return dtype == ffi::DataType::F32 || dtype == ffi::DataType::BF16 ||
-         dtype == ffi::DataType::F16;
-}
-
-const char* DtypeName(ffi::DataType dtype) {
-  switch (dtype) {
-    case ffi::DataType::F32: return "float32";
-    case ffi::DataType::BF16: return "bfloat16";
-    case ffi::DataType::F16: return "float16";
-    default: return "an unsupported dtype";
-  }
-}
-
 void WidenToF32(ffi::DataType dtype, const void* src, float* dst, int64_t n) {
   switch (dtype) {
     case ffi::DataType::F32:

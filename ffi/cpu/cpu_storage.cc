@@ -1,11 +1,15 @@
-// The host-memory storage pool (the default of TheStoragePool).
+// The host-memory storage pool, which the CPU module installs as its
+// storage pool (runtime/storage.h) when it loads.
 //
 // Spare sets are kept most recent first and the oldest are freed beyond
 // kMaxSpareBytes, so a process that ran many large plans (a benchmark
 // suite) does not keep them all; the newest set is always kept, whatever
 // its size, so a single large plan still reuses its storage.
+#include "cpu/cpu_storage.h"
+
 #include <algorithm>
 #include <list>
+#include <memory>
 #include <mutex>
 
 #include "runtime/storage.h"
@@ -72,15 +76,11 @@ class HostPool : public StoragePool {
   int64_t bytes_ = 0;
 };
 
-StoragePool* g_pool = nullptr;
-
 }  // namespace
 
-StoragePool& TheStoragePool() {
+void InstallHostStoragePool() {
   static StoragePool* host = new HostPool;
-  return g_pool ? *g_pool : *host;
+  SetStoragePool(host);
 }
-
-void SetStoragePool(StoragePool* pool) { g_pool = pool; }
 
 }  // namespace coarse

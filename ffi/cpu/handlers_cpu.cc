@@ -1,10 +1,13 @@
 // The CPU bindings of coarse_push / coarse_proxy_ring / coarse_worker_ring /
-// coarse_pull: the caller is named by the (tier, data) operand, and the
-// protocol (call.h) runs on a CpuDevice.
+// coarse_pull / coarse_probe: the caller is named by the (tier, data)
+// operand, and each call's translation (sync_ops.h, probe.h) runs inside
+// RunCall (handler.h) on a CpuDevice. The CUDA twin: cuda/handlers_cuda.cc.
 #include <memory>
 
-#include "call.h"
 #include "cpu/cpu_device.h"
+#include "handler.h"
+#include "probe.h"
+#include "sync_ops.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -49,6 +52,12 @@ ffi::Error PullImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer token,
   });
 }
 
+ffi::Error ProbeImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer pairs,
+                     ffi::AnyBuffer payload, ffi::Result<ffi::AnyBuffer> times,
+                     ffi::Dictionary attrs) {
+  return ProbeBody(run_id, who, pairs, payload, times, attrs);
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Push, PushImpl,
@@ -85,5 +94,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Pull, PullImpl,
                                   .RemainingArgs()         // proxy leaves (aliased to results)
                                   .RemainingRets()         // the reduced proxy leaves
                                   .Attrs<ffi::Dictionary>());  // plan
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Probe, ProbeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()       // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()   // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()   // int32[4]: (src, dst) device pairs, -1 unused
+                                  .Arg<ffi::AnyBuffer>()   // payload, the bytes to move
+                                  .Ret<ffi::AnyBuffer>()   // float32[reps] seconds (sources only)
+                                  .Attrs<ffi::Dictionary>());  // workers, site, timeout_ms, emu_*
 
 }  // namespace coarse

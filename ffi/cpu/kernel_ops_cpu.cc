@@ -8,6 +8,7 @@
 
 #include "kernel_ops.h"
 #include "cpu/cpu_backend.h"
+#include "runtime/dtype.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -15,9 +16,9 @@ namespace ffi = xla::ffi;
 namespace {
 
 ffi::Error CheckDtype(ffi::DataType t, const char* op, const std::string& what) {
-  if (cpu::IsSupported(t)) return ffi::Error::Success();
+  if (IsSupported(t)) return ffi::Error::Success();
   return ffi::Error::InvalidArgument(std::string("coarse_jax: ") + op + ": " + what + " has " +
-                                     cpu::DtypeName(t) +
+                                     DtypeName(t) +
                                      "; it must be float32, bfloat16 or float16");
 }
 
@@ -51,7 +52,7 @@ ffi::Error MoveLeaves(const char* op, ffi::AnyBuffer buf, const std::vector<ffi:
   std::vector<float> tmp;
   int64_t off = 0;
   for (const ffi::AnyBuffer& leaf : leaves) {
-    void* at = static_cast<char*>(buf.untyped_data()) + off * ffi::ByteWidth(buf.element_type());
+    void* at = ElementPtr(buf.untyped_data(), buf.element_type(), off);
     const int64_t n = static_cast<int64_t>(leaf.element_count());
     if (kPack)
       ConvertScaled(leaf.element_type(), leaf.untyped_data(), buf.element_type(), at, n, scale, tmp);

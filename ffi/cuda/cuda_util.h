@@ -16,7 +16,8 @@ namespace coarse::cuda {
 // Success, or an Internal error "coarse_jax: <what>: <CUDA's message>".
 xla::ffi::Error Check(cudaError_t err, const std::string& what);
 
-// F32/BF16/F16; false for anything else (the caller names the tensor).
+// The dtypes of runtime/dtype.h (F32/BF16/F16); false for anything else (the
+// caller names the tensor).
 bool ToKernelDType(xla::ffi::DataType t, kernels::DType* out);
 
 // Copies `bytes` from host `src` to device `dst` in stream order, through

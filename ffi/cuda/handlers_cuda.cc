@@ -1,5 +1,6 @@
 // The CUDA bindings of coarse_push / coarse_proxy_ring / coarse_worker_ring /
-// coarse_pull: the same protocol as on CPU (call.h), run on a CudaDevice over
+// coarse_pull: the same translation and protocol as on CPU (sync_ops.h,
+// runtime/phases.h) inside RunCall (handler.h), run on a CudaDevice over
 // XLA's stream. The caller is named by its device ordinal (the (tier, data)
 // operand is on the GPU, so the host cannot read it), looked up in the
 // "ordinals" attribute the Python side adds for the mesh.
@@ -7,9 +8,10 @@
 
 #include <memory>
 
-#include "call.h"
 #include "cuda/cuda_device.h"
 #include "cuda/cuda_util.h"
+#include "handler.h"
+#include "sync_ops.h"
 
 namespace coarse::cuda {
 namespace ffi = xla::ffi;

@@ -25,6 +25,8 @@
 //   results are exact; only time is simulated, so timings are repeatable and
 //   cost no sleep. Host work (copies, additions) takes no simulated time.
 // The Emulator does the same arithmetic for both: it only sees time points.
+// The emu_* attributes that describe a Topology are read by the handlers
+// (ffi/plan_attrs.h).
 #pragma once
 
 #include <chrono>
@@ -34,8 +36,6 @@
 #include <mutex>
 #include <optional>
 #include <vector>
-
-#include "xla/ffi/api/ffi.h"
 
 namespace coarse {
 
@@ -60,10 +60,6 @@ struct Topology {
   bool virtual_clock = false;  // attribute emu_virtual (see above)
   LinkTable wp, pp, ww;  // wp is indexed [worker][proxy] for both directions
 };
-
-// Parses the emu_* attributes; returns false when the call has none.
-xla::ffi::ErrorOr<bool> ParseTopology(const xla::ffi::Dictionary& attrs, int64_t workers,
-                                      Topology* out);
 
 class Emulator {
  public:

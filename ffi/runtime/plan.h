@@ -4,7 +4,8 @@
 // The Python planner (coarse_jax/plan.py) decides everything; it hands the
 // decisions to every custom call as FFI attributes (plain int64 arrays), so a
 // compiled program carries its own plan and nothing is registered out of band.
-// The runtime parses a plan once per process (cached by `plan_key`).
+// The handlers parse a plan once per process (cached by `plan_key`,
+// ffi/plan_attrs.h); the runtime only reads the parsed Plan.
 #pragma once
 
 #include <cstdint>
@@ -83,16 +84,8 @@ struct Plan {
 };
 
 // Derives what follows from the routes and segments (shard numbering, DENSE
-// holders, contributors, the proxies' storage layout). GetPlan calls it; so
-// does a self-test that builds a Plan by hand.
+// holders, contributors, the proxies' storage layout). GetPlan
+// (ffi/plan_attrs.h) calls it; so does a self-test that builds a Plan by hand.
 void FinishPlan(Plan* plan);
-
-// Returns the cached plan for the attributes' `plan_key`, parsing it on first
-// use. Attributes (all int64 unless noted):
-//   plan_key, workers, timeout_ms, mean (0/1), num_proxy_leaves,
-//   piece_nelems[S], piece_nbytes[S], piece_dest[S*p], segments[5*G],
-//   leaf_nelems[L], leading_nbytes, leaf_names (string, '\n'-separated),
-//   and optionally the emu_* topology attributes (float64, see emulator.h).
-xla::ffi::ErrorOr<std::shared_ptr<const Plan>> GetPlan(const xla::ffi::Dictionary& attrs);
 
 }  // namespace coarse

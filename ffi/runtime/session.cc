@@ -278,19 +278,6 @@ std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t r
   return TheRegistry().Join(std::move(plan), run_id, site, ordinals);
 }
 
-ffi::ErrorOr<Who> ReadWho(ffi::AnyBuffer who, int64_t workers) {
-  if (who.element_type() != ffi::DataType::S32 || who.element_count() != 2)
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        "coarse_jax: first operand must be int32[2] (tier, data index)"));
-  const int32_t* v = static_cast<const int32_t*>(who.untyped_data());
-  if ((v[0] != kWorker && v[0] != kProxy) || v[1] < 0 || v[1] >= workers)
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        "coarse_jax: device index (tier=" + std::to_string(v[0]) + ", data=" +
-        std::to_string(v[1]) + ") is outside the mesh of " + std::to_string(workers) +
-        " workers"));
-  return Who{static_cast<Tier>(v[0]), v[1]};
-}
-
 void InjectDroppedPush(int64_t worker) { g_dropped_push_worker.store(worker); }
 
 bool TakeDroppedPush(int64_t worker) {

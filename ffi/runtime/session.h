@@ -33,7 +33,8 @@ namespace coarse {
 
 enum Tier : int32_t { kWorker = 0, kProxy = 1 };
 
-// Who is calling: read from the (tier, data) index operand of every call.
+// Who is calling: its tier and position on the "data" axis (the handlers read
+// it from the (tier, data) index operand, or from the device ordinal on CUDA).
 struct Who {
   Tier tier;
   int64_t index;  // position on the "data" axis
@@ -180,12 +181,9 @@ class Session {
 std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id,
                                      int64_t site, const std::vector<int64_t>& ordinals);
 
-// Reads the int32[2] (tier, data index) operand.
-xla::ffi::ErrorOr<Who> ReadWho(xla::ffi::AnyBuffer who, int64_t workers);
-
 // Testing hooks, exposed by the nanobind module.
 void InjectDroppedPush(int64_t worker);   // the next push of `worker` is lost
-bool TakeDroppedPush(int64_t worker);     // push.cc asks: drop this one?
+bool TakeDroppedPush(int64_t worker);     // PushPieces asks: drop this one?
 int64_t LiveSessions();
 
 // Simulated seconds each finished virtual-clock session took (the latest

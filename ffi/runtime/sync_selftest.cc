@@ -1,13 +1,15 @@
+// SyncSelfTest: the four calls' phases on 2p threads over a platform's
+// members (see sync_selftest.h).
 #include "runtime/sync_selftest.h"
 
+#include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
 
-#include "call.h"
-#include "cpu/cpu_device.h"
+#include "runtime/call.h"
+#include "runtime/phases.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -104,35 +106,6 @@ std::vector<float> SyncSelfTest(const SyncSelfTestSpec& spec, const float* value
     if (!error.empty()) throw std::runtime_error(error);
   }
   return out;
-}
-
-namespace {
-
-class CpuMember final : public SelfTestMember {
- public:
-  Device& device() override { return dev_; }
-  float* Buffer(int64_t n) override {
-    buffers_.emplace_back(new float[std::max<int64_t>(n, 1)]);
-    return buffers_.back().get();
-  }
-  ffi::Error Load(float* buffer, const float* host, int64_t n) override {
-    std::memcpy(buffer, host, n * sizeof(float));
-    return ffi::Error::Success();
-  }
-  ffi::Error Store(float* host, const float* buffer, int64_t n) override {
-    std::memcpy(host, buffer, n * sizeof(float));
-    return ffi::Error::Success();
-  }
-
- private:
-  CpuDevice dev_;
-  std::vector<std::unique_ptr<float[]>> buffers_;
-};
-
-}  // namespace
-
-MakeMember CpuSelfTestMembers() {
-  return [](int64_t, Session&) { return std::unique_ptr<SelfTestMember>(new CpuMember); };
 }
 
 }  // namespace coarse
