@@ -40,12 +40,12 @@ ffi::ErrorOr<Who> ReadWho(ffi::AnyBuffer who, int64_t workers) {
   if ((v[0] != kWorker && v[0] != kProxy) || v[1] < 0 || v[1] >= workers)
     return ffi::Unexpected(ffi::Error::InvalidArgument(
         "coarse_jax: device index (tier=" + std::to_string(v[0]) + ", data=" +
-        std::to_string(v[1]) + ") is outside the mesh of " + std::to_string(workers) +
-        " workers"));
+        std::to_string(v[1]) + ") is outside the mesh of " + std::to_string(workers) + " workers"));
   return Who{static_cast<Tier>(v[0]), v[1]};
 }
 
-ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller, const ffi::Dictionary& attrs) {
+ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller,
+                             const ffi::Dictionary& attrs) {
   auto plan = GetPlan(attrs);
   if (plan.has_error()) return ffi::Unexpected(plan.error());
   auto site = attrs.get<int64_t>("site");

@@ -31,8 +31,8 @@ ffi::Error Invalid(const std::string& what) {
 ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, int64_t key) {
   auto plan = std::make_shared<Plan>();
   plan->key = key;
-#define COARSE_GET(var, T, name)        \
-  auto var##_or = Need<T>(attrs, name); \
+#define COARSE_GET(var, T, name)                                      \
+  auto var##_or = Need<T>(attrs, name);                               \
   if (var##_or.has_error()) return ffi::Unexpected(var##_or.error()); \
   auto var = var##_or.value();
   COARSE_GET(workers, int64_t, "workers");
@@ -88,12 +88,11 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
   plan->segments.reserve(G);
   plan->piece_seg_begin.assign(S + 1, 0);
   for (int64_t g = 0; g < G; ++g) {
-    Segment s{segments[5 * g], segments[5 * g + 1], segments[5 * g + 2],
-              segments[5 * g + 3], segments[5 * g + 4]};
+    Segment s{segments[5 * g], segments[5 * g + 1], segments[5 * g + 2], segments[5 * g + 3],
+              segments[5 * g + 4]};
     if (s.piece < 0 || s.piece >= S || s.leaf < 0 ||
         s.leaf >= static_cast<int64_t>(leaf_nelems.size()) ||
-        s.leaf_off + s.len > leaf_nelems[s.leaf] ||
-        s.piece_off + s.len > piece_nelems[s.piece] ||
+        s.leaf_off + s.len > leaf_nelems[s.leaf] || s.piece_off + s.len > piece_nelems[s.piece] ||
         (g > 0 && s.piece < plan->segments.back().piece))
       return ffi::Unexpected(Invalid("segment " + std::to_string(g) + " out of range"));
     plan->segments.push_back(s);
@@ -113,9 +112,9 @@ ffi::ErrorOr<bool> ReadTable(const ffi::Dictionary& attrs, const char* rate, con
   if (r.has_error() || l.has_error()) return false;
   if (static_cast<int64_t>(r.value().size()) != p * p ||
       static_cast<int64_t>(l.value().size()) != p * p)
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        std::string("coarse_jax: topology attribute ") + rate + " is not " + std::to_string(p) +
-        "x" + std::to_string(p)));
+    return ffi::Unexpected(
+        ffi::Error::InvalidArgument(std::string("coarse_jax: topology attribute ") + rate +
+                                    " is not " + std::to_string(p) + "x" + std::to_string(p)));
   out->s_per_byte.assign(r.value().begin(), r.value().end());
   out->latency_s.assign(l.value().begin(), l.value().end());
   return true;

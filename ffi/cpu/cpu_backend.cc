@@ -26,8 +26,9 @@ inline float Bf16ToF32(uint16_t h) {
 inline uint16_t F32ToBf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                    // round to nearest even
   return static_cast<uint16_t>(u >> 16);
 }
 
@@ -35,9 +36,7 @@ inline uint16_t F32ToBf16(float f) {
 
 void WidenToF32(ffi::DataType dtype, const void* src, float* dst, int64_t n) {
   switch (dtype) {
-    case ffi::DataType::F32:
-      std::memcpy(dst, src, n * sizeof(float));
-      return;
+    case ffi::DataType::F32: std::memcpy(dst, src, n * sizeof(float)); return;
     case ffi::DataType::BF16: {
       const uint16_t* s = static_cast<const uint16_t*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(s[i]);
@@ -48,16 +47,13 @@ void WidenToF32(ffi::DataType dtype, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
       return;
     }
-    default:
-      return;
+    default: return;
   }
 }
 
 void NarrowFromF32(ffi::DataType dtype, const float* src, void* dst, int64_t n) {
   switch (dtype) {
-    case ffi::DataType::F32:
-      std::memcpy(dst, src, n * sizeof(float));
-      return;
+    case ffi::DataType::F32: std::memcpy(dst, src, n * sizeof(float)); return;
     case ffi::DataType::BF16: {
       uint16_t* d = static_cast<uint16_t*>(dst);
       for (int64_t i = 0; i < n; ++i) d[i] = F32ToBf16(src[i]);
@@ -68,8 +64,7 @@ void NarrowFromF32(ffi::DataType dtype, const float* src, void* dst, int64_t n) 
       for (int64_t i = 0; i < n; ++i) d[i] = static_cast<_Float16>(src[i]);
       return;
     }
-    default:
-      return;
+    default: return;
   }
 }
 

@@ -51,8 +51,9 @@ class HostPool : public StoragePool {
   void Give(const Plan& plan, const std::vector<int64_t>&, std::unique_ptr<Storage> set) override {
     int64_t bytes = 0;
     for (int64_t k = 0; k < plan.workers; ++k)
-      bytes += (std::max<int64_t>(1, plan.arena_nelems[k]) +
-                std::max<int64_t>(1, plan.leading_nelems)) * sizeof(float);
+      bytes +=
+          (std::max<int64_t>(1, plan.arena_nelems[k]) + std::max<int64_t>(1, plan.leading_nelems)) *
+          sizeof(float);
     std::lock_guard<std::mutex> lock(mu_);
     spare_.push_front(Entry{plan.key, std::move(set), bytes});
     bytes_ += bytes;

@@ -25,29 +25,34 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(Reduce);
 }  // namespace coarse
 
 NB_MODULE(_coarse_cpu, m) {
-  m.doc() = "coarse_jax CPU runtime: XLA FFI handlers for push, proxy ring, worker ring, pull, probe, pack, unpack, reduce.";
+  m.doc() =
+      "coarse_jax CPU runtime: XLA FFI handlers for push, proxy ring, worker ring, pull, probe, "
+      "pack, unpack, reduce.";
   // This module's sessions keep their storage in host memory.
   coarse::InstallHostStoragePool();
-  m.def("registrations", []() {
-    nb::dict d;
-    d["coarse_push"] = coarse::Encapsulate(coarse::Push);
-    d["coarse_proxy_ring"] = coarse::Encapsulate(coarse::ProxyRing);
-    d["coarse_worker_ring"] = coarse::Encapsulate(coarse::WorkerRing);
-    d["coarse_pull"] = coarse::Encapsulate(coarse::Pull);
-    d["coarse_probe"] = coarse::Encapsulate(coarse::Probe);
-    d["coarse_pack"] = coarse::Encapsulate(coarse::Pack);
-    d["coarse_unpack"] = coarse::Encapsulate(coarse::Unpack);
-    d["coarse_reduce"] = coarse::Encapsulate(coarse::Reduce);
-    return d;
-  }, "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target.");
+  m.def(
+      "registrations",
+      []() {
+        nb::dict d;
+        d["coarse_push"] = coarse::Encapsulate(coarse::Push);
+        d["coarse_proxy_ring"] = coarse::Encapsulate(coarse::ProxyRing);
+        d["coarse_worker_ring"] = coarse::Encapsulate(coarse::WorkerRing);
+        d["coarse_pull"] = coarse::Encapsulate(coarse::Pull);
+        d["coarse_probe"] = coarse::Encapsulate(coarse::Probe);
+        d["coarse_pack"] = coarse::Encapsulate(coarse::Pack);
+        d["coarse_unpack"] = coarse::Encapsulate(coarse::Unpack);
+        d["coarse_reduce"] = coarse::Encapsulate(coarse::Reduce);
+        return d;
+      },
+      "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target.");
   m.def("inject_dropped_push", &coarse::InjectDroppedPush, nb::arg("worker"),
         "Testing: the next push of `worker` is lost (its proxy must time out, not hang).");
   m.def(
       "sync_selftest",
       [](coarse::SelfTestValues values, int64_t leading_elems, int64_t piece,
          const std::string& route, int64_t steps) {
-        return coarse::RunSyncSelfTest(values, leading_elems, piece, route, steps,
-                                       {}, coarse::CpuSelfTestMembers());
+        return coarse::RunSyncSelfTest(values, leading_elems, piece, route, steps, {},
+                                       coarse::CpuSelfTestMembers());
       },
       nb::arg("values"), nb::arg("leading_elems"), nb::arg("piece"), nb::arg("route"),
       nb::arg("steps"), COARSE_SELFTEST_DOC);

@@ -39,9 +39,9 @@ class CudaMember final : public SelfTestMember {
                  "self-test load");
   }
   ffi::Error Store(float* host, const float* buffer, int64_t n) override {
-    ffi::Error e = Check(
-        cudaMemcpyAsync(host, buffer, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-        "self-test store");
+    ffi::Error e =
+        Check(cudaMemcpyAsync(host, buffer, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+              "self-test store");
     if (e.failure()) return e;
     return Check(cudaStreamSynchronize(stream_), "self-test sync");
   }

@@ -76,8 +76,7 @@ class PinnedBlocks {
 
 }  // namespace
 
-cudaError_t UploadAsync(int device, void* dst, const void* src, size_t bytes,
-                        cudaStream_t stream) {
+cudaError_t UploadAsync(int device, void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
   static PinnedBlocks* blocks = new PinnedBlocks;  // lives for the process
   return blocks->Upload(device, dst, src, bytes, stream);

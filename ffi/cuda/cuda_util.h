@@ -25,7 +25,6 @@ bool ToKernelDType(xla::ffi::DataType t, kernels::DType* out);
 // completed (checked with cudaEventQuery, never waited for), so neither the
 // caller nor a later upload blocks on the GPU and `src` may die on return.
 // `device` is the ordinal `stream` belongs to.
-cudaError_t UploadAsync(int device, void* dst, const void* src, size_t bytes,
-                        cudaStream_t stream);
+cudaError_t UploadAsync(int device, void* dst, const void* src, size_t bytes, cudaStream_t stream);
 
 }  // namespace coarse::cuda

@@ -65,44 +65,44 @@ ffi::Error PullImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Push, PushImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .Ctx<ffi::DeviceOrdinal>()  // names the caller
-                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
-                                  .Arg<ffi::AnyBuffer>()      // token of the previous push
-                                  .RemainingArgs()            // the bucket's gradient leaves
-                                  .RemainingRets()            // [the same leaves, aliased,] token
+                                  .Ctx<ffi::DeviceOrdinal>()                 // names the caller
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()       // token of the previous push
+                                  .RemainingArgs()             // the bucket's gradient leaves
+                                  .RemainingRets()             // [the same leaves, aliased,] token
                                   .Attrs<ffi::Dictionary>());  // plan, bucket, ordinals
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ProxyRing, ProxyRingImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .Ctx<ffi::DeviceOrdinal>()  // names the caller
-                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
-                                  .RemainingArgs()            // push outputs: dependencies only
-                                  .Ret<ffi::AnyBuffer>()      // token for the next call
+                                  .Ctx<ffi::DeviceOrdinal>()                 // names the caller
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .RemainingArgs()             // push outputs: dependencies only
+                                  .Ret<ffi::AnyBuffer>()       // token for the next call
                                   .Attrs<ffi::Dictionary>());  // plan, ordinals
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(WorkerRing, WorkerRingImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .Ctx<ffi::DeviceOrdinal>()  // names the caller
-                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
-                                  .Arg<ffi::AnyBuffer>()      // token: after the proxy ring
-                                  .RemainingArgs()            // leading leaves
-                                  .RemainingRets()            // reduced leading leaves, token
+                                  .Ctx<ffi::DeviceOrdinal>()                 // names the caller
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()       // token: after the proxy ring
+                                  .RemainingArgs()             // leading leaves
+                                  .RemainingRets()             // reduced leading leaves, token
                                   .Attrs<ffi::Dictionary>());  // plan, ordinals
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Pull, PullImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .Ctx<ffi::DeviceOrdinal>()  // names the caller
-                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
-                                  .Arg<ffi::AnyBuffer>()      // token: after proxy/worker ring
-                                  .RemainingArgs()            // proxy leaves (aliased to results)
-                                  .RemainingRets()            // the reduced proxy leaves
+                                  .Ctx<ffi::DeviceOrdinal>()                 // names the caller
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()       // token: after proxy/worker ring
+                                  .RemainingArgs()             // proxy leaves (aliased to results)
+                                  .RemainingRets()             // the reduced proxy leaves
                                   .Attrs<ffi::Dictionary>());  // plan, ordinals
 
 }  // namespace coarse::cuda

@@ -29,17 +29,20 @@ NB_MODULE(_coarse_cuda, m) {
   m.doc() = "coarse_jax CUDA runtime: XLA FFI handlers for the CUDA platform.";
   // This module's sessions keep their storage on the mesh's GPUs.
   coarse::cuda::InstallCudaStoragePool();
-  m.def("registrations", []() {
-    nb::dict d;
-    d["coarse_pack"] = coarse::Encapsulate(coarse::cuda::Pack);
-    d["coarse_unpack"] = coarse::Encapsulate(coarse::cuda::Unpack);
-    d["coarse_reduce"] = coarse::Encapsulate(coarse::cuda::Reduce);
-    d["coarse_push"] = coarse::Encapsulate(coarse::cuda::Push);
-    d["coarse_proxy_ring"] = coarse::Encapsulate(coarse::cuda::ProxyRing);
-    d["coarse_worker_ring"] = coarse::Encapsulate(coarse::cuda::WorkerRing);
-    d["coarse_pull"] = coarse::Encapsulate(coarse::cuda::Pull);
-    return d;
-  }, "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target(platform='CUDA').");
+  m.def(
+      "registrations",
+      []() {
+        nb::dict d;
+        d["coarse_pack"] = coarse::Encapsulate(coarse::cuda::Pack);
+        d["coarse_unpack"] = coarse::Encapsulate(coarse::cuda::Unpack);
+        d["coarse_reduce"] = coarse::Encapsulate(coarse::cuda::Reduce);
+        d["coarse_push"] = coarse::Encapsulate(coarse::cuda::Push);
+        d["coarse_proxy_ring"] = coarse::Encapsulate(coarse::cuda::ProxyRing);
+        d["coarse_worker_ring"] = coarse::Encapsulate(coarse::cuda::WorkerRing);
+        d["coarse_pull"] = coarse::Encapsulate(coarse::cuda::Pull);
+        return d;
+      },
+      "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target(platform='CUDA').");
   m.def("bench_kernels", &coarse::cuda::BenchKernels, nb::arg("nelems"), nb::arg("dtype"),
         nb::arg("num_leaves"), nb::arg("iters"),
         "Median microseconds and bytes moved of copy/pack/unpack/reduce on the current GPU "
@@ -49,7 +52,8 @@ NB_MODULE(_coarse_cuda, m) {
       [](coarse::SelfTestValues values, int64_t leading_elems, int64_t piece,
          const std::string& route, int64_t steps, int ordinal) {
         return coarse::RunSyncSelfTest(values, leading_elems, piece, route, steps,
-                                       std::vector<int64_t>(2 * values.shape(0), ordinal), coarse::cuda::CudaSelfTestMembers(ordinal));
+                                       std::vector<int64_t>(2 * values.shape(0), ordinal),
+                                       coarse::cuda::CudaSelfTestMembers(ordinal));
       },
       nb::arg("values"), nb::arg("leading_elems"), nb::arg("piece"), nb::arg("route"),
       nb::arg("steps"), nb::arg("ordinal") = 0, COARSE_SELFTEST_DOC);

@@ -26,8 +26,7 @@ ffi::Error CheckLeaf(const Plan& plan, int64_t leaf, ffi::DataType dtype, size_t
                      const char* op) {
   if (!IsSupported(dtype))
     return ffi::Error::InvalidArgument(std::string("coarse_jax: ") + op + ": tensor '" +
-                                       plan.leaf_names[leaf] + "' has " +
-                                       DtypeName(dtype) +
+                                       plan.leaf_names[leaf] + "' has " + DtypeName(dtype) +
                                        "; only float32, bfloat16 and float16 are synchronized");
   if (static_cast<int64_t>(element_count) != plan.leaf_nelems[leaf])
     return ffi::Error::InvalidArgument(

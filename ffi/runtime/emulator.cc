@@ -45,7 +45,7 @@ const LinkTable& Emulator::Table(int64_t src, int64_t dst, int64_t* a, int64_t* 
 }
 
 Clock::time_point Emulator::Reserve(int64_t src, int64_t dst, double bytes,
-                                   Clock::time_point not_before) {
+                                    Clock::time_point not_before) {
   std::lock_guard<std::mutex> lock(mu_);
   return BookLocked(src, dst, bytes, not_before);
 }

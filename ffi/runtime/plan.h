@@ -66,13 +66,11 @@ struct Plan {
   // its s-th transfer on its port; a proxy serves (s, worker) pairs in
   // ascending order, pushes in and pulls out alike; the leading layers'
   // hand-over comes after all pushes on both ends.
-  std::vector<int64_t> proxy_port_rank;  // [piece * p + worker]
+  std::vector<int64_t> proxy_port_rank;       // [piece * p + worker]
   std::vector<int64_t> proxy_port_transfers;  // [k]: pushes into proxy k
 
   int64_t num_pieces() const { return static_cast<int64_t>(piece_nelems.size()); }
-  int32_t dest(int64_t piece, int64_t worker) const {
-    return piece_dest[piece * workers + worker];
-  }
+  int32_t dest(int64_t piece, int64_t worker) const { return piece_dest[piece * workers + worker]; }
   int64_t slot(int64_t proxy, int64_t piece, int64_t j) const {
     return slot_begin[proxy * num_pieces() + piece] + j * piece_nelems[piece];
   }

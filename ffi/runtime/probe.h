@@ -28,14 +28,14 @@ namespace coarse {
 struct ProbeRequest {
   int64_t run_id = 0;  // the devices of one execution and call site meet
   int64_t site = 0;
-  int64_t workers = 0;               // p: the mesh has 2p devices
-  Who who{kWorker, 0};               // the calling device
-  const int32_t* pairs = nullptr;    // [4]: (src, dst) device pairs, -1 unused
-  const void* payload = nullptr;     // the bytes each source moves
+  int64_t workers = 0;             // p: the mesh has 2p devices
+  Who who{kWorker, 0};             // the calling device
+  const int32_t* pairs = nullptr;  // [4]: (src, dst) device pairs, -1 unused
+  const void* payload = nullptr;   // the bytes each source moves
   int64_t nbytes = 0;
-  const Topology* topology = nullptr;  // null: not emulated
+  const Topology* topology = nullptr;    // null: not emulated
   std::chrono::milliseconds timeout{0};  // for the other source at the barrier
-  float* times = nullptr;  // [reps] seconds per repetition on a source, 0 elsewhere
+  float* times = nullptr;                // [reps] seconds per repetition on a source, 0 elsewhere
   size_t reps = 0;
 };
 

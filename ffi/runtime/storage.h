@@ -20,7 +20,7 @@ namespace coarse {
 class Storage {
  public:
   virtual ~Storage() = default;
-  virtual float* arena(int64_t proxy) = 0;    // plan.arena_nelems[proxy] floats
+  virtual float* arena(int64_t proxy) = 0;     // plan.arena_nelems[proxy] floats
   virtual float* scratch(int64_t worker) = 0;  // plan.leading_nelems floats
 };
 

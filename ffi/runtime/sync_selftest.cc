@@ -19,10 +19,11 @@ namespace {
 std::shared_ptr<const Plan> SelfTestPlan(const SyncSelfTestSpec& spec) {
   const int64_t p = spec.workers;
   auto plan = std::make_shared<Plan>();
-  plan->key = static_cast<int64_t>(std::hash<std::string>{}(
-                  "selftest/" + std::to_string(p) + "/" + std::to_string(spec.proxy_elems) + "/" +
-                  std::to_string(spec.piece) + "/" + std::to_string(spec.leading_elems) + "/" +
-                  spec.route) >> 1);
+  plan->key = static_cast<int64_t>(
+      std::hash<std::string>{}("selftest/" + std::to_string(p) + "/" +
+                               std::to_string(spec.proxy_elems) + "/" + std::to_string(spec.piece) +
+                               "/" + std::to_string(spec.leading_elems) + "/" + spec.route) >>
+      1);
   plan->workers = p;
   plan->timeout_ms = 20000;
   plan->mean = true;
@@ -78,16 +79,15 @@ std::vector<float> SyncSelfTest(const SyncSelfTestSpec& spec, const float* value
           };
         };
         const bool worker = call.who.tier == kWorker;
-        std::vector<LeafRun> in_runs, out_runs{
-            LeafRun{res + spec.proxy_elems, ffi::DataType::F32, spec.leading_elems, 0}};
+        std::vector<LeafRun> in_runs,
+            out_runs{LeafRun{res + spec.proxy_elems, ffi::DataType::F32, spec.leading_elems, 0}};
         if (worker)
-          in_runs.push_back(LeafRun{in + spec.proxy_elems, ffi::DataType::F32,
-                                    spec.leading_elems, 0});
+          in_runs.push_back(
+              LeafRun{in + spec.proxy_elems, ffi::DataType::F32, spec.leading_elems, 0});
         // The calls in a step's program order: push, proxy ring, worker ring, pull.
         ffi::Error e = AcquireStorage(call, dev);
         if (e.success() && worker) e = member->Load(in, values + d * total, total);
-        if (e.success() && worker)
-          e = PushPieces(call, dev, 0, plan->num_pieces(), leaves_at(in));
+        if (e.success() && worker) e = PushPieces(call, dev, 0, plan->num_pieces(), leaves_at(in));
         if (e.success() && !worker) e = ReducePieces(call, dev);
         if (e.success()) e = ReduceLeading(call, dev, in_runs, out_runs);
         if (e.success()) e = PullPieces(call, dev, leaves_at(res));

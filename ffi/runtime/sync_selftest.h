@@ -42,9 +42,9 @@ using MakeMember = std::function<std::unique_ptr<SelfTestMember>(int64_t device,
 
 struct SyncSelfTestSpec {
   int64_t workers = 2;
-  int64_t proxy_elems = 0;    // the proxy leaf: pieces of `piece` elements (the last shorter)
+  int64_t proxy_elems = 0;  // the proxy leaf: pieces of `piece` elements (the last shorter)
   int64_t piece = 1;
-  int64_t leading_elems = 0;  // the leading leaf, reduced among the workers
+  int64_t leading_elems = 0;    // the leading leaf, reduced among the workers
   std::string route = "local";  // worker w sends piece s to: local w, cross (w+s)%p, dense s%p
   int64_t steps = 1;
 };

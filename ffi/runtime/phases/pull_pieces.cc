@@ -46,8 +46,8 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of) {
     for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
       const Segment& seg = plan.segments[g];
       const LeafRef out = leaf_of(seg.leaf);
-      runs.push_back(
-          LeafRun{ElementPtr(out.data, out.dtype, seg.leaf_off), out.dtype, seg.len, seg.piece_off});
+      runs.push_back(LeafRun{ElementPtr(out.data, out.dtype, seg.leaf_off), out.dtype, seg.len,
+                             seg.piece_off});
     }
     // Already scaled by the ring.
     err = dev.Scatter(session.arena(k) + plan.slot(k, s, 0), p + k, plan.piece_nelems[s],

@@ -37,9 +37,9 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
       runs.push_back(LeafRun{ElementPtr(leaf.data, leaf.dtype, seg.leaf_off), leaf.dtype, seg.len,
                              seg.piece_off});
     }
-    ffi::Error e = dev.Gather(runs.data(), static_cast<int64_t>(runs.size()),
-                              session.arena(k) + plan.slot(k, s, j), plan.workers + k,
-                              plan.piece_nelems[s]);
+    ffi::Error e =
+        dev.Gather(runs.data(), static_cast<int64_t>(runs.size()),
+                   session.arena(k) + plan.slot(k, s, j), plan.workers + k, plan.piece_nelems[s]);
     if (e.failure()) return e;
     e = dev.Publish();
     if (e.failure()) return e;

@@ -34,9 +34,8 @@ ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who) {
     m.pred_step_times[r] = session.worker_step_times(RingPredecessor(r, me, p), r);
   }
   m.self_device = me;
-  m.wire_bytes_per_elem = plan.leading_nelems
-                              ? static_cast<double>(plan.leading_nbytes) / plan.leading_nelems
-                              : 0.0;
+  m.wire_bytes_per_elem =
+      plan.leading_nelems ? static_cast<double>(plan.leading_nbytes) / plan.leading_nelems : 0.0;
   return RingAllReduce(
       session, dev, who, plan.leading_nelems, MeanScale(plan), m, [&](int r, int32_t g) {
         return "worker " + std::to_string(RingPredecessor(r, me, p)) + " to finish step " +

@@ -32,7 +32,9 @@ ffi::Error ReducePieces(Call& call, Device& dev) {
       // outputs identical, so it is not charged to any link.
       ffi::Error err = session.Wait(
           call.who, Session::Waits::kPeer, [&] { return session.IsReduced(holder, s); },
-          [&] { return "proxy " + std::to_string(holder) + " to reduce " + plan.DescribePiece(s); });
+          [&] {
+            return "proxy " + std::to_string(holder) + " to reduce " + plan.DescribePiece(s);
+          });
       if (err.failure()) return err;
       session.AdvanceTo(p + k, session.ReducedAt(holder, s));
       err = dev.Acquire(p + holder);
@@ -53,8 +55,8 @@ ffi::Error ReducePieces(Call& call, Device& dev) {
         [&] { return session.arrived(k, s).load(std::memory_order_acquire) >= expected; },
         [&] {
           return "worker(s) " + ListWorkers(from) + " to push " + plan.DescribePiece(s) + " (" +
-                 std::to_string(session.arrived(k, s).load()) + " of " +
-                 std::to_string(expected) + " arrived)";
+                 std::to_string(session.arrived(k, s).load()) + " of " + std::to_string(expected) +
+                 " arrived)";
         });
     if (err.failure()) return err;
     for (int32_t w : from) {
