@@ -1,3 +1,5 @@
+// The CPU backend's element loops (see cpu_backend.h): bf16/f16 <-> f32
+// conversion and the f32 sums, vectorized where the compiler can.
 #include "cpu/cpu_backend.h"
 
 #include <cstring>

@@ -1,3 +1,5 @@
+// CpuDevice (see cpu_device.h): each Device operation as a cpu_backend loop
+// or a memcpy in the one address space.
 #include "cpu/cpu_device.h"
 
 #include <cstring>

@@ -1,3 +1,5 @@
+// Sync self-test members on the CPU backend (see cpu_selftest.h): a
+// CpuDevice, host buffers, memcpy loads and stores.
 #include "cpu/cpu_selftest.h"
 
 #include <algorithm>

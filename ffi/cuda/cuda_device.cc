@@ -1,3 +1,5 @@
+// CudaDevice (see cuda_device.h): each Device operation as kernel launches and
+// peer copies on XLA's stream, Publish/Acquire as events.
 #include "cuda/cuda_device.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// Sync self-test members on one GPU (see cuda_selftest.h): a CudaDevice on
+// its own non-blocking stream, cudaMalloc'd buffers.
 #include "cuda/cuda_selftest.h"
 
 #include <cuda_runtime.h>

@@ -1,3 +1,5 @@
+// CudaStorage and the GPU storage pool the CUDA module installs (see
+// cuda_storage.h).
 #include "cuda/cuda_storage.h"
 
 #include <algorithm>

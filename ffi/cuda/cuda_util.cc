@@ -1,3 +1,5 @@
+// CUDA errors as FFI errors, XLA dtypes as kernel dtypes, and the pinned,
+// never-waiting host->device upload (see cuda_util.h).
 #include "cuda/cuda_util.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// BenchKernels (see kernel_bench.h): the launch functions timed with CUDA
+// events next to a device-to-device copy.
 #include "cuda/kernel_bench.h"
 
 #include <cuda_runtime.h>

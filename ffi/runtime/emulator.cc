@@ -1,3 +1,4 @@
+// The Emulator's link and port bookings (see emulator.h).
 #include "runtime/emulator.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// Session and its registry (see session.h): storage, counters, mailboxes,
+// waits with deadlines, the emulated clocks, and the testing hooks.
 #include "runtime/session.h"
 
 #include <algorithm>
