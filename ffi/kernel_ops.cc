@@ -1,3 +1,5 @@
+// CheckReduceOperands: coarse_reduce's operand check, shared by the CPU and
+// CUDA handlers (see kernel_ops.h).
 #include "kernel_ops.h"
 
 #include <string>
@@ -16,10 +18,10 @@ ffi::Error CheckReduceOperands(ffi::RemainingArgs inputs, const ffi::AnyBuffer& 
     if (in.has_error()) return in.error();
     if (in.value().element_type() != out.element_type() ||
         in.value().element_count() != out.element_count())
-      return ffi::Error::InvalidArgument(
-          "coarse_jax: coarse_reduce: array " + std::to_string(a) +
-          " differs from the output in dtype or size (" + std::to_string(in.value().element_count()) +
-          " vs " + std::to_string(out.element_count()) + " elements)");
+      return ffi::Error::InvalidArgument("coarse_jax: coarse_reduce: array " + std::to_string(a) +
+                                         " differs from the output in dtype or size (" +
+                                         std::to_string(in.value().element_count()) + " vs " +
+                                         std::to_string(out.element_count()) + " elements)");
   }
   return ffi::Error::Success();
 }

@@ -1,7 +1,8 @@
 // coarse_pack / coarse_unpack / coarse_reduce: the device kernels as custom
 // calls on one device (coarse_jax.kernels), registered for "cpu" and "CUDA"
 // under the same names. Handler symbols: coarse::{Pack,Unpack,Reduce} (CPU,
-// kernel_ops_cpu.cc) and coarse::cuda::{Pack,Unpack,Reduce} (cuda/kernel_ops.cc).
+// cpu/kernel_ops_cpu.cc) and coarse::cuda::{Pack,Unpack,Reduce}
+// (cuda/kernel_ops_cuda.cc). This file: what both translate the same way.
 #pragma once
 
 #include "xla/ffi/api/ffi.h"

@@ -1,56 +1,14 @@
-// coarse_push: a worker hands one bucket of gradient leaves to the proxies.
-//
-// Called from inside the backward pass as soon as the bucket's gradients
-// exist. For every piece of the bucket it widens the values into the slot the
-// routed proxy keeps for this client (the transfer: a loop on CPU, a pack
-// kernel plus a peer copy on CUDA), publishes it, then bumps that proxy's
-// arrival counter for the piece and wakes it. It never waits for anyone, so
-// pushes cannot deadlock whatever order XLA runs them in. Still, the Python
-// side chains them by a token (each push takes the previous one's) so they
-// are issued in the plan's order, the order every proxy walks: left to XLA,
-// independent pushes run in any order and a proxy idles on a piece whose
-// push was issued late. Outputs: the leaves themselves, aliased (attribute
-// passthrough=1, for backward hooks), then the token.
-#include <vector>
-
-#include "call.h"
+// coarse_push's XLA translation: checks the bucket's leaves against the plan,
+// copies them to the aliased outputs (attribute passthrough=1, for backward
+// hooks) unless XLA aliased them, zeroes the token result, and on a worker
+// runs PushPieces (runtime/phases/push_pieces.cc) over the bucket. Operands:
+// the bucket's leaves; results: [the same leaves,] then the token; attributes
+// first_leaf, first_piece, num_pieces, passthrough besides the plan's.
+#include "runtime/phases.h"
+#include "sync_ops.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
-
-ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_pieces,
-                      const LeafResolver& leaf_of) {
-  const Plan& plan = call.plan();
-  const int64_t i = call.who.index;
-  if (TakeDroppedPush(i)) return ffi::Error::Success();  // testing: a lost push
-  Session& session = *call.session;
-  std::vector<LeafRun> runs;
-  for (int64_t s = first_piece; s < first_piece + num_pieces; ++s) {
-    const int64_t k = plan.dest(s, i);
-    const auto& from = plan.contributors_of(k, s);
-    int64_t j = 0;
-    while (from[j] != i) ++j;
-    runs.clear();
-    for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
-      const Segment& seg = plan.segments[g];
-      const LeafRef leaf = leaf_of(seg.leaf);
-      runs.push_back(LeafRun{ElementPtr(leaf.data, leaf.dtype, seg.leaf_off), leaf.dtype, seg.len,
-                             seg.piece_off});
-    }
-    ffi::Error e = dev.Gather(runs.data(), static_cast<int64_t>(runs.size()),
-                              session.arena(k) + plan.slot(k, s, j), plan.workers + k,
-                              plan.piece_nelems[s]);
-    if (e.failure()) return e;
-    e = dev.Publish();
-    if (e.failure()) return e;
-    // The gather above is the transfer; on an emulated link the proxy books
-    // it when it takes the piece (the push itself never waits).
-    session.NotePushReady(i, s);
-    session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
-    session.Notify(plan.workers + k);
-  }
-  return ffi::Error::Success();
-}
 
 ffi::Error PushBody(Call& call, Device& dev, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                     const ffi::Dictionary& attrs) {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "sync_selftest.h"
+#include "runtime/sync_selftest.h"
 
 namespace coarse {
 
@@ -37,17 +37,18 @@ inline nanobind::ndarray<nanobind::numpy, float, nanobind::ndim<3>> RunSyncSelfT
     delete out;
     throw;
   }
-  nanobind::capsule owner(out, [](void* v) noexcept { delete static_cast<std::vector<float>*>(v); });
+  nanobind::capsule owner(out,
+                          [](void* v) noexcept { delete static_cast<std::vector<float>*>(v); });
   const size_t shape[3] = {static_cast<size_t>(steps), static_cast<size_t>(2 * spec.workers),
                            static_cast<size_t>(total)};
   return nanobind::ndarray<nanobind::numpy, float, nanobind::ndim<3>>(out->data(), 3, shape, owner);
 }
 
-#define COARSE_SELFTEST_DOC                                                                      \
-  "Testing: the whole sync protocol (push, proxy ring, worker ring, pull; mean) of "            \
-  "values[p, n] on 2p threads, each its own device, for `steps` sessions: the first "           \
-  "n - leading_elems elements go through the proxies in pieces of `piece` elements routed "     \
-  "`route` (local, cross, dense), the rest through the worker ring. Returns [steps, 2p, n]: "   \
-  "workers' then proxies' results. See ffi/sync_selftest.h."
+#define COARSE_SELFTEST_DOC                                                                   \
+  "Testing: the whole sync protocol (push, proxy ring, worker ring, pull; mean) of "          \
+  "values[p, n] on 2p threads, each its own device, for `steps` sessions: the first "         \
+  "n - leading_elems elements go through the proxies in pieces of `piece` elements routed "   \
+  "`route` (local, cross, dense), the rest through the worker ring. Returns [steps, 2p, n]: " \
+  "workers' then proxies' results. See ffi/runtime/sync_selftest.h."
 
 }  // namespace coarse

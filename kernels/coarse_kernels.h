@@ -44,8 +44,8 @@ cudaError_t LaunchPack(const Span* spans, int64_t num_spans, int64_t total, void
                        DType buf_dtype, float scale, cudaStream_t stream);
 
 // span.leaf[i] = leaf_dtype(scale * float(buf[span.buf_off + i])) for every span.
-cudaError_t LaunchUnpack(const void* buf, DType buf_dtype, const Span* spans,
-                         int64_t num_spans, int64_t total, float scale, cudaStream_t stream);
+cudaError_t LaunchUnpack(const void* buf, DType buf_dtype, const Span* spans, int64_t num_spans,
+                         int64_t total, float scale, cudaStream_t stream);
 
 // out[i] = dtype(scale * (float(in[0][i]) + ... + float(in[k-1][i]))), summed in
 // input order (bitwise reproducible). 1 <= k <= kMaxReduceInputs; `out` may

@@ -18,13 +18,17 @@ __device__ __forceinline__ float ToF32(__half x) { return __half2float(x); }
 template <typename T>
 __device__ __forceinline__ T FromF32(float x);
 template <>
-__device__ __forceinline__ float FromF32<float>(float x) { return x; }
+__device__ __forceinline__ float FromF32<float>(float x) {
+  return x;
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromF32<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);  // round to nearest even, as XLA's convert
 }
 template <>
-__device__ __forceinline__ __half FromF32<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half FromF32<__half>(float x) {
+  return __float2half_rn(x);
+}
 
 template <typename T>
 struct alignas(4 * sizeof(T)) Vec4 {
@@ -40,16 +44,20 @@ __device__ __host__ __forceinline__ bool VecAligned(const void* p) {
 
 // Calls f(T{}) with T the C++ type of `t`: on the host to pick a kernel
 // instantiation, on the device for a span's own leaf type.
-#define COARSE_DISPATCH_DTYPE_BODY   \
-  switch (t) {                       \
+#define COARSE_DISPATCH_DTYPE_BODY                \
+  switch (t) {                                    \
     case DType::kF32: f(float{}); break;          \
     case DType::kBF16: f(__nv_bfloat16{}); break; \
     case DType::kF16: f(__half{}); break;         \
   }
 template <typename F>
-inline void DispatchDType(DType t, F&& f) { COARSE_DISPATCH_DTYPE_BODY }
+inline void DispatchDType(DType t, F&& f) {
+  COARSE_DISPATCH_DTYPE_BODY
+}
 template <typename F>
-__device__ __forceinline__ void DispatchDTypeOnDevice(DType t, F&& f) { COARSE_DISPATCH_DTYPE_BODY }
+__device__ __forceinline__ void DispatchDTypeOnDevice(DType t, F&& f) {
+  COARSE_DISPATCH_DTYPE_BODY
+}
 #undef COARSE_DISPATCH_DTYPE_BODY
 
 }  // namespace coarse::kernels

@@ -70,7 +70,10 @@ __global__ void __launch_bounds__(kThreads)
     int64_t lo = 0, hi = num_spans - 1;
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
-      if (spans[mid].begin <= tile_lo) lo = mid; else hi = mid - 1;
+      if (spans[mid].begin <= tile_lo)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     first = lo;
   }
@@ -90,11 +93,15 @@ __global__ void __launch_bounds__(kThreads)
       using L = decltype(leaf_zero);
       L* leaf = static_cast<L*>(sp.leaf) + a;
       if (by_warp) {
-        if constexpr (kPack) CopyRun<32, L, B>(leaf, at, b - a, scale, lane);
-        else CopyRun<32, B, L>(at, leaf, b - a, scale, lane);
+        if constexpr (kPack)
+          CopyRun<32, L, B>(leaf, at, b - a, scale, lane);
+        else
+          CopyRun<32, B, L>(at, leaf, b - a, scale, lane);
       } else {
-        if constexpr (kPack) CopyRun<kThreads, L, B>(leaf, at, b - a, scale, threadIdx.x);
-        else CopyRun<kThreads, B, L>(at, leaf, b - a, scale, threadIdx.x);
+        if constexpr (kPack)
+          CopyRun<kThreads, L, B>(leaf, at, b - a, scale, threadIdx.x);
+        else
+          CopyRun<kThreads, B, L>(at, leaf, b - a, scale, threadIdx.x);
       }
     });
   }
@@ -130,8 +137,8 @@ cudaError_t LaunchPack(const Span* spans, int64_t num_spans, int64_t total, void
   return Launch<true>(spans, num_spans, total, buf, buf_dtype, scale, stream);
 }
 
-cudaError_t LaunchUnpack(const void* buf, DType buf_dtype, const Span* spans,
-                         int64_t num_spans, int64_t total, float scale, cudaStream_t stream) {
+cudaError_t LaunchUnpack(const void* buf, DType buf_dtype, const Span* spans, int64_t num_spans,
+                         int64_t total, float scale, cudaStream_t stream) {
   return Launch<false>(spans, num_spans, total, buf, buf_dtype, scale, stream);
 }
 

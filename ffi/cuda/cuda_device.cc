@@ -1,3 +1,5 @@
+// CudaDevice (see cuda_device.h): each Device operation as kernel launches and
+// peer copies on XLA's stream, Publish/Acquire as events.
 #include "cuda/cuda_device.h"
 
 #include <algorithm>
@@ -47,8 +49,8 @@ ffi::Error CudaDevice::PeerCopy(float* dst, int64_t dst_device, const float* src
                what);
 }
 
-ffi::Error CudaDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst,
-                              int64_t dst_device, int64_t dst_len) {
+ffi::Error CudaDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
+                              int64_t dst_len) {
   if (num_runs == 0 || dst_len == 0) return ffi::Error::Success();
   if (dst_device != self_ && dst_len > st_.staging_len())
     return ffi::Error::Internal("coarse_jax: a piece exceeds the staging buffer");
@@ -93,9 +95,9 @@ ffi::Error CudaDevice::SumSlots(float* own, int64_t n, int64_t slots) {
     const void* in[kernels::kMaxReduceInputs] = {own};
     int count = 1;
     for (; count < kernels::kMaxReduceInputs && j < slots; ++count, ++j) in[count] = own + j * n;
-    ffi::Error e = Check(kernels::LaunchReduce(in, count, own, n, kernels::DType::kF32, 1.0f,
-                                               stream_),
-                         "summing the clients' slots");
+    ffi::Error e =
+        Check(kernels::LaunchReduce(in, count, own, n, kernels::DType::kF32, 1.0f, stream_),
+              "summing the clients' slots");
     if (e.failure()) return e;
   }
   return ffi::Error::Success();

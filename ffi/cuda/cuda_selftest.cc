@@ -1,3 +1,5 @@
+// Sync self-test members on one GPU (see cuda_selftest.h): a CudaDevice on
+// its own non-blocking stream, cudaMalloc'd buffers.
 #include "cuda/cuda_selftest.h"
 
 #include <cuda_runtime.h>
@@ -39,9 +41,9 @@ class CudaMember final : public SelfTestMember {
                  "self-test load");
   }
   ffi::Error Store(float* host, const float* buffer, int64_t n) override {
-    ffi::Error e = Check(
-        cudaMemcpyAsync(host, buffer, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-        "self-test store");
+    ffi::Error e =
+        Check(cudaMemcpyAsync(host, buffer, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+              "self-test store");
     if (e.failure()) return e;
     return Check(cudaStreamSynchronize(stream_), "self-test sync");
   }

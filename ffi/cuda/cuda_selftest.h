@@ -2,7 +2,7 @@
 // and buffers (see sync_selftest.h).
 #pragma once
 
-#include "sync_selftest.h"
+#include "runtime/sync_selftest.h"
 
 namespace coarse::cuda {
 

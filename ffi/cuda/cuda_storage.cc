@@ -1,3 +1,5 @@
+// CudaStorage and the GPU storage pool the CUDA module installs (see
+// cuda_storage.h).
 #include "cuda/cuda_storage.h"
 
 #include <algorithm>
@@ -32,9 +34,10 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
     : ordinals_(ordinals) {
   const int64_t p = plan.workers, devices = 2 * p;
   if (static_cast<int64_t>(ordinals_.size()) != devices) {
-    error_ = "coarse_jax: the CUDA runtime needs the mesh's device ordinals (attribute "
-             "'ordinals'), got " + std::to_string(ordinals_.size()) + " for " +
-             std::to_string(devices) + " devices";
+    error_ =
+        "coarse_jax: the CUDA runtime needs the mesh's device ordinals (attribute "
+        "'ordinals'), got " +
+        std::to_string(ordinals_.size()) + " for " + std::to_string(devices) + " devices";
     return;
   }
   EnablePeerAccess();
@@ -43,7 +46,8 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
     max_piece = std::max(max_piece, plan.piece_nelems[s]);
     max_segs = std::max(max_segs, plan.piece_seg_begin[s + 1] - plan.piece_seg_begin[s]);
   }
-  const int64_t leading_leaves = static_cast<int64_t>(plan.leaf_nelems.size()) - plan.num_proxy_leaves;
+  const int64_t leading_leaves =
+      static_cast<int64_t>(plan.leaf_nelems.size()) - plan.num_proxy_leaves;
   staging_len_ = std::max<int64_t>({max_piece, plan.leading_nelems, 1});
   max_runs_ = std::max<int64_t>({max_segs, leading_leaves, 1});
   for (int64_t k = 0; k < p; ++k)
@@ -53,7 +57,8 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
     scratch_.push_back(static_cast<float*>(
         Alloc(w, std::max<int64_t>(1, plan.leading_nelems) * sizeof(float), "worker scratch")));
   for (int64_t d = 0; d < devices; ++d) {
-    staging_.push_back(static_cast<float*>(Alloc(d, (staging_len_ + 4) * sizeof(float), "staging")));
+    staging_.push_back(
+        static_cast<float*>(Alloc(d, (staging_len_ + 4) * sizeof(float), "staging")));
     spans_.push_back(
         static_cast<kernels::Span*>(Alloc(d, max_runs_ * sizeof(kernels::Span), "span table")));
     cudaEvent_t ev = nullptr;
@@ -97,8 +102,7 @@ void* CudaStorage::Alloc(int64_t device, size_t bytes, const char* what) {
   if (err != cudaSuccess) {
     cudaGetLastError();  // not sticky: clear it for XLA
     error_ = "coarse_jax: cudaMalloc of " + std::to_string(bytes) + " bytes (" + what +
-             ") on GPU " + std::to_string(ordinal(device)) + " failed: " +
-             cudaGetErrorString(err) +
+             ") on GPU " + std::to_string(ordinal(device)) + " failed: " + cudaGetErrorString(err) +
              ". JAX preallocates 75% of each GPU; leave room with "
              "XLA_PYTHON_CLIENT_MEM_FRACTION=.6 (or XLA_PYTHON_CLIENT_PREALLOCATE=false).";
     return nullptr;

@@ -1,3 +1,5 @@
+// CUDA errors as FFI errors, XLA dtypes as kernel dtypes, and the pinned,
+// never-waiting host->device upload (see cuda_util.h).
 #include "cuda/cuda_util.h"
 
 #include <algorithm>
@@ -76,8 +78,7 @@ class PinnedBlocks {
 
 }  // namespace
 
-cudaError_t UploadAsync(int device, void* dst, const void* src, size_t bytes,
-                        cudaStream_t stream) {
+cudaError_t UploadAsync(int device, void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
   static PinnedBlocks* blocks = new PinnedBlocks;  // lives for the process
   return blocks->Upload(device, dst, src, bytes, stream);

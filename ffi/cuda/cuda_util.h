@@ -16,7 +16,8 @@ namespace coarse::cuda {
 // Success, or an Internal error "coarse_jax: <what>: <CUDA's message>".
 xla::ffi::Error Check(cudaError_t err, const std::string& what);
 
-// F32/BF16/F16; false for anything else (the caller names the tensor).
+// The dtypes of runtime/dtype.h (F32/BF16/F16); false for anything else (the
+// caller names the tensor).
 bool ToKernelDType(xla::ffi::DataType t, kernels::DType* out);
 
 // Copies `bytes` from host `src` to device `dst` in stream order, through
@@ -24,7 +25,6 @@ bool ToKernelDType(xla::ffi::DataType t, kernels::DType* out);
 // completed (checked with cudaEventQuery, never waited for), so neither the
 // caller nor a later upload blocks on the GPU and `src` may die on return.
 // `device` is the ordinal `stream` belongs to.
-cudaError_t UploadAsync(int device, void* dst, const void* src, size_t bytes,
-                        cudaStream_t stream);
+cudaError_t UploadAsync(int device, void* dst, const void* src, size_t bytes, cudaStream_t stream);
 
 }  // namespace coarse::cuda

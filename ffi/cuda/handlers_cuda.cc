@@ -1,5 +1,6 @@
 // The CUDA bindings of coarse_push / coarse_proxy_ring / coarse_worker_ring /
-// coarse_pull: the same protocol as on CPU (call.h), run on a CudaDevice over
+// coarse_pull: the same translation and protocol as on CPU (sync_ops.h,
+// runtime/phases.h) inside RunCall (handler.h), run on a CudaDevice over
 // XLA's stream. The caller is named by its device ordinal (the (tier, data)
 // operand is on the GPU, so the host cannot read it), looked up in the
 // "ordinals" attribute the Python side adds for the mesh.
@@ -7,9 +8,10 @@
 
 #include <memory>
 
-#include "call.h"
 #include "cuda/cuda_device.h"
 #include "cuda/cuda_util.h"
+#include "handler.h"
+#include "sync_ops.h"
 
 namespace coarse::cuda {
 namespace ffi = xla::ffi;
@@ -63,44 +65,44 @@ ffi::Error PullImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Push, PushImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .Ctx<ffi::DeviceOrdinal>()  // names the caller
-                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
-                                  .Arg<ffi::AnyBuffer>()      // token of the previous push
-                                  .RemainingArgs()            // the bucket's gradient leaves
-                                  .RemainingRets()            // [the same leaves, aliased,] token
+                                  .Ctx<ffi::DeviceOrdinal>()                 // names the caller
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()       // token of the previous push
+                                  .RemainingArgs()             // the bucket's gradient leaves
+                                  .RemainingRets()             // [the same leaves, aliased,] token
                                   .Attrs<ffi::Dictionary>());  // plan, bucket, ordinals
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ProxyRing, ProxyRingImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .Ctx<ffi::DeviceOrdinal>()  // names the caller
-                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
-                                  .RemainingArgs()            // push outputs: dependencies only
-                                  .Ret<ffi::AnyBuffer>()      // token for the next call
+                                  .Ctx<ffi::DeviceOrdinal>()                 // names the caller
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .RemainingArgs()             // push outputs: dependencies only
+                                  .Ret<ffi::AnyBuffer>()       // token for the next call
                                   .Attrs<ffi::Dictionary>());  // plan, ordinals
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(WorkerRing, WorkerRingImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .Ctx<ffi::DeviceOrdinal>()  // names the caller
-                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
-                                  .Arg<ffi::AnyBuffer>()      // token: after the proxy ring
-                                  .RemainingArgs()            // leading leaves
-                                  .RemainingRets()            // reduced leading leaves, token
+                                  .Ctx<ffi::DeviceOrdinal>()                 // names the caller
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()       // token: after the proxy ring
+                                  .RemainingArgs()             // leading leaves
+                                  .RemainingRets()             // reduced leading leaves, token
                                   .Attrs<ffi::Dictionary>());  // plan, ordinals
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Pull, PullImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .Ctx<ffi::DeviceOrdinal>()  // names the caller
-                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
-                                  .Arg<ffi::AnyBuffer>()      // token: after proxy/worker ring
-                                  .RemainingArgs()            // proxy leaves (aliased to results)
-                                  .RemainingRets()            // the reduced proxy leaves
+                                  .Ctx<ffi::DeviceOrdinal>()                 // names the caller
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()       // token: after proxy/worker ring
+                                  .RemainingArgs()             // proxy leaves (aliased to results)
+                                  .RemainingRets()             // the reduced proxy leaves
                                   .Attrs<ffi::Dictionary>());  // plan, ordinals
 
 }  // namespace coarse::cuda

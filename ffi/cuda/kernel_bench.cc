@@ -1,3 +1,5 @@
+// BenchKernels (see kernel_bench.h): the launch functions timed with CUDA
+// events next to a device-to-device copy.
 #include "cuda/kernel_bench.h"
 
 #include <cuda_runtime.h>
@@ -53,10 +55,14 @@ double MedianMicros(const std::function<cudaError_t()>& launch, int iters) {
 std::map<std::string, double> BenchKernels(int64_t nelems, const std::string& dtype,
                                            int64_t num_leaves, int iters) {
   kernels::DType t;
-  if (dtype == "float32") t = kernels::DType::kF32;
-  else if (dtype == "bfloat16") t = kernels::DType::kBF16;
-  else if (dtype == "float16") t = kernels::DType::kF16;
-  else throw std::invalid_argument("dtype must be float32, bfloat16 or float16, got " + dtype);
+  if (dtype == "float32")
+    t = kernels::DType::kF32;
+  else if (dtype == "bfloat16")
+    t = kernels::DType::kBF16;
+  else if (dtype == "float16")
+    t = kernels::DType::kF16;
+  else
+    throw std::invalid_argument("dtype must be float32, bfloat16 or float16, got " + dtype);
   if (nelems <= 0 || num_leaves <= 0 || iters <= 0)
     throw std::invalid_argument("nelems, num_leaves and iters must be positive");
   const size_t width = kernels::ByteWidth(t), bytes = nelems * width;
@@ -71,7 +77,8 @@ std::map<std::string, double> BenchKernels(int64_t nelems, const std::string& dt
   const int64_t total = kernels::SetBegins(spans.data(), num_leaves);
   DeviceBuffer d_spans(spans.size() * sizeof(kernels::Span));
   Ok(cudaMemcpy(d_spans.p, spans.data(), spans.size() * sizeof(kernels::Span),
-                cudaMemcpyHostToDevice), "span upload");
+                cudaMemcpyHostToDevice),
+     "span upload");
   const auto* sp = static_cast<const kernels::Span*>(d_spans.p);
 
   std::map<std::string, double> r;
@@ -85,8 +92,8 @@ std::map<std::string, double> BenchKernels(int64_t nelems, const std::string& dt
       [&] { return kernels::LaunchUnpack(a.p, t, sp, num_leaves, total, 1.0f, 0); }, iters);
   r["unpack_bytes"] = 2.0 * bytes;
   const void* in[2] = {a.p, b.p};
-  r["reduce_us"] = MedianMicros(
-      [&] { return kernels::LaunchReduce(in, 2, out.p, nelems, t, 0.5f, 0); }, iters);
+  r["reduce_us"] =
+      MedianMicros([&] { return kernels::LaunchReduce(in, 2, out.p, nelems, t, 0.5f, 0); }, iters);
   r["reduce_bytes"] = 3.0 * bytes;
   return r;
 }

@@ -25,10 +25,10 @@ namespace coarse {
 // A run of consecutive elements of one of this device's leaves and where it
 // sits in an f32 piece (or scratch) buffer.
 struct LeafRun {
-  void* leaf;                 // first element of the run inside the leaf
-  xla::ffi::DataType dtype;   // the leaf's element type
-  int64_t len;                // elements
-  int64_t buf_off;            // offset in the f32 buffer
+  void* leaf;                // first element of the run inside the leaf
+  xla::ffi::DataType dtype;  // the leaf's element type
+  int64_t len;               // elements
+  int64_t buf_off;           // offset in the f32 buffer
 };
 
 class Device {

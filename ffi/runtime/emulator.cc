@@ -1,3 +1,4 @@
+// The Emulator's link and port bookings (see emulator.h).
 #include "runtime/emulator.h"
 
 #include <algorithm>
@@ -5,24 +6,7 @@
 #include <thread>
 
 namespace coarse {
-namespace ffi = xla::ffi;
-
 namespace {
-
-ffi::ErrorOr<bool> ReadTable(const ffi::Dictionary& attrs, const char* rate, const char* lat,
-                             int64_t p, LinkTable* out) {
-  auto r = attrs.get<ffi::Span<const double>>(rate);
-  auto l = attrs.get<ffi::Span<const double>>(lat);
-  if (r.has_error() || l.has_error()) return false;
-  if (static_cast<int64_t>(r.value().size()) != p * p ||
-      static_cast<int64_t>(l.value().size()) != p * p)
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        std::string("coarse_jax: topology attribute ") + rate + " is not " + std::to_string(p) +
-        "x" + std::to_string(p)));
-  out->s_per_byte.assign(r.value().begin(), r.value().end());
-  out->latency_s.assign(l.value().begin(), l.value().end());
-  return true;
-}
 
 // To the nearest tick (1 ns): a virtual clock's only rounding.
 Clock::duration Seconds(double s) {
@@ -30,26 +14,6 @@ Clock::duration Seconds(double s) {
 }
 
 }  // namespace
-
-ffi::ErrorOr<bool> ParseTopology(const ffi::Dictionary& attrs, int64_t workers, Topology* out) {
-  out->workers = workers;
-  auto wp = ReadTable(attrs, "emu_wp_s_per_byte", "emu_wp_latency_s", workers, &out->wp);
-  if (wp.has_error() || !wp.value()) return wp;
-  auto pp = ReadTable(attrs, "emu_pp_s_per_byte", "emu_pp_latency_s", workers, &out->pp);
-  if (pp.has_error()) return pp;
-  auto ww = ReadTable(attrs, "emu_ww_s_per_byte", "emu_ww_latency_s", workers, &out->ww);
-  if (ww.has_error()) return ww;
-  if (!pp.value() || !ww.value())
-    return ffi::Unexpected(
-        ffi::Error::InvalidArgument("coarse_jax: incomplete topology attributes"));
-  out->virtual_clock = false;
-  if (attrs.contains("emu_virtual")) {
-    auto v = attrs.get<int64_t>("emu_virtual");
-    if (v.has_error()) return ffi::Unexpected(v.error());
-    out->virtual_clock = v.value() != 0;
-  }
-  return true;
-}
 
 void SleepUntil(Clock::time_point t) {
   if (t > Clock::now()) std::this_thread::sleep_until(t);
@@ -82,7 +46,7 @@ const LinkTable& Emulator::Table(int64_t src, int64_t dst, int64_t* a, int64_t* 
 }
 
 Clock::time_point Emulator::Reserve(int64_t src, int64_t dst, double bytes,
-                                   Clock::time_point not_before) {
+                                    Clock::time_point not_before) {
   std::lock_guard<std::mutex> lock(mu_);
   return BookLocked(src, dst, bytes, not_before);
 }

@@ -25,6 +25,8 @@
 //   results are exact; only time is simulated, so timings are repeatable and
 //   cost no sleep. Host work (copies, additions) takes no simulated time.
 // The Emulator does the same arithmetic for both: it only sees time points.
+// The emu_* attributes that describe a Topology are read by the handlers
+// (ffi/plan_attrs.h).
 #pragma once
 
 #include <chrono>
@@ -35,15 +37,15 @@
 #include <optional>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
-
 namespace coarse {
 
 using Clock = std::chrono::steady_clock;
 
 // Time points as the int64 tick counts kept in atomics (1 tick = 1 ns).
 inline int64_t Ticks(Clock::time_point t) { return t.time_since_epoch().count(); }
-inline Clock::time_point AtTicks(int64_t ticks) { return Clock::time_point(Clock::duration(ticks)); }
+inline Clock::time_point AtTicks(int64_t ticks) {
+  return Clock::time_point(Clock::duration(ticks));
+}
 
 // Real clock: sleeps until `t` if it lies ahead.
 void SleepUntil(Clock::time_point t);
@@ -58,12 +60,8 @@ struct LinkTable {
 struct Topology {
   int64_t workers = 0;
   bool virtual_clock = false;  // attribute emu_virtual (see above)
-  LinkTable wp, pp, ww;  // wp is indexed [worker][proxy] for both directions
+  LinkTable wp, pp, ww;        // wp is indexed [worker][proxy] for both directions
 };
-
-// Parses the emu_* attributes; returns false when the call has none.
-xla::ffi::ErrorOr<bool> ParseTopology(const xla::ffi::Dictionary& attrs, int64_t workers,
-                                      Topology* out);
 
 class Emulator {
  public:
@@ -84,8 +82,8 @@ class Emulator {
   // times. The ranks (Plan: the plan's global order) make it the same every
   // run. Returns nullopt when `give_up()` says so (checked while waiting).
   std::optional<Clock::time_point> ReserveInOrder(int64_t src, int64_t dst, double bytes,
-                                                  Clock::time_point not_before,
-                                                  int64_t src_rank, int64_t dst_rank,
+                                                  Clock::time_point not_before, int64_t src_rank,
+                                                  int64_t dst_rank,
                                                   const std::function<bool()>& give_up);
 
  private:
@@ -96,7 +94,7 @@ class Emulator {
   Topology topo_;
   int64_t p_;
   std::mutex mu_;
-  std::vector<Clock::time_point> link_free_;    // [src * 2p + dst]
+  std::vector<Clock::time_point> link_free_;                     // [src * 2p + dst]
   std::vector<Clock::time_point> port_in_free_, port_out_free_;  // [device]
   std::vector<int64_t> port_in_next_, port_out_next_;  // [device]: rank of the next booking
   std::condition_variable cv_;

@@ -1,108 +1,11 @@
+// FinishPlan and Plan::DescribePiece (see plan.h); the attributes are parsed
+// in ffi/plan_attrs.cc.
 #include "runtime/plan.h"
 
-#include <mutex>
-#include <string_view>
-#include <unordered_map>
+#include <algorithm>
+#include <string>
 
 namespace coarse {
-namespace ffi = xla::ffi;
-
-namespace {
-
-template <typename T>
-ffi::ErrorOr<T> Need(const ffi::Dictionary& attrs, std::string_view name) {
-  auto v = attrs.get<T>(name);
-  if (v.has_error()) {
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        "coarse_jax: custom call is missing attribute '" + std::string(name) +
-        "' (built by a different coarse_jax version?): " + v.error().message()));
-  }
-  return v;
-}
-
-ffi::Error Invalid(const std::string& what) {
-  return ffi::Error::InvalidArgument("coarse_jax: malformed plan: " + what);
-}
-
-ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, int64_t key) {
-  auto plan = std::make_shared<Plan>();
-  plan->key = key;
-#define COARSE_GET(var, T, name)        \
-  auto var##_or = Need<T>(attrs, name); \
-  if (var##_or.has_error()) return ffi::Unexpected(var##_or.error()); \
-  auto var = var##_or.value();
-  COARSE_GET(workers, int64_t, "workers");
-  COARSE_GET(timeout_ms, int64_t, "timeout_ms");
-  COARSE_GET(mean, int64_t, "mean");
-  COARSE_GET(num_proxy_leaves, int64_t, "num_proxy_leaves");
-  COARSE_GET(piece_nelems, ffi::Span<const int64_t>, "piece_nelems");
-  COARSE_GET(piece_nbytes, ffi::Span<const int64_t>, "piece_nbytes");
-  COARSE_GET(leading_nbytes, int64_t, "leading_nbytes");
-  COARSE_GET(piece_dest, ffi::Span<const int64_t>, "piece_dest");
-  COARSE_GET(segments, ffi::Span<const int64_t>, "segments");
-  COARSE_GET(leaf_nelems, ffi::Span<const int64_t>, "leaf_nelems");
-  COARSE_GET(leaf_names, std::string_view, "leaf_names");
-#undef COARSE_GET
-  const int64_t p = workers;
-  const int64_t S = static_cast<int64_t>(piece_nelems.size());
-  if (p < 1) return ffi::Unexpected(Invalid("workers must be >= 1"));
-  if (static_cast<int64_t>(piece_dest.size()) != S * p ||
-      static_cast<int64_t>(piece_nbytes.size()) != S)
-    return ffi::Unexpected(Invalid("piece_dest has wrong length"));
-  if (segments.size() % 5 != 0) return ffi::Unexpected(Invalid("segments not a multiple of 5"));
-
-  plan->workers = p;
-  plan->timeout_ms = timeout_ms;
-  plan->mean = mean != 0;
-  plan->num_proxy_leaves = num_proxy_leaves;
-  plan->piece_nelems.assign(piece_nelems.begin(), piece_nelems.end());
-  plan->piece_nbytes.assign(piece_nbytes.begin(), piece_nbytes.end());
-  plan->leading_nbytes = leading_nbytes;
-  auto emulated = ParseTopology(attrs, p, &plan->topology);
-  if (emulated.has_error()) return ffi::Unexpected(emulated.error());
-  plan->emulated = emulated.value();
-  plan->piece_dest.reserve(piece_dest.size());
-  for (int64_t d : piece_dest) {
-    if (d < 0 || d >= p) return ffi::Unexpected(Invalid("route to a proxy out of range"));
-    plan->piece_dest.push_back(static_cast<int32_t>(d));
-  }
-  plan->leaf_nelems.assign(leaf_nelems.begin(), leaf_nelems.end());
-  for (int64_t i = num_proxy_leaves; i < static_cast<int64_t>(leaf_nelems.size()); ++i)
-    plan->leading_nelems += leaf_nelems[i];
-
-  size_t start = 0;
-  while (start <= leaf_names.size()) {
-    size_t end = leaf_names.find('\n', start);
-    if (end == std::string_view::npos) end = leaf_names.size();
-    plan->leaf_names.emplace_back(leaf_names.substr(start, end - start));
-    start = end + 1;
-  }
-  plan->leaf_names.resize(leaf_nelems.size());
-
-  // Segments, and for each piece the range of its segments.
-  const int64_t G = static_cast<int64_t>(segments.size() / 5);
-  plan->segments.reserve(G);
-  plan->piece_seg_begin.assign(S + 1, 0);
-  for (int64_t g = 0; g < G; ++g) {
-    Segment s{segments[5 * g], segments[5 * g + 1], segments[5 * g + 2],
-              segments[5 * g + 3], segments[5 * g + 4]};
-    if (s.piece < 0 || s.piece >= S || s.leaf < 0 ||
-        s.leaf >= static_cast<int64_t>(leaf_nelems.size()) ||
-        s.leaf_off + s.len > leaf_nelems[s.leaf] ||
-        s.piece_off + s.len > piece_nelems[s.piece] ||
-        (g > 0 && s.piece < plan->segments.back().piece))
-      return ffi::Unexpected(Invalid("segment " + std::to_string(g) + " out of range"));
-    plan->segments.push_back(s);
-    plan->piece_seg_begin[s.piece + 1] = g + 1;
-  }
-  for (int64_t s = 1; s <= S; ++s)
-    plan->piece_seg_begin[s] = std::max(plan->piece_seg_begin[s], plan->piece_seg_begin[s - 1]);
-
-  FinishPlan(plan.get());
-  return std::shared_ptr<const Plan>(std::move(plan));
-}
-
-}  // namespace
 
 void FinishPlan(Plan* plan) {
   const int64_t p = plan->workers, S = plan->num_pieces();
@@ -160,22 +63,6 @@ std::string Plan::DescribePiece(int64_t piece) const {
     out += " [shard " + std::to_string(piece_shard[piece] + 1) + "/" +
            std::to_string(piece_num_shards[piece]) + "]";
   return out + ", piece " + std::to_string(piece);
-}
-
-ffi::ErrorOr<std::shared_ptr<const Plan>> GetPlan(const ffi::Dictionary& attrs) {
-  auto key = Need<int64_t>(attrs, "plan_key");
-  if (key.has_error()) return ffi::Unexpected(key.error());
-  static std::mutex mu;
-  static std::unordered_map<int64_t, std::shared_ptr<const Plan>> cache;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = cache.find(key.value());
-    if (it != cache.end()) return it->second;
-  }
-  auto parsed = Parse(attrs, key.value());
-  if (parsed.has_error()) return parsed;
-  std::lock_guard<std::mutex> lock(mu);
-  return cache.emplace(key.value(), parsed.value()).first->second;
 }
 
 }  // namespace coarse

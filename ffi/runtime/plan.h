@@ -4,7 +4,8 @@
 // The Python planner (coarse_jax/plan.py) decides everything; it hands the
 // decisions to every custom call as FFI attributes (plain int64 arrays), so a
 // compiled program carries its own plan and nothing is registered out of band.
-// The runtime parses a plan once per process (cached by `plan_key`).
+// The handlers parse a plan once per process (cached by `plan_key`,
+// ffi/plan_attrs.h); the runtime only reads the parsed Plan.
 #pragma once
 
 #include <cstdint>
@@ -65,13 +66,11 @@ struct Plan {
   // its s-th transfer on its port; a proxy serves (s, worker) pairs in
   // ascending order, pushes in and pulls out alike; the leading layers'
   // hand-over comes after all pushes on both ends.
-  std::vector<int64_t> proxy_port_rank;  // [piece * p + worker]
+  std::vector<int64_t> proxy_port_rank;       // [piece * p + worker]
   std::vector<int64_t> proxy_port_transfers;  // [k]: pushes into proxy k
 
   int64_t num_pieces() const { return static_cast<int64_t>(piece_nelems.size()); }
-  int32_t dest(int64_t piece, int64_t worker) const {
-    return piece_dest[piece * workers + worker];
-  }
+  int32_t dest(int64_t piece, int64_t worker) const { return piece_dest[piece * workers + worker]; }
   int64_t slot(int64_t proxy, int64_t piece, int64_t j) const {
     return slot_begin[proxy * num_pieces() + piece] + j * piece_nelems[piece];
   }
@@ -83,16 +82,8 @@ struct Plan {
 };
 
 // Derives what follows from the routes and segments (shard numbering, DENSE
-// holders, contributors, the proxies' storage layout). GetPlan calls it; so
-// does a self-test that builds a Plan by hand.
+// holders, contributors, the proxies' storage layout). GetPlan
+// (ffi/plan_attrs.h) calls it; so does a self-test that builds a Plan by hand.
 void FinishPlan(Plan* plan);
-
-// Returns the cached plan for the attributes' `plan_key`, parsing it on first
-// use. Attributes (all int64 unless noted):
-//   plan_key, workers, timeout_ms, mean (0/1), num_proxy_leaves,
-//   piece_nelems[S], piece_nbytes[S], piece_dest[S*p], segments[5*G],
-//   leaf_nelems[L], leading_nbytes, leaf_names (string, '\n'-separated),
-//   and optionally the emu_* topology attributes (float64, see emulator.h).
-xla::ffi::ErrorOr<std::shared_ptr<const Plan>> GetPlan(const xla::ffi::Dictionary& attrs);
 
 }  // namespace coarse

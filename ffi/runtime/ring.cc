@@ -1,3 +1,5 @@
+// RingAllReduce (see ring.h): the two opposite rings' reduce-scatter and
+// all-gather steps over any Device.
 #include "runtime/ring.h"
 
 #include <algorithm>

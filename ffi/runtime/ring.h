@@ -21,14 +21,14 @@
 namespace coarse {
 
 struct RingMember {
-  float* own;                               // this member's buffer, n floats
-  const float* pred[2];                     // ring r predecessor's buffer
-  std::atomic<int32_t>* progress[2];        // steps this member completed, per ring
-  std::atomic<int32_t>* pred_progress[2];   // same for the ring r predecessor
-  int64_t successor_device[2];              // whom to wake after a step
-  int64_t position[2];                      // position in ring r, 0..p-1
-  int64_t self_device, pred_device[2];      // mesh devices: peer copies, emulated links
-  double wire_bytes_per_elem;               // bytes a chunk element costs on a link
+  float* own;                              // this member's buffer, n floats
+  const float* pred[2];                    // ring r predecessor's buffer
+  std::atomic<int32_t>* progress[2];       // steps this member completed, per ring
+  std::atomic<int32_t>* pred_progress[2];  // same for the ring r predecessor
+  int64_t successor_device[2];             // whom to wake after a step
+  int64_t position[2];                     // position in ring r, 0..p-1
+  int64_t self_device, pred_device[2];     // mesh devices: peer copies, emulated links
+  double wire_bytes_per_elem;              // bytes a chunk element costs on a link
   // Emulated links only (else null): when this member's / its predecessor's
   // progress in ring r reached g, RingSteps(p) + 1 entries (Session's
   // *_step_times). A step's transfer is ready when both were there.

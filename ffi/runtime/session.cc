@@ -1,3 +1,5 @@
+// Session and its registry (see session.h): storage, counters, mailboxes,
+// waits with deadlines, the emulated clocks, and the testing hooks.
 #include "runtime/session.h"
 
 #include <algorithm>
@@ -78,13 +80,16 @@ static Registry& TheRegistry() {
 
 std::string Who::Describe() const {
   return std::string(tier == kWorker ? "worker " : "proxy ") + std::to_string(index) +
-         " (tier=" + std::to_string(static_cast<int>(tier)) +
-         ", data=" + std::to_string(index) + ")";
+         " (tier=" + std::to_string(static_cast<int>(tier)) + ", data=" + std::to_string(index) +
+         ")";
 }
 
 Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site, int64_t step,
                  std::vector<int64_t> ordinals)
-    : plan_(std::move(plan)), run_id_(run_id), site_(site), step_(step),
+    : plan_(std::move(plan)),
+      run_id_(run_id),
+      site_(site),
+      step_(step),
       ordinals_(std::move(ordinals)) {
   const int64_t p = plan_->workers, S = plan_->num_pieces();
   storage_ = TheStoragePool().Take(*plan_, ordinals_);
@@ -122,9 +127,9 @@ Clock::time_point Session::Reserve(int64_t src, int64_t dst, double bytes,
 }
 
 ffi::ErrorOr<Clock::time_point> Session::ReserveInOrder(const Who& who, int64_t src, int64_t dst,
-                                                       double bytes, Clock::time_point ready,
-                                                       int64_t src_rank, int64_t dst_rank,
-                                                       const std::string& what) {
+                                                        double bytes, Clock::time_point ready,
+                                                        int64_t src_rank, int64_t dst_rank,
+                                                        const std::string& what) {
   if (!emulator_) return ready;
   const auto deadline = std::chrono::steady_clock::now() + WaitLimit(Waits::kPeer);
   auto arrival = emulator_->ReserveInOrder(src, dst, bytes, ready, src_rank, dst_rank, [&] {
@@ -211,7 +216,9 @@ bool Session::TakeFirstCall(int64_t device) {
 
 void Session::Notify(int64_t device) {
   Mailbox& m = mailboxes_[device];
-  { std::lock_guard<std::mutex> lock(m.mu); }  // pairs with the waiter's check
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+  }  // pairs with the waiter's check
   m.cv.notify_all();
 }
 
@@ -273,22 +280,9 @@ void Session::Leave() {
   TheRegistry().Remove(run_id_, site_);
 }
 
-std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id,
-                                     int64_t site, const std::vector<int64_t>& ordinals) {
+std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
+                                     const std::vector<int64_t>& ordinals) {
   return TheRegistry().Join(std::move(plan), run_id, site, ordinals);
-}
-
-ffi::ErrorOr<Who> ReadWho(ffi::AnyBuffer who, int64_t workers) {
-  if (who.element_type() != ffi::DataType::S32 || who.element_count() != 2)
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        "coarse_jax: first operand must be int32[2] (tier, data index)"));
-  const int32_t* v = static_cast<const int32_t*>(who.untyped_data());
-  if ((v[0] != kWorker && v[0] != kProxy) || v[1] < 0 || v[1] >= workers)
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        "coarse_jax: device index (tier=" + std::to_string(v[0]) + ", data=" +
-        std::to_string(v[1]) + ") is outside the mesh of " + std::to_string(workers) +
-        " workers"));
-  return Who{static_cast<Tier>(v[0]), v[1]};
 }
 
 void InjectDroppedPush(int64_t worker) { g_dropped_push_worker.store(worker); }

@@ -33,7 +33,8 @@ namespace coarse {
 
 enum Tier : int32_t { kWorker = 0, kProxy = 1 };
 
-// Who is calling: read from the (tier, data) index operand of every call.
+// Who is calling: its tier and position on the "data" axis (the handlers read
+// it from the (tier, data) index operand, or from the device ordinal on CUDA).
 struct Who {
   Tier tier;
   int64_t index;  // position on the "data" axis
@@ -161,12 +162,12 @@ class Session {
   std::unique_ptr<Mailbox[]> mailboxes_;
   std::unique_ptr<Emulator> emulator_;  // null without a topology
   // Emulated sessions only; Clock::duration counts (see the accessors above).
-  std::unique_ptr<std::atomic<int64_t>[]> clock_;          // [device], virtual clock only
-  std::unique_ptr<std::atomic<int64_t>[]> push_ready_;     // [worker * S + piece]
+  std::unique_ptr<std::atomic<int64_t>[]> clock_;             // [device], virtual clock only
+  std::unique_ptr<std::atomic<int64_t>[]> push_ready_;        // [worker * S + piece]
   std::unique_ptr<std::atomic<int64_t>[]> leading_ready_at_;  // [worker]
   // Ring step times, RingSteps(p) + 1 per (member, ring); see *_step_times.
-  std::unique_ptr<std::atomic<int64_t>[]> proxy_steps_;    // [(proxy*S + piece)*2 + ring][g]
-  std::unique_ptr<std::atomic<int64_t>[]> worker_steps_;   // [worker*2 + ring][g]
+  std::unique_ptr<std::atomic<int64_t>[]> proxy_steps_;   // [(proxy*S + piece)*2 + ring][g]
+  std::unique_ptr<std::atomic<int64_t>[]> worker_steps_;  // [worker*2 + ring][g]
   std::atomic<bool> poisoned_{false};
   std::mutex error_mu_;
   std::string error_;
@@ -177,15 +178,12 @@ class Session {
 
 // Finds or creates the session of (run_id, site) for `plan`.
 // `ordinals`: see StoragePool::Take.
-std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id,
-                                     int64_t site, const std::vector<int64_t>& ordinals);
-
-// Reads the int32[2] (tier, data index) operand.
-xla::ffi::ErrorOr<Who> ReadWho(xla::ffi::AnyBuffer who, int64_t workers);
+std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
+                                     const std::vector<int64_t>& ordinals);
 
 // Testing hooks, exposed by the nanobind module.
-void InjectDroppedPush(int64_t worker);   // the next push of `worker` is lost
-bool TakeDroppedPush(int64_t worker);     // push.cc asks: drop this one?
+void InjectDroppedPush(int64_t worker);  // the next push of `worker` is lost
+bool TakeDroppedPush(int64_t worker);    // PushPieces asks: drop this one?
 int64_t LiveSessions();
 
 // Simulated seconds each finished virtual-clock session took (the latest

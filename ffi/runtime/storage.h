@@ -4,8 +4,9 @@
 // Storage is reused across steps of one plan (allocating hundreds of MB per
 // step would cost more than the sync), so sessions take it from a pool and
 // give it back when the last device leaves. Each extension module owns one
-// pool: the CPU module keeps host memory (cpu_storage.cc), the CUDA module
-// installs a pool of GPU memory on the mesh's devices (cuda/cuda_storage.cc).
+// pool and installs it when it loads: the CPU module host memory
+// (cpu/cpu_storage.cc), the CUDA module GPU memory on the mesh's devices
+// (cuda/cuda_storage.cc).
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,7 @@ namespace coarse {
 class Storage {
  public:
   virtual ~Storage() = default;
-  virtual float* arena(int64_t proxy) = 0;    // plan.arena_nelems[proxy] floats
+  virtual float* arena(int64_t proxy) = 0;     // plan.arena_nelems[proxy] floats
   virtual float* scratch(int64_t worker) = 0;  // plan.leading_nelems floats
 };
 
@@ -33,8 +34,8 @@ class StoragePool {
                     std::unique_ptr<Storage> storage) = 0;
 };
 
-// This module's pool: host memory unless SetStoragePool installed another
-// (once, when the module loads, before any session exists).
+// This module's pool, which SetStoragePool installed (once, when the module
+// loads, before any session exists).
 StoragePool& TheStoragePool();
 void SetStoragePool(StoragePool* pool);
 

@@ -1,8 +1,10 @@
-#include "runtime/cpu_device.h"
+// CpuDevice (see cpu_device.h): each Device operation as a cpu_backend loop
+// or a memcpy in the one address space.
+#include "cpu/cpu_device.h"
 
 #include <cstring>
 
-#include "runtime/cpu_backend.h"
+#include "cpu/cpu_backend.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

@@ -18,8 +18,7 @@ static_assert(kReduceMaxInputs == kernels::kMaxReduceInputs,
 
 namespace {
 
-ffi::Error DTypeOf(ffi::AnyBuffer b, const char* op, const std::string& what,
-                   kernels::DType* out) {
+ffi::Error DTypeOf(ffi::AnyBuffer b, const char* op, const std::string& what, kernels::DType* out) {
   if (ToKernelDType(b.element_type(), out)) return ffi::Error::Success();
   return ffi::Error::InvalidArgument(std::string("coarse_jax: ") + op + ": " + what +
                                      " must be float32, bfloat16 or float16");
@@ -28,9 +27,9 @@ ffi::Error DTypeOf(ffi::AnyBuffer b, const char* op, const std::string& what,
 // Spans laying the leaves end to end in the packed buffer, uploaded into XLA
 // scratch memory (stream-ordered, freed after this call's work).
 ffi::ErrorOr<const kernels::Span*> LeafSpans(const std::vector<ffi::AnyBuffer>& leaves,
-                                             const ffi::AnyBuffer& buf, const char* op,
-                                             int device, cudaStream_t stream,
-                                             ffi::ScratchAllocator& scratch, int64_t* total) {
+                                             const ffi::AnyBuffer& buf, const char* op, int device,
+                                             cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                                             int64_t* total) {
   std::vector<kernels::Span> spans(leaves.size());
   int64_t off = 0;
   for (size_t a = 0; a < leaves.size(); ++a) {
@@ -50,8 +49,9 @@ ffi::ErrorOr<const kernels::Span*> LeafSpans(const std::vector<ffi::AnyBuffer>& 
   const size_t bytes = spans.size() * sizeof(kernels::Span);
   auto mem = scratch.Allocate(bytes, alignof(kernels::Span));
   if (!mem.has_value())
-    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kResourceExhausted, 
-        std::string("coarse_jax: ") + op + ": no scratch memory for the span table"));
+    return ffi::Unexpected(
+        ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                   std::string("coarse_jax: ") + op + ": no scratch memory for the span table"));
   ffi::Error e = Check(UploadAsync(device, *mem, spans.data(), bytes, stream),
                        std::string(op) + ": uploading the span table");
   if (e.failure()) return ffi::Unexpected(e);
@@ -106,11 +106,10 @@ ffi::Error ReduceImpl(cudaStream_t stream, ffi::RemainingArgs inputs,
   std::vector<const void*> ptrs;
   for (size_t a = 0; a < inputs.size(); ++a)
     ptrs.push_back(inputs.get<ffi::AnyBuffer>(a).value().untyped_data());
-  return Check(kernels::LaunchReduce(ptrs.data(), static_cast<int>(ptrs.size()),
-                                     out->untyped_data(),
-                                     static_cast<int64_t>(out->element_count()), dtype, scale,
-                                     stream),
-               "coarse_reduce: launch");
+  return Check(
+      kernels::LaunchReduce(ptrs.data(), static_cast<int>(ptrs.size()), out->untyped_data(),
+                            static_cast<int64_t>(out->element_count()), dtype, scale, stream),
+      "coarse_reduce: launch");
 }
 
 }  // namespace
@@ -118,26 +117,26 @@ ffi::Error ReduceImpl(cudaStream_t stream, ffi::RemainingArgs inputs,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Pack, PackImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .Ctx<ffi::DeviceOrdinal>()     // whose pinned uploads
-                                  .Ctx<ffi::ScratchAllocator>()  // span table
-                                  .RemainingArgs()               // leaves, any shapes
-                                  .Ret<ffi::AnyBuffer>()         // 1-D packed buffer
-                                  .Attr<float>("scale"));        // multiplies every element
+                                  .Ctx<ffi::DeviceOrdinal>()                 // whose pinned uploads
+                                  .Ctx<ffi::ScratchAllocator>()              // span table
+                                  .RemainingArgs()                           // leaves, any shapes
+                                  .Ret<ffi::AnyBuffer>()                     // 1-D packed buffer
+                                  .Attr<float>("scale"));  // multiplies every element
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Unpack, UnpackImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .Ctx<ffi::DeviceOrdinal>()     // whose pinned uploads
-                                  .Ctx<ffi::ScratchAllocator>()  // span table
-                                  .Arg<ffi::AnyBuffer>()         // 1-D packed buffer
-                                  .RemainingRets()               // leaves, any shapes
-                                  .Attr<float>("scale"));        // multiplies every element
+                                  .Ctx<ffi::DeviceOrdinal>()                 // whose pinned uploads
+                                  .Ctx<ffi::ScratchAllocator>()              // span table
+                                  .Arg<ffi::AnyBuffer>()                     // 1-D packed buffer
+                                  .RemainingRets()                           // leaves, any shapes
+                                  .Attr<float>("scale"));  // multiplies every element
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Reduce, ReduceImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .RemainingArgs()          // 1..8 arrays, one shape and dtype
-                                  .Ret<ffi::AnyBuffer>()    // scale * their sum
-                                  .Attr<float>("scale"));   // applied once, after the sum
+                                  .RemainingArgs()         // 1..8 arrays, one shape and dtype
+                                  .Ret<ffi::AnyBuffer>()   // scale * their sum
+                                  .Attr<float>("scale"));  // applied once, after the sum
 
 }  // namespace coarse::cuda

@@ -1,7 +1,7 @@
 // A self-test of the whole sync protocol on a platform's device backend,
 // outside XLA: 2p threads (p workers, p proxies), each with its own Device,
 // run the phases the four custom calls run (PushPieces, ReducePieces,
-// ReduceLeading, PullPieces: the same code, see call.h) on one proxy leaf cut
+// ReduceLeading, PullPieces: the same code, see phases.h) on one proxy leaf cut
 // into pieces and one leading leaf, for several steps, each step a new
 // session reusing the storage of the one before.
 //
@@ -9,6 +9,7 @@
 // CUDA backend runs the protocol on one GPU: every member gets its own
 // stream, so events, staging buffers and peer-copy calls race as they would
 // across GPUs (the "peers" share one GPU). tests/test_sync_selftest.py.
+// Members for each backend: cpu/cpu_selftest.h, cuda/cuda_selftest.h.
 #pragma once
 
 #include <cstdint>
@@ -41,9 +42,9 @@ using MakeMember = std::function<std::unique_ptr<SelfTestMember>(int64_t device,
 
 struct SyncSelfTestSpec {
   int64_t workers = 2;
-  int64_t proxy_elems = 0;    // the proxy leaf: pieces of `piece` elements (the last shorter)
+  int64_t proxy_elems = 0;  // the proxy leaf: pieces of `piece` elements (the last shorter)
   int64_t piece = 1;
-  int64_t leading_elems = 0;  // the leading leaf, reduced among the workers
+  int64_t leading_elems = 0;    // the leading leaf, reduced among the workers
   std::string route = "local";  // worker w sends piece s to: local w, cross (w+s)%p, dense s%p
   int64_t steps = 1;
 };
@@ -55,8 +56,5 @@ struct SyncSelfTestSpec {
 // with the runtime's message if a member fails.
 std::vector<float> SyncSelfTest(const SyncSelfTestSpec& spec, const float* values,
                                 const std::vector<int64_t>& ordinals, const MakeMember& make);
-
-// Members on the CPU backend (host memory, memcpy).
-MakeMember CpuSelfTestMembers();
 
 }  // namespace coarse

@@ -1,6 +1,11 @@
-#include "call.h"
+// BeginCall / EndCall / ReadWho: the attributes and the (tier, data) operand
+// every sync handler reads (see handler.h).
+#include "handler.h"
 
 #include <string>
+#include <vector>
+
+#include "plan_attrs.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -27,7 +32,20 @@ static ffi::ErrorOr<Who> WhoByOrdinal(int64_t ordinal, const std::vector<int64_t
       std::to_string(ordinals.size()) + " devices)"));
 }
 
-ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller, const ffi::Dictionary& attrs) {
+ffi::ErrorOr<Who> ReadWho(ffi::AnyBuffer who, int64_t workers) {
+  if (who.element_type() != ffi::DataType::S32 || who.element_count() != 2)
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        "coarse_jax: first operand must be int32[2] (tier, data index)"));
+  const int32_t* v = static_cast<const int32_t*>(who.untyped_data());
+  if ((v[0] != kWorker && v[0] != kProxy) || v[1] < 0 || v[1] >= workers)
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        "coarse_jax: device index (tier=" + std::to_string(v[0]) + ", data=" +
+        std::to_string(v[1]) + ") is outside the mesh of " + std::to_string(workers) + " workers"));
+  return Who{static_cast<Tier>(v[0]), v[1]};
+}
+
+ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller,
+                             const ffi::Dictionary& attrs) {
   auto plan = GetPlan(attrs);
   if (plan.has_error()) return ffi::Unexpected(plan.error());
   auto site = attrs.get<int64_t>("site");
@@ -42,52 +60,10 @@ ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller, const ffi:
               who.value()};
 }
 
-ffi::Error AcquireStorage(Call& call, Device& device) {
-  if (call.plan().emulated && !device.SupportsEmulation())
-    return ffi::Error::InvalidArgument(
-        "coarse_jax: an emulated topology (Config(topology=...)) only runs on CPU devices: "
-        "its links are timed on the host");
-  if (!call.session->TakeFirstCall(call.device())) return ffi::Error::Success();
-  for (int64_t d = 0; d < 2 * call.session->p(); ++d) {
-    if (d == call.device()) continue;
-    ffi::Error e = device.Acquire(d);
-    if (e.failure()) return e;
-  }
-  return ffi::Error::Success();
-}
-
-ffi::Error CheckLeaf(const Plan& plan, int64_t leaf, ffi::DataType dtype, size_t element_count,
-                     const char* op) {
-  if (!cpu::IsSupported(dtype))
-    return ffi::Error::InvalidArgument(std::string("coarse_jax: ") + op + ": tensor '" +
-                                       plan.leaf_names[leaf] + "' has " +
-                                       cpu::DtypeName(dtype) +
-                                       "; only float32, bfloat16 and float16 are synchronized");
-  if (static_cast<int64_t>(element_count) != plan.leaf_nelems[leaf])
-    return ffi::Error::InvalidArgument(
-        std::string("coarse_jax: ") + op + ": tensor '" + plan.leaf_names[leaf] + "' has " +
-        std::to_string(element_count) + " elements, the plan expects " +
-        std::to_string(plan.leaf_nelems[leaf]));
-  return ffi::Error::Success();
-}
-
 ffi::Error EndCall(Call& call, Device& device, ffi::Error status, const ffi::Dictionary& attrs) {
-  if (status.failure()) {
-    call.session->Poison(status.message());
-    return status;
-  }
+  if (status.failure()) return FinishCall(call, device, std::move(status), false);
   auto last = attrs.get<int64_t>("last");
-  if (last.has_value() && last.value() != 0) {
-    // Everything this device did to the storage (its reads included) is
-    // what the next session's first calls will wait for.
-    ffi::Error e = device.Publish();
-    if (e.failure()) {
-      call.session->Poison(e.message());
-      return e;
-    }
-    call.session->Leave();
-  }
-  return status;
+  return FinishCall(call, device, std::move(status), last.has_value() && last.value() != 0);
 }
 
 }  // namespace coarse

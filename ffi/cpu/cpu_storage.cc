@@ -1,11 +1,15 @@
-// The host-memory storage pool (the default of TheStoragePool).
+// The host-memory storage pool, which the CPU module installs as its
+// storage pool (runtime/storage.h) when it loads.
 //
 // Spare sets are kept most recent first and the oldest are freed beyond
 // kMaxSpareBytes, so a process that ran many large plans (a benchmark
 // suite) does not keep them all; the newest set is always kept, whatever
 // its size, so a single large plan still reuses its storage.
+#include "cpu/cpu_storage.h"
+
 #include <algorithm>
 #include <list>
+#include <memory>
 #include <mutex>
 
 #include "runtime/storage.h"
@@ -47,8 +51,9 @@ class HostPool : public StoragePool {
   void Give(const Plan& plan, const std::vector<int64_t>&, std::unique_ptr<Storage> set) override {
     int64_t bytes = 0;
     for (int64_t k = 0; k < plan.workers; ++k)
-      bytes += (std::max<int64_t>(1, plan.arena_nelems[k]) +
-                std::max<int64_t>(1, plan.leading_nelems)) * sizeof(float);
+      bytes +=
+          (std::max<int64_t>(1, plan.arena_nelems[k]) + std::max<int64_t>(1, plan.leading_nelems)) *
+          sizeof(float);
     std::lock_guard<std::mutex> lock(mu_);
     spare_.push_front(Entry{plan.key, std::move(set), bytes});
     bytes_ += bytes;
@@ -72,15 +77,11 @@ class HostPool : public StoragePool {
   int64_t bytes_ = 0;
 };
 
-StoragePool* g_pool = nullptr;
-
 }  // namespace
 
-StoragePool& TheStoragePool() {
+void InstallHostStoragePool() {
   static StoragePool* host = new HostPool;
-  return g_pool ? *g_pool : *host;
+  SetStoragePool(host);
 }
-
-void SetStoragePool(StoragePool* pool) { g_pool = pool; }
 
 }  // namespace coarse

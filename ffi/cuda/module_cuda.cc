@@ -1,4 +1,6 @@
-// coarse_jax._coarse_cuda: the CUDA handlers and the kernel benchmark.
+// coarse_jax._coarse_cuda: the CUDA handlers (registrations()), the kernel
+// benchmark and the testing hooks (sync_selftest, live_sessions). The CPU
+// twin: cpu/module_cpu.cc.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
@@ -6,6 +8,7 @@
 #include "cuda/cuda_selftest.h"
 #include "cuda/cuda_storage.h"
 #include "cuda/kernel_bench.h"
+#include "encapsulate.h"
 #include "runtime/session.h"
 #include "selftest_binding.h"
 #include "xla/ffi/api/ffi.h"
@@ -22,26 +25,24 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(WorkerRing);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Pull);
 }  // namespace coarse::cuda
 
-template <typename T>
-static nb::capsule Encapsulate(T* fn) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
-
 NB_MODULE(_coarse_cuda, m) {
   m.doc() = "coarse_jax CUDA runtime: XLA FFI handlers for the CUDA platform.";
   // This module's sessions keep their storage on the mesh's GPUs.
   coarse::cuda::InstallCudaStoragePool();
-  m.def("registrations", []() {
-    nb::dict d;
-    d["coarse_pack"] = Encapsulate(coarse::cuda::Pack);
-    d["coarse_unpack"] = Encapsulate(coarse::cuda::Unpack);
-    d["coarse_reduce"] = Encapsulate(coarse::cuda::Reduce);
-    d["coarse_push"] = Encapsulate(coarse::cuda::Push);
-    d["coarse_proxy_ring"] = Encapsulate(coarse::cuda::ProxyRing);
-    d["coarse_worker_ring"] = Encapsulate(coarse::cuda::WorkerRing);
-    d["coarse_pull"] = Encapsulate(coarse::cuda::Pull);
-    return d;
-  }, "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target(platform='CUDA').");
+  m.def(
+      "registrations",
+      []() {
+        nb::dict d;
+        d["coarse_pack"] = coarse::Encapsulate(coarse::cuda::Pack);
+        d["coarse_unpack"] = coarse::Encapsulate(coarse::cuda::Unpack);
+        d["coarse_reduce"] = coarse::Encapsulate(coarse::cuda::Reduce);
+        d["coarse_push"] = coarse::Encapsulate(coarse::cuda::Push);
+        d["coarse_proxy_ring"] = coarse::Encapsulate(coarse::cuda::ProxyRing);
+        d["coarse_worker_ring"] = coarse::Encapsulate(coarse::cuda::WorkerRing);
+        d["coarse_pull"] = coarse::Encapsulate(coarse::cuda::Pull);
+        return d;
+      },
+      "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target(platform='CUDA').");
   m.def("bench_kernels", &coarse::cuda::BenchKernels, nb::arg("nelems"), nb::arg("dtype"),
         nb::arg("num_leaves"), nb::arg("iters"),
         "Median microseconds and bytes moved of copy/pack/unpack/reduce on the current GPU "
@@ -51,7 +52,8 @@ NB_MODULE(_coarse_cuda, m) {
       [](coarse::SelfTestValues values, int64_t leading_elems, int64_t piece,
          const std::string& route, int64_t steps, int ordinal) {
         return coarse::RunSyncSelfTest(values, leading_elems, piece, route, steps,
-                                       std::vector<int64_t>(2 * values.shape(0), ordinal), coarse::cuda::CudaSelfTestMembers(ordinal));
+                                       std::vector<int64_t>(2 * values.shape(0), ordinal),
+                                       coarse::cuda::CudaSelfTestMembers(ordinal));
       },
       nb::arg("values"), nb::arg("leading_elems"), nb::arg("piece"), nb::arg("route"),
       nb::arg("steps"), nb::arg("ordinal") = 0, COARSE_SELFTEST_DOC);

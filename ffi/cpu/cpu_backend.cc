@@ -1,4 +1,6 @@
-#include "runtime/cpu_backend.h"
+// The CPU backend's element loops (see cpu_backend.h): bf16/f16 <-> f32
+// conversion and the f32 sums, vectorized where the compiler can.
+#include "cpu/cpu_backend.h"
 
 #include <cstring>
 
@@ -26,32 +28,17 @@ inline float Bf16ToF32(uint16_t h) {
 inline uint16_t F32ToBf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                    // round to nearest even
   return static_cast<uint16_t>(u >> 16);
 }
 
 }  // namespace
 
-bool IsSupported(ffi::DataType dtype) {
-  return dtype == ffi::DataType::F32 || dtype == ffi::DataType::BF16 ||
-         dtype == ffi::DataType::F16;
-}
-
-const char* DtypeName(ffi::DataType dtype) {
-  switch (dtype) {
-    case ffi::DataType::F32: return "float32";
-    case ffi::DataType::BF16: return "bfloat16";
-    case ffi::DataType::F16: return "float16";
-    default: return "an unsupported dtype";
-  }
-}
-
 void WidenToF32(ffi::DataType dtype, const void* src, float* dst, int64_t n) {
   switch (dtype) {
-    case ffi::DataType::F32:
-      std::memcpy(dst, src, n * sizeof(float));
-      return;
+    case ffi::DataType::F32: std::memcpy(dst, src, n * sizeof(float)); return;
     case ffi::DataType::BF16: {
       const uint16_t* s = static_cast<const uint16_t*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(s[i]);
@@ -62,16 +49,13 @@ void WidenToF32(ffi::DataType dtype, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
       return;
     }
-    default:
-      return;
+    default: return;
   }
 }
 
 void NarrowFromF32(ffi::DataType dtype, const float* src, void* dst, int64_t n) {
   switch (dtype) {
-    case ffi::DataType::F32:
-      std::memcpy(dst, src, n * sizeof(float));
-      return;
+    case ffi::DataType::F32: std::memcpy(dst, src, n * sizeof(float)); return;
     case ffi::DataType::BF16: {
       uint16_t* d = static_cast<uint16_t*>(dst);
       for (int64_t i = 0; i < n; ++i) d[i] = F32ToBf16(src[i]);
@@ -82,8 +66,7 @@ void NarrowFromF32(ffi::DataType dtype, const float* src, void* dst, int64_t n) 
       for (int64_t i = 0; i < n; ++i) d[i] = static_cast<_Float16>(src[i]);
       return;
     }
-    default:
-      return;
+    default: return;
   }
 }
 

@@ -1,13 +1,15 @@
-#include "sync_selftest.h"
+// SyncSelfTest: the four calls' phases on 2p threads over a platform's
+// members (see sync_selftest.h).
+#include "runtime/sync_selftest.h"
 
+#include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
 
-#include "call.h"
-#include "runtime/cpu_device.h"
+#include "runtime/call.h"
+#include "runtime/phases.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -17,10 +19,11 @@ namespace {
 std::shared_ptr<const Plan> SelfTestPlan(const SyncSelfTestSpec& spec) {
   const int64_t p = spec.workers;
   auto plan = std::make_shared<Plan>();
-  plan->key = static_cast<int64_t>(std::hash<std::string>{}(
-                  "selftest/" + std::to_string(p) + "/" + std::to_string(spec.proxy_elems) + "/" +
-                  std::to_string(spec.piece) + "/" + std::to_string(spec.leading_elems) + "/" +
-                  spec.route) >> 1);
+  plan->key = static_cast<int64_t>(
+      std::hash<std::string>{}("selftest/" + std::to_string(p) + "/" +
+                               std::to_string(spec.proxy_elems) + "/" + std::to_string(spec.piece) +
+                               "/" + std::to_string(spec.leading_elems) + "/" + spec.route) >>
+      1);
   plan->workers = p;
   plan->timeout_ms = 20000;
   plan->mean = true;
@@ -76,16 +79,15 @@ std::vector<float> SyncSelfTest(const SyncSelfTestSpec& spec, const float* value
           };
         };
         const bool worker = call.who.tier == kWorker;
-        std::vector<LeafRun> in_runs, out_runs{
-            LeafRun{res + spec.proxy_elems, ffi::DataType::F32, spec.leading_elems, 0}};
+        std::vector<LeafRun> in_runs,
+            out_runs{LeafRun{res + spec.proxy_elems, ffi::DataType::F32, spec.leading_elems, 0}};
         if (worker)
-          in_runs.push_back(LeafRun{in + spec.proxy_elems, ffi::DataType::F32,
-                                    spec.leading_elems, 0});
+          in_runs.push_back(
+              LeafRun{in + spec.proxy_elems, ffi::DataType::F32, spec.leading_elems, 0});
         // The calls in a step's program order: push, proxy ring, worker ring, pull.
         ffi::Error e = AcquireStorage(call, dev);
         if (e.success() && worker) e = member->Load(in, values + d * total, total);
-        if (e.success() && worker)
-          e = PushPieces(call, dev, 0, plan->num_pieces(), leaves_at(in));
+        if (e.success() && worker) e = PushPieces(call, dev, 0, plan->num_pieces(), leaves_at(in));
         if (e.success() && !worker) e = ReducePieces(call, dev);
         if (e.success()) e = ReduceLeading(call, dev, in_runs, out_runs);
         if (e.success()) e = PullPieces(call, dev, leaves_at(res));
@@ -104,35 +106,6 @@ std::vector<float> SyncSelfTest(const SyncSelfTestSpec& spec, const float* value
     if (!error.empty()) throw std::runtime_error(error);
   }
   return out;
-}
-
-namespace {
-
-class CpuMember final : public SelfTestMember {
- public:
-  Device& device() override { return dev_; }
-  float* Buffer(int64_t n) override {
-    buffers_.emplace_back(new float[std::max<int64_t>(n, 1)]);
-    return buffers_.back().get();
-  }
-  ffi::Error Load(float* buffer, const float* host, int64_t n) override {
-    std::memcpy(buffer, host, n * sizeof(float));
-    return ffi::Error::Success();
-  }
-  ffi::Error Store(float* host, const float* buffer, int64_t n) override {
-    std::memcpy(host, buffer, n * sizeof(float));
-    return ffi::Error::Success();
-  }
-
- private:
-  CpuDevice dev_;
-  std::vector<std::unique_ptr<float[]>> buffers_;
-};
-
-}  // namespace
-
-MakeMember CpuSelfTestMembers() {
-  return [](int64_t, Session&) { return std::unique_ptr<SelfTestMember>(new CpuMember); };
 }
 
 }  // namespace coarse

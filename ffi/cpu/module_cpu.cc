@@ -1,7 +1,12 @@
-// coarse_jax._coarse_cpu: the CPU handlers and two testing hooks.
+// coarse_jax._coarse_cpu: the CPU handlers (registrations()) and the testing
+// hooks (sync_selftest, inject_dropped_push, live_sessions, take_virtual_spans).
+// The CUDA twin: cuda/module_cuda.cc.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/vector.h>
 
+#include "cpu/cpu_selftest.h"
+#include "cpu/cpu_storage.h"
+#include "encapsulate.h"
 #include "runtime/session.h"
 #include "selftest_binding.h"
 #include "xla/ffi/api/ffi.h"
@@ -19,33 +24,35 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(Unpack);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Reduce);
 }  // namespace coarse
 
-template <typename T>
-static nb::capsule Encapsulate(T* fn) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
-
 NB_MODULE(_coarse_cpu, m) {
-  m.doc() = "coarse_jax CPU runtime: XLA FFI handlers for push, proxy ring, worker ring, pull, probe, pack, unpack, reduce.";
-  m.def("registrations", []() {
-    nb::dict d;
-    d["coarse_push"] = Encapsulate(coarse::Push);
-    d["coarse_proxy_ring"] = Encapsulate(coarse::ProxyRing);
-    d["coarse_worker_ring"] = Encapsulate(coarse::WorkerRing);
-    d["coarse_pull"] = Encapsulate(coarse::Pull);
-    d["coarse_probe"] = Encapsulate(coarse::Probe);
-    d["coarse_pack"] = Encapsulate(coarse::Pack);
-    d["coarse_unpack"] = Encapsulate(coarse::Unpack);
-    d["coarse_reduce"] = Encapsulate(coarse::Reduce);
-    return d;
-  }, "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target.");
+  m.doc() =
+      "coarse_jax CPU runtime: XLA FFI handlers for push, proxy ring, worker ring, pull, probe, "
+      "pack, unpack, reduce.";
+  // This module's sessions keep their storage in host memory.
+  coarse::InstallHostStoragePool();
+  m.def(
+      "registrations",
+      []() {
+        nb::dict d;
+        d["coarse_push"] = coarse::Encapsulate(coarse::Push);
+        d["coarse_proxy_ring"] = coarse::Encapsulate(coarse::ProxyRing);
+        d["coarse_worker_ring"] = coarse::Encapsulate(coarse::WorkerRing);
+        d["coarse_pull"] = coarse::Encapsulate(coarse::Pull);
+        d["coarse_probe"] = coarse::Encapsulate(coarse::Probe);
+        d["coarse_pack"] = coarse::Encapsulate(coarse::Pack);
+        d["coarse_unpack"] = coarse::Encapsulate(coarse::Unpack);
+        d["coarse_reduce"] = coarse::Encapsulate(coarse::Reduce);
+        return d;
+      },
+      "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target.");
   m.def("inject_dropped_push", &coarse::InjectDroppedPush, nb::arg("worker"),
         "Testing: the next push of `worker` is lost (its proxy must time out, not hang).");
   m.def(
       "sync_selftest",
       [](coarse::SelfTestValues values, int64_t leading_elems, int64_t piece,
          const std::string& route, int64_t steps) {
-        return coarse::RunSyncSelfTest(values, leading_elems, piece, route, steps,
-                                       {}, coarse::CpuSelfTestMembers());
+        return coarse::RunSyncSelfTest(values, leading_elems, piece, route, steps, {},
+                                       coarse::CpuSelfTestMembers());
       },
       nb::arg("values"), nb::arg("leading_elems"), nb::arg("piece"), nb::arg("route"),
       nb::arg("steps"), COARSE_SELFTEST_DOC);

@@ -6,6 +6,7 @@
 // so each transfer is exactly one pass over memory. On CPU all
 // devices share one address space, so a transfer is this one loop, not a
 // send plus a receive. The CUDA backend (kernels/) mirrors these signatures.
+// Which dtypes are supported: runtime/dtype.h.
 #pragma once
 
 #include <cstdint>
@@ -13,11 +14,6 @@
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse::cpu {
-
-// Only floating leaves are synchronized; the Python side rejects the rest
-// before lowering, this is the runtime's own check.
-bool IsSupported(xla::ffi::DataType dtype);
-const char* DtypeName(xla::ffi::DataType dtype);
 
 // dst[i] = float(src[i]) for a leaf of `dtype`.
 void WidenToF32(xla::ffi::DataType dtype, const void* src, float* dst, int64_t n);

@@ -6,8 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_backend.h"
 #include "kernel_ops.h"
-#include "runtime/cpu_backend.h"
+#include "runtime/dtype.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -15,18 +16,16 @@ namespace ffi = xla::ffi;
 namespace {
 
 ffi::Error CheckDtype(ffi::DataType t, const char* op, const std::string& what) {
-  if (cpu::IsSupported(t)) return ffi::Error::Success();
+  if (IsSupported(t)) return ffi::Error::Success();
   return ffi::Error::InvalidArgument(std::string("coarse_jax: ") + op + ": " + what + " has " +
-                                     cpu::DtypeName(t) +
-                                     "; it must be float32, bfloat16 or float16");
+                                     DtypeName(t) + "; it must be float32, bfloat16 or float16");
 }
 
 // dst = dst_t(scale * float(src)), through an f32 temporary when needed.
-void ConvertScaled(ffi::DataType src_t, const void* src, ffi::DataType dst_t, void* dst,
-                   int64_t n, float scale, std::vector<float>& tmp) {
+void ConvertScaled(ffi::DataType src_t, const void* src, ffi::DataType dst_t, void* dst, int64_t n,
+                   float scale, std::vector<float>& tmp) {
   if (n == 0) return;
-  float* f = dst_t == ffi::DataType::F32 ? static_cast<float*>(dst)
-                                         : (tmp.resize(n), tmp.data());
+  float* f = dst_t == ffi::DataType::F32 ? static_cast<float*>(dst) : (tmp.resize(n), tmp.data());
   cpu::WidenToF32(src_t, src, f, n);
   if (scale != 1.0f) cpu::ScaleF32(f, scale, n);
   if (dst_t != ffi::DataType::F32) cpu::NarrowFromF32(dst_t, f, dst, n);
@@ -44,19 +43,20 @@ ffi::Error MoveLeaves(const char* op, ffi::AnyBuffer buf, const std::vector<ffi:
     total += static_cast<int64_t>(leaves[a].element_count());
   }
   if (total != static_cast<int64_t>(buf.element_count()))
-    return ffi::Error::InvalidArgument(std::string("coarse_jax: ") + op +
-                                       ": the packed buffer has " +
-                                       std::to_string(buf.element_count()) +
-                                       " elements, the leaves " + std::to_string(total));
+    return ffi::Error::InvalidArgument(
+        std::string("coarse_jax: ") + op + ": the packed buffer has " +
+        std::to_string(buf.element_count()) + " elements, the leaves " + std::to_string(total));
   std::vector<float> tmp;
   int64_t off = 0;
   for (const ffi::AnyBuffer& leaf : leaves) {
-    void* at = static_cast<char*>(buf.untyped_data()) + off * ffi::ByteWidth(buf.element_type());
+    void* at = ElementPtr(buf.untyped_data(), buf.element_type(), off);
     const int64_t n = static_cast<int64_t>(leaf.element_count());
     if (kPack)
-      ConvertScaled(leaf.element_type(), leaf.untyped_data(), buf.element_type(), at, n, scale, tmp);
+      ConvertScaled(leaf.element_type(), leaf.untyped_data(), buf.element_type(), at, n, scale,
+                    tmp);
     else
-      ConvertScaled(buf.element_type(), at, leaf.element_type(), leaf.untyped_data(), n, scale, tmp);
+      ConvertScaled(buf.element_type(), at, leaf.element_type(), leaf.untyped_data(), n, scale,
+                    tmp);
     off += n;
   }
   return ffi::Error::Success();
@@ -97,20 +97,20 @@ ffi::Error ReduceImpl(ffi::RemainingArgs inputs, ffi::Result<ffi::AnyBuffer> out
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Pack, PackImpl,
                               ffi::Ffi::Bind()
-                                  .RemainingArgs()          // leaves, any shapes
-                                  .Ret<ffi::AnyBuffer>()    // 1-D packed buffer
-                                  .Attr<float>("scale"));   // multiplies every element
+                                  .RemainingArgs()         // leaves, any shapes
+                                  .Ret<ffi::AnyBuffer>()   // 1-D packed buffer
+                                  .Attr<float>("scale"));  // multiplies every element
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Unpack, UnpackImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()    // 1-D packed buffer
-                                  .RemainingRets()          // leaves, any shapes
-                                  .Attr<float>("scale"));   // multiplies every element
+                                  .Arg<ffi::AnyBuffer>()   // 1-D packed buffer
+                                  .RemainingRets()         // leaves, any shapes
+                                  .Attr<float>("scale"));  // multiplies every element
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Reduce, ReduceImpl,
                               ffi::Ffi::Bind()
-                                  .RemainingArgs()          // 1..8 arrays, one shape and dtype
-                                  .Ret<ffi::AnyBuffer>()    // scale * their sum
-                                  .Attr<float>("scale"));   // applied once, after the sum
+                                  .RemainingArgs()         // 1..8 arrays, one shape and dtype
+                                  .Ret<ffi::AnyBuffer>()   // scale * their sum
+                                  .Attr<float>("scale"));  // applied once, after the sum
 
 }  // namespace coarse

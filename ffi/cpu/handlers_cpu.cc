@@ -1,0 +1,103 @@
+// The CPU bindings of coarse_push / coarse_proxy_ring / coarse_worker_ring /
+// coarse_pull / coarse_probe: the caller is named by the (tier, data)
+// operand, and each call's translation (sync_ops.h, probe.h) runs inside
+// RunCall (handler.h) on a CpuDevice. The CUDA twin: cuda/handlers_cuda.cc.
+#include <memory>
+
+#include "cpu/cpu_device.h"
+#include "handler.h"
+#include "probe.h"
+#include "sync_ops.h"
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+namespace {
+
+ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call&) {
+  return std::unique_ptr<Device>(new CpuDevice);
+}
+
+ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer after,
+                    ffi::RemainingArgs leaves, ffi::RemainingRets outs, ffi::Dictionary attrs) {
+  (void)after;  // orders this push after the previous one
+  return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
+                 [&](Call& call, Device& dev) { return PushBody(call, dev, leaves, outs, attrs); });
+}
+
+ffi::Error ProxyRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::RemainingArgs deps,
+                         ffi::Result<ffi::AnyBuffer> token, ffi::Dictionary attrs) {
+  (void)deps;  // operands only order this call after the pushes
+  return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
+                 [&](Call& call, Device& dev) { return ProxyRingBody(call, dev, token); });
+}
+
+ffi::Error WorkerRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer token_in,
+                          ffi::RemainingArgs leaves, ffi::RemainingRets outs,
+                          ffi::Dictionary attrs) {
+  (void)token_in;
+  return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
+                 [&](Call& call, Device& dev) { return WorkerRingBody(call, dev, leaves, outs); });
+}
+
+ffi::Error PullImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer token,
+                    ffi::RemainingArgs deps, ffi::RemainingRets outs, ffi::Dictionary attrs) {
+  (void)token;
+  (void)deps;  // outputs alias these; every element is overwritten
+  return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
+                 [&](Call& call, Device& dev) { return PullBody(call, dev, outs); });
+}
+
+ffi::Error ProbeImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer pairs,
+                     ffi::AnyBuffer payload, ffi::Result<ffi::AnyBuffer> times,
+                     ffi::Dictionary attrs) {
+  return ProbeBody(run_id, who, pairs, payload, times, attrs);
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Push, PushImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()      // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()  // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()  // token of the previous push (ordering)
+                                  .RemainingArgs()        // the bucket's gradient leaves
+                                  .RemainingRets()        // [the same leaves, aliased,] token
+                                  .Attrs<ffi::Dictionary>());  // plan + bucket range, passthrough
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ProxyRing, ProxyRingImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .RemainingArgs()             // push outputs: dependencies only
+                                  .Ret<ffi::AnyBuffer>()       // int32[] token for the next call
+                                  .Attrs<ffi::Dictionary>());  // plan
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(WorkerRing, WorkerRingImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()       // token: after the proxy ring
+                                  .RemainingArgs()             // leading leaves
+                                  .RemainingRets()             // reduced leading leaves, then token
+                                  .Attrs<ffi::Dictionary>());  // plan
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Pull, PullImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()       // token: after proxy/worker ring
+                                  .RemainingArgs()             // proxy leaves (aliased to results)
+                                  .RemainingRets()             // the reduced proxy leaves
+                                  .Attrs<ffi::Dictionary>());  // plan
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Probe, ProbeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()      // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()  // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()  // int32[4] (src, dst) pairs, -1 unused
+                                  .Arg<ffi::AnyBuffer>()  // payload, the bytes to move
+                                  .Ret<ffi::AnyBuffer>()  // float32[reps] seconds (sources only)
+                                  .Attrs<ffi::Dictionary>());  // workers, site, timeout_ms, emu_*
+
+}  // namespace coarse

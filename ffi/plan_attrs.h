@@ -1,0 +1,33 @@
+// The plan and the emulated topology, read from a custom call's attributes.
+//
+// The Python planner (coarse_jax/plan.py) hands its decisions to every
+// custom call as FFI attributes (plain int64 / float64 arrays), so a compiled
+// program carries its own plan. This is the only code that reads them; the
+// runtime sees the parsed Plan (runtime/plan.h) and Topology
+// (runtime/emulator.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "runtime/emulator.h"
+#include "runtime/plan.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace coarse {
+
+// Returns the cached plan for the attributes' `plan_key`, parsing it on first
+// use (once per process). Attributes (all int64 unless noted):
+//   plan_key, workers, timeout_ms, mean (0/1), num_proxy_leaves,
+//   piece_nelems[S], piece_nbytes[S], piece_dest[S*p], segments[5*G],
+//   leaf_nelems[L], leading_nbytes, leaf_names (string, '\n'-separated),
+//   and optionally the emu_* topology attributes (see ParseTopology).
+xla::ffi::ErrorOr<std::shared_ptr<const Plan>> GetPlan(const xla::ffi::Dictionary& attrs);
+
+// Parses the emu_* attributes (float64 [p*p] tables emu_{wp,pp,ww}_s_per_byte
+// and emu_{wp,pp,ww}_latency_s, optional int64 emu_virtual); returns false
+// when the call has none.
+xla::ffi::ErrorOr<bool> ParseTopology(const xla::ffi::Dictionary& attrs, int64_t workers,
+                                      Topology* out);
+
+}  // namespace coarse

@@ -1,0 +1,57 @@
+// The first and last steps of every call (see call.h).
+#include "runtime/call.h"
+
+#include <string>
+
+#include "runtime/dtype.h"
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+ffi::Error AcquireStorage(Call& call, Device& device) {
+  if (call.plan().emulated && !device.SupportsEmulation())
+    return ffi::Error::InvalidArgument(
+        "coarse_jax: an emulated topology (Config(topology=...)) only runs on CPU devices: "
+        "its links are timed on the host");
+  if (!call.session->TakeFirstCall(call.device())) return ffi::Error::Success();
+  for (int64_t d = 0; d < 2 * call.session->p(); ++d) {
+    if (d == call.device()) continue;
+    ffi::Error e = device.Acquire(d);
+    if (e.failure()) return e;
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error CheckLeaf(const Plan& plan, int64_t leaf, ffi::DataType dtype, size_t element_count,
+                     const char* op) {
+  if (!IsSupported(dtype))
+    return ffi::Error::InvalidArgument(std::string("coarse_jax: ") + op + ": tensor '" +
+                                       plan.leaf_names[leaf] + "' has " + DtypeName(dtype) +
+                                       "; only float32, bfloat16 and float16 are synchronized");
+  if (static_cast<int64_t>(element_count) != plan.leaf_nelems[leaf])
+    return ffi::Error::InvalidArgument(
+        std::string("coarse_jax: ") + op + ": tensor '" + plan.leaf_names[leaf] + "' has " +
+        std::to_string(element_count) + " elements, the plan expects " +
+        std::to_string(plan.leaf_nelems[leaf]));
+  return ffi::Error::Success();
+}
+
+ffi::Error FinishCall(Call& call, Device& device, ffi::Error status, bool last) {
+  if (status.failure()) {
+    call.session->Poison(status.message());
+    return status;
+  }
+  if (last) {
+    // Everything this device did to the storage (its reads included) is
+    // what the next session's first calls will wait for.
+    ffi::Error e = device.Publish();
+    if (e.failure()) {
+      call.session->Poison(e.message());
+      return e;
+    }
+    call.session->Leave();
+  }
+  return status;
+}
+
+}  // namespace coarse

@@ -1,0 +1,49 @@
+// One device's part in one session: the Call every phase (phases.h) takes,
+// and what every call does first and last whatever its platform or op.
+//
+// First: the caller's first call of a session waits for the previous user
+// of the storage (AcquireStorage). Last: on an error the session is poisoned,
+// so peers stop waiting for this device at once instead of timing out; the
+// last call of the step on its device publishes its work and leaves the
+// session (FinishCall). The handlers (ffi/handler.h) wrap these around the
+// XLA translation; the self-test (sync_selftest.h) calls them directly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "runtime/device.h"
+#include "runtime/plan.h"
+#include "runtime/session.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace coarse {
+
+struct Call {
+  std::shared_ptr<Session> session;
+  Who who;
+  const Plan& plan() const { return session->plan(); }
+  int64_t device() const { return who.device(session->p()); }  // mesh device index
+};
+
+// The caller's first call of a session waits (Device::Acquire) for every
+// device's work of the session that used the storage before.
+xla::ffi::Error AcquireStorage(Call& call, Device& device);
+
+// Checks that a leaf of `dtype` with `element_count` elements (an operand or
+// result of `op`) matches leaf `leaf` of the plan.
+xla::ffi::Error CheckLeaf(const Plan& plan, int64_t leaf, xla::ffi::DataType dtype,
+                          size_t element_count, const char* op);
+
+// Returns `status`. A failure poisons the session; on success with `last`
+// (this call ends the step on its device) the device publishes its work and
+// leaves the session.
+xla::ffi::Error FinishCall(Call& call, Device& device, xla::ffi::Error status, bool last);
+
+// The factor the rings apply once: 1/p for a mean, else 1.
+inline float MeanScale(const Plan& plan) {
+  return plan.mean ? 1.0f / static_cast<float>(plan.workers) : 1.0f;
+}
+
+}  // namespace coarse

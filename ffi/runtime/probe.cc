@@ -1,0 +1,129 @@
+// RunProbe: the probe's meeting point (one ProbeSession per execution and
+// call site, with a barrier per repetition) and its timed copies; see probe.h.
+#include "runtime/probe.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+namespace {
+
+class ProbeSession {
+ public:
+  ProbeSession(int64_t devices, int64_t nbytes, int sources, const Topology* topo)
+      : devices_(devices), sources_(sources), buffers_(devices) {
+    for (auto& b : buffers_) b.reset(new char[std::max<int64_t>(1, nbytes)]);
+    if (topo) emulator_ = std::make_unique<Emulator>(*topo);
+  }
+
+  char* buffer(int64_t device) { return buffers_[device].get(); }
+
+  Clock::time_point Reserve(int64_t src, int64_t dst, double bytes, Clock::time_point start) {
+    return emulator_ ? emulator_->Reserve(src, dst, bytes, start) : start;
+  }
+
+  // All sources arrive before any of them starts the next repetition.
+  // `clock`: the caller's simulated time (virtual clock), replaced by the
+  // time the barrier opened. False on timeout.
+  bool Barrier(std::chrono::milliseconds timeout, Clock::time_point* clock) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t gen = generation_;
+    opens_at_ = std::max(opens_at_, *clock);
+    if (++waiting_ == sources_) {
+      waiting_ = 0;
+      ++generation_;
+      opened_at_ = opens_at_;
+      cv_.notify_all();
+    } else if (!cv_.wait_for(lock, timeout, [&] { return generation_ != gen; })) {
+      return false;
+    }
+    // The next opening is only computed once every source has read this one.
+    *clock = opened_at_;
+    return true;
+  }
+
+  // True for the last device to leave.
+  bool Leave() { return ++left_ == devices_; }
+
+ private:
+  int64_t devices_;
+  int sources_;
+  std::vector<std::unique_ptr<char[]>> buffers_;
+  std::unique_ptr<Emulator> emulator_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int waiting_ = 0;
+  int64_t generation_ = 0;
+  Clock::time_point opens_at_{}, opened_at_{};  // virtual clock: simulated times
+  std::atomic<int64_t> left_{0};
+};
+
+std::mutex g_mu;
+std::map<std::pair<int64_t, int64_t>, std::shared_ptr<ProbeSession>> g_sessions;
+
+}  // namespace
+
+ffi::Error RunProbe(const ProbeRequest& r) {
+  const int64_t p = r.workers;
+  const int32_t* pairs = r.pairs;
+  const int sources = (pairs[0] >= 0) + (pairs[2] >= 0);
+  const int64_t me = r.who.device(p);
+  const int64_t nbytes = r.nbytes;
+  const bool virtual_clock = r.topology && r.topology->virtual_clock;
+
+  std::shared_ptr<ProbeSession> session;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto& slot = g_sessions[{r.run_id, r.site}];
+    if (!slot) slot = std::make_shared<ProbeSession>(2 * p, nbytes, sources, r.topology);
+    session = slot;
+  }
+
+  float* out = r.times;
+  const size_t reps = r.reps;
+  std::fill(out, out + reps, 0.0f);
+  ffi::Error status = ffi::Error::Success();
+  for (int pair = 0; pair < 2; ++pair) {
+    if (pairs[2 * pair] != me) continue;
+    const int64_t dst = pairs[2 * pair + 1];
+    if (dst < 0 || dst >= 2 * p || dst == me) {
+      status = ffi::Error::InvalidArgument("coarse_probe: bad destination device");
+      break;
+    }
+    Clock::time_point clock{};  // simulated time of this source (virtual clock)
+    for (size_t rep = 0; rep < reps; ++rep) {
+      if (!session->Barrier(r.timeout, &clock)) {
+        status = ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                            "coarse_probe: " + r.who.Describe() +
+                                " timed out waiting for the other source of the probe");
+        break;
+      }
+      const Clock::time_point start = virtual_clock ? clock : Clock::now();
+      const Clock::time_point arrival =
+          session->Reserve(me, dst, static_cast<double>(nbytes), start);
+      std::memcpy(session->buffer(dst), r.payload, nbytes);
+      if (virtual_clock) {
+        clock = arrival;
+        out[rep] = std::chrono::duration<float>(arrival - start).count();
+      } else {
+        SleepUntil(arrival);
+        out[rep] = std::chrono::duration<float>(Clock::now() - start).count();
+      }
+    }
+  }
+  if (session->Leave()) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_sessions.erase({r.run_id, r.site});
+  }
+  return status;
+}
+
+}  // namespace coarse
