@@ -62,12 +62,12 @@ bench: $(STAMP)
 #   lint:  ruff's rules and formatting (Python), clang-format (C++/CUDA);
 #   types: mypy on the package;  imports: the layer contract in .importlinter.
 PY_TREE := coarse_jax tests benchmarks examples
-CXX_FILES = $(shell find ffi kernels -type f \( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \))
+CLANG_FORMAT := CLANG_FORMAT=$(CURDIR)/$(VENV)/bin/clang-format bash tools/check_format.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(PY_TREE)
 	$(VENV)/bin/ruff format --check $(PY_TREE)
-	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_FILES)
+	$(CLANG_FORMAT)
 
 types: $(STAMP)
 	$(VENV)/bin/mypy
@@ -81,7 +81,7 @@ check: lint types imports
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix $(PY_TREE)
 	$(VENV)/bin/ruff format $(PY_TREE)
-	$(VENV)/bin/clang-format -i $(CXX_FILES)
+	$(CLANG_FORMAT) --fix
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .benchmarks

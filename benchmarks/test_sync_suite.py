@@ -24,7 +24,7 @@ and worker counts with ``--bench-workers=1,2`` (or ``$COARSE_BENCH_WORKERS``);
 default all. Rounds: ``$COARSE_BENCH_ROUNDS`` (default 3).
 
 Memory: the C++ runtime keeps up to two spare buffer sets per plan for up to 8
-plans (``BufferPool`` in ffi/runtime/session.cc) and never returns them, so
+plans (the host pool in ffi/cpu/cpu_storage.cc) and never returns them, so
 every coarse_ffi/dense case leaves about 2 x (tree bytes x p) or more resident
 until the process ends: BERT-base alone, all worker counts in one process,
 peaks near 17 GiB. ``make bench`` therefore runs one process per (tree, worker

@@ -105,7 +105,7 @@ class Plan:
         return sum(self.leaves[i].nbytes for i in self.proxy_leaves)
 
     def ffi_attrs(self) -> dict[str, Any]:
-        """The plan as FFI attributes (see ffi/runtime/plan.h), cached."""
+        """The plan as FFI attributes (read by ffi/plan_attrs.cc), cached."""
         cached = getattr(self, "_attrs", None)
         if cached is not None:
             return cached

@@ -1,4 +1,5 @@
-"""Every ```python block of README.md runs, in order, as one script (later blocks use earlier names)."""
+"""Every ```python block of README.md runs, in order, as one script (later blocks use earlier
+names)."""
 
 import os
 import pathlib

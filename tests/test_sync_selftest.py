@@ -1,4 +1,4 @@
-"""The whole sync protocol on each device backend, outside XLA (ffi/sync_selftest.h).
+"""The whole sync protocol on each device backend, outside XLA (ffi/runtime/sync_selftest.h).
 
 2p threads, p workers and p proxies, each with its own device, run the phases
 of the four custom calls (the same C++ as the handlers: push pieces, proxies

@@ -9,7 +9,7 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
     """Predicted seconds for one `coarse.all_reduce` of ``plan`` on an emulated ``topology``.
 
     The paper's push -> proxy ring -> pull pipeline, evaluated piece by piece
-    on the links and ports the runtime books (coarse_jax/topology.py,
+    on the links and ports the runtime books (coarse_jax/profiling/topology.py,
     ffi/runtime/emulator.h), so unequal pieces, crossing routes and DENSE
     (every worker routed to one proxy: no ring, one port) are all covered:
 
