@@ -49,7 +49,8 @@ BENCH_PYTEST := cd /tmp && $(XLA_CPU) $(CURDIR)/$(VENV)/bin/pytest -q -p no:cach
 bench: $(STAMP)
 	rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)/parts
 	$(BENCH_PYTEST) $(CURDIR)/benchmarks/test_sync_resnet50.py \
-		$(CURDIR)/benchmarks/test_emulated_v100.py --benchmark-json=$(BENCH_OUT)/parts/resnet50_v100.json
+		$(CURDIR)/benchmarks/test_emulated_v100.py $(CURDIR)/benchmarks/test_dispatch.py \
+		--benchmark-json=$(BENCH_OUT)/parts/resnet50_v100.json
 	for tree in $(BENCH_TREES); do for p in $(BENCH_WORKERS); do \
 		($(BENCH_PYTEST) $(CURDIR)/benchmarks/test_sync_suite.py --bench-trees=$$tree \
 			--bench-workers=$$p --benchmark-json=$(BENCH_OUT)/parts/suite_$${tree}_$$p.json) \

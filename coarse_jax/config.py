@@ -6,6 +6,8 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
 from coarse_jax.profiling import routing
 
 if TYPE_CHECKING:
@@ -14,6 +16,33 @@ if TYPE_CHECKING:
 
 Mode = Literal["ffi", "reference"]
 _MODES = ("ffi", "reference")
+
+
+# The longest wait Config.timeout_s allows: the runtime counts nanoseconds in
+# int64 (292 years), and a week is longer than any step.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def _check_routes(routes: object) -> tuple[tuple[int, int], ...]:
+    """``routes`` as int pairs; a clear error for anything else (floats are not truncated)."""
+    expected = (
+        "Config.routes: expected one (latency_proxy, bandwidth_proxy) pair of int indices "
+        "on the 'data' axis per worker"
+    )
+    try:
+        pairs = [tuple(pair) for pair in routes]  # type: ignore[attr-defined]
+    except TypeError:
+        raise TypeError(f"{expected}, got {routes!r}.") from None
+    for i, pair in enumerate(pairs):
+        if len(pair) != 2:
+            raise ValueError(f"{expected}; routes[{i}] is {pair!r}.")
+        for v in pair:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(
+                    f"{expected}; routes[{i}] is {pair!r}, which holds {v!r}. Fix: name proxies "
+                    "by their int index, e.g. routes=((0, 1), (1, 0))."
+                )
+    return tuple((int(a), int(b)) for a, b in pairs)
 
 
 def _default_mode() -> str:
@@ -63,6 +92,14 @@ class Config:
       topology: run on an emulated interconnect (`coarse.Topology`): every
         transfer of the runtime (push, ring steps, pull, worker ring) lasts as
         long as that link says. ``None``: the host's real transport.
+      max_steps_in_flight: how many calls of a `coarse.sync` step may be
+        dispatched and not yet finished; the next call first waits for the
+        oldest. ``None`` (default): 2 on CPU devices, unbounded elsewhere.
+        XLA:CPU runs every device of a program on a shared thread pool: with
+        many multi-device runs queued, a device's thread can wait for a run
+        whose other devices have no thread yet, and the step times out (or,
+        for XLA's own collectives, aborts). Two in flight keep Python's
+        dispatch overlapped with the run at no measurable cost. 0: unbounded.
 
     Example:
       >>> cfg = coarse.Config(shard_bytes=1 << 20, leading_bytes=64 << 10)
@@ -79,6 +116,7 @@ class Config:
     step_times_s: tuple[float, float] | None = None
     reprofile_every: int = 0
     worker_compute: str = "cond"
+    max_steps_in_flight: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("shard_bytes", "latency_threshold_bytes", "leading_bytes", "reprofile_every"):
@@ -124,16 +162,22 @@ class Config:
             raise ValueError(
                 f"Config.worker_compute: expected 'cond' or 'all', got {self.worker_compute!r}."
             )
-        if not self.timeout_s > 0:
-            raise ValueError(f"Config.timeout_s: expected seconds > 0, got {self.timeout_s!r}.")
+        if isinstance(self.timeout_s, bool) or not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            raise ValueError(
+                f"Config.timeout_s: expected seconds in (0, {MAX_TIMEOUT_S:g}] (a week), got "
+                f"{self.timeout_s!r}. Fix: pass a finite number of seconds, e.g. timeout_s=600."
+            )
+        if self.max_steps_in_flight is not None and (
+            isinstance(self.max_steps_in_flight, bool)
+            or not isinstance(self.max_steps_in_flight, int)
+            or self.max_steps_in_flight < 0
+        ):
+            raise ValueError(
+                "Config.max_steps_in_flight: expected None (the platform's default), 0 "
+                f"(unbounded) or a positive int, got {self.max_steps_in_flight!r}."
+            )
         if self.routes is not None:
-            routes = tuple(tuple(int(v) for v in pair) for pair in self.routes)
-            if any(len(pair) != 2 for pair in routes):
-                raise ValueError(
-                    "Config.routes: expected one (latency_proxy, bandwidth_proxy) pair per "
-                    f"worker, got {self.routes!r}."
-                )
-            object.__setattr__(self, "routes", routes)
+            object.__setattr__(self, "routes", _check_routes(self.routes))
 
     @staticmethod
     def from_profile(profile: Profile, **overrides: Any) -> Config:
@@ -193,7 +237,8 @@ class Config:
             if any(not 0 <= proxy < workers for proxy in pair):
                 raise ValueError(
                     f"Config.routes[{i}]: proxies are indices on the 'data' axis, "
-                    f"0..{workers - 1}; "
-                    f"got {pair}."
+                    f"0..{workers - 1}; got {pair}. Fix: route worker {i} to proxies of this "
+                    f"mesh, e.g. ({i}, {(i + 1) % workers}), or build the Config from this "
+                    "mesh's profile (Config.from_profile)."
                 )
         return self.routes

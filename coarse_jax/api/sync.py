@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any, overload
@@ -17,6 +18,9 @@ from coarse_jax.api.reprofile import reprofiled
 from coarse_jax.config import Config
 from coarse_jax.mesh import DATA, check_mesh
 from coarse_jax.plan import plan as make_plan
+
+# Config.max_steps_in_flight=None per platform (0: unbounded).
+DEFAULT_MAX_IN_FLIGHT = {"cpu": 2}
 
 # (structure, ((shape, dtype) of every leaf)) of one argument.
 Signature = tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]
@@ -60,17 +64,24 @@ class SyncedStep:
         self._plans: list[_context.PlanRequest] = []  # what the traces planned
         self._calls = 0
         self._reprofiles = 0
+        # One output leaf of each call not known to be finished, oldest first.
+        self._in_flight: collections.deque[jax.Array] = collections.deque()
 
     def config(self) -> Config:
         """The `Config` in use (re-profiling may have replaced the one given)."""
         return self._config
 
     def stats(self) -> dict[str, int]:
-        """``calls`` made, ``reprofiles`` done, programs ``compiled``."""
+        """``calls`` made, ``reprofiles`` done, programs ``compiled``, calls ``in_flight``.
+
+        ``in_flight``: calls dispatched that the step has not seen finish (at
+        most `Config.max_steps_in_flight`; some may have finished meanwhile).
+        """
         return {
             "calls": self._calls,
             "reprofiles": self._reprofiles,
             "compiled": len(self._compiled),
+            "in_flight": len(self._in_flight),
         }
 
     def __call__(self, *args: Any) -> Any:
@@ -80,10 +91,34 @@ class SyncedStep:
         if key not in self._compiled:
             self._compiled[key] = self._compile(cfg, len(args), bnums)
         out = self._compiled[key](*args)
+        self._bound_in_flight(cfg, out)
         self._calls += 1
         if cfg.reprofile_every and self._calls % cfg.reprofile_every == 0:
             self._reprofile()
         return out
+
+    def _max_in_flight(self, cfg: Config) -> int:
+        if cfg.max_steps_in_flight is not None:
+            return cfg.max_steps_in_flight
+        return DEFAULT_MAX_IN_FLIGHT.get(self.mesh.devices.flat[0].platform, 0)
+
+    def _bound_in_flight(self, cfg: Config, out: Any) -> None:
+        """Waits for the oldest calls until at most ``max_steps_in_flight`` are unfinished.
+
+        See `Config.max_steps_in_flight`: XLA:CPU can starve a run queued
+        behind many others. One output leaf stands for its call: a program's
+        outputs are ready when every device finished it.
+        """
+        limit = self._max_in_flight(cfg)
+        if limit == 0:
+            return
+        leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
+        if leaves:
+            self._in_flight.append(min(leaves, key=lambda x: x.size))
+        while len(self._in_flight) > limit:
+            oldest = self._in_flight.popleft()
+            if not oldest.is_deleted():  # donated to a later call: that call waits for it
+                oldest.block_until_ready()
 
     def _batch_nums(self, n: int) -> tuple[int, ...]:
         if self._batch_argnums is None:
