@@ -145,3 +145,21 @@ def test_vmap_is_refused_at_trace_time():
     loss, grads = _vg_step(mesh)(jnp.ones(3), batch)
     assert float(loss) == 6.0
     np.testing.assert_array_equal(np.asarray(grads), np.ones(3) * 2)
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("inf"), float("nan"), 1e20, True])
+def test_timeout_must_be_finite_and_positive(timeout):
+    with pytest.raises(ValueError, match=r"Config.timeout_s: expected seconds in \(0, 604800\]"):
+        coarse.Config(timeout_s=timeout)
+
+
+def test_routes_are_int_pairs_not_truncated():
+    with pytest.raises(TypeError, match=r"routes\[0\] is \(1.9, 0.2\).*Fix: name proxies"):
+        coarse.Config(routes=((1.9, 0.2), (0, 1)))
+    with pytest.raises(ValueError, match=r"routes\[1\] is \(0,\)"):
+        coarse.Config(routes=((0, 1), (0,)))
+    assert coarse.Config(routes=[[np.int64(1), 0], (0, 1)]).routes == ((1, 0), (0, 1))
+    with pytest.raises(
+        ValueError, match=r"routes\[1\].*0\.\.1; got \(0, 5\)\. Fix: route worker 1"
+    ):
+        coarse.plan({"w": jnp.ones(4)}, 2, coarse.Config(routes=((0, 1), (0, 5))))
