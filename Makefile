@@ -12,7 +12,7 @@ SOURCES := pyproject.toml CMakeLists.txt $(shell find ffi kernels coarse_jax -ty
 BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "jax==0.10.2" "jaxlib==0.10.2"
 XLA_CPU := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: demo test bench install clean lint types imports check format
+.PHONY: demo test bench install clean lint types imports check format fuzz
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,10 @@ imports: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 check: lint types imports
+
+# The property-based sync fuzzer with fresh seeds for an hour (FUZZ_SECONDS).
+fuzz: $(STAMP)
+	bash tools/fuzz.sh
 
 # Rewrites the tree the way `make lint` wants it.
 format: $(STAMP)
