@@ -66,12 +66,20 @@ def test_scalar_leaf_and_has_aux():
 
     params = {"scale": jnp.float32(1.5), "w": jnp.ones((3, 2)) * 0.1}
     batch = make_batch(jax.random.key(4), 8, 3, 2)
-    (loss, aux), grads = _step(mesh, coarse.Config(), loss_fn, has_aux=True)(params, batch)
+
+    # Aux is each worker's own: returned per worker (batch_outputs) and reduced.
+    @coarse.sync(mesh, batch_outputs=1)
+    def step(params, batch):
+        (loss, aux), grads = coarse.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        return (loss, coarse.all_reduce(aux)), aux["mae"][None], grads
+
+    (loss, aux), per_worker, grads = step(params, batch)
     want_loss, want = per_worker_mean(lambda p, b: loss_fn(p, b)[0], params, batch, 4)
     slices = [jax.tree.map(lambda x, lo=2 * i: x[lo : lo + 2], batch) for i in range(4)]
     maes = [loss_fn(params, s)[1]["mae"] for s in slices]
     np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
     np.testing.assert_allclose(float(aux["mae"]), np.mean(maes), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(per_worker), maes, rtol=1e-6)
     assert grads["scale"].shape == ()
     assert_tree_close(grads, want, rtol=1e-6, atol_scale=1e-6)
 
@@ -203,3 +211,52 @@ def test_tuple_argnums_match_jax_value_and_grad(mode, argnums):
     )
     assert_tree_close(got, want, rtol=1e-6, atol_scale=1e-6)
     assert_replicated(got)
+
+
+@pytest.mark.parametrize("worker_compute", ["cond", "all"])
+def test_logits_as_aux_give_the_global_accuracy(worker_compute):
+    """Flax's `return loss, logits`: accuracy through coarse.all_reduce is the global one."""
+    workers = 4
+    mesh = coarse.make_mesh(workers=workers)
+    rng = np.random.default_rng(7)
+    params = {"w": jnp.asarray(rng.standard_normal((6, 5)), jnp.float32)}
+    batch = {
+        "x": jnp.asarray(rng.standard_normal((32, 6)), jnp.float32),
+        "label": jnp.asarray(rng.integers(0, 5, 32), jnp.int32),
+    }
+
+    def loss_fn(params, batch):
+        logits = batch["x"] @ params["w"]
+        onehot = jax.nn.one_hot(batch["label"], 5)
+        return -jnp.mean(jnp.sum(onehot * jax.nn.log_softmax(logits), -1)), logits
+
+    @coarse.sync(mesh, config=coarse.Config(worker_compute=worker_compute), batch_outputs=2)
+    def step(params, batch):
+        (loss, logits), _ = coarse.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        correct = jnp.mean((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32))
+        return loss, coarse.all_reduce(correct), logits
+
+    loss, accuracy, logits = step(params, batch)
+    want_logits = np.asarray(batch["x"]) @ np.asarray(params["w"])
+    want = np.mean(np.argmax(want_logits, -1) == np.asarray(batch["label"]))
+    np.testing.assert_allclose(float(accuracy), want, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(logits), want_logits, rtol=1e-5, atol=1e-5)
+    assert_replicated((loss, accuracy))
+
+
+def test_returning_a_per_worker_value_names_the_output_and_the_fix():
+    mesh = coarse.make_mesh(workers=2)
+
+    @coarse.sync(mesh)
+    def step(params, batch):
+        (loss, logits), grads = coarse.value_and_grad(
+            lambda p, b: (jnp.mean(b @ p), b @ p), has_aux=True
+        )(params, batch)
+        return grads, {"loss": loss, "logits": logits}
+
+    with pytest.raises(
+        TypeError,
+        match=r"output \[1\]\['logits'\] differs per device .*coarse.all_reduce.*"
+        r"batch_outputs=\(1,\)",
+    ):
+        step(jnp.ones(3), jnp.ones((4, 3)))

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from coarse_jax import _ffi, reference
-from coarse_jax.api import _context
+from coarse_jax.api import _context, _nnx
 from coarse_jax.api._phases import bucket_leaves, finish, tier_is_worker, zeros_like_shapes
 from coarse_jax.config import Config
 from coarse_jax.plan import BucketPlan, check_dtype
@@ -56,8 +56,13 @@ def value_and_grad(
     proxy from inside the backward pass as soon as it exists; proxies
     ring-reduce while the backward pass goes on; the leading layers are
     reduced among the workers; everyone pulls. Returns the mean loss and the
-    mean gradients over the workers (``has_aux``: the aux tree, also averaged,
-    must hold floats), identical on every device of the mesh.
+    mean gradients over the workers, identical on every device of the mesh.
+
+    ``aux`` (``has_aux=True``) is each worker's own value, as
+    `jax.value_and_grad` gives it inside ``shard_map`` (the proxies hold
+    zeros): reduce what should leave the step with `coarse.all_reduce` (e.g.
+    accuracy from per-worker logits), or return per-example values through
+    ``coarse.sync(..., batch_outputs=...)``.
 
     Args:
       fun: the loss function, as for `jax.value_and_grad`.
@@ -81,6 +86,18 @@ def value_and_grad(
 
     @functools.wraps(fun)
     def vg(*args: Any, **kwargs: Any) -> Any:
+        modules = [i for i in nums if _nnx.is_graph_node(args[i])]
+        if modules:
+            if not single:
+                raise NotImplementedError(
+                    "coarse.value_and_grad: an NNX module is differentiated with an int argnums "
+                    f"naming it (its nnx.Param state), got argnums={argnums!r}. Fix: "
+                    "differentiate one module, or pass plain pytrees for a tuple of argnums."
+                )
+            return _module_value_and_grad(fun, nums[0], has_aux, config, args, kwargs)
+        return vg_pytrees(*args, **kwargs)
+
+    def vg_pytrees(*args: Any, **kwargs: Any) -> Any:
         ctx = _context.current("coarse.value_and_grad")
         cfg = config or ctx.config
         for i in nums:
@@ -101,17 +118,18 @@ def value_and_grad(
         diff_shapes = tuple(jax.eval_shape(lambda x: x, args[i]) for i in nums)
         grads_shape = diff_shapes[0] if single else diff_shapes
         # Sync tree: gradients first in flatten order (so the leading split
-        # takes the first layers), then aux and loss (pushed first: the sync
-        # order is the reverse). Group 1 keeps loss/aux out of gradient pieces.
-        shapes = (grads_shape, aux_shape, loss_shape)
-        groups = (jax.tree.map(lambda _: 0, grads_shape), jax.tree.map(lambda _: 1, aux_shape), 1)
+        # takes the first layers), then the loss (pushed first: the sync
+        # order is the reverse). Group 1 keeps the loss out of gradient
+        # pieces. Aux is not synchronized: each worker keeps its own.
+        shapes = (grads_shape, loss_shape)
+        groups = (jax.tree.map(lambda _: 0, grads_shape), 1)
         names = [
-            prefix + (jax.tree_util.keystr(path) if prefix != "loss" else "")
-            for prefix, part in (("grads", grads_shape), ("aux", aux_shape), ("loss", loss_shape))
-            for path, _ in jax.tree_util.tree_flatten_with_path(part)[0]
-        ]
+            "grads" + jax.tree_util.keystr(path)
+            for path, _ in jax.tree_util.tree_flatten_with_path(grads_shape)[0]
+        ] + ["loss"]
         plan = ctx.plan(shapes, cfg, groups=groups, names=names, where="coarse.value_and_grad")
         n_grad = len(jax.tree.leaves(grads_shape))
+        aux_leaves_shape, aux_def = jax.tree.flatten(aux_shape)
         call = ctx.call_site(plan) if cfg.mode == "ffi" else None
 
         def on_worker(*a: Any) -> Any:
@@ -147,13 +165,13 @@ def value_and_grad(
                 loss, vjp_fn, aux = jax.vjp(f, *diff_leaves, has_aux=True)
             else:
                 (loss, vjp_fn), aux = jax.vjp(f, *diff_leaves), None
-            head = list(jax.tree.leaves((aux, loss)))
+            head = [loss]
             seed = jnp.ones_like(loss)
             if call is not None:
-                # The loss (and aux) are known after the forward pass: push
-                # now (they come first in plan order), passing them through so
-                # their push cannot be dropped; the backward pass's pushes
-                # follow them in the token chain through the seed.
+                # The loss is known after the forward pass: push it now (it
+                # comes first in plan order), passing it through so its push
+                # cannot be dropped; the backward pass's pushes follow it in
+                # the token chain through the seed.
                 me, tok = _ffi.who(), _ffi.token()
                 for b in plan.buckets:
                     ids = bucket_leaves(plan, b)
@@ -165,26 +183,65 @@ def value_and_grad(
                             head[t - n_grad] = v
                 seed = seed + 0.0 * tok.astype(seed.dtype)
             grads = list(vjp_fn(seed))
-            return _ffi.vary(grads + head)
+            return _ffi.vary(grads + head + jax.tree.leaves(aux))
 
         def on_proxy(*a: Any) -> Any:
             return zeros_like_shapes(
                 [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in plan.leaves]
+                + aux_leaves_shape
             )
 
         if cfg.worker_compute == "cond":
             leaves = lax.cond(tier_is_worker(), on_worker, on_proxy, *args)
         else:  # "all": proxies compute too; their pushes are no-ops, pulls overwrite the rest
             leaves = on_worker(*args)
+        n_sync = len(plan.leaves)
+        leaves, aux_leaves = leaves[:n_sync], leaves[n_sync:]
+        # Proxies hold zeros, whichever tier computed (worker_compute="all").
+        aux_leaves = [jnp.where(tier_is_worker(), x, jnp.zeros_like(x)) for x in aux_leaves]
         if call is None:  # mode="reference"
             leaves = reference.all_reduce(leaves, ctx.workers)
         else:
             # The pushed values (pass-through outputs) order the rest after the pushes.
             pushed = [leaves[t] for t in plan.proxy_leaves]
             leaves = finish(plan, call, leaves, pushed, in_place=True)
-        grads_l, head = leaves[:n_grad], leaves[n_grad:]
-        grads = jax.tree.unflatten(jax.tree.structure(grads_shape), grads_l)
-        aux, loss = jax.tree.unflatten(jax.tree.structure((aux_shape, loss_shape)), head)
-        return ((loss, aux) if has_aux else loss), grads
+        grads = jax.tree.unflatten(jax.tree.structure(grads_shape), leaves[:n_grad])
+        (loss,) = leaves[n_grad:]
+        if has_aux:
+            return (loss, jax.tree.unflatten(aux_def, aux_leaves)), grads
+        return loss, grads
 
     return vg
+
+
+def _module_value_and_grad(
+    fun: Callable[..., Any],
+    m: int,
+    has_aux: bool,
+    config: Config | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """``nnx.value_and_grad``'s contract for the module at position ``m``.
+
+    The module is split into its ``nnx.Param`` state (differentiated; the
+    gradients come back as an ``nnx.State``) and the rest; inside the loss
+    it is merged again, and whatever the loss changed in the rest (batch
+    statistics, RNG counts) leaves as aux (each worker's own) and is written
+    back into the module; `coarse.sync` then averages it over the workers.
+    """
+    module = args[m]
+    graphdef, params, rest = _nnx.diff_split(module)
+
+    def pure(params: Any, rest: Any, *others: Any) -> Any:
+        inner = _nnx.merge_parts(graphdef, params, rest)
+        call = [*others[:m], inner, *others[m:]]
+        out = fun(*call, **kwargs)
+        loss, aux = out if has_aux else (out, None)
+        return loss, (aux, _nnx.carried_state(inner))
+
+    others = [a for i, a in enumerate(args) if i != m]
+    wrapped = value_and_grad(pure, argnums=0, has_aux=True, config=config)
+    (loss, (aux, carried)), grads = wrapped(params, rest, *others)
+    _nnx.update(module, carried)
+    return ((loss, aux) if has_aux else loss), grads

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
-from coarse_jax.api import _context
+from coarse_jax.api import _context, _nnx, _outputs
+from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.reprofile import reprofiled
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA, check_mesh
+from coarse_jax.mesh import DATA, TIER, check_mesh
 from coarse_jax.plan import plan as make_plan
 
 # Config.max_steps_in_flight=None per platform (0: unbounded).
@@ -37,6 +40,47 @@ def _show(sig: Signature) -> str:
     return f"{treedef} with leaves {leaves[:4]}{more}"
 
 
+def _indices(value: int | Sequence[int] | None, what: str, step: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    nums = (value,) if isinstance(value, int) else tuple(value)
+    for v in nums:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(
+                f"coarse.sync({step}): {what} must be an int or a sequence of ints (positions), "
+                f"got {value!r}."
+            )
+    return nums
+
+
+def _positions(nums: tuple[int, ...], n: int, what: str, step: str) -> tuple[int, ...]:
+    for b in nums:
+        if not -n <= b < n:
+            raise ValueError(
+                f"coarse.sync({step}): {what} {nums!r} names argument {b}, but the step was "
+                f"called with {n} positional arguments. Fix: pass {what} positions of its "
+                "arguments."
+            )
+    return tuple(sorted({b % n for b in nums}))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """How one call's arguments map onto the compiled program; part of its cache key."""
+
+    n: int
+    batch: tuple[int, ...]  # sharded over "data"
+    static: tuple[tuple[int, Any], ...]  # (position, value): compiled in, as jax.jit's
+    donate: tuple[int, ...]
+    graph: tuple[int, ...]  # NNX graph nodes, passed as their state
+    graphdef: Any  # their graph definition (static), or None
+    outer_trace: bool  # called while an outer jax transformation traces it
+
+    def dynamic(self) -> list[int]:
+        static = {i for i, _ in self.static}
+        return [i for i in range(self.n) if i not in static]
+
+
 class SyncedStep:
     """A train step compiled by `coarse.sync`; call it like the function it wraps.
 
@@ -50,16 +94,24 @@ class SyncedStep:
         mesh: Mesh,
         config: Config | None,
         batch_argnums: int | Sequence[int] | None,
+        static_argnums: int | Sequence[int] | None = None,
+        donate_argnums: int | Sequence[int] | None = None,
+        batch_outputs: int | Sequence[int] | None = None,
     ) -> None:
         functools.update_wrapper(self, fn)
         self.mesh = mesh
         self._fn = fn
         self._name: str = getattr(fn, "__name__", "step")
-        self._batch_argnums = batch_argnums
+        self._batch_argnums = _indices(batch_argnums, "batch_argnums", self._name)
+        self._static_argnums = _indices(static_argnums, "static_argnums", self._name)
+        self._donate_argnums = _indices(donate_argnums, "donate_argnums", self._name)
+        self._batch_outputs = tuple(
+            sorted(set(_indices(batch_outputs, "batch_outputs", self._name)))
+        )
         # The config can change when re-profiling re-plans; a compiled program
         # is kept per config, so an unchanged plan never recompiles.
         self._config = config or Config()
-        self._compiled: dict[tuple[int, tuple[int, ...], Config], Callable[..., Any]] = {}
+        self._compiled: dict[tuple[_Layout, Config], Callable[..., Any]] = {}
         self._seen: dict[int, Signature] = {}  # argument index -> its first call's signature
         self._plans: list[_context.PlanRequest] = []  # what the traces planned
         self._calls = 0
@@ -74,8 +126,9 @@ class SyncedStep:
     def stats(self) -> dict[str, int]:
         """``calls`` made, ``reprofiles`` done, programs ``compiled``, calls ``in_flight``.
 
-        ``in_flight``: calls dispatched that the step has not seen finish (at
-        most `Config.max_steps_in_flight`; some may have finished meanwhile).
+        ``calls`` counts executions, also when an outer ``jax.jit`` traced the
+        step once and runs it many times. ``in_flight``: calls dispatched that
+        the step has not seen finish (at most `Config.max_steps_in_flight`).
         """
         return {
             "calls": self._calls,
@@ -85,17 +138,38 @@ class SyncedStep:
         }
 
     def __call__(self, *args: Any) -> Any:
-        bnums = self._check_args(args)
+        layout = self._layout(args)
         cfg = self._config
-        key = (len(args), bnums, cfg)
+        if layout.outer_trace and cfg.reprofile_every:
+            raise TypeError(
+                f"coarse.sync({self._name}): Config(reprofile_every=...) cannot re-plan a step "
+                "that an outer jax transformation (jax.jit, say) compiled into its own program. "
+                "Fix: call the coarse.sync step directly (it is jitted already; pass "
+                "donate_argnums / static_argnums to coarse.sync), or set reprofile_every=0."
+            )
+        key = (layout, cfg)
         if key not in self._compiled:
-            self._compiled[key] = self._compile(cfg, len(args), bnums)
-        out = self._compiled[key](*args)
-        self._bound_in_flight(cfg, out)
+            self._compiled[key] = self._compile(cfg, layout)
+        graph_nodes = tuple(args[i] for i in layout.graph)
+        dyn = [args[i] for i in layout.dynamic()]
+        if layout.graph:
+            _, state = _nnx.split(graph_nodes)
+            dyn = [a for i, a in zip(layout.dynamic(), dyn, strict=True) if i not in layout.graph]
+            dyn.append(state)
+        replicated, per_example, new_state = self._compiled[key](*dyn)
+        if layout.graph:
+            _nnx.update(graph_nodes, new_state)
+        out = _outputs.join(replicated, per_example, self._batch_outputs)
+        if not layout.outer_trace:
+            self._bound_in_flight(cfg, out)
+            self._count_call()
+        return out
+
+    def _count_call(self) -> None:
         self._calls += 1
+        cfg = self._config
         if cfg.reprofile_every and self._calls % cfg.reprofile_every == 0:
             self._reprofile()
-        return out
 
     def _max_in_flight(self, cfg: Config) -> int:
         if cfg.max_steps_in_flight is not None:
@@ -120,28 +194,60 @@ class SyncedStep:
             if not oldest.is_deleted():  # donated to a later call: that call waits for it
                 oldest.block_until_ready()
 
-    def _batch_nums(self, n: int) -> tuple[int, ...]:
-        if self._batch_argnums is None:
-            return (n - 1,)
-        raw = self._batch_argnums
-        nums = (raw,) if isinstance(raw, int) else tuple(raw)
-        for b in nums:
-            if not -n <= b < n:
-                raise ValueError(
-                    f"coarse.sync({self._name}): batch_argnums {raw!r} names argument {b}, but "
-                    f"the step was called with {n} positional arguments. Fix: pass batch_argnums "
-                    "indices of the arguments that hold the batch."
-                )
-        return tuple(sorted({b % n for b in nums}))
-
-    def _check_args(self, args: tuple[Any, ...]) -> tuple[int, ...]:
+    def _layout(self, args: tuple[Any, ...]) -> _Layout:
         n = len(args)
         if n == 0:
             raise TypeError(f"coarse.sync({self._name}): the step needs at least a batch argument.")
-        bnums = self._batch_nums(n)
+        static = _positions(self._static_argnums, n, "static_argnums", self._name)
+        batch = (
+            _positions(self._batch_argnums, n, "batch_argnums", self._name)
+            if self._batch_argnums
+            else (n - 1,)
+        )
+        donate = _positions(self._donate_argnums, n, "donate_argnums", self._name)
+        for what, nums in (("batch_argnums", batch), ("donate_argnums", donate)):
+            if set(nums) & set(static):
+                raise ValueError(
+                    f"coarse.sync({self._name}): {what} and static_argnums both name argument(s) "
+                    f"{sorted(set(nums) & set(static))}; a static argument is compiled in, not "
+                    "passed."
+                )
+        for i in static:
+            try:
+                hash(args[i])
+            except TypeError:
+                raise TypeError(
+                    f"coarse.sync({self._name}): static argument {i} must be hashable (it is "
+                    f"part of the compiled program's key, as in jax.jit), got "
+                    f"{type(args[i]).__name__}. Fix: pass a hashable value (a tuple, not a "
+                    "list) or make it a regular argument."
+                ) from None
+        graph = tuple(i for i in _nnx.graph_positions(args) if i not in static)
+        if set(graph) & set(batch):
+            raise TypeError(
+                f"coarse.sync({self._name}): argument {sorted(set(graph) & set(batch))[0]} is an "
+                "NNX object but batch_argnums names it: the batch must be arrays. Fix: pass "
+                "batch_argnums for the batch's position."
+            )
+        graphdef = _nnx.split(tuple(args[i] for i in graph))[0] if graph else None
+        self._check_args(args, batch, static, graph)
+        outer = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
+        return _Layout(
+            n, batch, tuple((i, args[i]) for i in static), donate, graph, graphdef, outer
+        )
+
+    def _check_args(
+        self,
+        args: tuple[Any, ...],
+        batch: tuple[int, ...],
+        static: tuple[int, ...],
+        graph: tuple[int, ...],
+    ) -> None:
         p = self.mesh.shape[DATA]
         for i, arg in enumerate(args):
-            if i in bnums:
+            if i in static:
+                continue
+            if i in batch:
                 for x in jax.tree.leaves(arg):
                     if jnp.ndim(x) == 0 or jnp.shape(x)[0] % p:
                         raise ValueError(
@@ -151,7 +257,7 @@ class SyncedStep:
                             f"of {p}."
                         )
                 continue
-            sig = _signature(arg)
+            sig = _signature(_nnx.split((arg,))[1] if i in graph else arg)
             first = self._seen.setdefault(i, sig)
             if first != sig:
                 raise ValueError(
@@ -160,21 +266,59 @@ class SyncedStep:
                     f"{_show(sig)}. Fix: keep the state's structure fixed during training, or "
                     "decorate a new function with coarse.sync for the new tree."
                 )
-        return bnums
 
-    def _compile(self, cfg: Config, n: int, bnums: tuple[int, ...]) -> Callable[..., Any]:
+    def _compile(self, cfg: Config, layout: _Layout) -> Callable[..., Any]:
         if cfg.mode == "ffi":
             _ffi.check_platform(self.mesh)
+        passed = [i for i in layout.dynamic() if i not in layout.graph]
+        static = dict(layout.static)
 
-        def body(*args: Any) -> Any:
-            _context.stack().append(_context.SyncContext(self.mesh, cfg, self._plans))
+        def body(*dyn: Any) -> Any:
+            args: list[Any] = [None] * layout.n
+            for i, v in static.items():
+                args[i] = v
+            for i, v in zip(passed, dyn, strict=False):
+                args[i] = v
+            nodes: tuple[Any, ...] = ()
+            if layout.graph:
+                nodes = _nnx.merge(layout.graphdef, dyn[-1])
+                for i, node in zip(layout.graph, nodes, strict=True):
+                    args[i] = node
+            ctx = _context.SyncContext(self.mesh, cfg, self._plans)
+            _context.stack().append(ctx)
             try:
-                return self._fn(*args)
+                restore_rngs = _nnx.fold_rngs_by_worker(nodes) if nodes else None
+                out = self._fn(*args)
+                new_state = None
+                if nodes:
+                    assert restore_rngs is not None
+                    restore_rngs()
+                    new_state = _nnx.consistent_state(nodes, all_reduce, ctx.workers)
             finally:
                 _context.stack().pop()
+            replicated, per_example = _outputs.split(out, self._batch_outputs, self._name)
+            _outputs.check_replicated(replicated, self._name, self._batch_outputs)
+            if layout.outer_trace:
+                # Counted where it runs: an outer jit traces this body once.
+                jax.debug.callback(
+                    self._count_on_first_device, lax.axis_index(TIER), lax.axis_index(DATA)
+                )
+            return replicated, per_example, new_state
 
-        in_specs = tuple(P(DATA) if i in bnums else P() for i in range(n))
-        return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=P()))
+        in_specs = [P(DATA) if i in layout.batch else P() for i in passed]
+        donate = [k for k, i in enumerate(passed) if i in layout.donate]
+        if layout.graph:
+            in_specs.append(P())
+            if set(layout.graph) & set(layout.donate):
+                donate.append(len(passed))
+        mapped = jax.shard_map(
+            body, mesh=self.mesh, in_specs=tuple(in_specs), out_specs=(P(), P(DATA), P())
+        )
+        return jax.jit(mapped, donate_argnums=tuple(donate))
+
+    def _count_on_first_device(self, tier: Any, data: Any) -> None:
+        if int(tier) == 0 and int(data) == 0:
+            self._calls += 1
 
     def _plan_keys(self, cfg: Config) -> list[int]:
         p = self.mesh.shape[DATA]
@@ -190,30 +334,7 @@ class SyncedStep:
             self._config = new
 
 
-@overload
-def sync(
-    fn: Mesh,
-    mesh: None = None,
-    *,
-    config: Config | None = ...,
-    batch_argnums: int | Sequence[int] | None = ...,
-) -> Callable[[Callable[..., Any]], SyncedStep]: ...
-@overload
-def sync(
-    fn: None = None,
-    mesh: Mesh | None = ...,
-    *,
-    config: Config | None = ...,
-    batch_argnums: int | Sequence[int] | None = ...,
-) -> Callable[[Callable[..., Any]], SyncedStep]: ...
-@overload
-def sync(
-    fn: Callable[..., Any],
-    mesh: Mesh | None = ...,
-    *,
-    config: Config | None = ...,
-    batch_argnums: int | Sequence[int] | None = ...,
-) -> SyncedStep: ...
+SyncOptions = dict[str, Any]
 
 
 def sync(
@@ -222,6 +343,9 @@ def sync(
     *,
     config: Config | None = None,
     batch_argnums: int | Sequence[int] | None = None,
+    static_argnums: int | Sequence[int] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    batch_outputs: int | Sequence[int] | None = None,
 ) -> SyncedStep | Callable[[Callable[..., Any]], SyncedStep]:
     """Runs a train step as one SPMD program over the two-tier mesh.
 
@@ -229,6 +353,11 @@ def sync(
     devices, the batch's leading axis is split over "data" (each worker and its
     proxy see the same shard), outputs are replicated. Inside, use
     `coarse.value_and_grad` / `coarse.all_reduce` / `coarse.on_workers`.
+
+    Flax NNX objects (modules, optimizers, metrics, ``nnx.Rngs``) passed as
+    arguments behave as under ``nnx.jit``: updated in place. State the step
+    changed per worker (batch statistics, metrics, RNG counts) is averaged
+    over the workers; each worker draws its own random numbers.
 
     The first call fixes the structure and shapes of the non-batch arguments
     (the plan is compiled for them); a later call with a different structure
@@ -244,23 +373,41 @@ def sync(
       config: default `Config` for the coarse calls inside.
       batch_argnums: which positional arguments are sharded over "data";
         default: the last one.
+      static_argnums: positional arguments compiled in, as in ``jax.jit``
+        (hashable; a new value compiles a new program).
+      donate_argnums: positional arguments whose buffers the step may reuse
+        for its outputs, as in ``jax.jit`` (the caller must not use them again).
+      batch_outputs: positions of a tuple output that are per example (e.g.
+        logits): the workers' values are concatenated along axis 0. Every
+        other output must be the same on every device.
 
     Returns:
       The compiled step (or a decorator).
 
     Raises:
-      TypeError/ValueError: the mesh is not a coarse mesh, or arguments changed.
+      TypeError/ValueError: the mesh is not a coarse mesh, or arguments changed,
+        or an output differs per device.
 
     Example:
-      >>> @coarse.sync(mesh)
+      >>> @coarse.sync(mesh, donate_argnums=0)
       ... def train_step(state, batch):
       ...     loss, grads = coarse.value_and_grad(loss_fn)(state.params, batch)
       ...     return state.apply_gradients(grads=grads), loss
     """
+    options: SyncOptions = {
+        "config": config,
+        "batch_argnums": batch_argnums,
+        "static_argnums": static_argnums,
+        "donate_argnums": donate_argnums,
+        "batch_outputs": batch_outputs,
+    }
     if isinstance(fn, Mesh) and mesh is None:
         fn, mesh = None, fn
-    if fn is None:
-        return lambda f: sync(f, mesh=mesh, config=config, batch_argnums=batch_argnums)
     if isinstance(fn, Mesh):
         raise TypeError("coarse.sync: got two meshes; pass the step function and one mesh.")
-    return SyncedStep(fn, check_mesh(mesh, "coarse.sync"), config, batch_argnums)
+    checked = check_mesh(mesh, "coarse.sync")
+
+    def decorate(f: Callable[..., Any]) -> SyncedStep:
+        return SyncedStep(f, checked, **options)
+
+    return decorate if fn is None else decorate(fn)

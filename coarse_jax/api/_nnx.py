@@ -1,0 +1,125 @@
+"""Flax NNX objects as `coarse.sync` arguments and `coarse.value_and_grad` inputs.
+
+`coarse.sync` treats modules, optimizers, metrics and ``nnx.Rngs`` like
+``nnx.jit`` does: they are split into a graph definition (static) and a state
+(arrays) at the call, merged back inside the step, and the caller's objects
+are updated in place with the state the step ends with. Mutable state the
+step changed per worker (batch statistics, metrics, RNG counters) is made the
+same on every device: float state is averaged over the workers (as Flax's
+data-parallel examples average batch statistics), integer state too (it must
+be equal on every worker, as counters are). Each worker draws its own random
+numbers: inside the step every RNG stream's key is folded with the worker's
+index, and restored before the state leaves the step.
+
+flax is imported only when the caller already did: without it no NNX object
+can reach here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from coarse_jax import _ffi
+from coarse_jax.mesh import AXES, DATA, TIER
+
+
+def _nnx() -> Any:
+    from flax import nnx
+
+    return nnx
+
+
+def is_graph_node(x: Any) -> bool:
+    return "flax" in sys.modules and bool(_nnx().graph.is_graph_node(x))
+
+
+def graph_positions(args: Sequence[Any]) -> tuple[int, ...]:
+    """Indices of the top-level arguments that are NNX graph nodes (modules, optimizers, ...)."""
+    if "flax" not in sys.modules:
+        return ()
+    return tuple(i for i, a in enumerate(args) if is_graph_node(a))
+
+
+def split(nodes: tuple[Any, ...]) -> tuple[Any, Any]:
+    """(graphdef, state) of ``nodes`` together, so objects they share are shared after merge."""
+    return _nnx().split(nodes)
+
+
+def merge(graphdef: Any, state: Any) -> tuple[Any, ...]:
+    # copy=True: fresh Variables owned by the current trace (the step's), so
+    # the step may mutate them; the caller's objects are updated afterwards.
+    return _nnx().merge(graphdef, state, copy=True)
+
+
+def merge_parts(graphdef: Any, *states: Any) -> Any:
+    return _nnx().merge(graphdef, *states, copy=True)
+
+
+def update(nodes: Any, state: Any) -> None:
+    """Writes ``state`` into ``nodes`` (objects, or a tuple of them) in place."""
+    _nnx().update(nodes, state)
+
+
+def fold_rngs_by_worker(nodes: tuple[Any, ...]) -> Callable[[], None]:
+    """Folds the worker index into every RNG stream's key; returns what restores them."""
+    nnx = _nnx()
+    streams = [n for _, n in nnx.iter_graph(nodes) if isinstance(n, nnx.RngStream)]
+    saved = [s.key.get_value() for s in streams]
+    me = lax.axis_index(DATA)
+    for s in streams:
+        s.key.set_value(jax.random.fold_in(s.key.get_value(), me))
+
+    def restore() -> None:
+        for s, key in zip(streams, saved, strict=True):
+            s.key.set_value(key)
+
+    return restore
+
+
+def consistent_state(nodes: tuple[Any, ...], all_reduce: Callable[[Any], Any], workers: int) -> Any:
+    """The nodes' state with every per-device value replaced by the workers' mean.
+
+    ``all_reduce``: the float mean over workers (`coarse.all_reduce`); integer
+    leaves use XLA collectives (the runtime reduces floats only).
+    """
+    state = _nnx().state(nodes)
+    leaves, treedef = jax.tree.flatten(state)
+    varying = [
+        i
+        for i, x in enumerate(leaves)
+        if isinstance(x, jax.Array) and set(jax.typeof(x).mat.varying) & set(AXES)
+    ]
+    floats = [i for i in varying if jnp.issubdtype(leaves[i].dtype, jnp.floating)]
+    if floats:
+        for i, v in zip(floats, all_reduce([leaves[i] for i in floats]), strict=True):
+            leaves[i] = v
+    worker = lax.axis_index(TIER) == 0
+    for i in varying:
+        if i in floats:
+            continue
+        x = _ffi.vary(leaves[i])
+        total = lax.psum(jnp.where(worker, x, jnp.zeros_like(x)), AXES)
+        leaves[i] = (total // workers).astype(x.dtype)
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def diff_split(model: Any) -> tuple[Any, Any, Any]:
+    """(graphdef, params, rest): what ``nnx.value_and_grad`` differentiates and what it carries.
+
+    RNG keys stay in ``rest`` but never leave the loss: a key cannot be a
+    zero-filled output of the workers-only conditional.
+    """
+    nnx = _nnx()
+    return nnx.split(model, nnx.Param, ...)
+
+
+def carried_state(model: Any) -> Any:
+    """The state a loss may change and the step must keep (not params, not RNG keys)."""
+    nnx = _nnx()
+    return nnx.state(model, nnx.All(nnx.Not(nnx.Param), nnx.Not(nnx.RngKey)))
