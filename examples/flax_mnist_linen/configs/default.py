@@ -1,0 +1,38 @@
+"""Default hyperparameters for the Linen MNIST example (Flax's, plus the coarse ones)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class Config:
+    """Flax's MNIST config (a dataclass here: ml_collections is not a dependency).
+
+    Attributes:
+      learning_rate, momentum, batch_size: Flax's values (SGD with momentum).
+      num_steps: optimizer steps (Flax counts ``num_epochs`` over 60,000 images;
+        a step count keeps the CPU run short). Epochs are walked as in Flax.
+      train_size, test_size: sizes of the synthetic data sets (with
+        ``data_dir``: the first ``test_size`` test images; all training images).
+      data_dir: a directory holding Keras' ``mnist.npz``; None: synthetic data.
+      workers: data-parallel workers (coarse adds as many proxies).
+      impl: "flax" (Flax's step, one device), "coarse", or "both".
+      seed: initial parameters and batch order.
+    """
+
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+    batch_size: int = 64  # coarse: Flax's 128, halved for the CPU run
+    num_steps: int = 200
+    train_size: int = 6400
+    test_size: int = 1024
+    data_dir: str | None = None
+    workers: int = 4  # coarse
+    impl: str = "both"  # coarse
+    seed: int = 0
+
+
+def get_config() -> Config:
+    """Returns the default configuration."""
+    return Config()
