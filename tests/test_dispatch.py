@@ -94,3 +94,25 @@ def test_max_steps_in_flight_bounds_the_queue():
         jax.block_until_ready(params)
     with pytest.raises(ValueError, match=r"Config.max_steps_in_flight: expected None"):
         coarse.Config(max_steps_in_flight=-1)
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_call_raises_once_where_its_outputs_are_read():
+    """The in-flight bound waits on older calls; a failure there is not raised again later."""
+    from coarse_jax import _ffi
+
+    mesh = coarse.make_mesh(workers=2)
+
+    @coarse.sync(mesh, config=coarse.Config(timeout_s=1.0))
+    def step(params, batch):
+        return coarse.value_and_grad(lambda p, b: jnp.mean(b @ p))(params, batch)
+
+    params, batch = jnp.ones(3), jnp.ones((4, 3))
+    jax.block_until_ready(step(params, batch))
+    _ffi.inject_dropped_push(1)
+    failed = step(params, batch)
+    with pytest.raises(Exception, match=r"timed out after 1.000 s at step 2"):
+        jax.block_until_ready(failed)
+    for _ in range(4):  # the failed call leaves the queue without raising again
+        loss, _ = step(params, batch)
+    assert float(loss) == 3.0

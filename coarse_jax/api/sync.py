@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
@@ -191,7 +192,11 @@ class SyncedStep:
             self._in_flight.append(min(leaves, key=lambda x: x.size))
         while len(self._in_flight) > limit:
             oldest = self._in_flight.popleft()
-            if not oldest.is_deleted():  # donated to a later call: that call waits for it
+            if oldest.is_deleted():  # donated to a later call: that call waits for it
+                continue
+            # Waiting only bounds the queue: a failed call raises where the
+            # caller reads its outputs, not again at a later call.
+            with contextlib.suppress(Exception):
                 oldest.block_until_ready()
 
     def _layout(self, args: tuple[Any, ...]) -> _Layout:
