@@ -14,7 +14,12 @@ Example:
 """
 
 from coarse_jax import kernels, model, reference
-from coarse_jax._ffi import has_cuda_support, virtual_sync_seconds
+from coarse_jax._ffi import (
+    has_cuda_support,
+    memory_stats,
+    set_memory_limits,
+    virtual_sync_seconds,
+)
 from coarse_jax.api import SyncedStep, all_reduce, on_workers, sync, value_and_grad
 from coarse_jax.config import Config
 from coarse_jax.mesh import make_mesh
@@ -32,11 +37,13 @@ __all__ = [
     "kernels",
     "make_mesh",
     "measure_step_times",
+    "memory_stats",
     "model",
     "on_workers",
     "plan",
     "profile",
     "reference",
+    "set_memory_limits",
     "sync",
     "value_and_grad",
     "virtual_sync_seconds",

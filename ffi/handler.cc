@@ -56,7 +56,8 @@ ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller,
   auto who = caller.ordinal.has_value() ? WhoByOrdinal(*caller.ordinal, ordinals.value(), p)
                                         : ReadWho(*caller.who_operand, p);
   if (who.has_error()) return ffi::Unexpected(who.error());
-  return Call{JoinSession(plan.value(), run_id.run_id, site.value(), ordinals.value()),
+  return Call{JoinSession(plan.value(), run_id.run_id, site.value(), who.value().device(p),
+                          ordinals.value()),
               who.value()};
 }
 

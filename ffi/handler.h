@@ -54,6 +54,7 @@ xla::ffi::Error RunCall(xla::ffi::RunId run_id, const Caller& caller,
   auto device = make_device(call);
   if (device.has_error()) {
     call.session->Poison(device.error().message());
+    call.session->Finish(call.device());
     return device.error();
   }
   Device& dev = *device.value();

@@ -3,10 +3,13 @@
 #include "plan_attrs.h"
 
 #include <algorithm>
+#include <list>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -49,11 +52,33 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
 #undef COARSE_GET
   const int64_t p = workers;
   const int64_t S = static_cast<int64_t>(piece_nelems.size());
-  if (p < 1) return ffi::Unexpected(Invalid("workers must be >= 1"));
-  if (static_cast<int64_t>(piece_dest.size()) != S * p ||
-      static_cast<int64_t>(piece_nbytes.size()) != S)
-    return ffi::Unexpected(Invalid("piece_dest has wrong length"));
-  if (segments.size() % 5 != 0) return ffi::Unexpected(Invalid("segments not a multiple of 5"));
+  const int64_t L = static_cast<int64_t>(leaf_nelems.size());
+  if (p < 1) return ffi::Unexpected(Invalid("workers must be >= 1, got " + std::to_string(p)));
+  if (timeout_ms < 0)
+    return ffi::Unexpected(Invalid("timeout_ms must be >= 0, got " + std::to_string(timeout_ms)));
+  if (mean != 0 && mean != 1)
+    return ffi::Unexpected(Invalid("mean must be 0 or 1, got " + std::to_string(mean)));
+  if (num_proxy_leaves < 0 || num_proxy_leaves > L)
+    return ffi::Unexpected(Invalid("num_proxy_leaves must be in [0, " + std::to_string(L) +
+                                   "] (the length of leaf_nelems), got " +
+                                   std::to_string(num_proxy_leaves)));
+  if (leading_nbytes < 0) return ffi::Unexpected(Invalid("leading_nbytes must be >= 0"));
+  if (static_cast<int64_t>(piece_nbytes.size()) != S)
+    return ffi::Unexpected(Invalid("piece_nbytes has " + std::to_string(piece_nbytes.size()) +
+                                   " entries, piece_nelems " + std::to_string(S)));
+  if (static_cast<int64_t>(piece_dest.size()) != S * p)
+    return ffi::Unexpected(
+        Invalid("piece_dest has " + std::to_string(piece_dest.size()) +
+                " entries, expected pieces x workers = " + std::to_string(S * p)));
+  if (segments.size() % 5 != 0)
+    return ffi::Unexpected(Invalid("segments' length is not a multiple of 5"));
+  for (int64_t s = 0; s < S; ++s)
+    if (piece_nelems[s] < 0 || piece_nbytes[s] < 0)
+      return ffi::Unexpected(
+          Invalid("piece_nelems / piece_nbytes of piece " + std::to_string(s) + " must be >= 0"));
+  for (int64_t l = 0; l < L; ++l)
+    if (leaf_nelems[l] < 0)
+      return ffi::Unexpected(Invalid("leaf_nelems of leaf " + std::to_string(l) + " is negative"));
 
   plan->workers = p;
   plan->timeout_ms = timeout_ms;
@@ -67,7 +92,9 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
   plan->emulated = emulated.value();
   plan->piece_dest.reserve(piece_dest.size());
   for (int64_t d : piece_dest) {
-    if (d < 0 || d >= p) return ffi::Unexpected(Invalid("route to a proxy out of range"));
+    if (d < 0 || d >= p)
+      return ffi::Unexpected(Invalid("piece_dest routes to proxy " + std::to_string(d) +
+                                     ", outside [0, " + std::to_string(p) + ")"));
     plan->piece_dest.push_back(static_cast<int32_t>(d));
   }
   plan->leaf_nelems.assign(leaf_nelems.begin(), leaf_nelems.end());
@@ -90,16 +117,37 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
   for (int64_t g = 0; g < G; ++g) {
     Segment s{segments[5 * g], segments[5 * g + 1], segments[5 * g + 2], segments[5 * g + 3],
               segments[5 * g + 4]};
-    if (s.piece < 0 || s.piece >= S || s.leaf < 0 ||
-        s.leaf >= static_cast<int64_t>(leaf_nelems.size()) ||
-        s.leaf_off + s.len > leaf_nelems[s.leaf] || s.piece_off + s.len > piece_nelems[s.piece] ||
-        (g > 0 && s.piece < plan->segments.back().piece))
-      return ffi::Unexpected(Invalid("segment " + std::to_string(g) + " out of range"));
+    auto bad = [&](const std::string& why) {
+      return ffi::Unexpected(Invalid(
+          "segment " + std::to_string(g) + " (leaf " + std::to_string(s.leaf) + ", leaf_off " +
+          std::to_string(s.leaf_off) + ", len " + std::to_string(s.len) + ", piece " +
+          std::to_string(s.piece) + ", piece_off " + std::to_string(s.piece_off) + "): " + why));
+    };
+    if (s.piece < 0 || s.piece >= S)
+      return bad("piece outside [0, " + std::to_string(S) + ") (the length of piece_nelems)");
+    // Pieces carry proxy leaves only: leaves from num_proxy_leaves on are
+    // the leading layers, reduced by the worker ring.
+    if (s.leaf < 0 || s.leaf >= num_proxy_leaves)
+      return bad("leaf outside [0, " + std::to_string(num_proxy_leaves) + ") (num_proxy_leaves)");
+    if (s.len < 0 || s.leaf_off < 0 || s.piece_off < 0)
+      return bad("leaf_off, len and piece_off must be >= 0");
+    // Written so that no sum overflows: all terms are >= 0 here.
+    if (s.len > leaf_nelems[s.leaf] || s.leaf_off > leaf_nelems[s.leaf] - s.len)
+      return bad("leaf_off + len exceeds the leaf's " + std::to_string(leaf_nelems[s.leaf]) +
+                 " elements");
+    if (s.len > piece_nelems[s.piece] || s.piece_off > piece_nelems[s.piece] - s.len)
+      return bad("piece_off + len exceeds the piece's " + std::to_string(piece_nelems[s.piece]) +
+                 " elements");
+    if (g > 0 && s.piece < plan->segments.back().piece)
+      return bad("segments are not sorted by piece");
     plan->segments.push_back(s);
     plan->piece_seg_begin[s.piece + 1] = g + 1;
   }
   for (int64_t s = 1; s <= S; ++s)
     plan->piece_seg_begin[s] = std::max(plan->piece_seg_begin[s], plan->piece_seg_begin[s - 1]);
+  for (int64_t s = 0; s < S; ++s)
+    if (plan->piece_seg_begin[s + 1] == plan->piece_seg_begin[s])
+      return ffi::Unexpected(Invalid("piece " + std::to_string(s) + " has no segment"));
 
   FinishPlan(plan.get());
   return std::shared_ptr<const Plan>(std::move(plan));
@@ -142,20 +190,79 @@ ffi::ErrorOr<bool> ParseTopology(const ffi::Dictionary& attrs, int64_t workers, 
   return true;
 }
 
+namespace {
+
+// Parsed plans by plan_key, least recently used evicted beyond the limit.
+// Sessions hold their plan by shared_ptr, so evicting a plan in use only
+// means the next call of it parses its attributes again.
+class PlanCache {
+ public:
+  std::shared_ptr<const Plan> Find(int64_t key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it == index_.end()) return nullptr;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return it->second->second;
+  }
+  std::shared_ptr<const Plan> Insert(int64_t key, std::shared_ptr<const Plan> plan) {
+    std::vector<std::shared_ptr<const Plan>> evicted;  // released outside the lock
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it != index_.end()) return it->second->second;  // another thread parsed it first
+    lru_.emplace_front(key, std::move(plan));
+    index_[key] = lru_.begin();
+    std::shared_ptr<const Plan> out = lru_.front().second;
+    TrimLocked(&evicted);
+    return out;
+  }
+  void SetLimit(int64_t limit) {
+    std::vector<std::shared_ptr<const Plan>> evicted;
+    std::lock_guard<std::mutex> lock(mu_);
+    limit_ = limit;
+    TrimLocked(&evicted);
+  }
+  int64_t limit() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return limit_;
+  }
+  int64_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(lru_.size());
+  }
+
+ private:
+  void TrimLocked(std::vector<std::shared_ptr<const Plan>>* evicted) {
+    while (static_cast<int64_t>(lru_.size()) > limit_) {
+      index_.erase(lru_.back().first);
+      evicted->push_back(std::move(lru_.back().second));
+      lru_.pop_back();
+    }
+  }
+
+  std::mutex mu_;
+  int64_t limit_ = kDefaultCachedPlans;
+  std::list<std::pair<int64_t, std::shared_ptr<const Plan>>> lru_;  // most recent first
+  std::unordered_map<int64_t, decltype(lru_)::iterator> index_;
+};
+
+PlanCache& ThePlanCache() {
+  static PlanCache* cache = new PlanCache;
+  return *cache;
+}
+
+}  // namespace
+
 ffi::ErrorOr<std::shared_ptr<const Plan>> GetPlan(const ffi::Dictionary& attrs) {
   auto key = Need<int64_t>(attrs, "plan_key");
   if (key.has_error()) return ffi::Unexpected(key.error());
-  static std::mutex mu;
-  static std::unordered_map<int64_t, std::shared_ptr<const Plan>> cache;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = cache.find(key.value());
-    if (it != cache.end()) return it->second;
-  }
+  if (auto cached = ThePlanCache().Find(key.value())) return cached;
   auto parsed = Parse(attrs, key.value());
   if (parsed.has_error()) return parsed;
-  std::lock_guard<std::mutex> lock(mu);
-  return cache.emplace(key.value(), parsed.value()).first->second;
+  return ThePlanCache().Insert(key.value(), parsed.value());
 }
+
+void SetPlanCacheLimit(int64_t plans) { ThePlanCache().SetLimit(plans); }
+int64_t PlanCacheLimit() { return ThePlanCache().limit(); }
+int64_t CachedPlans() { return ThePlanCache().size(); }
 
 }  // namespace coarse

@@ -16,13 +16,22 @@
 
 namespace coarse {
 
-// Returns the cached plan for the attributes' `plan_key`, parsing it on first
-// use (once per process). Attributes (all int64 unless noted):
+// Returns the cached plan for the attributes' `plan_key`, parsing (and
+// range-checking: a malformed plan is InvalidArgument naming the attribute)
+// it on first use. The cache keeps the PlanCacheLimit() most recently used
+// plans; an evicted one is parsed again when next used. Attributes (all int64
+// unless noted):
 //   plan_key, workers, timeout_ms, mean (0/1), num_proxy_leaves,
 //   piece_nelems[S], piece_nbytes[S], piece_dest[S*p], segments[5*G],
 //   leaf_nelems[L], leading_nbytes, leaf_names (string, '\n'-separated),
 //   and optionally the emu_* topology attributes (see ParseTopology).
 xla::ffi::ErrorOr<std::shared_ptr<const Plan>> GetPlan(const xla::ffi::Dictionary& attrs);
+
+// The plan cache's limit (plans kept) and size. The limit applies at once.
+inline constexpr int64_t kDefaultCachedPlans = 64;
+void SetPlanCacheLimit(int64_t plans);
+int64_t PlanCacheLimit();
+int64_t CachedPlans();
 
 // Parses the emu_* attributes (float64 [p*p] tables emu_{wp,pp,ww}_s_per_byte
 // and emu_{wp,pp,ww}_latency_s, optional int64 emu_virtual); returns false

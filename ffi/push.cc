@@ -4,6 +4,8 @@
 // runs PushPieces (runtime/phases/push_pieces.cc) over the bucket. Operands:
 // the bucket's leaves; results: [the same leaves,] then the token; attributes
 // first_leaf, first_piece, num_pieces, passthrough besides the plan's.
+#include <string>
+
 #include "runtime/phases.h"
 #include "sync_ops.h"
 
@@ -17,13 +19,33 @@ ffi::Error PushBody(Call& call, Device& dev, ffi::RemainingArgs leaves, ffi::Rem
   auto first_piece = attrs.get<int64_t>("first_piece");
   auto num_pieces = attrs.get<int64_t>("num_pieces");
   if (first_leaf.has_error() || first_piece.has_error() || num_pieces.has_error())
-    return ffi::Error::InvalidArgument("coarse_push: missing bucket attributes");
+    return ffi::Error::InvalidArgument(
+        "coarse_push: missing bucket attributes first_leaf, first_piece, num_pieces");
   auto passthrough_attr = attrs.get<int64_t>("passthrough");
   if (passthrough_attr.has_error()) return passthrough_attr.error();
   const bool passthrough = passthrough_attr.value() != 0;
-  if (outs.size() != (passthrough ? leaves.size() : 0) + 1)
-    return ffi::Error::InvalidArgument(
-        "coarse_push: expected the leaves (passthrough) and then one token as results");
+  // The bucket must lie inside the plan: its leaves among the proxy leaves,
+  // its pieces among the plan's, and every segment of its pieces in one of
+  // its leaves (PushPieces reads them through the operands).
+  const int64_t nleaves = static_cast<int64_t>(leaves.size());
+  const int64_t fl = first_leaf.value(), fp = first_piece.value(), np = num_pieces.value();
+  if (fl < 0 || fl > plan.num_proxy_leaves - nleaves)
+    return ffi::Error::InvalidArgument("coarse_push: attribute first_leaf=" + std::to_string(fl) +
+                                       " with " + std::to_string(nleaves) +
+                                       " leaves is outside the plan's " +
+                                       std::to_string(plan.num_proxy_leaves) + " proxy leaves");
+  if (fp < 0 || np < 0 || fp > plan.num_pieces() - np)
+    return ffi::Error::InvalidArgument("coarse_push: attributes first_piece=" + std::to_string(fp) +
+                                       ", num_pieces=" + std::to_string(np) +
+                                       " are outside the plan's " +
+                                       std::to_string(plan.num_pieces()) + " pieces");
+  for (int64_t g = plan.piece_seg_begin[fp]; g < plan.piece_seg_begin[fp + np]; ++g)
+    if (plan.segments[g].leaf < fl || plan.segments[g].leaf >= fl + nleaves)
+      return ffi::Error::InvalidArgument(
+          "coarse_push: piece " + std::to_string(plan.segments[g].piece) + " holds leaf " +
+          std::to_string(plan.segments[g].leaf) + ", which is not among the bucket's leaves [" +
+          std::to_string(fl) + ", " + std::to_string(fl + nleaves) +
+          ") (attributes first_leaf, first_piece, num_pieces)");
   for (size_t a = 0; a < leaves.size(); ++a) {
     auto in = leaves.get<ffi::AnyBuffer>(a);
     if (in.has_error()) return in.error();

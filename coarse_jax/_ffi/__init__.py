@@ -22,6 +22,7 @@ from coarse_jax._ffi.calls import (
 )
 from coarse_jax._ffi.extension import (
     CUDA_TARGETS,
+    arm_interrupt_hook,
     check_gpu_target,
     check_platform,
     cpu_module,
@@ -29,6 +30,8 @@ from coarse_jax._ffi.extension import (
     has_cuda_support,
     inject_dropped_push,
     live_sessions,
+    memory_stats,
+    set_memory_limits,
     virtual_sync_seconds,
 )
 
@@ -36,6 +39,7 @@ __all__ = [
     "CUDA_TARGETS",
     "Bucket",
     "CallSite",
+    "arm_interrupt_hook",
     "check_gpu_target",
     "check_platform",
     "cpu_module",
@@ -44,9 +48,11 @@ __all__ = [
     "has_cuda_support",
     "inject_dropped_push",
     "live_sessions",
+    "memory_stats",
     "proxy_ring",
     "pull",
     "push",
+    "set_memory_limits",
     "token",
     "vary",
     "virtual_sync_seconds",

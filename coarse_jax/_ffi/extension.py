@@ -8,9 +8,11 @@ plus a few host functions (virtual-clock spans, testing hooks).
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import jax
+import numpy as np
 
 # The modules, or None where not built (typed Any: nanobind ships no stubs here).
 _coarse_cpu: Any = None
@@ -36,6 +38,10 @@ else:
     # keeps the targets until a plugin appears, and a GPU-less host never asks.
     for _name, _capsule in _coarse_cuda.registrations().items():
         jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+    # One SIGINT hook per process (ffi/runtime/interrupt.h): the CPU module's,
+    # which the CUDA module's waits read.
+    if _coarse_cpu is not None:
+        _coarse_cuda.use_interrupt_state(_coarse_cpu.interrupt_state())
 
 # Custom calls the CUDA extension implements (coarse_probe, the profiler's
 # transfers, is CPU-only).
@@ -141,8 +147,171 @@ def cuda_module() -> Any | None:
 
 
 def inject_dropped_push(worker: int) -> None:
-    """Testing hook: the next push of ``worker`` is lost (its proxy must time out)."""
+    """Testing hook: the next session loses the first push of ``worker``.
+
+    Arms only the next synchronization session the CPU runtime creates (the
+    first ``coarse.value_and_grad`` / ``coarse.all_reduce`` of the next step,
+    or of the next loop iteration): its proxy must time out with an error
+    naming the missing push, not hang. That session consumes the hook even
+    when its mesh has no worker ``worker`` (then nothing is dropped), so it
+    never stays armed for a later mesh or step.
+    """
     cpu_module().inject_dropped_push(worker)
+
+
+def arm_interrupt_hook() -> bool:
+    """Makes Ctrl-C stop a step that waits in the runtime; cheap, call before each dispatch.
+
+    The runtime's waits run on XLA's threads while Python's main thread is
+    blocked in C++, so Python's SIGINT handler only runs once the step
+    returns: without this, a step stalled on a missing push would notice
+    Ctrl-C only when ``Config.timeout_s`` expires. The extension chains a
+    SIGINT hook to the current handler (one ``sigaction`` query when already
+    installed, re-installed if Python replaced the handler since); a waiting
+    device that sees a SIGINT abandons the step within about 0.1 s with an
+    error saying it was interrupted, and Python raises KeyboardInterrupt.
+
+    Only while Python's SIGINT handler is the default one
+    (``signal.default_int_handler``, which raises KeyboardInterrupt): a
+    program that installed its own handler (to stop after the current step,
+    say) sees the step finish as before.
+
+    Returns:
+      Whether the hook is installed (False without the CPU extension, or
+      where the process has no usable SIGINT).
+
+    Example:
+      >>> from coarse_jax import _ffi
+      >>> _ffi.arm_interrupt_hook()  # doctest: +SKIP
+      True
+    """
+    if _coarse_cpu is None:
+        return False
+    try:
+        aborts = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    except (ValueError, AttributeError):  # pragma: no cover - no SIGINT on this platform
+        return False
+    armed = bool(_coarse_cpu.arm_interrupt_hook(aborts))
+    if _coarse_cuda is not None:
+        _coarse_cuda.arm_interrupt_hook(aborts)  # reads the CPU module's state: no second hook
+    return armed
+
+
+_LIMITS = ("spare_storage_bytes", "spare_plans", "cached_plans")
+
+
+def _check_limit(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(
+            f"coarse.set_memory_limits: {name} expected an int >= 0 or None (leave it "
+            f"unchanged), got {type(value).__name__} {value!r}. Fix: pass e.g. "
+            f"{name}={_EXAMPLE_LIMITS[name]}."
+        )
+    if int(value) < 0:
+        raise ValueError(
+            f"coarse.set_memory_limits: {name} expected an int >= 0, got {value!r}. Fix: pass 0 "
+            f"to keep nothing, or e.g. {name}={_EXAMPLE_LIMITS[name]}."
+        )
+    return int(value)
+
+
+_EXAMPLE_LIMITS = {"spare_storage_bytes": "256 << 20", "spare_plans": "4", "cached_plans": "64"}
+
+
+def _modules() -> list[Any]:
+    return [m for m in (_coarse_cpu, _coarse_cuda) if m is not None]
+
+
+def set_memory_limits(
+    spare_storage_bytes: int | None = None,
+    spare_plans: int | None = None,
+    cached_plans: int | None = None,
+) -> dict[str, int]:
+    """Bounds what the runtime keeps between steps; returns the limits in force.
+
+    Between steps the runtime keeps two things per plan (one plan per
+    synchronization layout: tree structure, shapes, dtypes, workers, config):
+
+    * *spare storage*: the proxies' f32 buffers and the workers' scratch of a
+      finished step, so the next step of that plan allocates nothing (host
+      memory on CPU, GPU memory on CUDA). Sets of the ``spare_plans`` most
+      recently used plans are kept, at most ``spare_storage_bytes`` in all,
+      except that the most recently used plan's sets are always kept whatever
+      their size (so one plan larger than the limit still reuses its storage;
+      ``spare_plans=0`` keeps nothing). At most two sets per plan.
+    * *parsed plans*: the ``cached_plans`` most recently used; an evicted
+      plan is parsed again from the program's attributes when next used.
+
+    A process that runs many distinct plans (a sweep, a benchmark suite, a
+    notebook re-jitting steps) stays within these bounds. The limits apply at
+    once (what exceeds them is freed) to the CPU runtime and, when built, the
+    CUDA one, each separately.
+
+    Args:
+      spare_storage_bytes: bytes of spare storage kept (default 512 MiB);
+        None leaves it unchanged.
+      spare_plans: distinct plans whose spare storage is kept (default 4);
+        0 frees storage after every step. None leaves it unchanged.
+      cached_plans: parsed plans kept (default 64). None leaves it unchanged.
+
+    Returns:
+      ``{"spare_storage_bytes": ..., "spare_plans": ..., "cached_plans": ...}``,
+      the limits now in force.
+
+    Raises:
+      TypeError: a limit is not an int (bool is refused too).
+      ValueError: a limit is negative.
+      ImportError: the CPU extension is not built.
+
+    Example:
+      >>> import coarse_jax as coarse
+      >>> coarse.set_memory_limits(spare_storage_bytes=256 << 20, spare_plans=2)
+      {'spare_storage_bytes': 268435456, 'spare_plans': 2, 'cached_plans': 64}
+      >>> coarse.set_memory_limits()  # just reads them
+      {'spare_storage_bytes': 268435456, 'spare_plans': 2, 'cached_plans': 64}
+    """
+    values = {
+        name: _check_limit(name, v)
+        for name, v in zip(_LIMITS, (spare_storage_bytes, spare_plans, cached_plans), strict=True)
+    }
+    cpu_module()
+    result: dict[str, int] = {}
+    for module in _modules():
+        result = {k: int(v) for k, v in module.set_memory_limits(**values).items()}
+    return result
+
+
+def memory_stats() -> dict[str, int]:
+    """What the runtime holds between (and during) steps, summed over the CPU and CUDA runtimes.
+
+    Returns:
+      A dict of ints:
+
+      * ``spare_storage_bytes``, ``spare_sets``, ``spare_plans``: spare
+        storage kept for later steps, its sets and their distinct plans
+        (bounded by `set_memory_limits`);
+      * ``cached_plans``: parsed plans cached;
+      * ``live_sessions``: synchronizations in progress (0 between steps);
+      * ``runs_remembered``, ``step_counters``: the runtime's bookkeeping of
+        executions (loop iterations) and per-plan step numbers, both bounded.
+
+    Raises:
+      ImportError: the CPU extension is not built.
+
+    Example:
+      >>> import coarse_jax as coarse
+      >>> coarse.memory_stats()  # doctest: +SKIP
+      {'spare_storage_bytes': 8388656, 'spare_sets': 1, 'spare_plans': 1, 'cached_plans': 3,
+       'live_sessions': 0, 'runs_remembered': 12, 'step_counters': 3}
+    """
+    cpu_module()
+    total: dict[str, int] = {}
+    for module in _modules():
+        for k, v in module.memory_stats().items():
+            total[k] = total.get(k, 0) + int(v)
+    return total
 
 
 def live_sessions() -> int:

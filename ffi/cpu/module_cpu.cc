@@ -1,5 +1,6 @@
 // coarse_jax._coarse_cpu: the CPU handlers (registrations()) and the testing
-// hooks (sync_selftest, inject_dropped_push, live_sessions, take_virtual_spans).
+// hooks (sync_selftest, inject_dropped_push, live_sessions, take_virtual_spans), the
+// memory limits and the Ctrl-C hook (runtime_binding.h).
 // The CUDA twin: cuda/module_cuda.cc.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/vector.h>
@@ -7,7 +8,9 @@
 #include "cpu/cpu_selftest.h"
 #include "cpu/cpu_storage.h"
 #include "encapsulate.h"
+#include "runtime/interrupt.h"
 #include "runtime/session.h"
+#include "runtime_binding.h"
 #include "selftest_binding.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -30,6 +33,8 @@ NB_MODULE(_coarse_cpu, m) {
       "pack, unpack, reduce.";
   // This module's sessions keep their storage in host memory.
   coarse::InstallHostStoragePool();
+  // Ctrl-C reaches a step waiting in the runtime (runtime/interrupt.h).
+  coarse::ArmInterruptHook();
   m.def(
       "registrations",
       []() {
@@ -46,7 +51,10 @@ NB_MODULE(_coarse_cpu, m) {
       },
       "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target.");
   m.def("inject_dropped_push", &coarse::InjectDroppedPush, nb::arg("worker"),
-        "Testing: the next push of `worker` is lost (its proxy must time out, not hang).");
+        "Testing: the next session created loses the first push of `worker` (its proxy must "
+        "time out, not hang); that session consumes the hook even if its mesh has no such "
+        "worker.");
+  coarse::DefineRuntimeFunctions(m);
   m.def(
       "sync_selftest",
       [](coarse::SelfTestValues values, int64_t leading_elems, int64_t piece,

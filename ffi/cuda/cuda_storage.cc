@@ -3,9 +3,7 @@
 #include "cuda/cuda_storage.h"
 
 #include <algorithm>
-#include <list>
 #include <memory>
-#include <mutex>
 
 namespace coarse::cuda {
 
@@ -108,6 +106,7 @@ void* CudaStorage::Alloc(int64_t device, size_t bytes, const char* what) {
     return nullptr;
   }
   allocations_.emplace_back(ordinal(device), ptr);
+  bytes_ += static_cast<int64_t>(bytes);
   return ptr;
 }
 
@@ -124,43 +123,26 @@ CudaStorage::~CudaStorage() {
 
 namespace {
 
-// Spare sets per (plan, ordinals), at most kMaxSparePerKey each: steps of
-// one plan overlap by at most about one on the GPU (async dispatch), so two
-// sets cover the steady state.
+// Spare sets per (plan, ordinals) in a SpareSets (runtime/storage.h), at
+// most kMaxSetsPerPlan of each: steps of one plan overlap by at most about
+// one on the GPU (async dispatch), so two sets cover the steady state.
 class CudaPool final : public StoragePool {
  public:
   std::unique_ptr<Storage> Take(const Plan& plan, const std::vector<int64_t>& ordinals) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto it = spare_.begin(); it != spare_.end(); ++it) {
-        if (it->key != plan.key || it->ordinals != ordinals) continue;
-        std::unique_ptr<Storage> set = std::move(it->set);
-        spare_.erase(it);
-        return set;
-      }
-    }
+    if (auto set = spares_.Take(plan.key, ordinals)) return set;
     return std::make_unique<CudaStorage>(plan, ordinals);
   }
 
   void Give(const Plan& plan, const std::vector<int64_t>& ordinals,
             std::unique_ptr<Storage> set) override {
     if (!static_cast<CudaStorage&>(*set).error().empty()) return;  // never reuse a failed set
-    std::lock_guard<std::mutex> lock(mu_);
-    int64_t same = 0;
-    for (auto& e : spare_) same += e.key == plan.key && e.ordinals == ordinals;
-    if (same >= kMaxSparePerKey) return;  // `set` is freed on return
-    spare_.push_front(Entry{plan.key, ordinals, std::move(set)});
+    spares_.Give(plan.key, ordinals, std::move(set));
   }
 
+  SpareSets& spares() override { return spares_; }
+
  private:
-  static constexpr int64_t kMaxSparePerKey = 2;
-  struct Entry {
-    int64_t key;
-    std::vector<int64_t> ordinals;
-    std::unique_ptr<Storage> set;
-  };
-  std::mutex mu_;
-  std::list<Entry> spare_;
+  SpareSets spares_;
 };
 
 }  // namespace

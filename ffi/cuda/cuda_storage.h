@@ -23,6 +23,7 @@ class CudaStorage final : public Storage {
 
   float* arena(int64_t proxy) override { return arenas_[proxy]; }
   float* scratch(int64_t worker) override { return scratch_[worker]; }
+  int64_t bytes() const override { return bytes_; }
 
   // Empty when every allocation succeeded; else what failed, for the error.
   const std::string& error() const { return error_; }
@@ -45,6 +46,7 @@ class CudaStorage final : public Storage {
   std::vector<cudaEvent_t> events_;
   std::vector<std::pair<int, void*>> allocations_;  // (ordinal, pointer)
   int64_t staging_len_ = 0, max_runs_ = 0;
+  int64_t bytes_ = 0;  // allocated, on all GPUs together
   std::string error_;
 };
 

@@ -1,5 +1,6 @@
 // coarse_jax._coarse_cuda: the CUDA handlers (registrations()), the kernel
-// benchmark and the testing hooks (sync_selftest, live_sessions). The CPU
+// benchmark, the testing hooks (sync_selftest, live_sessions), the memory
+// limits and the Ctrl-C hook (runtime_binding.h). The CPU
 // twin: cpu/module_cpu.cc.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
@@ -9,7 +10,9 @@
 #include "cuda/cuda_storage.h"
 #include "cuda/kernel_bench.h"
 #include "encapsulate.h"
+#include "runtime/interrupt.h"
 #include "runtime/session.h"
+#include "runtime_binding.h"
 #include "selftest_binding.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -59,4 +62,7 @@ NB_MODULE(_coarse_cuda, m) {
       nb::arg("steps"), nb::arg("ordinal") = 0, COARSE_SELFTEST_DOC);
   m.def("live_sessions", &coarse::LiveSessions,
         "Number of synchronization sessions the CUDA runtime holds right now.");
+  // No SIGINT hook here when the CPU module is loaded: extension.py hands
+  // this module the CPU module's state (use_interrupt_state).
+  coarse::DefineRuntimeFunctions(m);
 }

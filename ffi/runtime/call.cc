@@ -38,18 +38,18 @@ ffi::Error CheckLeaf(const Plan& plan, int64_t leaf, ffi::DataType dtype, size_t
 
 ffi::Error FinishCall(Call& call, Device& device, ffi::Error status, bool last) {
   if (status.failure()) {
+    // XLA runs none of this device's later calls: it is done with the session.
     call.session->Poison(status.message());
+    call.session->Finish(call.device());
     return status;
   }
   if (last) {
     // Everything this device did to the storage (its reads included) is
     // what the next session's first calls will wait for.
     ffi::Error e = device.Publish();
-    if (e.failure()) {
-      call.session->Poison(e.message());
-      return e;
-    }
-    call.session->Leave();
+    if (e.failure()) call.session->Poison(e.message());
+    call.session->Finish(call.device());
+    return e;
   }
   return status;
 }

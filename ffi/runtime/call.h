@@ -36,9 +36,10 @@ xla::ffi::Error AcquireStorage(Call& call, Device& device);
 xla::ffi::Error CheckLeaf(const Plan& plan, int64_t leaf, xla::ffi::DataType dtype,
                           size_t element_count, const char* op);
 
-// Returns `status`. A failure poisons the session; on success with `last`
-// (this call ends the step on its device) the device publishes its work and
-// leaves the session.
+// Returns `status`. A failure poisons the session and ends the device's part
+// in it (Session::Finish); on success with `last` (this call ends the
+// session on its device: the step, or one iteration of a loop) the device
+// publishes its work and finishes its part.
 xla::ffi::Error FinishCall(Call& call, Device& device, xla::ffi::Error status, bool last);
 
 // The factor the rings apply once: 1/p for a mean, else 1.

@@ -4,10 +4,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <limits>
+#include <list>
 #include <map>
+#include <tuple>
+#include <unordered_map>
 #include <utility>
 
+#include "runtime/interrupt.h"
 #include "runtime/ring.h"
 
 namespace coarse {
@@ -37,40 +42,119 @@ void AtomicMax(std::atomic<int64_t>& a, int64_t v) {
 
 }  // namespace
 
+// The sessions of the runs in flight, plus two kinds of counters:
+//
+// * iterations: per (run, site, device), how many sessions of (run, site) the
+//   device has finished; its next call of the site joins that iteration (see
+//   session.h). Kept for the kMaxRunsRemembered most recent runs (in the order
+//   they opened their first session); older ones are forgotten. That is safe
+//   because a run's counters are only read while the run executes, and few
+//   runs execute at once: on CPU, multi-device programs are gang-scheduled one
+//   at a time, so only the newest run is live; on a GPU, async dispatch keeps
+//   a handful of executions in flight, far fewer than kMaxRunsRemembered.
+//   With each run the interrupt count when it opened its first session
+//   (Ctrl-C, interrupt.h) is kept too.
+// * steps: per (plan, site), sessions created so far, the "step N" of error
+//   messages. At most kMaxStepCounters pairs, least recently used forgotten
+//   first (a forgotten pair's numbering restarts at 1: messages only).
 class Registry {
  public:
   std::shared_ptr<Session> Join(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
-                                const std::vector<int64_t>& ordinals) {
+                                int64_t device, const std::vector<int64_t>& ordinals) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto key = std::make_pair(run_id, site);
+    RunState& run = RunLocked(run_id);
+    const int64_t iteration = run.iterations[std::make_pair(site, device)];
+    const Key key{run_id, site, iteration};
     auto it = sessions_.find(key);
     if (it != sessions_.end()) return it->second;
-    // Programs run one at a time, so a failed session of an older run has no
-    // live participant left: drop it now rather than leak it.
+    // Programs run one at a time on CPU, so a failed session of an older run
+    // whose devices did not all finish (Session::Finish; e.g. one never got
+    // to its calls) has no live participant left: drop it now rather than
+    // leak it.
     for (auto s = sessions_.begin(); s != sessions_.end();) {
-      if (s->first.first != run_id && s->second->poisoned())
+      if (std::get<0>(s->first) != run_id && s->second->poisoned())
         s = sessions_.erase(s);
       else
         ++s;
     }
-    const int64_t step = ++steps_[std::make_pair(plan->key, site)];
-    auto session = std::make_shared<Session>(std::move(plan), run_id, site, step, ordinals);
+    const int64_t step = NextStepLocked(plan->key, site);
+    auto session = std::make_shared<Session>(std::move(plan), run_id, site, iteration, step,
+                                             run.interrupts_at_start, ordinals);
     sessions_.emplace(key, session);
     return session;
   }
-  void Remove(int64_t run_id, int64_t site) {
+
+  // `device` finished its session `iteration` of (run, site): its next call
+  // of the site belongs to the next iteration.
+  void Advance(int64_t run_id, int64_t site, int64_t iteration, int64_t device) {
     std::lock_guard<std::mutex> lock(mu_);
-    sessions_.erase(std::make_pair(run_id, site));
+    auto run = runs_.find(run_id);
+    if (run == runs_.end()) return;  // forgotten: the run is long over
+    int64_t& next = run->second.iterations[std::make_pair(site, device)];
+    next = std::max(next, iteration + 1);
   }
-  int64_t Live() {
+
+  void Remove(int64_t run_id, int64_t site, int64_t iteration, const Session* session) {
     std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int64_t>(sessions_.size());
+    auto it = sessions_.find(Key{run_id, site, iteration});
+    if (it != sessions_.end() && it->second.get() == session) sessions_.erase(it);
+  }
+
+  RegistryStats Stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return RegistryStats{static_cast<int64_t>(sessions_.size()), static_cast<int64_t>(runs_.size()),
+                         static_cast<int64_t>(steps_.size())};
   }
 
  private:
+  using Key = std::tuple<int64_t, int64_t, int64_t>;  // run, site, iteration
+  struct RunState {
+    std::map<std::pair<int64_t, int64_t>, int64_t> iterations;  // (site, device) -> next
+    int64_t interrupts_at_start = 0;
+  };
+  struct StepCounter {
+    int64_t count = 0;
+    std::list<std::pair<int64_t, int64_t>>::iterator lru;
+  };
+
+  RunState& RunLocked(int64_t run_id) {
+    auto it = runs_.find(run_id);
+    if (it != runs_.end()) return it->second;
+    // A new run: make sure a Ctrl-C during it reaches the waits (Python may
+    // have replaced the SIGINT hook since the last run).
+    ArmInterruptHook();
+    run_order_.push_back(run_id);
+    while (static_cast<int64_t>(run_order_.size()) > kMaxRunsRemembered) {
+      runs_.erase(run_order_.front());
+      run_order_.pop_front();
+    }
+    RunState& run = runs_[run_id];
+    run.interrupts_at_start = InterruptCount();
+    return run;
+  }
+
+  int64_t NextStepLocked(int64_t plan_key, int64_t site) {
+    const auto key = std::make_pair(plan_key, site);
+    auto it = steps_.find(key);
+    if (it == steps_.end()) {
+      if (static_cast<int64_t>(steps_.size()) >= kMaxStepCounters) {
+        steps_.erase(steps_lru_.back());
+        steps_lru_.pop_back();
+      }
+      steps_lru_.push_front(key);
+      it = steps_.emplace(key, StepCounter{0, steps_lru_.begin()}).first;
+    } else {
+      steps_lru_.splice(steps_lru_.begin(), steps_lru_, it->second.lru);
+    }
+    return ++it->second.count;
+  }
+
   std::mutex mu_;
-  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Session>> sessions_;
-  std::map<std::pair<int64_t, int64_t>, int64_t> steps_;
+  std::map<Key, std::shared_ptr<Session>> sessions_;
+  std::unordered_map<int64_t, RunState> runs_;
+  std::deque<int64_t> run_order_;  // oldest first
+  std::map<std::pair<int64_t, int64_t>, StepCounter> steps_;
+  std::list<std::pair<int64_t, int64_t>> steps_lru_;  // most recently used first
 };
 
 static Registry& TheRegistry() {
@@ -84,16 +168,20 @@ std::string Who::Describe() const {
          ")";
 }
 
-Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site, int64_t step,
-                 std::vector<int64_t> ordinals)
+Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site, int64_t iteration,
+                 int64_t step, int64_t interrupts_at_start, std::vector<int64_t> ordinals)
     : plan_(std::move(plan)),
       run_id_(run_id),
       site_(site),
+      iteration_(iteration),
       step_(step),
+      interrupts_at_start_(interrupts_at_start),
       ordinals_(std::move(ordinals)) {
   const int64_t p = plan_->workers, S = plan_->num_pieces();
+  dropped_push_worker_.store(g_dropped_push_worker.exchange(-1), std::memory_order_relaxed);
   storage_ = TheStoragePool().Take(*plan_, ordinals_);
   first_call_ = Counters<int32_t>(2 * p, 0);
+  finished_ = Counters<int32_t>(2 * p, 0);
   arrived_ = Counters<int32_t>(p * S, 0);
   proxy_progress_ = Counters<int32_t>(p * S * 2, -1);
   worker_progress_ = Counters<int32_t>(p * 2, -1);
@@ -133,12 +221,14 @@ ffi::ErrorOr<Clock::time_point> Session::ReserveInOrder(const Who& who, int64_t 
   if (!emulator_) return ready;
   const auto deadline = std::chrono::steady_clock::now() + WaitLimit(Waits::kPeer);
   auto arrival = emulator_->ReserveInOrder(src, dst, bytes, ready, src_rank, dst_rank, [&] {
-    return poisoned() || std::chrono::steady_clock::now() > deadline;
+    return poisoned() || Interrupted() || std::chrono::steady_clock::now() > deadline;
   });
   if (arrival.has_value()) return *arrival;
   if (poisoned()) return ffi::Unexpected(GaveUp(who, "booking the emulated link for " + what));
-  std::string msg = "coarse_jax: " + who.Describe() + " timed out at step " +
-                    std::to_string(step_) + " booking the emulated link for " + what +
+  if (Interrupted())
+    return ffi::Unexpected(StopInterrupted(who, "booking the emulated link for " + what));
+  std::string msg = "coarse_jax: " + who.Describe() + " timed out" + DescribeStep() +
+                    " booking the emulated link for " + what +
                     ": the transfers ordered before it on the same ports never booked. Every "
                     "device of the mesh must run the same coarse.sync step.";
   Poison(msg);
@@ -231,16 +321,42 @@ void Session::Poison(const std::string& error) {
   for (int64_t d = 0; d < 2 * p(); ++d) Notify(d);
 }
 
+// The longest wait a Config can ask for: about 31 years. A steady_clock time
+// point counts int64 nanoseconds, so now + timeout_s overflows (and fires at
+// once) from timeout_s ~ 9.2e9 s minus the host's uptime; anything longer
+// than this is "forever" anyway.
+constexpr int64_t kMaxWaitMs = int64_t{1000} << 30;
+
 std::chrono::milliseconds Session::WaitLimit(Waits kind) const {
-  const int64_t grace_ms = kind == Waits::kPeer ? std::max<int64_t>(500, plan_->timeout_ms / 4) : 0;
-  return std::chrono::milliseconds(plan_->timeout_ms + grace_ms);
+  const int64_t timeout_ms = std::clamp<int64_t>(plan_->timeout_ms, 0, kMaxWaitMs);
+  const int64_t grace_ms = kind == Waits::kPeer ? std::max<int64_t>(500, timeout_ms / 4) : 0;
+  return std::chrono::milliseconds(timeout_ms + grace_ms);
+}
+
+std::string Session::DescribeStep() const {
+  std::string out = " at step " + std::to_string(step_);
+  if (iteration_ > 0) out += " (loop iteration " + std::to_string(iteration_) + ")";
+  return out;
 }
 
 ffi::Error Session::GaveUp(const Who& who, const std::string& doing) {
   std::lock_guard<std::mutex> elock(error_mu_);
-  return ffi::Error::Internal("coarse_jax: " + who.Describe() + " gave up at step " +
-                              std::to_string(step_) + " while " + doing +
+  return ffi::Error::Internal("coarse_jax: " + who.Describe() + " gave up" + DescribeStep() +
+                              " while " + doing +
                               ", because another device failed first: " + error_);
+}
+
+bool Session::Interrupted() const {
+  return InterruptAborts() && InterruptCount() != interrupts_at_start_;
+}
+
+ffi::Error Session::StopInterrupted(const Who& who, const std::string& doing) {
+  const std::string msg = "coarse_jax: " + who.Describe() + " stopped" + DescribeStep() +
+                          " while " + doing +
+                          ": interrupted (Ctrl-C / SIGINT); the step was abandoned on every "
+                          "device of the mesh.";
+  Poison(msg);
+  return ffi::Error(ffi::ErrorCode::kCancelled, msg);
 }
 
 ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>& ready,
@@ -250,26 +366,43 @@ ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>
   const auto timeout = WaitLimit(kind);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock<std::mutex> lock(m.mu);
+  bool interrupt_seen = false;
   while (true) {
     if (ready()) return ffi::Error::Success();
     if (poisoned()) return GaveUp(who, "waiting for " + what());
-    if (m.cv.wait_until(lock, deadline) == std::cv_status::timeout && !ready() && !poisoned()) {
+    if (Interrupted()) {
+      // A wait on a peer stops one slice later than a wait on a push, so
+      // that the error names the root of a stall (the missing push), as
+      // with timeouts (Waits).
+      if (kind == Waits::kPush || interrupt_seen) {
+        lock.unlock();
+        return StopInterrupted(who, "waiting for " + what());
+      }
+      interrupt_seen = true;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
       char secs[32];
       std::snprintf(secs, sizeof secs, "%.3f", timeout.count() / 1000.0);
-      std::string msg = "coarse_jax: " + who.Describe() + " timed out after " + secs +
-                        " s at step " + std::to_string(step_) + " waiting for " + what() +
+      std::string msg = "coarse_jax: " + who.Describe() + " timed out after " + secs + " s" +
+                        DescribeStep() + " waiting for " + what() +
                         ". Every device of the mesh must run the same coarse.sync step; "
                         "raise Config(timeout_s=...) if the step is just slow.";
       lock.unlock();
       Poison(msg);
       return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, msg);
     }
+    // Short slices, so that a Ctrl-C is noticed (interrupt.h); a peer's
+    // progress still wakes the wait at once (Notify).
+    m.cv.wait_until(lock, std::min(deadline, now + kInterruptPoll));
   }
 }
 
-void Session::Leave() {
+void Session::Finish(int64_t device) {
+  if (finished_[device].exchange(1, std::memory_order_acq_rel) != 0) return;
+  TheRegistry().Advance(run_id_, site_, iteration_, device);
   if (left_.fetch_add(1, std::memory_order_acq_rel) + 1 != 2 * p()) return;
-  if (clock_) {
+  if (clock_ && !poisoned()) {
     int64_t span = 0;
     for (int64_t d = 0; d < 2 * p(); ++d)
       span = std::max(span, clock_[d].load(std::memory_order_acquire));
@@ -277,22 +410,24 @@ void Session::Leave() {
     if (g_virtual_spans.size() >= 4096) g_virtual_spans.erase(g_virtual_spans.begin());
     g_virtual_spans.push_back(std::chrono::duration<double>(Clock::duration(span)).count());
   }
-  TheRegistry().Remove(run_id_, site_);
+  TheRegistry().Remove(run_id_, site_, iteration_, this);
+}
+
+bool Session::TakeDroppedPush(int64_t worker) {
+  int64_t expected = worker;
+  return dropped_push_worker_.compare_exchange_strong(expected, -1);
 }
 
 std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
-                                     const std::vector<int64_t>& ordinals) {
-  return TheRegistry().Join(std::move(plan), run_id, site, ordinals);
+                                     int64_t device, const std::vector<int64_t>& ordinals) {
+  return TheRegistry().Join(std::move(plan), run_id, site, device, ordinals);
 }
 
 void InjectDroppedPush(int64_t worker) { g_dropped_push_worker.store(worker); }
 
-bool TakeDroppedPush(int64_t worker) {
-  int64_t expected = worker;
-  return g_dropped_push_worker.compare_exchange_strong(expected, -1);
-}
+int64_t LiveSessions() { return TheRegistry().Stats().live_sessions; }
 
-int64_t LiveSessions() { return TheRegistry().Live(); }
+RegistryStats TheRegistryStats() { return TheRegistry().Stats(); }
 
 std::vector<double> TakeVirtualSpans() {
   std::lock_guard<std::mutex> lock(g_spans_mu);

@@ -1,7 +1,16 @@
 // The runtime's shared state for one synchronization in one execution.
 //
-// A Session is keyed by (FFI RunId, call site): every custom call of one
-// `coarse.sync` step on every device of the mesh finds the same Session. It
+// A Session is keyed by (FFI RunId, call site, iteration): every custom call
+// of one synchronization of a `coarse.sync` step on every device of the mesh
+// finds the same Session. The iteration tells apart the repetitions of one
+// call site inside one execution, when the synchronization sits in a
+// `lax.fori_loop` / `lax.scan` body (gradient accumulation over
+// micro-batches): each device counts its own sessions of (run, site), and its
+// k-th is iteration k. That is sound because every device runs every call of
+// every iteration, in order (a loop body runs to completion before the next
+// iteration starts), and a device's part of a session ends with its call
+// carrying attribute last=1 (FinishCall(last=true)), which moves the device to
+// the next iteration. It
 // owns the proxies' f32 storage (per-client slots, see Plan), the workers'
 // f32 scratch for the leading layers, and the progress counters that order
 // the rings. Custom calls of one program on different devices run on
@@ -44,12 +53,15 @@ struct Who {
 
 class Session {
  public:
-  Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site, int64_t step,
-          std::vector<int64_t> ordinals);
+  Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site, int64_t iteration,
+          int64_t step, int64_t interrupts_at_start, std::vector<int64_t> ordinals);
   ~Session();
 
   const Plan& plan() const { return *plan_; }
   int64_t step() const { return step_; }
+  int64_t iteration() const { return iteration_; }
+  // " at step 3" or " at step 3 (loop iteration 2)": how errors name the session.
+  std::string DescribeStep() const;
   int64_t p() const { return plan_->workers; }
 
   // Storage (from this module's pool; see storage.h).
@@ -129,6 +141,9 @@ class Session {
   // Waits until `ready()` holds. On timeout the session is poisoned (so peers
   // stop waiting for this device at once) and the error names the device,
   // tier, step and what it waited for (`what()` is only built on error).
+  // The wait sleeps in slices of kInterruptPoll (interrupt.h): a SIGINT
+  // (Ctrl-C) since the run started poisons the session the same way, with
+  // an error saying it was interrupted.
   xla::ffi::Error Wait(const Who& who, Waits kind, const std::function<bool()>& ready,
                        const std::function<std::string()>& what);
 
@@ -136,9 +151,16 @@ class Session {
   void Poison(const std::string& error);
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
 
-  // Counts devices whose last call of this step is done; the last one to
-  // leave removes the session from the registry.
-  void Leave();
+  // Device `device` is done with this session: its call with last=1
+  // returned, or one of its calls failed (XLA then runs none of its later
+  // calls). Moves the device to its next iteration of (run, site); the last
+  // device to be done removes the session from the registry, failed or not.
+  // Idempotent per device.
+  void Finish(int64_t device);
+
+  // Testing (InjectDroppedPush): whether to drop this push of `worker`; true
+  // at most once per session.
+  bool TakeDroppedPush(int64_t worker);
 
  private:
   // How long a wait of `kind` may last: the timeout, plus a grace period for
@@ -146,6 +168,10 @@ class Session {
   std::chrono::milliseconds WaitLimit(Waits kind) const;
   // The error of a device that stops `doing` something because another failed.
   xla::ffi::Error GaveUp(const Who& who, const std::string& doing);
+  // A SIGINT arrived since the run's first session opened (and interrupts abort).
+  bool Interrupted() const;
+  // Poisons the session with the interrupt error of `who`, stopped `doing`.
+  xla::ffi::Error StopInterrupted(const Who& who, const std::string& doing);
 
   struct Mailbox {
     std::mutex mu;
@@ -153,7 +179,8 @@ class Session {
   };
 
   std::shared_ptr<const Plan> plan_;
-  int64_t run_id_, site_, step_;
+  int64_t run_id_, site_, iteration_, step_;
+  int64_t interrupts_at_start_;  // InterruptCount() when the run opened its first session
   std::vector<int64_t> ordinals_;
   std::unique_ptr<Storage> storage_;
   std::unique_ptr<std::atomic<int32_t>[]> first_call_;
@@ -171,20 +198,37 @@ class Session {
   std::atomic<bool> poisoned_{false};
   std::mutex error_mu_;
   std::string error_;
-  std::atomic<int64_t> left_{0};
+  std::unique_ptr<std::atomic<int32_t>[]> finished_;  // [device]: Finish was called
+  std::atomic<int64_t> left_{0};                      // devices finished
+  std::atomic<int64_t> dropped_push_worker_{-1};      // InjectDroppedPush, taken at creation
 
   friend class Registry;
 };
 
-// Finds or creates the session of (run_id, site) for `plan`.
+// Finds or creates the session of (run_id, site, the caller's current
+// iteration of them) for `plan`; `device` is the caller's mesh device index.
 // `ordinals`: see StoragePool::Take.
 std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
-                                     const std::vector<int64_t>& ordinals);
+                                     int64_t device, const std::vector<int64_t>& ordinals);
 
-// Testing hooks, exposed by the nanobind module.
-void InjectDroppedPush(int64_t worker);  // the next push of `worker` is lost
-bool TakeDroppedPush(int64_t worker);    // PushPieces asks: drop this one?
+// Testing hook, exposed by the nanobind module: the next session created (by
+// whatever mesh, in this module) loses the first push of `worker`, so its
+// proxy must time out. The session that starts next consumes the hook even
+// when its mesh has no such worker (then nothing is dropped): it never stays
+// armed for a later mesh or step.
+void InjectDroppedPush(int64_t worker);
 int64_t LiveSessions();
+
+// Bounds on what the registry remembers (see session.cc): per-run iteration
+// counters of at most kMaxRunsRemembered runs, step counters of at most
+// kMaxStepCounters (plan, site) pairs.
+inline constexpr int64_t kMaxRunsRemembered = 256;
+inline constexpr int64_t kMaxStepCounters = 1024;
+// Sizes of the registry's maps, for memory_stats() and tests.
+struct RegistryStats {
+  int64_t live_sessions = 0, runs_remembered = 0, step_counters = 0;
+};
+RegistryStats TheRegistryStats();
 
 // Simulated seconds each finished virtual-clock session took (the latest
 // device clock when its last device left), in completion order; returns and

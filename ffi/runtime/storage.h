@@ -6,11 +6,14 @@
 // give it back when the last device leaves. Each extension module owns one
 // pool and installs it when it loads: the CPU module host memory
 // (cpu/cpu_storage.cc), the CUDA module GPU memory on the mesh's devices
-// (cuda/cuda_storage.cc).
+// (cuda/cuda_storage.cc). Both keep their spare sets in a SpareSets, within
+// limits (SpareLimits) that Python can change (coarse.set_memory_limits).
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "runtime/plan.h"
@@ -22,6 +25,60 @@ class Storage {
   virtual ~Storage() = default;
   virtual float* arena(int64_t proxy) = 0;     // plan.arena_nelems[proxy] floats
   virtual float* scratch(int64_t worker) = 0;  // plan.leading_nelems floats
+  virtual int64_t bytes() const = 0;           // what the set holds, all devices together
+};
+
+// What a pool may keep between steps. Spare sets are kept most recently
+// given first; a set is freed when it falls outside these limits:
+//   plans: sets of at most this many distinct plans (0: keep none);
+//   bytes: at most this many bytes in all, except that the sets of the most
+//          recently used plan are always kept whatever their size (so that
+//          a single plan larger than the limit still reuses its storage
+//          every step), unless plans is 0.
+// Besides, at most kMaxSetsPerPlan sets of one plan are kept.
+//
+// The defaults keep the last few plans a program alternates between (a train
+// and an eval step, a loop's body, a re-plan) and free what a process that
+// builds plan after plan (a sweep, a benchmark suite, a notebook) leaves
+// behind: without limits, 200 distinct plans of 1 MiB per worker on 4
+// workers held about 900 MB.
+struct SpareLimits {
+  int64_t bytes = int64_t{512} << 20;
+  int64_t plans = 4;
+};
+inline constexpr int64_t kMaxSetsPerPlan = 2;
+
+struct PoolStats {
+  int64_t bytes = 0;  // held by spare sets
+  int64_t sets = 0;   // spare sets
+  int64_t plans = 0;  // distinct plans among them
+};
+
+// The spare sets of one pool: a list, most recently given first.
+class SpareSets {
+ public:
+  // A spare set of (key, ordinals), or null.
+  std::unique_ptr<Storage> Take(int64_t key, const std::vector<int64_t>& ordinals);
+  // Keeps `set` and frees what falls outside the limits.
+  void Give(int64_t key, const std::vector<int64_t>& ordinals, std::unique_ptr<Storage> set);
+  void SetLimits(const SpareLimits& limits);
+  SpareLimits limits();
+  PoolStats Stats();
+
+ private:
+  struct Entry {
+    int64_t key;
+    std::vector<int64_t> ordinals;
+    std::unique_ptr<Storage> set;
+    int64_t bytes;
+  };
+  // Moves the sets outside the limits to `evicted` (freed by the caller once
+  // the lock is released: cudaFree waits for the device).
+  void TrimLocked(std::vector<std::unique_ptr<Storage>>* evicted);
+
+  std::mutex mu_;
+  SpareLimits limits_;
+  std::list<Entry> spare_;
 };
 
 class StoragePool {
@@ -32,6 +89,8 @@ class StoragePool {
   virtual std::unique_ptr<Storage> Take(const Plan& plan, const std::vector<int64_t>& ordinals) = 0;
   virtual void Give(const Plan& plan, const std::vector<int64_t>& ordinals,
                     std::unique_ptr<Storage> storage) = 0;
+  // The pool's spare sets (SpareSets above).
+  virtual SpareSets& spares() = 0;
 };
 
 // This module's pool, which SetStoragePool installed (once, when the module

@@ -68,7 +68,7 @@ std::vector<float> SyncSelfTest(const SyncSelfTestSpec& spec, const float* value
     std::vector<std::thread> threads;
     for (int64_t d = 0; d < 2 * p; ++d) {
       threads.emplace_back([&, d] {
-        Call call{JoinSession(plan, run_id, 0, ordinals), Who{d < p ? kWorker : kProxy, d % p}};
+        Call call{JoinSession(plan, run_id, 0, d, ordinals), Who{d < p ? kWorker : kProxy, d % p}};
         auto member = make(d, *call.session);
         Device& dev = member->device();
         float* in = member->Buffer(total);
@@ -93,13 +93,12 @@ std::vector<float> SyncSelfTest(const SyncSelfTestSpec& spec, const float* value
         if (e.success()) e = PullPieces(call, dev, leaves_at(res));
         if (e.success()) e = member->Store(out.data() + (step * 2 * p + d) * total, res, total);
         if (e.success()) e = dev.Publish();
+        if (e.failure()) call.session->Poison(e.message());
+        call.session->Finish(d);
         if (e.failure()) {
-          call.session->Poison(e.message());
           std::lock_guard<std::mutex> lock(error_mu);
           if (error.empty()) error = e.message();
-          return;
         }
-        call.session->Leave();
       });
     }
     for (auto& t : threads) t.join();

@@ -22,8 +22,8 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
                       const LeafResolver& leaf_of) {
   const Plan& plan = call.plan();
   const int64_t i = call.who.index;
-  if (TakeDroppedPush(i)) return ffi::Error::Success();  // testing: a lost push
   Session& session = *call.session;
+  if (session.TakeDroppedPush(i)) return ffi::Error::Success();  // testing: a lost push
   std::vector<LeafRun> runs;
   for (int64_t s = first_piece; s < first_piece + num_pieces; ++s) {
     const int64_t k = plan.dest(s, i);

@@ -1,0 +1,98 @@
+// The nanobind functions both modules define over their own runtime state:
+// memory limits and statistics (set_memory_limits, memory_stats) and the
+// Ctrl-C hook (arm_interrupt_hook, interrupt_state, use_interrupt_state).
+// coarse_jax/_ffi/extension.py wraps them (coarse.set_memory_limits,
+// coarse.memory_stats).
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "plan_attrs.h"
+#include "runtime/interrupt.h"
+#include "runtime/session.h"
+#include "runtime/storage.h"
+
+namespace coarse {
+
+inline nanobind::dict MemoryLimitsDict() {
+  nanobind::dict d;
+  const SpareLimits spare = TheStoragePool().spares().limits();
+  d["spare_storage_bytes"] = spare.bytes;
+  d["spare_plans"] = spare.plans;
+  d["cached_plans"] = PlanCacheLimit();
+  return d;
+}
+
+inline void DefineRuntimeFunctions(nanobind::module_& m) {
+  namespace nb = nanobind;
+  m.def(
+      "set_memory_limits",
+      [](std::optional<int64_t> spare_storage_bytes, std::optional<int64_t> spare_plans,
+         std::optional<int64_t> cached_plans) {
+        for (auto [name, v] : {std::make_pair("spare_storage_bytes", spare_storage_bytes),
+                               std::make_pair("spare_plans", spare_plans),
+                               std::make_pair("cached_plans", cached_plans)})
+          if (v.has_value() && *v < 0)
+            throw std::invalid_argument(std::string(name) + " must be >= 0, got " +
+                                        std::to_string(*v));
+        SpareLimits spare = TheStoragePool().spares().limits();
+        if (spare_storage_bytes) spare.bytes = *spare_storage_bytes;
+        if (spare_plans) spare.plans = *spare_plans;
+        TheStoragePool().spares().SetLimits(spare);
+        if (cached_plans) SetPlanCacheLimit(*cached_plans);
+        return MemoryLimitsDict();
+      },
+      nb::arg("spare_storage_bytes").none() = nb::none(), nb::arg("spare_plans").none() = nb::none(),
+      nb::arg("cached_plans").none() = nb::none(),
+      "Sets this module's memory limits (None: unchanged); returns those in force. See "
+      "coarse_jax.set_memory_limits.");
+  m.def(
+      "memory_stats",
+      []() {
+        nb::dict d;
+        const PoolStats pool = TheStoragePool().spares().Stats();
+        const RegistryStats reg = TheRegistryStats();
+        d["spare_storage_bytes"] = pool.bytes;
+        d["spare_sets"] = pool.sets;
+        d["spare_plans"] = pool.plans;
+        d["cached_plans"] = CachedPlans();
+        d["live_sessions"] = reg.live_sessions;
+        d["runs_remembered"] = reg.runs_remembered;
+        d["step_counters"] = reg.step_counters;
+        return d;
+      },
+      "What this module's runtime holds now. See coarse_jax.memory_stats.");
+  m.def(
+      "arm_interrupt_hook",
+      [](bool aborts) {
+        SetInterruptAborts(aborts);
+        return ArmInterruptHook();
+      },
+      nb::arg("aborts") = true,
+      "(Re)installs the SIGINT hook that lets Ctrl-C stop a step waiting in the runtime "
+      "(ffi/runtime/interrupt.h), chained to the current handler; `aborts`: whether an "
+      "interrupt abandons a waiting step. Returns whether the hook is installed.");
+  m.def("interrupt_count", &InterruptCount, "SIGINTs the hook has seen (testing).");
+  m.def(
+      "interrupt_state",
+      []() { return nb::capsule(OwnInterruptState(), "coarse_jax.interrupt_state"); },
+      "This module's interrupt state, for use_interrupt_state of the other module.");
+  m.def(
+      "use_interrupt_state",
+      [](nb::capsule state) {
+        if (std::string(state.name()) != "coarse_jax.interrupt_state")
+          throw std::invalid_argument("expected the capsule of interrupt_state()");
+        UseInterruptState(static_cast<InterruptState*>(state.data()));
+      },
+      nb::arg("state"),
+      "Reads another module's interrupt state (interrupt_state()) and installs no hook: one "
+      "SIGINT hook per process.");
+}
+
+}  // namespace coarse
