@@ -48,8 +48,8 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
         if (cached_plans) SetPlanCacheLimit(*cached_plans);
         return MemoryLimitsDict();
       },
-      nb::arg("spare_storage_bytes").none() = nb::none(), nb::arg("spare_plans").none() = nb::none(),
-      nb::arg("cached_plans").none() = nb::none(),
+      nb::arg("spare_storage_bytes").none() = nb::none(),
+      nb::arg("spare_plans").none() = nb::none(), nb::arg("cached_plans").none() = nb::none(),
       "Sets this module's memory limits (None: unchanged); returns those in force. See "
       "coarse_jax.set_memory_limits.");
   m.def(

@@ -31,7 +31,7 @@ void OnSigint(int sig, siginfo_t* info, void* context) {
     // The default action terminates the process: do just that, once this
     // handler returns (SIGINT is blocked while it runs).
     g_own.count.fetch_add(1, std::memory_order_relaxed);
-    struct sigaction dfl {};
+    struct sigaction dfl{};
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
     sigaction(sig, &dfl, nullptr);
@@ -54,10 +54,10 @@ void UseInterruptState(InterruptState* shared) {
 bool ArmInterruptHook() {
   if (g_state.load(std::memory_order_acquire) != &g_own) return true;  // another module hooks
   std::lock_guard<std::mutex> lock(g_arm_mu);
-  struct sigaction current {};
+  struct sigaction current{};
   if (sigaction(SIGINT, nullptr, &current) != 0) return false;
   if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == &OnSigint) return true;
-  struct sigaction mine {};
+  struct sigaction mine{};
   mine.sa_sigaction = &OnSigint;
   // Keep the replaced handler's flags (Python's: SA_ONSTACK, no SA_RESTART,
   // so that its blocking calls see EINTR), never a one-shot reset.

@@ -32,8 +32,8 @@
 namespace coarse {
 
 struct InterruptState {
-  std::atomic<int64_t> count{0};    // SIGINTs seen by the hook
-  std::atomic<bool> aborts{true};   // see SetInterruptAborts
+  std::atomic<int64_t> count{0};   // SIGINTs seen by the hook
+  std::atomic<bool> aborts{true};  // see SetInterruptAborts
 };
 
 // This module's own state (the one its hook writes).
