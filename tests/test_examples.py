@@ -98,3 +98,16 @@ def test_demo_has_no_data_dir(tmp_path):
         check=False,
     )
     assert result.returncode == 2 and "unrecognized arguments: --data-dir" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["flax_mnist_linen", "flax_mnist_nnx"])
+def test_flax_mnist_runs(name, tmp_path):
+    """Flax's MNIST examples (Linen, NNX): Flax's step and the coarse one, two steps each."""
+    result = run_example(name, tmp_path, "--steps", "2")
+    out = result.stdout
+    assert "final loss: flax" in out, out
+    # Two steps: the same losses up to float32 rounding of the split batch.
+    rel = float(out.split("(relative ")[1].split(")")[0])
+    assert rel < 1e-5, out
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {r["impl"] for r in records} == {"flax", "coarse"}

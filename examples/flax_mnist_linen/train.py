@@ -127,18 +127,26 @@ def get_datasets(config) -> tuple[Dataset, Dataset]:
         n = config.test_size
         return (
             {"image": x_train[..., None] / np.float32(255.0), "label": y_train.astype(np.int32)},
-            {"image": x_test[:n, ..., None] / np.float32(255.0), "label": y_test[:n].astype(np.int32)},
+            {
+                "image": x_test[:n, ..., None] / np.float32(255.0),
+                "label": y_test[:n].astype(np.int32),
+            },
         )
-    # Synthetic: pixels in [0, 1]; the label is the argmax of a fixed random linear
-    # map of the 4x4-pooled image (plus noise), so there is something to learn.
+    # Synthetic, MNIST-like: each class has a fixed "digit", a random pattern of
+    # 4x4 blocks (a quarter of them on); an example is its class's digit with
+    # random pixel intensities, 20% salt noise, shifted by up to 6 pixels.
     rng = np.random.default_rng(1234)
-    teacher = rng.normal(size=(49, 10)).astype(np.float32)
+    digits = np.kron(rng.uniform(size=(10, 7, 7)) > 0.75, np.ones((4, 4))).astype(np.float32)
 
     def sample(n):
-        images = rng.uniform(size=(n, 28, 28, 1)).astype(np.float32)
-        pooled = images.reshape(n, 7, 4, 7, 4).mean((2, 4)).reshape(n, 49) - 0.5
-        logits = 8.0 * pooled @ teacher + 0.5 * rng.normal(size=(n, 10))
-        return {"image": images, "label": logits.argmax(-1).astype(np.int32)}
+        labels = rng.integers(0, 10, size=n).astype(np.int32)
+        images = digits[labels] * rng.uniform(size=(n, 28, 28)).astype(np.float32)
+        images = np.maximum(images, rng.uniform(size=(n, 28, 28)) < 0.2).astype(np.float32)
+        shifts = rng.integers(-6, 7, size=(n, 2))
+        images = np.stack(
+            [np.roll(x, tuple(s), (0, 1)) for x, s in zip(images, shifts, strict=True)]
+        )
+        return {"image": images[..., None], "label": labels}
 
     return sample(config.train_size), sample(config.test_size)
 
@@ -221,11 +229,16 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     if config.impl == "both":
         a, b = np.array(runs["flax"]["losses"]), np.array(runs["coarse"]["losses"])
         diff = np.abs(a - b)
-        rel = float(np.max(diff / np.abs(a)))
+        rel = float(np.max(diff / np.maximum(np.abs(a), 1e-6)))
         runs["max_rel_loss_diff"] = rel
         print(f"final loss: flax {a[-1]:.6f}, coarse {b[-1]:.6f}")
         print(
             f"max |loss_coarse - loss_flax| over {len(a)} steps: {diff.max():.3e} "
             f"(relative {rel:.3e})"
         )
+        # ReLU's derivative jumps at 0: once rounding moves a pre-activation
+        # across it, the curves part by more than rounding (see README).
+        close = diff / np.maximum(np.abs(a), 1e-6) < 1e-4
+        agree = len(a) if close.all() else int(np.argmin(close))
+        print(f"curves agree to a relative 1e-4 for the first {agree} of {len(a)} steps")
     return runs

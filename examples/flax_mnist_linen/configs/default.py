@@ -23,9 +23,9 @@ class Config:
 
     learning_rate: float = 0.1
     momentum: float = 0.9
-    batch_size: int = 64  # coarse: Flax's 128, halved for the CPU run
-    num_steps: int = 200
-    train_size: int = 6400
+    batch_size: int = 64  # Flax's 128, halved for the CPU run
+    num_steps: int = 100
+    train_size: int = 3200
     test_size: int = 1024
     data_dir: str | None = None
     workers: int = 4  # coarse

@@ -1,0 +1,1 @@
+"""Configurations for the flax_mnist_nnx example."""

@@ -1,0 +1,246 @@
+"""Flax's NNX MNIST example (same model, loss, optimizer and steps), trained with coarse_jax.
+
+The shape of Flax's NNX MNIST (``examples/mnist/train.py`` and the MNIST
+tutorial): `CNN` (an ``nnx.Module``), `loss_fn`, `train_step` and `eval_step`
+updating an ``nnx.Optimizer`` and an ``nnx.MultiMetric`` in place, and the
+loop that logs the metrics every ``eval_every`` steps. Flax's steps are kept
+unchanged as the reference (``impl="flax"``, one device); the coarse steps
+beside them differ in the lines marked ``# coarse:``: ``@nnx.jit`` becomes
+``@coarse.sync(mesh)`` and ``nnx.value_and_grad`` becomes
+``coarse.value_and_grad``. The metrics each worker accumulates on its shard
+are averaged over the workers by ``coarse.sync``, so ``metrics.compute()``
+is the global value.
+
+Data: synthetic MNIST-shaped images (28x28x1 in [0, 1], 10 classes labelled
+by a fixed random teacher) unless ``config.data_dir`` holds Keras'
+``mnist.npz``; nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import optax
+from flax import nnx
+
+import coarse_jax as coarse  # coarse
+
+Dataset = dict[str, np.ndarray]
+
+
+class CNN(nnx.Module):
+    """A simple CNN model."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.conv1 = nnx.Conv(1, 32, kernel_size=(3, 3), rngs=rngs)
+        self.conv2 = nnx.Conv(32, 64, kernel_size=(3, 3), rngs=rngs)
+        self.avg_pool = functools.partial(nnx.avg_pool, window_shape=(2, 2), strides=(2, 2))
+        self.linear1 = nnx.Linear(3136, 256, rngs=rngs)
+        self.linear2 = nnx.Linear(256, 10, rngs=rngs)
+
+    def __call__(self, x):
+        x = self.avg_pool(nnx.relu(self.conv1(x)))
+        x = self.avg_pool(nnx.relu(self.conv2(x)))
+        x = x.reshape(x.shape[0], -1)  # flatten
+        x = nnx.relu(self.linear1(x))
+        x = self.linear2(x)
+        return x
+
+
+def loss_fn(model: CNN, batch):
+    logits = model(batch["image"])
+    loss = optax.softmax_cross_entropy_with_integer_labels(
+        logits=logits, labels=batch["label"]
+    ).mean()
+    return loss, logits
+
+
+# Flax's steps, unchanged: the reference (impl "flax", one device).
+@nnx.jit
+def train_step(model: CNN, optimizer: nnx.Optimizer, metrics: nnx.MultiMetric, batch):
+    """Train for a single step."""
+    grad_fn = nnx.value_and_grad(loss_fn, has_aux=True)
+    (loss, logits), grads = grad_fn(model, batch)
+    metrics.update(loss=loss, logits=logits, labels=batch["label"])  # In-place updates.
+    optimizer.update(model, grads)  # In-place updates.
+
+
+@nnx.jit
+def eval_step(model: CNN, metrics: nnx.MultiMetric, batch):
+    loss, logits = loss_fn(model, batch)
+    metrics.update(loss=loss, logits=logits, labels=batch["label"])  # In-place updates.
+
+
+def coarse_steps(mesh):  # coarse: the steps are built on a mesh
+    # The same steps, data-parallel over the mesh's workers, gradients synced by COARSE.
+    @coarse.sync(mesh)  # coarse: was @nnx.jit
+    def train_step(model: CNN, optimizer: nnx.Optimizer, metrics: nnx.MultiMetric, batch):
+        """Train for a single step."""
+        grad_fn = coarse.value_and_grad(loss_fn, has_aux=True)  # coarse: was nnx.value_and_grad
+        (loss, logits), grads = grad_fn(model, batch)
+        metrics.update(loss=loss, logits=logits, labels=batch["label"])  # In-place updates.
+        optimizer.update(model, grads)  # In-place updates.
+
+    @coarse.sync(mesh)  # coarse: was @nnx.jit
+    def eval_step(model: CNN, metrics: nnx.MultiMetric, batch):
+        loss, logits = loss_fn(model, batch)
+        metrics.update(loss=loss, logits=logits, labels=batch["label"])  # In-place updates.
+
+    return train_step, eval_step  # coarse
+
+
+def get_datasets(config) -> tuple[Dataset, Dataset]:
+    """Train and test sets: Keras' ``mnist.npz`` from ``config.data_dir``, else synthetic."""
+    if config.data_dir:
+        path = os.path.join(config.data_dir, "mnist.npz")
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"{path} not found. Fix: put Keras' mnist.npz (x_train, y_train, x_test, "
+                "y_test) there, or leave out --data-dir for synthetic data."
+            )
+        with np.load(path) as f:
+            x_train, y_train, x_test, y_test = (
+                f[k] for k in ("x_train", "y_train", "x_test", "y_test")
+            )
+        n = config.test_size
+        return (
+            {"image": x_train[..., None] / np.float32(255.0), "label": y_train.astype(np.int32)},
+            {
+                "image": x_test[:n, ..., None] / np.float32(255.0),
+                "label": y_test[:n].astype(np.int32),
+            },
+        )
+    # Synthetic, MNIST-like: each class has a fixed "digit", a random pattern of
+    # 4x4 blocks (a quarter of them on); an example is its class's digit with
+    # random pixel intensities, 20% salt noise, shifted by up to 6 pixels.
+    rng = np.random.default_rng(1234)
+    digits = np.kron(rng.uniform(size=(10, 7, 7)) > 0.75, np.ones((4, 4))).astype(np.float32)
+
+    def sample(n):
+        labels = rng.integers(0, 10, size=n).astype(np.int32)
+        images = digits[labels] * rng.uniform(size=(n, 28, 28)).astype(np.float32)
+        images = np.maximum(images, rng.uniform(size=(n, 28, 28)) < 0.2).astype(np.float32)
+        shifts = rng.integers(-6, 7, size=(n, 2))
+        images = np.stack(
+            [np.roll(x, tuple(s), (0, 1)) for x, s in zip(images, shifts, strict=True)]
+        )
+        return {"image": images[..., None], "label": labels}
+
+    return sample(config.train_size), sample(config.test_size)
+
+
+def batches(ds: Dataset, batch_size: int, seed: int | None) -> Iterator[Dataset]:
+    """Batches of ``ds``, shuffled each epoch with ``seed`` (None: one pass, in order)."""
+    n = len(ds["label"]) // batch_size * batch_size
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(len(ds["label"])) if seed is not None else np.arange(n)
+        for i in range(0, n, batch_size):
+            yield {k: v[order[i : i + batch_size]] for k, v in ds.items()}
+        if seed is None:
+            return
+
+
+def train(steps, config, train_ds, test_ds, name) -> dict[str, Any]:
+    """Flax's NNX training loop with ``steps`` = (train_step, eval_step), Flax's or coarse's."""
+    train_step, eval_step = steps
+    model = CNN(rngs=nnx.Rngs(config.seed))
+    optimizer = nnx.Optimizer(
+        model, optax.adamw(config.learning_rate, config.momentum), wrt=nnx.Param
+    )
+    metrics = nnx.MultiMetric(
+        accuracy=nnx.metrics.Accuracy(),
+        loss=nnx.metrics.Average("loss"),
+    )
+    metrics_history: dict[str, list[float]] = {
+        "train_loss": [],
+        "train_accuracy": [],
+        "test_loss": [],
+        "test_accuracy": [],
+    }
+    history = []
+    train_batches = batches(train_ds, config.batch_size, config.seed)
+    for step, batch in zip(range(config.num_steps), train_batches, strict=False):
+        # Run the optimization for one step and make a stateful update to the following:
+        # - The train state's model parameters
+        # - The optimizer state
+        # - The training loss and accuracy batch metrics
+        train_step(model, optimizer, metrics, batch)
+
+        if step > 0 and (step % config.eval_every == 0 or step == config.num_steps - 1):
+            # Log the training metrics.
+            for metric, value in metrics.compute().items():  # Compute the metrics.
+                metrics_history[f"train_{metric}"].append(float(value))  # Record the metrics.
+            metrics.reset()  # Reset the metrics for the test set.
+
+            # Compute the metrics on the test set after each training epoch.
+            for test_batch in batches(test_ds, config.batch_size, None):
+                eval_step(model, metrics, test_batch)
+
+            # Log the test metrics.
+            for metric, value in metrics.compute().items():
+                metrics_history[f"test_{metric}"].append(float(value))
+            metrics.reset()  # Reset the metrics for the next training epoch.
+
+            record = {"impl": name, "step": step + 1}
+            record.update({k: v[-1] for k, v in metrics_history.items()})
+            history.append(record)
+            print(
+                f"{name:6s} step: {step + 1}, "
+                f"train_loss: {record['train_loss']:.4f}, "
+                f"train_accuracy: {record['train_accuracy'] * 100:.2f}, "
+                f"test_loss: {record['test_loss']:.4f}, "
+                f"test_accuracy: {record['test_accuracy'] * 100:.2f}"
+            )
+    return {"history": history, "metrics_history": metrics_history}
+
+
+def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
+    """Execute model training and evaluation loop.
+
+    Args:
+      config: a `configs.default.Config`; ``config.impl`` picks Flax's steps,
+        coarse's, or both (then the logged losses are compared).
+      workdir: directory for ``metrics.jsonl`` (one line per log and impl).
+
+    Returns:
+      ``{impl: {"history": records, "metrics_history": Flax's lists}}``, plus
+      ``max_rel_loss_diff`` (over the logged train and test losses) with impl "both".
+    """
+    train_ds, test_ds = get_datasets(config)
+    impls = ("flax", "coarse") if config.impl == "both" else (config.impl,)
+    runs = {}
+    for impl in impls:
+        if impl == "flax":
+            runs[impl] = train((train_step, eval_step), config, train_ds, test_ds, impl)
+        else:
+            mesh = coarse.make_mesh(workers=config.workers)  # coarse
+            runs[impl] = train(coarse_steps(mesh), config, train_ds, test_ds, impl)
+
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+        for run in runs.values():
+            for record in run["history"]:
+                f.write(json.dumps(record) + "\n")
+    if config.impl == "both":
+        flax_h, coarse_h = runs["flax"]["metrics_history"], runs["coarse"]["metrics_history"]
+        a = np.array(flax_h["train_loss"] + flax_h["test_loss"])
+        b = np.array(coarse_h["train_loss"] + coarse_h["test_loss"])
+        diff = np.abs(a - b)
+        rel = float(np.max(diff / np.maximum(np.abs(a), 1e-6)))
+        runs["max_rel_loss_diff"] = rel
+        print(
+            f"final loss: flax train {flax_h['train_loss'][-1]:.6f} test "
+            f"{flax_h['test_loss'][-1]:.6f}, coarse train {coarse_h['train_loss'][-1]:.6f} "
+            f"test {coarse_h['test_loss'][-1]:.6f}"
+        )
+        print(
+            f"max |loss_coarse - loss_flax| over {len(a)} logged losses: {diff.max():.3e} "
+            f"(relative {rel:.3e})"
+        )
+    return runs
