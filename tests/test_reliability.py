@@ -35,11 +35,15 @@ def _want(params, batch, workers):
 
 
 @pytest.mark.timeout(120)
-def test_huge_timeout_does_not_fire_at_once():
-    """timeout_s ~1e10 s overflowed the int64-nanosecond deadline: every wait timed out at once."""
+def test_longest_timeout_does_not_fire_at_once():
+    """timeout_s ~1e10 s overflowed the int64-nanosecond deadline: every wait timed out at once.
+
+    Config now stops at a week (test_errors.py checks the refusal of more);
+    the runtime also clamps its deadlines, so the longest allowed wait works.
+    """
     mesh = coarse.make_mesh(workers=4)
     params, batch = {"w": jnp.ones((8, 16))}, jnp.arange(64.0).reshape(8, 8) / 64
-    for timeout_s in (7.4e9, 1e10, 1e13):
+    for timeout_s in (coarse.config.MAX_TIMEOUT_S,):
         step = _vg_step(mesh, coarse.Config(timeout_s=timeout_s, shard_bytes=256))
         for _ in range(3):
             _, grads = step(params, batch)
@@ -55,10 +59,8 @@ def test_dropped_push_arms_only_the_next_session():
     jax.block_until_ready((small(params, batch), large(params, batch)))  # compiled, healthy
     _ffi.inject_dropped_push(3)
     jax.block_until_ready(small(params, batch))  # no worker 3: nothing dropped, hook spent
-    t0 = time.monotonic()
-    _, grads = large(params, batch)  # healthy: the hook did not stay armed
+    _, grads = large(params, batch)  # healthy: the hook did not stay armed (else: timeout)
     np.testing.assert_allclose(grads["w"], _want(params, batch, 4), rtol=1e-5)
-    assert time.monotonic() - t0 < 1.5
     # Armed for a worker the next mesh has: that step loses the push and times out.
     _ffi.inject_dropped_push(1)
     with pytest.raises(Exception, match=r"timed out after 2.000 s .* worker\(s\) 1 to push"):
