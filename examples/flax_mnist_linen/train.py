@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 import flax.linen as nn
@@ -26,7 +27,9 @@ from flax.training import train_state
 
 import coarse_jax as coarse  # coarse
 
-Dataset = dict[str, np.ndarray]
+# examples/ on the path for the shared data (see examples/common/__init__.py).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common.mnist import get_datasets
 
 
 class CNN(nn.Module):
@@ -109,46 +112,6 @@ def train_epoch(apply_model, state, train_ds, batch_size, rng, max_steps):
         epoch_loss.append(float(loss))
         epoch_accuracy.append(float(accuracy))
     return state, epoch_loss, epoch_accuracy
-
-
-def get_datasets(config) -> tuple[Dataset, Dataset]:
-    """Train and test sets: Keras' ``mnist.npz`` from ``config.data_dir``, else synthetic."""
-    if config.data_dir:
-        path = os.path.join(config.data_dir, "mnist.npz")
-        if not os.path.exists(path):
-            raise FileNotFoundError(
-                f"{path} not found. Fix: put Keras' mnist.npz (x_train, y_train, x_test, "
-                "y_test) there, or leave out --data-dir for synthetic data."
-            )
-        with np.load(path) as f:
-            x_train, y_train, x_test, y_test = (
-                f[k] for k in ("x_train", "y_train", "x_test", "y_test")
-            )
-        n = config.test_size
-        return (
-            {"image": x_train[..., None] / np.float32(255.0), "label": y_train.astype(np.int32)},
-            {
-                "image": x_test[:n, ..., None] / np.float32(255.0),
-                "label": y_test[:n].astype(np.int32),
-            },
-        )
-    # Synthetic, MNIST-like: each class has a fixed "digit", a random pattern of
-    # 4x4 blocks (a quarter of them on); an example is its class's digit with
-    # random pixel intensities, 20% salt noise, shifted by up to 6 pixels.
-    rng = np.random.default_rng(1234)
-    digits = np.kron(rng.uniform(size=(10, 7, 7)) > 0.75, np.ones((4, 4))).astype(np.float32)
-
-    def sample(n):
-        labels = rng.integers(0, 10, size=n).astype(np.int32)
-        images = digits[labels] * rng.uniform(size=(n, 28, 28)).astype(np.float32)
-        images = np.maximum(images, rng.uniform(size=(n, 28, 28)) < 0.2).astype(np.float32)
-        shifts = rng.integers(-6, 7, size=(n, 2))
-        images = np.stack(
-            [np.roll(x, tuple(s), (0, 1)) for x, s in zip(images, shifts, strict=True)]
-        )
-        return {"image": images[..., None], "label": labels}
-
-    return sample(config.train_size), sample(config.test_size)
 
 
 def create_train_state(rng, config):
