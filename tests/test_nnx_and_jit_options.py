@@ -160,3 +160,19 @@ def test_calls_are_counted_under_an_outer_jit():
         jax.block_until_ready(outer(jnp.ones(3), jnp.ones((2, 3))))
     jax.effects_barrier()
     assert step.stats()["calls"] == 3
+
+
+def test_an_nnx_step_that_returns_nothing_is_still_bounded_in_flight():
+    mesh = coarse.make_mesh(workers=2)
+    model = MLP(rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.sgd(0.01), wrt=nnx.Param)
+
+    @coarse.sync(mesh)
+    def train_step(model, optimizer, batch):
+        (_, _), grads = coarse.value_and_grad(loss_fn, has_aux=True)(model, batch)
+        optimizer.update(model, grads)
+
+    for batch in _batches(6, 8, seed=2):
+        assert train_step(model, optimizer, batch) is None
+        assert 1 <= train_step.stats()["in_flight"] <= 2
+    assert int(optimizer.step[...]) == 6

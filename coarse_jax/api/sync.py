@@ -139,7 +139,7 @@ class SyncedStep:
         }
 
     def __call__(self, *args: Any) -> Any:
-        layout = self._layout(args)
+        layout, graph_state = self._layout(args)
         cfg = self._config
         if layout.outer_trace and cfg.reprofile_every:
             raise TypeError(
@@ -152,22 +152,20 @@ class SyncedStep:
         if key not in self._compiled:
             self._compiled[key] = self._compile(cfg, layout)
         graph_nodes = tuple(args[i] for i in layout.graph)
-        dyn = [args[i] for i in layout.dynamic()]
+        dyn = [args[i] for i in layout.dynamic() if i not in layout.graph]
         if layout.graph:
-            _, state = _nnx.split(graph_nodes)
-            dyn = [a for i, a in zip(layout.dynamic(), dyn, strict=True) if i not in layout.graph]
-            dyn.append(state)
+            dyn.append(graph_state)
         # Ctrl-C abandons a step stalled in the runtime (unless the program
         # installed its own SIGINT handler); checked per call, about 2.5 us.
         _ffi.arm_interrupt_hook()
-        replicated, per_example, new_state = self._compiled[key](*dyn)
+        results = self._compiled[key](*dyn)
+        replicated, per_example, new_state = results
         if layout.graph:
             _nnx.update(graph_nodes, new_state)
-        out = _outputs.join(replicated, per_example, self._batch_outputs)
         if not layout.outer_trace:
-            self._bound_in_flight(cfg, out)
+            self._bound_in_flight(cfg, results)  # an NNX step may return nothing else
             self._count_call()
-        return out
+        return _outputs.join(replicated, per_example, self._batch_outputs)
 
     def _count_call(self) -> None:
         self._calls += 1
@@ -202,7 +200,8 @@ class SyncedStep:
             with contextlib.suppress(Exception):
                 oldest.block_until_ready()
 
-    def _layout(self, args: tuple[Any, ...]) -> _Layout:
+    def _layout(self, args: tuple[Any, ...]) -> tuple[_Layout, Any]:
+        """The call's layout, and the state of its NNX arguments (None without any)."""
         n = len(args)
         if n == 0:
             raise TypeError(f"coarse.sync({self._name}): the step needs at least a batch argument.")
@@ -237,12 +236,13 @@ class SyncedStep:
                 "NNX object but batch_argnums names it: the batch must be arrays. Fix: pass "
                 "batch_argnums for the batch's position."
             )
-        graphdef = _nnx.split(tuple(args[i] for i in graph))[0] if graph else None
-        self._check_args(args, batch, static, graph)
+        graphdef, graph_state = _nnx.split(tuple(args[i] for i in graph)) if graph else (None, None)
+        self._check_args(args, batch, static, graph, graph_state)
         outer = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
-        return _Layout(
+        layout = _Layout(
             n, batch, tuple((i, args[i]) for i in static), donate, graph, graphdef, outer
         )
+        return layout, graph_state
 
     def _check_args(
         self,
@@ -250,6 +250,7 @@ class SyncedStep:
         batch: tuple[int, ...],
         static: tuple[int, ...],
         graph: tuple[int, ...],
+        graph_state: Any,
     ) -> None:
         p = self.mesh.shape[DATA]
         for i, arg in enumerate(args):
@@ -265,15 +266,23 @@ class SyncedStep:
                             f"of {p}."
                         )
                 continue
-            sig = _signature(_nnx.split((arg,))[1] if i in graph else arg)
-            first = self._seen.setdefault(i, sig)
-            if first != sig:
-                raise ValueError(
-                    f"coarse.sync({self._name}): argument {i} changed structure or shapes between "
-                    f"calls; the step was planned and compiled for {_show(first)}, got "
-                    f"{_show(sig)}. Fix: keep the state's structure fixed during training, or "
-                    "decorate a new function with coarse.sync for the new tree."
-                )
+            if i in graph:
+                continue  # checked together below, from the one split of all NNX arguments
+            self._check_signature(i, f"argument {i}", _signature(arg))
+        if graph:
+            where = f"the NNX state of argument(s) {list(graph)}"
+            self._check_signature(-1, where, _signature(graph_state))
+
+    def _check_signature(self, key: int, where: str, sig: Signature) -> None:
+        """``sig`` must equal the first call's (key: argument index; -1: all NNX state)."""
+        first = self._seen.setdefault(key, sig)
+        if first != sig:
+            raise ValueError(
+                f"coarse.sync({self._name}): {where} changed structure or shapes between "
+                f"calls; the step was planned and compiled for {_show(first)}, got "
+                f"{_show(sig)}. Fix: keep the state's structure fixed during training, or "
+                "decorate a new function with coarse.sync for the new tree."
+            )
 
     def _compile(self, cfg: Config, layout: _Layout) -> Callable[..., Any]:
         if cfg.mode == "ffi":
