@@ -176,3 +176,47 @@ def test_an_nnx_step_that_returns_nothing_is_still_bounded_in_flight():
         assert train_step(model, optimizer, batch) is None
         assert 1 <= train_step.stats()["in_flight"] <= 2
     assert int(optimizer.step[...]) == 6
+
+
+def test_state_a_step_does_not_change_stays_bitwise_the_same():
+    """Batch statistics in eval mode are read, not written: no averaging may round them.
+
+    (At p = 3 the workers' mean of three equal floats, (x + x + x) / 3, is not
+    always x: state every device holds must not be averaged at all.)
+    """
+    mesh = coarse.make_mesh(workers=3)
+    model = MLP(rngs=nnx.Rngs(0), batch_norm=True)
+    rng = np.random.default_rng(5)
+    model.bn.mean[...] = jnp.asarray(rng.standard_normal(32) / 3, jnp.float32)
+    model.bn.var[...] = jnp.asarray(rng.uniform(0.5, 2.0, 32), jnp.float32)
+    before = (np.asarray(model.bn.mean[...]), np.asarray(model.bn.var[...]))
+    model.eval()
+    optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+    @coarse.sync(mesh)
+    def train_step(model, optimizer, batch):
+        (loss, _), grads = coarse.value_and_grad(loss_fn, has_aux=True)(model, batch)
+        optimizer.update(model, grads)
+        return loss
+
+    for batch in _batches(3, 12, seed=3):
+        train_step(model, optimizer, batch)
+    np.testing.assert_array_equal(np.asarray(model.bn.mean[...]), before[0])
+    np.testing.assert_array_equal(np.asarray(model.bn.var[...]), before[1])
+
+
+def test_on_workers_takes_nnx_modules_that_change_their_state():
+    """A module passed to coarse.on_workers may draw random numbers under the default "cond"."""
+    mesh = coarse.make_mesh(workers=2)
+    drop = nnx.Dropout(0.5, rngs=nnx.Rngs(dropout=3))
+
+    @coarse.sync(mesh, batch_outputs=0)
+    def masks(drop, batch):
+        return (coarse.on_workers(lambda d, x: d(x))(drop, batch),)
+
+    (out,) = masks(drop, jnp.ones((2, 64)))
+    assert not np.array_equal(np.asarray(out[0]), np.asarray(out[1]))  # a mask per worker
+    assert int(drop.rngs.count[...]) == 1
+    (again,) = masks(drop, jnp.ones((2, 64)))
+    assert not np.array_equal(np.asarray(again), np.asarray(out))  # the stream moved on
+    assert int(drop.rngs.count[...]) == 2

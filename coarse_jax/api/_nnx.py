@@ -119,7 +119,24 @@ def diff_split(model: Any) -> tuple[Any, Any, Any]:
     return nnx.split(model, nnx.Param, ...)
 
 
-def carried_state(model: Any) -> Any:
-    """The state a loss may change and the step must keep (not params, not RNG keys)."""
+def changed_state(before: Any, node: Any) -> Any:
+    """What ``node``'s code changed: its variables (not params, not RNG keys) whose value
+    is no longer the one ``before`` (a state of ``node`` taken when it was merged) held.
+
+    Only these leave a traced region (the loss, the workers-only conditional):
+    unchanged state stays as it was, so `consistent_state` never averages, and
+    so never rounds, a value every device already holds.
+    """
     nnx = _nnx()
-    return nnx.state(model, nnx.All(nnx.Not(nnx.Param), nnx.Not(nnx.RngKey)))
+    after = nnx.state(node, nnx.All(nnx.Not(nnx.Param), nnx.Not(nnx.RngKey)))
+    old = dict(before.flat_state())
+    changed = [
+        (path, var)
+        for path, var in after.flat_state()
+        if path not in old or _value(var) is not _value(old[path])
+    ]
+    return nnx.State.from_flat_path(changed)
+
+
+def _value(v: Any) -> Any:
+    return v.get_value() if hasattr(v, "get_value") else v

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from coarse_jax import _ffi, reference
-from coarse_jax.api import _context
+from coarse_jax.api import _context, _nnx
 from coarse_jax.api._phases import finish, push_in_order, tier_is_worker, zeros_like_shapes
 from coarse_jax.config import Config
 
@@ -32,6 +32,9 @@ def on_workers(fn: Callable[..., Any]) -> Callable[..., Any]:
         if ctx.config.worker_compute == "all":  # see Config.worker_compute
             out = _ffi.vary(fn(*args, **kwargs))
             return jax.tree.map(lambda v: jnp.where(tier_is_worker(), v, jnp.zeros_like(v)), out)
+        modules = _nnx.graph_positions(args)
+        if modules:
+            return _on_workers_with_modules(fn, modules, args, kwargs)
         shapes = jax.eval_shape(lambda *a: fn(*a, **kwargs), *args)
         return lax.cond(
             tier_is_worker(),
@@ -41,6 +44,40 @@ def on_workers(fn: Callable[..., Any]) -> Callable[..., Any]:
         )
 
     return wrapped
+
+
+def _on_workers_with_modules(
+    fn: Callable[..., Any], modules: tuple[int, ...], args: tuple[Any, ...], kwargs: Any
+) -> Any:
+    """`on_workers` for NNX modules among the arguments, as ``nnx.cond`` does it.
+
+    The modules enter the conditional as their state and are merged inside;
+    what ``fn`` changed in them (batch statistics, RNG counts) leaves it and is
+    written back (proxies: zeros, which `coarse.sync` then replaces by the
+    workers' mean).
+    """
+    nodes = tuple(args[i] for i in modules)
+    graphdef, state = _nnx.split(nodes)
+    plain = [a for i, a in enumerate(args) if i not in modules]
+
+    def run(state: Any, *plain: Any) -> Any:
+        inner = _nnx.merge(graphdef, state)
+        call, rest = list(plain), iter(inner)
+        for i in modules:
+            call.insert(i, next(rest))
+        out = fn(*call, **kwargs)
+        return out, _nnx.changed_state(state, inner)
+
+    shapes = jax.eval_shape(run, state, *plain)
+    out, changed = lax.cond(
+        tier_is_worker(),
+        lambda *a: _ffi.vary(run(*a)),
+        lambda *a: zeros_like_shapes(shapes),
+        state,
+        *plain,
+    )
+    _nnx.update(nodes, changed)
+    return out
 
 
 def _check_op(op: str) -> bool:

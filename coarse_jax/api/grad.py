@@ -238,7 +238,7 @@ def _module_value_and_grad(
         call = [*others[:m], inner, *others[m:]]
         out = fun(*call, **kwargs)
         loss, aux = out if has_aux else (out, None)
-        return loss, (aux, _nnx.carried_state(inner))
+        return loss, (aux, _nnx.changed_state(rest, inner))
 
     others = [a for i, a in enumerate(args) if i != m]
     wrapped = value_and_grad(pure, argnums=0, has_aux=True, config=config)
