@@ -220,3 +220,29 @@ def test_on_workers_takes_nnx_modules_that_change_their_state():
     (again,) = masks(drop, jnp.ones((2, 64)))
     assert not np.array_equal(np.asarray(again), np.asarray(out))  # the stream moved on
     assert int(drop.rngs.count[...]) == 2
+
+
+def test_nnx_diff_state_filters_what_is_differentiated():
+    """argnums=nnx.DiffState(0, filter), as for nnx.value_and_grad: gradients of those only."""
+    mesh = coarse.make_mesh(workers=4)
+    model = MLP(rngs=nnx.Rngs(0))
+    wrt = nnx.All(nnx.Param, nnx.PathContains("l2"))
+    (batch,) = _batches(1, 32, seed=4)
+
+    @coarse.sync(mesh)
+    def grads_of_l2(model, batch):
+        return coarse.value_and_grad(loss_fn, argnums=nnx.DiffState(0, wrt), has_aux=True)(
+            model, batch
+        )[1]
+
+    got = grads_of_l2(model, batch)
+    with jax.default_device(jax.devices()[0]):
+        want = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, wrt), has_aux=True)(
+            model, batch
+        )[1]
+    got_flat, want_flat = dict(got.flat_state()), dict(want.flat_state())
+    assert set(got_flat) == set(want_flat) and all("l2" in p for p in got_flat)
+    for path, g in got_flat.items():
+        np.testing.assert_allclose(
+            np.asarray(g.get_value()), np.asarray(want_flat[path].get_value()), rtol=1e-5, atol=1e-7
+        )

@@ -109,14 +109,25 @@ def consistent_state(nodes: tuple[Any, ...], all_reduce: Callable[[Any], Any], w
     return jax.tree.unflatten(treedef, leaves)
 
 
-def diff_split(model: Any) -> tuple[Any, Any, Any]:
+def diff_filter(argnums: Any) -> Any:
+    """The filter of an ``nnx.DiffState`` argnums, else None."""
+    if "flax" not in sys.modules or not isinstance(argnums, _nnx().DiffState):
+        return None
+    return argnums.filter
+
+
+def diff_argnum(argnums: Any) -> int:
+    return int(argnums.argnum)
+
+
+def diff_split(model: Any, wrt: Any = None) -> tuple[Any, Any, Any]:
     """(graphdef, params, rest): what ``nnx.value_and_grad`` differentiates and what it carries.
 
     RNG keys stay in ``rest`` but never leave the loss: a key cannot be a
     zero-filled output of the workers-only conditional.
     """
     nnx = _nnx()
-    return nnx.split(model, nnx.Param, ...)
+    return nnx.split(model, nnx.Param if wrt is None else wrt, ...)
 
 
 def changed_state(before: Any, node: Any) -> Any:

@@ -45,7 +45,7 @@ def _push_hook(call: _ffi.CallSite, bucket: BucketPlan) -> Callable[..., Any]:
 
 def value_and_grad(
     fun: Callable[..., Any],
-    argnums: int | Sequence[int] = 0,
+    argnums: int | Sequence[int] | Any = 0,
     has_aux: bool = False,
     *,
     config: Config | None = None,
@@ -66,7 +66,8 @@ def value_and_grad(
 
     Args:
       fun: the loss function, as for `jax.value_and_grad`.
-      argnums: which positional argument(s) to differentiate.
+      argnums: which positional argument(s) to differentiate; for an NNX module also
+        ``nnx.DiffState(argnum, filter)`` (its variables matching ``filter``).
       has_aux: ``fun`` returns ``(loss, aux)``.
       config: overrides the step's `Config`.
 
@@ -81,6 +82,11 @@ def value_and_grad(
     Example:
       >>> loss, grads = coarse.value_and_grad(loss_fn)(params, batch)
     """
+    # nnx.DiffState(argnum, filter): differentiate that module's variables
+    # matching the filter, as nnx.value_and_grad does.
+    diff_filter = _nnx.diff_filter(argnums)
+    if diff_filter is not None:
+        argnums = _nnx.diff_argnum(argnums)
     single = isinstance(argnums, int)
     nums: tuple[int, ...] = (argnums,) if isinstance(argnums, int) else tuple(argnums)
 
@@ -94,7 +100,7 @@ def value_and_grad(
                     f"naming it (its nnx.Param state), got argnums={argnums!r}. Fix: "
                     "differentiate one module, or pass plain pytrees for a tuple of argnums."
                 )
-            return _module_value_and_grad(fun, nums[0], has_aux, config, args, kwargs)
+            return _module_value_and_grad(fun, nums[0], diff_filter, has_aux, config, args, kwargs)
         return vg_pytrees(*args, **kwargs)
 
     def vg_pytrees(*args: Any, **kwargs: Any) -> Any:
@@ -217,6 +223,7 @@ def value_and_grad(
 def _module_value_and_grad(
     fun: Callable[..., Any],
     m: int,
+    diff_filter: Any,
     has_aux: bool,
     config: Config | None,
     args: tuple[Any, ...],
@@ -231,7 +238,7 @@ def _module_value_and_grad(
     back into the module; `coarse.sync` then averages it over the workers.
     """
     module = args[m]
-    graphdef, params, rest = _nnx.diff_split(module)
+    graphdef, params, rest = _nnx.diff_split(module, diff_filter)
 
     def pure(params: Any, rest: Any, *others: Any) -> Any:
         inner = _nnx.merge_parts(graphdef, params, rest)
