@@ -240,7 +240,7 @@ def test_nnx_diff_state_filters_what_is_differentiated():
         want = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, wrt), has_aux=True)(
             model, batch
         )[1]
-    got_flat, want_flat = dict(got.flat_state()), dict(want.flat_state())
+    got_flat, want_flat = dict(nnx.to_flat_state(got)), dict(nnx.to_flat_state(want))
     assert set(got_flat) == set(want_flat) and all("l2" in p for p in got_flat)
     for path, g in got_flat.items():
         np.testing.assert_allclose(

@@ -140,13 +140,13 @@ def changed_state(before: Any, node: Any) -> Any:
     """
     nnx = _nnx()
     after = nnx.state(node, nnx.All(nnx.Not(nnx.Param), nnx.Not(nnx.RngKey)))
-    old = dict(before.flat_state())
+    old = dict(nnx.to_flat_state(before))
     changed = [
         (path, var)
-        for path, var in after.flat_state()
+        for path, var in nnx.to_flat_state(after)
         if path not in old or _value(var) is not _value(old[path])
     ]
-    return nnx.State.from_flat_path(changed)
+    return nnx.from_flat_state(changed)
 
 
 def _value(v: Any) -> Any:
