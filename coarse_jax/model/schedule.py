@@ -55,8 +55,13 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
     def ring_s(nbytes: float, kind: str) -> float:
         if p == 1:
             return 0.0
-        # Lockstep rings are bounded by their slowest neighbour link.
-        step = max(topology.transfer_s(kind, k, (k + 1) % p, nbytes / (2 * p)) for k in range(p))
+        # Lockstep rings are bounded by their slowest neighbour link. With two
+        # members the rings' "next" and "previous" are the same device: both
+        # halves share one directed link per step, one after the other.
+        sharing = 2 if p == 2 else 1
+        step = max(
+            topology.transfer_s(kind, k, (k + 1) % p, sharing * nbytes / (2 * p)) for k in range(p)
+        )
         return 2 * (p - 1) * step
 
     pieces = plan.pieces
