@@ -18,6 +18,10 @@ Mode = Literal["ffi", "reference"]
 _MODES = ("ffi", "reference")
 
 
+WORKER_COMPUTE = ("auto", "cond", "all")
+# Config.worker_compute="auto" per platform; "cond" where not listed.
+AUTO_WORKER_COMPUTE = {"cpu": "all"}
+
 # The longest wait Config.timeout_s allows: the runtime counts nanoseconds in
 # int64 (292 years), and a week is longer than any step.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -74,14 +78,15 @@ class Config:
       step_times_s: ``(T_FP, T_BP)`` in seconds, the forward and backward time
         of one step, for ``leading_bytes="auto"``; measure them with
         `coarse.measure_step_times`.
-      worker_compute: how the workers alone run the model. "cond" (default,
-        the design): a ``lax.cond`` on the tier, proxies skip the model.
-        "all": every device runs it and the proxies' results are discarded
-        (their pushes are no-ops, their pulls overwrite everything). Use "all"
-        on CPU devices for convolutional models: XLA:CPU runs convolutions
-        inside a conditional about 4x slower (measured: a small CNN's gradient
-        on 8 devices took 40 ms with "cond", 16 ms with "all"). Keep "cond" on
-        GPUs, where it leaves the proxies free.
+      worker_compute: how the workers alone run the model. "cond" (the
+        design): a ``lax.cond`` on the tier, proxies skip the model. "all":
+        every device runs it and the proxies' results are discarded (their
+        pushes are no-ops, their pulls overwrite everything). "auto"
+        (default): "all" on CPU devices, "cond" elsewhere. XLA:CPU compiles a
+        model inside a conditional worse: convolutions run about 4x slower
+        (measured: a small CNN's gradient on 8 devices took 40 ms with "cond",
+        16 ms with "all") and round differently from the same model outside
+        one; on GPUs "cond" leaves the proxies free.
       reprofile_every: with a ``profile``, `coarse.sync` profiles the links
         again every this many calls and re-plans; the step recompiles only if
         the plan changed. 0: never.
@@ -115,7 +120,7 @@ class Config:
     profile: Profile | None = dataclasses.field(default=None, compare=False, repr=False)
     step_times_s: tuple[float, float] | None = None
     reprofile_every: int = 0
-    worker_compute: str = "cond"
+    worker_compute: str = "auto"
     max_steps_in_flight: int | None = None
 
     def __post_init__(self) -> None:
@@ -158,9 +163,10 @@ class Config:
                 f"Config.mode: expected one of {_MODES}, got {self.mode!r} "
                 "(check $COARSE_JAX_MODE)."
             )
-        if self.worker_compute not in ("cond", "all"):
+        if self.worker_compute not in WORKER_COMPUTE:
             raise ValueError(
-                f"Config.worker_compute: expected 'cond' or 'all', got {self.worker_compute!r}."
+                f"Config.worker_compute: expected one of {WORKER_COMPUTE}, got "
+                f"{self.worker_compute!r}."
             )
         if isinstance(self.timeout_s, bool) or not 0 < self.timeout_s <= MAX_TIMEOUT_S:
             raise ValueError(
@@ -223,6 +229,12 @@ class Config:
             profile=profile,
         )
         return dataclasses.replace(cfg, **overrides)
+
+    def worker_compute_on(self, platform: str) -> str:
+        """``worker_compute`` with "auto" resolved: "all" on "cpu", else "cond"."""
+        if self.worker_compute != "auto":
+            return self.worker_compute
+        return AUTO_WORKER_COMPUTE.get(platform, "cond")
 
     def routes_for(self, workers: int) -> tuple[tuple[int, int], ...]:
         """The routing table for ``workers`` workers, checked against the mesh."""

@@ -260,3 +260,28 @@ def test_returning_a_per_worker_value_names_the_output_and_the_fix():
         r"batch_outputs=\(1,\)",
     ):
         step(jnp.ones(3), jnp.ones((4, 3)))
+
+
+@pytest.mark.parametrize(
+    "worker_compute,has_cond", [("auto", False), ("all", False), ("cond", True)]
+)
+def test_worker_compute_auto_runs_the_model_everywhere_on_cpu(worker_compute, has_cond):
+    """ "auto" (the default) is "all" on CPU, where XLA compiles a model inside lax.cond worse."""
+    assert coarse.Config().worker_compute == "auto"
+    assert coarse.Config().worker_compute_on("cpu") == "all"
+    assert coarse.Config().worker_compute_on("gpu") == "cond"
+    assert coarse.Config(worker_compute="cond").worker_compute_on("cpu") == "cond"
+    mesh = coarse.make_mesh(workers=2)
+    cfg = coarse.Config(worker_compute=worker_compute)
+
+    @coarse.sync(mesh, config=cfg)
+    def step(params, batch):
+        return coarse.value_and_grad(mlp_loss)(params, batch)
+
+    params = mlp_init(jax.random.key(8), (4, 3, 1))
+    batch = make_batch(jax.random.key(9), 8, 4, 1)
+    assert ("cond[" in str(jax.make_jaxpr(step)(params, batch))) == has_cond
+    loss, grads = step(params, batch)
+    want_loss, want = per_worker_mean(mlp_loss, params, batch, 2)
+    np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
+    assert_tree_close(grads, want, rtol=1e-6, atol_scale=1e-6)

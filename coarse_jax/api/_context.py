@@ -52,6 +52,10 @@ class SyncContext:
         self.next_site += 1
         return _ffi.CallSite(plan.ffi_attrs(), site, self.ordinals)
 
+    def worker_compute(self, cfg: Config) -> str:
+        """``cfg.worker_compute`` ("auto" resolved) on this mesh's platform."""
+        return cfg.worker_compute_on(self.mesh.devices.flat[0].platform)
+
     @property
     def ordinals(self) -> np.ndarray:
         return _ffi.device_ordinals(self.mesh)

@@ -29,7 +29,7 @@ def on_workers(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         ctx = _context.current("coarse.on_workers")
-        if ctx.config.worker_compute == "all":  # see Config.worker_compute
+        if ctx.worker_compute(ctx.config) == "all":  # see Config.worker_compute
             out = _ffi.vary(fn(*args, **kwargs))
             return jax.tree.map(lambda v: jnp.where(tier_is_worker(), v, jnp.zeros_like(v)), out)
         modules = _nnx.graph_positions(args)

@@ -197,7 +197,7 @@ def value_and_grad(
                 + aux_leaves_shape
             )
 
-        if cfg.worker_compute == "cond":
+        if ctx.worker_compute(cfg) == "cond":
             leaves = lax.cond(tier_is_worker(), on_worker, on_proxy, *args)
         else:  # "all": proxies compute too; their pushes are no-ops, pulls overwrite the rest
             leaves = on_worker(*args)

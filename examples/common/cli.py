@@ -53,10 +53,11 @@ def parse_args(
     )
     parser.add_argument(
         "--worker-compute",
-        choices=("cond", "all"),
+        choices=("auto", "cond", "all"),
         default=defaults.worker_compute,
         help="coarse.Config.worker_compute: 'all' runs the model on the proxies "
-        "too (faster for conv nets on XLA:CPU, whose conditionals are slow)",
+        "too (faster for conv nets on XLA:CPU, whose conditionals are slow); 'auto' "
+        "(default): 'all' on CPU, 'cond' on GPUs",
     )
     parser.add_argument(
         "--noise-floor",

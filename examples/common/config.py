@@ -38,7 +38,8 @@ class BaseConfig:
         their size becomes `Config.leading_bytes`.
       worker_compute: coarse `Config.worker_compute` (--worker-compute):
         "cond" runs the model on the workers only, "all" on the proxies too
-        (faster for conv nets on XLA:CPU, whose conditionals are slow).
+        (faster for conv nets on XLA:CPU, whose conditionals are slow), "auto"
+        (default) picks "all" on CPU and "cond" on GPUs.
       impl: "coarse", "pmean" or "both" (--impl).
       noise_floor: with "both", also train pmean with the gradients summed in
         the reverse worker order and compare step-0 gradients (--noise-floor;
@@ -60,7 +61,7 @@ class BaseConfig:
     seed: int = 0
     shard_bytes: int = 64 << 10
     leading_modules: int = 1
-    worker_compute: str = "cond"
+    worker_compute: str = "auto"
     impl: str = "both"
     noise_floor: bool = False
     data_dir: str | None = None
