@@ -116,3 +116,28 @@ def test_a_failed_call_raises_once_where_its_outputs_are_read():
     for _ in range(4):  # the failed call leaves the queue without raising again
         loss, _ = step(params, batch)
     assert float(loss) == 3.0
+
+
+@pytest.mark.timeout(120)
+def test_a_coarse_failure_before_an_xla_collective_fails_the_step_cleanly():
+    """A lost push in a step that then runs an XLA collective: every device fails the coarse
+    call (none reaches the collective alone and waits there for XLA's 40 s abort); the
+    step raises within the timeout and the next one runs."""
+    from jax import lax
+
+    from coarse_jax import _ffi
+
+    mesh = coarse.make_mesh(workers=2)
+
+    @coarse.sync(mesh, config=coarse.Config(timeout_s=1.0))
+    def step(x, batch):
+        y = coarse.all_reduce(batch[0] + x)
+        z = lax.psum(_ffi.vary(y), ("tier", "data"))
+        return coarse.all_reduce(z * 0 + y)
+
+    x, batch = jnp.ones(3), jnp.ones((2, 3))
+    np.testing.assert_array_equal(step(x, batch), 2 * np.ones(3))
+    _ffi.inject_dropped_push(1)
+    with pytest.raises(Exception, match=r"timed out after 1.000 s at step 2"):
+        jax.block_until_ready(step(x, batch))
+    np.testing.assert_array_equal(step(x, batch), 2 * np.ones(3))
