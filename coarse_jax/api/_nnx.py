@@ -51,13 +51,13 @@ def split(nodes: tuple[Any, ...]) -> tuple[Any, Any]:
     return _nnx().split(nodes)
 
 
-def merge(graphdef: Any, state: Any) -> tuple[Any, ...]:
-    # copy=True: fresh Variables owned by the current trace (the step's), so
-    # the step may mutate them; the caller's objects are updated afterwards.
-    return _nnx().merge(graphdef, state, copy=True)
+def merge(graphdef: Any, *states: Any) -> Any:
+    """The objects ``graphdef`` and ``states`` describe, as fresh copies.
 
-
-def merge_parts(graphdef: Any, *states: Any) -> Any:
+    copy=True: new Variables owned by the current trace (the step's, the
+    loss's, the conditional's), so code there may mutate them; the caller's
+    objects are updated afterwards from the state that comes out.
+    """
     return _nnx().merge(graphdef, *states, copy=True)
 
 

@@ -241,7 +241,7 @@ def _module_value_and_grad(
     graphdef, params, rest = _nnx.diff_split(module, diff_filter)
 
     def pure(params: Any, rest: Any, *others: Any) -> Any:
-        inner = _nnx.merge_parts(graphdef, params, rest)
+        inner = _nnx.merge(graphdef, params, rest)
         call = [*others[:m], inner, *others[m:]]
         out = fun(*call, **kwargs)
         loss, aux = out if has_aux else (out, None)
