@@ -1,4 +1,11 @@
-"""The two-tier mesh: workers on tier 0, their proxies on tier 1."""
+"""The two-tier mesh: workers on tier 0, their proxies on tier 1; one more axis across hosts.
+
+On one process the mesh is ``("tier", "data")``. After
+``jax.distributed.initialize`` with several processes it is
+``("host", "tier", "data")``: each process (host) holds its own workers and
+proxies, and the runtime works within a host; only XLA collectives over
+"host" cross hosts (`coarse_jax.api._hosts`).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +15,59 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+HOST = "host"
 TIER = "tier"
 DATA = "data"
 AXES = (TIER, DATA)
+HOST_AXES = (HOST, TIER, DATA)
+
+
+def has_hosts(mesh: Mesh) -> bool:
+    """Whether ``mesh`` spans hosts (has the "host" axis)."""
+    return HOST in mesh.axis_names
+
+
+def batch_axes(mesh: Mesh) -> str | tuple[str, str]:
+    """The axes a batch's leading axis is split over: "data", or ("host", "data")."""
+    return (HOST, DATA) if has_hosts(mesh) else DATA
+
+
+def local_mesh(mesh: Mesh) -> Mesh:
+    """This process's ``("tier", "data")`` part of ``mesh`` (the mesh itself on one host)."""
+    if not has_hosts(mesh):
+        return mesh
+    rows = [h for h in range(mesh.devices.shape[0]) if _is_local(mesh.devices[h])]
+    if len(rows) != 1:
+        raise ValueError(
+            f"coarse mesh: process {jax.process_index()} must own exactly one row of the "
+            f"'host' axis, owns {len(rows)} of {mesh.devices.shape[0]}. Build the mesh with "
+            "coarse.make_mesh(workers=p_local) after jax.distributed.initialize."
+        )
+    return Mesh(mesh.devices[rows[0]], AXES)
+
+
+def _is_local(devices: np.ndarray) -> bool:
+    me = jax.process_index()
+    owners = {d.process_index for d in devices.flat}
+    if owners == {me}:
+        return True
+    if me in owners:
+        raise ValueError(
+            f"coarse mesh: a row of the 'host' axis mixes processes {sorted(owners)}; each row "
+            "must hold one process's devices (its workers, then its proxies)."
+        )
+    return False
 
 
 def make_mesh(workers: int | None = None, *, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """Builds the ``("tier", "data")`` mesh of ``workers`` workers and as many proxies.
+
+    With several processes (after ``jax.distributed.initialize``) and no
+    ``devices``, the mesh is ``("host", "tier", "data")`` of shape
+    ``(process_count, 2, workers)``: ``workers`` is then per process (p_local),
+    and each process's first ``2 * workers`` local devices are its workers
+    and proxies, paired by index as below. Batches are split over
+    ``("host", "data")``.
 
     Worker ``i`` is ``mesh.devices[0, i]``, its local proxy ``mesh.devices[1, i]``.
     Without ``devices`` the first ``2 * workers`` devices of the default backend
@@ -35,6 +88,8 @@ def make_mesh(workers: int | None = None, *, devices: Sequence[jax.Device] | Non
     Example:
       >>> mesh = coarse.make_mesh(workers=4)   # 8 devices
     """
+    if devices is None and jax.process_count() > 1:
+        return _make_host_mesh(workers)
     pool = list(jax.devices()) if devices is None else list(devices)
     if devices is not None and len(pool) % 2:
         raise ValueError(
@@ -64,17 +119,45 @@ def make_mesh(workers: int | None = None, *, devices: Sequence[jax.Device] | Non
     return Mesh(grid, AXES)
 
 
+def _make_host_mesh(workers: int | None) -> Mesh:
+    """``("host", "tier", "data")``: per process its workers, then their proxies."""
+    hosts = jax.process_count()
+    by_process: list[list[jax.Device]] = [[] for _ in range(hosts)]
+    for d in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
+        by_process[d.process_index].append(d)
+    fewest = min(len(devs) for devs in by_process)
+    if workers is None:
+        workers = fewest // 2
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(
+            f"make_mesh: workers must be a positive int (workers per process), got {workers!r}; "
+            f"the smallest process has {fewest} devices."
+        )
+    if fewest < 2 * workers:
+        raise ValueError(
+            f"make_mesh: workers={workers} per process needs {2 * workers} devices on every "
+            f"process (a proxy per worker), the smallest process has {fewest}. On CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={2 * workers} in every process."
+        )
+    grid = np.array([devs[: 2 * workers] for devs in by_process], dtype=object)
+    return Mesh(grid.reshape(hosts, 2, workers), HOST_AXES)
+
+
 def check_mesh(mesh: object, where: str) -> Mesh:
-    """Raises a clear error unless ``mesh`` is a coarse two-tier mesh."""
+    """Raises a clear error unless ``mesh`` is a coarse two-tier mesh (one host or several)."""
     if not isinstance(mesh, Mesh):
         raise TypeError(
             f"{where}: mesh must be a jax.sharding.Mesh from coarse.make_mesh(), got "
             f"{type(mesh).__name__}."
         )
-    if tuple(mesh.axis_names) != AXES or mesh.devices.shape[0] != 2:
+    names = tuple(mesh.axis_names)
+    if names not in (AXES, HOST_AXES) or mesh.shape[TIER] != 2:
         raise ValueError(
             f"{where}: mesh must have axes ('tier', 'data') with tier of size 2 (workers, "
-            f"proxies), got axes {tuple(mesh.axis_names)} of shape {mesh.devices.shape}. "
+            f"proxies), or ('host', 'tier', 'data') across processes, got axes "
+            f"{tuple(mesh.axis_names)} of shape {mesh.devices.shape}. "
             "Build it with coarse.make_mesh(workers=p)."
         )
+    if names == HOST_AXES:
+        local_mesh(mesh)  # one row per process
     return mesh

@@ -16,16 +16,19 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from coarse_jax.mesh import AXES, TIER
+from coarse_jax.mesh import AXES, HOST, TIER
 
 
 def _reduce_leaf(x: jax.Array, workers: int, mean: bool) -> jax.Array:
-    missing = tuple(a for a in AXES if a not in jax.typeof(x).mat.varying)
+    # Across hosts ("host" axis): the workers of every host, `workers` per host.
+    hosts = HOST in jax.sharding.get_abstract_mesh().axis_names
+    axes = (HOST, *AXES) if hosts else AXES
+    missing = tuple(a for a in axes if a not in jax.typeof(x).mat.varying)
     x = lax.pcast(x, missing, to="varying") if missing else x
     contribution = jnp.where(lax.axis_index(TIER) == 0, x.astype(jnp.float32), 0.0)
-    total = lax.psum(contribution, AXES)
+    total = lax.psum(contribution, axes)
     if mean:
-        total = total * jnp.float32(1.0 / workers)
+        total = total * jnp.float32(1.0 / (workers * (lax.axis_size(HOST) if hosts else 1)))
     return total.astype(x.dtype)
 
 

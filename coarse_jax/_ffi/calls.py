@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from coarse_jax.mesh import AXES, DATA, TIER
+from coarse_jax.mesh import AXES, DATA, HOST, TIER
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -65,7 +65,14 @@ def _vary(x: jax.Array, axes: tuple[str, ...] = AXES) -> jax.Array:
 
 
 def vary(tree: Any, axes: tuple[str, ...] = AXES) -> Any:
-    """Casts every leaf of ``tree`` to vary over ``axes`` (both mesh axes by default)."""
+    """Casts every leaf of ``tree`` to vary over ``axes`` (both mesh axes by default).
+
+    Across hosts (a "host" axis in the mesh) also over "host": a parameter
+    differentiated per worker must vary there too, or the vjp would add an
+    implicit psum over hosts.
+    """
+    if HOST in jax.sharding.get_abstract_mesh().axis_names and HOST not in axes:
+        axes = (HOST, *axes)
     return jax.tree.map(lambda x: _vary(x, axes), tree)
 
 

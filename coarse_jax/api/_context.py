@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 
 from coarse_jax import _ffi
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA
+from coarse_jax.mesh import DATA, local_mesh
 from coarse_jax.plan import Plan
 from coarse_jax.plan import plan as make_plan
 
@@ -58,7 +58,9 @@ class SyncContext:
 
     @property
     def ordinals(self) -> np.ndarray:
-        return _ffi.device_ordinals(self.mesh)
+        # Across hosts the runtime of each process sees only its own host's
+        # devices: the plan has p_local workers, ordinals are this host's.
+        return _ffi.device_ordinals(local_mesh(self.mesh))
 
 
 _local = threading.local()

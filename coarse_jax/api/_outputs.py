@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from coarse_jax import _ffi
-from coarse_jax.mesh import AXES, TIER
+from coarse_jax.mesh import HOST_AXES, TIER
 
 
 def split(out: Any, batch_outputs: Sequence[int], step: str) -> tuple[Any, tuple[Any, ...]]:
@@ -68,7 +68,7 @@ def check_replicated(out: Any, step: str, batch_outputs: Sequence[int]) -> None:
     for path, x in jax.tree_util.tree_flatten_with_path(out)[0]:
         if not isinstance(x, jax.Array):
             continue
-        axes = [a for a in AXES if a in jax.typeof(x).mat.varying]
+        axes = [a for a in HOST_AXES if a in jax.typeof(x).mat.varying]
         if not axes:
             continue
         where = jax.tree_util.keystr(path) or "(the whole output)"

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from coarse_jax import _ffi
+from coarse_jax.api import _hosts
 from coarse_jax.mesh import TIER
 from coarse_jax.plan import BucketPlan, Plan
 
@@ -55,7 +56,8 @@ def finish(
     """Proxy ring, worker ring and pull, after this device's pushes (``pushed``).
 
     ``leaves`` in tree order. ``in_place``: the leaves are dead temporaries
-    (gradients) the results may overwrite.
+    (gradients) the results may overwrite. On a mesh across hosts the host's
+    results then go through the inter-host step (`coarse_jax.api._hosts`).
     """
     me = _ffi.who()
     out = list(leaves)
@@ -79,4 +81,6 @@ def finish(
         pulled = _ffi.pull(call, me, token, proxy_vals, alias=in_place)
         for t, v in zip(plan.proxy_leaves, pulled, strict=True):
             out[t] = v
+    if _hosts.spans_hosts():
+        out = _hosts.across_hosts(plan, out)
     return out

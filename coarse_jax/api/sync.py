@@ -20,7 +20,8 @@ from coarse_jax.api import _context, _nnx, _outputs
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.reprofile import reprofiled
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA, TIER, check_mesh
+from coarse_jax.api import _arrival
+from coarse_jax.mesh import DATA, TIER, batch_axes, check_mesh, has_hosts
 from coarse_jax.plan import plan as make_plan
 
 # Config.max_steps_in_flight=None per platform (0: unbounded).
@@ -117,6 +118,7 @@ class SyncedStep:
         self._plans: list[_context.PlanRequest] = []  # what the traces planned
         self._calls = 0
         self._reprofiles = 0
+        self._arrival = _arrival.Arrival(self._name)  # across hosts only
         # One output leaf of each call not known to be finished, oldest first.
         self._in_flight: collections.deque[jax.Array] = collections.deque()
 
@@ -158,6 +160,11 @@ class SyncedStep:
         # Ctrl-C abandons a step stalled in the runtime (unless the program
         # installed its own SIGINT handler); checked per call, about 2.5 us.
         _ffi.arm_interrupt_hook()
+        if has_hosts(self.mesh) and not layout.outer_trace:
+            # Every process must dispatch this call: a host that never comes
+            # fails the others here, naming it, instead of a hang in the
+            # inter-host collective.
+            self._arrival.wait(self._calls, cfg.timeout_s)
         results = self._compiled[key](*dyn)
         replicated, per_example, new_state = results
         if layout.graph:
@@ -252,7 +259,7 @@ class SyncedStep:
         graph: tuple[int, ...],
         graph_state: Any,
     ) -> None:
-        p = self.mesh.shape[DATA]
+        p = self.mesh.shape[DATA] * (self.mesh.shape["host"] if has_hosts(self.mesh) else 1)
         for i, arg in enumerate(args):
             if i in static:
                 continue
@@ -322,14 +329,15 @@ class SyncedStep:
                 )
             return replicated, per_example, new_state
 
-        in_specs = [P(DATA) if i in layout.batch else P() for i in passed]
+        split = P(batch_axes(self.mesh))  # "data", or ("host", "data") across hosts
+        in_specs = [split if i in layout.batch else P() for i in passed]
         donate = [k for k, i in enumerate(passed) if i in layout.donate]
         if layout.graph:
             in_specs.append(P())
             if set(layout.graph) & set(layout.donate):
                 donate.append(len(passed))
         mapped = jax.shard_map(
-            body, mesh=self.mesh, in_specs=tuple(in_specs), out_specs=(P(), P(DATA), P())
+            body, mesh=self.mesh, in_specs=tuple(in_specs), out_specs=(P(), split, P())
         )
         return jax.jit(mapped, donate_argnums=tuple(donate))
 

@@ -1,0 +1,117 @@
+"""Across hosts: the step after a host's own synchronization, through XLA collectives over "host".
+
+On a ``("host", "tier", "data")`` mesh (several processes, see
+`coarse.make_mesh`) the runtime synchronizes each host on its own, exactly as
+on one host: push, proxy ring, worker ring of the leading layers, pull. Every
+device of host h then holds the host's mean m_h (or sum) of every leaf. This
+module turns that into the mean over all workers of all hosts,
+``(1/H) * sum_h m_h``, with XLA collectives (gloo on CPU, NCCL on GPU); the
+runtime itself never talks to another host.
+
+Who sends what across hosts (the hierarchical step):
+
+* The proxy leaves, laid end to end, are cut into p equal chunks; proxy k
+  owns chunk k. Proxy k of every host gathers chunk k of every host
+  (``all_gather`` over "host", n/p elements per proxy) and adds them up in
+  host order 0, 1, ..., H-1.
+* The leading leaves (the worker ring's result) go the same way among the
+  workers: worker k owns chunk k. Each tier does its own exchange inside a
+  ``lax.cond`` on the tier, so a worker sends nothing across hosts for the
+  proxy leaves and a proxy nothing for the leading ones; with no leading
+  leaves (the default) workers send nothing across hosts at all.
+* Within the host, one ``all_gather`` over ("tier", "data") hands every device
+  every global chunk: workers receive the proxies' chunks and proxies the
+  workers'. Its result is typed invariant over the whole mesh, which it is.
+
+Why gather-then-add rather than ``psum``: the sum's order is fixed by this
+code (host 0 first), not by the collective library, so the result is bitwise
+the same on every device and run to run for a fixed process count, whatever
+gloo or NCCL do internally. It receives (H-1)/H·n per proxy per host; a
+reduce-scatter would receive the same for two hosts and less for more; the
+trade is reproducibility. Chunks of the two tiers are padded to one length
+for the in-host gather (it moves zeros for the shorter tier).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax._src.lax.parallel import all_gather_invariant
+
+from coarse_jax.mesh import DATA, HOST, TIER
+from coarse_jax.plan import Plan
+
+
+def spans_hosts() -> bool:
+    """Whether the trace runs inside ``shard_map`` over a mesh with the "host" axis."""
+    return HOST in jax.sharding.get_abstract_mesh().axis_names
+
+
+def _flat(leaves: list[jax.Array]) -> jax.Array:
+    if not leaves:
+        return jnp.zeros((0,), jnp.float32)
+    return jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in leaves])
+
+
+def _vary(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    missing = tuple(a for a in axes if a not in jax.typeof(x).mat.varying)
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
+def _host_sum(vec: jax.Array, chunk: int, width: int, hosts: int, mean: bool) -> jax.Array:
+    """Chunk ``axis_index("data")`` of ``vec`` summed over hosts in host order, padded to width."""
+    p = lax.axis_size(DATA)
+    if chunk == 0:
+        return _vary(jnp.zeros((width,), jnp.float32), (TIER, DATA))
+    padded = jnp.pad(vec, (0, p * chunk - vec.shape[0]))
+    mine = lax.dynamic_slice(padded, (lax.axis_index(DATA) * chunk,), (chunk,))
+    gathered = all_gather_invariant(_vary(mine, (HOST, TIER, DATA)), HOST)  # (hosts, chunk)
+    total = gathered[0]
+    for h in range(1, hosts):
+        total = total + gathered[h]
+    if mean:
+        total = total * jnp.float32(1.0 / hosts)
+    return jnp.pad(total, (0, width - chunk))
+
+
+def across_hosts(plan: Plan, leaves: list[jax.Array]) -> list[jax.Array]:
+    """Host means (sums) of the synced leaves -> the means (sums) over all hosts.
+
+    ``leaves`` in tree order, as `coarse_jax.api._phases.finish` returns them
+    (every device of a host holds its host's result). Must run inside
+    ``shard_map`` over a ``("host", "tier", "data")`` mesh. Returns the leaves
+    in their dtypes, identical on every device of the mesh.
+    """
+    hosts = lax.axis_size(HOST)
+    p = lax.axis_size(DATA)
+    out = list(leaves)
+    groups = (list(plan.proxy_leaves), list(plan.leading_leaves))  # proxies', workers'
+    vecs = [_flat([leaves[t] for t in g]) for g in groups]
+    chunks = [math.ceil(v.shape[0] / p) for v in vecs]
+    width = max(chunks)
+    if width == 0:
+        return out
+    q_vec, l_vec = vecs
+    q_chunk, l_chunk = chunks
+
+    def on_worker(q: jax.Array, lead: jax.Array) -> jax.Array:
+        return _host_sum(lead, l_chunk, width, hosts, plan.mean)
+
+    def on_proxy(q: jax.Array, lead: jax.Array) -> jax.Array:
+        return _host_sum(q, q_chunk, width, hosts, plan.mean)
+
+    mine = lax.cond(lax.axis_index(TIER) == 0, on_worker, on_proxy, q_vec, l_vec)
+    # (2p, width): rows 0..p-1 the workers' chunks (leading), p..2p-1 the proxies'.
+    every = all_gather_invariant(mine, (TIER, DATA))
+    parts = ((groups[0], every[p:, :q_chunk], q_vec), (groups[1], every[:p, :l_chunk], l_vec))
+    for g, rows, vec in parts:
+        flat = rows.reshape(-1)[: vec.shape[0]]
+        off = 0
+        for t in g:
+            x = leaves[t]
+            out[t] = flat[off : off + x.size].reshape(x.shape).astype(x.dtype)
+            off += x.size
+    return out

@@ -1,0 +1,181 @@
+"""One process of the multi-host tests (tests/test_multihost.py), run by coarse_jax.launch.
+
+``python -m coarse_jax.launch --processes 2 --devices-per-process 8 tests/multihost_script.py
+SCENARIO``. Each scenario prints ``RESULT <json>`` lines the test reads, and
+checks what one process can check itself (an assertion fails the process,
+which fails the launch).
+
+* ``sync``: value_and_grad and all_reduce (ffi and reference, with and
+  without leading layers) against the float64 mean over all workers of all
+  processes; twice, bitwise equal; a digest of the results per process.
+* ``optax``: 20 optax steps against a ``lax.pmean`` step over the same workers.
+* ``missing``: process 1 never calls the step; process 0 must fail naming it.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from helpers import make_batch, mlp_init, mlp_loss, per_worker_mean
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import coarse_jax as coarse
+from coarse_jax.launch import initialize
+
+P_LOCAL = 4
+
+
+def result(name, value):
+    print("RESULT " + json.dumps({"name": name, "process": jax.process_index(), "value": value}))
+
+
+def digest(tree) -> str:
+    h = hashlib.sha256()
+    for x in jax.tree.leaves(tree):
+        h.update(np.asarray(x).tobytes())
+    return h.hexdigest()[:16]
+
+
+def global_batch(mesh, batch):
+    """The process's rows of the global batch, as one array split over ("host", "data")."""
+    n = jax.tree.leaves(batch)[0].shape[0] // jax.process_count()
+    lo = jax.process_index() * n
+    sharding = NamedSharding(mesh, P(("host", "data")))
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x[lo : lo + n])),
+        batch,
+    )
+
+
+def close(actual, expected, rtol):
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+        e = np.asarray(e, np.float64)
+        atol = rtol * (np.max(np.abs(e)) if e.size else 0.0)
+        np.testing.assert_allclose(np.asarray(a, np.float64), e, rtol=rtol, atol=atol)
+
+
+def scenario_sync(mesh):
+    workers = P_LOCAL * jax.process_count()
+    params = jax.tree.map(np.asarray, mlp_init(jax.random.key(0), (7, 13, 5, 1)))
+    batch = make_batch(jax.random.key(1), 4 * workers, 7, 1)
+    want_loss, want_grads = per_worker_mean(mlp_loss, params, batch, workers)
+    gbatch = global_batch(mesh, batch)
+    digests = {}
+    for mode in ("ffi", "reference"):
+        for leading in (0, 7 * 13 * 4 + 13 * 4):
+            cfg = coarse.Config(mode=mode, shard_bytes=64, leading_bytes=leading, timeout_s=60)
+
+            @coarse.sync(mesh, config=cfg)
+            def step(params, batch):
+                loss, grads = coarse.value_and_grad(mlp_loss)(params, batch)
+                summed = coarse.all_reduce(batch["x"].sum(0), op="sum")
+                mean = coarse.all_reduce({"y": batch["y"].mean(0)})
+                return loss, grads, summed, mean
+
+            first = step(params, gbatch)
+            second = step(params, gbatch)
+            loss, grads, summed, mean = first
+            np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
+            if os.environ.get("DEBUG_MH"):
+                for a, e in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+                    print(mode, leading, a.shape, np.asarray(a).ravel()[:2] / e.ravel()[:2])
+            close(grads, want_grads, 1e-6)
+            x = np.asarray(batch["x"], np.float64)
+            close(summed, x.sum(0), 1e-5)
+            close(mean["y"], np.asarray(batch["y"], np.float64).mean(0), 1e-5)
+            assert digest(first) == digest(second), f"{mode}/{leading}: not bitwise reproducible"
+            # Every local device holds the same bytes (the outputs are replicated).
+            for leaf in jax.tree.leaves(first):
+                shards = [np.asarray(s.data) for s in leaf.addressable_shards]
+                assert all(np.array_equal(shards[0], s) for s in shards), "devices differ"
+            digests[f"{mode}/{leading}"] = digest(first)
+    result("digests", digests)
+    result("ok", "sync")
+
+
+def scenario_optax(mesh):
+    import optax
+
+    workers = P_LOCAL * jax.process_count()
+    params = jax.tree.map(np.asarray, mlp_init(jax.random.key(2), (6, 16, 3)))
+    opt = optax.adam(1e-2)
+    axes = ("host", "data")
+
+    @coarse.sync(mesh, config=coarse.Config(shard_bytes=128, timeout_s=60))
+    def coarse_step(params, opt_state, batch):
+        loss, grads = coarse.value_and_grad(mlp_loss)(params, batch)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    # The baseline: the same workers, lax.pmean over ("host", "data") of the workers only.
+    wmesh = jax.sharding.Mesh(mesh.devices[:, 0, :], axes)
+
+    def base_body(params, opt_state, batch):
+        varying = lax.pcast(params, axes, to="varying")
+        loss, grads = jax.value_and_grad(mlp_loss)(varying, batch)
+        grads, loss = lax.pmean((grads, loss), axes)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    base_step = jax.jit(
+        jax.shard_map(base_body, mesh=wmesh, in_specs=(P(), P(), P(axes)), out_specs=P())
+    )
+    c_params, c_state = params, opt.init(params)
+    b_params, b_state = params, opt.init(params)
+    losses = []
+    for i in range(20):
+        batch = make_batch(jax.random.key(100 + i), 2 * workers, 6, 3)
+        c_params, c_state, c_loss = coarse_step(c_params, c_state, global_batch(mesh, batch))
+        b_params, b_state, b_loss = base_step(b_params, b_state, global_batch(wmesh, batch))
+        losses.append((float(c_loss), float(b_loss)))
+    for c, b in losses:
+        np.testing.assert_allclose(c, b, rtol=1e-5)
+    close(c_params, b_params, 1e-5)
+    assert losses[-1][0] < losses[0][0], f"loss did not go down: {losses}"
+    result("losses", losses)
+    result("params_digest", digest(c_params))
+    result("ok", "optax")
+
+
+def scenario_missing(mesh):
+    params = jax.tree.map(np.asarray, mlp_init(jax.random.key(0), (4, 3)))
+    batch = make_batch(jax.random.key(1), 4 * P_LOCAL * jax.process_count(), 4, 3)
+
+    @coarse.sync(mesh, config=coarse.Config(timeout_s=5))
+    def step(params, batch):
+        return coarse.value_and_grad(mlp_loss)(params, batch)
+
+    gbatch = global_batch(mesh, batch)
+    if jax.process_index() == 1:
+        time.sleep(120)  # never arrives; the launcher stops it
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        jax.block_until_ready(step(params, gbatch))
+    except RuntimeError as err:
+        result("error", {"message": str(err), "seconds": time.monotonic() - start})
+        os._exit(3)  # not through jax.distributed's shutdown barrier: process 1 never comes
+    result("error", None)
+    os._exit(0)
+
+
+def main():
+    assert initialize(), "run me with python -m coarse_jax.launch"
+    mesh = coarse.make_mesh(workers=P_LOCAL)
+    assert mesh.axis_names == ("host", "tier", "data"), mesh
+    assert mesh.devices.shape == (jax.process_count(), 2, P_LOCAL), mesh.devices.shape
+    {"sync": scenario_sync, "optax": scenario_optax, "missing": scenario_missing}[sys.argv[1]](
+        mesh
+    )
+    jnp.zeros(()).block_until_ready()
+
+
+if __name__ == "__main__":
+    main()
