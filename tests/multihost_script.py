@@ -83,9 +83,6 @@ def scenario_sync(mesh):
             second = step(params, gbatch)
             loss, grads, summed, mean = first
             np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
-            if os.environ.get("DEBUG_MH"):
-                for a, e in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
-                    print(mode, leading, a.shape, np.asarray(a).ravel()[:2] / e.ravel()[:2])
             close(grads, want_grads, 1e-6)
             x = np.asarray(batch["x"], np.float64)
             close(summed, x.sum(0), 1e-5)

@@ -1,0 +1,106 @@
+"""Across hosts, for real: 2 jax processes x 8 CPU devices (gloo), started by coarse_jax.launch.
+
+Each test runs ``python -m coarse_jax.launch --processes 2 --devices-per-process 8
+tests/multihost_script.py SCENARIO`` in a subprocess with a timeout; the
+processes check their own results (an assertion fails the launch) and print
+``RESULT`` lines compared here across processes.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = pathlib.Path(__file__).parent
+SCRIPT = HERE / "multihost_script.py"
+LIMIT_S = 100
+
+
+def _launch(tmp_path, *args, processes=2, devices=8, limit=LIMIT_S):
+    cmd = [sys.executable, "-m", "coarse_jax.launch", "--processes", str(processes)]
+    if devices:
+        cmd += ["--devices-per-process", str(devices)]
+    cmd += ["--timeout", str(limit - 10), *map(str, args)]
+    # From tmp_path: the installed package is imported, not ./coarse_jax.
+    start = time.monotonic()
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=limit, check=False
+    )
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+def _results(output):
+    out = {}
+    for line in output.splitlines():
+        _, sep, payload = line.partition("RESULT ")
+        if sep and line.startswith("[p"):
+            r = json.loads(payload)
+            out[(r["name"], r["process"])] = r["value"]
+    return out
+
+
+@pytest.mark.timeout(LIMIT_S + 20)
+def test_grads_and_all_reduce_equal_float64_mean_over_both_hosts(tmp_path):
+    code, output, _ = _launch(tmp_path, SCRIPT, "sync")
+    assert code == 0, output[-6000:]
+    r = _results(output)
+    assert r[("ok", 0)] == r[("ok", 1)] == "sync", output[-3000:]
+    # Bitwise the same results in both processes, for every mode / split.
+    assert r[("digests", 0)] == r[("digests", 1)]
+    assert set(r[("digests", 0)]) == {"ffi/0", "ffi/416", "reference/0", "reference/416"}
+
+
+@pytest.mark.timeout(LIMIT_S + 20)
+def test_twenty_optax_steps_match_pmean_over_all_workers(tmp_path):
+    code, output, _ = _launch(tmp_path, SCRIPT, "optax")
+    assert code == 0, output[-6000:]
+    r = _results(output)
+    assert r[("ok", 0)] == r[("ok", 1)] == "optax"
+    assert r[("params_digest", 0)] == r[("params_digest", 1)]
+    assert len(r[("losses", 0)]) == 20
+
+
+@pytest.mark.timeout(LIMIT_S + 20)
+def test_missing_host_fails_the_other_within_the_timeout_naming_it(tmp_path):
+    code, output, seconds = _launch(tmp_path, SCRIPT, "missing")
+    r = _results(output)
+    err = r.get(("error", 0))
+    assert err is not None, output[-6000:]
+    assert "process(es) 1 of 2 did not arrive" in err["message"]
+    assert "timeout_s=5" in err["message"]
+    # Config(timeout_s=5): failed after the timeout, long before the launch's limit.
+    assert 5 <= err["seconds"] < 30, err
+    assert code == 3, output[-3000:]  # process 0's exit code, propagated
+    assert "[launch] process 0 exited with code 3" in output
+    assert seconds < 60
+
+
+@pytest.mark.timeout(60)
+def test_launch_prefixes_output_stops_the_rest_and_propagates_the_exit_code(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "pid = int(os.environ['COARSE_JAX_PROCESS_ID'])\n"
+        "print('hello from', pid, os.environ['COARSE_JAX_NUM_PROCESSES'],\n"
+        "      os.environ['COARSE_JAX_COORDINATOR'].startswith('127.0.0.1:'),\n"
+        "      os.environ['XLA_FLAGS'], sys.argv[1:], flush=True)\n"
+        "if pid == 1:\n"
+        "    sys.exit(7)\n"
+        "time.sleep(600)\n"
+    )
+    code, output, seconds = _launch(tmp_path, script, "--flag", "x", devices=3, limit=50)
+    assert code == 7, output
+    assert "[p0] hello from 0 2 True --xla_force_host_platform_device_count=3 ['--flag', 'x']" in (
+        output
+    )
+    assert "[p1] hello from 1 2 True" in output
+    assert "[launch] process 1 exited with code 7; stopping the rest" in output
+    assert seconds < 30  # process 0 was stopped, not waited for
+
+    ok = tmp_path / "ok.py"
+    ok.write_text("print('done')\n")
+    code, output, _ = _launch(tmp_path, ok, devices=None, limit=50)
+    assert code == 0 and output.count("done") == 2, output
