@@ -168,9 +168,7 @@ def main():
     mesh = coarse.make_mesh(workers=P_LOCAL)
     assert mesh.axis_names == ("host", "tier", "data"), mesh
     assert mesh.devices.shape == (jax.process_count(), 2, P_LOCAL), mesh.devices.shape
-    {"sync": scenario_sync, "optax": scenario_optax, "missing": scenario_missing}[sys.argv[1]](
-        mesh
-    )
+    {"sync": scenario_sync, "optax": scenario_optax, "missing": scenario_missing}[sys.argv[1]](mesh)
     jnp.zeros(()).block_until_ready()
 
 

@@ -16,11 +16,10 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
-from coarse_jax.api import _context, _nnx, _outputs
+from coarse_jax.api import _arrival, _context, _nnx, _outputs
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.reprofile import reprofiled
 from coarse_jax.config import Config
-from coarse_jax.api import _arrival
 from coarse_jax.mesh import DATA, TIER, batch_axes, check_mesh, has_hosts
 from coarse_jax.plan import plan as make_plan
 
