@@ -4,6 +4,7 @@
   registers their FFI targets, checks a platform can run them.
 * `coarse_jax._ffi.calls`: push, proxy ring, worker ring, pull, each taking an
   explicit `CallSite` (plan, site, device ordinals).
+* `coarse_jax._ffi.hosts`: the in-host hand-out of the inter-host step.
 
 Nothing here reads the API's state (`coarse_jax.api`): arrows point down.
 """
@@ -34,6 +35,7 @@ from coarse_jax._ffi.extension import (
     set_memory_limits,
     virtual_sync_seconds,
 )
+from coarse_jax._ffi.hosts import host_gather
 
 __all__ = [
     "CUDA_TARGETS",
@@ -46,6 +48,7 @@ __all__ = [
     "cuda_module",
     "device_ordinals",
     "has_cuda_support",
+    "host_gather",
     "inject_dropped_push",
     "live_sessions",
     "memory_stats",

@@ -19,9 +19,12 @@ Who sends what across hosts (the hierarchical step):
   ``lax.cond`` on the tier, so a worker sends nothing across hosts for the
   proxy leaves and a proxy nothing for the leading ones; with no leading
   leaves (the default) workers send nothing across hosts at all.
-* Within the host, one ``all_gather`` over ("tier", "data") hands every device
-  every global chunk: workers receive the proxies' chunks and proxies the
-  workers'. Its result is typed invariant over the whole mesh, which it is.
+* Within the host every device then needs every global chunk: workers the
+  proxies' and proxies the workers'. On CPU the runtime hands them out
+  (``coarse_host_gather``: each device offers its chunk, each copies all of
+  them, one memcpy per chunk, ffi/runtime/hand_out.h); elsewhere (GPU) an
+  XLA ``all_gather`` over ("tier", "data") does (NCCL within the node).
+  Either result is typed invariant over the whole mesh, which it is.
 
 Why gather-then-add rather than ``psum``: the sum's order is fixed by this
 code (host 0 first), not by the collective library, so the result is bitwise
@@ -29,7 +32,8 @@ the same on every device and run to run for a fixed process count, whatever
 gloo or NCCL do internally. It receives (H-1)/H·n per proxy per host; a
 reduce-scatter would receive the same for two hosts and less for more; the
 trade is reproducibility. Chunks of the two tiers are padded to one length
-for the in-host gather (it moves zeros for the shorter tier).
+for the in-host hand-out; the CPU one copies only the elements that count,
+the XLA one moves the padding too.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax._src.lax.parallel import all_gather_invariant
 
+from coarse_jax import _ffi
+from coarse_jax.api import _context
 from coarse_jax.mesh import DATA, HOST, TIER
 from coarse_jax.plan import Plan
 
@@ -77,7 +83,7 @@ def _host_sum(vec: jax.Array, chunk: int, width: int, hosts: int, mean: bool) ->
     return jnp.pad(total, (0, width - chunk))
 
 
-def across_hosts(plan: Plan, leaves: list[jax.Array]) -> list[jax.Array]:
+def across_hosts(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> list[jax.Array]:
     """Host means (sums) of the synced leaves -> the means (sums) over all hosts.
 
     ``leaves`` in tree order, as `coarse_jax.api._phases.finish` returns them
@@ -104,11 +110,17 @@ def across_hosts(plan: Plan, leaves: list[jax.Array]) -> list[jax.Array]:
         return _host_sum(q, q_chunk, width, hosts, plan.mean)
 
     mine = lax.cond(lax.axis_index(TIER) == 0, on_worker, on_proxy, q_vec, l_vec)
-    # (2p, width): rows 0..p-1 the workers' chunks (leading), p..2p-1 the proxies'.
-    every = all_gather_invariant(mine, (TIER, DATA))
-    parts = ((groups[0], every[p:, :q_chunk], q_vec), (groups[1], every[:p, :l_chunk], l_vec))
-    for g, rows, vec in parts:
-        flat = rows.reshape(-1)[: vec.shape[0]]
+    ctx = _context.current("coarse.sync across hosts")
+    if ctx.mesh.devices.flat[0].platform == "cpu":
+        timeout_ms = int(plan.ffi_attrs()["timeout_ms"])
+        q_all, l_all = _ffi.host_gather(mine, call.site, timeout_ms, q_chunk, l_chunk)
+    else:
+        # (2p, width): rows 0..p-1 the workers' chunks (leading), p..2p-1 the proxies'.
+        every = all_gather_invariant(mine, (TIER, DATA))
+        q_all = every[p:, :q_chunk].reshape(-1)
+        l_all = every[:p, :l_chunk].reshape(-1)
+    for g, flat_all, vec in ((groups[0], q_all, q_vec), (groups[1], l_all, l_vec)):
+        flat = flat_all[: vec.shape[0]]
         off = 0
         for t in g:
             x = leaves[t]

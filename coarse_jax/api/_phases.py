@@ -82,5 +82,5 @@ def finish(
         for t, v in zip(plan.proxy_leaves, pulled, strict=True):
             out[t] = v
     if _hosts.spans_hosts():
-        out = _hosts.across_hosts(plan, out)
+        out = _hosts.across_hosts(plan, call, out)
     return out

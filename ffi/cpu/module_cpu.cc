@@ -8,6 +8,7 @@
 #include "cpu/cpu_selftest.h"
 #include "cpu/cpu_storage.h"
 #include "encapsulate.h"
+#include "runtime/hand_out.h"
 #include "runtime/interrupt.h"
 #include "runtime/session.h"
 #include "runtime_binding.h"
@@ -25,6 +26,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(Probe);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Pack);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Unpack);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Reduce);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(HostGather);  // host_gather.cc
 }  // namespace coarse
 
 NB_MODULE(_coarse_cpu, m) {
@@ -47,9 +49,12 @@ NB_MODULE(_coarse_cpu, m) {
         d["coarse_pack"] = coarse::Encapsulate(coarse::Pack);
         d["coarse_unpack"] = coarse::Encapsulate(coarse::Unpack);
         d["coarse_reduce"] = coarse::Encapsulate(coarse::Reduce);
+        d["coarse_host_gather"] = coarse::Encapsulate(coarse::HostGather);
         return d;
       },
       "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target.");
+  m.def("live_hand_outs", &coarse::LiveHandOuts,
+        "Testing: in-host hand-outs of the inter-host step open now (runtime/hand_out.h).");
   m.def("inject_dropped_push", &coarse::InjectDroppedPush, nb::arg("worker"),
         "Testing: the next session created loses the first push of `worker` (its proxy must "
         "time out, not hang); that session consumes the hook even if its mesh has no such "
