@@ -22,6 +22,12 @@ AXES = (TIER, DATA)
 HOST_AXES = (HOST, TIER, DATA)
 
 
+def traced_axes() -> tuple[str, ...]:
+    """The coarse mesh axes of the ``shard_map`` being traced: ``HOST_AXES`` across hosts, else
+    ``AXES``."""
+    return HOST_AXES if HOST in jax.sharding.get_abstract_mesh().axis_names else AXES
+
+
 def has_hosts(mesh: Mesh) -> bool:
     """Whether ``mesh`` spans hosts (has the "host" axis)."""
     return HOST in mesh.axis_names

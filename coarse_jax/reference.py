@@ -16,13 +16,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from coarse_jax.mesh import AXES, HOST, TIER
+from coarse_jax.mesh import HOST, TIER, traced_axes
 
 
 def _reduce_leaf(x: jax.Array, workers: int, mean: bool) -> jax.Array:
     # Across hosts ("host" axis): the workers of every host, `workers` per host.
-    hosts = HOST in jax.sharding.get_abstract_mesh().axis_names
-    axes = (HOST, *AXES) if hosts else AXES
+    axes = traced_axes()
+    hosts = HOST in axes
     missing = tuple(a for a in axes if a not in jax.typeof(x).mat.varying)
     x = lax.pcast(x, missing, to="varying") if missing else x
     contribution = jnp.where(lax.axis_index(TIER) == 0, x.astype(jnp.float32), 0.0)

@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
+from coarse_jax.api._hosts import XLA_HAND_OUT_ENV
 from coarse_jax.launch import initialize
 
 P_LOCAL = 4
@@ -93,6 +94,14 @@ def scenario_sync(mesh):
                 shards = [np.asarray(s.data) for s in leaf.addressable_shards]
                 assert all(np.array_equal(shards[0], s) for s in shards), "devices differ"
             digests[f"{mode}/{leading}"] = digest(first)
+            if mode == "ffi":
+                # The XLA in-host hand-out (what GPUs use) gives the same bytes.
+                os.environ[XLA_HAND_OUT_ENV] = "1"
+                try:
+                    again = coarse.sync(step.__wrapped__, mesh=mesh, config=cfg)(params, gbatch)
+                finally:
+                    del os.environ[XLA_HAND_OUT_ENV]
+                assert digest(again) == digest(first), f"XLA hand-out differs ({leading})"
     result("digests", digests)
     result("ok", "sync")
 
@@ -141,6 +150,41 @@ def scenario_optax(mesh):
     result("ok", "optax")
 
 
+def scenario_nnx(mesh):
+    from flax import nnx
+
+    workers = P_LOCAL * jax.process_count()
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(5, 3, rngs=rngs)
+            self.bn = nnx.BatchNorm(3, momentum=0.9, rngs=rngs)
+
+        def __call__(self, x):
+            return self.bn(self.lin(x))
+
+    model = Net(nnx.Rngs(0))
+    w = np.asarray(model.lin.kernel.get_value())
+    b = np.asarray(model.lin.bias.get_value())
+    batch = make_batch(jax.random.key(5), 2 * workers, 5, 3)
+
+    def loss_fn(model, batch):
+        return jnp.mean((model(batch["x"]) - batch["y"]) ** 2)
+
+    @coarse.sync(mesh)
+    def step(model, batch):
+        loss, grads = coarse.value_and_grad(loss_fn)(model, batch)
+        return loss, grads
+
+    loss, grads = step(model, global_batch(mesh, batch))
+    # BatchNorm's running mean: 0.1 * the mean over workers of each worker's
+    # batch mean, i.e. of the whole global batch (equal shards).
+    h = np.asarray(batch["x"], np.float64) @ w + b
+    close(model.bn.mean.get_value(), 0.1 * h.mean(0), 1e-5)
+    result("nnx_digest", digest((loss, grads, nnx.state(model))))
+    result("ok", "nnx")
+
+
 def scenario_missing(mesh):
     params = jax.tree.map(np.asarray, mlp_init(jax.random.key(0), (4, 3)))
     batch = make_batch(jax.random.key(1), 4 * P_LOCAL * jax.process_count(), 4, 3)
@@ -168,7 +212,13 @@ def main():
     mesh = coarse.make_mesh(workers=P_LOCAL)
     assert mesh.axis_names == ("host", "tier", "data"), mesh
     assert mesh.devices.shape == (jax.process_count(), 2, P_LOCAL), mesh.devices.shape
-    {"sync": scenario_sync, "optax": scenario_optax, "missing": scenario_missing}[sys.argv[1]](mesh)
+    scenarios = {
+        "sync": scenario_sync,
+        "optax": scenario_optax,
+        "nnx": scenario_nnx,
+        "missing": scenario_missing,
+    }
+    scenarios[sys.argv[1]](mesh)
     jnp.zeros(()).block_until_ready()
 
 

@@ -64,12 +64,21 @@ def test_twenty_optax_steps_match_pmean_over_all_workers(tmp_path):
 
 
 @pytest.mark.timeout(LIMIT_S + 20)
+def test_nnx_batch_statistics_average_over_both_hosts(tmp_path):
+    code, output, _ = _launch(tmp_path, SCRIPT, "nnx")
+    assert code == 0, output[-6000:]
+    r = _results(output)
+    assert r[("ok", 0)] == r[("ok", 1)] == "nnx"
+    assert r[("nnx_digest", 0)] == r[("nnx_digest", 1)]
+
+
+@pytest.mark.timeout(LIMIT_S + 20)
 def test_missing_host_fails_the_other_within_the_timeout_naming_it(tmp_path):
     code, output, seconds = _launch(tmp_path, SCRIPT, "missing")
     r = _results(output)
     err = r.get(("error", 0))
     assert err is not None, output[-6000:]
-    assert "process(es) 1 of 2 did not arrive" in err["message"]
+    assert "process 1 of 2 did not arrive" in err["message"]
     assert "timeout_s=5" in err["message"]
     # Config(timeout_s=5): failed after the timeout, long before the launch's limit.
     assert 5 <= err["seconds"] < 30, err

@@ -62,7 +62,8 @@ class Arrival:
             if "DEADLINE_EXCEEDED" not in text and "timed out" not in text.lower():
                 raise
             missing = _missing(text)
-            who = "process(es) " + ", ".join(str(i) for i in missing) if missing else "some process"
+            names = ", ".join(str(i) for i in missing)
+            who = {0: "some process", 1: f"process {names}"}.get(len(missing), f"processes {names}")
             raise RuntimeError(
                 f"coarse.sync({self._step}): {who} of {jax.process_count()} did not arrive at call "
                 f"{call} within timeout_s={timeout_s:g} s (this is process "

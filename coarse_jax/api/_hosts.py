@@ -39,6 +39,7 @@ the XLA one moves the padding too.
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -47,13 +48,17 @@ from jax._src.lax.parallel import all_gather_invariant
 
 from coarse_jax import _ffi
 from coarse_jax.api import _context
-from coarse_jax.mesh import DATA, HOST, TIER
+from coarse_jax.mesh import DATA, HOST, TIER, traced_axes
 from coarse_jax.plan import Plan
+
+# Set (to anything) to hand out within the host by XLA's all_gather on CPU too,
+# as on GPUs: tests/multihost_script.py runs that path this way.
+XLA_HAND_OUT_ENV = "COARSE_JAX_XLA_HAND_OUT"
 
 
 def spans_hosts() -> bool:
     """Whether the trace runs inside ``shard_map`` over a mesh with the "host" axis."""
-    return HOST in jax.sharding.get_abstract_mesh().axis_names
+    return HOST in traced_axes()
 
 
 def _flat(leaves: list[jax.Array]) -> jax.Array:
@@ -111,7 +116,7 @@ def across_hosts(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> li
 
     mine = lax.cond(lax.axis_index(TIER) == 0, on_worker, on_proxy, q_vec, l_vec)
     ctx = _context.current("coarse.sync across hosts")
-    if ctx.mesh.devices.flat[0].platform == "cpu":
+    if ctx.mesh.devices.flat[0].platform == "cpu" and not os.environ.get(XLA_HAND_OUT_ENV):
         timeout_ms = int(plan.ffi_attrs()["timeout_ms"])
         q_all, l_all = _ffi.host_gather(mine, call.site, timeout_ms, q_chunk, l_chunk)
     else:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from coarse_jax import _ffi
-from coarse_jax.mesh import AXES, DATA, TIER
+from coarse_jax.mesh import DATA, HOST, TIER, traced_axes
 
 
 def _nnx() -> Any:
@@ -72,6 +72,8 @@ def fold_rngs_by_worker(nodes: tuple[Any, ...]) -> Callable[[], None]:
     streams = [n for _, n in nnx.iter_graph(nodes) if isinstance(n, nnx.RngStream)]
     saved = [s.key.get_value() for s in streams]
     me = lax.axis_index(DATA)
+    if HOST in traced_axes():  # the worker's index over all hosts
+        me = lax.axis_index(HOST) * lax.axis_size(DATA) + me
     for s in streams:
         s.key.set_value(jax.random.fold_in(s.key.get_value(), me))
 
@@ -90,10 +92,13 @@ def consistent_state(nodes: tuple[Any, ...], all_reduce: Callable[[Any], Any], w
     """
     state = _nnx().state(nodes)
     leaves, treedef = jax.tree.flatten(state)
+    axes = traced_axes()  # across hosts: over the workers of every host
+    if HOST in axes:
+        workers *= lax.axis_size(HOST)
     varying = [
         i
         for i, x in enumerate(leaves)
-        if isinstance(x, jax.Array) and set(jax.typeof(x).mat.varying) & set(AXES)
+        if isinstance(x, jax.Array) and set(jax.typeof(x).mat.varying) & set(axes)
     ]
     floats = [i for i in varying if jnp.issubdtype(leaves[i].dtype, jnp.floating)]
     if floats:
@@ -104,7 +109,7 @@ def consistent_state(nodes: tuple[Any, ...], all_reduce: Callable[[Any], Any], w
         if i in floats:
             continue
         x = _ffi.vary(leaves[i])
-        total = lax.psum(jnp.where(worker, x, jnp.zeros_like(x)), AXES)
+        total = lax.psum(jnp.where(worker, x, jnp.zeros_like(x)), axes)
         leaves[i] = (total // workers).astype(x.dtype)
     return jax.tree.unflatten(treedef, leaves)
 

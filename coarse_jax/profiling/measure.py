@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
-from coarse_jax.mesh import AXES, DATA, check_mesh
+from coarse_jax.mesh import AXES, DATA, check_mesh, has_hosts
 from coarse_jax.profiling.data import Profile
 from coarse_jax.profiling.topology import Topology
 
@@ -117,6 +117,13 @@ def profile(
       >>> print(prof.table())
     """
     mesh = check_mesh(mesh, "coarse.profile")
+    if has_hosts(mesh):
+        raise NotImplementedError(
+            "coarse.profile: the mesh spans hosts ('host' axis); the profiler times the links "
+            "within one host. Fix: profile this host's part, "
+            "coarse.profile(coarse_jax.mesh.local_mesh(mesh)), on every process, and pass the "
+            "same Config (Config.from_profile) on every process."
+        )
     _ffi.check_platform(mesh)
     p = mesh.shape[DATA]
     if topology is not None and topology.workers != p:
