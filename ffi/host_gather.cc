@@ -44,24 +44,22 @@ ffi::Error HostGatherImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
     float* dst = proxy ? q + (d - p) * proxy_chunk : w + d * worker_chunk;
     if (n > 0) std::memcpy(dst, src, n * sizeof(float));
   };
-  auto describe = [&](int64_t d) {
-    return Who{d < p ? kWorker : kProxy, d % p}.Describe();
-  };
-  return HandOut(run_id.run_id, site, me.value().device(p), 2 * p, chunk.untyped_data(),
-                 timeout_ms, take, describe);
+  auto describe = [&](int64_t d) { return Who{d < p ? kWorker : kProxy, d % p}.Describe(); };
+  return HandOut(run_id.run_id, site, me.value().device(p), 2 * p, chunk.untyped_data(), timeout_ms,
+                 take, describe);
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HostGather, HostGatherImpl,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
-                                  .Arg<ffi::AnyBuffer>()       // f32[width] this device's chunk
-                                  .Ret<ffi::AnyBuffer>()       // f32[p * proxy_chunk]
-                                  .Ret<ffi::AnyBuffer>()       // f32[p * worker_chunk]
-                                  .Attr<int64_t>("workers")    // p
-                                  .Attr<int64_t>("site")       // which sync of the program
+                                  .Ctx<ffi::RunId>()            // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()        // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()        // f32[width] this device's chunk
+                                  .Ret<ffi::AnyBuffer>()        // f32[p * proxy_chunk]
+                                  .Ret<ffi::AnyBuffer>()        // f32[p * worker_chunk]
+                                  .Attr<int64_t>("workers")     // p
+                                  .Attr<int64_t>("site")        // which sync of the program
                                   .Attr<int64_t>("timeout_ms")  // every wait's deadline
                                   .Attr<int64_t>("proxy_chunk")
                                   .Attr<int64_t>("worker_chunk"));

@@ -61,23 +61,25 @@ def spans_hosts() -> bool:
     return HOST in traced_axes()
 
 
-def _flat(leaves: list[jax.Array]) -> jax.Array:
-    if not leaves:
-        return jnp.zeros((0,), jnp.float32)
-    return jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in leaves])
-
-
 def _vary(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
     missing = tuple(a for a in axes if a not in jax.typeof(x).mat.varying)
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
-def _host_sum(vec: jax.Array, chunk: int, width: int, hosts: int, mean: bool) -> jax.Array:
-    """Chunk ``axis_index("data")`` of ``vec`` summed over hosts in host order, padded to width."""
+def _host_sum(leaves: list[jax.Array], chunk: int, width: int, hosts: int, mean: bool) -> jax.Array:
+    """Chunk ``axis_index("data")`` of ``leaves`` end to end (f32), summed over hosts in host
+    order, padded to ``width``.
+
+    Only this tier's leaves are flattened (inside its branch of the tier
+    ``cond``); XLA fuses the concatenation into the dynamic slice, so a device
+    reads its chunk without a copy of the whole vector.
+    """
     p = lax.axis_size(DATA)
     if chunk == 0:
         return _vary(jnp.zeros((width,), jnp.float32), (TIER, DATA))
-    padded = jnp.pad(vec, (0, p * chunk - vec.shape[0]))
+    n = sum(x.size for x in leaves)
+    parts = [x.reshape(-1).astype(jnp.float32) for x in leaves]
+    padded = jnp.concatenate([*parts, jnp.zeros((p * chunk - n,), jnp.float32)])
     mine = lax.dynamic_slice(padded, (lax.axis_index(DATA) * chunk,), (chunk,))
     gathered = all_gather_invariant(_vary(mine, (HOST, TIER, DATA)), HOST)  # (hosts, chunk)
     total = gathered[0]
@@ -100,21 +102,21 @@ def across_hosts(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> li
     p = lax.axis_size(DATA)
     out = list(leaves)
     groups = (list(plan.proxy_leaves), list(plan.leading_leaves))  # proxies', workers'
-    vecs = [_flat([leaves[t] for t in g]) for g in groups]
-    chunks = [math.ceil(v.shape[0] / p) for v in vecs]
-    width = max(chunks)
+    sizes = [sum(leaves[t].size for t in g) for g in groups]
+    q_chunk, l_chunk = (math.ceil(n / p) for n in sizes)
+    width = max(q_chunk, l_chunk)
     if width == 0:
         return out
-    q_vec, l_vec = vecs
-    q_chunk, l_chunk = chunks
 
-    def on_worker(q: jax.Array, lead: jax.Array) -> jax.Array:
+    def on_worker(q: list[jax.Array], lead: list[jax.Array]) -> jax.Array:
         return _host_sum(lead, l_chunk, width, hosts, plan.mean)
 
-    def on_proxy(q: jax.Array, lead: jax.Array) -> jax.Array:
+    def on_proxy(q: list[jax.Array], lead: list[jax.Array]) -> jax.Array:
         return _host_sum(q, q_chunk, width, hosts, plan.mean)
 
-    mine = lax.cond(lax.axis_index(TIER) == 0, on_worker, on_proxy, q_vec, l_vec)
+    q_leaves = [leaves[t] for t in groups[0]]
+    l_leaves = [leaves[t] for t in groups[1]]
+    mine = lax.cond(lax.axis_index(TIER) == 0, on_worker, on_proxy, q_leaves, l_leaves)
     ctx = _context.current("coarse.sync across hosts")
     if ctx.mesh.devices.flat[0].platform == "cpu" and not os.environ.get(XLA_HAND_OUT_ENV):
         timeout_ms = int(plan.ffi_attrs()["timeout_ms"])
@@ -124,8 +126,7 @@ def across_hosts(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> li
         every = all_gather_invariant(mine, (TIER, DATA))
         q_all = every[p:, :q_chunk].reshape(-1)
         l_all = every[:p, :l_chunk].reshape(-1)
-    for g, flat_all, vec in ((groups[0], q_all, q_vec), (groups[1], l_all, l_vec)):
-        flat = flat_all[: vec.shape[0]]
+    for g, flat in ((groups[0], q_all), (groups[1], l_all)):
         off = 0
         for t in g:
             x = leaves[t]

@@ -84,9 +84,8 @@ void Leave(int64_t run_id, int64_t site, const std::shared_ptr<Meeting>& m, int6
 
 }  // namespace
 
-ffi::Error HandOut(int64_t run_id, int64_t site, int64_t device, int64_t devices,
-                   const void* chunk, int64_t timeout_ms,
-                   const std::function<void(int64_t, const void*)>& take,
+ffi::Error HandOut(int64_t run_id, int64_t site, int64_t device, int64_t devices, const void* chunk,
+                   int64_t timeout_ms, const std::function<void(int64_t, const void*)>& take,
                    const std::function<std::string(int64_t)>& describe) {
   if (device < 0 || device >= devices)
     return ffi::Error::InvalidArgument("coarse_host_gather: device " + std::to_string(device) +
