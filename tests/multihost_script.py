@@ -102,6 +102,18 @@ def scenario_sync(mesh):
                 finally:
                     del os.environ[XLA_HAND_OUT_ENV]
                 assert digest(again) == digest(first), f"XLA hand-out differs ({leading})"
+    # Inside lax.fori_loop: one site, three iterations (the runtime's
+    # sessions and the in-host hand-out count iterations per device).
+    rows = np.asarray(batch["x"], np.float64).reshape(workers, -1, 7)
+
+    @coarse.sync(mesh, config=coarse.Config(timeout_s=60))
+    def looped(batch):
+        def body(i, acc):
+            return acc + coarse.all_reduce(batch["x"][0] * (i + 1).astype(jnp.float32))
+
+        return lax.fori_loop(0, 3, body, jnp.zeros((7,), jnp.float32))
+
+    close(looped(gbatch), 6 * rows[:, 0].mean(0), 1e-5)
     result("digests", digests)
     result("ok", "sync")
 
