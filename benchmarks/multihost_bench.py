@@ -8,7 +8,10 @@ proxies):
   ``("host", "tier", "data")`` mesh: the runtime within each process, then
   the proxies' ``all_gather`` over "host" (gloo) and the in-host hand-out;
 * ``pmean``: ``lax.pmean`` over ("host", "data") of the same 8 worker devices
-  (gloo for every byte, the in-process ones too).
+  (gloo for every byte, the in-process ones too);
+* ``coarse_host_only``: for the breakdown, each process's own 4 + 4 devices
+  alone (`coarse_jax.mesh.local_mesh`), both processes at once: the
+  intra-host part, without the inter-host step.
 
 The two are timed alternately, ``ROUNDS`` calls each after a warm-up; the
 medians and their ratio are printed as a ``RESULT`` line.
@@ -32,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 import coarse_jax as coarse
 from coarse_jax.bench.shapes import RESNET50_SHAPES
 from coarse_jax.launch import initialize
+from coarse_jax.mesh import local_mesh
 
 P_LOCAL = 4
 
@@ -66,7 +70,17 @@ def main() -> None:
         sharding = NamedSharding(m, P(axes))
         return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local)
 
-    impls = {"coarse": (coarse_sync, put(mesh)), "pmean": (pmean_sync, put(wmesh))}
+    lmesh = local_mesh(mesh)
+
+    @coarse.sync(lmesh)
+    def host_only(per_worker: Any) -> Any:
+        return coarse.all_reduce(jax.tree.map(lambda x: x[0], per_worker))
+
+    impls = {
+        "coarse": (coarse_sync, put(mesh)),
+        "pmean": (pmean_sync, put(wmesh)),
+        "coarse_host_only": (host_only, jax.device_put(local, NamedSharding(lmesh, P("data")))),
+    }
     outs = {k: jax.block_until_ready(f(t)) for k, (f, t) in impls.items()}  # compile, warm up
     for name in ("stem/conv/kernel", "head/dense/bias"):
         np.testing.assert_allclose(
