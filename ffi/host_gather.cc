@@ -1,67 +1,106 @@
-// coarse_host_gather's XLA translation and its CPU binding (CPU only: on GPUs
-// coarse_jax/api/_hosts.py uses XLA's all_gather within the host instead).
-// Operands: int32[2] (tier, data index), f32[width] this device's chunk of
-// the inter-host result. Results: f32[p * proxy_chunk] the proxies' chunks
-// end to end, f32[p * worker_chunk] the workers', on every device of the
-// host. Attributes: workers (p), site, timeout_ms, proxy_chunk,
-// worker_chunk (elements of a chunk that count, <= width). The rendezvous
-// is runtime/hand_out.h.
-#include <cstring>
+// coarse_host_gather's XLA translation. After the XLA collective over "host"
+// (coarse_jax/api/_hosts.py) device (tier t, data k) of a host holds chunk k
+// of its tier's group of leaves, summed over hosts, in f32: the proxies the
+// proxy leaves' (end to end, chunks of proxy_chunk elements), the workers
+// the leading leaves' (chunks of worker_chunk). Every device of the host
+// offers its chunk (runtime/hand_out.h) and writes every chunk of both
+// groups into its results, the leaves in their own dtypes (Device::Scatter
+// narrows from f32), so no XLA copy follows.
+#include "host_gather.h"
+
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "handler.h"
+#include "runtime/dtype.h"
 #include "runtime/hand_out.h"
-#include "xla/ffi/api/ffi.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
 
 namespace {
 
-ffi::Error HostGatherImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer chunk,
-                          ffi::Result<ffi::AnyBuffer> proxies, ffi::Result<ffi::AnyBuffer> workers,
-                          int64_t p, int64_t site, int64_t timeout_ms, int64_t proxy_chunk,
-                          int64_t worker_chunk) {
-  auto me = ReadWho(who, p);
-  if (me.has_error()) return me.error();
-  const int64_t width = static_cast<int64_t>(chunk.element_count());
-  if (chunk.element_type() != ffi::DataType::F32 || proxy_chunk > width || worker_chunk > width ||
-      proxy_chunk < 0 || worker_chunk < 0)
-    return ffi::Error::InvalidArgument(
-        "coarse_host_gather: operand 1 must be f32[width] with width >= proxy_chunk, "
-        "worker_chunk");
-  if (proxies->element_type() != ffi::DataType::F32 ||
-      static_cast<int64_t>(proxies->element_count()) != p * proxy_chunk ||
-      workers->element_type() != ffi::DataType::F32 ||
-      static_cast<int64_t>(workers->element_count()) != p * worker_chunk)
-    return ffi::Error::InvalidArgument(
-        "coarse_host_gather: results must be f32[p * proxy_chunk], f32[p * worker_chunk]");
-  float* q = static_cast<float*>(proxies->untyped_data());
-  float* w = static_cast<float*>(workers->untyped_data());
-  auto take = [&](int64_t d, const void* src) {
-    const bool proxy = d >= p;
-    const int64_t n = proxy ? proxy_chunk : worker_chunk;
-    float* dst = proxy ? q + (d - p) * proxy_chunk : w + d * worker_chunk;
-    if (n > 0) std::memcpy(dst, src, n * sizeof(float));
-  };
-  auto describe = [&](int64_t d) { return Who{d < p ? kWorker : kProxy, d % p}.Describe(); };
-  return HandOut(run_id.run_id, site, me.value().device(p), 2 * p, chunk.untyped_data(), timeout_ms,
-                 take, describe);
+struct LeafSpan {
+  void* data;
+  ffi::DataType dtype;
+  int64_t begin, size;  // elements, in the group's end-to-end vector
+};
+
+// The runs of `leaves` that elements [lo, hi) of the group cover; buf_off
+// counts from lo (the chunk's first element).
+std::vector<LeafRun> RunsOf(const std::vector<LeafSpan>& leaves, int64_t lo, int64_t hi) {
+  std::vector<LeafRun> runs;
+  for (const LeafSpan& l : leaves) {
+    const int64_t a = std::max(lo, l.begin), b = std::min(hi, l.begin + l.size);
+    if (a >= b) continue;
+    runs.push_back(LeafRun{ElementPtr(l.data, l.dtype, a - l.begin), l.dtype, b - a, a - lo});
+  }
+  return runs;
+}
+
+ffi::ErrorOr<int64_t> GetInt(const ffi::Dictionary& attrs, const char* name) {
+  auto v = attrs.get<int64_t>(name);
+  if (v.has_error())
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        std::string("coarse_host_gather: missing int64 attribute '") + name + "'"));
+  return v.value();
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(HostGather, HostGatherImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::RunId>()            // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()        // int32[2] (tier, data index)
-                                  .Arg<ffi::AnyBuffer>()        // f32[width] this device's chunk
-                                  .Ret<ffi::AnyBuffer>()        // f32[p * proxy_chunk]
-                                  .Ret<ffi::AnyBuffer>()        // f32[p * worker_chunk]
-                                  .Attr<int64_t>("workers")     // p
-                                  .Attr<int64_t>("site")        // which sync of the program
-                                  .Attr<int64_t>("timeout_ms")  // every wait's deadline
-                                  .Attr<int64_t>("proxy_chunk")
-                                  .Attr<int64_t>("worker_chunk"));
+ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer chunk,
+                          ffi::RemainingRets outs, const ffi::Dictionary& attrs, Device& dev) {
+  int64_t v[6];
+  const char* names[6] = {"workers",      "site",        "timeout_ms",
+                          "proxy_leaves", "proxy_chunk", "worker_chunk"};
+  for (int i = 0; i < 6; ++i) {
+    auto got = GetInt(attrs, names[i]);
+    if (got.has_error()) return got.error();
+    v[i] = got.value();
+  }
+  const int64_t p = v[0], site = v[1], timeout_ms = v[2], nq = v[3], cq = v[4], cl = v[5];
+  auto me = ReadWho(who, p);
+  if (me.has_error()) return me.error();
+  const int64_t width = static_cast<int64_t>(chunk.element_count());
+  if (chunk.element_type() != ffi::DataType::F32 || cq < 0 || cl < 0 || cq > width || cl > width ||
+      nq < 0 || nq > static_cast<int64_t>(outs.size()))
+    return ffi::Error::InvalidArgument(
+        "coarse_host_gather: operand 1 must be f32[width], width >= proxy_chunk, worker_chunk; "
+        "proxy_leaves <= the results");
+  std::vector<LeafSpan> groups[2];  // proxies', workers'
+  int64_t total[2] = {0, 0};
+  for (size_t a = 0; a < outs.size(); ++a) {
+    auto out = outs.get<ffi::AnyBuffer>(a);
+    if (out.has_error()) return out.error();
+    const ffi::DataType dtype = out.value()->element_type();
+    if (!IsSupported(dtype))
+      return ffi::Error::InvalidArgument("coarse_host_gather: result " + std::to_string(a) +
+                                         " is " + DtypeName(dtype) +
+                                         ", expected float32, bfloat16 or float16");
+    const int g = static_cast<int64_t>(a) < nq ? 0 : 1;
+    const int64_t n = static_cast<int64_t>(out.value()->element_count());
+    groups[g].push_back(LeafSpan{out.value()->untyped_data(), dtype, total[g], n});
+    total[g] += n;
+  }
+  if (total[0] > p * cq || total[1] > p * cl)
+    return ffi::Error::InvalidArgument(
+        "coarse_host_gather: the leaves hold more elements than p chunks "
+        "(attributes proxy_chunk, worker_chunk)");
+  ffi::Error failed = ffi::Error::Success();
+  auto take = [&](int64_t d, const void* src) {
+    const bool proxy = d >= p;
+    const int64_t c = proxy ? cq : cl, k = d % p;
+    std::vector<LeafRun> runs = RunsOf(groups[proxy ? 0 : 1], k * c, (k + 1) * c);
+    if (runs.empty()) return;
+    ffi::Error e = dev.Scatter(static_cast<const float*>(src), d, c, runs.data(),
+                               static_cast<int64_t>(runs.size()));
+    if (e.failure() && failed.success()) failed = std::move(e);
+  };
+  auto describe = [&](int64_t d) { return Who{d < p ? kWorker : kProxy, d % p}.Describe(); };
+  ffi::Error status = HandOut(run_id.run_id, site, me.value().device(p), 2 * p,
+                              chunk.untyped_data(), timeout_ms, take, describe);
+  return status.failure() ? std::move(status) : std::move(failed);
+}
 
 }  // namespace coarse

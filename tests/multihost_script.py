@@ -77,7 +77,8 @@ def scenario_sync(mesh):
             def step(params, batch):
                 loss, grads = coarse.value_and_grad(mlp_loss)(params, batch)
                 summed = coarse.all_reduce(batch["x"].sum(0), op="sum")
-                mean = coarse.all_reduce({"y": batch["y"].mean(0)})
+                y = batch["y"].mean(0)
+                mean = coarse.all_reduce({"y": y, "y16": y.astype(jnp.bfloat16)})
                 return loss, grads, summed, mean
 
             first = step(params, gbatch)
@@ -88,6 +89,8 @@ def scenario_sync(mesh):
             x = np.asarray(batch["x"], np.float64)
             close(summed, x.sum(0), 1e-5)
             close(mean["y"], np.asarray(batch["y"], np.float64).mean(0), 1e-5)
+            assert mean["y16"].dtype == jnp.bfloat16
+            close(mean["y16"], np.asarray(batch["y"], np.float64).mean(0), 2e-2)
             assert digest(first) == digest(second), f"{mode}/{leading}: not bitwise reproducible"
             # Every local device holds the same bytes (the outputs are replicated).
             for leaf in jax.tree.leaves(first):

@@ -1,62 +1,84 @@
 """The custom call of the inter-host step: ``coarse_host_gather`` (CPU only).
 
 After the XLA collective over "host" (`coarse_jax.api._hosts`), each of a
-host's 2p devices holds one chunk of the global result; this call gives
-every device of the host all chunks through the process's shared memory
-(ffi/host_gather.cc, ffi/runtime/hand_out.h), instead of an XLA all_gather
-within the host, which on CPU would go through gloo's sockets.
+host's 2p devices holds one chunk of the global result: proxy k chunk k of
+the proxy leaves end to end, worker k chunk k of the leading leaves. This
+call gives every device of the host every chunk through the process's shared
+memory and writes them straight into the synced leaves, in their dtypes
+(ffi/host_gather.cc, ffi/runtime/hand_out.h): one pass over the tree per
+device, where an XLA all_gather within the host would go through gloo's
+sockets on CPU and then need slicing into leaves.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from coarse_jax.mesh import DATA, HOST, TIER
 
 
+def _vary(x: jax.Array) -> jax.Array:
+    missing = tuple(a for a in (HOST, TIER, DATA) if a not in jax.typeof(x).mat.varying)
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
 def host_gather(
-    chunk: jax.Array, site: int, timeout_ms: int, proxy_chunk: int, worker_chunk: int
-) -> tuple[jax.Array, jax.Array]:
-    """Every device's f32 ``chunk`` -> (the proxies' chunks, the workers' chunks), end to end.
+    chunk: jax.Array,
+    proxy_leaves: Sequence[jax.Array],
+    leading_leaves: Sequence[jax.Array],
+    *,
+    site: int,
+    timeout_ms: int,
+    proxy_chunk: int,
+    worker_chunk: int,
+) -> tuple[list[jax.Array], list[jax.Array]]:
+    """Every device's f32 ``chunk`` -> the global values of the synced leaves, on every device.
 
     Inside ``shard_map`` over a ``("host", "tier", "data")`` mesh. Of device
-    (tier t, data k)'s chunk the first ``worker_chunk`` (t = 0) or
-    ``proxy_chunk`` (t = 1) elements count. Results are identical on every
-    device of the host and typed so; the caller makes sure they are across
-    hosts too (they are: every host gathers the same global chunks).
+    (tier t, data k)'s chunk the first ``worker_chunk`` (t = 0: elements
+    ``[k * worker_chunk, ...)`` of the leading leaves end to end) or
+    ``proxy_chunk`` (t = 1: of the proxy leaves) elements count. The leaves
+    give the results' shapes and dtypes and are aliased to them (they are
+    the host's results, dead afterwards). Results are identical on every
+    device of the mesh and typed so: every host gathers the same global
+    chunks.
 
     Args:
-      chunk: f32[width], varying over the mesh.
-      site: the synchronization's call site (the runtime's rendezvous key).
+      chunk: f32[width], this device's chunk.
+      proxy_leaves: the proxy leaves, in plan order.
+      leading_leaves: the leading leaves, in plan order.
+      site: the synchronization's call site (the rendezvous key, with the run).
       timeout_ms: how long a device waits for the others of its host.
       proxy_chunk: elements of a proxy's chunk that count.
       worker_chunk: elements of a worker's chunk that count.
 
     Returns:
-      ``(f32[p * proxy_chunk], f32[p * worker_chunk])``.
+      ``(proxy leaves, leading leaves)`` holding the global values.
     """
     p = lax.axis_size(DATA)
-    me = jax.numpy.stack([lax.axis_index(TIER), lax.axis_index(DATA)]).astype(jax.numpy.int32)
-    missing = tuple(a for a in (HOST, TIER, DATA) if a not in jax.typeof(me).mat.varying)
-    me = lax.pcast(me, missing, to="varying") if missing else me
+    me = _vary(jnp.stack([lax.axis_index(TIER), lax.axis_index(DATA)]).astype(jnp.int32))
+    leaves = [_vary(x) for x in (*proxy_leaves, *leading_leaves)]
     call = jax.ffi.ffi_call(
         "coarse_host_gather",
-        (
-            jax.ShapeDtypeStruct((p * proxy_chunk,), jax.numpy.float32),
-            jax.ShapeDtypeStruct((p * worker_chunk,), jax.numpy.float32),
-        ),
+        tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves),
         has_side_effect=True,
         vmap_method="broadcast_all",
+        input_output_aliases={2 + i: i for i in range(len(leaves))},
     )
-    proxies, workers = call(
+    out = call(
         me,
-        chunk,
+        _vary(chunk),
+        *leaves,
         workers=np.int64(p),
         site=np.int64(site),
         timeout_ms=np.int64(timeout_ms),
+        proxy_leaves=np.int64(len(proxy_leaves)),
         proxy_chunk=np.int64(proxy_chunk),
         worker_chunk=np.int64(worker_chunk),
     )
-    return proxies, workers
+    return list(out[: len(proxy_leaves)]), list(out[len(proxy_leaves) :])

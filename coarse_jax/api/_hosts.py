@@ -20,9 +20,10 @@ Who sends what across hosts (the hierarchical step):
   leaves (the default) workers send nothing across hosts at all.
 * Within the host every device then needs every global chunk: workers the
   proxies' and proxies the workers'. On CPU the runtime hands them out
-  (``coarse_host_gather``: each device offers its chunk, each copies all of
-  them, one memcpy per chunk, ffi/runtime/hand_out.h); elsewhere (GPU) an
-  XLA ``all_gather`` over ("tier", "data") does (NCCL within the node).
+  (``coarse_host_gather``: each device offers its chunk and writes every
+  chunk straight into its leaves, in their dtypes, over the host's results,
+  ffi/runtime/hand_out.h); elsewhere (GPU) an XLA ``all_gather`` over
+  ("tier", "data") does (NCCL within the node), then slices into leaves.
   Either result is typed invariant over the whole mesh, which it is.
 
 The sum over hosts: with two hosts a ``psum`` over "host" (a + b equals
@@ -126,13 +127,23 @@ def across_hosts(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> li
     mine = lax.cond(lax.axis_index(TIER) == 0, on_worker, on_proxy, q_leaves, l_leaves)
     ctx = _context.current("coarse.sync across hosts")
     if ctx.mesh.devices.flat[0].platform == "cpu" and not os.environ.get(XLA_HAND_OUT_ENV):
-        timeout_ms = int(plan.ffi_attrs()["timeout_ms"])
-        q_all, l_all = _ffi.host_gather(mine, call.site, timeout_ms, q_chunk, l_chunk)
-    else:
-        # (2p, width): rows 0..p-1 the workers' chunks (leading), p..2p-1 the proxies'.
-        every = all_gather_invariant(mine, (TIER, DATA))
-        q_all = every[p:, :q_chunk].reshape(-1)
-        l_all = every[:p, :l_chunk].reshape(-1)
+        q_out, l_out = _ffi.host_gather(
+            mine,
+            q_leaves,
+            l_leaves,
+            site=call.site,
+            timeout_ms=int(plan.ffi_attrs()["timeout_ms"]),
+            proxy_chunk=q_chunk,
+            worker_chunk=l_chunk,
+        )
+        for g, vals in ((groups[0], q_out), (groups[1], l_out)):
+            for t, v in zip(g, vals, strict=True):
+                out[t] = v
+        return out
+    # (2p, width): rows 0..p-1 the workers' chunks (leading), p..2p-1 the proxies'.
+    every = all_gather_invariant(mine, (TIER, DATA))
+    q_all = every[p:, :q_chunk].reshape(-1)
+    l_all = every[:p, :l_chunk].reshape(-1)
     for g, flat in ((groups[0], q_all), (groups[1], l_all)):
         off = 0
         for t in g:

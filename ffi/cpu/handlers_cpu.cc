@@ -1,11 +1,13 @@
 // The CPU bindings of coarse_push / coarse_proxy_ring / coarse_worker_ring /
 // coarse_pull / coarse_probe: the caller is named by the (tier, data)
 // operand, and each call's translation (sync_ops.h, probe.h) runs inside
-// RunCall (handler.h) on a CpuDevice. The CUDA twin: cuda/handlers_cuda.cc.
+// RunCall (handler.h) on a CpuDevice. coarse_host_gather (host_gather.h, CPU
+// only) runs outside any session, on a CpuDevice too. The CUDA twin: cuda/handlers_cuda.cc.
 #include <memory>
 
 #include "cpu/cpu_device.h"
 #include "handler.h"
+#include "host_gather.h"
 #include "probe.h"
 #include "sync_ops.h"
 
@@ -46,6 +48,14 @@ ffi::Error PullImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer token,
   (void)deps;  // outputs alias these; every element is overwritten
   return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
                  [&](Call& call, Device& dev) { return PullBody(call, dev, outs); });
+}
+
+ffi::Error HostGatherImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer chunk,
+                          ffi::RemainingArgs leaves, ffi::RemainingRets outs,
+                          ffi::Dictionary attrs) {
+  (void)leaves;  // aliased to the results; every element is overwritten
+  CpuDevice dev;
+  return HostGatherBody(run_id, who, chunk, outs, attrs, dev);
 }
 
 ffi::Error ProbeImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer pairs,
@@ -90,6 +100,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Pull, PullImpl,
                                   .RemainingArgs()             // proxy leaves (aliased to results)
                                   .RemainingRets()             // the reduced proxy leaves
                                   .Attrs<ffi::Dictionary>());  // plan
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HostGather, HostGatherImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()       // f32[width] this device's chunk
+                                  .RemainingArgs()             // the synced leaves (aliased)
+                                  .RemainingRets()             // the same leaves, global values
+                                  .Attrs<ffi::Dictionary>());  // see host_gather.h
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Probe, ProbeImpl,
                               ffi::Ffi::Bind()

@@ -1,0 +1,19 @@
+// coarse_host_gather (host_gather.cc): the in-host hand-out of the inter-host
+// step, written into the synced leaves. Bound for CPU in cpu/handlers_cpu.cc.
+#pragma once
+
+#include "runtime/device.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace coarse {
+
+// Operands: int32[2] (tier, data index), f32[width] this device's chunk, then
+// the synced leaves (aliased to the results). Results: the synced leaves,
+// the proxies' leaves first (attribute proxy_leaves of them), then the
+// leading ones. Attributes: workers (p), site, timeout_ms, proxy_leaves,
+// proxy_chunk, worker_chunk.
+xla::ffi::Error HostGatherBody(xla::ffi::RunId run_id, xla::ffi::AnyBuffer who,
+                               xla::ffi::AnyBuffer chunk, xla::ffi::RemainingRets outs,
+                               const xla::ffi::Dictionary& attrs, Device& dev);
+
+}  // namespace coarse
