@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 SCRIPT = pathlib.Path(__file__).with_name("multihost_bench.py")
-ROUNDS = 5
+ROUNDS = 10
 
 
 @pytest.mark.timeout(900)
