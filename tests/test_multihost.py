@@ -1,4 +1,4 @@
-"""Across hosts, for real: 2 jax processes x 8 CPU devices (gloo), started by coarse_jax.launch.
+"""Across hosts, for real: 2 (and 3) jax processes x 8 CPU devices (gloo), by coarse_jax.launch.
 
 Each test runs ``python -m coarse_jax.launch --processes 2 --devices-per-process 8
 tests/multihost_script.py SCENARIO`` in a subprocess with a timeout; the
@@ -42,14 +42,16 @@ def _results(output):
     return out
 
 
+# 2 hosts sum by psum over "host", 3 by gather-then-add in host order.
+@pytest.mark.parametrize("processes", [2, 3])
 @pytest.mark.timeout(LIMIT_S + 20)
-def test_grads_and_all_reduce_equal_float64_mean_over_both_hosts(tmp_path):
-    code, output, _ = _launch(tmp_path, SCRIPT, "sync")
+def test_grads_and_all_reduce_equal_float64_mean_over_all_hosts(tmp_path, processes):
+    code, output, _ = _launch(tmp_path, SCRIPT, "sync", processes=processes)
     assert code == 0, output[-6000:]
     r = _results(output)
-    assert r[("ok", 0)] == r[("ok", 1)] == "sync", output[-3000:]
-    # Bitwise the same results in both processes, for every mode / split.
-    assert r[("digests", 0)] == r[("digests", 1)]
+    assert all(r[("ok", i)] == "sync" for i in range(processes)), output[-3000:]
+    # Bitwise the same results in every process, for every mode / split.
+    assert all(r[("digests", i)] == r[("digests", 0)] for i in range(processes))
     assert set(r[("digests", 0)]) == {"ffi/0", "ffi/416", "reference/0", "reference/416"}
 
 

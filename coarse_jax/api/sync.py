@@ -149,6 +149,13 @@ class SyncedStep:
                 "Fix: call the coarse.sync step directly (it is jitted already; pass "
                 "donate_argnums / static_argnums to coarse.sync), or set reprofile_every=0."
             )
+        if cfg.reprofile_every and has_hosts(self.mesh):
+            raise NotImplementedError(
+                f"coarse.sync({self._name}): Config(reprofile_every=...) re-plans from this "
+                "process's own measurements, so the processes of a mesh across hosts could "
+                "disagree on the plan. Fix: set reprofile_every=0 and pass the same Config on "
+                "every process."
+            )
         key = (layout, cfg)
         if key not in self._compiled:
             self._compiled[key] = self._compile(cfg, layout)
