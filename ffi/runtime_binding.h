@@ -7,6 +7,8 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
@@ -14,6 +16,7 @@
 #include <string>
 
 #include "plan_attrs.h"
+#include "runtime/param_store.h"
 #include "runtime/interrupt.h"
 #include "runtime/session.h"
 #include "runtime/storage.h"
@@ -78,6 +81,63 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       "(Re)installs the SIGINT hook that lets Ctrl-C stop a step waiting in the runtime "
       "(ffi/runtime/interrupt.h), chained to the current handler; `aborts`: whether an "
       "interrupt abandons a waiting step. Returns whether the hook is installed.");
+  // The proxy optimizer's stores (runtime/param_store.h), for
+  // coarse_jax/api/update.py: export / load between steps, reset, forget.
+  m.def(
+      "store_export",
+      [](int64_t id) -> nb::object {
+        auto store = FindParamStore(id);
+        if (!store) return nb::none();
+        auto state = store->Export();
+        if (state.has_error()) throw std::runtime_error(state.error().message());
+        if (!state.value().has_value()) return nb::none();
+        const HostState& h = *state.value();
+        nb::list values;
+        for (const auto& slot : h.values) {
+          nb::list leaves;
+          for (const auto& v : slot)
+            leaves.append(nb::bytes(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+          values.append(leaves);
+        }
+        return nb::make_tuple(h.count, h.leaves, values);
+      },
+      nb::arg("store"),
+      "(count, plan leaf ids, [slot][leaf] f32 bytes) of a store's committed state (slot 0 the "
+      "master), or None if it holds none.");
+  m.def(
+      "store_load",
+      [](int64_t id, const std::string& name, int64_t count, std::vector<int64_t> leaves,
+         std::vector<std::vector<nb::bytes>> values) {
+        HostState h;
+        h.count = count;
+        h.slots = static_cast<int32_t>(values.size()) - 1;
+        h.leaves = std::move(leaves);
+        for (const auto& slot : values) {
+          std::vector<std::vector<float>> vs;
+          for (const auto& b : slot) {
+            const float* f = reinterpret_cast<const float*>(b.c_str());
+            vs.emplace_back(f, f + b.size() / 4);
+          }
+          h.values.push_back(std::move(vs));
+        }
+        GetParamStore(id, name)->Load(std::move(h));
+      },
+      nb::arg("store"), nb::arg("name"), nb::arg("count"), nb::arg("leaves"), nb::arg("values"),
+      "Makes the next update of a store start from this state (see store_export).");
+  m.def(
+      "store_reset",
+      [](int64_t id) {
+        if (auto store = FindParamStore(id)) store->Reset();
+      },
+      nb::arg("store"), "The next update of the store seeds it from the params it gets.");
+  m.def("store_drop", &DropParamStore, nb::arg("store"), "Frees a store.");
+  m.def(
+      "store_bytes",
+      [](int64_t id) {
+        auto store = FindParamStore(id);
+        return store ? store->ProxyBytes() : std::vector<int64_t>{};
+      },
+      nb::arg("store"), "Bytes of a store on each proxy (both buffers).");
   m.def("interrupt_count", &InterruptCount, "SIGINTs the hook has seen (testing).");
   m.def(
       "interrupt_state",
