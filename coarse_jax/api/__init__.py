@@ -1,8 +1,10 @@
-"""The public API: `sync`, `value_and_grad`, `all_reduce`, `on_workers`.
+"""The public API: `sync`, `value_and_grad`, `value_and_update`, `all_reduce`, `on_workers`.
 
 * `sync.py`: `coarse.sync` and the `SyncedStep` it returns (compiles per config, checks
   arguments, re-profiles).
 * `grad.py`: `coarse.value_and_grad`, pushing gradients from the backward pass.
+* `update.py`: `coarse.value_and_update`, the optimizer on the proxies, and the
+  step's access to their state (`_update.py`: stores and the ring's operands).
 * `collectives.py`: `coarse.all_reduce` and `coarse.on_workers`.
 * `_phases.py`: one synchronization's custom calls in step order.
 * `_context.py`: what a step knows while it is traced (mesh, config, call sites).
@@ -12,5 +14,6 @@
 from coarse_jax.api.collectives import all_reduce, on_workers
 from coarse_jax.api.grad import value_and_grad
 from coarse_jax.api.sync import SyncedStep, sync
+from coarse_jax.api.update import value_and_update
 
-__all__ = ["SyncedStep", "all_reduce", "on_workers", "sync", "value_and_grad"]
+__all__ = ["SyncedStep", "all_reduce", "on_workers", "sync", "value_and_grad", "value_and_update"]

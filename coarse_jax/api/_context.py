@@ -34,7 +34,12 @@ class SyncContext:
     # Shared with the step: every plan built with its own Config, so that
     # re-profiling can re-plan them and see whether anything changed.
     plans: list[PlanRequest]
+    # Shared with the step: the optimizer store of each value_and_update
+    # call, by its position in the step (api/_update.py).
+    stores: dict[int, Any] = dataclasses.field(default_factory=dict)
+    step_name: str = "step"
     next_site: int = 0
+    next_update: int = 0
 
     @property
     def workers(self) -> int:

@@ -51,11 +51,14 @@ def finish(
     leaves: list[jax.Array],
     pushed: Sequence[jax.Array],
     in_place: bool,
+    update: _ffi.RingUpdate | None = None,
 ) -> list[jax.Array]:
     """Proxy ring, worker ring and pull, after this device's pushes (``pushed``).
 
     ``leaves`` in tree order. ``in_place``: the leaves are dead temporaries
-    (gradients) the results may overwrite.
+    (gradients) the results may overwrite. ``update``: the proxies run the
+    optimizer in their ring (`coarse.value_and_update`), and the pull brings
+    back parameters.
     """
     me = _ffi.who()
     out = list(leaves)
@@ -64,7 +67,7 @@ def finish(
     proxy_vals = [leaves[t] for t in plan.proxy_leaves]
     token = None
     if has_proxy:
-        token = _ffi.proxy_ring(call, me, pushed, last=False)
+        token = _ffi.proxy_ring(call, me, pushed, last=False, update=update)
     if has_lead:
         if token is None:
             token = _ffi.vary(jnp.zeros((), jnp.int32))

@@ -18,7 +18,9 @@ from jax.sharding import PartitionSpec as P
 from coarse_jax import _ffi
 from coarse_jax.api import _context, _nnx, _outputs
 from coarse_jax.api.collectives import all_reduce
+from coarse_jax.api._update import Store
 from coarse_jax.api.reprofile import reprofiled
+from coarse_jax.api.update import StoreAccess, to_jax
 from coarse_jax.config import Config
 from coarse_jax.mesh import DATA, TIER, check_mesh
 from coarse_jax.plan import plan as make_plan
@@ -119,6 +121,11 @@ class SyncedStep:
         self._reprofiles = 0
         # One output leaf of each call not known to be finished, oldest first.
         self._in_flight: collections.deque[jax.Array] = collections.deque()
+        self._last_out: jax.Array | None = None  # of the latest call
+        # The proxies' optimizer stores, per value_and_update call of the step.
+        self._stores: dict[int, Store] = {}
+        self._access = StoreAccess(self._stores, f"coarse.sync({self._name})", self._wait_all)
+        self._pending_load: tuple[int | None, Any, Any] | None = None
 
     def config(self) -> Config:
         """The `Config` in use (re-profiling may have replaced the one given)."""
@@ -137,6 +144,57 @@ class SyncedStep:
             "compiled": len(self._compiled),
             "in_flight": len(self._in_flight),
         }
+
+    # -- the proxies as parameter storage (coarse.value_and_update) ---------
+
+    def optimizer_state(self, index: int | None = None) -> Any:
+        """The optax state of the optimizer the proxies run, as they hold it now.
+
+        The same pytree as ``optimizer.optax().init(params)`` (``optax.adamw(...)``
+        etc.), leaves in f32. Waits for the calls in flight. ``index``: which
+        value_and_update call of the step (needed when there are several).
+        """
+        store, count, slots = self._access.export(index, "optimizer_state")
+        master = to_jax(slots[0], store.treedef)
+        moments = [to_jax(x, store.treedef) for x in slots[1:]]
+        return store.optimizer.optax_state(master, count, moments)
+
+    def master_params(self, index: int | None = None) -> Any:
+        """The f32 master parameters the proxies hold (the params' tree). Waits for calls."""
+        _, _, slots = self._access.export(index, "master_params")
+        return to_jax(slots[0], self._access.store(index, "master_params").treedef)
+
+    def load_optimizer_state(self, params: Any, opt_state: Any, index: int | None = None) -> None:
+        """Makes the proxies continue from ``params`` and an optax ``opt_state``.
+
+        ``opt_state`` is a state of ``optimizer.optax()`` (from plain optax
+        training, or `optimizer_state`). The next call must pass ``params``.
+        Before the step's first call the load waits for it (the step is
+        traced then).
+        """
+        if not self._access_ready():
+            self._pending_load = (index, params, opt_state)
+            return
+        self._access.load(self._access.store(index, "load_optimizer_state"), params, opt_state)
+
+    def reset_optimizer(self, index: int | None = None) -> None:
+        """Forgets the proxies' state: the next call seeds it from the params it gets."""
+        self._pending_load = None
+        if not self._access_ready():
+            return
+        store = self._access.store(index, "reset_optimizer")
+        self._wait_all()
+        store.module().store_reset(store.id)
+
+    def _access_ready(self) -> bool:
+        return bool(self._stores)
+
+    def _wait_all(self) -> None:
+        """Blocks until every call dispatched so far finished (errors are the caller's)."""
+        for x in [*self._in_flight, self._last_out]:
+            if x is not None and not x.is_deleted():
+                with contextlib.suppress(Exception):
+                    x.block_until_ready()
 
     def __call__(self, *args: Any) -> Any:
         layout, graph_state = self._layout(args)
@@ -158,6 +216,12 @@ class SyncedStep:
         # Ctrl-C abandons a step stalled in the runtime (unless the program
         # installed its own SIGINT handler); checked per call, about 2.5 us.
         _ffi.arm_interrupt_hook()
+        if self._pending_load is not None:
+            if not self._stores:  # trace now: the stores come from the trace
+                self._compiled[key].trace(*dyn)
+            index, params, opt_state = self._pending_load
+            self._pending_load = None
+            self.load_optimizer_state(params, opt_state, index)
         results = self._compiled[key](*dyn)
         replicated, per_example, new_state = results
         if layout.graph:
@@ -186,9 +250,11 @@ class SyncedStep:
         outputs are ready when every device finished it.
         """
         limit = self._max_in_flight(cfg)
+        leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
+        if leaves:
+            self._last_out = min(leaves, key=lambda x: x.size)
         if limit == 0:
             return
-        leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
         if leaves:
             self._in_flight.append(min(leaves, key=lambda x: x.size))
         while len(self._in_flight) > limit:
@@ -301,7 +367,9 @@ class SyncedStep:
                 nodes = _nnx.merge(layout.graphdef, dyn[-1])
                 for i, node in zip(layout.graph, nodes, strict=True):
                     args[i] = node
-            ctx = _context.SyncContext(self.mesh, cfg, self._plans)
+            ctx = _context.SyncContext(
+                self.mesh, cfg, self._plans, stores=self._stores, step_name=self._name
+            )
             _context.stack().append(ctx)
             try:
                 restore_rngs = _nnx.fold_rngs_by_worker(nodes) if nodes else None
