@@ -21,8 +21,11 @@ from coarse_jax._ffi import (
     virtual_sync_seconds,
 )
 from coarse_jax.api import (
+    MemoryReport,
     SyncedStep,
+    TierMemory,
     all_reduce,
+    memory_report,
     on_workers,
     sync,
     value_and_grad,
@@ -36,16 +39,19 @@ from coarse_jax.profiling import Profile, Topology, measure_step_times, profile
 
 __all__ = [
     "Config",
+    "MemoryReport",
     "Plan",
     "Profile",
     "ProxyOptimizer",
     "SyncedStep",
+    "TierMemory",
     "Topology",
     "all_reduce",
     "has_cuda_support",
     "kernels",
     "make_mesh",
     "measure_step_times",
+    "memory_report",
     "memory_stats",
     "model",
     "on_workers",

@@ -312,3 +312,37 @@ def test_refusals_are_clear():
     fresh = _coarse_step(mesh, coarse.optim.adam(1e-3))
     with pytest.raises(RuntimeError, match="call it once first"):
         fresh.optimizer_state()
+
+
+def test_memory_report_moves_the_optimizer_state_to_the_proxies():
+    mesh = coarse.make_mesh(workers=2)
+    params = mlp_init(jax.random.key(14), (64, 256, 256, 4))
+    batch = make_batch(jax.random.key(15), 8, 64, 4)
+    n_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    tx = optax.adam(1e-3)
+
+    @coarse.sync(mesh, donate_argnums=(0, 1))
+    def grad_step(params, opt_state, batch):
+        loss, grads = coarse.value_and_grad(mlp_loss)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    @coarse.sync(mesh, donate_argnums=0)
+    def update_step(params, batch):
+        loss, params = coarse.value_and_update(mlp_loss, coarse.optim.adam(1e-3))(params, batch)
+        return params, loss
+
+    with_state = coarse.memory_report(grad_step, params, tx.init(params), batch)
+    without = coarse.memory_report(update_step, params, batch)
+    # Workers no longer hold Adam's two moments (in and out, donated: once each).
+    assert with_state.worker_bytes - without.worker_bytes >= 1.9 * n_bytes
+    assert with_state.proxy.optimizer_bytes == 0
+    # Each proxy holds half of master + mu + nu, twice (double buffering).
+    assert without.proxy.optimizer_bytes == pytest.approx(2 * 3 * n_bytes / 2, rel=0.01)
+    assert without.proxy_bytes > without.worker_bytes
+    # After a step the runtime's own count replaces the computed one, and agrees.
+    jax.block_until_ready(update_step(jax.tree.map(jnp.copy, params), batch))
+    measured = coarse.memory_report(update_step, params, batch)
+    assert measured.proxy.optimizer_bytes == pytest.approx(without.proxy.optimizer_bytes, rel=0.01)
+    table = measured.table()
+    assert "worker" in table and "proxy" in table and "optimizer" in table

@@ -124,8 +124,9 @@ class SyncedStep:
         self._last_out: jax.Array | None = None  # of the latest call
         # The proxies' optimizer stores, per value_and_update call of the step.
         self._stores: dict[int, Store] = {}
-        self._access = StoreAccess(self._stores, f"coarse.sync({self._name})", self._wait_all)
+        self._access = StoreAccess(self._stores, f"coarse.sync({self._name})")
         self._pending_load: tuple[int | None, Any, Any] | None = None
+        self._traced_plans: list[Any] = []  # the plans of the latest trace
 
     def config(self) -> Config:
         """The `Config` in use (re-profiling may have replaced the one given)."""
@@ -154,14 +155,14 @@ class SyncedStep:
         etc.), leaves in f32. Waits for the calls in flight. ``index``: which
         value_and_update call of the step (needed when there are several).
         """
-        store, count, slots = self._access.export(index, "optimizer_state")
+        store, count, slots = self._access.export(index, "optimizer_state", self._wait_all)
         master = to_jax(slots[0], store.treedef)
         moments = [to_jax(x, store.treedef) for x in slots[1:]]
         return store.optimizer.optax_state(master, count, moments)
 
     def master_params(self, index: int | None = None) -> Any:
         """The f32 master parameters the proxies hold (the params' tree). Waits for calls."""
-        _, _, slots = self._access.export(index, "master_params")
+        _, _, slots = self._access.export(index, "master_params", self._wait_all)
         return to_jax(slots[0], self._access.store(index, "master_params").treedef)
 
     def load_optimizer_state(self, params: Any, opt_state: Any, index: int | None = None) -> None:
@@ -175,7 +176,8 @@ class SyncedStep:
         if not self._access_ready():
             self._pending_load = (index, params, opt_state)
             return
-        self._access.load(self._access.store(index, "load_optimizer_state"), params, opt_state)
+        store = self._access.store(index, "load_optimizer_state")
+        self._access.load(store, params, opt_state, self._wait_all)
 
     def reset_optimizer(self, index: int | None = None) -> None:
         """Forgets the proxies' state: the next call seeds it from the params it gets."""
@@ -185,6 +187,16 @@ class SyncedStep:
         store = self._access.store(index, "reset_optimizer")
         self._wait_all()
         store.module().store_reset(store.id)
+
+    def _memory_analysis(self, *args: Any) -> tuple[Any, list[Any]]:
+        """(XLA's memory analysis of the program for ``args``, the plans it builds)."""
+        layout, graph_state = self._layout(args)
+        cfg = self._config
+        dyn = [args[i] for i in layout.dynamic() if i not in layout.graph]
+        if layout.graph:
+            dyn.append(graph_state)
+        compiled = self._compile(cfg, layout).lower(*dyn).compile()
+        return compiled.memory_analysis(), list(self._traced_plans)
 
     def _access_ready(self) -> bool:
         return bool(self._stores)
@@ -251,7 +263,9 @@ class SyncedStep:
         """
         limit = self._max_in_flight(cfg)
         leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
-        if leaves:
+        if leaves and self._stores:
+            # Only a step whose proxies hold state needs it (_wait_all): kept
+            # by every step, it would keep each one's last output alive.
             self._last_out = min(leaves, key=lambda x: x.size)
         if limit == 0:
             return
@@ -370,6 +384,7 @@ class SyncedStep:
             ctx = _context.SyncContext(
                 self.mesh, cfg, self._plans, stores=self._stores, step_name=self._name
             )
+            self._traced_plans = ctx.built
             _context.stack().append(ctx)
             try:
                 restore_rngs = _nnx.fold_rngs_by_worker(nodes) if nodes else None

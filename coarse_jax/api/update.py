@@ -95,11 +95,9 @@ def value_and_update(
 class StoreAccess:
     """Reads and writes the proxies' master parameters and optimizer state of a step."""
 
-    def __init__(self, stores: dict[int, Store], name: str, wait: Callable[[], None]) -> None:
+    def __init__(self, stores: dict[int, Store], name: str) -> None:
         self._stores = stores
         self._name = name
-        self._wait = wait  # blocks until the step's calls in flight are done
-        self._pending: dict[int, tuple[Any, Any]] = {}
 
     def store(self, index: int | None, what: str) -> Store:
         if not self._stores:
@@ -121,10 +119,16 @@ class StoreAccess:
             )
         return self._stores[index]
 
-    def export(self, index: int | None, what: str) -> tuple[Store, int, list[list[np.ndarray]]]:
-        """(store, count, [slot][params leaf] f32 arrays), slot 0 the master."""
+    def export(
+        self, index: int | None, what: str, wait: Callable[[], None]
+    ) -> tuple[Store, int, list[list[np.ndarray]]]:
+        """(store, count, [slot][params leaf] f32 arrays), slot 0 the master.
+
+        ``wait`` blocks until the step's calls in flight are done (passed per
+        call, not kept: the step owns this object).
+        """
         store = self.store(index, what)
-        self._wait()
+        wait()
         got = store.module().store_export(store.id)
         if got is None:
             raise RuntimeError(
@@ -141,7 +145,7 @@ class StoreAccess:
             out.append(tree)
         return store, int(count), out
 
-    def load(self, store: Store, params: Any, opt_state: Any) -> None:
+    def load(self, store: Store, params: Any, opt_state: Any, wait: Callable[[], None]) -> None:
         leaves, treedef = jax.tree.flatten(params)
         if treedef != store.treedef or [tuple(np.shape(x)) for x in leaves] != store.shapes:
             raise ValueError(
@@ -160,7 +164,7 @@ class StoreAccess:
                 )
             flat = [np.asarray(x, np.float32).ravel() for x in tree]
             values.append([flat[store.plan.sync_order[s]].tobytes() for s in ids])
-        self._wait()
+        wait()
         store.module().store_load(store.id, store.name, count, ids, values)
 
 
