@@ -47,6 +47,7 @@ ffi::ErrorOr<OptimizerSpec> ReadOptimizer(const ffi::Dictionary& attrs, const Pl
   COARSE_OPT(clip, double, "opt_clip_norm");
   COARSE_OPT(nesterov, int64_t, "opt_nesterov");
   COARSE_OPT(flags, ffi::Span<const int64_t>, "opt_leaf_flags");
+  COARSE_OPT(snapshot_every, int64_t, "opt_snapshot_every");
 #undef COARSE_OPT
   if (kind.value() < 0 || kind.value() > 2)
     return ffi::Unexpected(ffi::Error::InvalidArgument(
@@ -66,6 +67,7 @@ ffi::ErrorOr<OptimizerSpec> ReadOptimizer(const ffi::Dictionary& attrs, const Pl
   spec.momentum = static_cast<float>(momentum.value());
   spec.clip_norm = static_cast<float>(clip.value());
   spec.nesterov = nesterov.value() != 0;
+  spec.snapshot_every = snapshot_every.value();
   for (int64_t f : flags.value()) spec.leaf_flags.push_back(static_cast<uint8_t>(f));
   return spec;
 }

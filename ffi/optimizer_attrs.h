@@ -4,7 +4,8 @@
 //   opt_kind (0 sgd, 1 adam, 2 adamw), opt_b1, opt_b2, opt_eps,
 //   opt_one_minus_b1, opt_one_minus_b2, opt_weight_decay, opt_momentum,
 //   opt_clip_norm (f64), opt_nesterov (int64), opt_leaf_flags (int64 per
-//   plan leaf, param_store.h), opt_num_deps (int64: operands before the params).
+//   plan leaf, param_store.h), opt_snapshot_every (int64, Config.snapshot_every),
+//   opt_num_deps (int64: operands before the params).
 #pragma once
 
 #include <memory>

@@ -22,6 +22,7 @@
 #include "runtime/storage.h"
 
 namespace coarse {
+namespace ffi = xla::ffi;
 
 inline nanobind::dict MemoryLimitsDict() {
   nanobind::dict d;
@@ -83,27 +84,46 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       "interrupt abandons a waiting step. Returns whether the hook is installed.");
   // The proxy optimizer's stores (runtime/param_store.h), for
   // coarse_jax/api/update.py: export / load between steps, reset, forget.
+  auto state_tuple = [](const HostState& h) -> nb::object {
+    nb::list values;
+    for (const auto& slot : h.values) {
+      nb::list leaves;
+      for (const auto& v : slot)
+        leaves.append(nb::bytes(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+      values.append(leaves);
+    }
+    return nb::make_tuple(h.count, h.leaves, values);
+  };
   m.def(
       "store_export",
-      [](int64_t id) -> nb::object {
+      [state_tuple](int64_t id, bool snapshot) -> nb::object {
         auto store = FindParamStore(id);
         if (!store) return nb::none();
-        auto state = store->Export();
+        auto state = snapshot ? store->ExportSnapshot() : store->Export();
         if (state.has_error()) throw std::runtime_error(state.error().message());
         if (!state.value().has_value()) return nb::none();
-        const HostState& h = *state.value();
-        nb::list values;
-        for (const auto& slot : h.values) {
-          nb::list leaves;
-          for (const auto& v : slot)
-            leaves.append(nb::bytes(reinterpret_cast<const char*>(v.data()), v.size() * 4));
-          values.append(leaves);
-        }
-        return nb::make_tuple(h.count, h.leaves, values);
+        return state_tuple(*state.value());
       },
-      nb::arg("store"),
+      nb::arg("store"), nb::arg("snapshot") = false,
       "(count, plan leaf ids, [slot][leaf] f32 bytes) of a store's committed state (slot 0 the "
-      "master), or None if it holds none.");
+      "master), or of its newest complete snapshot; None if it holds none.");
+  m.def(
+      "store_snapshot_now",
+      [](int64_t id) {
+        auto store = FindParamStore(id);
+        if (!store) throw std::runtime_error("coarse_jax: no such optimizer store");
+        ffi::Error e = store->SnapshotNow();
+        if (e.failure()) throw std::runtime_error(e.message());
+        return store->snapshot_serial();
+      },
+      nb::arg("store"), "Snapshots a store's committed state now (between steps).");
+  m.def(
+      "store_snapshot_serial",
+      [](int64_t id) -> int64_t {
+        auto store = FindParamStore(id);
+        return store ? store->snapshot_serial() : 0;
+      },
+      nb::arg("store"), "How many snapshots completed (0: none valid now).");
   m.def(
       "store_load",
       [](int64_t id, const std::string& name, int64_t count, std::vector<int64_t> leaves,

@@ -113,6 +113,7 @@ def register(
         "opt_store": np.int64(store.id),
         "opt_name": store.name,
         "opt_leaf_flags": flags,
+        "opt_snapshot_every": np.int64(ctx.config.snapshot_every),
         **optimizer.ffi_attrs(),
     }
     return Site(store, call, attrs, n_params)

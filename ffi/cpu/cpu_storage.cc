@@ -91,6 +91,10 @@ class HostStateBuffer : public StateBuffer {
     std::memcpy(data_ + off, src, n * sizeof(float));
     return true;
   }
+  bool CopyWithin(StateBuffer& src, int64_t src_off, int64_t dst_off, int64_t n) override {
+    std::memcpy(data_ + dst_off, src.data() + src_off, n * sizeof(float));
+    return true;
+  }
 
  private:
   size_t Bytes() const { return static_cast<size_t>(nelems_) * sizeof(float); }

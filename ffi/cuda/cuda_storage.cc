@@ -154,6 +154,11 @@ class CudaStateBuffer final : public StateBuffer {
     return cudaMemcpy(data_ + off, src, n * sizeof(float), cudaMemcpyHostToDevice) ==
            cudaSuccess;
   }
+  bool CopyWithin(StateBuffer& src, int64_t src_off, int64_t dst_off, int64_t n) override {
+    DeviceScope scope(ordinal_);
+    return cudaMemcpy(data_ + dst_off, src.data() + src_off, n * sizeof(float),
+                      cudaMemcpyDeviceToDevice) == cudaSuccess;
+  }
 
  private:
   size_t Bytes() const { return static_cast<size_t>(nelems_) * sizeof(float); }

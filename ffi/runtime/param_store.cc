@@ -75,7 +75,9 @@ void ParamStore::Close(const Session* session, bool ok) {
       count_ = count() + 1;
       seeded_ = true;
       host_seed_.reset();
+      if (spec_.snapshot_every > 0 && count_ % spec_.snapshot_every == 0) snapshot_due_ = true;
     }
+    snap_session_ = nullptr;  // an unfinished copy stays due; snap_valid_ says what exists
     held_by_ = nullptr;
     prepared_session_ = nullptr;
     applied_ = 0;
@@ -120,7 +122,7 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
             ". Fix: step.reset_optimizer() to start the new optimizer from the params.");
       // The plan changed (a re-plan, a recompile with other routes): move
       // the state through the host into the new layout.
-      auto state = ExportLocked();
+      auto state = ExportLocked(false);
       if (state.has_error()) return state.error();
       host_seed_ = std::move(state.value());
     }
@@ -146,7 +148,10 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
     slots_ = spec.slots();
     front_ = 0;
     seeded_ = false;
+    snap_.clear();  // laid out for the old plan: the in-memory snapshot is gone
+    snap_valid_ = false;
   }
+  ordinals_ = session.ordinals();
   if (host_seed_) {
     // Check the loaded state against this plan's parameters.
     std::vector<int64_t> want;
@@ -186,10 +191,10 @@ static void ForEachOwnedSegment(const Plan& plan, const std::vector<OwnedRange>&
   }
 }
 
-ffi::ErrorOr<HostState> ParamStore::ExportLocked() {
+ffi::ErrorOr<HostState> ParamStore::ExportLocked(bool snapshot) {
   const Plan& plan = *plan_;
   HostState out;
-  out.count = count_;
+  out.count = snapshot ? snap_count_ : count_;
   out.slots = slots_;
   std::map<int64_t, int64_t> index;  // plan leaf -> position in out.leaves
   for (int64_t leaf = 0; leaf < plan.num_proxy_leaves; ++leaf)
@@ -205,8 +210,9 @@ ffi::ErrorOr<HostState> ParamStore::ExportLocked() {
     const int64_t n = owned_nelems_[k];
     for (int32_t slot = 0; slot <= slots_; ++slot) {
       host.resize(n);
-      const int64_t off = buf(k, 0, slot) - buffers_[k]->data();
-      if (n > 0 && !buffers_[k]->ToHost(host.data(), off, n))
+      StateBuffer& src = snapshot ? *snap_[k] : *buffers_[k];
+      const int64_t off = snapshot ? slot * n : buf(k, 0, slot) - buffers_[k]->data();
+      if (n > 0 && !src.ToHost(host.data(), off, n))
         return ffi::Unexpected(ffi::Error::Internal(
             "coarse_jax: copying the optimizer state of '" + name_ + "' to the host failed"));
       ForEachOwnedSegment(plan, owned_[k],
@@ -223,7 +229,7 @@ ffi::ErrorOr<std::optional<HostState>> ParamStore::Export() {
   std::lock_guard<std::mutex> lock(mu_);
   if (host_seed_) return std::optional<HostState>(*host_seed_);
   if (!seeded_) return std::optional<HostState>();
-  auto state = ExportLocked();
+  auto state = ExportLocked(false);
   if (state.has_error()) return ffi::Unexpected(state.error());
   return std::optional<HostState>(std::move(state.value()));
 }
@@ -243,8 +249,98 @@ void ParamStore::Reset() {
 std::vector<int64_t> ParamStore::ProxyBytes() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int64_t> out;
-  for (const auto& b : buffers_) out.push_back(b->nelems() * static_cast<int64_t>(sizeof(float)));
+  for (size_t k = 0; k < buffers_.size(); ++k) {
+    int64_t n = buffers_[k]->nelems();
+    if (k < snap_.size()) n += snap_[k]->nelems();
+    out.push_back(n * static_cast<int64_t>(sizeof(float)));
+  }
   return out;
+}
+
+bool ParamStore::EnsureSnapshotBuffersLocked(const std::vector<int64_t>& ordinals) {
+  if (!plan_) return false;
+  const int64_t p = plan_->workers;
+  if (static_cast<int64_t>(snap_.size()) == p) return true;
+  snap_.clear();
+  for (int64_t k = 0; k < p; ++k) {
+    const int64_t floats = (1 + slots_) * std::max<int64_t>(1, owned_nelems_[k]);
+    auto b = TheStoragePool().NewStateBuffer(ordinals, p + k, floats);
+    if (!b) {
+      snap_.clear();
+      return false;
+    }
+    snap_.push_back(std::move(b));
+  }
+  return true;
+}
+
+bool ParamStore::TakeSnapshotTurn(const Session& session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!snapshot_due_ || !seeded_ || host_seed_) return false;
+  if (snap_session_ == &session) return true;
+  if (!EnsureSnapshotBuffersLocked(ordinals_)) return false;  // no memory: none taken
+  snap_session_ = &session;
+  snap_copied_ = 0;
+  snap_valid_ = false;
+  snap_base_count_ = count_;
+  return true;
+}
+
+ffi::Error ParamStore::CopySnapshot(Device& dev, int64_t k) {
+  const int64_t p = plan_->workers, n = owned_nelems_[k];
+  for (int32_t slot = 0; slot <= slots_; ++slot) {
+    ffi::Error e = dev.CopyFrom(snap_[k]->data() + slot * n, buf(k, 0, slot), p + k, n);
+    if (e.failure()) return e;
+  }
+  return dev.Publish();
+}
+
+void ParamStore::SnapshotCopied() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (++snap_copied_ != plan_->workers) return;
+  snap_valid_ = true;
+  snap_count_ = snap_base_count_;
+  snapshot_due_ = false;
+  ++snap_serial_;
+}
+
+ffi::Error ParamStore::SnapshotNow() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (held_by_ != nullptr)
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,"coarse_jax: '" + name_ +
+                                          "': a step is updating it; snapshot between steps");
+  if (!seeded_ || host_seed_)
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,"coarse_jax: '" + name_ +
+                                          "' holds no committed state yet: run a step first");
+  if (!EnsureSnapshotBuffersLocked(ordinals_))
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      "coarse_jax: no memory for a snapshot of '" + name_ + "'");
+  snap_valid_ = false;
+  for (size_t k = 0; k < snap_.size(); ++k) {
+    const int64_t n = owned_nelems_[k];
+    for (int32_t slot = 0; slot <= slots_; ++slot)
+      if (n > 0 && !snap_[k]->CopyWithin(*buffers_[k], buf(k, 0, slot) - buffers_[k]->data(),
+                                         slot * n, n))
+        return ffi::Error::Internal("coarse_jax: copying a snapshot of '" + name_ + "' failed");
+  }
+  snap_valid_ = true;
+  snap_count_ = count_;
+  snapshot_due_ = false;
+  ++snap_serial_;
+  return ffi::Error::Success();
+}
+
+int64_t ParamStore::snapshot_serial() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snap_valid_ ? snap_serial_ : 0;
+}
+
+ffi::ErrorOr<std::optional<HostState>> ParamStore::ExportSnapshot() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!snap_valid_) return std::optional<HostState>();
+  auto state = ExportLocked(true);
+  if (state.has_error()) return ffi::Unexpected(state.error());
+  return std::optional<HostState>(std::move(state.value()));
 }
 
 ffi::Error ParamStore::SeedFromHost(int64_t k) {

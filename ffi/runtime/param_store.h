@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/device.h"
 #include "runtime/optimizer_math.h"
 #include "runtime/plan.h"
 #include "runtime/storage.h"
@@ -46,6 +47,7 @@ struct OptimizerSpec {
   double one_minus_b1 = 1, one_minus_b2 = 1;  // as Python computes them
   bool nesterov = false;
   float clip_norm = 0;  // 0: no clipping
+  int64_t snapshot_every = 0;  // Config.snapshot_every: 0 off
   // Per plan leaf (sync order): bit 0 the leaf is a parameter the optimizer
   // updates (the loss is not), bit 1 weight decay applies to it.
   std::vector<uint8_t> leaf_flags;
@@ -106,6 +108,25 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
   float* buf(int64_t proxy, int which, int32_t slot);
   void MarkApplied();
 
+  // Snapshots (DESIGN.md section 8): a third copy of master and state per
+  // proxy, of the committed version at a step boundary. A commit whose count
+  // is a multiple of snapshot_every makes one due; each proxy copies its part
+  // at the start of its next update (while the workers are still in their
+  // backward pass), from the committed buffer, which that update only reads.
+  // The snapshot counts once every proxy copied; until then (or if a failed
+  // step stopped some proxy first) there is none, never a mixed one.
+  // TakeSnapshotTurn: whether proxy `k`'s update must copy now.
+  bool TakeSnapshotTurn(const Session& session);
+  // The copy for proxy k (device-side, from BeginUpdate).
+  xla::ffi::Error CopySnapshot(Device& dev, int64_t k);
+  void SnapshotCopied();
+  // Between steps: copy the committed version now (no step may hold the store).
+  xla::ffi::Error SnapshotNow();
+  // Completed snapshots so far (the writer thread polls it) and the newest's count.
+  int64_t snapshot_serial();
+  // The newest snapshot, to the host (as Export), or nothing.
+  xla::ffi::ErrorOr<std::optional<HostState>> ExportSnapshot();
+
   // Between steps (Python): export the committed state, load one, forget it.
   // Export returns nothing when no step has committed and nothing is loaded.
   xla::ffi::ErrorOr<std::optional<HostState>> Export();
@@ -116,7 +137,8 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
   const std::string& name() const { return name_; }
 
  private:
-  xla::ffi::ErrorOr<HostState> ExportLocked();
+  xla::ffi::ErrorOr<HostState> ExportLocked(bool snapshot);
+  bool EnsureSnapshotBuffersLocked(const std::vector<int64_t>& ordinals);
 
   const int64_t id_;
   const std::string name_;
@@ -139,6 +161,13 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
   bool seeded_ = false;
   std::optional<HostState> host_seed_;
   Seed seed_ = Seed::kNone;
+
+  // Snapshots (see TakeSnapshotTurn).
+  std::vector<int64_t> ordinals_;
+  std::vector<std::unique_ptr<StateBuffer>> snap_;  // [proxy]: [slot][owned]
+  bool snapshot_due_ = false, snap_valid_ = false;
+  const Session* snap_session_ = nullptr;
+  int64_t snap_copied_ = 0, snap_base_count_ = 0, snap_count_ = 0, snap_serial_ = 0;
 };
 
 // The store of `id` (created empty on first use; `name` names it in errors).

@@ -91,6 +91,8 @@ class StateBuffer {
   // Host copies of [off, off + n), blocking (export / import between steps).
   virtual bool ToHost(float* dst, int64_t off, int64_t n) = 0;
   virtual bool FromHost(const float* src, int64_t off, int64_t n) = 0;
+  // this[dst_off, +n) = src[src_off, +n), both on the same device, blocking.
+  virtual bool CopyWithin(StateBuffer& src, int64_t src_off, int64_t dst_off, int64_t n) = 0;
 };
 
 class StoragePool {

@@ -60,6 +60,11 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
   if (err.failure()) return err;
   const int64_t n = store.owned_nelems(k);
   const int32_t slots = u.spec->slots();
+  if (store.TakeSnapshotTurn(session)) {  // the committed version, before it can change
+    err = store.CopySnapshot(dev, k);
+    if (err.failure()) return err;
+    store.SnapshotCopied();
+  }
   switch (store.seed()) {
     case ParamStore::Seed::kFromHost: return store.SeedFromHost(k);
     case ParamStore::Seed::kFromParams: {
