@@ -20,6 +20,7 @@ from coarse_jax.api import _context, _nnx, _outputs
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api._update import Store
 from coarse_jax.api.reprofile import reprofiled
+from coarse_jax.api.snapshots import SnapshotWriter, read_latest, slot_names
 from coarse_jax.api.update import StoreAccess, to_jax
 from coarse_jax.config import Config
 from coarse_jax.mesh import DATA, TIER, check_mesh
@@ -125,7 +126,10 @@ class SyncedStep:
         # The proxies' optimizer stores, per value_and_update call of the step.
         self._stores: dict[int, Store] = {}
         self._access = StoreAccess(self._stores, f"coarse.sync({self._name})")
-        self._pending_load: tuple[int | None, Any, Any] | None = None
+        # A load asked for before the step's first trace (it names the stores).
+        self._pending_load: Callable[[], None] | None = None
+        self._writer: SnapshotWriter | None = None  # Config.snapshot_dir
+        self.restored_count: int | None = None  # optimizer steps of the last restore()
         self._traced_plans: list[Any] = []  # the plans of the latest trace
 
     def config(self) -> Config:
@@ -173,11 +177,91 @@ class SyncedStep:
         Before the step's first call the load waits for it (the step is
         traced then).
         """
-        if not self._access_ready():
-            self._pending_load = (index, params, opt_state)
-            return
-        store = self._access.store(index, "load_optimizer_state")
-        self._access.load(store, params, opt_state, self._wait_all)
+        def load() -> None:
+            store = self._access.store(index, "load_optimizer_state")
+            count, slots = store.optimizer.from_optax_state(opt_state)
+            self._access.load(store, params, count, slots, self._wait_all)
+
+        self._load_when_traced(load)
+
+    def _load_when_traced(self, load: Callable[[], None]) -> None:
+        if self._access_ready():
+            load()
+        else:
+            self._pending_load = load
+
+    def snapshot(self, index: int | None = None) -> int:
+        """Takes a snapshot of the proxies' state now; returns its optimizer step count.
+
+        Waits for the calls in flight, then copies the committed version in
+        the proxies' memory; with ``Config.snapshot_dir`` it is also queued for
+        writing (`wait_snapshots` waits for the disk).
+        """
+        store = self._access.store(index, "snapshot")
+        self._wait_all()
+        store.module().store_snapshot_now(store.id)
+        got = store.module().store_export(store.id, snapshot=True)
+        if self._writer is not None:
+            self._writer.offer(store)
+        return int(got[0])
+
+    def wait_snapshots(self) -> None:
+        """Blocks until the proxies' newest snapshot is written to ``Config.snapshot_dir``.
+
+        Waits for the calls in flight first (a snapshot is taken when a step
+        starts), then for the writer thread.
+        """
+        if self._writer is not None:
+            self._wait_all()
+            for store in self._stores.values():
+                self._writer.offer(store)
+            self._writer.flush()
+
+    def restore(self, directory: str | None = None, index: int | None = None) -> Any:
+        """Rolls the proxies back and returns the params the workers continue from.
+
+        Without ``directory``: to the newest in-memory snapshot (after a NaN
+        loss, say). With one: to the newest complete checkpoint there, also in
+        a fresh process before the step's first call. The returned params are
+        the f32 master, in the params' dtypes once the step has run (f32
+        before); pass them to the next call. ``self.restored_count`` is the
+        optimizer step count restored (the data position to resume from).
+        """
+        if directory is None:
+            store = self._access.store(index, "restore")
+            self._wait_all()
+            got = store.module().store_export(store.id, snapshot=True)
+            if got is None:
+                raise RuntimeError(
+                    f"coarse.sync({self._name}).restore: the proxies hold no complete snapshot. "
+                    "Set Config(snapshot_every=K) or call step.snapshot() first."
+                )
+            count, _, _ = got
+            store.module().store_load(store.id, store.name, *got)
+            _, _, slots = self._access.export(index, "restore", self._wait_all)
+            params = jax.tree.unflatten(
+                store.treedef,
+                [jnp.asarray(x, dtype=d) for x, d in zip(slots[0], store.dtypes, strict=True)],
+            )
+            self.restored_count = int(count)
+            return params
+        count, tree = read_latest(directory)
+        params = jax.tree.map(jnp.asarray, tree["params"])
+
+        def load() -> None:
+            store = self._access.store(index, "restore")
+            moments = [tree["opt_state"][name] for name in slot_names(store)]
+            self._access.load(store, params, int(tree["step"]), moments, self._wait_all)
+
+        self._load_when_traced(load)
+        self.restored_count = int(count)
+        if self._access_ready():
+            store = self._access.store(index, "restore")
+            params = jax.tree.unflatten(
+                store.treedef,
+                [x.astype(d) for x, d in zip(jax.tree.leaves(params), store.dtypes, strict=True)],
+            )
+        return params
 
     def reset_optimizer(self, index: int | None = None) -> None:
         """Forgets the proxies' state: the next call seeds it from the params it gets."""
@@ -231,10 +315,14 @@ class SyncedStep:
         if self._pending_load is not None:
             if not self._stores:  # trace now: the stores come from the trace
                 self._compiled[key].trace(*dyn)
-            index, params, opt_state = self._pending_load
-            self._pending_load = None
-            self.load_optimizer_state(params, opt_state, index)
+            load, self._pending_load = self._pending_load, None
+            load()
         results = self._compiled[key](*dyn)
+        if cfg.snapshot_dir is not None and self._stores:
+            if self._writer is None:
+                self._writer = SnapshotWriter(cfg.snapshot_dir, cfg.snapshot_keep)
+            for store in self._stores.values():
+                self._writer.offer(store)
         replicated, per_example, new_state = results
         if layout.graph:
             _nnx.update(graph_nodes, new_state)

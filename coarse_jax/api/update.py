@@ -145,14 +145,17 @@ class StoreAccess:
             out.append(tree)
         return store, int(count), out
 
-    def load(self, store: Store, params: Any, opt_state: Any, wait: Callable[[], None]) -> None:
+    def load(
+        self, store: Store, params: Any, count: int, slots: list[Any], wait: Callable[[], None]
+    ) -> None:
+        """The next update of ``store`` starts from ``params`` (its master), ``count``
+        and the optimizer state ``slots`` (trees like the params)."""
         leaves, treedef = jax.tree.flatten(params)
         if treedef != store.treedef or [tuple(np.shape(x)) for x in leaves] != store.shapes:
             raise ValueError(
                 f"{self._name}.load_optimizer_state: params must have the structure and "
                 f"shapes the step updates ({store.treedef}), got {treedef}."
             )
-        count, slots = store.optimizer.from_optax_state(opt_state)
         trees = [leaves, *(jax.tree.leaves(s) for s in slots)]
         ids = store.updated_sync_ids()
         values = []
