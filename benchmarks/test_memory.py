@@ -32,7 +32,7 @@ import coarse_jax as coarse
 from coarse_jax.model import paper
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "bert"))
-from train import Bert, make_loss  # noqa: E402
+from train import Bert, make_loss
 
 WORKERS = 4
 SEQ = 128
@@ -71,9 +71,7 @@ def _pmean_worker_bytes(per_worker: int) -> int:
 
     @jax.shard_map(mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=P())
     def step(params, opt_state, batch):
-        value, grads = jax.value_and_grad(loss)(
-            jax.lax.pcast(params, "data", to="varying"), batch
-        )
+        value, grads = jax.value_and_grad(loss)(jax.lax.pcast(params, "data", to="varying"), batch)
         value, grads = jax.lax.pmean((value, grads), "data")
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, value
@@ -161,7 +159,9 @@ def test_bert_base_batch_that_fits(benchmark):
     # push and pull, remote 16 GB/s for the rings (pmean's and the proxies').
     local_gbps, remote_gbps = 9.0, 16.0
     allreduce_s = paper.ring_allreduce_s(grad_bytes, WORKERS, remote_gbps)
-    coarse_s = paper.coarse_sync_s(grad_bytes, WORKERS, local_gbps, local_gbps, remote_gbps, 4 << 20)
+    coarse_s = paper.coarse_sync_s(
+        grad_bytes, WORKERS, local_gbps, local_gbps, remote_gbps, 4 << 20
+    )
 
     lines = [
         "",
@@ -172,8 +172,8 @@ def test_bert_base_batch_that_fits(benchmark):
     for name, b, rep, rep8 in rows:
         lines.append(
             f"coarse.value_and_update + coarse.optim.adamw, {name}: {b} seqs/worker fit "
-            f"({b / BASE_BATCH:.2f}x); at {BASE_BATCH}: worker {rep8.worker_bytes / 2**30:.2f} GiB, "
-            f"proxy {rep8.proxy_bytes / 2**30:.2f} GiB"
+            f"({b / BASE_BATCH:.2f}x); at {BASE_BATCH}: worker "
+            f"{rep8.worker_bytes / 2**30:.2f} GiB, proxy {rep8.proxy_bytes / 2**30:.2f} GiB"
         )
         lines.append(rep.table())
         t_base = fixed_s + BASE_BATCH * per_seq_s + allreduce_s

@@ -128,7 +128,9 @@ class ProxyOptimizer:
             return [True] * n
         mask = self.mask(params) if callable(self.mask) else self.mask
         leaves = jax.tree.leaves(mask)
-        if jax.tree.structure(mask) != jax.tree.structure(params) or len(leaves) != n:
+        mask_def: Any = jax.tree.structure(mask)
+        same = mask_def == jax.tree.structure(params)
+        if not same or len(leaves) != n:
             raise ValueError(
                 f"coarse.optim.{self.kind}: mask must be a pytree of bools with the params' "
                 f"structure (or a function returning one), got {jax.tree.structure(mask)} for "

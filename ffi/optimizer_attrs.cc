@@ -13,9 +13,9 @@ template <typename T>
 ffi::ErrorOr<T> Get(const ffi::Dictionary& attrs, std::string_view name) {
   auto v = attrs.get<T>(name);
   if (v.has_error())
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        "coarse_jax: value_and_update call is missing attribute '" + std::string(name) +
-        "': " + v.error().message()));
+    return ffi::Unexpected(
+        ffi::Error::InvalidArgument("coarse_jax: value_and_update call is missing attribute '" +
+                                    std::string(name) + "': " + v.error().message()));
   return v.value();
 }
 
@@ -33,8 +33,8 @@ ffi::ErrorOr<std::optional<std::shared_ptr<ParamStore>>> ReadStore(const ffi::Di
 
 ffi::ErrorOr<OptimizerSpec> ReadOptimizer(const ffi::Dictionary& attrs, const Plan& plan) {
   OptimizerSpec spec;
-#define COARSE_OPT(var, T, name)                            \
-  auto var = Get<T>(attrs, name);                           \
+#define COARSE_OPT(var, T, name)  \
+  auto var = Get<T>(attrs, name); \
   if (var.has_error()) return ffi::Unexpected(var.error());
   COARSE_OPT(kind, int64_t, "opt_kind");
   COARSE_OPT(b1, double, "opt_b1");

@@ -21,7 +21,6 @@ namespace coarse {
 xla::ffi::ErrorOr<std::optional<std::shared_ptr<ParamStore>>> ReadStore(
     const xla::ffi::Dictionary& attrs);
 
-xla::ffi::ErrorOr<OptimizerSpec> ReadOptimizer(const xla::ffi::Dictionary& attrs,
-                                               const Plan& plan);
+xla::ffi::ErrorOr<OptimizerSpec> ReadOptimizer(const xla::ffi::Dictionary& attrs, const Plan& plan);
 
 }  // namespace coarse

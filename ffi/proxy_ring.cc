@@ -46,15 +46,13 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args,
   }
   auto scalars = args.get<ffi::AnyBuffer>(first + plan.num_proxy_leaves);
   if (scalars.has_error()) return scalars.error();
-  if (scalars.value().element_type() != ffi::DataType::F32 ||
-      scalars.value().element_count() != 3)
+  if (scalars.value().element_type() != ffi::DataType::F32 || scalars.value().element_count() != 3)
     return ffi::Error::InvalidArgument(
         "coarse_jax: coarse_proxy_ring's last operand must be f32[3] (lr, bc1, bc2)");
   float sc[3];
   e = io.read(scalars.value(), sc, sizeof sc);
   if (e.failure()) return e;
-  ProxyUpdate update{store.value().value(), &spec.value(), sc[0], sc[1], sc[2],
-                     [&](int64_t leaf) {
+  ProxyUpdate update{store.value().value(), &spec.value(), sc[0], sc[1], sc[2], [&](int64_t leaf) {
                        ffi::AnyBuffer x = args.get<ffi::AnyBuffer>(first + leaf).value();
                        return LeafRef{x.untyped_data(), x.element_type()};
                      }};

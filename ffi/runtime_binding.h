@@ -16,8 +16,8 @@
 #include <string>
 
 #include "plan_attrs.h"
-#include "runtime/param_store.h"
 #include "runtime/interrupt.h"
+#include "runtime/param_store.h"
 #include "runtime/session.h"
 #include "runtime/storage.h"
 

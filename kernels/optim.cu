@@ -89,8 +89,8 @@ cudaError_t LaunchOptimizer(const coarse::OptScalars& o, float* grad_io, const f
                             float* w_out, const float* s_in0, const float* s_in1, float* s_out0,
                             float* s_out1, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  OptimizerKernel<<<Blocks(n), kThreads, 0, stream>>>(o, grad_io, w_in, w_out, s_in0, s_in1,
-                                                      s_out0, s_out1, n);
+  OptimizerKernel<<<Blocks(n), kThreads, 0, stream>>>(o, grad_io, w_in, w_out, s_in0, s_in1, s_out0,
+                                                      s_out1, n);
   return cudaGetLastError();
 }
 

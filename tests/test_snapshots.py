@@ -211,6 +211,4 @@ def test_snapshot_and_restore_round_trip(workers, tmp_path):
         restored, _ = fresh(restored, batch)
     assert_tree_close(restored, again, rtol=0, atol_scale=0)
     want = optax.sgd(0.05, momentum=0.9)  # the exported state is optax's
-    assert jax.tree.structure(fresh.optimizer_state()) == jax.tree.structure(
-        want.init(params)
-    )
+    assert jax.tree.structure(fresh.optimizer_state()) == jax.tree.structure(want.init(params))

@@ -302,7 +302,7 @@ def test_refusals_are_clear():
     mesh = coarse.make_mesh(workers=2)
     params = mlp_init(jax.random.key(12), SIZES)
     batch = make_batch(jax.random.key(13), 4, 8, 4)
-    with pytest.raises(TypeError, match="coarse.optim optimizer"):
+    with pytest.raises(TypeError, match=r"coarse\.optim optimizer"):
         coarse.value_and_update(mlp_loss, optax.adam(1e-3))
     step = _coarse_step(mesh, coarse.optim.adam(1e-3), coarse.Config(mode="reference"))
     with pytest.raises(NotImplementedError, match="mode='ffi'"):

@@ -11,8 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from coarse_jax import _ffi, reference
-from coarse_jax.api import _context, _nnx
-from coarse_jax.api import _update
+from coarse_jax.api import _context, _nnx, _update
 from coarse_jax.api._phases import bucket_leaves, finish, tier_is_worker, zeros_like_shapes
 from coarse_jax.config import Config
 from coarse_jax.optim import ProxyOptimizer
@@ -178,9 +177,7 @@ def synced_value_and_grad(
     if getattr(loss_shape, "shape", None) != () or not jnp.issubdtype(
         loss_shape.dtype, jnp.floating
     ):
-        raise TypeError(
-            f"{where}: fun must return a float scalar loss, got {loss_shape}."
-        )
+        raise TypeError(f"{where}: fun must return a float scalar loss, got {loss_shape}.")
     diff_shapes = tuple(jax.eval_shape(lambda x: x, args[i]) for i in nums)
     grads_shape = diff_shapes[0] if single else diff_shapes
     # Sync tree: gradients first in flatten order (so the leading split
@@ -283,4 +280,3 @@ def synced_value_and_grad(
     if has_aux:
         return (loss, jax.tree.unflatten(aux_def, aux_leaves)), grads
     return loss, grads
-

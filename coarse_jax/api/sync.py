@@ -17,8 +17,8 @@ from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
 from coarse_jax.api import _context, _nnx, _outputs
-from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api._update import Store
+from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.reprofile import reprofiled
 from coarse_jax.api.snapshots import SnapshotWriter, read_latest, slot_names
 from coarse_jax.api.update import StoreAccess, to_jax
@@ -177,6 +177,7 @@ class SyncedStep:
         Before the step's first call the load waits for it (the step is
         traced then).
         """
+
         def load() -> None:
             store = self._access.store(index, "load_optimizer_state")
             count, slots = store.optimizer.from_optax_state(opt_state)
@@ -279,7 +280,8 @@ class SyncedStep:
         dyn = [args[i] for i in layout.dynamic() if i not in layout.graph]
         if layout.graph:
             dyn.append(graph_state)
-        compiled = self._compile(cfg, layout).lower(*dyn).compile()
+        jitted: Any = self._compile(cfg, layout)
+        compiled = jitted.lower(*dyn).compile()
         return compiled.memory_analysis(), list(self._traced_plans)
 
     def _access_ready(self) -> bool:
@@ -314,7 +316,8 @@ class SyncedStep:
         _ffi.arm_interrupt_hook()
         if self._pending_load is not None:
             if not self._stores:  # trace now: the stores come from the trace
-                self._compiled[key].trace(*dyn)
+                jitted: Any = self._compiled[key]
+                jitted.trace(*dyn)
             load, self._pending_load = self._pending_load, None
             load()
         results = self._compiled[key](*dyn)

@@ -105,8 +105,7 @@ double SumSquaresF32(const float* x, int64_t n) {
   return acc;
 }
 
-int64_t FirstMismatchF32(const float* master, const float* given, int64_t n,
-                         ffi::DataType dtype) {
+int64_t FirstMismatchF32(const float* master, const float* given, int64_t n, ffi::DataType dtype) {
   float rounded[256];
   for (int64_t i = 0; i < n; i += 256) {
     const int64_t m = n - i < 256 ? n - i : 256;

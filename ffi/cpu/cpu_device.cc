@@ -55,8 +55,8 @@ ffi::ErrorOr<double> CpuDevice::SumSquares(const float* x, int64_t n) {
   return cpu::SumSquaresF32(x, n);
 }
 
-ffi::ErrorOr<Mismatch> CpuDevice::FirstMismatch(const float* master, const float* given,
-                                                int64_t n, ffi::DataType dtype) {
+ffi::ErrorOr<Mismatch> CpuDevice::FirstMismatch(const float* master, const float* given, int64_t n,
+                                                ffi::DataType dtype) {
   Mismatch m;
   m.index = cpu::FirstMismatchF32(master, given, n, dtype);
   if (m.index >= 0) {

@@ -28,15 +28,14 @@ ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer after,
 
 // CPU buffers are host memory.
 const HostIo& CpuHostIo() {
-  static const HostIo io{
-      [](ffi::AnyBuffer src, void* dst, size_t bytes) {
-        std::memcpy(dst, src.untyped_data(), bytes);
-        return ffi::Error::Success();
-      },
-      [](const void* src, ffi::Result<ffi::AnyBuffer> dst, size_t bytes) {
-        std::memcpy(dst->untyped_data(), src, bytes);
-        return ffi::Error::Success();
-      }};
+  static const HostIo io{[](ffi::AnyBuffer src, void* dst, size_t bytes) {
+                           std::memcpy(dst, src.untyped_data(), bytes);
+                           return ffi::Error::Success();
+                         },
+                         [](const void* src, ffi::Result<ffi::AnyBuffer> dst, size_t bytes) {
+                           std::memcpy(dst->untyped_data(), src, bytes);
+                           return ffi::Error::Success();
+                         }};
   return io;
 }
 

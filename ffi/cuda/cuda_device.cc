@@ -169,8 +169,7 @@ ffi::ErrorOr<double> CudaDevice::SumSquares(const float* x, int64_t n) {
                        "cudaMallocAsync (sum of squares)");
   if (e.failure()) return ffi::Unexpected(e);
   double out = 0;
-  e = Check(kernels::LaunchSumSquares(x, n, scratch, scratch + kernels::kSumSquaresBlocks,
-                                      stream_),
+  e = Check(kernels::LaunchSumSquares(x, n, scratch, scratch + kernels::kSumSquaresBlocks, stream_),
             "sum-of-squares kernel");
   if (e.success())
     e = Check(cudaMemcpyAsync(&out, scratch + kernels::kSumSquaresBlocks, sizeof out,
@@ -182,8 +181,8 @@ ffi::ErrorOr<double> CudaDevice::SumSquares(const float* x, int64_t n) {
   return out;
 }
 
-ffi::ErrorOr<Mismatch> CudaDevice::FirstMismatch(const float* master, const float* given,
-                                                 int64_t n, ffi::DataType dtype) {
+ffi::ErrorOr<Mismatch> CudaDevice::FirstMismatch(const float* master, const float* given, int64_t n,
+                                                 ffi::DataType dtype) {
   kernels::DType t;
   if (!ToKernelDType(dtype, &t))
     return ffi::Unexpected(ffi::Error::InvalidArgument("coarse_jax: unsupported params dtype"));

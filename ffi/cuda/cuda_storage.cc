@@ -146,13 +146,11 @@ class CudaStateBuffer final : public StateBuffer {
   int64_t nelems() const override { return nelems_; }
   bool ToHost(float* dst, int64_t off, int64_t n) override {
     DeviceScope scope(ordinal_);
-    return cudaMemcpy(dst, data_ + off, n * sizeof(float), cudaMemcpyDeviceToHost) ==
-           cudaSuccess;
+    return cudaMemcpy(dst, data_ + off, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess;
   }
   bool FromHost(const float* src, int64_t off, int64_t n) override {
     DeviceScope scope(ordinal_);
-    return cudaMemcpy(data_ + off, src, n * sizeof(float), cudaMemcpyHostToDevice) ==
-           cudaSuccess;
+    return cudaMemcpy(data_ + off, src, n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess;
   }
   bool CopyWithin(StateBuffer& src, int64_t src_off, int64_t dst_off, int64_t n) override {
     DeviceScope scope(ordinal_);
@@ -169,8 +167,8 @@ class CudaStateBuffer final : public StateBuffer {
 
 class CudaPool final : public StoragePool {
  public:
-  std::unique_ptr<StateBuffer> NewStateBuffer(const std::vector<int64_t>& ordinals,
-                                              int64_t device, int64_t nelems) override {
+  std::unique_ptr<StateBuffer> NewStateBuffer(const std::vector<int64_t>& ordinals, int64_t device,
+                                              int64_t nelems) override {
     if (device >= static_cast<int64_t>(ordinals.size())) return nullptr;
     auto b = std::make_unique<CudaStateBuffer>(static_cast<int>(ordinals[device]), nelems);
     if (!b->Allocate()) return nullptr;

@@ -42,15 +42,15 @@ ffi::Error PushImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi
 HostIo CudaHostIo(cudaStream_t stream) {
   return HostIo{
       [stream](ffi::AnyBuffer src, void* dst, size_t bytes) {
-        ffi::Error e = Check(
-            cudaMemcpyAsync(dst, src.untyped_data(), bytes, cudaMemcpyDeviceToHost, stream),
-            "reading the optimizer's scalars");
+        ffi::Error e =
+            Check(cudaMemcpyAsync(dst, src.untyped_data(), bytes, cudaMemcpyDeviceToHost, stream),
+                  "reading the optimizer's scalars");
         return e.failure() ? e : Check(cudaStreamSynchronize(stream), "optimizer scalars");
       },
       [stream](const void* src, ffi::Result<ffi::AnyBuffer> dst, size_t bytes) {
-        ffi::Error e = Check(
-            cudaMemcpyAsync(dst->untyped_data(), src, bytes, cudaMemcpyHostToDevice, stream),
-            "writing the optimizer's step count");
+        ffi::Error e =
+            Check(cudaMemcpyAsync(dst->untyped_data(), src, bytes, cudaMemcpyHostToDevice, stream),
+                  "writing the optimizer's step count");
         // `src` is the caller's stack: the copy must finish before it returns.
         return e.failure() ? e : Check(cudaStreamSynchronize(stream), "optimizer step count");
       }};

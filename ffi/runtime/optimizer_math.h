@@ -35,8 +35,8 @@ enum class OptKind : int32_t { kSgd = 0, kAdam = 1, kAdamW = 2 };
 struct OptScalars {
   OptKind kind = OptKind::kSgd;
   int32_t nesterov = 0;
-  int32_t decay = 0;  // weight decay applies to these elements (mask)
-  int32_t clip = 0;   // global-norm clipping is active this step (norm >= clip_norm)
+  int32_t decay = 0;               // weight decay applies to these elements (mask)
+  int32_t clip = 0;                // global-norm clipping is active this step (norm >= clip_norm)
   float lr = 0, bc1 = 1, bc2 = 1;  // per step
   float b1 = 0, one_minus_b1 = 1, b2 = 0, one_minus_b2 = 1, eps = 0;
   float weight_decay = 0, momentum = 0;

@@ -167,9 +167,8 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
         if (static_cast<int64_t>(slot[j].size()) != plan.leaf_nelems[want[j]])
           return ffi::Error::InvalidArgument(
               "coarse_jax: the state loaded into '" + name_ + "' has " +
-              std::to_string(slot[j].size()) + " elements for tensor '" +
-              plan.leaf_names[want[j]] + "', the params have " +
-              std::to_string(plan.leaf_nelems[want[j]]));
+              std::to_string(slot[j].size()) + " elements for tensor '" + plan.leaf_names[want[j]] +
+              "', the params have " + std::to_string(plan.leaf_nelems[want[j]]));
   }
   seed_ = host_seed_ ? Seed::kFromHost : (seeded_ ? Seed::kNone : Seed::kFromParams);
   spec_ = spec;
@@ -183,7 +182,8 @@ static void ForEachOwnedSegment(const Plan& plan, const std::vector<OwnedRange>&
   for (const OwnedRange& r : owned) {
     for (int64_t g = plan.piece_seg_begin[r.piece]; g < plan.piece_seg_begin[r.piece + 1]; ++g) {
       const Segment& seg = plan.segments[g];
-      const int64_t lo = std::max(r.lo, seg.piece_off), hi = std::min(r.hi, seg.piece_off + seg.len);
+      const int64_t lo = std::max(r.lo, seg.piece_off),
+                    hi = std::min(r.hi, seg.piece_off + seg.len);
       if (hi <= lo) continue;
       // (leaf, element offset in the leaf, offset in the owner's buffer, length)
       f(seg.leaf, seg.leaf_off + (lo - seg.piece_off), r.off + (lo - r.lo), hi - lo);
@@ -213,8 +213,8 @@ ffi::ErrorOr<HostState> ParamStore::ExportLocked(bool snapshot) {
       StateBuffer& src = snapshot ? *snap_[k] : *buffers_[k];
       const int64_t off = snapshot ? slot * n : buf(k, 0, slot) - buffers_[k]->data();
       if (n > 0 && !src.ToHost(host.data(), off, n))
-        return ffi::Unexpected(ffi::Error::Internal(
-            "coarse_jax: copying the optimizer state of '" + name_ + "' to the host failed"));
+        return ffi::Unexpected(ffi::Error::Internal("coarse_jax: copying the optimizer state of '" +
+                                                    name_ + "' to the host failed"));
       ForEachOwnedSegment(plan, owned_[k],
                           [&](int64_t leaf, int64_t leaf_off, int64_t buf_off, int64_t len) {
                             std::copy_n(host.data() + buf_off, len,
@@ -307,11 +307,11 @@ void ParamStore::SnapshotCopied() {
 ffi::Error ParamStore::SnapshotNow() {
   std::lock_guard<std::mutex> lock(mu_);
   if (held_by_ != nullptr)
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,"coarse_jax: '" + name_ +
-                                          "': a step is updating it; snapshot between steps");
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "coarse_jax: '" + name_ + "': a step is updating it; snapshot between steps");
   if (!seeded_ || host_seed_)
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,"coarse_jax: '" + name_ +
-                                          "' holds no committed state yet: run a step first");
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "coarse_jax: '" + name_ + "' holds no committed state yet: run a step first");
   if (!EnsureSnapshotBuffersLocked(ordinals_))
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                       "coarse_jax: no memory for a snapshot of '" + name_ + "'");
@@ -319,8 +319,8 @@ ffi::Error ParamStore::SnapshotNow() {
   for (size_t k = 0; k < snap_.size(); ++k) {
     const int64_t n = owned_nelems_[k];
     for (int32_t slot = 0; slot <= slots_; ++slot)
-      if (n > 0 && !snap_[k]->CopyWithin(*buffers_[k], buf(k, 0, slot) - buffers_[k]->data(),
-                                         slot * n, n))
+      if (n > 0 &&
+          !snap_[k]->CopyWithin(*buffers_[k], buf(k, 0, slot) - buffers_[k]->data(), slot * n, n))
         return ffi::Error::Internal("coarse_jax: copying a snapshot of '" + name_ + "' failed");
   }
   snap_valid_ = true;
@@ -351,11 +351,10 @@ ffi::Error ParamStore::SeedFromHost(int64_t k) {
   const int64_t n = owned_nelems_[k];
   std::vector<float> host(n);
   for (int32_t slot = 0; slot <= h.slots; ++slot) {
-    ForEachOwnedSegment(*plan_, owned_[k],
-                        [&](int64_t leaf, int64_t leaf_off, int64_t buf_off, int64_t len) {
-                          std::copy_n(h.values[slot][index[leaf]].data() + leaf_off, len,
-                                      host.data() + buf_off);
-                        });
+    ForEachOwnedSegment(
+        *plan_, owned_[k], [&](int64_t leaf, int64_t leaf_off, int64_t buf_off, int64_t len) {
+          std::copy_n(h.values[slot][index[leaf]].data() + leaf_off, len, host.data() + buf_off);
+        });
     const int64_t off = buf(k, 0, slot) - buffers_[k]->data();
     if (n > 0 && !buffers_[k]->FromHost(host.data(), off, n))
       return ffi::Error::Internal("coarse_jax: copying the loaded optimizer state of '" + name_ +

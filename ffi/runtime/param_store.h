@@ -46,7 +46,7 @@ struct OptimizerSpec {
   float b1 = 0, b2 = 0, eps = 0, weight_decay = 0, momentum = 0;
   double one_minus_b1 = 1, one_minus_b2 = 1;  // as Python computes them
   bool nesterov = false;
-  float clip_norm = 0;  // 0: no clipping
+  float clip_norm = 0;         // 0: no clipping
   int64_t snapshot_every = 0;  // Config.snapshot_every: 0 off
   // Per plan leaf (sync order): bit 0 the leaf is a parameter the optimizer
   // updates (the loss is not), bit 1 weight decay applies to it.
@@ -73,7 +73,7 @@ std::vector<OwnedRange> OwnedRanges(const Plan& plan, const OptimizerSpec& spec,
 struct HostState {
   int64_t count = 0;
   int32_t slots = 0;
-  std::vector<int64_t> leaves;                    // plan leaf ids, sync order
+  std::vector<int64_t> leaves;                          // plan leaf ids, sync order
   std::vector<std::vector<std::vector<float>>> values;  // [1 + slots][leaf][element]
 };
 

@@ -34,10 +34,10 @@ xla::ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t
 struct ProxyUpdate {
   std::shared_ptr<ParamStore> store;
   const OptimizerSpec* spec;
-  float lr, bc1, bc2;     // this step's, from XLA (coarse_jax/optim.py)
-  LeafResolver params;    // the proxy's copy of the step's params (plan leaf ids)
-  float norm = 1.0f;      // global gradient norm (clip_norm > 0 only)
-  bool clip = false;      // clipping applies this step
+  float lr, bc1, bc2;   // this step's, from XLA (coarse_jax/optim.py)
+  LeafResolver params;  // the proxy's copy of the step's params (plan leaf ids)
+  float norm = 1.0f;    // global gradient norm (clip_norm > 0 only)
+  bool clip = false;    // clipping applies this step
 };
 
 // coarse_proxy_ring: a proxy reduces every piece with the other proxies

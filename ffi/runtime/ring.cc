@@ -74,10 +74,9 @@ ffi::Error RunSteps(Session& session, Device& dev, const Who& who, int64_t n, fl
 
 }  // namespace
 
-ffi::Error RingReduceScatter(Session& session, Device& dev, const Who& who, int64_t n,
-                             float scale, const RingMember& m,
-                             const std::function<std::string(int, int32_t)>& what,
-                             bool announce) {
+ffi::Error RingReduceScatter(Session& session, Device& dev, const Who& who, int64_t n, float scale,
+                             const RingMember& m,
+                             const std::function<std::string(int, int32_t)>& what, bool announce) {
   const int64_t p = session.p();
   if (p == 1 && scale != 1.0f) {  // no ring step to fold it into
     ffi::Error e = dev.Scale(m.own, n, scale);

@@ -217,7 +217,7 @@ class Session {
   std::atomic<int64_t> dropped_push_worker_{-1};      // InjectDroppedPush, taken at creation
   std::mutex store_mu_;
   std::shared_ptr<ParamStore> store_;
-  std::unique_ptr<double[]> norm_parts_;              // [proxy]
+  std::unique_ptr<double[]> norm_parts_;  // [proxy]
   std::atomic<int64_t> norm_posted_{0};
 
   friend class Registry;

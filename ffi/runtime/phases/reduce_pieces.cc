@@ -32,8 +32,13 @@ std::string ListWorkers(const std::vector<int32_t>& ws) {
 class PieceReducer {
  public:
   PieceReducer(Call& call, Device& dev, ProxyUpdate* update)
-      : call_(call), dev_(dev), update_(update), session_(*call.session), plan_(call.plan()),
-        p_(plan_.workers), k_(call.who.index) {}
+      : call_(call),
+        dev_(dev),
+        update_(update),
+        session_(*call.session),
+        plan_(call.plan()),
+        p_(plan_.workers),
+        k_(call.who.index) {}
 
   bool updates(int64_t s) const { return update_ && update_->spec->updates_piece(plan_, s); }
   bool copies_from_holder(int64_t s) const {
@@ -104,8 +109,8 @@ class PieceReducer {
       session_.AdvanceTo(p_ + k_, session_.ReducedAt(holder, s));
       err = dev_.Acquire(p_ + holder);
       if (err.failure()) return err;
-      err = dev_.CopyFrom(Own(s), session_.arena(holder) + plan_.slot(holder, s, 0), p_ + holder,
-                          n);
+      err =
+          dev_.CopyFrom(Own(s), session_.arena(holder) + plan_.slot(holder, s, 0), p_ + holder, n);
       if (err.failure()) return err;
       err = dev_.Publish();
       if (err.failure()) return err;

@@ -69,13 +69,13 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
     case ParamStore::Seed::kFromHost: return store.SeedFromHost(k);
     case ParamStore::Seed::kFromParams: {
       for (const OwnedRange& r : store.owned(k)) {
-        err = ForSegments(plan, r, [&](int64_t leaf, int64_t leaf_off, int64_t piece_off,
-                                       int64_t len) {
-          const LeafRef x = u.params(leaf);
-          LeafRun run{ElementPtr(x.data, x.dtype, leaf_off), x.dtype, len,
-                      r.off + (piece_off - r.lo)};
-          return dev.Gather(&run, 1, store.buf(k, 0, 0), p + k, n);
-        });
+        err = ForSegments(plan, r,
+                          [&](int64_t leaf, int64_t leaf_off, int64_t piece_off, int64_t len) {
+                            const LeafRef x = u.params(leaf);
+                            LeafRun run{ElementPtr(x.data, x.dtype, leaf_off), x.dtype, len,
+                                        r.off + (piece_off - r.lo)};
+                            return dev.Gather(&run, 1, store.buf(k, 0, 0), p + k, n);
+                          });
         if (err.failure()) return err;
       }
       for (int32_t j = 1; j <= slots; ++j) {
@@ -92,31 +92,32 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
   float* given = store.buf(k, 1, 0);
   const float* master = store.buf(k, 0, 0);
   for (const OwnedRange& r : store.owned(k)) {
-    err = ForSegments(plan, r, [&](int64_t leaf, int64_t leaf_off, int64_t piece_off,
-                                   int64_t len) -> ffi::Error {
-      const LeafRef x = u.params(leaf);
-      const int64_t off = r.off + (piece_off - r.lo);
-      LeafRun run{ElementPtr(x.data, x.dtype, leaf_off), x.dtype, len, off};
-      ffi::Error e = dev.Gather(&run, 1, given, p + k, n);
-      if (e.failure()) return e;
-      auto bad = dev.FirstMismatch(master + off, given + off, len, x.dtype);
-      if (bad.has_error()) return bad.error();
-      if (bad.value().index < 0) return ffi::Error::Success();
-      const int64_t i = bad.value().index;
-      const float got = bad.value().given, held = bad.value().held;
-      const std::string msg =
-          "coarse_jax: coarse.value_and_update ('" + store.name() + "')" +
-          session.DescribeStep() + ": the params passed to the step are not the params it "
-          "returned last time (tensor '" + plan.leaf_names[leaf] + "', element " +
-          std::to_string(leaf_off + i) + ": got " + FloatText(got) +
-          ", the proxies' master holds " + FloatText(held) +
-          "). The proxies hold the master parameters and the optimizer state, so the step "
-          "must get back what it returned. Fix: pass the params the step returned; to continue "
-          "from other params, call step.load_optimizer_state(params, opt_state) first, or "
-          "step.reset_optimizer() to restart the optimizer from the params you pass.";
-      session.Poison(msg);
-      return ffi::Error::InvalidArgument(msg);
-    });
+    err = ForSegments(
+        plan, r, [&](int64_t leaf, int64_t leaf_off, int64_t piece_off, int64_t len) -> ffi::Error {
+          const LeafRef x = u.params(leaf);
+          const int64_t off = r.off + (piece_off - r.lo);
+          LeafRun run{ElementPtr(x.data, x.dtype, leaf_off), x.dtype, len, off};
+          ffi::Error e = dev.Gather(&run, 1, given, p + k, n);
+          if (e.failure()) return e;
+          auto bad = dev.FirstMismatch(master + off, given + off, len, x.dtype);
+          if (bad.has_error()) return bad.error();
+          if (bad.value().index < 0) return ffi::Error::Success();
+          const int64_t i = bad.value().index;
+          const float got = bad.value().given, held = bad.value().held;
+          const std::string msg =
+              "coarse_jax: coarse.value_and_update ('" + store.name() + "')" +
+              session.DescribeStep() +
+              ": the params passed to the step are not the params it "
+              "returned last time (tensor '" +
+              plan.leaf_names[leaf] + "', element " + std::to_string(leaf_off + i) + ": got " +
+              FloatText(got) + ", the proxies' master holds " + FloatText(held) +
+              "). The proxies hold the master parameters and the optimizer state, so the step "
+              "must get back what it returned. Fix: pass the params the step returned; to continue "
+              "from other params, call step.load_optimizer_state(params, opt_state) first, or "
+              "step.reset_optimizer() to restart the optimizer from the params you pass.";
+          session.Poison(msg);
+          return ffi::Error::InvalidArgument(msg);
+        });
     if (err.failure()) return err;
   }
   return ffi::Error::Success();
@@ -146,20 +147,20 @@ ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& u, int64_t
   const int32_t slots = spec.slots();
   for (const OwnedRange& r : store.owned(k)) {
     if (r.piece != s) continue;
-    ffi::Error err = ForSegments(plan, r, [&](int64_t leaf, int64_t, int64_t piece_off,
-                                              int64_t len) {
-      const int64_t off = r.off + (piece_off - r.lo);
-      OptBuffers b{};
-      b.grad_io = own + piece_off;
-      b.w_in = store.buf(k, 0, 0) + off;
-      b.w_out = store.buf(k, 1, 0) + off;
-      for (int32_t j = 0; j < slots; ++j) {
-        b.s_in[j] = store.buf(k, 0, 1 + j) + off;
-        b.s_out[j] = store.buf(k, 1, 1 + j) + off;
-      }
-      o.decay = spec.decayed(leaf) && spec.weight_decay != 0.0f;
-      return dev.ApplyOptimizer(o, b, len);
-    });
+    ffi::Error err =
+        ForSegments(plan, r, [&](int64_t leaf, int64_t, int64_t piece_off, int64_t len) {
+          const int64_t off = r.off + (piece_off - r.lo);
+          OptBuffers b{};
+          b.grad_io = own + piece_off;
+          b.w_in = store.buf(k, 0, 0) + off;
+          b.w_out = store.buf(k, 1, 0) + off;
+          for (int32_t j = 0; j < slots; ++j) {
+            b.s_in[j] = store.buf(k, 0, 1 + j) + off;
+            b.s_out[j] = store.buf(k, 1, 1 + j) + off;
+          }
+          o.decay = spec.decayed(leaf) && spec.weight_decay != 0.0f;
+          return dev.ApplyOptimizer(o, b, len);
+        });
     if (err.failure()) return err;
   }
   return ffi::Error::Success();
