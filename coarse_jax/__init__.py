@@ -13,39 +13,56 @@ Example:
   ...     return state.apply_gradients(grads=grads), loss
 """
 
-from coarse_jax import kernels, model, reference
+from coarse_jax import kernels, model, optim, reference
 from coarse_jax._ffi import (
     has_cuda_support,
     memory_stats,
     set_memory_limits,
     virtual_sync_seconds,
 )
-from coarse_jax.api import SyncedStep, all_reduce, on_workers, sync, value_and_grad
+from coarse_jax.api import (
+    MemoryReport,
+    SyncedStep,
+    TierMemory,
+    all_reduce,
+    memory_report,
+    on_workers,
+    sync,
+    value_and_grad,
+    value_and_update,
+)
 from coarse_jax.config import Config
 from coarse_jax.mesh import make_mesh
+from coarse_jax.optim import ProxyOptimizer
 from coarse_jax.plan import Plan, plan
 from coarse_jax.profiling import Profile, Topology, measure_step_times, profile
 
 __all__ = [
     "Config",
+    "MemoryReport",
     "Plan",
     "Profile",
+    "ProxyOptimizer",
     "SyncedStep",
+    "TierMemory",
     "Topology",
     "all_reduce",
     "has_cuda_support",
     "kernels",
     "make_mesh",
     "measure_step_times",
+    "memory_report",
     "memory_stats",
     "model",
     "on_workers",
+    "optim",
     "plan",
     "profile",
     "reference",
     "set_memory_limits",
     "sync",
     "value_and_grad",
+    "value_and_update",
     "virtual_sync_seconds",
 ]
 __version__ = "0.1.0"

@@ -105,6 +105,15 @@ class Config:
         whose other devices have no thread yet, and the step times out (or,
         for XLA's own collectives, aborts). Two in flight keep Python's
         dispatch overlapped with the run at no measurable cost. 0: unbounded.
+      snapshot_every: with `coarse.value_and_update`, every this many
+        optimizer steps the proxies keep a copy of the master parameters,
+        optimizer state and step count (DESIGN.md section 8), taken at the
+        start of the next step while the workers run their backward pass.
+        0: off. `SyncedStep.snapshot` takes one on demand.
+      snapshot_dir: with ``snapshot_every``, a background thread writes each
+        snapshot as an orbax-checkpoint checkpoint ``<dir>/<step>/``
+        (atomically); None: in memory only.
+      snapshot_keep: how many checkpoints ``snapshot_dir`` keeps (newest).
 
     Example:
       >>> cfg = coarse.Config(shard_bytes=1 << 20, leading_bytes=64 << 10)
@@ -122,9 +131,18 @@ class Config:
     reprofile_every: int = 0
     worker_compute: str = "auto"
     max_steps_in_flight: int | None = None
+    snapshot_every: int = 0
+    snapshot_dir: str | None = None
+    snapshot_keep: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("shard_bytes", "latency_threshold_bytes", "leading_bytes", "reprofile_every"):
+        for name in (
+            "shard_bytes",
+            "latency_threshold_bytes",
+            "leading_bytes",
+            "reprofile_every",
+            "snapshot_every",
+        ):
             value = getattr(self, name)
             if name == "leading_bytes" and value == "auto":
                 continue
@@ -146,6 +164,19 @@ class Config:
                 "Config.reprofile_every needs the profile it re-measures: build the Config with "
                 "Config.from_profile(...)."
             )
+        if isinstance(self.snapshot_keep, bool) or not (
+            isinstance(self.snapshot_keep, int) and self.snapshot_keep >= 1
+        ):
+            raise ValueError(
+                f"Config.snapshot_keep: expected an int >= 1, got {self.snapshot_keep!r}."
+            )
+        if self.snapshot_dir is not None and not self.snapshot_every:
+            raise ValueError(
+                "Config.snapshot_dir is set but snapshot_every is 0, so nothing would be "
+                "written. Fix: Config(snapshot_every=K, snapshot_dir=...)."
+            )
+        if self.snapshot_dir is not None:
+            object.__setattr__(self, "snapshot_dir", str(self.snapshot_dir))
         if self.step_times_s is not None:
             t = tuple(float(v) for v in self.step_times_s)
             if len(t) != 2 or min(t) < 0:

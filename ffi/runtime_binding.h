@@ -7,6 +7,8 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
@@ -15,10 +17,12 @@
 
 #include "plan_attrs.h"
 #include "runtime/interrupt.h"
+#include "runtime/param_store.h"
 #include "runtime/session.h"
 #include "runtime/storage.h"
 
 namespace coarse {
+namespace ffi = xla::ffi;
 
 inline nanobind::dict MemoryLimitsDict() {
   nanobind::dict d;
@@ -78,6 +82,82 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       "(Re)installs the SIGINT hook that lets Ctrl-C stop a step waiting in the runtime "
       "(ffi/runtime/interrupt.h), chained to the current handler; `aborts`: whether an "
       "interrupt abandons a waiting step. Returns whether the hook is installed.");
+  // The proxy optimizer's stores (runtime/param_store.h), for
+  // coarse_jax/api/update.py: export / load between steps, reset, forget.
+  auto state_tuple = [](const HostState& h) -> nb::object {
+    nb::list values;
+    for (const auto& slot : h.values) {
+      nb::list leaves;
+      for (const auto& v : slot)
+        leaves.append(nb::bytes(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+      values.append(leaves);
+    }
+    return nb::make_tuple(h.count, h.leaves, values);
+  };
+  m.def(
+      "store_export",
+      [state_tuple](int64_t id, bool snapshot) -> nb::object {
+        auto store = FindParamStore(id);
+        if (!store) return nb::none();
+        auto state = snapshot ? store->ExportSnapshot() : store->Export();
+        if (state.has_error()) throw std::runtime_error(state.error().message());
+        if (!state.value().has_value()) return nb::none();
+        return state_tuple(*state.value());
+      },
+      nb::arg("store"), nb::arg("snapshot") = false,
+      "(count, plan leaf ids, [slot][leaf] f32 bytes) of a store's committed state (slot 0 the "
+      "master), or of its newest complete snapshot; None if it holds none.");
+  m.def(
+      "store_snapshot_now",
+      [](int64_t id) {
+        auto store = FindParamStore(id);
+        if (!store) throw std::runtime_error("coarse_jax: no such optimizer store");
+        ffi::Error e = store->SnapshotNow();
+        if (e.failure()) throw std::runtime_error(e.message());
+        return store->snapshot_serial();
+      },
+      nb::arg("store"), "Snapshots a store's committed state now (between steps).");
+  m.def(
+      "store_snapshot_serial",
+      [](int64_t id) -> int64_t {
+        auto store = FindParamStore(id);
+        return store ? store->snapshot_serial() : 0;
+      },
+      nb::arg("store"), "How many snapshots completed (0: none valid now).");
+  m.def(
+      "store_load",
+      [](int64_t id, const std::string& name, int64_t count, std::vector<int64_t> leaves,
+         std::vector<std::vector<nb::bytes>> values) {
+        HostState h;
+        h.count = count;
+        h.slots = static_cast<int32_t>(values.size()) - 1;
+        h.leaves = std::move(leaves);
+        for (const auto& slot : values) {
+          std::vector<std::vector<float>> vs;
+          for (const auto& b : slot) {
+            const float* f = reinterpret_cast<const float*>(b.c_str());
+            vs.emplace_back(f, f + b.size() / 4);
+          }
+          h.values.push_back(std::move(vs));
+        }
+        GetParamStore(id, name)->Load(std::move(h));
+      },
+      nb::arg("store"), nb::arg("name"), nb::arg("count"), nb::arg("leaves"), nb::arg("values"),
+      "Makes the next update of a store start from this state (see store_export).");
+  m.def(
+      "store_reset",
+      [](int64_t id) {
+        if (auto store = FindParamStore(id)) store->Reset();
+      },
+      nb::arg("store"), "The next update of the store seeds it from the params it gets.");
+  m.def("store_drop", &DropParamStore, nb::arg("store"), "Frees a store.");
+  m.def(
+      "store_bytes",
+      [](int64_t id) {
+        auto store = FindParamStore(id);
+        return store ? store->ProxyBytes() : std::vector<int64_t>{};
+      },
+      nb::arg("store"), "Bytes of a store on each proxy (both buffers).");
   m.def("interrupt_count", &InterruptCount, "SIGINTs the hook has seen (testing).");
   m.def(
       "interrupt_state",

@@ -5,6 +5,9 @@
 // cuda/handlers_cuda.cc bind them to XLA, inside RunCall (handler.h).
 #pragma once
 
+#include <cstddef>
+#include <functional>
+
 #include "runtime/call.h"
 #include "runtime/device.h"
 #include "xla/ffi/api/ffi.h"
@@ -14,8 +17,25 @@ namespace coarse {
 // coarse_push: operands the bucket's leaves, results [the same leaves,] token.
 xla::ffi::Error PushBody(Call& call, Device& dev, xla::ffi::RemainingArgs leaves,
                          xla::ffi::RemainingRets outs, const xla::ffi::Dictionary& attrs);
-// coarse_proxy_ring: the token result.
-xla::ffi::Error ProxyRingBody(Call& call, Device& dev, xla::ffi::Result<xla::ffi::AnyBuffer> token);
+// How a platform moves the proxy optimizer's few scalars between an XLA
+// buffer and the host (CPU: plain loads and stores; CUDA: small blocking
+// copies).
+struct HostIo {
+  std::function<xla::ffi::Error(xla::ffi::AnyBuffer src, void* dst, size_t bytes)> read;
+  std::function<xla::ffi::Error(const void* src, xla::ffi::Result<xla::ffi::AnyBuffer> dst,
+                                size_t bytes)>
+      write;
+};
+
+// coarse_proxy_ring: operands the pushes' outputs (dependencies only) and,
+// in a value_and_update, the params and the step's scalars (proxy_ring.cc);
+// the token result.
+xla::ffi::Error ProxyRingBody(Call& call, Device& dev, xla::ffi::RemainingArgs args,
+                              xla::ffi::Result<xla::ffi::AnyBuffer> token,
+                              const xla::ffi::Dictionary& attrs, const HostIo& io);
+// coarse_opt_count: the int32 step count of the store's next update.
+xla::ffi::Error OptCountBody(Call& call, Device& dev, xla::ffi::Result<xla::ffi::AnyBuffer> count,
+                             const xla::ffi::Dictionary& attrs, const HostIo& io);
 // coarse_worker_ring: operands the leading leaves, results the reduced
 // leading leaves, then the token.
 xla::ffi::Error WorkerRingBody(Call& call, Device& dev, xla::ffi::RemainingArgs leaves,

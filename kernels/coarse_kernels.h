@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "runtime/optimizer_math.h"
+
 namespace coarse::kernels {
 
 enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
@@ -53,5 +55,22 @@ cudaError_t LaunchUnpack(const void* buf, DType buf_dtype, const Span* spans, in
 constexpr int kMaxReduceInputs = 8;
 cudaError_t LaunchReduce(const void* const* inputs, int num_inputs, void* out, int64_t n,
                          DType dtype, float scale, cudaStream_t stream);
+
+// The proxy optimizer (kernels/optim.cu; arithmetic in
+// ffi/runtime/optimizer_math.h): for i < n, w_out[i] = grad_io[i] =
+// OptStep(o, grad_io[i], w_in[i], ...), state slots read from s_in*, written
+// to s_out* (unused slots may be null).
+cudaError_t LaunchOptimizer(const coarse::OptScalars& o, float* grad_io, const float* w_in,
+                            float* w_out, const float* s_in0, const float* s_in1, float* s_out0,
+                            float* s_out1, int64_t n, cudaStream_t stream);
+// *out = sum x[i]^2 in f64, in a fixed order; `partial` holds
+// kSumSquaresBlocks doubles of scratch.
+constexpr int kSumSquaresBlocks = 256;
+cudaError_t LaunchSumSquares(const float* x, int64_t n, double* partial, double* out,
+                             cudaStream_t stream);
+// *first = min(*first, the first i where given[i] differs bitwise from
+// master[i] rounded to `dtype`); the caller sets *first to n beforehand.
+cudaError_t LaunchFirstMismatch(const float* master, const float* given, int64_t n, DType dtype,
+                                unsigned long long* first, cudaStream_t stream);
 
 }  // namespace coarse::kernels

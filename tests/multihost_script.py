@@ -162,6 +162,18 @@ def scenario_optax(mesh):
     assert losses[-1][0] < losses[0][0], f"loss did not go down: {losses}"
     result("losses", losses)
     result("params_digest", digest(c_params))
+
+    # The proxies' optimizer would see the host's mean only: refused, clearly.
+    @coarse.sync(mesh)
+    def proxy_update(params, batch):
+        return coarse.value_and_update(mlp_loss, coarse.optim.adam(1e-2))(params, batch)
+
+    try:
+        proxy_update(params, global_batch(mesh, make_batch(jax.random.key(9), 2 * workers, 6, 3)))
+    except NotImplementedError as err:
+        assert "mesh spans hosts" in str(err), err
+    else:
+        raise AssertionError("value_and_update across hosts did not raise")
     result("ok", "optax")
 
 

@@ -180,20 +180,70 @@ def push(
     return list(out[:-1]), out[-1]
 
 
-def proxy_ring(call: CallSite, me: jax.Array, deps: Sequence[jax.Array], last: bool) -> jax.Array:
+@dataclasses.dataclass(frozen=True)
+class RingUpdate:
+    """What the proxies need to run the optimizer in their ring (`coarse.value_and_update`).
+
+    Attributes:
+      params: the step's params, one per proxy leaf in sync order (the loss's
+        place holds the loss: it is not updated).
+      scalars: f32[3] (learning rate, 1 - b1^t, 1 - b2^t) of this step.
+      attrs: the optimizer's and its store's attributes (ffi/optimizer_attrs.h).
+    """
+
+    params: Sequence[jax.Array]
+    scalars: jax.Array
+    attrs: Mapping[str, Any]
+
+
+def proxy_ring(
+    call: CallSite,
+    me: jax.Array,
+    deps: Sequence[jax.Array],
+    last: bool,
+    update: RingUpdate | None = None,
+) -> jax.Array:
     """Proxies reduce every piece; returns a token that orders what follows.
 
     ``deps`` (push outputs) only order this call after this device's pushes.
+    With ``update`` the proxies turn the mean gradients of the parameter
+    pieces into new parameters between reduce-scatter and all-gather.
     """
+    operands = [me, *(_vary(d, call.axes) for d in deps)]
+    attrs: dict[str, Any] = {}
+    if update is not None:
+        attrs = {**update.attrs, "opt_num_deps": np.int64(len(deps))}
+        operands += [_vary(x, call.axes) for x in (*update.params, update.scalars)]
     (ring_token,) = _call(
         "coarse_proxy_ring",
         call,
         [_result(me, True)],
-        [me, *(_vary(d, call.axes) for d in deps)],
+        operands,
         {},
         last=np.int64(last),
+        **attrs,
     )
     return ring_token
+
+
+def opt_count(call: CallSite, me: jax.Array, attrs: Mapping[str, Any]) -> jax.Array:
+    """The optimizer's step count on the proxies (updates committed so far; 0 on workers).
+
+    A proxy's call waits until the previous update of the store has closed
+    on every device (ffi/runtime/param_store.h), so a step inside a loop sees
+    the count its previous iteration committed.
+    """
+    count = _vary(jnp.zeros((), jnp.int32), call.axes)
+    (out,) = _call(
+        "coarse_opt_count",
+        call,
+        [_result(count, True)],
+        [me],
+        {},
+        last=np.int64(0),
+        **{k: attrs[k] for k in ("opt_store", "opt_name")},
+    )
+    return out
 
 
 def worker_ring(

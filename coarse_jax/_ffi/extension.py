@@ -146,6 +146,17 @@ def cuda_module() -> Any | None:
     return _coarse_cuda
 
 
+def runtime_module(platform: str) -> Any:
+    """The extension module whose runtime runs ``platform``'s handlers (and holds its state)."""
+    if platform == "cpu":
+        return cpu_module()
+    if _coarse_cuda is None:
+        raise ImportError(
+            f"coarse_jax: no runtime for platform {platform!r} (the CUDA extension is not built)."
+        )
+    return _coarse_cuda
+
+
 def inject_dropped_push(worker: int) -> None:
     """Testing hook: the next session loses the first push of ``worker``.
 

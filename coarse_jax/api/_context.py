@@ -34,7 +34,14 @@ class SyncContext:
     # Shared with the step: every plan built with its own Config, so that
     # re-profiling can re-plan them and see whether anything changed.
     plans: list[PlanRequest]
+    # Shared with the step: the optimizer store of each value_and_update
+    # call, by its position in the step (api/_update.py).
+    stores: dict[int, Any] = dataclasses.field(default_factory=dict)
+    step_name: str = "step"
+    # Every plan this trace built (memory_report sizes the runtime's storage from them).
+    built: list[Plan] = dataclasses.field(default_factory=list)
     next_site: int = 0
+    next_update: int = 0
 
     @property
     def workers(self) -> int:
@@ -43,7 +50,9 @@ class SyncContext:
     def plan(self, tree: Any, cfg: Config, **kwargs: Any) -> Plan:
         if cfg is self.config:
             self.plans.append((tree, kwargs))
-        return make_plan(tree, self.workers, cfg, **kwargs)
+        built = make_plan(tree, self.workers, cfg, **kwargs)
+        self.built.append(built)
+        return built
 
     def call_site(self, plan: Plan) -> _ffi.CallSite:
         """A new synchronization of this program: its own site, so the runtime

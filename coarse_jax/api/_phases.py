@@ -52,13 +52,25 @@ def finish(
     leaves: list[jax.Array],
     pushed: Sequence[jax.Array],
     in_place: bool,
+    update: _ffi.RingUpdate | None = None,
 ) -> list[jax.Array]:
     """Proxy ring, worker ring and pull, after this device's pushes (``pushed``).
 
     ``leaves`` in tree order. ``in_place``: the leaves are dead temporaries
-    (gradients) the results may overwrite. On a mesh across hosts the host's
-    results then go through the inter-host step (`coarse_jax.api._hosts`).
+    (gradients) the results may overwrite. ``update``: the proxies run the
+    optimizer in their ring (`coarse.value_and_update`), and the pull brings
+    back parameters. On a mesh across hosts the host's results then go
+    through the inter-host step (`coarse_jax.api._hosts`); not with
+    ``update`` (refused: the optimizer would see the host's mean only).
     """
+    hosts = _hosts.spans_hosts()
+    if hosts and update is not None:
+        raise NotImplementedError(
+            "coarse.value_and_update: the mesh spans hosts ('host' axis), and the proxies' "
+            "optimizer would update from their own host's mean gradient (the sum over hosts "
+            "comes after the pull). Fix: use coarse.value_and_grad and an optax update across "
+            "hosts, or a mesh of one host."
+        )
     me = _ffi.who()
     out = list(leaves)
     has_proxy = plan.num_proxy_leaves > 0
@@ -66,7 +78,7 @@ def finish(
     proxy_vals = [leaves[t] for t in plan.proxy_leaves]
     token = None
     if has_proxy:
-        token = _ffi.proxy_ring(call, me, pushed, last=False)
+        token = _ffi.proxy_ring(call, me, pushed, last=False, update=update)
     if has_lead:
         if token is None:
             token = _ffi.vary(jnp.zeros((), jnp.int32))
@@ -81,6 +93,6 @@ def finish(
         pulled = _ffi.pull(call, me, token, proxy_vals, alias=in_place)
         for t, v in zip(plan.proxy_leaves, pulled, strict=True):
             out[t] = v
-    if _hosts.spans_hosts():
+    if hosts:
         out = _hosts.across_hosts(plan, call, out)
     return out

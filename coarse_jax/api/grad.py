@@ -11,9 +11,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from coarse_jax import _ffi, reference
-from coarse_jax.api import _context, _nnx
+from coarse_jax.api import _context, _nnx, _update
 from coarse_jax.api._phases import bucket_leaves, finish, tier_is_worker, zeros_like_shapes
 from coarse_jax.config import Config
+from coarse_jax.optim import ProxyOptimizer
 from coarse_jax.plan import BucketPlan, check_dtype
 
 
@@ -104,118 +105,7 @@ def value_and_grad(
         return vg_pytrees(*args, **kwargs)
 
     def vg_pytrees(*args: Any, **kwargs: Any) -> Any:
-        ctx = _context.current("coarse.value_and_grad")
-        cfg = config or ctx.config
-        for i in nums:
-            for path, leaf in jax.tree_util.tree_flatten_with_path(args[i])[0]:
-                check_dtype(
-                    f"{jax.tree_util.keystr(path) or '<root>'} of argument {i}",
-                    jnp.result_type(leaf),
-                    "coarse.value_and_grad",
-                )
-        out_shape = jax.eval_shape(lambda *a: fun(*a, **kwargs), *args)
-        loss_shape, aux_shape = out_shape if has_aux else (out_shape, None)
-        if getattr(loss_shape, "shape", None) != () or not jnp.issubdtype(
-            loss_shape.dtype, jnp.floating
-        ):
-            raise TypeError(
-                f"coarse.value_and_grad: fun must return a float scalar loss, got {loss_shape}."
-            )
-        diff_shapes = tuple(jax.eval_shape(lambda x: x, args[i]) for i in nums)
-        grads_shape = diff_shapes[0] if single else diff_shapes
-        # Sync tree: gradients first in flatten order (so the leading split
-        # takes the first layers), then the loss (pushed first: the sync
-        # order is the reverse). Group 1 keeps the loss out of gradient
-        # pieces. Aux is not synchronized: each worker keeps its own.
-        shapes = (grads_shape, loss_shape)
-        groups = (jax.tree.map(lambda _: 0, grads_shape), 1)
-        names = [
-            "grads" + jax.tree_util.keystr(path)
-            for path, _ in jax.tree_util.tree_flatten_with_path(grads_shape)[0]
-        ] + ["loss"]
-        plan = ctx.plan(shapes, cfg, groups=groups, names=names, where="coarse.value_and_grad")
-        n_grad = len(jax.tree.leaves(grads_shape))
-        aux_leaves_shape, aux_def = jax.tree.flatten(aux_shape)
-        call = ctx.call_site(plan) if cfg.mode == "ffi" else None
-
-        def on_worker(*a: Any) -> Any:
-            diff = [_ffi.vary(a[i]) for i in nums]  # varying: no implicit psum in the vjp
-            diff_leaves, diff_def = jax.tree.flatten(tuple(diff))
-
-            def f(*diff_args: jax.Array) -> Any:
-                leaves = list(diff_args)
-                tok = None
-                if call is not None:
-                    # Hooks chained in reverse plan order here, so that in the
-                    # backward pass the token runs in plan order.
-                    tok = _ffi.token()
-                    for b in reversed(plan.buckets):
-                        ids = bucket_leaves(plan, b)
-                        if ids[0] < n_grad:
-                            tok, *hooked = _push_hook(call, b)(tok, *[leaves[t] for t in ids])
-                            for t, v in zip(ids, hooked, strict=True):
-                                leaves[t] = v
-                fun_args = list(a)
-                for i, v in zip(nums, jax.tree.unflatten(diff_def, leaves), strict=True):
-                    fun_args[i] = v
-                out = fun(*fun_args, **kwargs)
-                if tok is None:
-                    return out
-                # Tie the chain's end to the loss (adds 0) so its cotangent,
-                # the backward pass's first push, exists.
-                if has_aux:
-                    return out[0] + 0.0 * tok.astype(out[0].dtype), out[1]
-                return out + 0.0 * tok.astype(out.dtype)
-
-            if has_aux:
-                loss, vjp_fn, aux = jax.vjp(f, *diff_leaves, has_aux=True)
-            else:
-                (loss, vjp_fn), aux = jax.vjp(f, *diff_leaves), None
-            head = [loss]
-            seed = jnp.ones_like(loss)
-            if call is not None:
-                # The loss is known after the forward pass: push it now (it
-                # comes first in plan order), passing it through so its push
-                # cannot be dropped; the backward pass's pushes follow it in
-                # the token chain through the seed.
-                me, tok = _ffi.who(), _ffi.token()
-                for b in plan.buckets:
-                    ids = bucket_leaves(plan, b)
-                    if ids[0] >= n_grad:
-                        pushed, tok = _ffi.push(
-                            call, me, tok, [head[t - n_grad] for t in ids], b, passthrough=True
-                        )
-                        for t, v in zip(ids, pushed, strict=True):
-                            head[t - n_grad] = v
-                seed = seed + 0.0 * tok.astype(seed.dtype)
-            grads = list(vjp_fn(seed))
-            return _ffi.vary(grads + head + jax.tree.leaves(aux))
-
-        def on_proxy(*a: Any) -> Any:
-            return zeros_like_shapes(
-                [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in plan.leaves]
-                + aux_leaves_shape
-            )
-
-        if ctx.worker_compute(cfg) == "cond":
-            leaves = lax.cond(tier_is_worker(), on_worker, on_proxy, *args)
-        else:  # "all": proxies compute too; their pushes are no-ops, pulls overwrite the rest
-            leaves = on_worker(*args)
-        n_sync = len(plan.leaves)
-        leaves, aux_leaves = leaves[:n_sync], leaves[n_sync:]
-        # Proxies hold zeros, whichever tier computed (worker_compute="all").
-        aux_leaves = [jnp.where(tier_is_worker(), x, jnp.zeros_like(x)) for x in aux_leaves]
-        if call is None:  # mode="reference"
-            leaves = reference.all_reduce(leaves, ctx.workers)
-        else:
-            # The pushed values (pass-through outputs) order the rest after the pushes.
-            pushed = [leaves[t] for t in plan.proxy_leaves]
-            leaves = finish(plan, call, leaves, pushed, in_place=True)
-        grads = jax.tree.unflatten(jax.tree.structure(grads_shape), leaves[:n_grad])
-        (loss,) = leaves[n_grad:]
-        if has_aux:
-            return (loss, jax.tree.unflatten(aux_def, aux_leaves)), grads
-        return loss, grads
+        return synced_value_and_grad(fun, nums, single, has_aux, config, args, kwargs)
 
     return vg
 
@@ -252,3 +142,141 @@ def _module_value_and_grad(
     (loss, (aux, carried)), grads = wrapped(params, rest, *others)
     _nnx.update(module, carried)
     return ((loss, aux) if has_aux else loss), grads
+
+
+def synced_value_and_grad(
+    fun: Callable[..., Any],
+    nums: tuple[int, ...],
+    single: bool,
+    has_aux: bool,
+    config: Config | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    update: ProxyOptimizer | None = None,
+) -> Any:
+    """`value_and_grad` of pytree arguments; with ``update``, `coarse.value_and_update`'s.
+
+    With ``update`` (``nums == (0,)``) the proxies turn the mean gradients
+    into new parameters (`coarse_jax.api.update`) and what comes back in
+    place of the gradients is the updated params, in the params' dtypes.
+    """
+    where = "coarse.value_and_update" if update is not None else "coarse.value_and_grad"
+    ctx = _context.current(where)
+    cfg = config or ctx.config
+    if update is not None:
+        cfg = _update.check_config(cfg)
+    for i in nums:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(args[i])[0]:
+            check_dtype(
+                f"{jax.tree_util.keystr(path) or '<root>'} of argument {i}",
+                jnp.result_type(leaf),
+                where,
+            )
+    out_shape = jax.eval_shape(lambda *a: fun(*a, **kwargs), *args)
+    loss_shape, aux_shape = out_shape if has_aux else (out_shape, None)
+    if getattr(loss_shape, "shape", None) != () or not jnp.issubdtype(
+        loss_shape.dtype, jnp.floating
+    ):
+        raise TypeError(f"{where}: fun must return a float scalar loss, got {loss_shape}.")
+    diff_shapes = tuple(jax.eval_shape(lambda x: x, args[i]) for i in nums)
+    grads_shape = diff_shapes[0] if single else diff_shapes
+    # Sync tree: gradients first in flatten order (so the leading split
+    # takes the first layers), then the loss (pushed first: the sync
+    # order is the reverse). Group 1 keeps the loss out of gradient
+    # pieces. Aux is not synchronized: each worker keeps its own.
+    shapes = (grads_shape, loss_shape)
+    groups = (jax.tree.map(lambda _: 0, grads_shape), 1)
+    names = [
+        ("params" if update is not None else "grads") + jax.tree_util.keystr(path)
+        for path, _ in jax.tree_util.tree_flatten_with_path(grads_shape)[0]
+    ] + ["loss"]
+    plan = ctx.plan(shapes, cfg, groups=groups, names=names, where=where)
+    n_grad = len(jax.tree.leaves(grads_shape))
+    aux_leaves_shape, aux_def = jax.tree.flatten(aux_shape)
+    call = ctx.call_site(plan) if cfg.mode == "ffi" else None
+    site = None
+    if update is not None:
+        assert call is not None  # check_config refused mode="reference"
+        site = _update.register(ctx, call, plan, update, args[0], n_grad)
+
+    def on_worker(*a: Any) -> Any:
+        diff = [_ffi.vary(a[i]) for i in nums]  # varying: no implicit psum in the vjp
+        diff_leaves, diff_def = jax.tree.flatten(tuple(diff))
+
+        def f(*diff_args: jax.Array) -> Any:
+            leaves = list(diff_args)
+            tok = None
+            if call is not None:
+                # Hooks chained in reverse plan order here, so that in the
+                # backward pass the token runs in plan order.
+                tok = _ffi.token()
+                for b in reversed(plan.buckets):
+                    ids = bucket_leaves(plan, b)
+                    if ids[0] < n_grad:
+                        tok, *hooked = _push_hook(call, b)(tok, *[leaves[t] for t in ids])
+                        for t, v in zip(ids, hooked, strict=True):
+                            leaves[t] = v
+            fun_args = list(a)
+            for i, v in zip(nums, jax.tree.unflatten(diff_def, leaves), strict=True):
+                fun_args[i] = v
+            out = fun(*fun_args, **kwargs)
+            if tok is None:
+                return out
+            # Tie the chain's end to the loss (adds 0) so its cotangent,
+            # the backward pass's first push, exists.
+            if has_aux:
+                return out[0] + 0.0 * tok.astype(out[0].dtype), out[1]
+            return out + 0.0 * tok.astype(out.dtype)
+
+        if has_aux:
+            loss, vjp_fn, aux = jax.vjp(f, *diff_leaves, has_aux=True)
+        else:
+            (loss, vjp_fn), aux = jax.vjp(f, *diff_leaves), None
+        head = [loss]
+        seed = jnp.ones_like(loss)
+        if call is not None:
+            # The loss is known after the forward pass: push it now (it
+            # comes first in plan order), passing it through so its push
+            # cannot be dropped; the backward pass's pushes follow it in
+            # the token chain through the seed.
+            me, tok = _ffi.who(), _ffi.token()
+            for b in plan.buckets:
+                ids = bucket_leaves(plan, b)
+                if ids[0] >= n_grad:
+                    pushed, tok = _ffi.push(
+                        call, me, tok, [head[t - n_grad] for t in ids], b, passthrough=True
+                    )
+                    for t, v in zip(ids, pushed, strict=True):
+                        head[t - n_grad] = v
+            seed = seed + 0.0 * tok.astype(seed.dtype)
+        grads = list(vjp_fn(seed))
+        return _ffi.vary(grads + head + jax.tree.leaves(aux))
+
+    def on_proxy(*a: Any) -> Any:
+        return zeros_like_shapes(
+            [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in plan.leaves]
+            + aux_leaves_shape
+        )
+
+    if ctx.worker_compute(cfg) == "cond":
+        leaves = lax.cond(tier_is_worker(), on_worker, on_proxy, *args)
+    else:  # "all": proxies compute too; their pushes are no-ops, pulls overwrite the rest
+        leaves = on_worker(*args)
+    n_sync = len(plan.leaves)
+    leaves, aux_leaves = leaves[:n_sync], leaves[n_sync:]
+    # Proxies hold zeros, whichever tier computed (worker_compute="all").
+    aux_leaves = [jnp.where(tier_is_worker(), x, jnp.zeros_like(x)) for x in aux_leaves]
+    if call is None:  # mode="reference"
+        leaves = reference.all_reduce(leaves, ctx.workers)
+    else:
+        # The pushed values (pass-through outputs) order the rest after the pushes.
+        pushed = [leaves[t] for t in plan.proxy_leaves]
+        if site is not None:
+            leaves = _update.finish(site, leaves, pushed, list(jax.tree.leaves(args[0])))
+        else:
+            leaves = finish(plan, call, leaves, pushed, in_place=True)
+    grads = jax.tree.unflatten(jax.tree.structure(grads_shape), leaves[:n_grad])
+    (loss,) = leaves[n_grad:]
+    if has_aux:
+        return (loss, jax.tree.unflatten(aux_def, aux_leaves)), grads
+    return loss, grads

@@ -17,8 +17,11 @@ from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
 from coarse_jax.api import _arrival, _context, _nnx, _outputs
+from coarse_jax.api._update import Store
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.reprofile import reprofiled
+from coarse_jax.api.snapshots import SnapshotWriter, read_latest, slot_names
+from coarse_jax.api.update import StoreAccess, to_jax
 from coarse_jax.config import Config
 from coarse_jax.mesh import DATA, TIER, batch_axes, check_mesh, has_hosts
 from coarse_jax.plan import plan as make_plan
@@ -120,6 +123,15 @@ class SyncedStep:
         self._arrival = _arrival.Arrival(self._name)  # across hosts only
         # One output leaf of each call not known to be finished, oldest first.
         self._in_flight: collections.deque[jax.Array] = collections.deque()
+        self._last_out: jax.Array | None = None  # of the latest call
+        # The proxies' optimizer stores, per value_and_update call of the step.
+        self._stores: dict[int, Store] = {}
+        self._access = StoreAccess(self._stores, f"coarse.sync({self._name})")
+        # A load asked for before the step's first trace (it names the stores).
+        self._pending_load: Callable[[], None] | None = None
+        self._writer: SnapshotWriter | None = None  # Config.snapshot_dir
+        self.restored_count: int | None = None  # optimizer steps of the last restore()
+        self._traced_plans: list[Any] = []  # the plans of the latest trace
 
     def config(self) -> Config:
         """The `Config` in use (re-profiling may have replaced the one given)."""
@@ -138,6 +150,150 @@ class SyncedStep:
             "compiled": len(self._compiled),
             "in_flight": len(self._in_flight),
         }
+
+    # -- the proxies as parameter storage (coarse.value_and_update) ---------
+
+    def optimizer_state(self, index: int | None = None) -> Any:
+        """The optax state of the optimizer the proxies run, as they hold it now.
+
+        The same pytree as ``optimizer.optax().init(params)`` (``optax.adamw(...)``
+        etc.), leaves in f32. Waits for the calls in flight. ``index``: which
+        value_and_update call of the step (needed when there are several).
+        """
+        store, count, slots = self._access.export(index, "optimizer_state", self._wait_all)
+        master = to_jax(slots[0], store.treedef)
+        moments = [to_jax(x, store.treedef) for x in slots[1:]]
+        return store.optimizer.optax_state(master, count, moments)
+
+    def master_params(self, index: int | None = None) -> Any:
+        """The f32 master parameters the proxies hold (the params' tree). Waits for calls."""
+        _, _, slots = self._access.export(index, "master_params", self._wait_all)
+        return to_jax(slots[0], self._access.store(index, "master_params").treedef)
+
+    def load_optimizer_state(self, params: Any, opt_state: Any, index: int | None = None) -> None:
+        """Makes the proxies continue from ``params`` and an optax ``opt_state``.
+
+        ``opt_state`` is a state of ``optimizer.optax()`` (from plain optax
+        training, or `optimizer_state`). The next call must pass ``params``.
+        Before the step's first call the load waits for it (the step is
+        traced then).
+        """
+
+        def load() -> None:
+            store = self._access.store(index, "load_optimizer_state")
+            count, slots = store.optimizer.from_optax_state(opt_state)
+            self._access.load(store, params, count, slots, self._wait_all)
+
+        self._load_when_traced(load)
+
+    def _load_when_traced(self, load: Callable[[], None]) -> None:
+        if self._access_ready():
+            load()
+        else:
+            self._pending_load = load
+
+    def snapshot(self, index: int | None = None) -> int:
+        """Takes a snapshot of the proxies' state now; returns its optimizer step count.
+
+        Waits for the calls in flight, then copies the committed version in
+        the proxies' memory; with ``Config.snapshot_dir`` it is also queued for
+        writing (`wait_snapshots` waits for the disk).
+        """
+        store = self._access.store(index, "snapshot")
+        self._wait_all()
+        store.module().store_snapshot_now(store.id)
+        got = store.module().store_export(store.id, snapshot=True)
+        if self._writer is not None:
+            self._writer.offer(store)
+        return int(got[0])
+
+    def wait_snapshots(self) -> None:
+        """Blocks until the proxies' newest snapshot is written to ``Config.snapshot_dir``.
+
+        Waits for the calls in flight first (a snapshot is taken when a step
+        starts), then for the writer thread.
+        """
+        if self._writer is not None:
+            self._wait_all()
+            for store in self._stores.values():
+                self._writer.offer(store)
+            self._writer.flush()
+
+    def restore(self, directory: str | None = None, index: int | None = None) -> Any:
+        """Rolls the proxies back and returns the params the workers continue from.
+
+        Without ``directory``: to the newest in-memory snapshot (after a NaN
+        loss, say). With one: to the newest complete checkpoint there, also in
+        a fresh process before the step's first call. The returned params are
+        the f32 master, in the params' dtypes once the step has run (f32
+        before); pass them to the next call. ``self.restored_count`` is the
+        optimizer step count restored (the data position to resume from).
+        """
+        if directory is None:
+            store = self._access.store(index, "restore")
+            self._wait_all()
+            got = store.module().store_export(store.id, snapshot=True)
+            if got is None:
+                raise RuntimeError(
+                    f"coarse.sync({self._name}).restore: the proxies hold no complete snapshot. "
+                    "Set Config(snapshot_every=K) or call step.snapshot() first."
+                )
+            count, _, _ = got
+            store.module().store_load(store.id, store.name, *got)
+            _, _, slots = self._access.export(index, "restore", self._wait_all)
+            params = jax.tree.unflatten(
+                store.treedef,
+                [jnp.asarray(x, dtype=d) for x, d in zip(slots[0], store.dtypes, strict=True)],
+            )
+            self.restored_count = int(count)
+            return params
+        count, tree = read_latest(directory)
+        params = jax.tree.map(jnp.asarray, tree["params"])
+
+        def load() -> None:
+            store = self._access.store(index, "restore")
+            moments = [tree["opt_state"][name] for name in slot_names(store)]
+            self._access.load(store, params, int(tree["step"]), moments, self._wait_all)
+
+        self._load_when_traced(load)
+        self.restored_count = int(count)
+        if self._access_ready():
+            store = self._access.store(index, "restore")
+            params = jax.tree.unflatten(
+                store.treedef,
+                [x.astype(d) for x, d in zip(jax.tree.leaves(params), store.dtypes, strict=True)],
+            )
+        return params
+
+    def reset_optimizer(self, index: int | None = None) -> None:
+        """Forgets the proxies' state: the next call seeds it from the params it gets."""
+        self._pending_load = None
+        if not self._access_ready():
+            return
+        store = self._access.store(index, "reset_optimizer")
+        self._wait_all()
+        store.module().store_reset(store.id)
+
+    def _memory_analysis(self, *args: Any) -> tuple[Any, list[Any]]:
+        """(XLA's memory analysis of the program for ``args``, the plans it builds)."""
+        layout, graph_state = self._layout(args)
+        cfg = self._config
+        dyn = [args[i] for i in layout.dynamic() if i not in layout.graph]
+        if layout.graph:
+            dyn.append(graph_state)
+        jitted: Any = self._compile(cfg, layout)
+        compiled = jitted.lower(*dyn).compile()
+        return compiled.memory_analysis(), list(self._traced_plans)
+
+    def _access_ready(self) -> bool:
+        return bool(self._stores)
+
+    def _wait_all(self) -> None:
+        """Blocks until every call dispatched so far finished (errors are the caller's)."""
+        for x in [*self._in_flight, self._last_out]:
+            if x is not None and not x.is_deleted():
+                with contextlib.suppress(Exception):
+                    x.block_until_ready()
 
     def __call__(self, *args: Any) -> Any:
         layout, graph_state = self._layout(args)
@@ -171,7 +327,18 @@ class SyncedStep:
             # fails the others here, naming it, instead of a hang in the
             # inter-host collective.
             self._arrival.wait(self._calls, cfg.timeout_s)
+        if self._pending_load is not None:
+            if not self._stores:  # trace now: the stores come from the trace
+                jitted: Any = self._compiled[key]
+                jitted.trace(*dyn)
+            load, self._pending_load = self._pending_load, None
+            load()
         results = self._compiled[key](*dyn)
+        if cfg.snapshot_dir is not None and self._stores:
+            if self._writer is None:
+                self._writer = SnapshotWriter(cfg.snapshot_dir, cfg.snapshot_keep)
+            for store in self._stores.values():
+                self._writer.offer(store)
         replicated, per_example, new_state = results
         if layout.graph:
             _nnx.update(graph_nodes, new_state)
@@ -199,9 +366,13 @@ class SyncedStep:
         outputs are ready when every device finished it.
         """
         limit = self._max_in_flight(cfg)
+        leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
+        if leaves and self._stores:
+            # Only a step whose proxies hold state needs it (_wait_all): kept
+            # by every step, it would keep each one's last output alive.
+            self._last_out = min(leaves, key=lambda x: x.size)
         if limit == 0:
             return
-        leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
         if leaves:
             self._in_flight.append(min(leaves, key=lambda x: x.size))
         while len(self._in_flight) > limit:
@@ -314,7 +485,10 @@ class SyncedStep:
                 nodes = _nnx.merge(layout.graphdef, dyn[-1])
                 for i, node in zip(layout.graph, nodes, strict=True):
                     args[i] = node
-            ctx = _context.SyncContext(self.mesh, cfg, self._plans)
+            ctx = _context.SyncContext(
+                self.mesh, cfg, self._plans, stores=self._stores, step_name=self._name
+            )
+            self._traced_plans = ctx.built
             _context.stack().append(ctx)
             try:
                 restore_rngs = _nnx.fold_rngs_by_worker(nodes) if nodes else None

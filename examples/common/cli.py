@@ -73,6 +73,14 @@ def parse_args(
         metavar="N",
         help="also time the gradient sync alone: median of N calls per implementation (0: off)",
     )
+    parser.add_argument(
+        "--optimizer",
+        choices=("workers", "proxy"),
+        default=defaults.optimizer,
+        help="where coarse's SGD runs: 'workers' (optax after coarse.value_and_grad, default) or "
+        "'proxy' (coarse.optim.sgd through coarse.value_and_update: the proxies hold the "
+        "optimizer state)",
+    )
     args = parser.parse_args()
     if args.noise_floor and args.impl != "both":
         parser.error("--noise-floor needs --impl both")
@@ -106,6 +114,7 @@ def main(
         worker_compute=args.worker_compute,
         noise_floor=args.noise_floor,
         sync_timing_calls=args.sync_timing_calls,
+        optimizer=args.optimizer,
     )
     summary = train_and_evaluate(config, args.workdir)
     if args.impl != "both":

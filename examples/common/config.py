@@ -47,6 +47,11 @@ class BaseConfig:
       data_dir: a local dataset, in the format the example's config describes
         (--data-dir); None: synthetic data. Nothing is ever downloaded.
       plot: write ``loss.png`` into the workdir (--plot).
+      optimizer: where coarse's optimizer runs (--optimizer): "workers" (optax
+        SGD on every device after `coarse.value_and_grad`, the default) or
+        "proxy" (`coarse.optim.sgd` on the proxies through
+        `coarse.value_and_update`: the workers hold no optimizer state). The
+        pmean run always uses optax.
       sync_timing_calls: also time the gradient synchronization alone, on a
         gradient-shaped tree with different values per worker: the median of
         this many calls per implementation (--sync-timing-calls); 0: off.
@@ -67,3 +72,4 @@ class BaseConfig:
     data_dir: str | None = None
     plot: bool = False
     sync_timing_calls: int = 0
+    optimizer: str = "workers"

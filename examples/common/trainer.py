@@ -70,6 +70,25 @@ def coarse_train_step(mesh: Mesh, cfg: coarse.Config, make_loss: MakeLoss) -> St
     return train_step
 
 
+def coarse_proxy_train_step(
+    mesh: Mesh, cfg: coarse.Config, make_loss: MakeLoss, optimizer: coarse.ProxyOptimizer
+) -> StepFn:
+    """A step whose optimizer runs on the proxies (`coarse.value_and_update`).
+
+    The state's ``tx`` is ``optax.identity()``: the workers hold no optimizer
+    state; the proxies keep the momentum and an f32 master of the params.
+    """
+
+    @coarse.sync(mesh, config=cfg)
+    def train_step(state: train_state.TrainState, batch: Batch) -> Any:
+        loss, params = coarse.value_and_update(make_loss(state.apply_fn), optimizer)(
+            state.params, batch
+        )
+        return state.replace(step=state.step + 1, params=params), loss
+
+    return train_step
+
+
 def reversed_mean(x: jax.Array, axis: str = "data") -> jax.Array:
     """The mean over ``axis``, summed from the last worker to the first: ``((x3 + x2) + x1) + x0``.
 
@@ -504,7 +523,14 @@ def run_comparison(
 
     runs: dict[str, RunResult] = {}
     for impl in impls:
-        if impl == "coarse":
+        start = state
+        if impl == "coarse" and config.optimizer == "proxy":
+            opt = coarse.optim.sgd(config.learning_rate, momentum=config.momentum)
+            mesh, step = coarse_mesh, coarse_proxy_train_step(coarse_mesh, cfg, make_loss, opt)
+            start = train_state.TrainState.create(
+                apply_fn=apply_fn, params=params, tx=optax.identity()
+            )
+        elif impl == "coarse":
             mesh, step = coarse_mesh, coarse_train_step(coarse_mesh, cfg, make_loss)
         else:
             mesh = pmean_mesh(p)
@@ -516,7 +542,7 @@ def run_comparison(
         # recompile on the second step).
         runs[impl] = train(
             step,
-            jax.device_put(state, NamedSharding(mesh, P())),
+            jax.device_put(start, NamedSharding(mesh, P())),
             place_batches(train_data, NamedSharding(mesh, P("data"))),
             f"{impl:<14}" if noise_floor else f"{impl:<6}",
         )

@@ -85,4 +85,43 @@ void ScaleF32(float* x, float scale, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= scale;
 }
 
+void OptimizerF32(const OptScalars& o, const OptBuffers& b, int64_t n) {
+  const int32_t slots = OptSlots(o.kind, o.momentum);
+  float s0 = 0, s1 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (slots > 0) s0 = b.s_in[0][i];
+    if (slots > 1) s1 = b.s_in[1][i];
+    const float w = OptStep(o, b.grad_io[i], b.w_in[i], &s0, &s1);
+    b.w_out[i] = w;
+    b.grad_io[i] = w;
+    if (slots > 0) b.s_out[0][i] = s0;
+    if (slots > 1) b.s_out[1][i] = s1;
+  }
+}
+
+double SumSquaresF32(const float* x, int64_t n) {
+  double acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
+  return acc;
+}
+
+int64_t FirstMismatchF32(const float* master, const float* given, int64_t n, ffi::DataType dtype) {
+  float rounded[256];
+  for (int64_t i = 0; i < n; i += 256) {
+    const int64_t m = n - i < 256 ? n - i : 256;
+    if (dtype == ffi::DataType::F32) {
+      std::memcpy(rounded, master + i, m * sizeof(float));
+    } else {
+      uint16_t narrow[256];
+      NarrowFromF32(dtype, master + i, narrow, m);
+      WidenToF32(dtype, narrow, rounded, m);
+    }
+    // Bitwise: a NaN the step returned must come back as the same NaN.
+    if (std::memcmp(rounded, given + i, m * sizeof(float)) != 0)
+      for (int64_t j = 0; j < m; ++j)
+        if (std::memcmp(rounded + j, given + i + j, sizeof(float)) != 0) return i + j;
+  }
+  return -1;
+}
+
 }  // namespace coarse::cpu

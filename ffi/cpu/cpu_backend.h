@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "runtime/device.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse::cpu {
@@ -25,5 +26,12 @@ void AddF32(float* __restrict acc, const float* __restrict x, int64_t n);
 void AddScaleF32(float* __restrict acc, const float* __restrict x, float scale, int64_t n);
 // x[i] *= scale
 void ScaleF32(float* x, float scale, int64_t n);
+// The proxy optimizer over n elements (Device::ApplyOptimizer).
+void OptimizerF32(const OptScalars& o, const OptBuffers& b, int64_t n);
+// sum x[i]^2, accumulated in f64 in index order.
+double SumSquaresF32(const float* x, int64_t n);
+// Device::FirstMismatch.
+int64_t FirstMismatchF32(const float* master, const float* given, int64_t n,
+                         xla::ffi::DataType dtype);
 
 }  // namespace coarse::cpu

@@ -46,6 +46,28 @@ ffi::Error CpuDevice::Scale(float* x, int64_t n, float scale) {
   return ffi::Error::Success();
 }
 
+ffi::Error CpuDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
+  cpu::OptimizerF32(o, b, n);
+  return ffi::Error::Success();
+}
+
+ffi::ErrorOr<double> CpuDevice::SumSquares(const float* x, int64_t n) {
+  return cpu::SumSquaresF32(x, n);
+}
+
+ffi::ErrorOr<Mismatch> CpuDevice::FirstMismatch(const float* master, const float* given, int64_t n,
+                                                ffi::DataType dtype) {
+  Mismatch m;
+  m.index = cpu::FirstMismatchF32(master, given, n, dtype);
+  if (m.index >= 0) {
+    m.given = given[m.index];
+    float narrow = 0;  // room for one element of any supported dtype
+    cpu::NarrowFromF32(dtype, master + m.index, &narrow, 1);
+    cpu::WidenToF32(dtype, &narrow, &m.held, 1);
+  }
+  return m;
+}
+
 ffi::Error CpuDevice::ZeroBytes(void* dst, size_t bytes) {
   std::memset(dst, 0, bytes);
   return ffi::Error::Success();

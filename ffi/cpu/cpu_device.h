@@ -17,6 +17,10 @@ class CpuDevice final : public Device {
                           float scale) override;
   xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) override;
   xla::ffi::Error Scale(float* x, int64_t n, float scale) override;
+  xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
+  xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override;
+  xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const float* given, int64_t n,
+                                            xla::ffi::DataType dtype) override;
   xla::ffi::Error ZeroBytes(void* dst, size_t bytes) override;
   xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) override;
   xla::ffi::Error Publish() override { return xla::ffi::Error::Success(); }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <vector>
@@ -67,8 +68,51 @@ class HostStorage : public Storage {
   std::vector<float*> arenas_, scratch_;
 };
 
+// A mapping too (see HostStorage): master weights and optimizer state can be
+// gigabytes, and a freed store should go back to the system at once.
+class HostStateBuffer : public StateBuffer {
+ public:
+  explicit HostStateBuffer(int64_t nelems) : nelems_(std::max<int64_t>(1, nelems)) {
+    void* base = mmap(nullptr, Bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) throw std::bad_alloc();
+    data_ = static_cast<float*>(base);
+  }
+  ~HostStateBuffer() override { munmap(data_, Bytes()); }
+  HostStateBuffer(const HostStateBuffer&) = delete;
+  HostStateBuffer& operator=(const HostStateBuffer&) = delete;
+
+  float* data() override { return data_; }
+  int64_t nelems() const override { return nelems_; }
+  bool ToHost(float* dst, int64_t off, int64_t n) override {
+    std::memcpy(dst, data_ + off, n * sizeof(float));
+    return true;
+  }
+  bool FromHost(const float* src, int64_t off, int64_t n) override {
+    std::memcpy(data_ + off, src, n * sizeof(float));
+    return true;
+  }
+  bool CopyWithin(StateBuffer& src, int64_t src_off, int64_t dst_off, int64_t n) override {
+    std::memcpy(data_ + dst_off, src.data() + src_off, n * sizeof(float));
+    return true;
+  }
+
+ private:
+  size_t Bytes() const { return static_cast<size_t>(nelems_) * sizeof(float); }
+  int64_t nelems_;
+  float* data_ = nullptr;
+};
+
 class HostPool : public StoragePool {
  public:
+  std::unique_ptr<StateBuffer> NewStateBuffer(const std::vector<int64_t>&, int64_t,
+                                              int64_t nelems) override {
+    try {
+      return std::make_unique<HostStateBuffer>(nelems);
+    } catch (const std::bad_alloc&) {
+      return nullptr;
+    }
+  }
+
   std::unique_ptr<Storage> Take(const Plan& plan, const std::vector<int64_t>&) override {
     if (auto set = spares_.Take(plan.key, {})) return set;
     return std::make_unique<HostStorage>(plan);

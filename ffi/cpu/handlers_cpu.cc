@@ -3,6 +3,7 @@
 // operand, and each call's translation (sync_ops.h, probe.h) runs inside
 // RunCall (handler.h) on a CpuDevice. coarse_host_gather (host_gather.h, CPU
 // only) runs outside any session, on a CpuDevice too. The CUDA twin: cuda/handlers_cuda.cc.
+#include <cstring>
 #include <memory>
 
 #include "cpu/cpu_device.h"
@@ -27,11 +28,31 @@ ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer after,
                  [&](Call& call, Device& dev) { return PushBody(call, dev, leaves, outs, attrs); });
 }
 
-ffi::Error ProxyRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::RemainingArgs deps,
+// CPU buffers are host memory.
+const HostIo& CpuHostIo() {
+  static const HostIo io{[](ffi::AnyBuffer src, void* dst, size_t bytes) {
+                           std::memcpy(dst, src.untyped_data(), bytes);
+                           return ffi::Error::Success();
+                         },
+                         [](const void* src, ffi::Result<ffi::AnyBuffer> dst, size_t bytes) {
+                           std::memcpy(dst->untyped_data(), src, bytes);
+                           return ffi::Error::Success();
+                         }};
+  return io;
+}
+
+ffi::Error ProxyRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::RemainingArgs args,
                          ffi::Result<ffi::AnyBuffer> token, ffi::Dictionary attrs) {
-  (void)deps;  // operands only order this call after the pushes
-  return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
-                 [&](Call& call, Device& dev) { return ProxyRingBody(call, dev, token); });
+  return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice, [&](Call& call, Device& dev) {
+    return ProxyRingBody(call, dev, args, token, attrs, CpuHostIo());
+  });
+}
+
+ffi::Error OptCountImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Result<ffi::AnyBuffer> count,
+                        ffi::Dictionary attrs) {
+  return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice, [&](Call& call, Device& dev) {
+    return OptCountBody(call, dev, count, attrs, CpuHostIo());
+  });
 }
 
 ffi::Error WorkerRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer token_in,
@@ -79,9 +100,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ProxyRing, ProxyRingImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::RunId>()           // rendezvous key: one execution
                                   .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
-                                  .RemainingArgs()             // push outputs: dependencies only
+                                  .RemainingArgs()             // push outputs [, params, scalars]
                                   .Ret<ffi::AnyBuffer>()       // int32[] token for the next call
-                                  .Attrs<ffi::Dictionary>());  // plan
+                                  .Attrs<ffi::Dictionary>());  // plan [, optimizer]
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(OptCount, OptCountImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .Ret<ffi::AnyBuffer>()       // int32[] the step count
+                                  .Attrs<ffi::Dictionary>());  // plan, optimizer store
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(WorkerRing, WorkerRingImpl,
                               ffi::Ffi::Bind()

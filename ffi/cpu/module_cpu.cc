@@ -23,6 +23,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(ProxyRing);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(WorkerRing);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Pull);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Probe);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(OptCount);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Pack);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Unpack);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Reduce);
@@ -46,6 +47,7 @@ NB_MODULE(_coarse_cpu, m) {
         d["coarse_worker_ring"] = coarse::Encapsulate(coarse::WorkerRing);
         d["coarse_pull"] = coarse::Encapsulate(coarse::Pull);
         d["coarse_probe"] = coarse::Encapsulate(coarse::Probe);
+        d["coarse_opt_count"] = coarse::Encapsulate(coarse::OptCount);
         d["coarse_pack"] = coarse::Encapsulate(coarse::Pack);
         d["coarse_unpack"] = coarse::Encapsulate(coarse::Unpack);
         d["coarse_reduce"] = coarse::Encapsulate(coarse::Reduce);

@@ -154,4 +154,67 @@ ffi::Error CudaDevice::Acquire(int64_t device) {
                "waiting for GPU " + std::to_string(st_.ordinal(device)) + "'s event");
 }
 
+ffi::Error CudaDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
+  return Check(kernels::LaunchOptimizer(o, b.grad_io, b.w_in, b.w_out, b.s_in[0], b.s_in[1],
+                                        b.s_out[0], b.s_out[1], n, stream_),
+               "optimizer kernel");
+}
+
+// The two below block the host on the stream: they serve global-norm
+// clipping and the params check, a few scalars per step on the proxies.
+ffi::ErrorOr<double> CudaDevice::SumSquares(const float* x, int64_t n) {
+  double* scratch = nullptr;
+  const size_t bytes = (kernels::kSumSquaresBlocks + 1) * sizeof(double);
+  ffi::Error e = Check(cudaMallocAsync(reinterpret_cast<void**>(&scratch), bytes, stream_),
+                       "cudaMallocAsync (sum of squares)");
+  if (e.failure()) return ffi::Unexpected(e);
+  double out = 0;
+  e = Check(kernels::LaunchSumSquares(x, n, scratch, scratch + kernels::kSumSquaresBlocks, stream_),
+            "sum-of-squares kernel");
+  if (e.success())
+    e = Check(cudaMemcpyAsync(&out, scratch + kernels::kSumSquaresBlocks, sizeof out,
+                              cudaMemcpyDeviceToHost, stream_),
+              "copying the sum of squares");
+  cudaFreeAsync(scratch, stream_);
+  if (e.success()) e = Check(cudaStreamSynchronize(stream_), "sum of squares");
+  if (e.failure()) return ffi::Unexpected(e);
+  return out;
+}
+
+ffi::ErrorOr<Mismatch> CudaDevice::FirstMismatch(const float* master, const float* given, int64_t n,
+                                                 ffi::DataType dtype) {
+  kernels::DType t;
+  if (!ToKernelDType(dtype, &t))
+    return ffi::Unexpected(ffi::Error::InvalidArgument("coarse_jax: unsupported params dtype"));
+  unsigned long long* first = nullptr;
+  ffi::Error e = Check(cudaMallocAsync(reinterpret_cast<void**>(&first), sizeof *first, stream_),
+                       "cudaMallocAsync (params check)");
+  if (e.failure()) return ffi::Unexpected(e);
+  unsigned long long host = static_cast<unsigned long long>(n);
+  e = Check(cudaMemcpyAsync(first, &host, sizeof host, cudaMemcpyHostToDevice, stream_),
+            "params check");
+  if (e.success())
+    e = Check(kernels::LaunchFirstMismatch(master, given, n, t, first, stream_),
+              "params-check kernel");
+  if (e.success())
+    e = Check(cudaMemcpyAsync(&host, first, sizeof host, cudaMemcpyDeviceToHost, stream_),
+              "params check");
+  cudaFreeAsync(first, stream_);
+  if (e.success()) e = Check(cudaStreamSynchronize(stream_), "params check");
+  if (e.failure()) return ffi::Unexpected(e);
+  Mismatch m;
+  if (static_cast<int64_t>(host) >= n) return m;
+  m.index = static_cast<int64_t>(host);
+  float values[2] = {0, 0};
+  e = Check(cudaMemcpy(&values[0], given + m.index, sizeof(float), cudaMemcpyDeviceToHost),
+            "params check");
+  if (e.success())
+    e = Check(cudaMemcpy(&values[1], master + m.index, sizeof(float), cudaMemcpyDeviceToHost),
+              "params check");
+  if (e.failure()) return ffi::Unexpected(e);
+  m.given = values[0];
+  m.held = values[1];  // before rounding to the params' dtype
+  return m;
+}
+
 }  // namespace coarse::cuda

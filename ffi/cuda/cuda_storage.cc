@@ -126,8 +126,55 @@ namespace {
 // Spare sets per (plan, ordinals) in a SpareSets (runtime/storage.h), at
 // most kMaxSetsPerPlan of each: steps of one plan overlap by at most about
 // one on the GPU (async dispatch), so two sets cover the steady state.
+// Optimizer state on one GPU (runtime/param_store.h).
+class CudaStateBuffer final : public StateBuffer {
+ public:
+  CudaStateBuffer(int ordinal, int64_t nelems) : ordinal_(ordinal), nelems_(nelems) {}
+  ~CudaStateBuffer() override {
+    if (data_ == nullptr) return;
+    DeviceScope scope(ordinal_);
+    cudaFree(data_);
+  }
+  bool Allocate() {
+    DeviceScope scope(ordinal_);
+    if (cudaMalloc(reinterpret_cast<void**>(&data_), Bytes()) == cudaSuccess) return true;
+    cudaGetLastError();
+    data_ = nullptr;
+    return false;
+  }
+  float* data() override { return data_; }
+  int64_t nelems() const override { return nelems_; }
+  bool ToHost(float* dst, int64_t off, int64_t n) override {
+    DeviceScope scope(ordinal_);
+    return cudaMemcpy(dst, data_ + off, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+  bool FromHost(const float* src, int64_t off, int64_t n) override {
+    DeviceScope scope(ordinal_);
+    return cudaMemcpy(data_ + off, src, n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess;
+  }
+  bool CopyWithin(StateBuffer& src, int64_t src_off, int64_t dst_off, int64_t n) override {
+    DeviceScope scope(ordinal_);
+    return cudaMemcpy(data_ + dst_off, src.data() + src_off, n * sizeof(float),
+                      cudaMemcpyDeviceToDevice) == cudaSuccess;
+  }
+
+ private:
+  size_t Bytes() const { return static_cast<size_t>(nelems_) * sizeof(float); }
+  int ordinal_;
+  int64_t nelems_;
+  float* data_ = nullptr;
+};
+
 class CudaPool final : public StoragePool {
  public:
+  std::unique_ptr<StateBuffer> NewStateBuffer(const std::vector<int64_t>& ordinals, int64_t device,
+                                              int64_t nelems) override {
+    if (device >= static_cast<int64_t>(ordinals.size())) return nullptr;
+    auto b = std::make_unique<CudaStateBuffer>(static_cast<int>(ordinals[device]), nelems);
+    if (!b->Allocate()) return nullptr;
+    return b;
+  }
+
   std::unique_ptr<Storage> Take(const Plan& plan, const std::vector<int64_t>& ordinals) override {
     if (auto set = spares_.Take(plan.key, ordinals)) return set;
     return std::make_unique<CudaStorage>(plan, ordinals);

@@ -37,11 +37,40 @@ ffi::Error PushImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi
                  [&](Call& call, Device& dev) { return PushBody(call, dev, leaves, outs, attrs); });
 }
 
+// The optimizer's scalars live in GPU memory: small blocking copies on
+// XLA's stream (a value_and_update's proxies only, once per step).
+HostIo CudaHostIo(cudaStream_t stream) {
+  return HostIo{
+      [stream](ffi::AnyBuffer src, void* dst, size_t bytes) {
+        ffi::Error e =
+            Check(cudaMemcpyAsync(dst, src.untyped_data(), bytes, cudaMemcpyDeviceToHost, stream),
+                  "reading the optimizer's scalars");
+        return e.failure() ? e : Check(cudaStreamSynchronize(stream), "optimizer scalars");
+      },
+      [stream](const void* src, ffi::Result<ffi::AnyBuffer> dst, size_t bytes) {
+        ffi::Error e =
+            Check(cudaMemcpyAsync(dst->untyped_data(), src, bytes, cudaMemcpyHostToDevice, stream),
+                  "writing the optimizer's step count");
+        // `src` is the caller's stack: the copy must finish before it returns.
+        return e.failure() ? e : Check(cudaStreamSynchronize(stream), "optimizer step count");
+      }};
+}
+
 ffi::Error ProxyRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
-                         ffi::RemainingArgs, ffi::Result<ffi::AnyBuffer> token,
+                         ffi::RemainingArgs args, ffi::Result<ffi::AnyBuffer> token,
                          ffi::Dictionary attrs) {
   return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-                 [&](Call& call, Device& dev) { return ProxyRingBody(call, dev, token); });
+                 [&](Call& call, Device& dev) {
+                   return ProxyRingBody(call, dev, args, token, attrs, CudaHostIo(stream));
+                 });
+}
+
+ffi::Error OptCountImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
+                        ffi::Result<ffi::AnyBuffer> count, ffi::Dictionary attrs) {
+  return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
+                 [&](Call& call, Device& dev) {
+                   return OptCountBody(call, dev, count, attrs, CudaHostIo(stream));
+                 });
 }
 
 ffi::Error WorkerRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
@@ -79,9 +108,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ProxyRing, ProxyRingImpl,
                                   .Ctx<ffi::DeviceOrdinal>()                 // names the caller
                                   .Ctx<ffi::RunId>()           // rendezvous key: one execution
                                   .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
-                                  .RemainingArgs()             // push outputs: dependencies only
+                                  .RemainingArgs()             // push outputs [, params, scalars]
                                   .Ret<ffi::AnyBuffer>()       // token for the next call
-                                  .Attrs<ffi::Dictionary>());  // plan, ordinals
+                                  .Attrs<ffi::Dictionary>());  // plan, ordinals [, optimizer]
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(OptCount, OptCountImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
+                                  .Ctx<ffi::DeviceOrdinal>()                 // names the caller
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .Ret<ffi::AnyBuffer>()       // int32[] the step count
+                                  .Attrs<ffi::Dictionary>());  // plan, ordinals, store
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(WorkerRing, WorkerRingImpl,
                               ffi::Ffi::Bind()

@@ -24,6 +24,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(Unpack);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Reduce);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Push);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ProxyRing);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(OptCount);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(WorkerRing);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Pull);
 }  // namespace coarse::cuda
@@ -41,6 +42,7 @@ NB_MODULE(_coarse_cuda, m) {
         d["coarse_reduce"] = coarse::Encapsulate(coarse::cuda::Reduce);
         d["coarse_push"] = coarse::Encapsulate(coarse::cuda::Push);
         d["coarse_proxy_ring"] = coarse::Encapsulate(coarse::cuda::ProxyRing);
+        d["coarse_opt_count"] = coarse::Encapsulate(coarse::cuda::OptCount);
         d["coarse_worker_ring"] = coarse::Encapsulate(coarse::cuda::WorkerRing);
         d["coarse_pull"] = coarse::Encapsulate(coarse::cuda::Pull);
         return d;

@@ -18,9 +18,22 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "runtime/optimizer_math.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse {
+
+// One optimizer update of n elements on a proxy's own storage (see
+// ApplyOptimizer): the mean gradient in, the new parameters out in the same
+// place (the ring's all-gather then circulates them), the master weights and
+// state slots read from the committed buffer and written to the other one.
+struct OptBuffers {
+  float* grad_io;
+  const float* w_in;
+  float* w_out;
+  const float* s_in[2];  // OptSlots(kind) of them are used
+  float* s_out[2];
+};
 
 // A run of consecutive elements of one of this device's leaves and where it
 // sits in an f32 piece (or scratch) buffer.
@@ -29,6 +42,11 @@ struct LeafRun {
   xla::ffi::DataType dtype;  // the leaf's element type
   int64_t len;               // elements
   int64_t buf_off;           // offset in the f32 buffer
+};
+
+struct Mismatch {
+  int64_t index = -1;
+  float given = 0, held = 0;  // the params' value, the master's rounded value
 };
 
 class Device {
@@ -54,6 +72,18 @@ class Device {
                                    int64_t n) = 0;
   // x[i] *= scale (local).
   virtual xla::ffi::Error Scale(float* x, int64_t n, float scale) = 0;
+
+  // The proxy optimizer (runtime/optimizer_math.h), all local storage:
+  // b.w_out[i] = b.grad_io[i] = OptStep(o, b.grad_io[i], b.w_in[i], ...).
+  virtual xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) = 0;
+  // sum x[i]^2 in f64 over local storage (global-norm clipping). Blocks the
+  // host until the value exists (on CUDA: a device-to-host copy).
+  virtual xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) = 0;
+  // The first i < n where `given[i]` (parameters widened to f32) differs
+  // bitwise from `master[i]` rounded to `dtype` and widened back (index -1 if
+  // none), with both values. Local; blocks the host like SumSquares.
+  virtual xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const float* given,
+                                                    int64_t n, xla::ffi::DataType dtype) = 0;
 
   // Plain local bytes: result buffers the protocol fills (tokens, un-aliased
   // pass-through outputs).

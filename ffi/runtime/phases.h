@@ -11,6 +11,7 @@
 
 #include "runtime/call.h"
 #include "runtime/device.h"
+#include "runtime/param_store.h"
 #include "runtime/session.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -28,9 +29,37 @@ using LeafResolver = std::function<LeafRef(int64_t leaf)>;
 xla::ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_pieces,
                            const LeafResolver& leaf_of);
 
+// What a proxy needs to run the optimizer in its ring (coarse_proxy_ring of
+// a value_and_update; phases/update_pieces.cc).
+struct ProxyUpdate {
+  std::shared_ptr<ParamStore> store;
+  const OptimizerSpec* spec;
+  float lr, bc1, bc2;   // this step's, from XLA (coarse_jax/optim.py)
+  LeafResolver params;  // the proxy's copy of the step's params (plan leaf ids)
+  float norm = 1.0f;    // global gradient norm (clip_norm > 0 only)
+  bool clip = false;    // clipping applies this step
+};
+
 // coarse_proxy_ring: a proxy reduces every piece with the other proxies
-// (phases/reduce_pieces.cc).
-xla::ffi::Error ReducePieces(Call& call, Device& dev);
+// (phases/reduce_pieces.cc); with `update`, runs the optimizer on the
+// parameter chunks it owns between reduce-scatter and all-gather.
+xla::ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update);
+
+// The proxy optimizer's parts of ReducePieces (phases/update_pieces.cc).
+// Holds the store, lays it out and seeds it, or checks the given params
+// against it.
+xla::ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& update);
+// Turns the mean gradient in `own` (piece s's accumulator) into new
+// parameters on the ranges this proxy owns, updating its master and state.
+xla::ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& update, int64_t s,
+                               float* own);
+// Every proxy posts the squares of the gradient chunks it owns; sets
+// update.norm / update.clip once all have.
+xla::ffi::Error ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& update);
+
+// coarse_opt_count: the step count the next update of a store is (proxies
+// wait for the previous update to close; phases/update_pieces.cc).
+xla::ffi::ErrorOr<int64_t> OptimizerCount(Call& call, ParamStore& store);
 
 // coarse_worker_ring: workers gather `in_runs` (the leading leaves) into their
 // scratch and ring-reduce it; every device then scatters the result into

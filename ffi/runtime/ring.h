@@ -60,4 +60,20 @@ xla::ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int
                               const RingMember& m,
                               const std::function<std::string(int, int32_t)>& what);
 
+// The two halves of RingAllReduce, for a member that changes the chunks it
+// owns in between (the proxy optimizer turns its mean gradient into new
+// parameters, which the all-gather then circulates). After
+// RingReduceScatter the member owns chunk (position + 1) % p of each half,
+// fully reduced and scaled. With `announce` its successors may read it at
+// once; without, only once RingAnnounceOwned says it is final. Then
+// RingAllGather finishes.
+xla::ffi::Error RingReduceScatter(Session& session, Device& dev, const Who& who, int64_t n,
+                                  float scale, const RingMember& m,
+                                  const std::function<std::string(int, int32_t)>& what,
+                                  bool announce);
+xla::ffi::Error RingAnnounceOwned(Session& session, Device& dev, const RingMember& m);
+xla::ffi::Error RingAllGather(Session& session, Device& dev, const Who& who, int64_t n,
+                              const RingMember& m,
+                              const std::function<std::string(int, int32_t)>& what);
+
 }  // namespace coarse

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "runtime/interrupt.h"
+#include "runtime/param_store.h"
 #include "runtime/ring.h"
 
 namespace coarse {
@@ -187,6 +188,7 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
   worker_progress_ = Counters<int32_t>(p * 2, -1);
   leading_ready_ = Counters<int32_t>(p, 0);
   mailboxes_.reset(new Mailbox[2 * p]);
+  norm_parts_.reset(new double[p]());
   if (plan_->emulated) {
     emulator_ = std::make_unique<Emulator>(plan_->topology);
     const int64_t G = RingSteps(p) + 1;
@@ -293,6 +295,7 @@ void Session::MarkReduced(int64_t proxy, int64_t piece) {
 }
 
 Session::~Session() {
+  if (store_) store_->Close(this, false);  // a session that never finished commits nothing
   // After a failure a device may have stopped halfway, with work of this
   // session still queued (on a GPU): its storage is freed (cudaFree waits for
   // that work), not handed to the next step.
@@ -410,7 +413,32 @@ void Session::Finish(int64_t device) {
     if (g_virtual_spans.size() >= 4096) g_virtual_spans.erase(g_virtual_spans.begin());
     g_virtual_spans.push_back(std::chrono::duration<double>(Clock::duration(span)).count());
   }
+  std::shared_ptr<ParamStore> store;
+  {
+    std::lock_guard<std::mutex> lock(store_mu_);
+    store = store_;
+  }
+  if (store) store->Close(this, !poisoned());
   TheRegistry().Remove(run_id_, site_, iteration_, this);
+}
+
+void Session::set_store(std::shared_ptr<ParamStore> store) {
+  std::lock_guard<std::mutex> lock(store_mu_);
+  store_ = std::move(store);
+}
+
+void Session::PostNormPart(int64_t proxy, double sum_sq) {
+  norm_parts_[proxy] = sum_sq;
+  norm_posted_.fetch_add(1, std::memory_order_acq_rel);
+  for (int64_t k = 0; k < p(); ++k) Notify(p() + k);
+}
+
+bool Session::NormReady() const { return norm_posted_.load(std::memory_order_acquire) == p(); }
+
+double Session::NormTotal() const {
+  double total = 0;
+  for (int64_t k = 0; k < p(); ++k) total += norm_parts_[k];
+  return total;
 }
 
 bool Session::TakeDroppedPush(int64_t worker) {

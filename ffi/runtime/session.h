@@ -40,6 +40,8 @@
 
 namespace coarse {
 
+class ParamStore;
+
 enum Tier : int32_t { kWorker = 0, kProxy = 1 };
 
 // Who is calling: its tier and position on the "data" axis (the handlers read
@@ -58,6 +60,8 @@ class Session {
   ~Session();
 
   const Plan& plan() const { return *plan_; }
+  const std::shared_ptr<const Plan>& shared_plan() const { return plan_; }
+  const std::vector<int64_t>& ordinals() const { return ordinals_; }
   int64_t step() const { return step_; }
   int64_t iteration() const { return iteration_; }
   // " at step 3" or " at step 3 (loop iteration 2)": how errors name the session.
@@ -158,6 +162,16 @@ class Session {
   // Idempotent per device.
   void Finish(int64_t device);
 
+  // The proxy optimizer's store this session holds (ParamStore::Enter sets
+  // it): the session's end closes the hold, committing only a session that
+  // finished on every device without error.
+  void set_store(std::shared_ptr<ParamStore> store);
+  // Global-norm clipping: proxy k posts the f64 sum of squares of the mean
+  // gradient it owns; once all p have, NormTotal() sums them in proxy order.
+  void PostNormPart(int64_t proxy, double sum_sq);
+  bool NormReady() const;
+  double NormTotal() const;
+
   // Testing (InjectDroppedPush): whether to drop this push of `worker`; true
   // at most once per session.
   bool TakeDroppedPush(int64_t worker);
@@ -201,6 +215,10 @@ class Session {
   std::unique_ptr<std::atomic<int32_t>[]> finished_;  // [device]: Finish was called
   std::atomic<int64_t> left_{0};                      // devices finished
   std::atomic<int64_t> dropped_push_worker_{-1};      // InjectDroppedPush, taken at creation
+  std::mutex store_mu_;
+  std::shared_ptr<ParamStore> store_;
+  std::unique_ptr<double[]> norm_parts_;  // [proxy]
+  std::atomic<int64_t> norm_posted_{0};
 
   friend class Registry;
 };

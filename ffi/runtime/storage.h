@@ -81,8 +81,26 @@ class SpareSets {
   std::list<Entry> spare_;
 };
 
+// Runtime-owned memory that outlives sessions: the proxy optimizer's master
+// weights and state (runtime/param_store.h), on one mesh device.
+class StateBuffer {
+ public:
+  virtual ~StateBuffer() = default;
+  virtual float* data() = 0;
+  virtual int64_t nelems() const = 0;
+  // Host copies of [off, off + n), blocking (export / import between steps).
+  virtual bool ToHost(float* dst, int64_t off, int64_t n) = 0;
+  virtual bool FromHost(const float* src, int64_t off, int64_t n) = 0;
+  // this[dst_off, +n) = src[src_off, +n), both on the same device, blocking.
+  virtual bool CopyWithin(StateBuffer& src, int64_t src_off, int64_t dst_off, int64_t n) = 0;
+};
+
 class StoragePool {
  public:
+  // `nelems` floats on mesh device `device` (ordinals as for Take); null if
+  // the allocation failed.
+  virtual std::unique_ptr<StateBuffer> NewStateBuffer(const std::vector<int64_t>& ordinals,
+                                                      int64_t device, int64_t nelems) = 0;
   virtual ~StoragePool() = default;
   // `ordinals`: the platform's device number of every mesh device (worker i
   // at i, proxy k at p + k); empty where the platform does not need it.

@@ -88,7 +88,7 @@ std::vector<float> SyncSelfTest(const SyncSelfTestSpec& spec, const float* value
         ffi::Error e = AcquireStorage(call, dev);
         if (e.success() && worker) e = member->Load(in, values + d * total, total);
         if (e.success() && worker) e = PushPieces(call, dev, 0, plan->num_pieces(), leaves_at(in));
-        if (e.success() && !worker) e = ReducePieces(call, dev);
+        if (e.success() && !worker) e = ReducePieces(call, dev, nullptr);
         if (e.success()) e = ReduceLeading(call, dev, in_runs, out_runs);
         if (e.success()) e = PullPieces(call, dev, leaves_at(res));
         if (e.success()) e = member->Store(out.data() + (step * 2 * p + d) * total, res, total);

@@ -1,0 +1,189 @@
+"""Memory, measured: the batch a worker fits when the proxies hold the optimizer (issue 13).
+
+A BERT-base-shaped Flax encoder (12 layers, hidden 768, 12 heads, MLP 3072,
+sequence 128, vocabulary 30522) on 4 workers. The budget is the per-worker
+memory `lax.pmean` + `optax.adamw` needs at 8 sequences per worker (params and
+optimizer state donated). Against it, `coarse.value_and_update` with
+`coarse.optim.adamw` (params donated), in f32 and with bf16 params on the
+workers (f32 master on the proxies): the largest per-worker batch whose worker
+memory (`coarse.memory_report`: XLA's arguments, outputs and temporaries per
+device, plus the runtime's) fits the budget. Every number comes from a
+compiled program's memory analysis (XLA:CPU buffer assignment); nothing runs.
+
+Then a prediction, labelled as one: `coarse.model` step times for the larger
+batch, from per-sequence compute times measured here and the emulated "v100"
+preset's links. COARSE spends 4 extra devices (the proxies) to get the batch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import coarse_jax as coarse
+from coarse_jax.model import paper
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "bert"))
+from train import Bert, make_loss
+
+WORKERS = 4
+SEQ = 128
+BASE_BATCH = 8
+MODEL = Bert(vocab_size=30522, seq_len=SEQ, num_layers=12, d_model=768, num_heads=12, d_mlp=3072)
+_RESULTS: dict[str, object] = {}
+
+
+def _batch(per_worker: int) -> dict[str, jax.ShapeDtypeStruct]:
+    n = per_worker * WORKERS
+    return {
+        "inputs": jax.ShapeDtypeStruct((n, SEQ), jnp.int32),
+        "targets": jax.ShapeDtypeStruct((n, SEQ), jnp.int32),
+        "weights": jax.ShapeDtypeStruct((n, SEQ), jnp.float32),
+    }
+
+
+def _params(dtype) -> object:
+    shapes = jax.eval_shape(MODEL.init, jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32))
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype), shapes)
+
+
+def _peak(m) -> int:
+    return int(
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        - m.alias_size_in_bytes
+        + m.temp_size_in_bytes
+    )
+
+
+def _pmean_worker_bytes(per_worker: int) -> int:
+    loss = make_loss(MODEL.apply)
+    tx = optax.adamw(1e-4, weight_decay=0.01)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:WORKERS]), ("data",))
+
+    @jax.shard_map(mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=P())
+    def step(params, opt_state, batch):
+        value, grads = jax.value_and_grad(loss)(jax.lax.pcast(params, "data", to="varying"), batch)
+        value, grads = jax.lax.pmean((value, grads), "data")
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    params = _params(jnp.float32)
+    state = jax.eval_shape(tx.init, params)
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, _batch(per_worker))
+    return _peak(compiled.compile().memory_analysis())
+
+
+def _coarse_step(mesh):
+    loss = make_loss(MODEL.apply)
+    opt = coarse.optim.adamw(1e-4, weight_decay=0.01)
+
+    @coarse.sync(mesh, donate_argnums=0)
+    def step(params, batch):
+        value, params = coarse.value_and_update(loss, opt)(params, batch)
+        return params, value
+
+    return step
+
+
+def _largest_fitting(step, dtype, budget: int) -> tuple[int, dict[int, coarse.MemoryReport]]:
+    params = _params(dtype)
+    reports: dict[int, coarse.MemoryReport] = {}
+
+    def worker_bytes(b: int) -> int:
+        if b not in reports:
+            reports[b] = coarse.memory_report(step, params, _batch(b))
+        return reports[b].worker_bytes
+
+    lo, hi = worker_bytes(BASE_BATCH), worker_bytes(2 * BASE_BATCH)
+    per_seq = (hi - lo) / BASE_BATCH
+    guess = BASE_BATCH + int((budget - lo) // per_seq) if per_seq > 0 else 4 * BASE_BATCH
+    b = max(1, guess)
+    # Walk from the linear guess to the exact boundary, compiling each candidate.
+    while worker_bytes(b) > budget and b > 1:
+        b -= 1
+    while worker_bytes(b + 1) <= budget:
+        b += 1
+    return b, reports
+
+
+def _compute_s_per_seq() -> tuple[float, float]:
+    """(fixed, per-sequence) seconds of one worker's forward + backward, measured here."""
+    loss = make_loss(MODEL.apply)
+    params = MODEL.init(jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32))
+    grad = jax.jit(jax.grad(loss))
+    times = {}
+    for b in (1, 2):
+        rng = np.random.default_rng(b)
+        batch = {
+            "inputs": jnp.asarray(rng.integers(1, 30522, (b, SEQ)), jnp.int32),
+            "targets": jnp.asarray(rng.integers(1, 30522, (b, SEQ)), jnp.int32),
+            "weights": jnp.ones((b, SEQ), jnp.float32),
+        }
+        jax.block_until_ready(grad(params, batch))
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            jax.block_until_ready(grad(params, batch))
+            runs.append(time.perf_counter() - t0)
+        times[b] = float(np.median(runs))
+    per_seq = max(times[2] - times[1], 1e-9)
+    return max(times[1] - per_seq, 0.0), per_seq
+
+
+@pytest.mark.benchmark(group="memory")
+def test_bert_base_batch_that_fits(benchmark):
+    mesh = coarse.make_mesh(workers=WORKERS)
+    budget = _pmean_worker_bytes(BASE_BATCH)
+    rows = []
+
+    def measure():
+        rows.clear()
+        for name, dtype in (("f32", jnp.float32), ("bf16 + f32 master", jnp.bfloat16)):
+            b, reports = _largest_fitting(_coarse_step(mesh), dtype, budget)
+            rows.append((name, b, reports[b], reports[BASE_BATCH]))
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    n_params = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(_params(jnp.float32)))
+    fixed_s, per_seq_s = _compute_s_per_seq()
+    grad_bytes = 4 * n_params
+    # The "v100" preset's links (coarse.Topology.preset): local 9 GB/s for
+    # push and pull, remote 16 GB/s for the rings (pmean's and the proxies').
+    local_gbps, remote_gbps = 9.0, 16.0
+    allreduce_s = paper.ring_allreduce_s(grad_bytes, WORKERS, remote_gbps)
+    coarse_s = paper.coarse_sync_s(
+        grad_bytes, WORKERS, local_gbps, local_gbps, remote_gbps, 4 << 20
+    )
+
+    lines = [
+        "",
+        f"BERT-base encoder ({n_params / 1e6:.1f} M params, seq {SEQ}), {WORKERS} workers; "
+        f"budget = lax.pmean + optax.adamw at {BASE_BATCH} seqs/worker: "
+        f"{budget / 2**30:.2f} GiB per worker",
+    ]
+    for name, b, rep, rep8 in rows:
+        lines.append(
+            f"coarse.value_and_update + coarse.optim.adamw, {name}: {b} seqs/worker fit "
+            f"({b / BASE_BATCH:.2f}x); at {BASE_BATCH}: worker "
+            f"{rep8.worker_bytes / 2**30:.2f} GiB, proxy {rep8.proxy_bytes / 2**30:.2f} GiB"
+        )
+        lines.append(rep.table())
+        t_base = fixed_s + BASE_BATCH * per_seq_s + allreduce_s
+        t_big = fixed_s + b * per_seq_s + coarse_s
+        gain = (b / t_big) / (BASE_BATCH / t_base) - 1
+        lines.append(
+            f"  predicted (coarse.model; compute {per_seq_s * 1e3:.0f} ms/seq measured on this "
+            f"CPU, 'v100' preset links): {gain:+.1%} sequences/s at {b} vs pmean at "
+            f"{BASE_BATCH} (sync {coarse_s * 1e3:.1f} vs {allreduce_s * 1e3:.1f} ms)"
+        )
+    _RESULTS["memory"] = "\n".join(lines)
+    print(_RESULTS["memory"])
+    assert all(b >= 1 for _, b, _, _ in rows)

@@ -1,0 +1,159 @@
+"""Snapshot overhead, measured in one run (issue 14): step time with snapshots vs without.
+
+Two parameter trees at p = 4 (8 CPU devices), `coarse.value_and_update` with
+`coarse.optim.adamw`:
+
+* the bert example's encoder (examples/bert, its default size) on its own batches;
+* a ResNet-50-sized tree (25.6 M parameters, `coarse_jax.bench.shapes`) with a
+  cheap synthetic loss, so the step is mostly synchronization and update and
+  the snapshot's share is as large as it gets.
+
+For each: ``Config(snapshot_every=K)`` for K = 0 (off), 100 and 1, writing to a
+temporary ``snapshot_dir``; and, in the same run, the same training with the
+optimizer on the workers (`lax.pmean` + optax) saving (params, opt_state) with
+orbax's asynchronous `CheckpointManager` from the workers every K steps.
+Reported: median step time and the ratio to K = 0 of the same scheme.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import coarse_jax as coarse
+from coarse_jax.bench.shapes import resnet50_tree
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "bert"))
+from configs.default import get_config
+from train import Bert, make_data, make_loss
+
+WORKERS = 4
+STEPS = 24  # timed, after 3 warm-up steps
+_LINES: list[str] = []
+
+
+def _resnet_case():
+    rng = np.random.default_rng(0)
+    params = {
+        k: jnp.asarray(rng.standard_normal(s.shape) * 0.01, jnp.float32)
+        for k, s in resnet50_tree().items()
+    }
+
+    def loss(params, batch):
+        # Linear in every parameter: the gradient is cheap and batch-dependent.
+        return sum(jnp.mean(p) for p in jax.tree.leaves(params)) * jnp.mean(batch)
+
+    batches = [rng.standard_normal((WORKERS * 2, 8)).astype(np.float32) for _ in range(4)]
+    return "resnet50 tree", params, loss, batches
+
+
+def _bert_case():
+    cfg = get_config()
+    model = Bert(
+        vocab_size=cfg.vocab_size,
+        seq_len=cfg.seq_len,
+        num_layers=cfg.num_layers,
+        d_model=cfg.d_model,
+        num_heads=cfg.num_heads,
+        d_mlp=cfg.d_mlp,
+    )
+    params = model.init(jax.random.key(0), jnp.zeros((1, cfg.seq_len), jnp.int32))
+    cfg = type(cfg)(**{**cfg.__dict__, "steps": 4})
+    train, _ = make_data(cfg)
+    batches = [{k: v[i] for k, v in train.items()} for i in range(4)]
+    return "bert example", params, make_loss(model.apply), batches
+
+
+def _time(step, state, batches):
+    times = []
+    for i in range(STEPS + 3):
+        t0 = time.perf_counter()
+        state = step(state, batches[i % len(batches)])
+        jax.block_until_ready(state)
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _coarse(params, loss, batches, every, directory):
+    mesh = coarse.make_mesh(workers=WORKERS)
+    cfg = coarse.Config(snapshot_every=every, snapshot_dir=directory if every else None)
+    opt = coarse.optim.adamw(1e-4, weight_decay=0.01)
+
+    @coarse.sync(mesh, config=cfg)
+    def step(params, batch):
+        value, params = coarse.value_and_update(loss, opt)(params, batch)
+        return params, value
+
+    t = _time(lambda s, b: step(s[0], b), (params, 0.0), batches)
+    step.wait_snapshots()
+    return t
+
+
+def _pmean_orbax(params, loss, batches, every, directory):
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:WORKERS]), ("data",))
+    tx = optax.adamw(1e-4, weight_decay=0.01)
+
+    @jax.jit
+    @jax.shard_map(mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=P())
+    def update(params, opt_state, batch):
+        value, grads = jax.value_and_grad(loss)(jax.lax.pcast(params, "data", to="varying"), batch)
+        value, grads = jax.lax.pmean((value, grads), "data")
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    manager = None
+    if every:
+        manager = ocp.CheckpointManager(
+            directory, options=ocp.CheckpointManagerOptions(max_to_keep=2, save_interval_steps=1)
+        )
+    replicated = NamedSharding(mesh, P())
+    state = jax.device_put((params, tx.init(params)), replicated)
+    count = [0]
+
+    def step(state, batch):
+        params, opt_state, _ = update(*state, batch)
+        count[0] += 1
+        if manager is not None and count[0] % every == 0:
+            manager.save(count[0], args=ocp.args.StandardSave((params, opt_state)))
+        return params, opt_state
+
+    t = _time(step, state, batches)
+    if manager is not None:
+        manager.wait_until_finished()
+    return t
+
+
+@pytest.mark.parametrize("case", [_resnet_case, _bert_case], ids=["resnet50", "bert"])
+def test_snapshot_overhead(case, benchmark):
+    name, params, loss, batches = case()
+    rows = {}
+
+    def measure():
+        for scheme, fn in (("coarse snapshots", _coarse), ("pmean + orbax", _pmean_orbax)):
+            for every in (0, 100, 1):
+                with tempfile.TemporaryDirectory() as d:
+                    rows[(scheme, every)] = fn(params, loss, batches, every, d)
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    n = sum(x.size for x in jax.tree.leaves(params))
+    _LINES.append(f"{name} ({n / 1e6:.1f} M params), {WORKERS} workers, median of {STEPS} steps:")
+    for scheme in ("coarse snapshots", "pmean + orbax"):
+        base = rows[(scheme, 0)]
+        parts = [f"off {base * 1e3:.1f} ms"]
+        for every in (100, 1):
+            t = rows[(scheme, every)]
+            parts.append(f"every {every}: {t * 1e3:.1f} ms ({t / base - 1:+.1%})")
+        _LINES.append(f"  {scheme:<17} " + ", ".join(parts))
+    print("\n" + "\n".join(_LINES))

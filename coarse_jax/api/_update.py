@@ -1,0 +1,131 @@
+"""The proxy optimizer's part of a traced step: stores, attributes, the ring's extra operands.
+
+`coarse.value_and_update` runs `coarse.value_and_grad`'s dataflow with one
+change: the proxies' ring gets the params and this step's scalars, and the
+pull brings back parameters (`coarse_jax.api.grad.synced_value_and_grad`).
+This module names the runtime store each call site updates, so that a
+recompiled step (another batch shape, a re-plan) keeps updating the same
+master parameters and optimizer state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+import jax
+import numpy as np
+
+from coarse_jax import _ffi
+from coarse_jax.api import _context
+from coarse_jax.api._phases import finish as finish_sync
+from coarse_jax.config import Config
+from coarse_jax.optim import ProxyOptimizer
+from coarse_jax.plan import Plan
+
+_store_ids = itertools.count(1)
+
+
+@dataclasses.dataclass
+class Store:
+    """One value_and_update site of a step: its runtime store and what it holds."""
+
+    id: int
+    name: str
+    optimizer: ProxyOptimizer
+    treedef: Any  # the params' structure
+    shapes: list[tuple[int, ...]]  # per params leaf
+    dtypes: list[np.dtype]
+    plan: Plan
+    platform: str
+
+    def module(self) -> Any:
+        return _ffi.runtime_module(self.platform)
+
+    def updated_sync_ids(self) -> list[int]:
+        """Plan leaf ids (sync order) of the params, as the runtime lists them."""
+        n = len(self.shapes)
+        return [s for s in range(self.plan.num_proxy_leaves) if self.plan.sync_order[s] < n]
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """A traced value_and_update: its store, call site and attributes."""
+
+    store: Store
+    call: _ffi.CallSite
+    attrs: dict[str, Any]
+    n_params: int
+
+
+def check_config(cfg: Config) -> Config:
+    """The Config a value_and_update runs with (every parameter through the proxies)."""
+    if cfg.mode != "ffi":
+        raise NotImplementedError(
+            "coarse.value_and_update needs Config(mode='ffi'): the master parameters and the "
+            "optimizer state live in the runtime's memory on the proxies, which "
+            "mode='reference' (pure JAX) does not have. For a pure-JAX run of the same "
+            "optimizer use jax.value_and_grad + lax.pmean + optimizer.optax()."
+        )
+    # The leading layers are not reduced among the workers: their optimizer
+    # state would have to live on the workers, which is what the proxies are
+    # there to avoid. Every parameter goes through the proxies.
+    if cfg.leading_bytes != 0:
+        cfg = dataclasses.replace(cfg, leading_bytes=0)
+    return cfg
+
+
+def register(
+    ctx: _context.SyncContext,
+    call: _ffi.CallSite,
+    plan: Plan,
+    optimizer: ProxyOptimizer,
+    params: Any,
+    n_params: int,
+) -> Site:
+    """The store of the context's next value_and_update site (the same one every trace)."""
+    index = ctx.next_update
+    ctx.next_update += 1
+    leaves, treedef = jax.tree.flatten(params)
+    shapes = [tuple(np.shape(x)) for x in leaves]
+    dtypes = [np.dtype(x.dtype) for x in leaves]
+    store = ctx.stores.get(index)
+    if store is not None and (store.treedef, store.shapes) != (treedef, shapes):
+        raise ValueError(
+            f"coarse.value_and_update: call {index} of this step got params of another "
+            f"structure than before ({store.treedef} {store.shapes[:3]}..., now {treedef} "
+            f"{shapes[:3]}...); the proxies hold the master copy of the first. Fix: keep the "
+            "params' structure fixed, or use a new coarse.sync step for the new params."
+        )
+    if store is None:
+        name = f"{ctx.step_name} update {index}"
+        platform = ctx.mesh.devices.flat[0].platform
+        store = Store(next(_store_ids), name, optimizer, treedef, shapes, dtypes, plan, platform)
+        ctx.stores[index] = store
+    store.optimizer, store.plan, store.dtypes = optimizer, plan, dtypes
+    decay = optimizer.decay_mask(params)
+    flags = np.zeros(len(plan.leaves), np.int64)
+    for s, t in enumerate(plan.sync_order):
+        if t < n_params:
+            flags[s] = 1 | (2 if decay[t] else 0)
+    attrs = {
+        "opt_store": np.int64(store.id),
+        "opt_name": store.name,
+        "opt_leaf_flags": flags,
+        "opt_snapshot_every": np.int64(ctx.config.snapshot_every),
+        **optimizer.ffi_attrs(),
+    }
+    return Site(store, call, attrs, n_params)
+
+
+def finish(
+    site: Site, leaves: list[jax.Array], pushed: list[jax.Array], params: list[jax.Array]
+) -> list[jax.Array]:
+    """Ring with the optimizer and pull: the new params (tree order), then the mean loss."""
+    plan, call = site.store.plan, site.call
+    count = _ffi.opt_count(call, _ffi.who(), site.attrs)
+    scalars = site.store.optimizer.scalars(count)
+    ops = [params[t] if t < site.n_params else leaves[t] for t in plan.proxy_leaves]
+    update = _ffi.RingUpdate(ops, scalars, site.attrs)
+    return finish_sync(plan, call, leaves, pushed, in_place=True, update=update)

@@ -1,0 +1,156 @@
+"""`coarse.memory_report`: what each tier of a step holds, XLA's buffers plus the runtime's.
+
+Every device of a `coarse.sync` program runs the same SPMD program, so XLA's
+part (arguments, outputs, temporaries: the compiled program's
+``memory_analysis()``, per device) is the same on both tiers. The runtime's
+own memory is not: the proxies hold the session storage (one f32 slot per
+client and piece, `Plan`) and, under `coarse.value_and_update`, their share
+of the f32 master parameters and optimizer state, both buffers (double
+buffering, so a failed step keeps the previous version); the workers hold
+only the leading layers' scratch. That is the paper's memory argument:
+parameter storage moves to the proxies, and the workers' memory is what the
+forward and backward passes need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from coarse_jax.mesh import DATA
+from coarse_jax.plan import Plan
+
+TIERS = ("worker", "proxy")
+
+
+@dataclasses.dataclass(frozen=True)
+class TierMemory:
+    """Peak bytes on one device of a tier (the largest of the tier's devices)."""
+
+    tier: str
+    xla_argument_bytes: int
+    xla_output_bytes: int
+    xla_alias_bytes: int  # outputs written into donated arguments, counted once
+    xla_temp_bytes: int
+    runtime_storage_bytes: int  # per-step sync storage (proxy slots / worker scratch)
+    optimizer_bytes: int  # master parameters + optimizer state, both buffers
+
+    @property
+    def xla_bytes(self) -> int:
+        return (
+            self.xla_argument_bytes
+            + self.xla_output_bytes
+            - self.xla_alias_bytes
+            + self.xla_temp_bytes
+        )
+
+    @property
+    def total_bytes(self) -> int:
+        return self.xla_bytes + self.runtime_storage_bytes + self.optimizer_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """Per tier, what one device holds while the step runs. See `memory_report`."""
+
+    worker: TierMemory
+    proxy: TierMemory
+
+    @property
+    def worker_bytes(self) -> int:
+        """Peak bytes on a worker: XLA's buffers plus the runtime's."""
+        return self.worker.total_bytes
+
+    @property
+    def proxy_bytes(self) -> int:
+        """Peak bytes on a proxy: XLA's buffers plus the runtime's."""
+        return self.proxy.total_bytes
+
+    def table(self) -> str:
+        """A fixed-width table in MiB, one row per tier."""
+        cols = ("args", "outputs", "aliased", "temp", "runtime", "optimizer", "total")
+        lines = [f"{'tier':<8}" + "".join(f"{c:>11}" for c in cols) + "   (MiB per device)"]
+        for t in (self.worker, self.proxy):
+            vals = (
+                t.xla_argument_bytes,
+                t.xla_output_bytes,
+                -t.xla_alias_bytes,
+                t.xla_temp_bytes,
+                t.runtime_storage_bytes,
+                t.optimizer_bytes,
+                t.total_bytes,
+            )
+            lines.append(f"{t.tier:<8}" + "".join(f"{v / 2**20:>11.1f}" for v in vals))
+        return "\n".join(lines)
+
+
+def arena_bytes(plan: Plan) -> list[int]:
+    """Each proxy's session storage for ``plan`` (ffi/runtime/plan.cc's layout)."""
+    p = plan.workers
+    out = [0] * p
+    for piece in plan.pieces:
+        clients = [0] * p
+        for k in piece.dest:
+            clients[k] += 1
+        for k in range(p):
+            out[k] += max(1, clients[k]) * piece.nelems * 4
+    return out
+
+
+def optimizer_bytes(store: Any) -> int:
+    """The largest per-proxy bytes of a value_and_update store (measured or, before its
+    first step, computed: 1/p of the parameters, master plus slots, two buffers)."""
+    measured = store.module().store_bytes(store.id)
+    if measured:
+        return int(max(measured))
+    n = sum(int(np.prod(s)) for s in store.shapes)
+    per_proxy = -(-n // store.plan.workers)
+    return 2 * (1 + store.optimizer.slots) * per_proxy * 4
+
+
+def memory_report(step: Any, *args: Any) -> MemoryReport:
+    """Per device and tier, the bytes ``step`` holds when called with ``args``.
+
+    Compiles the step for ``args`` (nothing runs) and reads XLA's memory
+    analysis of the program; adds the runtime's storage for the
+    synchronizations the program makes and, for `coarse.value_and_update`,
+    the proxies' master parameters and optimizer state (measured once a step
+    has run, computed before). Several syncs in one step are summed, an
+    upper bound (the runtime holds one session set per sync in flight).
+
+    Args:
+      step: a `coarse.sync` step (`SyncedStep`).
+      *args: arguments as for a call (arrays or ``jax.ShapeDtypeStruct``s).
+
+    Returns:
+      A `MemoryReport`: ``.worker_bytes``, ``.proxy_bytes`` (peak per device of
+      each tier), ``.worker`` / ``.proxy`` (`TierMemory` parts), ``.table()``.
+
+    Example:
+      >>> print(coarse.memory_report(train_step, params, batch).table())
+    """
+    compiled_memory, plans = step._memory_analysis(*args)
+    p = int(step.mesh.shape[DATA])
+    arena = [0] * p
+    scratch = 0
+    for plan in plans:
+        for k, b in enumerate(arena_bytes(plan)):
+            arena[k] += b
+        scratch += sum(plan.leaves[i].size for i in plan.leading_leaves) * 4
+    opt = sum(optimizer_bytes(s) for s in step._stores.values())
+    m = compiled_memory
+
+    def tier(name: str, runtime: int, optimizer: int) -> TierMemory:
+        return TierMemory(
+            name,
+            int(m.argument_size_in_bytes),
+            int(m.output_size_in_bytes),
+            int(m.alias_size_in_bytes),
+            int(m.temp_size_in_bytes),
+            runtime,
+            optimizer,
+        )
+
+    return MemoryReport(tier("worker", scratch, 0), tier("proxy", max(arena, default=0), opt))

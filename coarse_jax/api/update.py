@@ -1,0 +1,175 @@
+"""`coarse.value_and_update`: the proxies as parameter storage (DESIGN.md section 7).
+
+The workers compute the loss and push gradients from inside the backward
+pass exactly as in `coarse.value_and_grad`; each proxy reduce-scatters,
+applies the optimizer to the chunk it owns with its 1/p share of the f32
+master parameters and optimizer state (runtime memory, no XLA buffer), and
+the all-gather carries the updated parameters, which the workers pull and
+cast to the params' dtype. The workers hold no optimizer state.
+
+`SyncedStep.optimizer_state` / `master_params` / `load_optimizer_state` /
+`reset_optimizer` read and write what the proxies hold (`StoreAccess`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from coarse_jax.api import _nnx
+from coarse_jax.api._update import Store
+from coarse_jax.api.grad import synced_value_and_grad
+from coarse_jax.config import Config
+from coarse_jax.optim import ProxyOptimizer
+
+
+def value_and_update(
+    fun: Callable[..., Any],
+    optimizer: ProxyOptimizer,
+    *,
+    has_aux: bool = False,
+    config: Config | None = None,
+) -> Callable[..., Any]:
+    """Loss and updated params, the optimizer run by the proxies. Inside `coarse.sync`.
+
+    Replaces ``jax.value_and_grad`` + ``lax.pmean`` + ``optax`` update: the
+    returned function takes ``(params, *args)`` like ``fun`` and returns
+    ``(loss, new_params)`` (``((loss, aux), new_params)`` with ``has_aux``),
+    ``loss`` the mean over the workers, ``new_params`` in the params' own
+    dtypes (bf16 params get an f32 master on the proxies).
+
+    State lives on the proxies, per call site of the step: the first call
+    seeds the master from the params it gets. Every later call must get the
+    params the step returned; other params raise an error naming the first
+    differing tensor (use `SyncedStep.load_optimizer_state` or
+    `SyncedStep.reset_optimizer` to continue from other params). A step that
+    fails (a timeout, Ctrl-C, the params check) leaves the proxies at the
+    previous version. Every parameter goes through the proxies
+    (``Config.leading_bytes`` is ignored here: the leading layers' optimizer
+    state would otherwise live on the workers). Needs ``mode="ffi"``.
+
+    Args:
+      fun: the loss function; differentiated with respect to its first argument.
+      optimizer: a `coarse.optim` optimizer (sgd, adam, adamw).
+      has_aux: ``fun`` returns ``(loss, aux)``; aux is each worker's own, as in
+        `coarse.value_and_grad`.
+      config: overrides the step's `Config`.
+
+    Example:
+      >>> opt = coarse.optim.adamw(1e-3, weight_decay=0.01)
+      >>> @coarse.sync(mesh)
+      ... def train_step(params, batch):
+      ...     loss, params = coarse.value_and_update(loss_fn, opt)(params, batch)
+      ...     return params, loss
+    """
+    if not isinstance(optimizer, ProxyOptimizer):
+        raise TypeError(
+            "coarse.value_and_update: optimizer must be a coarse.optim optimizer "
+            f"(coarse.optim.sgd / adam / adamw), got {type(optimizer).__name__}. An optax "
+            "transformation runs on the workers: use coarse.value_and_grad with it instead."
+        )
+
+    @functools.wraps(fun)
+    def vu(*args: Any, **kwargs: Any) -> Any:
+        if not args:
+            raise TypeError("coarse.value_and_update: the function needs the params first.")
+        if _nnx.is_graph_node(args[0]):
+            raise NotImplementedError(
+                "coarse.value_and_update takes params as a pytree, not an NNX module. Fix: "
+                "graphdef, params, rest = nnx.split(model, nnx.Param, ...), differentiate a "
+                "function of params that merges them, and nnx.update the model with the new "
+                "params."
+            )
+        return synced_value_and_grad(
+            fun, (0,), True, has_aux, config, args, kwargs, update=optimizer
+        )
+
+    return vu
+
+
+class StoreAccess:
+    """Reads and writes the proxies' master parameters and optimizer state of a step."""
+
+    def __init__(self, stores: dict[int, Store], name: str) -> None:
+        self._stores = stores
+        self._name = name
+
+    def store(self, index: int | None, what: str) -> Store:
+        if not self._stores:
+            raise RuntimeError(
+                f"{self._name}.{what}: the step has no coarse.value_and_update (or has not run "
+                "yet): call it once first."
+            )
+        if index is None:
+            if len(self._stores) > 1:
+                raise ValueError(
+                    f"{self._name}.{what}: the step has {len(self._stores)} value_and_update "
+                    "calls; pass index= (0 for the first) to say which."
+                )
+            index = next(iter(self._stores))
+        if index not in self._stores:
+            raise ValueError(
+                f"{self._name}.{what}: no value_and_update call {index}; the step has "
+                f"{sorted(self._stores)}."
+            )
+        return self._stores[index]
+
+    def export(
+        self, index: int | None, what: str, wait: Callable[[], None]
+    ) -> tuple[Store, int, list[list[np.ndarray]]]:
+        """(store, count, [slot][params leaf] f32 arrays), slot 0 the master.
+
+        ``wait`` blocks until the step's calls in flight are done (passed per
+        call, not kept: the step owns this object).
+        """
+        store = self.store(index, what)
+        wait()
+        got = store.module().store_export(store.id)
+        if got is None:
+            raise RuntimeError(
+                f"{self._name}.{what}: the proxies hold no state yet (no step has finished). "
+                "Run a step first."
+            )
+        count, leaves, values = got
+        order = [store.plan.sync_order[s] for s in leaves]  # params leaf of each
+        out: list[list[np.ndarray]] = []
+        for slot in values:
+            tree = [np.empty(0, np.float32)] * len(store.shapes)
+            for t, raw in zip(order, slot, strict=True):
+                tree[t] = np.frombuffer(raw, np.float32).reshape(store.shapes[t]).copy()
+            out.append(tree)
+        return store, int(count), out
+
+    def load(
+        self, store: Store, params: Any, count: int, slots: list[Any], wait: Callable[[], None]
+    ) -> None:
+        """The next update of ``store`` starts from ``params`` (its master), ``count``
+        and the optimizer state ``slots`` (trees like the params)."""
+        leaves, treedef = jax.tree.flatten(params)
+        if treedef != store.treedef or [tuple(np.shape(x)) for x in leaves] != store.shapes:
+            raise ValueError(
+                f"{self._name}.load_optimizer_state: params must have the structure and "
+                f"shapes the step updates ({store.treedef}), got {treedef}."
+            )
+        trees = [leaves, *(jax.tree.leaves(s) for s in slots)]
+        ids = store.updated_sync_ids()
+        values = []
+        for tree in trees:
+            if len(tree) != len(leaves):
+                raise ValueError(
+                    f"{self._name}.load_optimizer_state: opt_state's moments have "
+                    f"{len(tree)} leaves, params have {len(leaves)}."
+                )
+            flat = [np.asarray(x, np.float32).ravel() for x in tree]
+            values.append([flat[store.plan.sync_order[s]].tobytes() for s in ids])
+        wait()
+        store.module().store_load(store.id, store.name, count, ids, values)
+
+
+def to_jax(tree_leaves: list[np.ndarray], treedef: Any) -> Any:
+    return jax.tree.unflatten(treedef, [jnp.asarray(x) for x in tree_leaves])

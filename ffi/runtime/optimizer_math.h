@@ -1,0 +1,82 @@
+// The proxy optimizer's arithmetic on one element, shared by the CPU backend
+// (cpu/cpu_backend.cc) and the CUDA kernel (kernels/optim.cu), so both
+// platforms compute the same f32 bits. The formulas follow optax's
+// transformations op for op (coarse_jax/optim.py names the equivalent chain):
+//
+//   clip_by_global_norm(c):  g = norm < c ? g : (g / norm) * c
+//   sgd:   g += wd * w (add_decayed_weights, masked);
+//          momentum: t = g + momentum * t;  u = nesterov ? g + momentum * t : t
+//   adam:  m = (1 - b1) * g + b1 * m;  v = (1 - b2) * g^2 + b2 * v
+//          u = (m / bc1) / (sqrt(v / bc2) + eps)
+//   adamw: adam, then u += wd * w (masked)
+//   all:   w = w + (-lr) * u
+//
+// Per-step scalars (lr from the schedule, the bias corrections bc1 = 1 - b1^t,
+// bc2 = 1 - b2^t) are computed by XLA from the proxies' step count and passed
+// in; the hyperparameters come from the plan's attributes.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define COARSE_HD __host__ __device__ __forceinline__
+#include <math.h>
+#else
+#define COARSE_HD inline
+#include <cmath>
+#endif
+
+namespace coarse {
+
+enum class OptKind : int32_t { kSgd = 0, kAdam = 1, kAdamW = 2 };
+
+// Everything one update of a run of elements needs, by value (a kernel
+// argument).
+struct OptScalars {
+  OptKind kind = OptKind::kSgd;
+  int32_t nesterov = 0;
+  int32_t decay = 0;               // weight decay applies to these elements (mask)
+  int32_t clip = 0;                // global-norm clipping is active this step (norm >= clip_norm)
+  float lr = 0, bc1 = 1, bc2 = 1;  // per step
+  float b1 = 0, one_minus_b1 = 1, b2 = 0, one_minus_b2 = 1, eps = 0;
+  float weight_decay = 0, momentum = 0;
+  float norm = 1, clip_norm = 1;  // clip: g = (g / norm) * clip_norm
+};
+
+// Optimizer state slots per element besides the master weight: sgd with
+// momentum 1 (trace), sgd without 0, adam/adamw 2 (mu, nu).
+COARSE_HD int32_t OptSlots(OptKind kind, float momentum) {
+  return kind == OptKind::kSgd ? (momentum != 0.0f ? 1 : 0) : 2;
+}
+
+// One element: `g` the mean gradient, `w` the f32 master weight, `s0`, `s1`
+// the state slots (read, then overwritten). Returns the new weight; the new
+// state is written through s0/s1.
+COARSE_HD float OptStep(const OptScalars& o, float g, float w, float* s0, float* s1) {
+  if (o.clip) g = (g / o.norm) * o.clip_norm;
+  float u;
+  if (o.kind == OptKind::kSgd) {
+    if (o.decay) g = g + o.weight_decay * w;
+    if (o.momentum != 0.0f) {
+      const float t = g + o.momentum * *s0;
+      *s0 = t;
+      u = o.nesterov ? g + o.momentum * t : t;
+    } else {
+      u = g;
+    }
+  } else {
+    const float m = o.one_minus_b1 * g + o.b1 * *s0;
+    const float v = o.one_minus_b2 * (g * g) + o.b2 * *s1;
+    *s0 = m;
+    *s1 = v;
+#if defined(__CUDACC__)
+    u = (m / o.bc1) / (sqrtf(v / o.bc2) + o.eps);
+#else
+    u = (m / o.bc1) / (std::sqrt(v / o.bc2) + o.eps);
+#endif
+    if (o.kind == OptKind::kAdamW && o.decay) u = u + o.weight_decay * w;
+  }
+  return w + (-o.lr) * u;
+}
+
+}  // namespace coarse

@@ -1,0 +1,189 @@
+// The proxy optimizer inside a proxy's ring (see phases.h, param_store.h).
+//
+// BeginUpdate: hold the store (one update at a time), lay it out for this
+// plan, then either seed the committed buffer (first step: from the params;
+// after a load or a re-plan: from the host) or check that the params the
+// step got are the ones the store returned last time, so the master and the
+// workers' copy never silently part ways.
+// ApplyOptimizer: per owned range, per leaf segment (weight-decay masks are
+// per leaf), one Device::ApplyOptimizer that reads the committed buffer and
+// writes the other; the session's close commits (ParamStore::Close).
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "runtime/dtype.h"
+#include "runtime/phases.h"
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+namespace {
+
+// Calls f(leaf, leaf_off, piece_off, len) for the parts of piece r.piece's
+// segments inside [r.lo, r.hi).
+template <typename F>
+ffi::Error ForSegments(const Plan& plan, const OwnedRange& r, F&& f) {
+  for (int64_t g = plan.piece_seg_begin[r.piece]; g < plan.piece_seg_begin[r.piece + 1]; ++g) {
+    const Segment& seg = plan.segments[g];
+    const int64_t lo = std::max(r.lo, seg.piece_off), hi = std::min(r.hi, seg.piece_off + seg.len);
+    if (hi <= lo) continue;
+    ffi::Error e = f(seg.leaf, seg.leaf_off + (lo - seg.piece_off), lo, hi - lo);
+    if (e.failure()) return e;
+  }
+  return ffi::Error::Success();
+}
+
+std::string FloatText(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+}  // namespace
+
+ffi::ErrorOr<int64_t> OptimizerCount(Call& call, ParamStore& store) {
+  if (call.who.tier != kProxy) return int64_t{0};  // only proxies update; workers never wait
+  ffi::Error err = store.Enter(call.session, call.who);
+  if (err.failure()) return ffi::Unexpected(err);
+  return store.count();
+}
+
+ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
+  Session& session = *call.session;
+  const Plan& plan = call.plan();
+  const int64_t k = call.who.index, p = plan.workers;
+  ParamStore& store = *u.store;
+  ffi::Error err = store.Enter(call.session, call.who);
+  if (err.success()) err = store.Prepare(session, *u.spec);
+  if (err.failure()) return err;
+  const int64_t n = store.owned_nelems(k);
+  const int32_t slots = u.spec->slots();
+  if (store.TakeSnapshotTurn(session)) {  // the committed version, before it can change
+    err = store.CopySnapshot(dev, k);
+    if (err.failure()) return err;
+    store.SnapshotCopied();
+  }
+  switch (store.seed()) {
+    case ParamStore::Seed::kFromHost: return store.SeedFromHost(k);
+    case ParamStore::Seed::kFromParams: {
+      for (const OwnedRange& r : store.owned(k)) {
+        err = ForSegments(plan, r,
+                          [&](int64_t leaf, int64_t leaf_off, int64_t piece_off, int64_t len) {
+                            const LeafRef x = u.params(leaf);
+                            LeafRun run{ElementPtr(x.data, x.dtype, leaf_off), x.dtype, len,
+                                        r.off + (piece_off - r.lo)};
+                            return dev.Gather(&run, 1, store.buf(k, 0, 0), p + k, n);
+                          });
+        if (err.failure()) return err;
+      }
+      for (int32_t j = 1; j <= slots; ++j) {
+        err = dev.ZeroBytes(store.buf(k, 0, j), static_cast<size_t>(n) * sizeof(float));
+        if (err.failure()) return err;
+      }
+      return dev.Publish();
+    }
+    case ParamStore::Seed::kNone: break;
+  }
+  // The params this step got must be what the store returned: widen them
+  // into the buffer this step writes anyway, compare with the committed
+  // master rounded to the params' dtype.
+  float* given = store.buf(k, 1, 0);
+  const float* master = store.buf(k, 0, 0);
+  for (const OwnedRange& r : store.owned(k)) {
+    err = ForSegments(
+        plan, r, [&](int64_t leaf, int64_t leaf_off, int64_t piece_off, int64_t len) -> ffi::Error {
+          const LeafRef x = u.params(leaf);
+          const int64_t off = r.off + (piece_off - r.lo);
+          LeafRun run{ElementPtr(x.data, x.dtype, leaf_off), x.dtype, len, off};
+          ffi::Error e = dev.Gather(&run, 1, given, p + k, n);
+          if (e.failure()) return e;
+          auto bad = dev.FirstMismatch(master + off, given + off, len, x.dtype);
+          if (bad.has_error()) return bad.error();
+          if (bad.value().index < 0) return ffi::Error::Success();
+          const int64_t i = bad.value().index;
+          const float got = bad.value().given, held = bad.value().held;
+          const std::string msg =
+              "coarse_jax: coarse.value_and_update ('" + store.name() + "')" +
+              session.DescribeStep() +
+              ": the params passed to the step are not the params it "
+              "returned last time (tensor '" +
+              plan.leaf_names[leaf] + "', element " + std::to_string(leaf_off + i) + ": got " +
+              FloatText(got) + ", the proxies' master holds " + FloatText(held) +
+              "). The proxies hold the master parameters and the optimizer state, so the step "
+              "must get back what it returned. Fix: pass the params the step returned; to continue "
+              "from other params, call step.load_optimizer_state(params, opt_state) first, or "
+              "step.reset_optimizer() to restart the optimizer from the params you pass.";
+          session.Poison(msg);
+          return ffi::Error::InvalidArgument(msg);
+        });
+    if (err.failure()) return err;
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& u, int64_t s, float* own) {
+  const Plan& plan = call.plan();
+  const int64_t k = call.who.index;
+  ParamStore& store = *u.store;
+  const OptimizerSpec& spec = *u.spec;
+  OptScalars o;
+  o.kind = spec.kind;
+  o.nesterov = spec.nesterov;
+  o.clip = u.clip;
+  o.lr = u.lr;
+  o.bc1 = u.bc1;
+  o.bc2 = u.bc2;
+  o.b1 = spec.b1;
+  o.one_minus_b1 = static_cast<float>(spec.one_minus_b1);
+  o.b2 = spec.b2;
+  o.one_minus_b2 = static_cast<float>(spec.one_minus_b2);
+  o.eps = spec.eps;
+  o.weight_decay = spec.weight_decay;
+  o.momentum = spec.momentum;
+  o.norm = u.norm;
+  o.clip_norm = spec.clip_norm;
+  const int32_t slots = spec.slots();
+  for (const OwnedRange& r : store.owned(k)) {
+    if (r.piece != s) continue;
+    ffi::Error err =
+        ForSegments(plan, r, [&](int64_t leaf, int64_t, int64_t piece_off, int64_t len) {
+          const int64_t off = r.off + (piece_off - r.lo);
+          OptBuffers b{};
+          b.grad_io = own + piece_off;
+          b.w_in = store.buf(k, 0, 0) + off;
+          b.w_out = store.buf(k, 1, 0) + off;
+          for (int32_t j = 0; j < slots; ++j) {
+            b.s_in[j] = store.buf(k, 0, 1 + j) + off;
+            b.s_out[j] = store.buf(k, 1, 1 + j) + off;
+          }
+          o.decay = spec.decayed(leaf) && spec.weight_decay != 0.0f;
+          return dev.ApplyOptimizer(o, b, len);
+        });
+    if (err.failure()) return err;
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& u) {
+  Session& session = *call.session;
+  const int64_t k = call.who.index;
+  const Plan& plan = call.plan();
+  double sum_sq = 0;
+  for (const OwnedRange& r : u.store->owned(k)) {
+    auto part = dev.SumSquares(session.arena(k) + plan.slot(k, r.piece, 0) + r.lo, r.hi - r.lo);
+    if (part.has_error()) return part.error();
+    sum_sq += part.value();
+  }
+  session.PostNormPart(k, sum_sq);
+  ffi::Error err = session.Wait(
+      call.who, Session::Waits::kPeer, [&] { return session.NormReady(); },
+      [&] { return std::string("every proxy's share of the global gradient norm (clip_norm)"); });
+  if (err.failure()) return err;
+  u.norm = static_cast<float>(std::sqrt(session.NormTotal()));
+  u.clip = !(u.norm < u.spec->clip_norm);
+  return ffi::Error::Success();
+}
+
+}  // namespace coarse

@@ -1,0 +1,214 @@
+"""Snapshots of the proxies' state (DESIGN.md section 8): in memory, on disk, restored.
+
+The disk tests run training in subprocesses that are killed with SIGKILL (no
+atexit, no flush) and restarted from the checkpoint directory; the oracle is
+the same training uninterrupted, compared bitwise.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from helpers import assert_tree_close, make_batch, mlp_init, mlp_loss
+
+import coarse_jax as coarse
+
+SIZES = (8, 16, 16, 4)
+
+_TRAIN = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import jax, numpy as np
+    import coarse_jax as coarse
+
+    directory, total, kill_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    every_write = sys.argv[4] == "1"  # wait for each snapshot's write (deterministic tests)
+
+    def loss_fn(params, batch):
+        h = np.float32(1) * jax.numpy.tanh(batch["x"] @ params["w1"] + params["b1"])
+        return jax.numpy.mean((h @ params["w2"] - batch["y"]) ** 2)
+
+    def batch(i):  # the data position is the optimizer step
+        rng = np.random.default_rng(100 + i)
+        return {"x": rng.standard_normal((8, 8), np.float32),
+                "y": rng.standard_normal((8, 4), np.float32)}
+
+    mesh = coarse.make_mesh(workers=2)
+    cfg = coarse.Config(snapshot_every=3, snapshot_dir=directory, snapshot_keep=2)
+    opt = coarse.optim.adamw(1e-2, weight_decay=0.01, clip_norm=1.0)
+
+    @coarse.sync(mesh, config=cfg)
+    def step(params, batch):
+        loss, params = coarse.value_and_update(loss_fn, opt)(params, batch)
+        return params, loss
+
+    if os.path.isdir(directory) and any(n.isdigit() for n in os.listdir(directory)):
+        params = step.restore(directory)
+        start = step.restored_count
+    else:
+        rng = np.random.default_rng(0)
+        params = {"w1": rng.standard_normal((8, 16), np.float32) * 0.3,
+                  "b1": np.zeros(16, np.float32),
+                  "w2": rng.standard_normal((16, 4), np.float32) * 0.3}
+        start = 0
+    print("START", start, flush=True)
+    for i in range(start, total):
+        params, loss = step(params, batch(i))
+        if every_write:
+            step.wait_snapshots()
+        if i + 1 == kill_after:  # once the newest snapshot is on disk: kill -9
+            step.wait_snapshots()
+            os.kill(os.getpid(), 9)
+    step.wait_snapshots()
+    np.save(os.path.join(directory, "final.npy"),
+            np.concatenate([np.asarray(params[k]).ravel() for k in sorted(params)]))
+    """
+)
+
+
+def _run(directory, total, kill_after=0, env_extra=None, every_write=False):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **(env_extra or {}))
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _TRAIN,
+            str(directory),
+            str(total),
+            str(kill_after),
+            str(int(every_write)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=directory.parent,
+        check=False,
+    )
+
+
+def _final(directory):
+    return np.load(os.path.join(directory, "final.npy"))
+
+
+@pytest.mark.timeout(600)
+def test_kill_9_then_restart_from_the_directory_is_bitwise_uninterrupted(tmp_path):
+    whole = _run(tmp_path / "whole", 14)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    killed = _run(tmp_path / "killed", 14, kill_after=10)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    steps = sorted(int(n) for n in os.listdir(tmp_path / "killed") if n.isdigit())
+    assert steps and steps[-1] == 9 and len(steps) <= 2, steps  # taken when step 10 started
+    resumed = _run(tmp_path / "killed", 14)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"START {steps[-1]}" in resumed.stdout
+    np.testing.assert_array_equal(_final(tmp_path / "killed"), _final(tmp_path / "whole"))
+
+
+@pytest.mark.timeout(600)
+def test_kill_during_a_write_restarts_from_the_previous_checkpoint(tmp_path):
+    whole = _run(tmp_path / "whole", 10)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    d = tmp_path / "crash"
+    crashed = _run(d, 10, env_extra={"COARSE_JAX_TEST_KILL_BEFORE_RENAME": "6"}, every_write=True)
+    assert crashed.returncode == -9, crashed.stderr[-3000:]
+    names = os.listdir(d)
+    assert "3" in names and "6" not in names, names  # 6 was written, never made complete
+    assert any(n.startswith("6.partial-") for n in names), names
+    resumed = _run(d, 10)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "START 3" in resumed.stdout
+    np.testing.assert_array_equal(_final(d), _final(tmp_path / "whole"))
+    # A checkpoint coarse_jax wrote opens with plain orbax.
+    latest = max(int(n) for n in os.listdir(d) if n.isdigit())
+    tree = ocp.StandardCheckpointer().restore(str(d / str(latest)))
+    assert int(tree["step"]) == latest
+    assert set(tree["opt_state"]) == {"mu", "nu"}
+    assert tree["params"]["w1"].shape == (8, 16) and tree["params"]["w1"].dtype == np.float32
+
+
+def _step(mesh, opt, config=None):
+    @coarse.sync(mesh, config=config)
+    def step(params, batch):
+        loss, params = coarse.value_and_update(mlp_loss, opt)(params, batch)
+        return params, loss
+
+    return step
+
+
+def test_rollback_after_a_nan_equals_skipping_that_batch():
+    mesh = coarse.make_mesh(workers=2)
+    params = mlp_init(jax.random.key(1), SIZES)
+    batches = [make_batch(jax.random.key(50 + i), 8, 8, 4) for i in range(8)]
+    bad = dict(batches[4], x=batches[4]["x"].at[0, 0].set(jnp.nan))
+    opt = coarse.optim.adam(1e-2)
+
+    step = _step(mesh, opt, coarse.Config(snapshot_every=1))
+    p = params
+    losses = []
+    for i, batch in enumerate(batches):
+        p, loss = step(p, bad if i == 4 else batch)
+        if not np.isfinite(float(loss)):
+            p = step.restore()  # back to before this step
+            assert step.restored_count == i
+            continue
+        losses.append(float(loss))
+
+    skip = _step(mesh, opt)
+    q = params
+    want = []
+    for i, batch in enumerate(batches):
+        if i == 4:
+            continue
+        q, loss = skip(q, batch)
+        want.append(float(loss))
+    np.testing.assert_array_equal(losses, want)
+    assert_tree_close(p, q, rtol=0, atol_scale=0)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_snapshot_and_restore_round_trip(workers, tmp_path):
+    mesh = coarse.make_mesh(workers=workers)
+    params = mlp_init(jax.random.key(2), SIZES)
+    batches = [make_batch(jax.random.key(70 + i), 4 * workers, 8, 4) for i in range(6)]
+    opt = coarse.optim.sgd(0.05, momentum=0.9)
+    # Leading layers asked for: value_and_update sends everything through the proxies.
+    cfg = coarse.Config(
+        leading_bytes=8 * 16 * 4 + 64, snapshot_every=5, snapshot_dir=str(tmp_path / "ck")
+    )
+    step = _step(mesh, opt, cfg)
+    p = params
+    for batch in batches[:3]:
+        p, _ = step(p, batch)
+    assert step.snapshot() == 3
+    state3 = step.optimizer_state()
+    for batch in batches[3:5]:  # the snapshot of step 5 would be taken when step 6 starts
+        p, _ = step(p, batch)
+    p = step.restore()  # in memory: back to step 3
+    assert step.restored_count == 3
+    for a, b in zip(jax.tree.leaves(step.optimizer_state()), jax.tree.leaves(state3), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    again = p
+    for batch in batches[3:]:
+        again, _ = step(again, batch)
+    step.wait_snapshots()
+    # From disk, in another step object (a fresh start): the newest checkpoint.
+    fresh = _step(mesh, opt, cfg)
+    restored = fresh.restore(str(tmp_path / "ck"))
+    newest = fresh.restored_count
+    assert newest == 5, newest  # step 5's snapshot, taken when step 6 started
+    for batch in batches[newest:]:
+        restored, _ = fresh(restored, batch)
+    assert_tree_close(restored, again, rtol=0, atol_scale=0)
+    want = optax.sgd(0.05, momentum=0.9)  # the exported state is optax's
+    assert jax.tree.structure(fresh.optimizer_state()) == jax.tree.structure(want.init(params))

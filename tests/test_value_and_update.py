@@ -1,0 +1,348 @@
+"""coarse.value_and_update: the proxies run the optimizer (DESIGN.md section 7).
+
+The oracle is plain optax under lax.pmean over the same workers (its own
+optax chain, written out here, not coarse's `ProxyOptimizer.optax`), on the
+same batches; curves agree to f32 rtol 1e-5 and the state the proxies export
+equals optax's.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import assert_replicated, assert_tree_close, make_batch, mlp_init, mlp_loss
+from jax.sharding import PartitionSpec as P
+
+import coarse_jax as coarse
+from coarse_jax import _ffi
+
+SIZES = (8, 16, 16, 4)
+
+
+def _pmean_step(workers: int, tx: optax.GradientTransformation):
+    flat = jax.sharding.Mesh(np.array(jax.devices()[:workers]), ("data",))
+
+    @jax.jit
+    @jax.shard_map(mesh=flat, in_specs=(P(), P(), P("data")), out_specs=P())
+    def step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(mlp_loss)(
+            jax.lax.pcast(params, "data", to="varying"), batch
+        )
+        loss, grads = jax.lax.pmean((loss, grads), "data")
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def _coarse_step(mesh, opt, config=None):
+    @coarse.sync(mesh, config=config)
+    def step(params, batch):
+        loss, params = coarse.value_and_update(mlp_loss, opt)(params, batch)
+        return params, loss
+
+    return step
+
+
+def _batches(n: int, per_worker: int, workers: int):
+    return [make_batch(jax.random.key(1000 + i), per_worker * workers, 8, 4) for i in range(n)]
+
+
+def _biases_only(params):
+    return jax.tree_util.tree_map_with_path(lambda path, _: path[-1].key == "w", params)
+
+
+SCHEDULE = optax.warmup_cosine_decay_schedule(0.0, 2e-2, 10, 100)
+# (name, coarse optimizer, the optax oracle written out independently)
+CASES = [
+    ("sgd", coarse.optim.sgd(0.05), optax.sgd(0.05)),
+    (
+        "sgd-momentum-nesterov-decay",
+        coarse.optim.sgd(0.05, momentum=0.9, nesterov=True, weight_decay=1e-3),
+        optax.chain(optax.add_decayed_weights(1e-3), optax.sgd(0.05, 0.9, nesterov=True)),
+    ),
+    ("adam", coarse.optim.adam(1e-2), optax.adam(1e-2)),
+    (
+        "adam-clip-schedule",
+        coarse.optim.adam(SCHEDULE, clip_norm=0.5),
+        optax.chain(optax.clip_by_global_norm(0.5), optax.adam(SCHEDULE)),
+    ),
+    (
+        "adamw-mask-clip",
+        coarse.optim.adamw(1e-2, weight_decay=0.05, mask=_biases_only, clip_norm=0.3),
+        optax.chain(
+            optax.clip_by_global_norm(0.3), optax.adamw(1e-2, weight_decay=0.05, mask=_biases_only)
+        ),
+    ),
+]
+
+
+def _train(step, params, batches):
+    losses = []
+    for batch in batches:
+        params, loss = step(params, batch)
+        losses.append(float(loss))
+    return params, np.array(losses)
+
+
+@pytest.mark.parametrize(("name", "opt", "oracle"), CASES, ids=[c[0] for c in CASES])
+def test_hundred_steps_match_optax_under_pmean(name, opt, oracle):
+    workers = 4
+    mesh = coarse.make_mesh(workers=workers)
+    params = mlp_init(jax.random.key(3), SIZES)
+    batches = _batches(100, 4, workers)
+    step = _coarse_step(mesh, opt, coarse.Config(shard_bytes=256))
+    got_params, got_loss = _train(step, params, batches)
+
+    ref = _pmean_step(workers, oracle)
+    want_params, state = params, oracle.init(params)
+    want_loss = []
+    for batch in batches:
+        want_params, state, loss = ref(want_params, state, batch)
+        want_loss.append(float(loss))
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+    assert_tree_close(got_params, jax.device_get(want_params), rtol=1e-5, atol_scale=1e-5)
+    assert_replicated(got_params)
+    # The proxies' state, exported as optax's pytree, equals optax's.
+    exported = step.optimizer_state()
+    assert jax.tree.structure(exported) == jax.tree.structure(state)
+    for a, b in zip(jax.tree.leaves(exported), jax.tree.leaves(state), strict=True):
+        np.testing.assert_allclose(
+            np.asarray(a, np.float64),
+            np.asarray(jax.device_get(b), np.float64),
+            rtol=1e-5,
+            atol=1e-5 * float(np.max(np.abs(np.asarray(jax.device_get(b)))) or 1.0),
+        )
+    assert_tree_close(step.master_params(), got_params, rtol=0, atol_scale=0)
+
+
+def _adam_reference(params, batches, workers, tx=None):
+    tx = tx or optax.adam(1e-2)
+    ref = _pmean_step(workers, tx)
+    state = tx.init(params)
+    losses = []
+    for batch in batches:
+        params, state, loss = ref(params, state, batch)
+        losses.append(float(loss))
+    return jax.device_get(params), np.array(losses)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+@pytest.mark.parametrize(
+    "config",
+    [
+        coarse.Config(shard_bytes=256),
+        # Crossing routes (paper Fig. 10) and a latency threshold that splits them.
+        coarse.Config(
+            shard_bytes=512,
+            latency_threshold_bytes=300,
+            routes="crossing",  # replaced below
+        )
+        if False
+        else None,
+        # DENSE: every worker routes to proxy 0, which owns every piece.
+        "dense",
+        # Leading layers asked for: value_and_update ignores them (all through the proxies).
+        coarse.Config(shard_bytes=256, leading_bytes=8 * 16 * 4 + 64),
+    ],
+    ids=["plain", "crossing", "dense", "leading"],
+)
+def test_adam_across_workers_routes_and_leading(workers, config):
+    if config is None:
+        config = coarse.Config(
+            shard_bytes=512,
+            latency_threshold_bytes=300,
+            routes=tuple((i, (i + 1) % workers) for i in range(workers)),
+        )
+    elif config == "dense":
+        config = coarse.Config(shard_bytes=256, routes=tuple((0, 0) for _ in range(workers)))
+    mesh = coarse.make_mesh(workers=workers)
+    params = mlp_init(jax.random.key(4), SIZES)
+    batches = _batches(30, 2, workers)
+    got_params, got_loss = _train(
+        _coarse_step(mesh, coarse.optim.adam(1e-2), config), params, batches
+    )
+    want_params, want_loss = _adam_reference(params, batches, workers)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+    assert_tree_close(got_params, want_params, rtol=1e-5, atol_scale=1e-5)
+
+
+def test_bitwise_reproducible_across_runs():
+    mesh = coarse.make_mesh(workers=4)
+    params = mlp_init(jax.random.key(5), SIZES)
+    batches = _batches(20, 2, 4)
+    opt = coarse.optim.adamw(1e-2, weight_decay=0.01, clip_norm=0.5)
+    runs = [_train(_coarse_step(mesh, opt), params, batches) for _ in range(2)]
+    for a, b in zip(jax.tree.leaves(runs[0][0]), jax.tree.leaves(runs[1][0]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+
+
+def test_bf16_params_keep_an_f32_master():
+    mesh = coarse.make_mesh(workers=2)
+    params = mlp_init(jax.random.key(6), SIZES)
+    bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    batches = _batches(20, 4, 2)
+    step = _coarse_step(mesh, coarse.optim.adam(1e-3))
+    out, _ = _train(step, bf16, batches)
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(out))
+    master = step.master_params()
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(master))
+    # The workers' params are the master rounded to bf16 ...
+    for a, m in zip(jax.tree.leaves(out), jax.tree.leaves(master), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(m.astype(jnp.bfloat16)))
+    # ... and the master moved by updates (1e-3 steps) that bf16 alone would round away.
+    start = jax.tree.map(lambda x: x.astype(jnp.float32), bf16)
+    moved = [
+        float(np.max(np.abs(np.asarray(m) - np.asarray(s))))
+        for m, s in zip(jax.tree.leaves(master), jax.tree.leaves(start), strict=True)
+    ]
+    assert min(moved) > 0
+
+
+def test_params_that_are_not_what_the_step_returned_raise():
+    mesh = coarse.make_mesh(workers=2)
+    params = mlp_init(jax.random.key(7), SIZES)
+    batch = make_batch(jax.random.key(8), 8, 8, 4)
+    step = _coarse_step(mesh, coarse.optim.sgd(0.1, momentum=0.9))
+    new, _ = step(params, batch)
+    with pytest.raises(Exception, match=r"not the params it returned.*l\d.*load_optimizer_state"):
+        jax.block_until_ready(step(params, batch))  # the old params again
+    # The failed step changed nothing: the returned params continue the curve.
+    again, _ = step(new, batch)
+    fresh = _coarse_step(mesh, coarse.optim.sgd(0.1, momentum=0.9))
+    want, _ = _train(fresh, params, [batch, batch])
+    assert_tree_close(again, want, rtol=0, atol_scale=0)
+    # reset_optimizer: the next call seeds from the params it gets.
+    step.reset_optimizer()
+    restarted, _ = step(params, batch)
+    assert_tree_close(restarted, new, rtol=0, atol_scale=0)
+
+
+def test_failed_step_leaves_the_proxies_at_the_previous_version():
+    mesh = coarse.make_mesh(workers=2)
+    params = mlp_init(jax.random.key(9), SIZES)
+    batches = _batches(6, 4, 2)
+    opt = coarse.optim.adam(1e-2, clip_norm=1.0)
+    step = _coarse_step(mesh, opt, coarse.Config(timeout_s=0.5))
+    p = params
+    for batch in batches[:3]:
+        p, _ = step(p, batch)
+    before = step.optimizer_state()
+    _ffi.inject_dropped_push(1)
+    with pytest.raises(Exception, match="timed out"):
+        jax.block_until_ready(step(p, batches[3]))
+    after = step.optimizer_state()
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for batch in batches[3:]:
+        p, _ = step(p, batch)
+    want, _ = _train(_coarse_step(mesh, opt), params, batches)
+    assert_tree_close(p, want, rtol=0, atol_scale=0)
+
+
+def test_switch_between_optax_and_coarse_mid_training():
+    workers = 2
+    mesh = coarse.make_mesh(workers=workers)
+    params = mlp_init(jax.random.key(10), SIZES)
+    batches = _batches(30, 4, workers)
+    opt = coarse.optim.adamw(1e-2, weight_decay=0.01)
+    tx = optax.adamw(1e-2, weight_decay=0.01)
+    want, want_loss = _adam_reference(params, batches, workers, tx)
+
+    ref = _pmean_step(workers, tx)
+    # 10 steps of plain optax, 10 of coarse (loaded before its first call), 10 of optax again.
+    p, state = params, tx.init(params)
+    losses = []
+    for batch in batches[:10]:
+        p, state, loss = ref(p, state, batch)
+        losses.append(float(loss))
+    step = _coarse_step(mesh, opt)
+    p, state = jax.device_get((p, state))  # off the pmean program's devices
+    step.load_optimizer_state(p, state)
+    for batch in batches[10:20]:
+        p, loss = step(p, batch)
+        losses.append(float(loss))
+    p, state = jax.device_get(p), step.optimizer_state()
+    for batch in batches[20:]:
+        p, state, loss = ref(p, state, batch)
+        losses.append(float(loss))
+    np.testing.assert_allclose(losses, want_loss, rtol=1e-5)
+    assert_tree_close(jax.device_get(p), want, rtol=1e-5, atol_scale=1e-5)
+
+
+def test_updates_inside_a_fori_loop():
+    mesh = coarse.make_mesh(workers=2)
+    params = mlp_init(jax.random.key(11), SIZES)
+    batches = _batches(8, 4, 2)
+    # Examples first (split over the workers), then the loop's steps.
+    stacked = jax.tree.map(lambda *xs: np.stack(xs, axis=1), *batches)
+    opt = coarse.optim.adam(1e-2)
+
+    @coarse.sync(mesh)
+    def loop_step(params, stacked):
+        def body(i, carry):
+            p, _ = carry
+            batch = jax.tree.map(lambda x: x[:, i], stacked)
+            loss, p = coarse.value_and_update(mlp_loss, opt)(p, batch)
+            return p, loss
+
+        return jax.lax.fori_loop(0, len(batches), body, (params, jnp.float32(0)))
+
+    got, _ = loop_step(params, stacked)
+    want, _ = _adam_reference(params, batches, 2)
+    assert_tree_close(got, want, rtol=1e-5, atol_scale=1e-5)
+    assert int(loop_step.optimizer_state()[0].count) == len(batches)
+
+
+def test_refusals_are_clear():
+    mesh = coarse.make_mesh(workers=2)
+    params = mlp_init(jax.random.key(12), SIZES)
+    batch = make_batch(jax.random.key(13), 4, 8, 4)
+    with pytest.raises(TypeError, match=r"coarse\.optim optimizer"):
+        coarse.value_and_update(mlp_loss, optax.adam(1e-3))
+    step = _coarse_step(mesh, coarse.optim.adam(1e-3), coarse.Config(mode="reference"))
+    with pytest.raises(NotImplementedError, match="mode='ffi'"):
+        step(params, batch)
+    with pytest.raises(ValueError, match="b1 must be in"):
+        coarse.optim.adam(1e-3, b1=1.0)
+    fresh = _coarse_step(mesh, coarse.optim.adam(1e-3))
+    with pytest.raises(RuntimeError, match="call it once first"):
+        fresh.optimizer_state()
+
+
+def test_memory_report_moves_the_optimizer_state_to_the_proxies():
+    mesh = coarse.make_mesh(workers=2)
+    params = mlp_init(jax.random.key(14), (64, 256, 256, 4))
+    batch = make_batch(jax.random.key(15), 8, 64, 4)
+    n_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    tx = optax.adam(1e-3)
+
+    @coarse.sync(mesh, donate_argnums=(0, 1))
+    def grad_step(params, opt_state, batch):
+        loss, grads = coarse.value_and_grad(mlp_loss)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    @coarse.sync(mesh, donate_argnums=0)
+    def update_step(params, batch):
+        loss, params = coarse.value_and_update(mlp_loss, coarse.optim.adam(1e-3))(params, batch)
+        return params, loss
+
+    with_state = coarse.memory_report(grad_step, params, tx.init(params), batch)
+    without = coarse.memory_report(update_step, params, batch)
+    # Workers no longer hold Adam's two moments (in and out, donated: once each).
+    assert with_state.worker_bytes - without.worker_bytes >= 1.9 * n_bytes
+    assert with_state.proxy.optimizer_bytes == 0
+    # Each proxy holds half of master + mu + nu, twice (double buffering).
+    assert without.proxy.optimizer_bytes == pytest.approx(2 * 3 * n_bytes / 2, rel=0.01)
+    assert without.proxy_bytes > without.worker_bytes
+    # After a step the runtime's own count replaces the computed one, and agrees.
+    jax.block_until_ready(update_step(jax.tree.map(jnp.copy, params), batch))
+    measured = coarse.memory_report(update_step, params, batch)
+    assert measured.proxy.optimizer_bytes == pytest.approx(without.proxy.optimizer_bytes, rel=0.01)
+    table = measured.table()
+    assert "worker" in table and "proxy" in table and "optimizer" in table
