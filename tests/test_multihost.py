@@ -111,6 +111,13 @@ def test_launch_prefixes_output_stops_the_rest_and_propagates_the_exit_code(tmp_
     assert "[launch] process 1 exited with code 7; stopping the rest" in output
     assert seconds < 30  # process 0 was stopped, not waited for
 
+    # --timeout: everything is stopped, exit code 124.
+    sleeper = tmp_path / "sleep.py"
+    sleeper.write_text("import time\ntime.sleep(600)\n")
+    code, output, seconds = _launch(tmp_path, sleeper, devices=None, limit=14)  # --timeout 4
+    assert code == 124 and "[launch] timed out after 4 s" in output, output
+    assert seconds < 12
+
     ok = tmp_path / "ok.py"
     ok.write_text("print('done')\n")
     code, output, _ = _launch(tmp_path, ok, devices=None, limit=50)
