@@ -12,7 +12,15 @@ import subprocess
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from helpers import make_batch, mlp_init, mlp_loss
+from jax.sharding import Mesh
+
+import coarse_jax as coarse
+from coarse_jax.mesh import HOST_AXES
 
 HERE = pathlib.Path(__file__).parent
 SCRIPT = HERE / "multihost_script.py"
@@ -122,3 +130,27 @@ def test_launch_prefixes_output_stops_the_rest_and_propagates_the_exit_code(tmp_
     ok.write_text("print('done')\n")
     code, output, _ = _launch(tmp_path, ok, devices=None, limit=50)
     assert code == 0 and output.count("done") == 2, output
+
+
+@pytest.mark.parametrize("leading", [0, 7 * 13 * 4 + 13 * 4])
+def test_one_host_mesh_gives_the_two_axis_results_bitwise(leading):
+    """A ("host", "tier", "data") mesh of one host, in this process: the inter-host
+    step (a sum over one host) and the runtime's in-host hand-out leave every bit
+    of the one-host results as they were."""
+    devices = np.array(jax.devices()[:8], dtype=object)
+    cfg = coarse.Config(shard_bytes=64, leading_bytes=leading)
+    params = mlp_init(jax.random.key(0), (7, 13, 5, 1))
+    batch = make_batch(jax.random.key(1), 16, 7, 1)
+
+    def run(mesh):
+        @coarse.sync(mesh, config=cfg)
+        def step(params, batch):
+            loss, grads = coarse.value_and_grad(mlp_loss)(params, batch)
+            return loss, grads, coarse.all_reduce(batch["y"].mean(0).astype(jnp.bfloat16))
+
+        return jax.tree.map(np.asarray, step(params, batch))
+
+    two_axes = run(coarse.make_mesh(workers=4))
+    one_host = run(Mesh(devices.reshape(1, 2, 4), HOST_AXES))
+    for a, b in zip(jax.tree.leaves(two_axes), jax.tree.leaves(one_host), strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)

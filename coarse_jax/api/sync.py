@@ -322,7 +322,7 @@ class SyncedStep:
         # Ctrl-C abandons a step stalled in the runtime (unless the program
         # installed its own SIGINT handler); checked per call, about 2.5 us.
         _ffi.arm_interrupt_hook()
-        if has_hosts(self.mesh) and not layout.outer_trace:
+        if has_hosts(self.mesh) and jax.process_count() > 1 and not layout.outer_trace:
             # Every process must dispatch this call: a host that never comes
             # fails the others here, naming it, instead of a hang in the
             # inter-host collective.

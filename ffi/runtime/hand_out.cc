@@ -21,6 +21,7 @@ struct Meeting {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<const void*> chunks;
+  std::vector<char> took;  // [device]: has read every chunk
   int64_t offered = 0, taken = 0, left = 0;
   bool failed = false;
   std::string error;
@@ -62,6 +63,7 @@ std::shared_ptr<Meeting> Join(int64_t run_id, int64_t site, int64_t device, int6
   if (!m) {
     m = std::make_shared<Meeting>();
     m->chunks.assign(devices, nullptr);
+    m->took.assign(devices, 0);
   }
   return m;
 }
@@ -129,9 +131,14 @@ ffi::Error HandOut(int64_t run_id, int64_t site, int64_t device, int64_t devices
     for (int64_t d = 0; d < devices; ++d) take(d, m->chunks[d]);
     std::unique_lock<std::mutex> lock(m->mu);
     ++m->taken;
+    m->took[device] = 1;
     m->cv.notify_all();
-    status = wait_all(lock, m->taken, "every device to read its chunk, among them",
-                      [&] { return std::vector<int64_t>{}; });
+    status = wait_all(lock, m->taken, "the reads of its chunk", [&] {
+      std::vector<int64_t> out;
+      for (int64_t d = 0; d < devices; ++d)
+        if (!m->took[d]) out.push_back(d);
+      return out;
+    });
   }
   Leave(run_id, site, m, devices);
   return status;
