@@ -13,8 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import assert_replicated, assert_tree_close, make_batch, mlp_init, mlp_loss
-from jax.sharding import PartitionSpec as P
+from helpers import (
+    assert_replicated,
+    assert_tree_close,
+    coarse_update_step,
+    make_batch,
+    mlp_init,
+    mlp_loss,
+    pmean_optax_step,
+)
 
 import coarse_jax as coarse
 from coarse_jax import _ffi
@@ -22,29 +29,8 @@ from coarse_jax import _ffi
 SIZES = (8, 16, 16, 4)
 
 
-def _pmean_step(workers: int, tx: optax.GradientTransformation):
-    flat = jax.sharding.Mesh(np.array(jax.devices()[:workers]), ("data",))
-
-    @jax.jit
-    @jax.shard_map(mesh=flat, in_specs=(P(), P(), P("data")), out_specs=P())
-    def step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(mlp_loss)(
-            jax.lax.pcast(params, "data", to="varying"), batch
-        )
-        loss, grads = jax.lax.pmean((loss, grads), "data")
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return step
-
-
-def _coarse_step(mesh, opt, config=None):
-    @coarse.sync(mesh, config=config)
-    def step(params, batch):
-        loss, params = coarse.value_and_update(mlp_loss, opt)(params, batch)
-        return params, loss
-
-    return step
+_pmean_step = pmean_optax_step
+_coarse_step = coarse_update_step
 
 
 def _batches(n: int, per_worker: int, workers: int):
