@@ -332,3 +332,60 @@ def test_memory_report_moves_the_optimizer_state_to_the_proxies():
     assert measured.proxy.optimizer_bytes == pytest.approx(without.proxy.optimizer_bytes, rel=0.01)
     table = measured.table()
     assert "worker" in table and "proxy" in table and "optimizer" in table
+
+
+def test_bert_example_hundred_adamw_steps_match_optax():
+    """The examples' BERT encoder, adamw with a schedule, a mask and clipping, 100 steps."""
+    import pathlib
+    import sys
+
+    bert_dir = pathlib.Path(__file__).resolve().parent.parent / "examples" / "bert"
+    sys.path.insert(0, str(bert_dir))
+    try:
+        from configs.default import get_config
+        from train import Bert, make_data, make_loss
+    finally:
+        sys.path.remove(str(bert_dir))
+    cfg = get_config()
+    cfg = type(cfg)(**{**cfg.__dict__, "steps": 100, "batch_size": 16})
+    model = Bert(
+        vocab_size=cfg.vocab_size,
+        seq_len=cfg.seq_len,
+        num_layers=cfg.num_layers,
+        d_model=cfg.d_model,
+        num_heads=cfg.num_heads,
+        d_mlp=cfg.d_mlp,
+    )
+    params = model.init(jax.random.key(0), jnp.zeros((1, cfg.seq_len), jnp.int32))
+    train, _ = make_data(cfg)
+    loss_fn = make_loss(model.apply)
+
+    def no_norms(p):  # decay the kernels and embeddings only
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: not any("norm" in str(k).lower() or "bias" in str(k) for k in path), p
+        )
+
+    schedule = optax.linear_schedule(1e-3, 1e-4, 100)
+    opt = coarse.optim.adamw(schedule, weight_decay=0.01, mask=no_norms, clip_norm=1.0)
+    oracle = optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01, mask=no_norms)
+    )
+    step = coarse_update_step(coarse.make_mesh(workers=4), opt, loss_fn=loss_fn)
+    ref = pmean_optax_step(4, oracle, loss_fn=loss_fn)
+    p, q, state = params, params, oracle.init(params)
+    got, want = [], []
+    for i in range(100):
+        batch = {k: v[i] for k, v in train.items()}
+        p, loss = step(p, batch)
+        got.append(float(loss))
+        q, state, loss = ref(q, state, batch)
+        want.append(float(loss))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    # Attention's key bias has an exactly-zero gradient (softmax ignores a shift
+    # shared by all keys): both runs feed Adam rounding noise there, which it
+    # scales up to full-size steps of arbitrary sign. Everything else must match.
+    key_bias = lambda path: "['key']['bias']" in jax.tree_util.keystr(path)  # noqa: E731
+    drop = lambda t: jax.tree_util.tree_map_with_path(  # noqa: E731
+        lambda path, x: np.zeros(()) if key_bias(path) else x, t
+    )
+    assert_tree_close(drop(p), drop(jax.device_get(q)), rtol=1e-5, atol_scale=1e-5)
