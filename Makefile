@@ -51,6 +51,12 @@ bench: $(STAMP)
 	$(BENCH_PYTEST) $(CURDIR)/benchmarks/test_sync_resnet50.py \
 		$(CURDIR)/benchmarks/test_emulated_v100.py $(CURDIR)/benchmarks/test_dispatch.py \
 		--benchmark-json=$(BENCH_OUT)/parts/resnet50_v100.json
+	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_memory.py \
+		--benchmark-json=$(BENCH_OUT)/parts/memory.json
+	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_snapshots.py \
+		--benchmark-json=$(BENCH_OUT)/parts/snapshots.json
+	COARSE_BENCH_OUT=$(BENCH_OUT) $(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_sweep.py \
+		--benchmark-json=$(BENCH_OUT)/parts/sweep.json
 	for tree in $(BENCH_TREES); do for p in $(BENCH_WORKERS); do \
 		($(BENCH_PYTEST) $(CURDIR)/benchmarks/test_sync_suite.py --bench-trees=$$tree \
 			--bench-workers=$$p --benchmark-json=$(BENCH_OUT)/parts/suite_$${tree}_$$p.json) \

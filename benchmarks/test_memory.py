@@ -116,12 +116,16 @@ def _largest_fitting(step, dtype, budget: int) -> tuple[int, dict[int, coarse.Me
 
 
 def _compute_s_per_seq() -> tuple[float, float]:
-    """(fixed, per-sequence) seconds of one worker's forward + backward, measured here."""
+    """(fixed, per-sequence) seconds of one worker's forward + backward, measured here.
+
+    The fastest of 3 runs at 4 sequences, divided by 4 (fixed part 0): two
+    batch sizes' difference drowned in this 2-core machine's noise.
+    """
     loss = make_loss(MODEL.apply)
     params = MODEL.init(jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32))
     grad = jax.jit(jax.grad(loss))
     times = {}
-    for b in (1, 2):
+    for b in (4,):
         rng = np.random.default_rng(b)
         batch = {
             "inputs": jnp.asarray(rng.integers(1, 30522, (b, SEQ)), jnp.int32),
@@ -134,9 +138,8 @@ def _compute_s_per_seq() -> tuple[float, float]:
             t0 = time.perf_counter()
             jax.block_until_ready(grad(params, batch))
             runs.append(time.perf_counter() - t0)
-        times[b] = float(np.median(runs))
-    per_seq = max(times[2] - times[1], 1e-9)
-    return max(times[1] - per_seq, 0.0), per_seq
+        times[b] = float(np.min(runs))
+    return 0.0, times[4] / 4
 
 
 @pytest.mark.benchmark(group="memory")

@@ -114,6 +114,10 @@ class Config:
         snapshot as an orbax-checkpoint checkpoint ``<dir>/<step>/``
         (atomically); None: in memory only.
       snapshot_keep: how many checkpoints ``snapshot_dir`` keeps (newest).
+      trace: record a timeline of every synchronization: per device and
+        phase (push, proxy ring steps, optimizer, pull, waits) and piece, start
+        and end times and bytes; `SyncedStep.timeline` returns it and writes a
+        Chrome / Perfetto trace. Costs a clock read and a lock per span.
 
     Example:
       >>> cfg = coarse.Config(shard_bytes=1 << 20, leading_bytes=64 << 10)
@@ -134,6 +138,7 @@ class Config:
     snapshot_every: int = 0
     snapshot_dir: str | None = None
     snapshot_keep: int = 2
+    trace: bool = False
 
     def __post_init__(self) -> None:
         for name in (

@@ -135,6 +135,8 @@ class Plan:
         }
         if self.config.topology is not None:
             attrs.update(self.config.topology.ffi_attrs())
+        if self.config.trace:
+            attrs["trace"] = np.int64(1)
         digest = hashlib.blake2b(digest_size=8)
         for key in sorted(attrs):
             value = attrs[key]

@@ -87,6 +87,11 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
   plan->piece_nelems.assign(piece_nelems.begin(), piece_nelems.end());
   plan->piece_nbytes.assign(piece_nbytes.begin(), piece_nbytes.end());
   plan->leading_nbytes = leading_nbytes;
+  if (attrs.contains("trace")) {
+    auto trace = attrs.get<int64_t>("trace");
+    if (trace.has_error()) return ffi::Unexpected(trace.error());
+    plan->trace = trace.value() != 0;
+  }
   auto emulated = ParseTopology(attrs, p, &plan->topology);
   if (emulated.has_error()) return ffi::Unexpected(emulated.error());
   plan->emulated = emulated.value();

@@ -20,6 +20,7 @@
 #include "runtime/param_store.h"
 #include "runtime/session.h"
 #include "runtime/storage.h"
+#include "runtime/trace.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -158,6 +159,17 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
         return store ? store->ProxyBytes() : std::vector<int64_t>{};
       },
       nb::arg("store"), "Bytes of a store on each proxy (both buffers).");
+  m.def(
+      "take_trace",
+      []() {
+        nb::list out;
+        for (const TraceEvent& e : TakeTrace())
+          out.append(nb::make_tuple(e.device, e.workers, e.name, e.piece, e.bytes, e.step, e.site,
+                                    e.iteration, e.begin_ns, e.end_ns));
+        return out;
+      },
+      "The timeline spans recorded since the last call (Config(trace=True)): tuples (device, "
+      "workers, name, piece, bytes, step, site, iteration, begin_ns, end_ns); forgets them.");
   m.def("interrupt_count", &InterruptCount, "SIGINTs the hook has seen (testing).");
   m.def(
       "interrupt_state",

@@ -94,3 +94,41 @@ def gpu_or_skip():
     from coarse_jax import _coarse_cuda
 
     return gpus[0], _coarse_cuda
+
+
+def pmean_optax_step(workers: int, tx, loss_fn=None):
+    """The oracle train step: ``jax.value_and_grad`` + ``lax.pmean`` + an optax update over
+    a flat ("data",) mesh of the first ``workers`` devices; ``(params, opt_state, batch)``
+    -> ``(params, opt_state, loss)``. Shares no code with coarse_jax."""
+    import optax
+    from jax.sharding import PartitionSpec as P
+
+    loss_fn = loss_fn or mlp_loss
+    flat = jax.sharding.Mesh(np.array(jax.devices()[:workers]), ("data",))
+
+    @jax.jit
+    @jax.shard_map(mesh=flat, in_specs=(P(), P(), P("data")), out_specs=P())
+    def step(params, opt_state, batch):
+        # Varying params: otherwise their gradients come back already summed.
+        loss, grads = jax.value_and_grad(loss_fn)(
+            jax.lax.pcast(params, "data", to="varying"), batch
+        )
+        loss, grads = jax.lax.pmean((loss, grads), "data")
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def coarse_update_step(mesh, opt, config=None, loss_fn=None):
+    """``(params, batch) -> (params, loss)`` with `coarse.value_and_update` under `coarse.sync`."""
+    import coarse_jax as coarse
+
+    loss_fn = loss_fn or mlp_loss
+
+    @coarse.sync(mesh, config=config)
+    def step(params, batch):
+        loss, params = coarse.value_and_update(loss_fn, opt)(params, batch)
+        return params, loss
+
+    return step

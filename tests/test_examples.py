@@ -30,6 +30,12 @@ def test_example_runs(name, tmp_path):
     assert (tmp_path / "metrics.jsonl").exists()
 
 
+def test_example_with_the_optimizer_on_the_proxies(tmp_path):
+    """--optimizer proxy: coarse.value_and_update + coarse.optim.sgd, on pmean + optax's curve."""
+    result = run_example("bert", tmp_path, "--steps", "3", "--optimizer", "proxy")
+    assert "loss curves match (relative diff < 1e-4): True" in result.stdout, result.stdout
+
+
 def test_example_plot(tmp_path):
     run_example("cnn", tmp_path, "--steps", "2", "--plot")
     png = tmp_path / "loss.png"

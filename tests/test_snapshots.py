@@ -18,7 +18,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from helpers import assert_tree_close, make_batch, mlp_init, mlp_loss
+from helpers import assert_tree_close, coarse_update_step, make_batch, mlp_init
 
 import coarse_jax as coarse
 
@@ -137,13 +137,7 @@ def test_kill_during_a_write_restarts_from_the_previous_checkpoint(tmp_path):
     assert tree["params"]["w1"].shape == (8, 16) and tree["params"]["w1"].dtype == np.float32
 
 
-def _step(mesh, opt, config=None):
-    @coarse.sync(mesh, config=config)
-    def step(params, batch):
-        loss, params = coarse.value_and_update(mlp_loss, opt)(params, batch)
-        return params, loss
-
-    return step
+_step = coarse_update_step
 
 
 def test_rollback_after_a_nan_equals_skipping_that_batch():

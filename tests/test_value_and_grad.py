@@ -11,6 +11,7 @@ from helpers import (
     mlp_init,
     mlp_loss,
     per_worker_mean,
+    pmean_optax_step,
 )
 
 import coarse_jax as coarse
@@ -122,7 +123,6 @@ def test_bitwise_reproducible_and_no_leftover_sessions():
 
 def test_twenty_optax_steps_match_pmean_training():
     import optax
-    from jax.sharding import PartitionSpec as P
 
     mesh = coarse.make_mesh(workers=4)
     params = mlp_init(jax.random.key(9), (8, 16, 16, 4))
@@ -135,17 +135,7 @@ def test_twenty_optax_steps_match_pmean_training():
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    flat = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("data",))
-
-    @jax.jit
-    @jax.shard_map(mesh=flat, in_specs=(P(), P(), P("data")), out_specs=P())
-    def pmean_step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(mlp_loss)(
-            jax.lax.pcast(params, "data", to="varying"), batch
-        )
-        loss, grads = jax.lax.pmean((loss, grads), "data")
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    pmean_step = pmean_optax_step(4, opt)
 
     a_params, a_state = params, opt.init(params)
     b_params, b_state = params, opt.init(params)

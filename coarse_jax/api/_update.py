@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import weakref
 from typing import Any
 
 import jax
@@ -103,6 +104,9 @@ def register(
         platform = ctx.mesh.devices.flat[0].platform
         store = Store(next(_store_ids), name, optimizer, treedef, shapes, dtypes, plan, platform)
         ctx.stores[index] = store
+        # The runtime's copy (master, state, snapshots) lives as long as the
+        # step that owns this record.
+        weakref.finalize(store, store.module().store_drop, store.id)
     store.optimizer, store.plan, store.dtypes = optimizer, plan, dtypes
     decay = optimizer.decay_mask(params)
     flags = np.zeros(len(plan.leaves), np.int64)

@@ -18,12 +18,16 @@ from coarse_jax.optim import ProxyOptimizer
 from coarse_jax.plan import BucketPlan, check_dtype
 
 
-def _push_hook(call: _ffi.CallSite, bucket: BucketPlan) -> Callable[..., Any]:
+def _push_hook(call: _ffi.CallSite, bucket: BucketPlan, keep: bool = True) -> Callable[..., Any]:
     """Identity on (token, *bucket parameters) whose backward pushes their gradients.
 
     The token's cotangent arrives from the previous push in plan order and
     leaves as this push's token, so the backward pass issues pushes in the
     order the proxies walk them, each as soon as its gradients exist.
+    ``keep=False`` (`coarse.value_and_update`, which needs no gradients back):
+    the push takes the gradients without passing them through and the hook
+    returns zeros, so each gradient buffer is free once pushed; the token
+    chain alone orders what follows.
     """
 
     @jax.custom_vjp
@@ -37,7 +41,9 @@ def _push_hook(call: _ffi.CallSite, bucket: BucketPlan) -> Callable[..., Any]:
         # The push's outputs (aliased to its inputs) are the "gradients" the
         # vjp returns, so the pull depends on every push.
         after, *grads = cts
-        pushed, tok = _ffi.push(call, _ffi.who(), after, grads, bucket, passthrough=True)
+        pushed, tok = _ffi.push(call, _ffi.who(), after, grads, bucket, passthrough=keep)
+        if not keep:  # nothing reads them: XLA folds the zeros away
+            pushed = [jnp.zeros_like(g) for g in grads]
         return (tok, *pushed)
 
     hook.defvjp(fwd, bwd)
@@ -199,21 +205,28 @@ def synced_value_and_grad(
         assert call is not None  # check_config refused mode="reference"
         site = _update.register(ctx, call, plan, update, args[0], n_grad)
 
+    # value_and_update: the gradients are not returned, only pushed; the
+    # chain's first token is differentiated too, so its cotangent (the last
+    # push's token) comes out of the vjp and orders the ring after the pushes.
+    lean = site is not None
+
     def on_worker(*a: Any) -> Any:
         diff = [_ffi.vary(a[i]) for i in nums]  # varying: no implicit psum in the vjp
         diff_leaves, diff_def = jax.tree.flatten(tuple(diff))
 
-        def f(*diff_args: jax.Array) -> Any:
+        def f(*all_args: jax.Array) -> Any:
+            first_tok, diff_args = (all_args[0], all_args[1:]) if lean else (None, all_args)
             leaves = list(diff_args)
             tok = None
             if call is not None:
                 # Hooks chained in reverse plan order here, so that in the
                 # backward pass the token runs in plan order.
-                tok = _ffi.token()
+                tok = first_tok if first_tok is not None else _ffi.token()
                 for b in reversed(plan.buckets):
                     ids = bucket_leaves(plan, b)
                     if ids[0] < n_grad:
-                        tok, *hooked = _push_hook(call, b)(tok, *[leaves[t] for t in ids])
+                        hook = _push_hook(call, b, keep=not lean)
+                        tok, *hooked = hook(tok, *[leaves[t] for t in ids])
                         for t, v in zip(ids, hooked, strict=True):
                             leaves[t] = v
             fun_args = list(a)
@@ -228,10 +241,11 @@ def synced_value_and_grad(
                 return out[0] + 0.0 * tok.astype(out[0].dtype), out[1]
             return out + 0.0 * tok.astype(out.dtype)
 
+        primals = [_ffi.token(), *diff_leaves] if lean else diff_leaves
         if has_aux:
-            loss, vjp_fn, aux = jax.vjp(f, *diff_leaves, has_aux=True)
+            loss, vjp_fn, aux = jax.vjp(f, *primals, has_aux=True)
         else:
-            (loss, vjp_fn), aux = jax.vjp(f, *diff_leaves), None
+            (loss, vjp_fn), aux = jax.vjp(f, *primals), None
         head = [loss]
         seed = jnp.ones_like(loss)
         if call is not None:
@@ -250,11 +264,19 @@ def synced_value_and_grad(
                         head[t - n_grad] = v
             seed = seed + 0.0 * tok.astype(seed.dtype)
         grads = list(vjp_fn(seed))
+        if lean:  # the pushes' last token in place of the gradients
+            grads = grads[:1]
         return _ffi.vary(grads + head + jax.tree.leaves(aux))
 
     def on_proxy(*a: Any) -> Any:
+        first = (
+            [jax.ShapeDtypeStruct((), jnp.float32)]
+            if lean
+            else [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in plan.leaves[:n_grad]]
+        )
         return zeros_like_shapes(
-            [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in plan.leaves]
+            first
+            + [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in plan.leaves[n_grad:]]
             + aux_leaves_shape
         )
 
@@ -262,18 +284,22 @@ def synced_value_and_grad(
         leaves = lax.cond(tier_is_worker(), on_worker, on_proxy, *args)
     else:  # "all": proxies compute too; their pushes are no-ops, pulls overwrite the rest
         leaves = on_worker(*args)
-    n_sync = len(plan.leaves)
+    n_sync = 1 + len(plan.leaves) - n_grad if lean else len(plan.leaves)
     leaves, aux_leaves = leaves[:n_sync], leaves[n_sync:]
     # Proxies hold zeros, whichever tier computed (worker_compute="all").
     aux_leaves = [jnp.where(tier_is_worker(), x, jnp.zeros_like(x)) for x in aux_leaves]
     if call is None:  # mode="reference"
         leaves = reference.all_reduce(leaves, ctx.workers)
     else:
-        # The pushed values (pass-through outputs) order the rest after the pushes.
-        pushed = [leaves[t] for t in plan.proxy_leaves]
         if site is not None:
-            leaves = _update.finish(site, leaves, pushed, list(jax.tree.leaves(args[0])))
+            # The pull writes the new params over the old ones (donated, or
+            # copied by XLA): nothing the size of the gradients stays alive.
+            last_push, *head_leaves = leaves
+            params = list(jax.tree.leaves(args[0]))
+            leaves = _update.finish(site, params + head_leaves, [last_push], params)
         else:
+            # The pushed values (pass-through outputs) order the rest after the pushes.
+            pushed = [leaves[t] for t in plan.proxy_leaves]
             leaves = finish(plan, call, leaves, pushed, in_place=True)
     grads = jax.tree.unflatten(jax.tree.structure(grads_shape), leaves[:n_grad])
     (loss,) = leaves[n_grad:]

@@ -21,6 +21,7 @@ from coarse_jax.api._update import Store
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.reprofile import reprofiled
 from coarse_jax.api.snapshots import SnapshotWriter, read_latest, slot_names
+from coarse_jax.api.timeline import Timeline
 from coarse_jax.api.update import StoreAccess, to_jax
 from coarse_jax.config import Config
 from coarse_jax.mesh import DATA, TIER, batch_axes, check_mesh, has_hosts
@@ -123,7 +124,8 @@ class SyncedStep:
         self._arrival = _arrival.Arrival(self._name)  # across hosts only
         # One output leaf of each call not known to be finished, oldest first.
         self._in_flight: collections.deque[jax.Array] = collections.deque()
-        self._last_out: jax.Array | None = None  # of the latest call
+        self._last_out: jax.Array | None = None  # of the latest call (steps with stores)
+        self._last_any: jax.Array | None = None  # of the latest call (Config(trace=True))
         # The proxies' optimizer stores, per value_and_update call of the step.
         self._stores: dict[int, Store] = {}
         self._access = StoreAccess(self._stores, f"coarse.sync({self._name})")
@@ -206,6 +208,22 @@ class SyncedStep:
         if self._writer is not None:
             self._writer.offer(store)
         return int(got[0])
+
+    def timeline(self) -> Timeline:
+        """The spans recorded since the last call, with ``Config(trace=True)``.
+
+        Waits for the calls in flight. The runtime keeps one buffer per
+        process: spans of every traced step since the previous `timeline` call.
+        """
+        self._wait_all_outputs()
+        module = _ffi.runtime_module(self.mesh.devices.flat[0].platform)
+        return Timeline.from_runtime(module.take_trace())
+
+    def _wait_all_outputs(self) -> None:
+        for x in [*self._in_flight, self._last_out, self._last_any]:
+            if x is not None and not x.is_deleted():
+                with contextlib.suppress(Exception):
+                    x.block_until_ready()
 
     def wait_snapshots(self) -> None:
         """Blocks until the proxies' newest snapshot is written to ``Config.snapshot_dir``.
@@ -367,6 +385,8 @@ class SyncedStep:
         """
         limit = self._max_in_flight(cfg)
         leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
+        if leaves and cfg.trace:
+            self._last_any = min(leaves, key=lambda x: x.size)
         if leaves and self._stores:
             # Only a step whose proxies hold state needs it (_wait_all): kept
             # by every step, it would keep each one's last output alive.

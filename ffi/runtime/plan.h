@@ -50,6 +50,7 @@ struct Plan {
   int64_t leading_nelems = 0;    // leaves after them are reduced among workers
   int64_t leading_nbytes = 0;
 
+  bool trace = false;     // record a timeline (Config(trace=True), runtime/trace.h)
   bool emulated = false;  // transfers follow `topology` (coarse.Topology)
   Topology topology;
 

@@ -64,6 +64,7 @@ class Session {
   const std::vector<int64_t>& ordinals() const { return ordinals_; }
   int64_t step() const { return step_; }
   int64_t iteration() const { return iteration_; }
+  int64_t site() const { return site_; }
   // " at step 3" or " at step 3 (loop iteration 2)": how errors name the session.
   std::string DescribeStep() const;
   int64_t p() const { return plan_->workers; }

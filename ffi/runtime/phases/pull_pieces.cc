@@ -11,6 +11,7 @@
 
 #include "runtime/dtype.h"
 #include "runtime/phases.h"
+#include "runtime/trace.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -20,11 +21,18 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of) {
   Session& session = *call.session;
   const int64_t p = plan.workers, me = call.who.index;
   std::vector<LeafRun> runs;
+  TraceScope all(session, call.device(), "pull");
   for (int64_t s = 0; s < plan.num_pieces(); ++s) {
+    TraceScope piece(session, call.device(), "pull piece", s,
+                     call.who.tier == kWorker ? plan.piece_nbytes[s] : 0);
     const int64_t k = call.who.tier == kWorker ? plan.dest(s, me) : me;
-    ffi::Error err = session.Wait(
-        call.who, Session::Waits::kPeer, [&] { return session.IsReduced(k, s); },
-        [&] { return "proxy " + std::to_string(k) + " to reduce " + plan.DescribePiece(s); });
+    ffi::Error err;
+    {
+      TraceScope wait(session, call.device(), "wait for the reduced piece", s);
+      err = session.Wait(
+          call.who, Session::Waits::kPeer, [&] { return session.IsReduced(k, s); },
+          [&] { return "proxy " + std::to_string(k) + " to reduce " + plan.DescribePiece(s); });
+    }
     if (err.failure()) return err;
     err = dev.Acquire(p + k);
     if (err.failure()) return err;

@@ -14,6 +14,7 @@
 
 #include "runtime/dtype.h"
 #include "runtime/phases.h"
+#include "runtime/trace.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -24,8 +25,10 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
   const int64_t i = call.who.index;
   Session& session = *call.session;
   if (session.TakeDroppedPush(i)) return ffi::Error::Success();  // testing: a lost push
+  TraceScope all(session, call.device(), "push");
   std::vector<LeafRun> runs;
   for (int64_t s = first_piece; s < first_piece + num_pieces; ++s) {
+    TraceScope piece(session, call.device(), "push piece", s, plan.piece_nbytes[s]);
     const int64_t k = plan.dest(s, i);
     const auto& from = plan.contributors_of(k, s);
     int64_t j = 0;

@@ -11,6 +11,7 @@
 
 #include "runtime/phases.h"
 #include "runtime/ring.h"
+#include "runtime/trace.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -48,6 +49,7 @@ ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who) {
 
 ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
                          const std::vector<LeafRun>& out_runs) {
+  TraceScope all(*call.session, call.device(), "worker ring", -1, call.plan().leading_nbytes);
   const Plan& plan = call.plan();
   Session& session = *call.session;
   const int64_t first = plan.num_proxy_leaves;

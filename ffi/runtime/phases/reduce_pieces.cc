@@ -17,6 +17,7 @@
 
 #include "runtime/phases.h"
 #include "runtime/ring.h"
+#include "runtime/trace.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -52,14 +53,18 @@ class PieceReducer {
     if (copies_from_holder(s)) return ffi::Error::Success();
     const auto& from = plan_.contributors_of(k_, s);
     const int32_t expected = static_cast<int32_t>(from.size());
-    ffi::Error err = session_.Wait(
-        call_.who, Session::Waits::kPush,
-        [&] { return session_.arrived(k_, s).load(std::memory_order_acquire) >= expected; },
-        [&] {
-          return "worker(s) " + ListWorkers(from) + " to push " + plan_.DescribePiece(s) + " (" +
-                 std::to_string(session_.arrived(k_, s).load()) + " of " +
-                 std::to_string(expected) + " arrived)";
-        });
+    ffi::Error err;
+    {
+      TraceScope wait(session_, p_ + k_, "wait for pushes", s);
+      err = session_.Wait(
+          call_.who, Session::Waits::kPush,
+          [&] { return session_.arrived(k_, s).load(std::memory_order_acquire) >= expected; },
+          [&] {
+            return "worker(s) " + ListWorkers(from) + " to push " + plan_.DescribePiece(s) + " (" +
+                   std::to_string(session_.arrived(k_, s).load()) + " of " +
+                   std::to_string(expected) + " arrived)";
+          });
+    }
     if (err.failure()) return err;
     for (int32_t w : from) {
       err = dev_.Acquire(w);
@@ -81,13 +86,17 @@ class PieceReducer {
     }
     const int64_t n = plan_.piece_nelems[s];
     float* own = Own(s);
-    err = dev_.SumSlots(own, n, static_cast<int64_t>(from.size()));
+    {
+      TraceScope sum(session_, p_ + k_, "sum pushes", s);
+      err = dev_.SumSlots(own, n, static_cast<int64_t>(from.size()));
+    }
     if (err.failure()) return err;
     if (plan_.piece_holder[s] == k_) {  // DENSE: every client pushed here, the sum is done
       if (MeanScale(plan_) != 1.0f) err = dev_.Scale(own, n, MeanScale(plan_));
       return err;
     }
     const RingMember m = Member(s);
+    TraceScope ring(session_, p_ + k_, "reduce-scatter", s, RingBytes(s));
     return RingReduceScatter(session_, dev_, call_.who, n, MeanScale(plan_), m, What(s), announce);
   }
 
@@ -97,6 +106,7 @@ class PieceReducer {
   ffi::Error Finish(int64_t s, bool update) {
     const int64_t n = plan_.piece_nelems[s];
     if (copies_from_holder(s)) {
+      TraceScope copy(session_, p_ + k_, "copy from the holder", s);
       const int32_t holder = plan_.piece_holder[s];
       // Not part of the emulated system: this copy only keeps every device's
       // outputs identical, so it is not charged to any link.
@@ -118,6 +128,7 @@ class PieceReducer {
       return ffi::Error::Success();
     }
     if (update) {
+      TraceScope opt(session_, p_ + k_, "optimizer", s);
       ffi::Error err = ApplyOptimizer(call_, dev_, *update_, s, Own(s));
       if (err.failure()) return err;
     }
@@ -131,6 +142,7 @@ class PieceReducer {
         ffi::Error err = RingAnnounceOwned(session_, dev_, m);
         if (err.failure()) return err;
       }
+      TraceScope ring(session_, p_ + k_, "all-gather", s, RingBytes(s));
       ffi::Error err = RingAllGather(session_, dev_, call_.who, n, m, What(s));
       if (err.failure()) return err;
     }
@@ -140,6 +152,10 @@ class PieceReducer {
 
  private:
   float* Own(int64_t s) { return session_.arena(k_) + plan_.slot(k_, s, 0); }
+
+  // Bytes one member receives in one half of a ring all-reduce of piece s
+  // (p - 1 chunks of n / p elements, on the wire in the leaves' dtypes).
+  int64_t RingBytes(int64_t s) const { return p_ > 1 ? plan_.piece_nbytes[s] * (p_ - 1) / p_ : 0; }
 
   RingMember Member(int64_t s) {
     RingMember m;
@@ -180,9 +196,11 @@ class PieceReducer {
 }  // namespace
 
 ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update) {
+  TraceScope all(*call.session, call.device(), "proxy ring");
   PieceReducer r(call, dev, update);
   const Plan& plan = call.plan();
   if (update) {
+    TraceScope begin(*call.session, call.device(), "optimizer setup");
     ffi::Error err = BeginUpdate(call, dev, *update);
     if (err.failure()) return err;
   }
@@ -196,7 +214,11 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update) {
     if (err.failure()) return err;
   }
   if (clip) {
-    ffi::Error err = ClipByGlobalNorm(call, dev, *update);
+    ffi::Error err;
+    {
+      TraceScope norm(*call.session, call.device(), "global norm");
+      err = ClipByGlobalNorm(call, dev, *update);
+    }
     if (err.failure()) return err;
     for (int64_t s = 0; s < plan.num_pieces(); ++s) {
       if (!r.updates(s)) continue;
