@@ -36,16 +36,9 @@ TraceScope::TraceScope(const Session& session, int64_t device, const char* name,
 TraceScope::~TraceScope() {
   if (!session_) return;
   const auto end = std::chrono::steady_clock::now();
-  TraceEvent e{device_,
-               session_->p(),
-               name_,
-               piece_,
-               bytes_,
-               session_->step(),
-               session_->site(),
-               session_->iteration(),
-               Ns(begin_),
-               Ns(end)};
+  TraceEvent e{
+      device_,          session_->p(),         name_,      piece_, bytes_, session_->step(),
+      session_->site(), session_->iteration(), Ns(begin_), Ns(end)};
   std::lock_guard<std::mutex> lock(g_mu);
   if (Events().size() >= kMaxTraceEvents) Events().pop_front();
   Events().push_back(std::move(e));
