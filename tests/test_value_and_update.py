@@ -391,3 +391,22 @@ def test_bert_example_hundred_adamw_steps_match_optax():
         lambda path, x: np.zeros(()) if key_bias(path) else x, t
     )
     assert_tree_close(drop(p), drop(jax.device_get(q)), rtol=1e-5, atol_scale=1e-5)
+
+
+def test_a_freed_step_frees_the_proxies_state_at_once():
+    import gc
+
+    mesh = coarse.make_mesh(workers=2)
+    params = mlp_init(jax.random.key(16), SIZES)
+    batch = make_batch(jax.random.key(17), 8, 8, 4)
+    step = _coarse_step(mesh, coarse.optim.adam(1e-3))
+    jax.block_until_ready(step(params, batch))
+    (store,) = step._stores.values()
+    module, sid = store.module(), store.id
+    assert module.store_bytes(sid)
+    gc.disable()  # no cycle collection: the step must go by reference counting alone
+    try:
+        del step, store
+        assert not module.store_bytes(sid)
+    finally:
+        gc.enable()

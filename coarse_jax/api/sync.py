@@ -6,6 +6,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -530,7 +531,15 @@ class SyncedStep:
         passed = [i for i in layout.dynamic() if i not in layout.graph]
         static = dict(layout.static)
 
+        # The compiled program must not keep the step alive (the step holds the
+        # program): a cycle would keep the proxies' state, gigabytes for a big
+        # model, until Python's cycle collector happens to run. The body looks
+        # the step up when it is traced, which is while the step is called.
+        weak = weakref.ref(self)
+
         def body(*dyn_and_ref: Any) -> Any:
+            self = weak()
+            assert self is not None, "a coarse.sync step was traced after it was freed"
             # The last input: mode="reference" value_and_update state ({} otherwise).
             *dyn, ref_in = dyn_and_ref
             args: list[Any] = [None] * layout.n
@@ -569,7 +578,9 @@ class SyncedStep:
             if layout.outer_trace:
                 # Counted where it runs: an outer jit traces this body once.
                 jax.debug.callback(
-                    self._count_on_first_device, lax.axis_index(TIER), lax.axis_index(DATA)
+                    functools.partial(_count_on_first_device, weak),
+                    lax.axis_index(TIER),
+                    lax.axis_index(DATA),
                 )
             return replicated, per_example, new_state, ctx.ref_out
 
@@ -587,9 +598,6 @@ class SyncedStep:
         )
         return jax.jit(mapped, donate_argnums=tuple(donate))
 
-    def _count_on_first_device(self, tier: Any, data: Any) -> None:
-        if int(tier) == 0 and int(data) == 0:
-            self._calls += 1
 
     def _plan_keys(self, cfg: Config) -> list[int]:
         p = self.mesh.shape[DATA]
@@ -603,6 +611,13 @@ class SyncedStep:
         if self._plan_keys(new) != self._plan_keys(self._config):
             self._plans.clear()
             self._config = new
+
+
+def _count_on_first_device(weak: weakref.ref[SyncedStep], tier: Any, data: Any) -> None:
+    """Counts a call of a step run under an outer jit (once, on worker 0)."""
+    step = weak()
+    if step is not None and int(tier) == 0 and int(data) == 0:
+        step._calls += 1
 
 
 SyncOptions = dict[str, Any]
