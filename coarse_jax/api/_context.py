@@ -38,6 +38,11 @@ class SyncContext:
     # call, by its position in the step (api/_update.py).
     stores: dict[int, Any] = dataclasses.field(default_factory=dict)
     step_name: str = "step"
+    # mode="reference" value_and_update: the step state it reads and writes
+    # (master, optax state) by call position, and the optimizers (_update.py).
+    ref_in: dict[int, Any] = dataclasses.field(default_factory=dict)
+    ref_out: dict[int, Any] = dataclasses.field(default_factory=dict)
+    ref_optimizers: dict[int, Any] = dataclasses.field(default_factory=dict)
     # Every plan this trace built (memory_report sizes the runtime's storage from them).
     built: list[Plan] = dataclasses.field(default_factory=list)
     next_site: int = 0

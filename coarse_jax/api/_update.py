@@ -16,7 +16,9 @@ import weakref
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
 from coarse_jax import _ffi
 from coarse_jax.api import _context
@@ -62,19 +64,41 @@ class Site:
 
 def check_config(cfg: Config) -> Config:
     """The Config a value_and_update runs with (every parameter through the proxies)."""
-    if cfg.mode != "ffi":
-        raise NotImplementedError(
-            "coarse.value_and_update needs Config(mode='ffi'): the master parameters and the "
-            "optimizer state live in the runtime's memory on the proxies, which "
-            "mode='reference' (pure JAX) does not have. For a pure-JAX run of the same "
-            "optimizer use jax.value_and_grad + lax.pmean + optimizer.optax()."
-        )
     # The leading layers are not reduced among the workers: their optimizer
     # state would have to live on the workers, which is what the proxies are
     # there to avoid. Every parameter goes through the proxies.
     if cfg.leading_bytes != 0:
         cfg = dataclasses.replace(cfg, leading_bytes=0)
     return cfg
+
+
+def reference_update(
+    ctx: _context.SyncContext, optimizer: ProxyOptimizer, params: Any, mean_grads: list[Any]
+) -> list[Any]:
+    """mode="reference": the same update in pure JAX (the optimizer's optax twin).
+
+    The f32 master and the optax state are step state threaded through the
+    program by `coarse.sync` (``ctx.ref_in`` / ``ctx.ref_out``, by the call's
+    position in the step), not runtime memory: the first call seeds them from
+    the params, as the proxies do. Returns the new params leaves in the
+    params' dtypes.
+    """
+    index = ctx.next_update
+    ctx.next_update += 1
+    ctx.ref_optimizers[index] = optimizer
+    tx = optimizer.optax()
+    leaves, treedef = jax.tree.flatten(params)
+    held = ctx.ref_in.get(index)
+    if held is None:
+        master = jax.tree.unflatten(treedef, [jnp.asarray(x, jnp.float32) for x in leaves])
+        opt_state = tx.init(master)
+    else:
+        master, opt_state = held
+    grads = jax.tree.unflatten(treedef, list(mean_grads))
+    updates, opt_state = tx.update(grads, opt_state, master)
+    master = optax.apply_updates(master, updates)
+    ctx.ref_out[index] = (master, opt_state)
+    return [m.astype(x.dtype) for m, x in zip(jax.tree.leaves(master), leaves, strict=True)]
 
 
 def register(

@@ -201,8 +201,7 @@ def synced_value_and_grad(
     aux_leaves_shape, aux_def = jax.tree.flatten(aux_shape)
     call = ctx.call_site(plan) if cfg.mode == "ffi" else None
     site = None
-    if update is not None:
-        assert call is not None  # check_config refused mode="reference"
+    if update is not None and call is not None:
         site = _update.register(ctx, call, plan, update, args[0], n_grad)
 
     # value_and_update: the gradients are not returned, only pushed; the
@@ -289,7 +288,11 @@ def synced_value_and_grad(
     # Proxies hold zeros, whichever tier computed (worker_compute="all").
     aux_leaves = [jnp.where(tier_is_worker(), x, jnp.zeros_like(x)) for x in aux_leaves]
     if call is None:  # mode="reference"
+        if update is not None:  # the mean in f32, as the proxies keep it
+            leaves = [x.astype(jnp.float32) if t < n_grad else x for t, x in enumerate(leaves)]
         leaves = reference.all_reduce(leaves, ctx.workers)
+        if update is not None:
+            leaves[:n_grad] = _update.reference_update(ctx, update, args[0], leaves[:n_grad])
     else:
         if site is not None:
             # The pull writes the new params over the old ones (donated, or

@@ -6,6 +6,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -133,6 +134,10 @@ class SyncedStep:
         self._pending_load: Callable[[], None] | None = None
         self._writer: SnapshotWriter | None = None  # Config.snapshot_dir
         self.restored_count: int | None = None  # optimizer steps of the last restore()
+        # mode="reference" value_and_update: (f32 master, optax state) per call
+        # position, threaded through the program (api/_update.reference_update).
+        self._ref_state: dict[int, Any] = {}
+        self._ref_optimizers: dict[int, Any] = {}
         self._traced_plans: list[Any] = []  # the plans of the latest trace
 
     def config(self) -> Config:
@@ -162,6 +167,8 @@ class SyncedStep:
         etc.), leaves in f32. Waits for the calls in flight. ``index``: which
         value_and_update call of the step (needed when there are several).
         """
+        if self._config.mode == "reference":
+            return self._ref_held(index, "optimizer_state")[1]
         store, count, slots = self._access.export(index, "optimizer_state", self._wait_all)
         master = to_jax(slots[0], store.treedef)
         moments = [to_jax(x, store.treedef) for x in slots[1:]]
@@ -169,6 +176,8 @@ class SyncedStep:
 
     def master_params(self, index: int | None = None) -> Any:
         """The f32 master parameters the proxies hold (the params' tree). Waits for calls."""
+        if self._config.mode == "reference":
+            return self._ref_held(index, "master_params")[0]
         _, _, slots = self._access.export(index, "master_params", self._wait_all)
         return to_jax(slots[0], self._access.store(index, "master_params").treedef)
 
@@ -180,6 +189,11 @@ class SyncedStep:
         Before the step's first call the load waits for it (the step is
         traced then).
         """
+
+        if self._config.mode == "reference":
+            master = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+            self._ref_state = {**self._ref_state, index or 0: (master, opt_state)}
+            return
 
         def load() -> None:
             store = self._access.store(index, "load_optimizer_state")
@@ -201,6 +215,7 @@ class SyncedStep:
         the proxies' memory; with ``Config.snapshot_dir`` it is also queued for
         writing (`wait_snapshots` waits for the disk).
         """
+        self._refuse_reference("snapshot")
         store = self._access.store(index, "snapshot")
         self._wait_all()
         store.module().store_snapshot_now(store.id)
@@ -247,6 +262,7 @@ class SyncedStep:
         before); pass them to the next call. ``self.restored_count`` is the
         optimizer step count restored (the data position to resume from).
         """
+        self._refuse_reference("restore")
         if directory is None:
             store = self._access.store(index, "restore")
             self._wait_all()
@@ -286,6 +302,9 @@ class SyncedStep:
     def reset_optimizer(self, index: int | None = None) -> None:
         """Forgets the proxies' state: the next call seeds it from the params it gets."""
         self._pending_load = None
+        if self._config.mode == "reference":
+            self._ref_state = {k: v for k, v in self._ref_state.items() if k != (index or 0)}
+            return
         if not self._access_ready():
             return
         store = self._access.store(index, "reset_optimizer")
@@ -300,8 +319,26 @@ class SyncedStep:
         if layout.graph:
             dyn.append(graph_state)
         jitted: Any = self._compile(cfg, layout)
-        compiled = jitted.lower(*dyn).compile()
+        compiled = jitted.lower(*dyn, self._ref_state).compile()
         return compiled.memory_analysis(), list(self._traced_plans)
+
+    def _refuse_reference(self, what: str) -> None:
+        if self._config.mode == "reference":
+            raise NotImplementedError(
+                f"coarse.sync({self._name}).{what}: snapshots are taken by the runtime on the "
+                "proxies, which Config(mode='reference') does not use. Fix: mode='ffi', or "
+                "save step.optimizer_state() and step.master_params() yourself."
+            )
+
+    def _ref_held(self, index: int | None, what: str) -> Any:
+        """mode="reference": the (master, optax state) of value_and_update call ``index``."""
+        i = index or 0
+        if i not in self._ref_state:
+            raise RuntimeError(
+                f"coarse.sync({self._name}).{what}: no state for value_and_update call {i} "
+                "(the step has none, or has not run yet): call it once first."
+            )
+        return self._ref_state[i]
 
     def _access_ready(self) -> bool:
         return bool(self._stores)
@@ -348,10 +385,10 @@ class SyncedStep:
         if self._pending_load is not None:
             if not self._stores:  # trace now: the stores come from the trace
                 jitted: Any = self._compiled[key]
-                jitted.trace(*dyn)
+                jitted.trace(*dyn, self._ref_state)
             load, self._pending_load = self._pending_load, None
             load()
-        results = self._compiled[key](*dyn)
+        *results, self._ref_state = self._compiled[key](*dyn, self._ref_state)
         if cfg.snapshot_dir is not None and self._stores:
             if self._writer is None:
                 self._writer = SnapshotWriter(cfg.snapshot_dir, cfg.snapshot_keep)
@@ -494,7 +531,17 @@ class SyncedStep:
         passed = [i for i in layout.dynamic() if i not in layout.graph]
         static = dict(layout.static)
 
-        def body(*dyn: Any) -> Any:
+        # The compiled program must not keep the step alive (the step holds the
+        # program): a cycle would keep the proxies' state, gigabytes for a big
+        # model, until Python's cycle collector happens to run. The body looks
+        # the step up when it is traced, which is while the step is called.
+        weak = weakref.ref(self)
+
+        def body(*dyn_and_ref: Any) -> Any:
+            self = weak()
+            assert self is not None, "a coarse.sync step was traced after it was freed"
+            # The last input: mode="reference" value_and_update state ({} otherwise).
+            *dyn, ref_in = dyn_and_ref
             args: list[Any] = [None] * layout.n
             for i, v in static.items():
                 args[i] = v
@@ -506,7 +553,13 @@ class SyncedStep:
                 for i, node in zip(layout.graph, nodes, strict=True):
                     args[i] = node
             ctx = _context.SyncContext(
-                self.mesh, cfg, self._plans, stores=self._stores, step_name=self._name
+                self.mesh,
+                cfg,
+                self._plans,
+                stores=self._stores,
+                step_name=self._name,
+                ref_in=dict(ref_in),
+                ref_optimizers=self._ref_optimizers,
             )
             self._traced_plans = ctx.built
             _context.stack().append(ctx)
@@ -525,9 +578,11 @@ class SyncedStep:
             if layout.outer_trace:
                 # Counted where it runs: an outer jit traces this body once.
                 jax.debug.callback(
-                    self._count_on_first_device, lax.axis_index(TIER), lax.axis_index(DATA)
+                    functools.partial(_count_on_first_device, weak),
+                    lax.axis_index(TIER),
+                    lax.axis_index(DATA),
                 )
-            return replicated, per_example, new_state
+            return replicated, per_example, new_state, ctx.ref_out
 
         split = P(batch_axes(self.mesh))  # "data", or ("host", "data") across hosts
         in_specs = [split if i in layout.batch else P() for i in passed]
@@ -536,14 +591,13 @@ class SyncedStep:
             in_specs.append(P())
             if set(layout.graph) & set(layout.donate):
                 donate.append(len(passed))
+        in_specs.append(P())  # the reference-mode update state, replaced every call
+        donate.append(len(in_specs) - 1)
         mapped = jax.shard_map(
-            body, mesh=self.mesh, in_specs=tuple(in_specs), out_specs=(P(), split, P())
+            body, mesh=self.mesh, in_specs=tuple(in_specs), out_specs=(P(), split, P(), P())
         )
         return jax.jit(mapped, donate_argnums=tuple(donate))
 
-    def _count_on_first_device(self, tier: Any, data: Any) -> None:
-        if int(tier) == 0 and int(data) == 0:
-            self._calls += 1
 
     def _plan_keys(self, cfg: Config) -> list[int]:
         p = self.mesh.shape[DATA]
@@ -557,6 +611,13 @@ class SyncedStep:
         if self._plan_keys(new) != self._plan_keys(self._config):
             self._plans.clear()
             self._config = new
+
+
+def _count_on_first_device(weak: weakref.ref[SyncedStep], tier: Any, data: Any) -> None:
+    """Counts a call of a step run under an outer jit (once, on worker 0)."""
+    step = weak()
+    if step is not None and int(tier) == 0 and int(data) == 0:
+        step._calls += 1
 
 
 SyncOptions = dict[str, Any]

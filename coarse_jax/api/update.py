@@ -51,7 +51,8 @@ def value_and_update(
     fails (a timeout, Ctrl-C, the params check) leaves the proxies at the
     previous version. Every parameter goes through the proxies
     (``Config.leading_bytes`` is ignored here: the leading layers' optimizer
-    state would otherwise live on the workers). Needs ``mode="ffi"``.
+    state would otherwise live on the workers). ``mode="reference"`` runs the
+    optimizer's optax twin in pure JAX, its state threaded through the step.
 
     Args:
       fun: the loss function; differentiated with respect to its first argument.
