@@ -5,14 +5,8 @@ The RSS check runs in a subprocess, from a clean heap: 20 distinct plans, then
 `jax.clear_caches()` after each so JAX's own executables do not grow the heap);
 the resident set after 200 must stay within 10% of the one after 20.
 
-The resident set is read after `gc.collect()` and `malloc_trim(0)`, so it counts
-memory in use. Without the collection, steps that died in reference cycles
-keep their executables until Python's next full collection, whose timing
-moves with any change to the allocations: the resident set then rises and
-falls by 200-400 MB over hundreds of plans (seen on the multihost merge: 720 MB
-at 200 plans, 400 MB at 300, 250 MB at every count with the collection).
-`malloc_trim(0)` then hands back the free heap glibc keeps: compiling and
-dropping a step 200 times leaves
+The resident set is read after `malloc_trim(0)`, so it counts memory in use,
+not free heap glibc keeps: compiling and dropping a step 200 times leaves
 150-300 MB of such free pages (the same with one plan used 200 times, the
 runtime holding one plan and one set; all of it returned by malloc_trim), which
 would hide what the test is after. Before the fix the runtime itself kept
@@ -34,7 +28,7 @@ DEFAULTS = {"spare_storage_bytes": 512 << 20, "spare_plans": 4, "cached_plans": 
 
 _RSS_SCRIPT = textwrap.dedent(
     """
-    import ctypes, gc, os, sys
+    import ctypes, os, sys
     import jax, jax.numpy as jnp
     import coarse_jax as coarse
 
@@ -44,7 +38,6 @@ _RSS_SCRIPT = textwrap.dedent(
         _trim = lambda pad: 0
 
     def rss(trim=True):
-        gc.collect()  # unreachable cycles (traced steps) hold executables until a full collection
         if trim:
             _trim(0)  # give free heap pages back first: count memory in use
         with open("/proc/self/status") as f:
