@@ -45,7 +45,7 @@ import os
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax._src.lax.parallel import all_gather_invariant
+from jax._src.lax.parallel import all_gather_invariant  # jax 0.10.2 exports no public name
 
 from coarse_jax import _ffi
 from coarse_jax.api import _context
