@@ -115,9 +115,10 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
         if (!store) throw std::runtime_error("coarse_jax: no such optimizer store");
         ffi::Error e = store->SnapshotNow();
         if (e.failure()) throw std::runtime_error(e.message());
-        return store->snapshot_serial();
+        return store->snapshot_count();
       },
-      nb::arg("store"), "Snapshots a store's committed state now (between steps).");
+      nb::arg("store"),
+      "Snapshots a store's committed state now (between steps); returns its step count.");
   m.def(
       "store_snapshot_serial",
       [](int64_t id) -> int64_t {

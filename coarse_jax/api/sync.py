@@ -218,11 +218,10 @@ class SyncedStep:
         self._refuse_reference("snapshot")
         store = self._access.store(index, "snapshot")
         self._wait_all()
-        store.module().store_snapshot_now(store.id)
-        got = store.module().store_export(store.id, snapshot=True)
+        count = int(store.module().store_snapshot_now(store.id))
         if self._writer is not None:
             self._writer.offer(store)
-        return int(got[0])
+        return count
 
     def timeline(self) -> Timeline:
         """The spans recorded since the last call, with ``Config(trace=True)``.

@@ -335,6 +335,11 @@ int64_t ParamStore::snapshot_serial() {
   return snap_valid_ ? snap_serial_ : 0;
 }
 
+int64_t ParamStore::snapshot_count() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snap_count_;
+}
+
 ffi::ErrorOr<std::optional<HostState>> ParamStore::ExportSnapshot() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!snap_valid_) return std::optional<HostState>();

@@ -122,8 +122,10 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
   void SnapshotCopied();
   // Between steps: copy the committed version now (no step may hold the store).
   xla::ffi::Error SnapshotNow();
-  // Completed snapshots so far (the writer thread polls it) and the newest's count.
+  // Completed snapshots so far (the writer thread polls it; 0 while none is
+  // valid) and the newest's optimizer step count.
   int64_t snapshot_serial();
+  int64_t snapshot_count();
   // The newest snapshot, to the host (as Export), or nothing.
   xla::ffi::ErrorOr<std::optional<HostState>> ExportSnapshot();
 
