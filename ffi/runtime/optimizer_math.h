@@ -1,6 +1,8 @@
 // The proxy optimizer's arithmetic on one element, shared by the CPU backend
-// (cpu/cpu_backend.cc) and the CUDA kernel (kernels/optim.cu), so both
-// platforms compute the same f32 bits. The formulas follow optax's
+// (cpu/cpu_backend.cc) and the CUDA kernel (kernels/optim.cu): one set of
+// formulas for both (each compiler may still fuse a multiply-add, so the last
+// bit can differ between platforms; on one platform results are bitwise
+// reproducible). The formulas follow optax's
 // transformations op for op (coarse_jax/optim.py names the equivalent chain):
 //
 //   clip_by_global_norm(c):  g = norm < c ? g : (g / norm) * c
