@@ -598,7 +598,6 @@ class SyncedStep:
         )
         return jax.jit(mapped, donate_argnums=tuple(donate))
 
-
     def _plan_keys(self, cfg: Config) -> list[int]:
         p = self.mesh.shape[DATA]
         return [make_plan(t, p, cfg, **kw).ffi_attrs()["plan_key"] for t, kw in self._plans]
