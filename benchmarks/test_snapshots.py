@@ -41,7 +41,7 @@ from coarse_jax.bench.shapes import resnet50_tree
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "bert"))
 from configs.default import get_config
-from train import Bert, make_data, make_loss
+from train import build_model, make_data, make_loss
 
 WORKERS = 4
 STEPS = 24  # timed, after 3 warm-up steps
@@ -65,14 +65,7 @@ def _resnet_case():
 
 def _bert_case():
     cfg = get_config()
-    model = Bert(
-        vocab_size=cfg.vocab_size,
-        seq_len=cfg.seq_len,
-        num_layers=cfg.num_layers,
-        d_model=cfg.d_model,
-        num_heads=cfg.num_heads,
-        d_mlp=cfg.d_mlp,
-    )
+    model = build_model(cfg)
     params = model.init(jax.random.key(0), jnp.zeros((1, cfg.seq_len), jnp.int32))
     cfg = type(cfg)(**{**cfg.__dict__, "steps": 4})
     train, _ = make_data(cfg)

@@ -345,19 +345,12 @@ def test_bert_example_hundred_adamw_steps_match_optax():
     sys.path.insert(0, str(bert_dir))
     try:
         from configs.default import get_config
-        from train import Bert, make_data, make_loss
+        from train import build_model, make_data, make_loss
     finally:
         sys.path.remove(str(bert_dir))
     cfg = get_config()
     cfg = type(cfg)(**{**cfg.__dict__, "steps": 100, "batch_size": 16})
-    model = Bert(
-        vocab_size=cfg.vocab_size,
-        seq_len=cfg.seq_len,
-        num_layers=cfg.num_layers,
-        d_model=cfg.d_model,
-        num_heads=cfg.num_heads,
-        d_mlp=cfg.d_mlp,
-    )
+    model = build_model(cfg)
     params = model.init(jax.random.key(0), jnp.zeros((1, cfg.seq_len), jnp.int32))
     train, _ = make_data(cfg)
     loss_fn = make_loss(model.apply)

@@ -69,6 +69,18 @@ class Bert(nn.Module):
         return nn.Dense(self.vocab_size, name=f"layer{self.num_layers + 2}_out")(x)
 
 
+def build_model(config: Any) -> Bert:
+    """The encoder a `configs.default.BertConfig` describes."""
+    return Bert(
+        vocab_size=config.vocab_size,
+        seq_len=config.seq_len,
+        num_layers=config.num_layers,
+        d_model=config.d_model,
+        num_heads=config.num_heads,
+        d_mlp=config.d_mlp,
+    )
+
+
 # ----------------------------------------------------------------------------- data
 
 
@@ -159,14 +171,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     Returns:
       `common.trainer.run_comparison`'s summary; ``eval`` holds the masked-token accuracy.
     """
-    model = Bert(
-        vocab_size=config.vocab_size,
-        seq_len=config.seq_len,
-        num_layers=config.num_layers,
-        d_model=config.d_model,
-        num_heads=config.num_heads,
-        d_mlp=config.d_mlp,
-    )
+    model = build_model(config)
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, config.seq_len), jnp.int32))
     train, test = make_data(config)
     predict = jax.jit(model.apply)
