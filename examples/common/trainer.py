@@ -493,7 +493,9 @@ def run_comparison(
         f"{config.batch_size} on {p} workers, impl {config.impl}"
     )
     if "coarse" in impls:
-        print(coarse.plan(params, coarse_mesh, cfg).summary())
+        # value_and_update sends every parameter through the proxies (no worker ring).
+        shown = cfg if config.optimizer != "proxy" else dataclasses.replace(cfg, leading_bytes=0)
+        print(coarse.plan(params, coarse_mesh, shown).summary())
     print()
 
     grad_diff: dict[str, tuple[float, float]] = {}
