@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import PartitionSpec as P
+from baselines import pmean_optax_step
 
 import coarse_jax as coarse
 from coarse_jax.model import paper
@@ -67,15 +67,7 @@ def _peak(m) -> int:
 def _pmean_worker_bytes(per_worker: int) -> int:
     loss = make_loss(MODEL.apply)
     tx = optax.adamw(1e-4, weight_decay=0.01)
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:WORKERS]), ("data",))
-
-    @jax.shard_map(mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=P())
-    def step(params, opt_state, batch):
-        value, grads = jax.value_and_grad(loss)(jax.lax.pcast(params, "data", to="varying"), batch)
-        value, grads = jax.lax.pmean((value, grads), "data")
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
+    step = pmean_optax_step(WORKERS, loss, tx)
     params = _params(jnp.float32)
     state = jax.eval_shape(tx.init, params)
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, _batch(per_worker))

@@ -33,6 +33,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
+from baselines import pmean_optax_step
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -111,14 +112,7 @@ def _coarse(params, loss, batches, every, directory):
 def _pmean_orbax(params, loss, batches, every, directory):
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:WORKERS]), ("data",))
     tx = optax.adamw(1e-4, weight_decay=0.01)
-
-    @jax.jit
-    @jax.shard_map(mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=P())
-    def update(params, opt_state, batch):
-        value, grads = jax.value_and_grad(loss)(jax.lax.pcast(params, "data", to="varying"), batch)
-        value, grads = jax.lax.pmean((value, grads), "data")
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
+    update = jax.jit(pmean_optax_step(WORKERS, loss, tx))
 
     manager = None
     if every:

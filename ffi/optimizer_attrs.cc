@@ -2,30 +2,17 @@
 #include "optimizer_attrs.h"
 
 #include <string>
-#include <string_view>
+
+#include "plan_attrs.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
 
-namespace {
-
-template <typename T>
-ffi::ErrorOr<T> Get(const ffi::Dictionary& attrs, std::string_view name) {
-  auto v = attrs.get<T>(name);
-  if (v.has_error())
-    return ffi::Unexpected(
-        ffi::Error::InvalidArgument("coarse_jax: value_and_update call is missing attribute '" +
-                                    std::string(name) + "': " + v.error().message()));
-  return v.value();
-}
-
-}  // namespace
-
 ffi::ErrorOr<std::optional<std::shared_ptr<ParamStore>>> ReadStore(const ffi::Dictionary& attrs) {
   if (!attrs.contains("opt_store")) return std::optional<std::shared_ptr<ParamStore>>();
-  auto id = Get<int64_t>(attrs, "opt_store");
+  auto id = Need<int64_t>(attrs, "opt_store");
   if (id.has_error()) return ffi::Unexpected(id.error());
-  auto name = Get<std::string_view>(attrs, "opt_name");
+  auto name = Need<std::string_view>(attrs, "opt_name");
   if (name.has_error()) return ffi::Unexpected(name.error());
   return std::optional<std::shared_ptr<ParamStore>>(
       GetParamStore(id.value(), std::string(name.value())));
@@ -33,8 +20,8 @@ ffi::ErrorOr<std::optional<std::shared_ptr<ParamStore>>> ReadStore(const ffi::Di
 
 ffi::ErrorOr<OptimizerSpec> ReadOptimizer(const ffi::Dictionary& attrs, const Plan& plan) {
   OptimizerSpec spec;
-#define COARSE_OPT(var, T, name)  \
-  auto var = Get<T>(attrs, name); \
+#define COARSE_OPT(var, T, name)   \
+  auto var = Need<T>(attrs, name); \
   if (var.has_error()) return ffi::Unexpected(var.error());
   COARSE_OPT(kind, int64_t, "opt_kind");
   COARSE_OPT(b1, double, "opt_b1");

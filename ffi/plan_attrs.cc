@@ -16,17 +16,6 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-template <typename T>
-ffi::ErrorOr<T> Need(const ffi::Dictionary& attrs, std::string_view name) {
-  auto v = attrs.get<T>(name);
-  if (v.has_error()) {
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        "coarse_jax: custom call is missing attribute '" + std::string(name) +
-        "' (built by a different coarse_jax version?): " + v.error().message()));
-  }
-  return v;
-}
-
 ffi::Error Invalid(const std::string& what) {
   return ffi::Error::InvalidArgument("coarse_jax: malformed plan: " + what);
 }

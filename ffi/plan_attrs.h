@@ -9,12 +9,27 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "runtime/emulator.h"
 #include "runtime/plan.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse {
+
+// Attribute `name` of type T, or an InvalidArgument error naming it (read by
+// every attribute parser: the plan's, the topology's, the optimizer's).
+template <typename T>
+xla::ffi::ErrorOr<T> Need(const xla::ffi::Dictionary& attrs, std::string_view name) {
+  auto v = attrs.get<T>(name);
+  if (v.has_error()) {
+    return xla::ffi::Unexpected(xla::ffi::Error::InvalidArgument(
+        "coarse_jax: custom call is missing attribute '" + std::string(name) +
+        "' (built by a different coarse_jax version?): " + v.error().message()));
+  }
+  return v;
+}
 
 // Returns the cached plan for the attributes' `plan_key`, parsing (and
 // range-checking: a malformed plan is InvalidArgument naming the attribute)

@@ -46,6 +46,18 @@ class Store:
     def module(self) -> Any:
         return _ffi.runtime_module(self.platform)
 
+    def slot_leaves(self, leaves: list[int], values: list[list[bytes]]) -> list[list[np.ndarray]]:
+        """The runtime's export (plan leaf ids, [slot][leaf] f32 bytes, as `store_export`
+        returns them) as [slot][params leaf] arrays in the params' flatten order."""
+        order = [self.plan.sync_order[s] for s in leaves]  # params leaf of each
+        out = []
+        for slot in values:
+            tree: list[np.ndarray] = [np.empty(0, np.float32)] * len(self.shapes)
+            for t, raw in zip(order, slot, strict=True):
+                tree[t] = np.frombuffer(raw, np.float32).reshape(self.shapes[t]).copy()
+            out.append(tree)
+        return out
+
     def updated_sync_ids(self) -> list[int]:
         """Plan leaf ids (sync order) of the params, as the runtime lists them."""
         n = len(self.shapes)

@@ -120,13 +120,7 @@ class SnapshotWriter:
         if got is None:
             return
         count, leaves, values = got
-        order = [store.plan.sync_order[s] for s in leaves]
-        slots = []
-        for slot in values:
-            tree = [np.empty(0, np.float32)] * len(store.shapes)
-            for t, raw in zip(order, slot, strict=True):
-                tree[t] = np.frombuffer(raw, np.float32).reshape(store.shapes[t])
-            slots.append(tree)
+        slots = store.slot_leaves(leaves, values)
         final = os.path.join(self.directory, str(int(count)))
         if os.path.isdir(final):
             return  # this step's snapshot is on disk already

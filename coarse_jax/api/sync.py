@@ -125,8 +125,8 @@ class SyncedStep:
         self._arrival = _arrival.Arrival(self._name)  # across hosts only
         # One output leaf of each call not known to be finished, oldest first.
         self._in_flight: collections.deque[jax.Array] = collections.deque()
-        self._last_out: jax.Array | None = None  # of the latest call (steps with stores)
-        self._last_any: jax.Array | None = None  # of the latest call (Config(trace=True))
+        # One output of the latest call, for _wait_all (steps with stores, or tracing).
+        self._last_out: jax.Array | None = None
         # The proxies' optimizer stores, per value_and_update call of the step.
         self._stores: dict[int, Store] = {}
         self._access = StoreAccess(self._stores, f"coarse.sync({self._name})")
@@ -229,15 +229,9 @@ class SyncedStep:
         Waits for the calls in flight. The runtime keeps one buffer per
         process: spans of every traced step since the previous `timeline` call.
         """
-        self._wait_all_outputs()
+        self._wait_all()
         module = _ffi.runtime_module(self.mesh.devices.flat[0].platform)
         return Timeline.from_runtime(module.take_trace())
-
-    def _wait_all_outputs(self) -> None:
-        for x in [*self._in_flight, self._last_out, self._last_any]:
-            if x is not None and not x.is_deleted():
-                with contextlib.suppress(Exception):
-                    x.block_until_ready()
 
     def wait_snapshots(self) -> None:
         """Blocks until the proxies' newest snapshot is written to ``Config.snapshot_dir``.
@@ -271,12 +265,12 @@ class SyncedStep:
                     f"coarse.sync({self._name}).restore: the proxies hold no complete snapshot. "
                     "Set Config(snapshot_every=K) or call step.snapshot() first."
                 )
-            count, _, _ = got
+            count, leaves, values = got
             store.module().store_load(store.id, store.name, *got)
-            _, _, slots = self._access.export(index, "restore", self._wait_all)
+            master = store.slot_leaves(leaves, values[:1])[0]
             params = jax.tree.unflatten(
                 store.treedef,
-                [jnp.asarray(x, dtype=d) for x, d in zip(slots[0], store.dtypes, strict=True)],
+                [jnp.asarray(x, dtype=d) for x, d in zip(master, store.dtypes, strict=True)],
             )
             self.restored_count = int(count)
             return params
@@ -421,16 +415,16 @@ class SyncedStep:
         """
         limit = self._max_in_flight(cfg)
         leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
-        if leaves and cfg.trace:
-            self._last_any = min(leaves, key=lambda x: x.size)
-        if leaves and self._stores:
-            # Only a step whose proxies hold state needs it (_wait_all): kept
-            # by every step, it would keep each one's last output alive.
-            self._last_out = min(leaves, key=lambda x: x.size)
+        smallest = min(leaves, key=lambda x: x.size) if leaves else None
+        if smallest is not None and (self._stores or cfg.trace):
+            # Only steps whose proxies hold state, or that trace, wait for it
+            # (_wait_all): kept by every step, it would keep each one's last
+            # output alive.
+            self._last_out = smallest
         if limit == 0:
             return
-        if leaves:
-            self._in_flight.append(min(leaves, key=lambda x: x.size))
+        if smallest is not None:
+            self._in_flight.append(smallest)
         while len(self._in_flight) > limit:
             oldest = self._in_flight.popleft()
             if oldest.is_deleted():  # donated to a later call: that call waits for it

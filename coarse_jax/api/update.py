@@ -137,14 +137,7 @@ class StoreAccess:
                 "Run a step first."
             )
         count, leaves, values = got
-        order = [store.plan.sync_order[s] for s in leaves]  # params leaf of each
-        out: list[list[np.ndarray]] = []
-        for slot in values:
-            tree = [np.empty(0, np.float32)] * len(store.shapes)
-            for t, raw in zip(order, slot, strict=True):
-                tree[t] = np.frombuffer(raw, np.float32).reshape(store.shapes[t]).copy()
-            out.append(tree)
-        return store, int(count), out
+        return store, int(count), store.slot_leaves(leaves, values)
 
     def load(
         self, store: Store, params: Any, count: int, slots: list[Any], wait: Callable[[], None]
