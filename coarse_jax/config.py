@@ -112,7 +112,9 @@ class Config:
         0: off. `SyncedStep.snapshot` takes one on demand.
       snapshot_dir: with ``snapshot_every``, a background thread writes each
         snapshot as an orbax-checkpoint checkpoint ``<dir>/<step>/``
-        (atomically); None: in memory only.
+        (atomically); None: in memory only. Across hosts process 0 writes it
+        (every host's proxies hold the same state) and every process restores
+        from it: use a directory all hosts can read.
       snapshot_keep: how many checkpoints ``snapshot_dir`` keeps (newest).
       trace: record a timeline of every synchronization: per device and
         phase (push, proxy ring steps, optimizer, pull, waits) and piece, start

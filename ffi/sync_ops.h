@@ -28,11 +28,11 @@ struct HostIo {
 };
 
 // coarse_proxy_ring: operands the pushes' outputs (dependencies only) and,
-// in a value_and_update, the params and the step's scalars (proxy_ring.cc);
-// the token result.
+// in a value_and_update, the params and the step's scalars; across hosts
+// also the exchanged chunks (proxy_ring.cc). Results: the token [, chunks].
 xla::ffi::Error ProxyRingBody(Call& call, Device& dev, xla::ffi::RemainingArgs args,
-                              xla::ffi::Result<xla::ffi::AnyBuffer> token,
-                              const xla::ffi::Dictionary& attrs, const HostIo& io);
+                              xla::ffi::RemainingRets outs, const xla::ffi::Dictionary& attrs,
+                              const HostIo& io);
 // coarse_opt_count: the int32 step count of the store's next update.
 xla::ffi::Error OptCountBody(Call& call, Device& dev, xla::ffi::Result<xla::ffi::AnyBuffer> count,
                              const xla::ffi::Dictionary& attrs, const HostIo& io);

@@ -9,6 +9,12 @@ which fails the launch).
   without leading layers) against the float64 mean over all workers of all
   processes; twice, bitwise equal; a digest of the results per process.
 * ``optax``: 20 optax steps against a ``lax.pmean`` step over the same workers.
+* ``update``: 20 `coarse.value_and_update` steps (adam; adamw + clipping on
+  DENSE routes; sgd + momentum on crossing routes), ffi and reference, against
+  ``lax.pmean`` + the optax chain over the same workers; different plans on
+  the two processes are refused.
+* ``snapshots DIR``: process 0 writes the proxies' snapshots; a fresh step on
+  every process restores from DIR and ends bitwise where the first run ended.
 * ``missing``: process 1 never calls the step; process 0 must fail naming it.
 """
 
@@ -165,18 +171,143 @@ def scenario_optax(mesh):
     result("losses", losses)
     result("params_digest", digest(c_params))
 
-    # The proxies' optimizer would see the host's mean only: refused, clearly.
-    @coarse.sync(mesh)
-    def proxy_update(params, batch):
-        return coarse.value_and_update(mlp_loss, coarse.optim.adam(1e-2))(params, batch)
-
-    try:
-        proxy_update(params, global_batch(mesh, make_batch(jax.random.key(9), 2 * workers, 6, 3)))
-    except NotImplementedError as err:
-        assert "mesh spans hosts" in str(err), err
-    else:
-        raise AssertionError("value_and_update across hosts did not raise")
     result("ok", "optax")
+
+
+UPDATE_CASES = {
+    # name: (coarse optimizer, the optax chain written out independently, Config)
+    "adam": (
+        lambda: coarse.optim.adam(1e-2),
+        lambda: __import__("optax").adam(1e-2),
+        dict(shard_bytes=128),
+    ),
+    "adamw_clip_dense": (
+        lambda: coarse.optim.adamw(1e-2, weight_decay=0.1, clip_norm=0.5),
+        lambda: __import__("optax").chain(
+            __import__("optax").clip_by_global_norm(0.5),
+            __import__("optax").adamw(1e-2, weight_decay=0.1),
+        ),
+        dict(shard_bytes=256, routes=tuple((0, 0) for _ in range(P_LOCAL))),
+    ),
+    "sgd_momentum_crossing": (
+        lambda: coarse.optim.sgd(5e-2, momentum=0.9),
+        lambda: __import__("optax").sgd(5e-2, momentum=0.9),
+        dict(shard_bytes=64, routes=tuple((i, (i + 1) % P_LOCAL) for i in range(P_LOCAL))),
+    ),
+}
+
+
+def scenario_update(mesh):
+    """coarse.value_and_update across hosts (ffi and reference) against lax.pmean + optax
+    over all workers: the proxies of every host update from the mean over all hosts."""
+    workers = P_LOCAL * jax.process_count()
+    axes = ("host", "data")
+    wmesh = jax.sharding.Mesh(mesh.devices[:, 0, :], axes)
+    params0 = jax.tree.map(np.asarray, mlp_init(jax.random.key(2), (6, 16, 3)))
+    digests = {}
+    for name, (make_opt, make_tx, cfg) in UPDATE_CASES.items():
+        tx = make_tx()
+
+        def base_body(params, opt_state, batch, tx=tx):
+            varying = lax.pcast(params, axes, to="varying")
+            loss, grads = jax.value_and_grad(mlp_loss)(varying, batch)
+            grads, loss = lax.pmean((grads, loss), axes)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return __import__("optax").apply_updates(params, updates), opt_state, loss
+
+        base_step = jax.jit(
+            jax.shard_map(base_body, mesh=wmesh, in_specs=(P(), P(), P(axes)), out_specs=P())
+        )
+        for mode in ("ffi", "reference"):
+            config = coarse.Config(mode=mode, timeout_s=60, **cfg)
+
+            @coarse.sync(mesh, config=config)
+            def step(params, batch, opt=make_opt()):
+                loss, params = coarse.value_and_update(mlp_loss, opt)(params, batch)
+                return params, loss
+
+            c_params, b_params, b_state = params0, params0, tx.init(params0)
+            c_losses, b_losses = [], []
+            for i in range(20):
+                batch = make_batch(jax.random.key(300 + i), 2 * workers, 6, 3)
+                c_params, c_loss = step(c_params, global_batch(mesh, batch))
+                b_params, b_state, b_loss = base_step(
+                    b_params, b_state, global_batch(wmesh, batch)
+                )
+                c_losses.append(c_loss)
+                b_losses.append(b_loss)
+            c_losses = [float(x) for x in c_losses]
+            b_losses = [float(x) for x in b_losses]
+            np.testing.assert_allclose(c_losses, b_losses, rtol=1e-5, err_msg=f"{name}/{mode}")
+            close(c_params, b_params, 1e-5)
+            assert c_losses[-1] < c_losses[0], (name, mode, c_losses)
+            # The proxies' state is optax's, on every host.
+            close(jax.tree.leaves(step.optimizer_state()), jax.tree.leaves(b_state), 1e-4)
+            digests[f"{name}/{mode}"] = digest((c_params, c_losses))
+    result("update_digests", digests)
+
+    # Processes with different plans: the proxies refuse the step (the chunks
+    # they sum would not line up) and keep the previous version.
+    shard = 128 if jax.process_index() == 0 else 64
+
+    @coarse.sync(mesh, config=coarse.Config(shard_bytes=shard, timeout_s=20))
+    def mismatched(params, batch):
+        loss, params = coarse.value_and_update(mlp_loss, coarse.optim.sgd(1e-2))(params, batch)
+        return params, loss
+
+    batch = global_batch(mesh, make_batch(jax.random.key(9), 2 * workers, 6, 3))
+    try:
+        jax.block_until_ready(mismatched(params0, batch))
+    except Exception as err:  # noqa: BLE001 - the message is what is checked
+        result("mismatch", str(err)[:2000])
+    else:
+        result("mismatch", None)
+    result("ok", "update")
+    # The failed step's error would be raised again by jax's exit handlers
+    # (its side-effect tokens) and the distributed shutdown would wait on it.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def scenario_snapshots(mesh):
+    """Process 0 writes the proxies' snapshots across hosts; a fresh step on every
+    process restores from the directory and ends bitwise where the first run ended."""
+    from jax._src import distributed
+
+    workers = P_LOCAL * jax.process_count()
+    directory = sys.argv[2]
+    params0 = jax.tree.map(np.asarray, mlp_init(jax.random.key(4), (6, 16, 3)))
+    batches = [
+        global_batch(mesh, make_batch(jax.random.key(500 + i), 2 * workers, 6, 3))
+        for i in range(10)
+    ]
+    config = coarse.Config(shard_bytes=128, snapshot_every=4, snapshot_dir=directory)
+
+    def make_step():
+        @coarse.sync(mesh, config=config)
+        def step(params, batch):
+            loss, params = coarse.value_and_update(mlp_loss, coarse.optim.adam(1e-2))(
+                params, batch
+            )
+            return params, loss
+
+        return step
+
+    first = make_step()
+    params = params0
+    for b in batches:
+        params, _ = first(params, b)
+    first.wait_snapshots()
+    distributed.global_state.client.wait_at_barrier("snapshots written", 60_000)
+    written = sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+    again = make_step()
+    restored = again.restore(directory)
+    assert again.restored_count == 8, (again.restored_count, written)
+    for b in batches[again.restored_count :]:
+        restored, _ = again(restored, b)
+    assert digest(restored) == digest(params), "restored run ended elsewhere"
+    result("snapshots", {"written": written, "digest": digest(params)})
+    result("ok", "snapshots")
 
 
 def scenario_nnx(mesh):
@@ -244,6 +375,8 @@ def main():
     scenarios = {
         "sync": scenario_sync,
         "optax": scenario_optax,
+        "update": scenario_update,
+        "snapshots": scenario_snapshots,
         "nnx": scenario_nnx,
         "missing": scenario_missing,
     }

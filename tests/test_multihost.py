@@ -74,6 +74,35 @@ def test_twenty_optax_steps_match_pmean_over_all_workers(tmp_path):
 
 
 @pytest.mark.timeout(LIMIT_S + 20)
+def test_value_and_update_across_hosts_matches_pmean_and_optax(tmp_path):
+    """The proxies of both hosts update from the mean over all 8 workers (checked in
+    each process against lax.pmean + optax: losses, params, optimizer state), both
+    hosts end bitwise equal, and hosts with different plans are refused, naming them."""
+    code, output, _ = _launch(tmp_path, SCRIPT, "update")
+    assert code == 0, output[-6000:]
+    r = _results(output)
+    assert all(r[("ok", i)] == "update" for i in range(2)), output[-3000:]
+    assert r[("update_digests", 0)] == r[("update_digests", 1)]
+    assert len(r[("update_digests", 0)]) == 6
+    for i, other in ((0, 1), (1, 0)):
+        message = r[("mismatch", i)]
+        assert message and "different plans" in message, message
+        assert f"host(s) {other} differs" in message, message
+
+
+@pytest.mark.timeout(LIMIT_S + 20)
+def test_snapshots_across_hosts_written_once_and_restored_on_every_host(tmp_path):
+    directory = tmp_path / "snapshots"
+    code, output, _ = _launch(tmp_path, SCRIPT, "snapshots", directory)
+    assert code == 0, output[-6000:]
+    r = _results(output)
+    assert all(r[("ok", i)] == "snapshots" for i in range(2)), output[-3000:]
+    assert r[("snapshots", 0)] == r[("snapshots", 1)]
+    # Steps 4 and 8 (snapshot_every=4 of 10), one directory each, no partial one left.
+    assert sorted(p.name for p in directory.iterdir()) == ["4", "8"]
+
+
+@pytest.mark.timeout(LIMIT_S + 20)
 def test_nnx_batch_statistics_average_over_both_hosts(tmp_path):
     code, output, _ = _launch(tmp_path, SCRIPT, "nnx")
     assert code == 0, output[-6000:]

@@ -196,6 +196,17 @@ class RingUpdate:
     attrs: Mapping[str, Any]
 
 
+def _ring_operands(
+    call: CallSite, me: jax.Array, deps: Sequence[jax.Array], update: RingUpdate | None
+) -> tuple[list[jax.Array], dict[str, Any]]:
+    operands = [me, *(_vary(d, call.axes) for d in deps)]
+    attrs: dict[str, Any] = {}
+    if update is not None:
+        attrs = {**update.attrs, "opt_num_deps": np.int64(len(deps))}
+        operands += [_vary(x, call.axes) for x in (*update.params, update.scalars)]
+    return operands, attrs
+
+
 def proxy_ring(
     call: CallSite,
     me: jax.Array,
@@ -209,18 +220,65 @@ def proxy_ring(
     With ``update`` the proxies turn the mean gradients of the parameter
     pieces into new parameters between reduce-scatter and all-gather.
     """
-    operands = [me, *(_vary(d, call.axes) for d in deps)]
-    attrs: dict[str, Any] = {}
-    if update is not None:
-        attrs = {**update.attrs, "opt_num_deps": np.int64(len(deps))}
-        operands += [_vary(x, call.axes) for x in (*update.params, update.scalars)]
+    operands, attrs = _ring_operands(call, me, deps, update)
+    (ring_token,) = _call(
+        "coarse_proxy_ring", call, [_result(me, True)], operands, {}, last=np.int64(last), **attrs
+    )
+    return ring_token
+
+
+def proxy_ring_to_hosts(
+    call: CallSite,
+    me: jax.Array,
+    deps: Sequence[jax.Array],
+    update: RingUpdate | None,
+    width: int,
+) -> tuple[jax.Array, jax.Array]:
+    """Across hosts, the ring's first half: every piece reduce-scattered within the host.
+
+    Returns ``(token, chunks)``: f32[width], the chunks this proxy owns laid
+    end to end (ffi/runtime/param_store.h ExchangeRanges), zero-padded;
+    zeros on a worker. Sum them over the hosts and hand them to
+    `proxy_ring_from_hosts`.
+    """
+    operands, attrs = _ring_operands(call, me, deps, update)
+    chunks = jax.ShapeDtypeStruct((width,), jnp.float32)
+    token, out = _call(
+        "coarse_proxy_ring",
+        call,
+        [_result(me, True), _result(_vary(jnp.zeros(chunks.shape, chunks.dtype), call.axes), True)],
+        operands,
+        {},
+        last=np.int64(0),
+        hosts_stage=np.int64(1),
+        **attrs,
+    )
+    return token, out
+
+
+def proxy_ring_from_hosts(
+    call: CallSite,
+    me: jax.Array,
+    after: jax.Array,
+    update: RingUpdate | None,
+    chunks: jax.Array,
+    plan_keys: jax.Array,
+) -> jax.Array:
+    """Across hosts, the ring's second half: the global ``chunks`` back in, update, all-gather.
+
+    ``plan_keys``: int32[hosts], every host's `plan_key_32`; a proxy refuses
+    to go on if they differ (the chunks would not line up).
+    """
+    operands, attrs = _ring_operands(call, me, [after], update)
+    operands += [_vary(chunks, call.axes), _vary(plan_keys, call.axes)]
     (ring_token,) = _call(
         "coarse_proxy_ring",
         call,
         [_result(me, True)],
         operands,
         {},
-        last=np.int64(last),
+        last=np.int64(0),
+        hosts_stage=np.int64(2),
         **attrs,
     )
     return ring_token

@@ -26,6 +26,19 @@ Who sends what across hosts (the hierarchical step):
   ("tier", "data") does (NCCL within the node), then slices into leaves.
   Either result is typed invariant over the whole mesh, which it is.
 
+With the proxy optimizer (`coarse.value_and_update`) the proxies must update
+from the mean over all hosts, so the sum over hosts moves inside their ring:
+the ring runs as two custom calls (`ring_across_hosts`). The first
+reduce-scatters every piece within the host and hands XLA the chunks the
+proxy owns (ffi/runtime/param_store.h ExchangeRanges); proxy k of every host
+owns the same chunks, so the sum over "host" (below) lines them up; the
+second takes the global chunks back, runs the optimizer on them (every host
+applies the same update to the same master copy) and all-gathers the new
+parameters within the host, which the pull hands to the workers. Workers
+send nothing across hosts, and no hand-out is needed. The hosts also
+exchange their plan's key: different plans would sum chunks that do not
+line up, so the proxies refuse that step (and the store keeps its version).
+
 The sum over hosts: with two hosts a ``psum`` over "host" (a + b equals
 b + a exactly, so the result is bitwise the same on every device and run to
 run, whatever gloo or NCCL do inside); with more, gather-then-add in host
@@ -41,6 +54,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -67,6 +81,24 @@ def _vary(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
+def _sum_over_hosts(mine: jax.Array, hosts: int, mean: bool) -> jax.Array:
+    """``mine`` summed (averaged) over "host", in host order: identical on every host."""
+    mine = _vary(mine, (HOST, TIER, DATA))
+    if hosts == 2:
+        # a + b == b + a exactly: a psum is bitwise the same on both hosts and
+        # run to run, whatever the library's algorithm; and on gloo it is
+        # faster than gathering (ResNet-50 chunks: 167 vs 346 ms).
+        total = lax.psum(mine, HOST)
+    else:
+        gathered = all_gather_invariant(mine, HOST)  # (hosts, chunk)
+        total = gathered[0]
+        for h in range(1, hosts):
+            total = total + gathered[h]
+    if mean:
+        total = total * jnp.float32(1.0 / hosts)
+    return total
+
+
 def _host_sum(leaves: list[jax.Array], chunk: int, width: int, hosts: int, mean: bool) -> jax.Array:
     """Chunk ``axis_index("data")`` of ``leaves`` end to end (f32), summed over hosts in host
     order, padded to ``width``.
@@ -82,20 +114,65 @@ def _host_sum(leaves: list[jax.Array], chunk: int, width: int, hosts: int, mean:
     parts = [x.reshape(-1).astype(jnp.float32) for x in leaves]
     padded = jnp.concatenate([*parts, jnp.zeros((p * chunk - n,), jnp.float32)])
     mine = lax.dynamic_slice(padded, (lax.axis_index(DATA) * chunk,), (chunk,))
-    mine = _vary(mine, (HOST, TIER, DATA))
-    if hosts == 2:
-        # a + b == b + a exactly: a psum is bitwise the same on both hosts and
-        # run to run, whatever the library's algorithm; and on gloo it is
-        # faster than gathering (ResNet-50 chunks: 167 vs 346 ms).
-        total = lax.psum(mine, HOST)
-    else:
-        gathered = all_gather_invariant(mine, HOST)  # (hosts, chunk)
-        total = gathered[0]
-        for h in range(1, hosts):
-            total = total + gathered[h]
-    if mean:
-        total = total * jnp.float32(1.0 / hosts)
-    return jnp.pad(total, (0, width - chunk))
+    return jnp.pad(_sum_over_hosts(mine, hosts, mean), (0, width - chunk))
+
+
+def exchange_widths(plan: Plan) -> list[int]:
+    """Elements each proxy owns after the reduce-scatter of every piece of ``plan``.
+
+    Mirrors ExchangeRanges (ffi/runtime/param_store.cc), which checks the
+    buffer is wide enough: a DENSE piece (every worker routed to one proxy)
+    belongs to that proxy whole; a ring piece's two halves are each cut into
+    p chunks, and proxy k owns chunk (its ring position + 1) % p of each.
+    """
+    p = plan.workers
+    out = [0] * p
+    for piece in plan.pieces:
+        n = piece.nelems
+        if all(d == piece.dest[0] for d in piece.dest):
+            out[piece.dest[0]] += n
+            continue
+        half = (0, n // 2, n)
+        for k in range(p):
+            for r in range(2):
+                size = half[r + 1] - half[r]
+                c = ((k if r == 0 else (p - k) % p) + 1) % p
+                out[k] += (c + 1) * size // p - c * size // p
+    return out
+
+
+def plan_key_32(plan: Plan) -> int:
+    """The plan's key as the proxies compare it across hosts (ffi/proxy_ring.cc)."""
+    return int(plan.ffi_attrs()["plan_key"]) & 0x7FFFFFFF
+
+
+def ring_across_hosts(
+    plan: Plan,
+    call: _ffi.CallSite,
+    me: jax.Array,
+    pushed: Sequence[jax.Array],
+    update: _ffi.RingUpdate | None,
+) -> jax.Array:
+    """The proxy ring with the sum over hosts inside it (see the top of this module).
+
+    Returns the ring's token; the pull then brings every device the global
+    result (with ``update``: the new parameters).
+    """
+    hosts = lax.axis_size(HOST)
+    width = max(1, *exchange_widths(plan))
+    token, chunks = _ffi.proxy_ring_to_hosts(call, me, pushed, update, width)
+    key = jnp.int32(plan_key_32(plan))
+    everywhere = (HOST, TIER, DATA)
+
+    def on_worker(c: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return _vary(c, everywhere), _vary(jnp.zeros((hosts,), jnp.int32), everywhere)
+
+    def on_proxy(c: jax.Array) -> tuple[jax.Array, jax.Array]:
+        keys = all_gather_invariant(_vary(key, everywhere), HOST)
+        return _vary(_sum_over_hosts(c, hosts, plan.mean), everywhere), _vary(keys, everywhere)
+
+    summed, keys = lax.cond(lax.axis_index(TIER) == 0, on_worker, on_proxy, chunks)
+    return _ffi.proxy_ring_from_hosts(call, me, token, update, summed, keys)
 
 
 def across_hosts(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> list[jax.Array]:

@@ -60,17 +60,11 @@ def finish(
     (gradients) the results may overwrite. ``update``: the proxies run the
     optimizer in their ring (`coarse.value_and_update`), and the pull brings
     back parameters. On a mesh across hosts the host's results then go
-    through the inter-host step (`coarse_jax.api._hosts`); not with
-    ``update`` (refused: the optimizer would see the host's mean only).
+    through the inter-host step (`coarse_jax.api._hosts`); with ``update``
+    the sum over hosts happens inside the proxies' ring instead, before the
+    optimizer (`_hosts.ring_across_hosts`).
     """
     hosts = _hosts.spans_hosts()
-    if hosts and update is not None:
-        raise NotImplementedError(
-            "coarse.value_and_update: the mesh spans hosts ('host' axis), and the proxies' "
-            "optimizer would update from their own host's mean gradient (the sum over hosts "
-            "comes after the pull). Fix: use coarse.value_and_grad and an optax update across "
-            "hosts, or a mesh of one host."
-        )
     me = _ffi.who()
     out = list(leaves)
     has_proxy = plan.num_proxy_leaves > 0
@@ -78,7 +72,10 @@ def finish(
     proxy_vals = [leaves[t] for t in plan.proxy_leaves]
     token = None
     if has_proxy:
-        token = _ffi.proxy_ring(call, me, pushed, last=False, update=update)
+        if hosts and update is not None:
+            token = _hosts.ring_across_hosts(plan, call, me, pushed, update)
+        else:
+            token = _ffi.proxy_ring(call, me, pushed, last=False, update=update)
     if has_lead:
         if token is None:
             token = _ffi.vary(jnp.zeros((), jnp.int32))
@@ -93,6 +90,6 @@ def finish(
         pulled = _ffi.pull(call, me, token, proxy_vals, alias=in_place)
         for t, v in zip(plan.proxy_leaves, pulled, strict=True):
             out[t] = v
-    if hosts:
+    if hosts and update is None:
         out = _hosts.across_hosts(plan, call, out)
     return out

@@ -56,10 +56,22 @@ def complete_steps(directory: str) -> list[int]:
     return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
 
 
-def read_latest(directory: str) -> tuple[int, dict[str, Any]]:
-    """(step, checkpoint pytree) of the newest complete checkpoint in ``directory``."""
+def _checkpointer() -> Any:
+    """An orbax checkpointer of this process alone.
+
+    Across hosts process 0 writes (every host's proxies hold the same state)
+    and each process reads on its own: orbax's default would make every save
+    and restore a barrier of all processes.
+    """
     import orbax.checkpoint as ocp
 
+    me = jax.process_index()
+    only_me = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+    return ocp.StandardCheckpointer(multiprocessing_options=only_me)
+
+
+def read_latest(directory: str) -> tuple[int, dict[str, Any]]:
+    """(step, checkpoint pytree) of the newest complete checkpoint in ``directory``."""
     steps = complete_steps(directory)
     if not steps:
         raise FileNotFoundError(
@@ -67,7 +79,7 @@ def read_latest(directory: str) -> tuple[int, dict[str, Any]]:
             "<dir>/<step>/ directories written by Config(snapshot_dir=...))."
         )
     path = os.path.join(os.path.abspath(directory), str(steps[-1]))
-    tree = ocp.StandardCheckpointer().restore(path)
+    tree = _checkpointer().restore(path)
     return steps[-1], tree
 
 
@@ -114,8 +126,6 @@ class SnapshotWriter:
                 self._queue.task_done()
 
     def _write(self, store: Store) -> None:
-        import orbax.checkpoint as ocp
-
         got = store.module().store_export(store.id, snapshot=True)
         if got is None:
             return
@@ -126,7 +136,7 @@ class SnapshotWriter:
             return  # this step's snapshot is on disk already
         partial = f"{final}{_PARTIAL}{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
-        checkpointer = ocp.StandardCheckpointer()
+        checkpointer = _checkpointer()
         checkpointer.save(partial, to_trees(store, int(count), slots))
         checkpointer.wait_until_finished()
         _testing_crash_point(int(count))

@@ -237,7 +237,8 @@ class SyncedStep:
         """Blocks until the proxies' newest snapshot is written to ``Config.snapshot_dir``.
 
         Waits for the calls in flight first (a snapshot is taken when a step
-        starts), then for the writer thread.
+        starts), then for the writer thread. Across processes only process 0
+        writes (every host holds the same state): elsewhere this returns at once.
         """
         if self._writer is not None:
             self._wait_all()
@@ -382,7 +383,10 @@ class SyncedStep:
             load, self._pending_load = self._pending_load, None
             load()
         *results, self._ref_state = self._compiled[key](*dyn, self._ref_state)
-        if cfg.snapshot_dir is not None and self._stores:
+        # Across processes every host's proxies hold the same master and state
+        # (they apply the same update), so one process writes the directory;
+        # every process can restore from it.
+        if cfg.snapshot_dir is not None and self._stores and jax.process_index() == 0:
             if self._writer is None:
                 self._writer = SnapshotWriter(cfg.snapshot_dir, cfg.snapshot_keep)
             for store in self._stores.values():

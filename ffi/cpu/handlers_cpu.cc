@@ -42,9 +42,9 @@ const HostIo& CpuHostIo() {
 }
 
 ffi::Error ProxyRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::RemainingArgs args,
-                         ffi::Result<ffi::AnyBuffer> token, ffi::Dictionary attrs) {
+                         ffi::RemainingRets outs, ffi::Dictionary attrs) {
   return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice, [&](Call& call, Device& dev) {
-    return ProxyRingBody(call, dev, args, token, attrs, CpuHostIo());
+    return ProxyRingBody(call, dev, args, outs, attrs, CpuHostIo());
   });
 }
 
@@ -100,8 +100,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ProxyRing, ProxyRingImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::RunId>()           // rendezvous key: one execution
                                   .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
-                                  .RemainingArgs()             // push outputs [, params, scalars]
-                                  .Ret<ffi::AnyBuffer>()       // int32[] token for the next call
+                                  .RemainingArgs()  // push outputs [, params, scalars][, chunks, keys]
+                                  .RemainingRets()  // int32[] token for the next call [, chunks]
                                   .Attrs<ffi::Dictionary>());  // plan [, optimizer]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OptCount, OptCountImpl,

@@ -10,7 +10,12 @@
 namespace coarse {
 namespace ffi = xla::ffi;
 
-std::vector<OwnedRange> OwnedRanges(const Plan& plan, const OptimizerSpec& spec, int64_t k) {
+namespace {
+
+// The chunks proxy k holds fully reduced after the reduce-scatter, of the
+// pieces `include` accepts, laid end to end.
+template <typename Include>
+std::vector<OwnedRange> RangesAfterReduceScatter(const Plan& plan, int64_t k, Include&& include) {
   const int64_t p = plan.workers;
   std::vector<OwnedRange> out;
   int64_t off = 0;
@@ -20,7 +25,7 @@ std::vector<OwnedRange> OwnedRanges(const Plan& plan, const OptimizerSpec& spec,
     off += hi - lo;
   };
   for (int64_t s = 0; s < plan.num_pieces(); ++s) {
-    if (!spec.updates_piece(plan, s)) continue;
+    if (!include(s)) continue;
     const int64_t n = plan.piece_nelems[s];
     if (plan.piece_holder[s] >= 0) {
       if (plan.piece_holder[s] == k) add(s, 0, n);
@@ -36,6 +41,16 @@ std::vector<OwnedRange> OwnedRanges(const Plan& plan, const OptimizerSpec& spec,
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<OwnedRange> OwnedRanges(const Plan& plan, const OptimizerSpec& spec, int64_t k) {
+  return RangesAfterReduceScatter(plan, k, [&](int64_t s) { return spec.updates_piece(plan, s); });
+}
+
+std::vector<OwnedRange> ExchangeRanges(const Plan& plan, int64_t k) {
+  return RangesAfterReduceScatter(plan, k, [](int64_t) { return true; });
 }
 
 ffi::Error ParamStore::Enter(const std::shared_ptr<Session>& session, const Who& who) {

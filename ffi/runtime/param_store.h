@@ -67,6 +67,10 @@ struct OwnedRange {
 
 // The ranges of the update pieces proxy k owns (see the top of this file).
 std::vector<OwnedRange> OwnedRanges(const Plan& plan, const OptimizerSpec& spec, int64_t k);
+// The same for every piece (parameters or not): what proxy k hands to the
+// sum over hosts between its reduce-scatter and all-gather
+// (coarse_jax/api/_hosts.py exchange_widths computes the sizes from the plan).
+std::vector<OwnedRange> ExchangeRanges(const Plan& plan, int64_t k);
 
 // State in host memory, per parameter leaf (sync order): what export returns
 // and load takes. values[0] is the master, values[1..] the state slots.

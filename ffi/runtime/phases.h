@@ -40,10 +40,23 @@ struct ProxyUpdate {
   bool clip = false;    // clipping applies this step
 };
 
+// Across hosts (coarse_jax/api/_hosts.py), the proxy ring of a
+// value_and_update runs as two calls with an XLA collective in between:
+// kToHosts reduce-scatters every piece and writes the chunks this proxy
+// owns (ExchangeRanges, param_store.h) into `chunks`; XLA sums them over the
+// hosts; kFromHosts reads the global chunks back from `chunks`, updates and
+// all-gathers. kWhole is the ring of one host.
+struct HostsStage {
+  enum Kind { kWhole, kToHosts, kFromHosts } kind = kWhole;
+  float* chunks = nullptr;  // f32[width], an XLA buffer of this device
+  int64_t width = 0;
+};
+
 // coarse_proxy_ring: a proxy reduces every piece with the other proxies
 // (phases/reduce_pieces.cc); with `update`, runs the optimizer on the
 // parameter chunks it owns between reduce-scatter and all-gather.
-xla::ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update);
+xla::ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update,
+                             const HostsStage& hosts = {});
 
 // The proxy optimizer's parts of ReducePieces (phases/update_pieces.cc).
 // Holds the store, lays it out and seeds it, or checks the given params

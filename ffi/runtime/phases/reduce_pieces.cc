@@ -11,6 +11,12 @@
 // owns into new parameters, then the all-gather circulates those. With
 // global-norm clipping every parameter piece is reduce-scattered first (the
 // norm needs them all), then updated and gathered.
+//
+// Across hosts (HostsStage, phases.h) the call is split in two: the first
+// reduce-scatters every piece and hands the owned chunks to XLA, which sums
+// them over the hosts; the second takes the global chunks back, updates and
+// all-gathers. Nothing is announced to the ring until the global values are
+// in place.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -102,8 +108,9 @@ class PieceReducer {
 
   // After ReduceScatter: the optimizer on the owned chunks (parameter
   // pieces), then the all-gather (or, for a DENSE piece, the copy from its
-  // holder / the holder's announcement).
-  ffi::Error Finish(int64_t s, bool update) {
+  // holder / the holder's announcement). `announce`: the reduce-scatter did
+  // not announce the owned chunks (they changed since, or were replaced).
+  ffi::Error Finish(int64_t s, bool update, bool announce) {
     const int64_t n = plan_.piece_nelems[s];
     if (copies_from_holder(s)) {
       TraceScope copy(session_, p_ + k_, "copy from the holder", s);
@@ -138,7 +145,7 @@ class PieceReducer {
       session_.MarkReduced(k_, s);
     } else {
       const RingMember m = Member(s);
-      if (update) {
+      if (announce) {
         ffi::Error err = RingAnnounceOwned(session_, dev_, m);
         if (err.failure()) return err;
       }
@@ -147,6 +154,32 @@ class PieceReducer {
       if (err.failure()) return err;
     }
     for (int32_t w : plan_.contributors_of(k_, s)) session_.Notify(w);  // their pull may wait
+    return ffi::Error::Success();
+  }
+
+  // Across hosts: the owned chunks of every piece to XLA's buffer (`to_hosts`)
+  // or back from it, laid out by ExchangeRanges; the tail is zeros.
+  ffi::Error Exchange(const HostsStage& hosts, bool to_hosts) {
+    const std::vector<OwnedRange> ranges = ExchangeRanges(plan_, k_);
+    const int64_t n = ranges.empty() ? 0 : ranges.back().off + (ranges.back().hi - ranges.back().lo);
+    if (n > hosts.width)
+      return ffi::Error::Internal(
+          "coarse_jax: coarse_proxy_ring across hosts: proxy " + std::to_string(k_) + " owns " +
+          std::to_string(n) + " elements after the reduce-scatter but the exchange buffer has " +
+          std::to_string(hosts.width) +
+          " (coarse_jax/api/_hosts.py exchange_widths disagrees with ExchangeRanges in "
+          "ffi/runtime/param_store.cc)");
+    TraceScope span(session_, p_ + k_, to_hosts ? "to the other hosts" : "from the other hosts",
+                    -1, n * 4);
+    for (const OwnedRange& r : ranges) {
+      float* own = Own(r.piece) + r.lo;
+      float* x = hosts.chunks + r.off;
+      const size_t bytes = static_cast<size_t>(r.hi - r.lo) * sizeof(float);
+      ffi::Error err = to_hosts ? dev_.CopyBytes(x, own, bytes) : dev_.CopyBytes(own, x, bytes);
+      if (err.failure()) return err;
+    }
+    if (to_hosts && hosts.width > n)
+      return dev_.ZeroBytes(hosts.chunks + n, static_cast<size_t>(hosts.width - n) * sizeof(float));
     return ffi::Error::Success();
   }
 
@@ -195,35 +228,51 @@ class PieceReducer {
 
 }  // namespace
 
-ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update) {
+ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const HostsStage& hosts) {
   TraceScope all(*call.session, call.device(), "proxy ring");
   PieceReducer r(call, dev, update);
   const Plan& plan = call.plan();
-  if (update) {
+  const int64_t S = plan.num_pieces();
+  if (update && hosts.kind != HostsStage::kFromHosts) {
     TraceScope begin(*call.session, call.device(), "optimizer setup");
     ffi::Error err = BeginUpdate(call, dev, *update);
     if (err.failure()) return err;
   }
   const bool clip = update && update->spec->clip_norm > 0;
-  for (int64_t s = 0; s < plan.num_pieces(); ++s) {
-    const bool upd = r.updates(s);
-    ffi::Error err = r.ReduceScatter(s, !upd);
-    if (err.failure()) return err;
-    if (clip && upd) continue;  // finished below, once the global norm is known
-    err = r.Finish(s, upd);
-    if (err.failure()) return err;
-  }
-  if (clip) {
-    ffi::Error err;
-    {
-      TraceScope norm(*call.session, call.device(), "global norm");
-      err = ClipByGlobalNorm(call, dev, *update);
-    }
-    if (err.failure()) return err;
-    for (int64_t s = 0; s < plan.num_pieces(); ++s) {
-      if (!r.updates(s)) continue;
-      err = r.Finish(s, true);
+  auto global_norm = [&] {
+    TraceScope norm(*call.session, call.device(), "global norm");
+    return ClipByGlobalNorm(call, dev, *update);
+  };
+  switch (hosts.kind) {
+    case HostsStage::kToHosts:
+      for (int64_t s = 0; s < S; ++s) {
+        ffi::Error err = r.ReduceScatter(s, /*announce=*/false);
+        if (err.failure()) return err;
+      }
+      return r.Exchange(hosts, /*to_hosts=*/true);
+    case HostsStage::kFromHosts: {
+      ffi::Error err = r.Exchange(hosts, /*to_hosts=*/false);
+      if (err.success() && clip) err = global_norm();
+      for (int64_t s = 0; s < S && err.success(); ++s) err = r.Finish(s, r.updates(s), true);
       if (err.failure()) return err;
+      break;
+    }
+    case HostsStage::kWhole: {
+      for (int64_t s = 0; s < S; ++s) {
+        const bool upd = r.updates(s);
+        ffi::Error err = r.ReduceScatter(s, !upd);
+        if (err.failure()) return err;
+        if (clip && upd) continue;  // finished below, once the global norm is known
+        err = r.Finish(s, upd, upd);
+        if (err.failure()) return err;
+      }
+      if (clip) {
+        ffi::Error err = global_norm();
+        for (int64_t s = 0; s < S && err.success(); ++s)
+          if (r.updates(s)) err = r.Finish(s, true, true);
+        if (err.failure()) return err;
+      }
+      break;
     }
   }
   if (update) update->store->MarkApplied();
