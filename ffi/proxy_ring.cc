@@ -39,20 +39,23 @@ ffi::Error CheckSamePlan(const Plan& plan, ffi::AnyBuffer keys, const HostIo& io
   for (int64_t h = 0; h < hosts; ++h)
     if (got[h] != mine) differ += (differ.empty() ? "" : ", ") + std::to_string(h);
   if (differ.empty()) return ffi::Error::Success();
-  return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+  return ffi::Error(
+      ffi::ErrorCode::kFailedPrecondition,
       "coarse_jax: the hosts of this mesh synchronize with different plans (the plan of "
       "host(s) " +
-      differ +
-      " differs from this host's), so the chunks they sum would not line up. Fix: pass the same "
-      "coarse.Config (routes, shard_bytes, latency_threshold_bytes, timeout_s, topology) and the "
-      "same parameter tree on every process; a Config.from_profile measured on each host "
-      "separately differs, so profile once and share it.");
+          differ +
+          " differs from this host's), so the chunks they sum would not line up. Fix: pass the "
+          "same "
+          "coarse.Config (routes, shard_bytes, latency_threshold_bytes, timeout_s, topology) and "
+          "the "
+          "same parameter tree on every process; a Config.from_profile measured on each host "
+          "separately differs, so profile once and share it.");
 }
 
 }  // namespace
 
-ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args,
-                         ffi::RemainingRets outs, const ffi::Dictionary& attrs, const HostIo& io) {
+ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::RemainingRets outs,
+                         const ffi::Dictionary& attrs, const HostIo& io) {
   HostsStage hosts;
   if (attrs.contains("hosts_stage")) {
     auto stage = attrs.get<int64_t>("hosts_stage");

@@ -122,7 +122,8 @@ def scenario_sync(mesh):
 
         return lax.fori_loop(0, 3, body, jnp.zeros((7,), jnp.float32))
 
-    close(looped(gbatch), 6 * rows[:, 0].mean(0), 1e-5)
+    # Blocked on every device's copy (reading one waits for one device only).
+    close(jax.block_until_ready(looped(gbatch)), 6 * rows[:, 0].mean(0), 1e-5)
     # Every in-host hand-out was left by all its devices and removed.
     assert coarse._ffi.cpu_module().live_hand_outs() == 0
     result("digests", digests)
@@ -174,27 +175,26 @@ def scenario_optax(mesh):
     result("ok", "optax")
 
 
-UPDATE_CASES = {
-    # name: (coarse optimizer, the optax chain written out independently, Config)
-    "adam": (
-        lambda: coarse.optim.adam(1e-2),
-        lambda: __import__("optax").adam(1e-2),
-        dict(shard_bytes=128),
-    ),
-    "adamw_clip_dense": (
-        lambda: coarse.optim.adamw(1e-2, weight_decay=0.1, clip_norm=0.5),
-        lambda: __import__("optax").chain(
-            __import__("optax").clip_by_global_norm(0.5),
-            __import__("optax").adamw(1e-2, weight_decay=0.1),
+def update_cases():
+    """name -> (coarse optimizer, the optax chain written out independently, Config fields)."""
+    import optax
+
+    return {
+        "adam": (coarse.optim.adam(1e-2), optax.adam(1e-2), {"shard_bytes": 128}),
+        "adamw_clip_dense": (
+            coarse.optim.adamw(1e-2, weight_decay=0.1, clip_norm=0.5),
+            optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(1e-2, weight_decay=0.1)),
+            {"shard_bytes": 256, "routes": tuple((0, 0) for _ in range(P_LOCAL))},
         ),
-        dict(shard_bytes=256, routes=tuple((0, 0) for _ in range(P_LOCAL))),
-    ),
-    "sgd_momentum_crossing": (
-        lambda: coarse.optim.sgd(5e-2, momentum=0.9),
-        lambda: __import__("optax").sgd(5e-2, momentum=0.9),
-        dict(shard_bytes=64, routes=tuple((i, (i + 1) % P_LOCAL) for i in range(P_LOCAL))),
-    ),
-}
+        "sgd_momentum_crossing": (
+            coarse.optim.sgd(5e-2, momentum=0.9),
+            optax.sgd(5e-2, momentum=0.9),
+            {
+                "shard_bytes": 64,
+                "routes": tuple((i, (i + 1) % P_LOCAL) for i in range(P_LOCAL)),
+            },
+        ),
+    }
 
 
 def scenario_update(mesh):
@@ -205,15 +205,16 @@ def scenario_update(mesh):
     wmesh = jax.sharding.Mesh(mesh.devices[:, 0, :], axes)
     params0 = jax.tree.map(np.asarray, mlp_init(jax.random.key(2), (6, 16, 3)))
     digests = {}
-    for name, (make_opt, make_tx, cfg) in UPDATE_CASES.items():
-        tx = make_tx()
+    import optax
+
+    for name, (opt, tx, cfg) in update_cases().items():
 
         def base_body(params, opt_state, batch, tx=tx):
             varying = lax.pcast(params, axes, to="varying")
             loss, grads = jax.value_and_grad(mlp_loss)(varying, batch)
             grads, loss = lax.pmean((grads, loss), axes)
             updates, opt_state = tx.update(grads, opt_state, params)
-            return __import__("optax").apply_updates(params, updates), opt_state, loss
+            return optax.apply_updates(params, updates), opt_state, loss
 
         base_step = jax.jit(
             jax.shard_map(base_body, mesh=wmesh, in_specs=(P(), P(), P(axes)), out_specs=P())
@@ -222,7 +223,7 @@ def scenario_update(mesh):
             config = coarse.Config(mode=mode, timeout_s=60, **cfg)
 
             @coarse.sync(mesh, config=config)
-            def step(params, batch, opt=make_opt()):
+            def step(params, batch, opt=opt):
                 loss, params = coarse.value_and_update(mlp_loss, opt)(params, batch)
                 return params, loss
 
@@ -231,9 +232,7 @@ def scenario_update(mesh):
             for i in range(20):
                 batch = make_batch(jax.random.key(300 + i), 2 * workers, 6, 3)
                 c_params, c_loss = step(c_params, global_batch(mesh, batch))
-                b_params, b_state, b_loss = base_step(
-                    b_params, b_state, global_batch(wmesh, batch)
-                )
+                b_params, b_state, b_loss = base_step(b_params, b_state, global_batch(wmesh, batch))
                 c_losses.append(c_loss)
                 b_losses.append(b_loss)
             c_losses = [float(x) for x in c_losses]
@@ -258,7 +257,7 @@ def scenario_update(mesh):
     batch = global_batch(mesh, make_batch(jax.random.key(9), 2 * workers, 6, 3))
     try:
         jax.block_until_ready(mismatched(params0, batch))
-    except Exception as err:  # noqa: BLE001 - the message is what is checked
+    except Exception as err:  # the message is what is checked
         result("mismatch", str(err)[:2000])
     else:
         result("mismatch", None)
@@ -286,9 +285,7 @@ def scenario_snapshots(mesh):
     def make_step():
         @coarse.sync(mesh, config=config)
         def step(params, batch):
-            loss, params = coarse.value_and_update(mlp_loss, coarse.optim.adam(1e-2))(
-                params, batch
-            )
+            loss, params = coarse.value_and_update(mlp_loss, coarse.optim.adam(1e-2))(params, batch)
             return params, loss
 
         return step

@@ -114,8 +114,10 @@ def test_bitwise_reproducible_and_no_leftover_sessions():
         shard_bytes=256, leading_bytes=16 * 32 * 4, routes=((0, 1), (1, 2), (2, 3), (3, 0))
     )
     step = _step(mesh, cfg)
-    first = jax.device_get(step(params, batch))
-    second = jax.device_get(step(params, batch))
+    # Blocked on every device's copy: device_get reads one, and the session
+    # closes when every device returned.
+    first = jax.device_get(jax.block_until_ready(step(params, batch)))
+    second = jax.device_get(jax.block_until_ready(step(params, batch)))
     for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     assert _ffi.live_sessions() == 0

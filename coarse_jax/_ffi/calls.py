@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from coarse_jax._ffi.primitive import custom_call
 from coarse_jax.mesh import AXES, DATA, HOST, TIER
 
 
@@ -114,32 +115,13 @@ def _call(
     aliases: dict[int, int],
     **attrs: Any,
 ) -> Any:
-    ffi = jax.ffi.ffi_call(
-        target,
-        tuple(results),
-        has_side_effect=True,
-        vmap_method="broadcast_all",  # never reached: the rule below refuses first
-        input_output_aliases=aliases,
-    )
-
-    @jax.custom_batching.custom_vmap
-    def run(*ops: jax.Array) -> Any:
-        return ffi(*ops, **call.plan_attrs, site=call.site, ordinals=call.ordinals, **attrs)
-
-    @run.def_vmap
-    def _refuse(axis_size: int, in_batched: Any, *ops: Any) -> Any:
-        raise _vmap_error(target)
-
-    return run(*operands)
-
-
-def _vmap_error(target: str) -> TypeError:
-    return TypeError(
-        f"coarse_jax: {target} was traced under jax.vmap. A coarse synchronization is one "
-        "collective over the mesh's devices and has no batched form (each batch element would "
-        "need its own rendezvous of all devices). Fix: vmap the per-example computation inside "
-        "the loss and call coarse.value_and_grad / coarse.all_reduce once on the result."
-    )
+    # Side effect for XLA, no JAX effect: jit's fast dispatch (`custom_call`),
+    # which also refuses jax.vmap. Its operands must vary over the same axes
+    # (across hosts some vary over "host" too).
+    axes = set().union(*(jax.typeof(x).mat.varying for x in operands))
+    operands = [_vary(x, tuple(sorted(axes))) for x in operands]
+    ffi = custom_call(target, results, aliases)
+    return ffi(*operands, **call.plan_attrs, site=call.site, ordinals=call.ordinals, **attrs)
 
 
 def _aliases(n: int, first_operand: int, alias: bool) -> dict[int, int]:

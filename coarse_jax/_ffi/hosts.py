@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from coarse_jax._ffi.primitive import custom_call
 from coarse_jax.mesh import DATA, HOST, TIER
 
 
@@ -63,12 +64,10 @@ def host_gather(
     p = lax.axis_size(DATA)
     me = _vary(jnp.stack([lax.axis_index(TIER), lax.axis_index(DATA)]).astype(jnp.int32))
     leaves = [_vary(x) for x in (*proxy_leaves, *leading_leaves)]
-    call = jax.ffi.ffi_call(
+    call = custom_call(
         "coarse_host_gather",
-        tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves),
-        has_side_effect=True,
-        vmap_method="broadcast_all",
-        input_output_aliases={2 + i: i for i in range(len(leaves))},
+        [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves],
+        {2 + i: i for i in range(len(leaves))},
     )
     out = call(
         me,

@@ -26,6 +26,7 @@ class CpuDevice final : public Device {
   xla::ffi::Error Publish() override { return xla::ffi::Error::Success(); }
   xla::ffi::Error Acquire(int64_t) override { return xla::ffi::Error::Success(); }
   bool SupportsEmulation() const override { return true; }
+  bool ReadsPeersInPlace() const override { return true; }
 };
 
 }  // namespace coarse

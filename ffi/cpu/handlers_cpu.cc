@@ -96,13 +96,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Push, PushImpl,
                                   .RemainingRets()        // [the same leaves, aliased,] token
                                   .Attrs<ffi::Dictionary>());  // plan + bucket range, passthrough
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ProxyRing, ProxyRingImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
-                                  .RemainingArgs()  // push outputs [, params, scalars][, chunks, keys]
-                                  .RemainingRets()  // int32[] token for the next call [, chunks]
-                                  .Attrs<ffi::Dictionary>());  // plan [, optimizer]
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    ProxyRing, ProxyRingImpl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::RunId>()           // rendezvous key: one execution
+        .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+        .RemainingArgs()             // push outputs [, params, scalars][, chunks, keys]
+        .RemainingRets()             // int32[] token for the next call [, chunks]
+        .Attrs<ffi::Dictionary>());  // plan [, optimizer]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OptCount, OptCountImpl,
                               ffi::Ffi::Bind()

@@ -36,6 +36,7 @@ class CudaDevice final : public Device {
   xla::ffi::Error Publish() override;
   xla::ffi::Error Acquire(int64_t device) override;
   bool SupportsEmulation() const override { return false; }
+  bool ReadsPeersInPlace() const override { return false; }
 
  private:
   // Uploads `runs` as kernel spans into this device's span table.

@@ -57,8 +57,7 @@ HostIo CudaHostIo(cudaStream_t stream) {
 }
 
 ffi::Error ProxyRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
-                         ffi::RemainingArgs args, ffi::RemainingRets outs,
-                         ffi::Dictionary attrs) {
+                         ffi::RemainingArgs args, ffi::RemainingRets outs, ffi::Dictionary attrs) {
   return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
                  [&](Call& call, Device& dev) {
                    return ProxyRingBody(call, dev, args, outs, attrs, CudaHostIo(stream));
@@ -102,15 +101,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Push, PushImpl,
                                   .RemainingRets()             // [the same leaves, aliased,] token
                                   .Attrs<ffi::Dictionary>());  // plan, bucket, ordinals
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ProxyRing, ProxyRingImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .Ctx<ffi::DeviceOrdinal>()                 // names the caller
-                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
-                                  .RemainingArgs()  // push outputs [, params, scalars][, chunks, keys]
-                                  .RemainingRets()  // token for the next call [, chunks]
-                                  .Attrs<ffi::Dictionary>());  // plan, ordinals [, optimizer]
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    ProxyRing, ProxyRingImpl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
+        .Ctx<ffi::DeviceOrdinal>()                 // names the caller
+        .Ctx<ffi::RunId>()                         // rendezvous key: one execution
+        .Arg<ffi::AnyBuffer>()                     // int32[2] (tier, data index)
+        .RemainingArgs()             // push outputs [, params, scalars][, chunks, keys]
+        .RemainingRets()             // token for the next call [, chunks]
+        .Attrs<ffi::Dictionary>());  // plan, ordinals [, optimizer]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OptCount, OptCountImpl,
                               ffi::Ffi::Bind()

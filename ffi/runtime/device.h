@@ -96,6 +96,10 @@ class Device {
 
   // Whether this backend can run an emulated topology (host-timed links).
   virtual bool SupportsEmulation() const = 0;
+  // Whether every device's storage is this process's memory, so reading a
+  // peer's buffer costs what reading one's own does (CPU): the pull then
+  // reads each proxy's reduced chunks in place (GatherPull, phases.h).
+  virtual bool ReadsPeersInPlace() const = 0;
 };
 
 }  // namespace coarse

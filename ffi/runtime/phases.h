@@ -83,6 +83,18 @@ xla::ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun
 // Worker `who` runs both rings over the workers' scratch.
 xla::ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who);
 
+// Whether this session skips the proxies' all-gather: on a backend whose
+// devices share the process's memory (CPU), unless links are emulated (the
+// emulated schedule is the paper's: all-gather on the proxy links, then each
+// worker pulls from its proxy). After the reduce-scatter every proxy owns
+// its chunks of each piece (ring.h), and every device's pull reads them in
+// place from all the proxies, straight into its outputs: the all-gather's
+// copies into the proxies' storage, 2(p-1)/p of every piece per proxy, are
+// not made. DENSE pieces are read from their holder alike.
+inline bool GatherPull(const Session& session, const Device& dev) {
+  return !session.emulated() && dev.ReadsPeersInPlace();
+}
+
 // coarse_pull: every device writes the reduced proxy pieces into its leaves
 // (phases/pull_pieces.cc).
 xla::ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of);

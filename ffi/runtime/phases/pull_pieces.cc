@@ -1,31 +1,101 @@
 // PullPieces (coarse_pull): every device writes the reduced proxy-synced leaves.
 //
 // A worker waits, piece by piece in global order, until the proxy it routed
-// the piece to has finished both rings for it, then narrows the f32 sum into
-// its output leaves (the ring already applied the 1/p scale), reassembling
-// shards and unbatching small tensors in the same pass (on CUDA: a peer copy
-// of the piece, then one unpack kernel). A proxy does the same from its own
-// storage. Same code, same f32 input: both tiers end bitwise equal.
+// the piece to has finished both rings for it (on CPU, GatherPull in
+// phases.h: until every proxy has reduced its chunks, read from each in place), then narrows the
+// f32 sum into its output leaves (the ring already applied the 1/p scale), reassembling shards and
+// unbatching small tensors in the same pass (on CUDA: a peer copy of the piece, then one unpack
+// kernel). A proxy does the same from its own storage. Same code, same f32 input: both tiers end
+// bitwise equal.
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "runtime/dtype.h"
 #include "runtime/phases.h"
+#include "runtime/ring.h"
 #include "runtime/trace.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
 
+namespace {
+
+// The runs of piece s's segments inside elements [lo, hi) of the piece.
+void RunsWithin(const Plan& plan, int64_t s, int64_t lo, int64_t hi, const LeafResolver& leaf_of,
+                std::vector<LeafRun>& runs) {
+  runs.clear();
+  for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
+    const Segment& seg = plan.segments[g];
+    const int64_t a = std::max(lo, seg.piece_off), b = std::min(hi, seg.piece_off + seg.len);
+    if (b <= a) continue;
+    const LeafRef out = leaf_of(seg.leaf);
+    runs.push_back(LeafRun{ElementPtr(out.data, out.dtype, seg.leaf_off + (a - seg.piece_off)),
+                           out.dtype, b - a, a});
+  }
+}
+
+// GatherPull (phases.h): piece s straight from the chunks each proxy owns
+// after its reduce-scatter (chunk (position + 1) % p of each half, ring.h).
+ffi::Error PullOwnedChunks(Call& call, Device& dev, int64_t s, const LeafResolver& leaf_of,
+                           std::vector<LeafRun>& runs) {
+  const Plan& plan = call.plan();
+  Session& session = *call.session;
+  const int64_t p = plan.workers, n = plan.piece_nelems[s];
+  const int32_t owned = static_cast<int32_t>(p - 1);  // ring progress once the chunks are final
+  ffi::Error err;
+  {
+    TraceScope wait(session, call.device(), "wait for the reduced piece", s);
+    for (int64_t j = 0; j < p && err.success(); ++j)
+      err = session.Wait(
+          call.who, Session::Waits::kPeer,
+          [&] {
+            return session.proxy_progress(j, s, 0).load(std::memory_order_acquire) >= owned &&
+                   session.proxy_progress(j, s, 1).load(std::memory_order_acquire) >= owned;
+          },
+          [&] {
+            return "proxy " + std::to_string(j) + " to reduce its chunks of " +
+                   plan.DescribePiece(s);
+          });
+  }
+  if (err.failure()) return err;
+  const int64_t half[3] = {0, n / 2, n};
+  for (int64_t j = 0; j < p; ++j) {
+    err = dev.Acquire(p + j);
+    if (err.failure()) return err;
+    for (int r = 0; r < 2; ++r) {
+      const int64_t H = half[r + 1] - half[r], c = (RingPosition(r, j, p) + 1) % p;
+      RunsWithin(plan, s, half[r] + c * H / p, half[r] + (c + 1) * H / p, leaf_of, runs);
+      if (runs.empty()) continue;
+      err = dev.Scatter(session.arena(j) + plan.slot(j, s, 0), p + j, n, runs.data(),
+                        static_cast<int64_t>(runs.size()));
+      if (err.failure()) return err;
+    }
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
 ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of) {
   const Plan& plan = call.plan();
   Session& session = *call.session;
   const int64_t p = plan.workers, me = call.who.index;
+  const bool gather = GatherPull(session, dev);
   std::vector<LeafRun> runs;
   TraceScope all(session, call.device(), "pull");
   for (int64_t s = 0; s < plan.num_pieces(); ++s) {
     TraceScope piece(session, call.device(), "pull piece", s,
                      call.who.tier == kWorker ? plan.piece_nbytes[s] : 0);
-    const int64_t k = call.who.tier == kWorker ? plan.dest(s, me) : me;
+    if (gather && plan.piece_holder[s] < 0) {
+      ffi::Error err = PullOwnedChunks(call, dev, s, leaf_of, runs);
+      if (err.failure()) return err;
+      continue;
+    }
+    // Without the all-gather (GatherPull) a DENSE piece is only on its holder.
+    const int64_t k = gather                     ? plan.piece_holder[s]
+                      : call.who.tier == kWorker ? plan.dest(s, me)
+                                                 : me;
     ffi::Error err;
     {
       TraceScope wait(session, call.device(), "wait for the reduced piece", s);
@@ -50,13 +120,7 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of) {
       if (t.has_error()) return t.error();
       arrival = t.value();
     }
-    runs.clear();
-    for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
-      const Segment& seg = plan.segments[g];
-      const LeafRef out = leaf_of(seg.leaf);
-      runs.push_back(LeafRun{ElementPtr(out.data, out.dtype, seg.leaf_off), out.dtype, seg.len,
-                             seg.piece_off});
-    }
+    RunsWithin(plan, s, 0, plan.piece_nelems[s], leaf_of, runs);
     // Already scaled by the ring.
     err = dev.Scatter(session.arena(k) + plan.slot(k, s, 0), p + k, plan.piece_nelems[s],
                       runs.data(), static_cast<int64_t>(runs.size()));

@@ -45,7 +45,8 @@ class PieceReducer {
         session_(*call.session),
         plan_(call.plan()),
         p_(plan_.workers),
-        k_(call.who.index) {}
+        k_(call.who.index),
+        gather_pull_(GatherPull(session_, dev)) {}
 
   bool updates(int64_t s) const { return update_ && update_->spec->updates_piece(plan_, s); }
   bool copies_from_holder(int64_t s) const {
@@ -112,6 +113,8 @@ class PieceReducer {
   // not announce the owned chunks (they changed since, or were replaced).
   ffi::Error Finish(int64_t s, bool update, bool announce) {
     const int64_t n = plan_.piece_nelems[s];
+    // Every pull reads the holder's copy in place: nothing to copy.
+    if (copies_from_holder(s) && gather_pull_) return ffi::Error::Success();
     if (copies_from_holder(s)) {
       TraceScope copy(session_, p_ + k_, "copy from the holder", s);
       const int32_t holder = plan_.piece_holder[s];
@@ -149,6 +152,11 @@ class PieceReducer {
         ffi::Error err = RingAnnounceOwned(session_, dev_, m);
         if (err.failure()) return err;
       }
+      if (gather_pull_) {
+        // Every device pulls this proxy's owned chunks of s: wake them all.
+        for (int64_t d = 0; d < 2 * p_; ++d) session_.Notify(d);
+        return ffi::Error::Success();
+      }
       TraceScope ring(session_, p_ + k_, "all-gather", s, RingBytes(s));
       ffi::Error err = RingAllGather(session_, dev_, call_.who, n, m, What(s));
       if (err.failure()) return err;
@@ -161,7 +169,8 @@ class PieceReducer {
   // or back from it, laid out by ExchangeRanges; the tail is zeros.
   ffi::Error Exchange(const HostsStage& hosts, bool to_hosts) {
     const std::vector<OwnedRange> ranges = ExchangeRanges(plan_, k_);
-    const int64_t n = ranges.empty() ? 0 : ranges.back().off + (ranges.back().hi - ranges.back().lo);
+    const int64_t n =
+        ranges.empty() ? 0 : ranges.back().off + (ranges.back().hi - ranges.back().lo);
     if (n > hosts.width)
       return ffi::Error::Internal(
           "coarse_jax: coarse_proxy_ring across hosts: proxy " + std::to_string(k_) + " owns " +
@@ -169,8 +178,8 @@ class PieceReducer {
           std::to_string(hosts.width) +
           " (coarse_jax/api/_hosts.py exchange_widths disagrees with ExchangeRanges in "
           "ffi/runtime/param_store.cc)");
-    TraceScope span(session_, p_ + k_, to_hosts ? "to the other hosts" : "from the other hosts",
-                    -1, n * 4);
+    TraceScope span(session_, p_ + k_, to_hosts ? "to the other hosts" : "from the other hosts", -1,
+                    n * 4);
     for (const OwnedRange& r : ranges) {
       float* own = Own(r.piece) + r.lo;
       float* x = hosts.chunks + r.off;
@@ -224,6 +233,7 @@ class PieceReducer {
   Session& session_;
   const Plan& plan_;
   const int64_t p_, k_;
+  const bool gather_pull_;  // no all-gather: the pulls read owned chunks (phases.h)
 };
 
 }  // namespace
