@@ -37,6 +37,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax import lax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -49,11 +50,21 @@ P_LOCAL = 4
 SYNC_SCALE = 300.0
 
 
-def _time(impls: dict[str, tuple[Any, Any]], rounds: int) -> dict[str, list[float]]:
-    """Each impl ``rounds`` times, alternating call by call."""
+def _time(
+    impls: dict[str, tuple[Any, Any]], rounds: int, align: bool = False
+) -> dict[str, list[float]]:
+    """Each impl ``rounds`` times, alternating call by call.
+
+    ``align``: the processes meet (untimed) before each call. A call on each
+    host alone leaves the two processes apart by up to a second here, which
+    the next step across hosts would otherwise count as its own time (at
+    its per-call barrier, coarse_jax/api/_arrival.py).
+    """
     times: dict[str, list[float]] = {k: [] for k in impls}
-    for _ in range(rounds):
+    for r in range(rounds):
         for k, (f, t) in impls.items():
+            if align:
+                multihost_utils.sync_global_devices(f"bench/{k}/{r}")
             start = time.perf_counter()
             jax.block_until_ready(f(t))
             times[k].append(time.perf_counter() - start)
@@ -118,7 +129,7 @@ def emulated(rounds: int) -> None:
         }
     for f, t in impls.values():  # compile, warm up
         jax.block_until_ready(f(t))
-    times = _time(impls, rounds)
+    times = _time(impls, rounds, align=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {
         "processes": hosts,
