@@ -110,10 +110,10 @@ def emulated(rounds: int) -> None:
             return coarse.all_reduce(jax.tree.map(lambda x: x[0], per_worker))
 
         sharding = NamedSharding(mesh, P(axes))
-        impls[scheme] = (
-            across,
-            jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local),
-        )
+        global_tree = {
+            name: jax.make_array_from_process_local_data(sharding, v) for name, v in local.items()
+        }
+        impls[scheme] = (across, global_tree)
         impls[scheme + "_host_only"] = (
             alone,
             jax.device_put(local, NamedSharding(lmesh, P("data"))),

@@ -66,7 +66,8 @@ def test_multihost_emulated_v100(tmp_path: pathlib.Path, record_property: Any) -
         m, pr = med[scheme], info["predicted_s"]
         lines.append(
             f"{scheme:<10} {m * 1e3:>12.1f} {pr * 1e3:>13.1f} {m / pr - 1:>+7.1%}   "
-            f"{med[scheme + '_host_only'] * 1e3:>18.1f} {info['predicted_host_only_s'] * 1e3:>10.1f} "
+            f"{med[scheme + '_host_only'] * 1e3:>18.1f} "
+            f"{info['predicted_host_only_s'] * 1e3:>10.1f} "
             f"{info['bound_host_only_s'] * 1e3:>8.1f}   {info['inter_host_s'] * 1e3:.1f}"
         )
     lines.append(f"  coarse / allreduce = {med['coarse'] / med['allreduce']:.2f}")

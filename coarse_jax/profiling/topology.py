@@ -119,8 +119,8 @@ class Topology:
             object.__setattr__(self, name, float(v))
         if not self.inter_host_gbps > 0:
             raise ValueError(
-                f"Topology.inter_host_gbps: bandwidths must be > 0 GB/s, got {self.inter_host_gbps!r} "
-                "(100 Gb/s is 12.5 GB/s)."
+                "Topology.inter_host_gbps: bandwidths must be > 0 GB/s, got "
+                f"{self.inter_host_gbps!r} (100 Gb/s is 12.5 GB/s)."
             )
         if not self.inter_host_us >= 0:
             raise ValueError(
