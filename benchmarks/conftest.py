@@ -41,25 +41,28 @@ def sync_results(pytestconfig: pytest.Config) -> dict[str, dict[str, float]]:
     return pytestconfig.stash.setdefault(RESULTS_KEY, {})
 
 
-EMULATED_KEY = pytest.StashKey[dict[str, dict[str, float]]]()
+EMULATED_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
 
 
 @pytest.fixture(scope="session")
-def emulated_results(pytestconfig: pytest.Config) -> dict[str, dict[str, float]]:
+def emulated_results(pytestconfig: pytest.Config) -> dict[str, dict[str, Any]]:
     """Where the emulated-V100 benchmarks (real clock) leave measured and predicted times."""
     return pytestconfig.stash.setdefault(EMULATED_KEY, {})
 
 
-def _emulated_summary(tr: Any, results: dict[str, dict[str, float]]) -> None:
+def _emulated_summary(tr: Any, results: dict[str, Any]) -> None:
     tr.section("emulated v100 links x300 (ResNet-50 tree, 4 workers)")
     tr.write_line(
-        f"{'scheme':<10} {'measured ms':>12} {'predicted ms':>13} {'error':>7} {'busbw GB/s':>11}"
+        f"{'scheme':<10} {'measured ms':>12} {'predicted ms':>13} {'error':>7} "
+        f"{'bound ms':>9} {'/ bound':>8} {'busbw GB/s':>11}  bound set by; rounds ms"
     )
     for name, r in results.items():
         err = r["median_s"] / r["predicted_s"] - 1
+        rounds = ", ".join(f"{t * 1e3:.1f}" for t in r["rounds_s"])
         tr.write_line(
             f"{name:<10} {r['median_s'] * 1e3:>12.1f} {r['predicted_s'] * 1e3:>13.1f} "
-            f"{err:>+7.1%} {r['busbw']:>11.2f}"
+            f"{err:>+7.1%} {r['bound_s'] * 1e3:>9.1f} {r['median_s'] / r['bound_s'] - 1:>+8.1%} "
+            f"{r['busbw']:>11.2f}  {r['bound_by']}; {rounds}"
         )
 
 

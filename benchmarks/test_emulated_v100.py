@@ -5,7 +5,9 @@ A ResNet-50 gradient tree (97.5 MiB) is all-reduced over 4 workers on the
 set the time. COARSE's routes, threshold and shard size come from a profile
 of the same links (`coarse.profile` + `Config.from_profile`). Each scheme's
 median time is reported beside `coarse.model.predict_plan_sync_s`'s
-prediction and as bus bandwidth in the links' own (unscaled) time.
+prediction, the links' lower bound (`coarse.model.link_bound`) and as bus
+bandwidth in the links' own (unscaled) time. Every round is kept
+(``extra_info["rounds_s"]``), so a noisy run shows.
 
 Run: ``make bench`` (about 2 minutes).
 """
@@ -21,7 +23,7 @@ import pytest
 import coarse_jax as coarse
 from coarse_jax.bench import schemes
 from coarse_jax.bench.shapes import RESNET50_SHAPES, resnet50_tree
-from coarse_jax.model import predict_plan_sync_s
+from coarse_jax.model import link_bound, predict_plan_sync_s
 
 WORKERS = 4
 SYNC_SCALE = 300.0
@@ -55,13 +57,30 @@ def test_emulated_v100_sync(
     run, _ = schemes.sync_step(mesh, tree, cfg)  # compiled and warmed up, untimed
     benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
     median = benchmark.stats.stats.median
-    predicted = predict_plan_sync_s(coarse.plan(tree, mesh, cfg), cfg.topology)
+    plan = coarse.plan(tree, mesh, cfg)
+    predicted = predict_plan_sync_s(plan, cfg.topology)
+    bound = link_bound(plan, cfg.topology)
     nbytes = sum(math.prod(s) * 4 for _, s in RESNET50_SHAPES)
     busbw = nbytes / (median / SYNC_SCALE) * 2 * (WORKERS - 1) / WORKERS / 1e9
+    rounds_s = list(benchmark.stats.stats.data)
     benchmark.extra_info.update(
-        {"predicted_s": predicted, "busbw_GBps_unscaled": busbw, "routes": str(cfg.routes)}
+        {
+            "predicted_s": predicted,
+            "bound_s": bound.seconds,
+            "bound_by": bound.binding,
+            "rounds_s": rounds_s,
+            "busbw_GBps_unscaled": busbw,
+            "routes": str(cfg.routes),
+        }
     )
-    emulated_results[scheme] = {"median_s": median, "predicted_s": predicted, "busbw": busbw}
+    emulated_results[scheme] = {
+        "median_s": median,
+        "predicted_s": predicted,
+        "bound_s": bound.seconds,
+        "bound_by": bound.binding,
+        "rounds_s": rounds_s,
+        "busbw": busbw,
+    }
 
 
 def test_emulated_link_real_clock(benchmark: Any) -> None:

@@ -9,11 +9,14 @@
 #include "host_gather.h"
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "handler.h"
 #include "runtime/dtype.h"
+#include "runtime/emulator.h"
 #include "runtime/hand_out.h"
 
 namespace coarse {
@@ -45,6 +48,40 @@ ffi::ErrorOr<int64_t> GetInt(const ffi::Dictionary& attrs, const char* name) {
     return ffi::Unexpected(ffi::Error::InvalidArgument(
         std::string("coarse_host_gather: missing int64 attribute '") + name + "'"));
   return v.value();
+}
+
+// An emulated inter-host link (attributes emu_host_s_per_byte,
+// emu_host_latency_s, hosts; coarse.Topology inter_host_*): every device of
+// the host waits until the host's NIC has carried, each way, (hosts - 1)
+// times the host's f32 result (`elems`: both tiers' groups, no padding),
+// booked from when the host's own synchronization ended. The XLA collective
+// before this call moved the bytes for real in the meantime; the hand-out
+// above also ran inside the window. Real clock only: a virtual-clock
+// topology does not time the inter-host step (coarse_jax/model/hosts.py).
+ffi::Error ChargeInterHostLink(int64_t run_id, int64_t site, const ffi::Dictionary& attrs,
+                               int64_t elems) {
+  if (!attrs.contains("emu_host_s_per_byte")) return ffi::Error::Success();
+  auto s_per_byte = attrs.get<double>("emu_host_s_per_byte");
+  auto latency = attrs.get<double>("emu_host_latency_s");
+  auto hosts = attrs.get<int64_t>("hosts");
+  auto virtual_clock = attrs.get<int64_t>("emu_virtual");
+  if (s_per_byte.has_error() || latency.has_error() || hosts.has_error() ||
+      virtual_clock.has_error())
+    return ffi::Error::InvalidArgument(
+        "coarse_host_gather: an emulated inter-host link needs f64 attributes "
+        "emu_host_s_per_byte, emu_host_latency_s and int64 hosts, emu_virtual "
+        "(coarse.Topology.inter_host_attrs)");
+  if (virtual_clock.value() != 0) return ffi::Error::Success();
+  const std::optional<Clock::time_point> ready = SyncEnd(run_id, site);
+  if (!ready)
+    return ffi::Error::Internal(
+        "coarse_host_gather: no emulated in-host synchronization of this step ended before the "
+        "inter-host step (Config(topology=...) must be the same for both)");
+  const double nbytes = static_cast<double>(hosts.value() - 1) * 4.0 * static_cast<double>(elems);
+  const double seconds = latency.value() + nbytes * s_per_byte.value();
+  SleepUntil(*ready +
+             std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+  return ffi::Error::Success();
 }
 
 }  // namespace
@@ -100,7 +137,9 @@ ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
   auto describe = [&](int64_t d) { return Who{d < p ? kWorker : kProxy, d % p}.Describe(); };
   ffi::Error status = HandOut(run_id.run_id, site, me.value().device(p), 2 * p,
                               chunk.untyped_data(), timeout_ms, take, describe);
-  return status.failure() ? std::move(status) : std::move(failed);
+  if (status.failure()) return std::move(status);
+  if (failed.failure()) return std::move(failed);
+  return ChargeInterHostLink(run_id.run_id, site, attrs, total[0] + total[1]);
 }
 
 }  // namespace coarse

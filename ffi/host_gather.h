@@ -11,7 +11,9 @@ namespace coarse {
 // the synced leaves (aliased to the results). Results: the synced leaves,
 // the proxies' leaves first (attribute proxy_leaves of them), then the
 // leading ones. Attributes: workers (p), site, timeout_ms, proxy_leaves,
-// proxy_chunk, worker_chunk.
+// proxy_chunk, worker_chunk; on emulated links also hosts,
+// emu_host_s_per_byte, emu_host_latency_s, emu_virtual (the inter-host link,
+// charged after the hand-out; host_gather.cc).
 xla::ffi::Error HostGatherBody(xla::ffi::RunId run_id, xla::ffi::AnyBuffer who,
                                xla::ffi::AnyBuffer chunk, xla::ffi::RemainingRets outs,
                                const xla::ffi::Dictionary& attrs, Device& dev);

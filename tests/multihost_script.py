@@ -18,6 +18,7 @@ which fails the launch).
 * ``missing``: process 1 never calls the step; process 0 must fail naming it.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -111,6 +112,14 @@ def scenario_sync(mesh):
                 finally:
                     del os.environ[XLA_HAND_OUT_ENV]
                 assert digest(again) == digest(first), f"XLA hand-out differs ({leading})"
+                # Emulated links (real and virtual clock) change timing only:
+                # the inter-host link's charge in coarse_host_gather finds the
+                # host's synchronization of every site and the bytes are equal.
+                for clock in ("real", "virtual"):
+                    topo = coarse.Topology.preset("v100", P_LOCAL, clock=clock)
+                    emu = dataclasses.replace(cfg, topology=topo)
+                    again = coarse.sync(step.__wrapped__, mesh=mesh, config=emu)(params, gbatch)
+                    assert digest(again) == digest(first), f"emulated {clock} differs ({leading})"
     # Inside lax.fori_loop: one site, three iterations (the runtime's
     # sessions and the in-host hand-out count iterations per device).
     rows = np.asarray(batch["x"], np.float64).reshape(workers, -1, 7)

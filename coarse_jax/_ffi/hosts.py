@@ -12,7 +12,8 @@ sockets on CPU and then need slicing into leaves.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +38,7 @@ def host_gather(
     timeout_ms: int,
     proxy_chunk: int,
     worker_chunk: int,
+    inter_host: Mapping[str, Any] | None = None,
 ) -> tuple[list[jax.Array], list[jax.Array]]:
     """Every device's f32 ``chunk`` -> the global values of the synced leaves, on every device.
 
@@ -57,6 +59,9 @@ def host_gather(
       timeout_ms: how long a device waits for the others of its host.
       proxy_chunk: elements of a proxy's chunk that count.
       worker_chunk: elements of a worker's chunk that count.
+      inter_host: on emulated links, the inter-host link's attributes
+        (``hosts`` and `coarse.Topology.inter_host_attrs`): after the hand-out
+        every device waits for the host's network link (ffi/host_gather.cc).
 
     Returns:
       ``(proxy leaves, leading leaves)`` holding the global values.
@@ -79,5 +84,6 @@ def host_gather(
         proxy_leaves=np.int64(len(proxy_leaves)),
         proxy_chunk=np.int64(proxy_chunk),
         worker_chunk=np.int64(worker_chunk),
+        **dict(inter_host or {}),
     )
     return list(out[: len(proxy_leaves)]), list(out[len(proxy_leaves) :])

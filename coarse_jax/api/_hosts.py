@@ -58,6 +58,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax._src.lax.parallel import all_gather_invariant  # jax 0.10.2 exports no public name
 
@@ -204,6 +205,10 @@ def across_hosts(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> li
     mine = lax.cond(lax.axis_index(TIER) == 0, on_worker, on_proxy, q_leaves, l_leaves)
     ctx = _context.current("coarse.sync across hosts")
     if ctx.mesh.devices.flat[0].platform == "cpu" and not os.environ.get(XLA_HAND_OUT_ENV):
+        topo = plan.config.topology
+        # Emulated links: the host's network link is charged in the hand-out
+        # (coarse.Topology inter_host_*; coarse.model.predict_hosts_sync_s).
+        inter_host = None if topo is None else {"hosts": np.int64(hosts), **topo.inter_host_attrs()}
         q_out, l_out = _ffi.host_gather(
             mine,
             q_leaves,
@@ -212,6 +217,7 @@ def across_hosts(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> li
             timeout_ms=int(plan.ffi_attrs()["timeout_ms"]),
             proxy_chunk=q_chunk,
             worker_chunk=l_chunk,
+            inter_host=inter_host,
         )
         for g, vals in ((groups[0], q_out), (groups[1], l_out)):
             for t, v in zip(g, vals, strict=True):

@@ -10,13 +10,17 @@ running it:
   backpropagation, chained over iterations (`dag_iterations_s`).
 * `coarse_jax.model.schedule`: the runtime's own schedule on emulated links,
   piece by piece (`predict_plan_sync_s`), equal to the virtual clock's time.
+* `coarse_jax.model.bound`: the floor the links alone set under it (`link_bound`).
+* `coarse_jax.model.hosts`: the hierarchical step across hosts (`predict_hosts_sync_s`).
 
 Units: bytes, GB/s (1e9 bytes/s, per direction), microseconds for latencies and
 seconds for every returned time. A bandwidth may be ``math.inf`` (a link that
 costs nothing), which is how the extremes of the model are probed.
 """
 
+from coarse_jax.model.bound import LinkBound, link_bound
 from coarse_jax.model.dag import Layer, dag_iteration_s, dag_iterations_s
+from coarse_jax.model.hosts import inter_host_bytes, predict_hosts_sync_s
 from coarse_jax.model.paper import (
     best_split,
     coarse_sync_s,
@@ -31,12 +35,16 @@ from coarse_jax.model.schedule import predict_plan_sync_s
 
 __all__ = [
     "Layer",
+    "LinkBound",
     "best_split",
     "coarse_sync_s",
     "dag_iteration_s",
     "dag_iterations_s",
     "dense_sync_s",
+    "inter_host_bytes",
     "leading_bytes_for",
+    "link_bound",
+    "predict_hosts_sync_s",
     "predict_plan_sync_s",
     "ring_allreduce_s",
     "t_sync_gpu",

@@ -24,8 +24,11 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
     * leading layers: the worker ring (same two rings on worker links), then
       the hand-over to the local proxy when proxies are in use.
 
-    Host costs (copies, additions, thread wake-ups) are not modelled: pick a
-    ``time_scale`` that makes the emulated links dominate.
+    Host costs (copies, additions, thread wake-ups) are not modelled: the
+    runtime does them inside the emulated transfers' windows where it can
+    (ffi/runtime/ring.cc), so they show only when they outlast a transfer;
+    pick a ``time_scale`` that makes the emulated links dominate.
+    `coarse.model.link_bound` is the floor under this schedule.
     """
     p = plan.workers
     link_free: dict[tuple[int, int], float] = {}

@@ -20,6 +20,18 @@ ready and a wait moves the waiter's clock to the arrival, so nothing sleeps.
 `coarse.profile` then measures exact, repeatable times, and
 `virtual_sync_seconds` reads how long each synchronization took. Host work
 (copies, additions) takes no simulated time.
+
+Across hosts (a ``("host", "tier", "data")`` mesh, one process per host) the
+matrices describe one host's devices, all hosts alike, and one more link
+joins the hosts: each host's network interface (``inter_host_gbps``,
+``inter_host_us``), shared by all its devices, full duplex. The runtime
+charges it where the hosts' chunks meet after the XLA collective over
+"host" (``coarse_host_gather``): on the real clock every device of a host
+waits until ``latency + bytes / bandwidth`` (times ``time_scale``) after the
+host's own synchronization ended, ``bytes`` being what its NIC must carry
+each way, (hosts - 1) times the host's f32 chunks. The collective's own
+bytes still move for real (gloo, NCCL); its wall time overlaps the emulated
+transfer. The virtual clock does not time the inter-host step.
 """
 
 from __future__ import annotations
@@ -54,6 +66,9 @@ class Topology:
       worker_proxy_gbps, worker_proxy_us: ``[worker][proxy]``; the same both ways.
       proxy_proxy_gbps, proxy_proxy_us: ``[proxy][proxy]`` (the diagonal is unused).
       worker_worker_gbps, worker_worker_us: ``[worker][worker]`` (used by the worker ring).
+      inter_host_gbps, inter_host_us: each host's network link to the others
+        (one per host, shared by its devices, the same both ways), used
+        only on a mesh across hosts; see the module docstring.
       time_scale: every emulated duration is multiplied by this, so emulated
         links can be made slow enough to dominate the host's own copy costs.
       clock: "real" (transfers sleep; wall time shows the links) or
@@ -75,13 +90,17 @@ class Topology:
     worker_worker_us: Matrix
     time_scale: float = 1.0
     clock: str = "real"
+    # 100 Gb/s (12.5 GB/s) and 5 us: an assumption (a 100 GbE / EDR-class NIC
+    # per host, RDMA-like latency), the same in every preset.
+    inter_host_gbps: float = 12.5
+    inter_host_us: float = 5.0
 
     def __post_init__(self) -> None:
         p = self.workers
         if isinstance(p, bool) or not isinstance(p, int) or p < 1:
             raise ValueError(f"Topology.workers: expected a positive int, got {p!r}.")
         for field in dataclasses.fields(self):
-            if field.name.endswith(("_gbps", "_us")):
+            if field.name.endswith(("_gbps", "_us")) and not field.name.startswith("inter_host"):
                 m = _matrix(getattr(self, field.name), p, field.name)
                 arr = np.asarray(m)
                 off_diagonal = (
@@ -93,6 +112,20 @@ class Topology:
                 if field.name.endswith("_us") and not (values >= 0).all():
                     raise ValueError(f"Topology.{field.name}: latencies must be >= 0 us.")
                 object.__setattr__(self, field.name, m)
+        for name in ("inter_host_gbps", "inter_host_us"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"Topology.{name}: expected a number, got {v!r}.")
+            object.__setattr__(self, name, float(v))
+        if not self.inter_host_gbps > 0:
+            raise ValueError(
+                "Topology.inter_host_gbps: bandwidths must be > 0 GB/s, got "
+                f"{self.inter_host_gbps!r} (100 Gb/s is 12.5 GB/s)."
+            )
+        if not self.inter_host_us >= 0:
+            raise ValueError(
+                f"Topology.inter_host_us: latencies must be >= 0 us, got {self.inter_host_us!r}."
+            )
         if not self.time_scale > 0:
             raise ValueError(f"Topology.time_scale: expected > 0, got {self.time_scale!r}.")
         if self.clock not in CLOCKS:
@@ -116,7 +149,8 @@ class Topology:
         project's assumptions, the same in every preset so that presets differ
         only where the paper's machines do: proxy<->proxy (the CCI) 24 GB/s,
         2 us; worker<->worker (PCIe peer-to-peer through the host, where
-        AllReduce runs) 9 GB/s, 8 us.
+        AllReduce runs) 9 GB/s, 8 us; across hosts, each host's network link
+        100 Gb/s (12.5 GB/s), 5 us (``inter_host_gbps``, ``inter_host_us``).
 
         Args:
           name: "t4", "v100" or "p100".
@@ -167,6 +201,18 @@ class Topology:
         """Emulated seconds for one transfer of ``nbytes`` (kind: "wp", "pp" or "ww")."""
         s_per_byte, latency = self.link(kind, src, dst)
         return latency + nbytes * s_per_byte
+
+    def inter_host_s(self, nbytes: float) -> float:
+        """Emulated seconds for ``nbytes`` each way through one host's network link."""
+        return self.time_scale * (self.inter_host_us * 1e-6 + nbytes / (self.inter_host_gbps * 1e9))
+
+    def inter_host_attrs(self) -> dict[str, Any]:
+        """The inter-host link as FFI attributes of ``coarse_host_gather`` (scaled; real clock)."""
+        return {
+            "emu_host_s_per_byte": np.float64(self.time_scale / (self.inter_host_gbps * 1e9)),
+            "emu_host_latency_s": np.float64(self.time_scale * self.inter_host_us * 1e-6),
+            "emu_virtual": np.int64(self.clock == "virtual"),
+        }
 
     def ffi_attrs(self) -> dict[str, Any]:
         """The topology as FFI attributes: bytes/s and seconds, already scaled, and the clock."""

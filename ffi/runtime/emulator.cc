@@ -2,8 +2,11 @@
 #include "runtime/emulator.h"
 
 #include <algorithm>
+#include <deque>
+#include <map>
 #include <string>
 #include <thread>
+#include <utility>
 
 namespace coarse {
 namespace {
@@ -14,6 +17,44 @@ Clock::duration Seconds(double s) {
 }
 
 }  // namespace
+
+namespace {
+
+struct SyncEnds {
+  std::mutex mu;
+  std::map<std::pair<int64_t, int64_t>, Clock::time_point> ends;
+  std::deque<std::pair<int64_t, int64_t>> order;
+};
+
+SyncEnds& TheSyncEnds() {
+  static SyncEnds* s = new SyncEnds;
+  return *s;
+}
+
+constexpr size_t kMaxSyncEnds = 4096;
+
+}  // namespace
+
+void NoteSyncEnd(int64_t run_id, int64_t site, Clock::time_point end) {
+  SyncEnds& s = TheSyncEnds();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const std::pair<int64_t, int64_t> key{run_id, site};
+  if (s.ends.insert_or_assign(key, end).second) {
+    s.order.push_back(key);
+    while (s.order.size() > kMaxSyncEnds) {
+      s.ends.erase(s.order.front());
+      s.order.pop_front();
+    }
+  }
+}
+
+std::optional<Clock::time_point> SyncEnd(int64_t run_id, int64_t site) {
+  SyncEnds& s = TheSyncEnds();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.ends.find({run_id, site});
+  if (it == s.ends.end()) return std::nullopt;
+  return it->second;
+}
 
 void SleepUntil(Clock::time_point t) {
   if (t > Clock::now()) std::this_thread::sleep_until(t);

@@ -63,6 +63,16 @@ struct Topology {
   LinkTable wp, pp, ww;        // wp is indexed [worker][proxy] for both directions
 };
 
+// Across hosts (coarse.Topology inter_host_*): the inter-host step is booked
+// from when the host's own synchronization ended, i.e. when the last of its
+// devices finished its last call of the Session (Session::Finish, real
+// clock). Keyed by (FFI RunId, call site): within one run a site's next
+// session cannot end before every device of the host has passed this one's
+// inter-host step, so the newest end is the one asked for. Bounded: runs
+// never come back.
+void NoteSyncEnd(int64_t run_id, int64_t site, Clock::time_point end);
+std::optional<Clock::time_point> SyncEnd(int64_t run_id, int64_t site);
+
 class Emulator {
  public:
   explicit Emulator(const Topology& topology);

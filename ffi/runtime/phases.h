@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "runtime/call.h"
@@ -75,13 +76,17 @@ xla::ffi::Error ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& update);
 xla::ffi::ErrorOr<int64_t> OptimizerCount(Call& call, ParamStore& store);
 
 // coarse_worker_ring: workers gather `in_runs` (the leading leaves) into their
-// scratch and ring-reduce it; every device then scatters the result into
-// `out_runs` (a proxy from its worker's scratch, after the hand-over)
-// (phases/reduce_leading.cc).
+// scratch and ring-reduce it; every device scatters the result into
+// `out_runs` chunk by chunk as the ring finishes it (a proxy from its
+// worker's scratch, following the worker's progress) (phases/reduce_leading.cc).
 xla::ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
                               const std::vector<LeafRun>& out_runs);
-// Worker `who` runs both rings over the workers' scratch.
-xla::ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who);
+// Worker `who` runs both rings over the workers' scratch. `values_ready`:
+// when its starting values existed (RingMember); `on_final(lo, hi)`: called
+// as each range of the scratch becomes final.
+xla::ffi::Error WorkerRingAllReduce(
+    Session& session, Device& dev, const Who& who, std::optional<Clock::time_point> values_ready,
+    const std::function<xla::ffi::Error(int64_t, int64_t)>& on_final);
 
 // Whether this session skips the proxies' all-gather: on a backend whose
 // devices share the process's memory (CPU), unless links are emulated (the

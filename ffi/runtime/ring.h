@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "runtime/device.h"
@@ -34,7 +35,31 @@ struct RingMember {
   // *_step_times). A step's transfer is ready when both were there.
   std::atomic<int64_t>* step_times[2] = {nullptr, nullptr};
   const std::atomic<int64_t>* pred_step_times[2] = {nullptr, nullptr};
+  // Emulated links: when the member's starting values existed, if earlier
+  // than when it joins the ring (a worker widens its leaves into `own`
+  // first; on a GPU the ring would read them in place). Step 0 is booked
+  // from then, so that host copy lies inside the first transfer's window.
+  std::optional<Clock::time_point> values_ready;
+  // Called with [lo, hi) (elements of `own`) as soon as that range holds its
+  // final value, inside the transfer window of the step that produced it, so
+  // a member can copy results out while the links, not the host, set the
+  // time. Ranges arrive in ring step order and cover [0, n) once. Only for
+  // members whose reduce-scatter result is final (announce = true).
+  std::function<xla::ffi::Error(int64_t lo, int64_t hi)> on_final;
+  // Also woken after each step (-1: none): a device following this member's
+  // progress (the final chunks, see RingChunk) besides its successor.
+  int64_t watcher_device = -1;
 };
+
+// The chunk [*lo, *hi) of `own` that the member at `position` in ring r
+// (0..p-1) of an n-element ring reads at step g: reduce-scatter steps add
+// into it, all-gather steps copy it.
+void RingChunk(int ring, int32_t g, int64_t position, int64_t p, int64_t n, int64_t* lo,
+               int64_t* hi);
+// Final chunks (RingAllReduce): once a member has completed step g + 1 of
+// ring r, for g = p - 2 .. RingSteps(p) - 1, RingChunk(r, g, ...) holds its
+// final value (at p - 2 the chunk it owns after the reduce-scatter, then the
+// one each all-gather step copied); together they cover the ring's half.
 
 // Position of member `index` of p in ring r: ring 0 runs 0->1->..->p-1->0,
 // ring 1 the other way round.

@@ -405,6 +405,8 @@ void Session::Finish(int64_t device) {
   if (finished_[device].exchange(1, std::memory_order_acq_rel) != 0) return;
   TheRegistry().Advance(run_id_, site_, iteration_, device);
   if (left_.fetch_add(1, std::memory_order_acq_rel) + 1 != 2 * p()) return;
+  // The host's synchronization is done: an inter-host step starts from here.
+  if (emulator_ && !clock_ && !poisoned()) NoteSyncEnd(run_id_, site_, Clock::now());
   if (clock_ && !poisoned()) {
     int64_t span = 0;
     for (int64_t d = 0; d < 2 * p(); ++d)
