@@ -139,13 +139,33 @@ def scenario_sync(mesh):
     result("ok", "sync")
 
 
+def worker_mesh(mesh):
+    """The workers of every host as one ("host", "data") mesh (the pmean baseline's)."""
+    return jax.sharding.Mesh(mesh.devices[:, 0, :], ("host", "data"))
+
+
+def pmean_optax_step(wmesh, tx):
+    """The oracle: jax.value_and_grad + lax.pmean over all workers + the optax update."""
+    import optax
+
+    axes = ("host", "data")
+
+    def body(params, opt_state, batch):
+        varying = lax.pcast(params, axes, to="varying")
+        loss, grads = jax.value_and_grad(mlp_loss)(varying, batch)
+        grads, loss = lax.pmean((grads, loss), axes)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.jit(jax.shard_map(body, mesh=wmesh, in_specs=(P(), P(), P(axes)), out_specs=P()))
+
+
 def scenario_optax(mesh):
     import optax
 
     workers = P_LOCAL * jax.process_count()
     params = jax.tree.map(np.asarray, mlp_init(jax.random.key(2), (6, 16, 3)))
     opt = optax.adam(1e-2)
-    axes = ("host", "data")
 
     @coarse.sync(mesh, config=coarse.Config(shard_bytes=128, timeout_s=60))
     def coarse_step(params, opt_state, batch):
@@ -154,18 +174,8 @@ def scenario_optax(mesh):
         return optax.apply_updates(params, updates), opt_state, loss
 
     # The baseline: the same workers, lax.pmean over ("host", "data") of the workers only.
-    wmesh = jax.sharding.Mesh(mesh.devices[:, 0, :], axes)
-
-    def base_body(params, opt_state, batch):
-        varying = lax.pcast(params, axes, to="varying")
-        loss, grads = jax.value_and_grad(mlp_loss)(varying, batch)
-        grads, loss = lax.pmean((grads, loss), axes)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    base_step = jax.jit(
-        jax.shard_map(base_body, mesh=wmesh, in_specs=(P(), P(), P(axes)), out_specs=P())
-    )
+    wmesh = worker_mesh(mesh)
+    base_step = pmean_optax_step(wmesh, opt)
     c_params, c_state = params, opt.init(params)
     b_params, b_state = params, opt.init(params)
     losses = []
@@ -210,24 +220,11 @@ def scenario_update(mesh):
     """coarse.value_and_update across hosts (ffi and reference) against lax.pmean + optax
     over all workers: the proxies of every host update from the mean over all hosts."""
     workers = P_LOCAL * jax.process_count()
-    axes = ("host", "data")
-    wmesh = jax.sharding.Mesh(mesh.devices[:, 0, :], axes)
+    wmesh = worker_mesh(mesh)
     params0 = jax.tree.map(np.asarray, mlp_init(jax.random.key(2), (6, 16, 3)))
     digests = {}
-    import optax
-
     for name, (opt, tx, cfg) in update_cases().items():
-
-        def base_body(params, opt_state, batch, tx=tx):
-            varying = lax.pcast(params, axes, to="varying")
-            loss, grads = jax.value_and_grad(mlp_loss)(varying, batch)
-            grads, loss = lax.pmean((grads, loss), axes)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, loss
-
-        base_step = jax.jit(
-            jax.shard_map(base_body, mesh=wmesh, in_specs=(P(), P(), P(axes)), out_specs=P())
-        )
+        base_step = pmean_optax_step(wmesh, tx)
         for mode in ("ffi", "reference"):
             config = coarse.Config(mode=mode, timeout_s=60, **cfg)
 
