@@ -19,8 +19,10 @@ _MODES = ("ffi", "reference")
 
 
 WORKER_COMPUTE = ("auto", "cond", "all")
-# Config.worker_compute="auto" per platform; "cond" where not listed.
-AUTO_WORKER_COMPUTE = {"cpu": "all"}
+# Config.worker_compute="auto": platforms that compile convolutions worse
+# inside a lax.cond run a convolutional model on every device ("all");
+# everything else takes "cond".
+CONVOLUTIONS_SLOW_IN_COND = ("cpu",)
 
 # The longest wait Config.timeout_s allows: the runtime counts nanoseconds in
 # int64 (292 years), and a week is longer than any step.
@@ -82,11 +84,15 @@ class Config:
         design): a ``lax.cond`` on the tier, proxies skip the model. "all":
         every device runs it and the proxies' results are discarded (their
         pushes are no-ops, their pulls overwrite everything). "auto"
-        (default): "all" on CPU devices, "cond" elsewhere. XLA:CPU compiles a
-        model inside a conditional worse: convolutions run about 4x slower
-        (measured: a small CNN's gradient on 8 devices took 40 ms with "cond",
-        16 ms with "all") and round differently from the same model outside
-        one; on GPUs "cond" leaves the proxies free.
+        (default): "all" on CPU devices for a loss with convolutions, "cond"
+        otherwise. XLA:CPU compiles a convolution inside a conditional worse:
+        about 4x slower (measured: a small CNN's gradient on 8 devices took 40
+        ms with "cond", 16 ms with "all"), and it rounds differently from the
+        same model outside one; a model without convolutions runs as fast
+        inside one, and "cond" spares the proxies' cores (bert example: 21 ms
+        per step with "cond", 32 ms with "all"). On GPUs "cond" leaves the
+        proxies free. `coarse.on_workers` decides by the platform alone
+        ("all" on CPU).
       reprofile_every: with a ``profile``, `coarse.sync` profiles the links
         again every this many calls and re-plans; the step recompiles only if
         the plan changed. 0: never.
@@ -268,11 +274,12 @@ class Config:
         )
         return dataclasses.replace(cfg, **overrides)
 
-    def worker_compute_on(self, platform: str) -> str:
-        """``worker_compute`` with "auto" resolved: "all" on "cpu", else "cond"."""
+    def worker_compute_on(self, platform: str, convolutions: bool = True) -> str:
+        """``worker_compute`` with "auto" resolved for a model on ``platform`` that has
+        (``convolutions``) or has not convolutions: "all" for convolutions on CPU."""
         if self.worker_compute != "auto":
             return self.worker_compute
-        return AUTO_WORKER_COMPUTE.get(platform, "cond")
+        return "all" if convolutions and platform in CONVOLUTIONS_SLOW_IN_COND else "cond"
 
     def routes_for(self, workers: int) -> tuple[tuple[int, int], ...]:
         """The routing table for ``workers`` workers, checked against the mesh."""

@@ -254,26 +254,52 @@ def test_returning_a_per_worker_value_names_the_output_and_the_fix():
         step(jnp.ones(3), jnp.ones((4, 3)))
 
 
+def _conv_loss(params, batch):
+    """A one-layer convolution, then the MLP loss's squared error."""
+    x = batch["x"][:, None, :, None]  # (batch, 1 channel, features, 1)
+    h = jax.lax.conv_general_dilated(x, params["k"], (1, 1), "SAME")
+    return jnp.mean((h.reshape(h.shape[0], -1) @ params["w"] - batch["y"]) ** 2)
+
+
 @pytest.mark.parametrize(
-    "worker_compute,has_cond", [("auto", False), ("all", False), ("cond", True)]
+    "worker_compute,model,has_cond",
+    [
+        ("auto", "mlp", True),
+        ("auto", "conv", False),
+        ("all", "mlp", False),
+        ("cond", "mlp", True),
+        ("cond", "conv", True),
+    ],
 )
-def test_worker_compute_auto_runs_the_model_everywhere_on_cpu(worker_compute, has_cond):
-    """ "auto" (the default) is "all" on CPU, where XLA compiles a model inside lax.cond worse."""
+def test_worker_compute_auto_runs_a_convolutional_model_everywhere_on_cpu(
+    worker_compute, model, has_cond
+):
+    """ "auto" (the default) is "all" on CPU for a loss with convolutions (XLA:CPU compiles
+    them worse inside lax.cond), "cond" otherwise and on GPUs."""
     assert coarse.Config().worker_compute == "auto"
     assert coarse.Config().worker_compute_on("cpu") == "all"
+    assert coarse.Config().worker_compute_on("cpu", convolutions=False) == "cond"
     assert coarse.Config().worker_compute_on("gpu") == "cond"
     assert coarse.Config(worker_compute="cond").worker_compute_on("cpu") == "cond"
     mesh = coarse.make_mesh(workers=2)
     cfg = coarse.Config(worker_compute=worker_compute)
+    loss_fn = mlp_loss if model == "mlp" else _conv_loss
 
     @coarse.sync(mesh, config=cfg)
     def step(params, batch):
-        return coarse.value_and_grad(mlp_loss)(params, batch)
+        return coarse.value_and_grad(loss_fn)(params, batch)
 
-    params = mlp_init(jax.random.key(8), (4, 3, 1))
+    if model == "mlp":
+        params = mlp_init(jax.random.key(8), (4, 3, 1))
+    else:
+        k1, k2 = jax.random.split(jax.random.key(8))
+        params = {
+            "k": jax.random.normal(k1, (2, 1, 3, 1)),  # OIHW: 2 output channels, 3x1 taps
+            "w": jax.random.normal(k2, (2 * 4, 1)),
+        }
     batch = make_batch(jax.random.key(9), 8, 4, 1)
     assert ("cond[" in str(jax.make_jaxpr(step)(params, batch))) == has_cond
     loss, grads = step(params, batch)
-    want_loss, want = per_worker_mean(mlp_loss, params, batch, 2)
+    want_loss, want = per_worker_mean(loss_fn, params, batch, 2)
     np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
     assert_tree_close(grads, want, rtol=1e-6, atol_scale=1e-6)

@@ -178,7 +178,10 @@ def synced_value_and_grad(
                 jnp.result_type(leaf),
                 where,
             )
-    out_shape = jax.eval_shape(lambda *a: fun(*a, **kwargs), *args)
+    # One trace of the loss gives its output's shape and whether it convolves
+    # (Config.worker_compute="auto").
+    fun_jaxpr, out_shape = jax.make_jaxpr(lambda *a: fun(*a, **kwargs), return_shape=True)(*args)
+    compute = ctx.worker_compute(cfg, _context.uses_convolution(fun_jaxpr))
     loss_shape, aux_shape = out_shape if has_aux else (out_shape, None)
     if getattr(loss_shape, "shape", None) != () or not jnp.issubdtype(
         loss_shape.dtype, jnp.floating
@@ -279,7 +282,7 @@ def synced_value_and_grad(
             + aux_leaves_shape
         )
 
-    if ctx.worker_compute(cfg) == "cond":
+    if compute == "cond":
         leaves = lax.cond(tier_is_worker(), on_worker, on_proxy, *args)
     else:  # "all": proxies compute too; their pushes are no-ops, pulls overwrite the rest
         leaves = on_worker(*args)
