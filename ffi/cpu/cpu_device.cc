@@ -2,6 +2,7 @@
 // or a memcpy in the one address space.
 #include "cpu/cpu_device.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "cpu/cpu_backend.h"
@@ -38,6 +39,22 @@ ffi::Error CpuDevice::AddFrom(float* own, const float* peer, int64_t, int64_t n,
 
 ffi::Error CpuDevice::CopyFrom(float* own, const float* peer, int64_t, int64_t n) {
   std::memcpy(own, peer, n * sizeof(float));
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuDevice::SumInRingOrder(float* dst, const float* const* srcs, int64_t num, int64_t n,
+                                     float scale) {
+  // Block by block through a stack buffer: every source's block is read
+  // before `dst`'s (possibly one of them) is written.
+  constexpr int64_t kBlock = 2048;
+  float acc[kBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t m = std::min(kBlock, n - i0);
+    std::memcpy(acc, srcs[0] + i0, m * sizeof(float));
+    for (int64_t t = 1; t < num; ++t) cpu::AddF32(acc, srcs[t] + i0, m);  // a + b == b + a
+    if (scale != 1.0f) cpu::ScaleF32(acc, scale, m);
+    std::memcpy(dst + i0, acc, m * sizeof(float));
+  }
   return ffi::Error::Success();
 }
 

@@ -127,6 +127,11 @@ ffi::Error CudaDevice::CopyFrom(float* own, const float* peer, int64_t peer_devi
   return PeerCopy(own, self_, peer, peer_device, n, "ring: peer copy");
 }
 
+ffi::Error CudaDevice::SumInRingOrder(float*, const float* const*, int64_t, int64_t, float) {
+  // GPUs run the ring (ReadsPeersInPlace() is false): peers' memory is not this device's.
+  return ffi::Error::Internal("coarse_jax: SumInRingOrder is CPU-only");
+}
+
 ffi::Error CudaDevice::Scale(float* x, int64_t n, float scale) {
   const void* in[1] = {x};
   return Check(kernels::LaunchReduce(in, 1, x, n, kernels::DType::kF32, scale, stream_),

@@ -70,6 +70,12 @@ class Device {
   // own[i] = peer[i].
   virtual xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device,
                                    int64_t n) = 0;
+  // dst[i] = (src[num-1][i] + (... + (src[1][i] + src[0][i]))) * scale: the sum a
+  // ring's reduce-scatter makes of one chunk, in the same order (so the same
+  // bits), in one pass; `dst` may be one of the sources. Only backends that
+  // ReadsPeersInPlace() run it (the one-shot reduce-scatter, reduce_pieces.cc).
+  virtual xla::ffi::Error SumInRingOrder(float* dst, const float* const* srcs, int64_t num,
+                                         int64_t n, float scale) = 0;
   // x[i] *= scale (local).
   virtual xla::ffi::Error Scale(float* x, int64_t n, float scale) = 0;
 

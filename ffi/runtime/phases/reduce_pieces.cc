@@ -102,9 +102,59 @@ class PieceReducer {
       if (MeanScale(plan_) != 1.0f) err = dev_.Scale(own, n, MeanScale(plan_));
       return err;
     }
+    if (gather_pull_) return OneShotReduceScatter(s, announce);
     const RingMember m = Member(s);
     TraceScope ring(session_, p_ + k_, "reduce-scatter", s, RingBytes(s));
     return RingReduceScatter(session_, dev_, call_.who, n, MeanScale(plan_), m, What(s), announce);
+  }
+
+  // With GatherPull (CPU): the reduce-scatter in one pass instead of p - 1
+  // ring steps. Once every proxy holds its clients' sum of piece s, this
+  // proxy sums the chunks it owns (the ring's: chunk (position + 1) % p of
+  // each half) straight from every proxy's storage, in the order the ring
+  // would add them, so the bits equal the ring's (GPU, emulated links). It
+  // writes only its own chunks, which no peer reads.
+  ffi::Error OneShotReduceScatter(int64_t s, bool announce) {
+    const int64_t n = plan_.piece_nelems[s];
+    float* own = Own(s);
+    ffi::Error err = dev_.Publish();
+    if (err.failure()) return err;
+    for (int r = 0; r < 2; ++r)
+      session_.proxy_progress(k_, s, r).store(0, std::memory_order_release);
+    for (int64_t j = 0; j < p_; ++j)
+      if (j != k_) session_.Notify(p_ + j);
+    TraceScope span(session_, p_ + k_, "reduce-scatter", s, RingBytes(s));
+    for (int64_t j = 0; j < p_; ++j) {
+      err = session_.Wait(
+          call_.who, Session::Waits::kPeer,
+          [&] { return session_.proxy_progress(j, s, 0).load(std::memory_order_acquire) >= 0; },
+          [&] {
+            return "proxy " + std::to_string(j) + " to sum the pushes of " + plan_.DescribePiece(s);
+          });
+      if (err.failure()) return err;
+      err = dev_.Acquire(p_ + j);
+      if (err.failure()) return err;
+    }
+    const int64_t half[3] = {0, n / 2, n};
+    std::vector<const float*> srcs(p_);
+    for (int r = 0; r < 2; ++r) {
+      const int64_t H = half[r + 1] - half[r], c = (RingPosition(r, k_, p_) + 1) % p_;
+      const int64_t lo = half[r] + c * H / p_, hi = half[r] + (c + 1) * H / p_;
+      if (hi <= lo) continue;
+      // The ring adds chunk c from position c onwards: c, c + 1, ..., c - 1 (this proxy).
+      for (int64_t t = 0; t < p_; ++t) {
+        const int64_t pos = (c + t) % p_, j = r == 0 ? pos : (p_ - pos) % p_;
+        srcs[t] = session_.arena(j) + plan_.slot(j, s, 0) + lo;
+      }
+      err = dev_.SumInRingOrder(own + lo, srcs.data(), p_, hi - lo, MeanScale(plan_));
+      if (err.failure()) return err;
+    }
+    err = dev_.Publish();
+    if (err.failure() || !announce) return err;
+    const int32_t last = static_cast<int32_t>(p_ - 1);  // what the ring's last step leaves
+    for (int r = 0; r < 2; ++r)
+      session_.proxy_progress(k_, s, r).store(last, std::memory_order_release);
+    return ffi::Error::Success();
   }
 
   // After ReduceScatter: the optimizer on the owned chunks (parameter
