@@ -18,29 +18,12 @@
 #include "runtime/dtype.h"
 #include "runtime/emulator.h"
 #include "runtime/hand_out.h"
+#include "runtime/leaf_runs.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
 
 namespace {
-
-struct LeafSpan {
-  void* data;
-  ffi::DataType dtype;
-  int64_t begin, size;  // elements, in the group's end-to-end vector
-};
-
-// The runs of `leaves` that elements [lo, hi) of the group cover; buf_off
-// counts from lo (the chunk's first element).
-std::vector<LeafRun> RunsOf(const std::vector<LeafSpan>& leaves, int64_t lo, int64_t hi) {
-  std::vector<LeafRun> runs;
-  for (const LeafSpan& l : leaves) {
-    const int64_t a = std::max(lo, l.begin), b = std::min(hi, l.begin + l.size);
-    if (a >= b) continue;
-    runs.push_back(LeafRun{ElementPtr(l.data, l.dtype, a - l.begin), l.dtype, b - a, a - lo});
-  }
-  return runs;
-}
 
 ffi::ErrorOr<int64_t> GetInt(const ffi::Dictionary& attrs, const char* name) {
   auto v = attrs.get<int64_t>(name);
@@ -105,7 +88,7 @@ ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument(
         "coarse_host_gather: operand 1 must be f32[width], width >= proxy_chunk, worker_chunk; "
         "proxy_leaves <= the results");
-  std::vector<LeafSpan> groups[2];  // proxies', workers'
+  std::vector<LeafRun> groups[2];  // proxies', workers': each leaf at its offset end to end
   int64_t total[2] = {0, 0};
   for (size_t a = 0; a < outs.size(); ++a) {
     auto out = outs.get<ffi::AnyBuffer>(a);
@@ -117,7 +100,7 @@ ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
                                          ", expected float32, bfloat16 or float16");
     const int g = static_cast<int64_t>(a) < nq ? 0 : 1;
     const int64_t n = static_cast<int64_t>(out.value()->element_count());
-    groups[g].push_back(LeafSpan{out.value()->untyped_data(), dtype, total[g], n});
+    groups[g].push_back(LeafRun{out.value()->untyped_data(), dtype, n, total[g]});
     total[g] += n;
   }
   if (total[0] > p * cq || total[1] > p * cl)
@@ -128,7 +111,7 @@ ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
   auto take = [&](int64_t d, const void* src) {
     const bool proxy = d >= p;
     const int64_t c = proxy ? cq : cl, k = d % p;
-    std::vector<LeafRun> runs = RunsOf(groups[proxy ? 0 : 1], k * c, (k + 1) * c);
+    std::vector<LeafRun> runs = ClipRuns(groups[proxy ? 0 : 1], k * c, (k + 1) * c, k * c);
     if (runs.empty()) return;
     ffi::Error e = dev.Scatter(static_cast<const float*>(src), d, c, runs.data(),
                                static_cast<int64_t>(runs.size()));

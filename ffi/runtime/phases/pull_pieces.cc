@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/dtype.h"
+#include "runtime/leaf_runs.h"
 #include "runtime/phases.h"
 #include "runtime/ring.h"
 #include "runtime/trace.h"
@@ -21,17 +22,15 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// The runs of piece s's segments inside elements [lo, hi) of the piece.
-void RunsWithin(const Plan& plan, int64_t s, int64_t lo, int64_t hi, const LeafResolver& leaf_of,
-                std::vector<LeafRun>& runs) {
+// The runs of piece s's segments (buf_off: their offset in the piece).
+void RunsOfPiece(const Plan& plan, int64_t s, const LeafResolver& leaf_of,
+                 std::vector<LeafRun>& runs) {
   runs.clear();
   for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
     const Segment& seg = plan.segments[g];
-    const int64_t a = std::max(lo, seg.piece_off), b = std::min(hi, seg.piece_off + seg.len);
-    if (b <= a) continue;
     const LeafRef out = leaf_of(seg.leaf);
-    runs.push_back(LeafRun{ElementPtr(out.data, out.dtype, seg.leaf_off + (a - seg.piece_off)),
-                           out.dtype, b - a, a});
+    runs.push_back(
+        LeafRun{ElementPtr(out.data, out.dtype, seg.leaf_off), out.dtype, seg.len, seg.piece_off});
   }
 }
 
@@ -59,16 +58,18 @@ ffi::Error PullOwnedChunks(Call& call, Device& dev, int64_t s, const LeafResolve
           });
   }
   if (err.failure()) return err;
+  RunsOfPiece(plan, s, leaf_of, runs);
   const int64_t half[3] = {0, n / 2, n};
   for (int64_t j = 0; j < p; ++j) {
     err = dev.Acquire(p + j);
     if (err.failure()) return err;
     for (int r = 0; r < 2; ++r) {
       const int64_t H = half[r + 1] - half[r], c = (RingPosition(r, j, p) + 1) % p;
-      RunsWithin(plan, s, half[r] + c * H / p, half[r] + (c + 1) * H / p, leaf_of, runs);
-      if (runs.empty()) continue;
-      err = dev.Scatter(session.arena(j) + plan.slot(j, s, 0), p + j, n, runs.data(),
-                        static_cast<int64_t>(runs.size()));
+      const std::vector<LeafRun> mine =
+          ClipRuns(runs, half[r] + c * H / p, half[r] + (c + 1) * H / p, 0);
+      if (mine.empty()) continue;
+      err = dev.Scatter(session.arena(j) + plan.slot(j, s, 0), p + j, n, mine.data(),
+                        static_cast<int64_t>(mine.size()));
       if (err.failure()) return err;
     }
   }
@@ -120,7 +121,7 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of) {
       if (t.has_error()) return t.error();
       arrival = t.value();
     }
-    RunsWithin(plan, s, 0, plan.piece_nelems[s], leaf_of, runs);
+    RunsOfPiece(plan, s, leaf_of, runs);
     // Already scaled by the ring.
     err = dev.Scatter(session.arena(k) + plan.slot(k, s, 0), p + k, plan.piece_nelems[s],
                       runs.data(), static_cast<int64_t>(runs.size()));

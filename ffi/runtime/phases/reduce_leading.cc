@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/dtype.h"
+#include "runtime/leaf_runs.h"
 #include "runtime/phases.h"
 #include "runtime/ring.h"
 #include "runtime/trace.h"
@@ -22,22 +23,10 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// The parts of `runs` (laid end to end in the f32 scratch) that elements
-// [lo, hi) cover, with buf_off counted from lo.
-std::vector<LeafRun> RunsIn(const std::vector<LeafRun>& runs, int64_t lo, int64_t hi) {
-  std::vector<LeafRun> out;
-  for (const LeafRun& r : runs) {
-    const int64_t a = std::max(lo, r.buf_off), b = std::min(hi, r.buf_off + r.len);
-    if (a >= b) continue;
-    out.push_back(LeafRun{ElementPtr(r.leaf, r.dtype, a - r.buf_off), r.dtype, b - a, a - lo});
-  }
-  return out;
-}
-
 // Narrows elements [lo, hi) of `src` (storage of `src_device`) into the leaves.
 ffi::Error ScatterRange(Device& dev, const float* src, int64_t src_device,
                         const std::vector<LeafRun>& out_runs, int64_t lo, int64_t hi) {
-  const std::vector<LeafRun> runs = RunsIn(out_runs, lo, hi);
+  const std::vector<LeafRun> runs = ClipRuns(out_runs, lo, hi, lo);
   if (runs.empty()) return ffi::Error::Success();
   return dev.Scatter(src + lo, src_device, hi - lo, runs.data(), static_cast<int64_t>(runs.size()));
 }
