@@ -43,7 +43,7 @@ test: $(STAMP)
 BENCH_OUT := $(CURDIR)/out/bench
 BENCH_TREES ?= resnet50 vit_b16 bert_base
 BENCH_WORKERS ?= 1 2 4
-BENCH_PYTEST := cd /tmp && $(XLA_CPU) $(CURDIR)/$(VENV)/bin/pytest -q -p no:cacheprovider \
+BENCH_PYTEST := cd /tmp && COARSE_BENCH_OUT=$(BENCH_OUT) $(XLA_CPU) $(CURDIR)/$(VENV)/bin/pytest -q -p no:cacheprovider \
 	--benchmark-columns=min,median,mean,rounds
 
 bench: $(STAMP)
@@ -55,7 +55,7 @@ bench: $(STAMP)
 		--benchmark-json=$(BENCH_OUT)/parts/memory.json
 	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_snapshots.py \
 		--benchmark-json=$(BENCH_OUT)/parts/snapshots.json
-	COARSE_BENCH_OUT=$(BENCH_OUT) $(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_sweep.py \
+	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_sweep.py \
 		--benchmark-json=$(BENCH_OUT)/parts/sweep.json
 	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_examples.py \
 		--benchmark-json=$(BENCH_OUT)/parts/examples.json
