@@ -224,11 +224,11 @@ def proxy_ring_to_hosts(
     `proxy_ring_from_hosts`.
     """
     operands, attrs = _ring_operands(call, me, deps, update)
-    chunks = jax.ShapeDtypeStruct((width,), jnp.float32)
+    chunks = jax.typeof(me).update(shape=(width,), dtype=jnp.dtype(jnp.float32))  # varies like me
     token, out = _call(
         "coarse_proxy_ring",
         call,
-        [_result(me, True), _result(_vary(jnp.zeros(chunks.shape, chunks.dtype), call.axes), True)],
+        [_result(me, True), chunks],
         operands,
         {},
         last=np.int64(0),
