@@ -73,21 +73,25 @@ def test_twenty_optax_steps_match_pmean_over_all_workers(tmp_path):
     assert len(r[("losses", 0)]) == 20
 
 
+# 2 hosts sum by psum over "host", 3 by gather-then-add in host order.
+@pytest.mark.parametrize("processes", [2, 3])
 @pytest.mark.timeout(LIMIT_S + 20)
-def test_value_and_update_across_hosts_matches_pmean_and_optax(tmp_path):
-    """The proxies of both hosts update from the mean over all 8 workers (checked in
-    each process against lax.pmean + optax: losses, params, optimizer state), both
-    hosts end bitwise equal, and hosts with different plans are refused, naming them."""
-    code, output, _ = _launch(tmp_path, SCRIPT, "update")
+def test_value_and_update_across_hosts_matches_pmean_and_optax(tmp_path, processes):
+    """The proxies of every host update from the mean over all workers (checked in
+    each process against lax.pmean + optax: losses, params, optimizer state), every
+    host ends bitwise equal, and hosts with different plans are refused, naming them."""
+    code, output, _ = _launch(tmp_path, SCRIPT, "update", processes=processes)
     assert code == 0, output[-6000:]
     r = _results(output)
-    assert all(r[("ok", i)] == "update" for i in range(2)), output[-3000:]
-    assert r[("update_digests", 0)] == r[("update_digests", 1)]
+    assert all(r[("ok", i)] == "update" for i in range(processes)), output[-3000:]
+    assert all(r[("update_digests", i)] == r[("update_digests", 0)] for i in range(processes))
     assert len(r[("update_digests", 0)]) == 6
-    for i, other in ((0, 1), (1, 0)):
+    for i in range(processes):
+        # Process 0 runs another shard size than the rest.
+        others = ", ".join(str(h) for h in range(1, processes)) if i == 0 else "0"
         message = r[("mismatch", i)]
         assert message and "different plans" in message, message
-        assert f"host(s) {other} differs" in message, message
+        assert f"host(s) {others} differs" in message, message
 
 
 @pytest.mark.timeout(LIMIT_S + 20)
