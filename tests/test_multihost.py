@@ -40,6 +40,16 @@ def _launch(tmp_path, *args, processes=2, devices=8, limit=LIMIT_S):
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
 
+def _scenario(tmp_path, name, *args, processes=2):
+    """Runs scenario ``name`` of the script; every process must exit 0 and report it ok.
+    Returns the RESULT lines by (name, process)."""
+    code, output, _ = _launch(tmp_path, SCRIPT, name, *args, processes=processes)
+    assert code == 0, output[-6000:]
+    r = _results(output)
+    assert all(r.get(("ok", i)) == name for i in range(processes)), output[-3000:]
+    return r
+
+
 def _results(output):
     out = {}
     for line in output.splitlines():
@@ -54,10 +64,7 @@ def _results(output):
 @pytest.mark.parametrize("processes", [2, 3])
 @pytest.mark.timeout(LIMIT_S + 20)
 def test_grads_and_all_reduce_equal_float64_mean_over_all_hosts(tmp_path, processes):
-    code, output, _ = _launch(tmp_path, SCRIPT, "sync", processes=processes)
-    assert code == 0, output[-6000:]
-    r = _results(output)
-    assert all(r[("ok", i)] == "sync" for i in range(processes)), output[-3000:]
+    r = _scenario(tmp_path, "sync", processes=processes)
     # Bitwise the same results in every process, for every mode / split.
     assert all(r[("digests", i)] == r[("digests", 0)] for i in range(processes))
     assert set(r[("digests", 0)]) == {"ffi/0", "ffi/416", "reference/0", "reference/416"}
@@ -65,10 +72,7 @@ def test_grads_and_all_reduce_equal_float64_mean_over_all_hosts(tmp_path, proces
 
 @pytest.mark.timeout(LIMIT_S + 20)
 def test_twenty_optax_steps_match_pmean_over_all_workers(tmp_path):
-    code, output, _ = _launch(tmp_path, SCRIPT, "optax")
-    assert code == 0, output[-6000:]
-    r = _results(output)
-    assert r[("ok", 0)] == r[("ok", 1)] == "optax"
+    r = _scenario(tmp_path, "optax")
     assert r[("params_digest", 0)] == r[("params_digest", 1)]
     assert len(r[("losses", 0)]) == 20
 
@@ -80,10 +84,7 @@ def test_value_and_update_across_hosts_matches_pmean_and_optax(tmp_path, process
     """The proxies of every host update from the mean over all workers (checked in
     each process against lax.pmean + optax: losses, params, optimizer state), every
     host ends bitwise equal, and hosts with different plans are refused, naming them."""
-    code, output, _ = _launch(tmp_path, SCRIPT, "update", processes=processes)
-    assert code == 0, output[-6000:]
-    r = _results(output)
-    assert all(r[("ok", i)] == "update" for i in range(processes)), output[-3000:]
+    r = _scenario(tmp_path, "update", processes=processes)
     assert all(r[("update_digests", i)] == r[("update_digests", 0)] for i in range(processes))
     assert len(r[("update_digests", 0)]) == 6
     for i in range(processes):
@@ -97,10 +98,7 @@ def test_value_and_update_across_hosts_matches_pmean_and_optax(tmp_path, process
 @pytest.mark.timeout(LIMIT_S + 20)
 def test_snapshots_across_hosts_written_once_and_restored_on_every_host(tmp_path):
     directory = tmp_path / "snapshots"
-    code, output, _ = _launch(tmp_path, SCRIPT, "snapshots", directory)
-    assert code == 0, output[-6000:]
-    r = _results(output)
-    assert all(r[("ok", i)] == "snapshots" for i in range(2)), output[-3000:]
+    r = _scenario(tmp_path, "snapshots", directory)
     assert r[("snapshots", 0)] == r[("snapshots", 1)]
     # Steps 4 and 8 (snapshot_every=4 of 10), one directory each, no partial one left.
     assert sorted(p.name for p in directory.iterdir()) == ["4", "8"]
@@ -108,10 +106,7 @@ def test_snapshots_across_hosts_written_once_and_restored_on_every_host(tmp_path
 
 @pytest.mark.timeout(LIMIT_S + 20)
 def test_nnx_batch_statistics_average_over_both_hosts(tmp_path):
-    code, output, _ = _launch(tmp_path, SCRIPT, "nnx")
-    assert code == 0, output[-6000:]
-    r = _results(output)
-    assert r[("ok", 0)] == r[("ok", 1)] == "nnx"
+    r = _scenario(tmp_path, "nnx")
     assert r[("nnx_digest", 0)] == r[("nnx_digest", 1)]
 
 
