@@ -31,13 +31,10 @@ std::vector<OwnedRange> RangesAfterReduceScatter(const Plan& plan, int64_t k, In
       if (plan.piece_holder[s] == k) add(s, 0, n);
       continue;
     }
-    // The chunk RingAllReduce leaves fully reduced on this member after the
-    // reduce-scatter, per ring (ring.cc).
-    const int64_t half[3] = {0, n / 2, n};
     for (int r = 0; r < 2; ++r) {
-      const int64_t H = half[r + 1] - half[r];
-      const int64_t c = (RingPosition(r, k, p) + 1) % p;
-      add(s, half[r] + c * H / p, half[r] + (c + 1) * H / p);
+      int64_t lo, hi;
+      OwnedChunk(r, k, p, n, &lo, &hi);
+      add(s, lo, hi);
     }
   }
   return out;

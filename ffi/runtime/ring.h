@@ -73,6 +73,15 @@ inline int64_t RingSuccessor(int ring, int64_t index, int64_t p) {
   return RingPredecessor(1 - ring, index, p);
 }
 
+// The chunk [*lo, *hi) member `index` owns after the reduce-scatter of ring r
+// (the one its last reduce-scatter step completes); returns its number c,
+// (position + 1) % p, of the ring's half.
+inline int64_t OwnedChunk(int ring, int64_t index, int64_t p, int64_t n, int64_t* lo, int64_t* hi) {
+  const int64_t position = RingPosition(ring, index, p);
+  RingChunk(ring, static_cast<int32_t>(p - 2), position, p, n, lo, hi);
+  return (position + 1) % p;
+}
+
 // Steps in one ring: reduce-scatter then all-gather.
 inline int32_t RingSteps(int64_t p) { return static_cast<int32_t>(2 * (p - 1)); }
 

@@ -59,14 +59,13 @@ ffi::Error PullOwnedChunks(Call& call, Device& dev, int64_t s, const LeafResolve
   }
   if (err.failure()) return err;
   RunsOfPiece(plan, s, leaf_of, runs);
-  const int64_t half[3] = {0, n / 2, n};
   for (int64_t j = 0; j < p; ++j) {
     err = dev.Acquire(p + j);
     if (err.failure()) return err;
     for (int r = 0; r < 2; ++r) {
-      const int64_t H = half[r + 1] - half[r], c = (RingPosition(r, j, p) + 1) % p;
-      const std::vector<LeafRun> mine =
-          ClipRuns(runs, half[r] + c * H / p, half[r] + (c + 1) * H / p, 0);
+      int64_t lo, hi;
+      OwnedChunk(r, j, p, n, &lo, &hi);
+      const std::vector<LeafRun> mine = ClipRuns(runs, lo, hi, 0);
       if (mine.empty()) continue;
       err = dev.Scatter(session.arena(j) + plan.slot(j, s, 0), p + j, n, mine.data(),
                         static_cast<int64_t>(mine.size()));

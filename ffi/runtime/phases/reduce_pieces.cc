@@ -135,11 +135,10 @@ class PieceReducer {
       err = dev_.Acquire(p_ + j);
       if (err.failure()) return err;
     }
-    const int64_t half[3] = {0, n / 2, n};
     std::vector<const float*> srcs(p_);
     for (int r = 0; r < 2; ++r) {
-      const int64_t H = half[r + 1] - half[r], c = (RingPosition(r, k_, p_) + 1) % p_;
-      const int64_t lo = half[r] + c * H / p_, hi = half[r] + (c + 1) * H / p_;
+      int64_t lo, hi;
+      const int64_t c = OwnedChunk(r, k_, p_, n, &lo, &hi);
       if (hi <= lo) continue;
       // The ring adds chunk c from position c onwards: c, c + 1, ..., c - 1 (this proxy).
       for (int64_t t = 0; t < p_; ++t) {
