@@ -96,7 +96,8 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
   if (call.who.tier != kProxy) return ffi::Error::Success();
   auto store = ReadStore(attrs);
   if (store.has_error()) return store.error();
-  if (!store.value().has_value()) return ReducePieces(call, dev, nullptr, hosts);
+  if (!store.value().has_value())
+    return ReducePieces(call, dev, nullptr, hosts, PushInPlaceAttr(attrs));
   const Plan& plan = call.plan();
   auto spec = ReadOptimizer(attrs, plan);
   if (spec.has_error()) return spec.error();

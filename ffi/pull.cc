@@ -1,13 +1,16 @@
 // coarse_pull's XLA translation: checks every result (one per proxy leaf)
 // against the plan and runs PullPieces (runtime/phases/pull_pieces.cc) into
-// them. The proxy-leaf operands only alias the results.
+// them. The proxy-leaf operands alias the results, or, when the proxies read
+// the pushes in place, are the pushed leaves, checked to be where they were
+// pushed from (PushesInPlace, runtime/phases.h).
 #include "runtime/phases.h"
 #include "sync_ops.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
 
-ffi::Error PullBody(Call& call, Device& dev, ffi::RemainingRets outs) {
+ffi::Error PullBody(Call& call, Device& dev, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
+                    const ffi::Dictionary& attrs) {
   const Plan& plan = call.plan();
   if (static_cast<int64_t>(outs.size()) != plan.num_proxy_leaves)
     return ffi::Error::InvalidArgument("coarse_pull: expected one result per proxy leaf");
@@ -18,10 +21,20 @@ ffi::Error PullBody(Call& call, Device& dev, ffi::RemainingRets outs) {
                              "coarse_pull");
     if (e.failure()) return e;
   }
-  return PullPieces(call, dev, [&](int64_t leaf) {
+  const LeafResolver out_of = [&](int64_t leaf) {
     ffi::Result<ffi::AnyBuffer> out = outs.get<ffi::AnyBuffer>(leaf).value();
     return LeafRef{out->untyped_data(), out->element_type()};
-  });
+  };
+  if (!PushesInPlace(*call.session, dev, PushInPlaceAttr(attrs)))
+    return PullPieces(call, dev, out_of);
+  if (leaves.size() != outs.size())
+    return ffi::Error::InvalidArgument(
+        "coarse_pull: push_in_place=1 needs the pushed leaves as operands, one per result");
+  const LeafResolver pushed = [&](int64_t leaf) {
+    ffi::AnyBuffer in = leaves.get<ffi::AnyBuffer>(leaf).value();
+    return LeafRef{in.untyped_data(), in.element_type()};
+  };
+  return PullPieces(call, dev, out_of, &pushed);
 }
 
 }  // namespace coarse

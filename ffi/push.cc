@@ -62,10 +62,13 @@ ffi::Error PushBody(Call& call, Device& dev, ffi::RemainingArgs leaves, ffi::Rem
   ffi::Error e = dev.ZeroBytes(token->untyped_data(), token->size_bytes());
   if (e.failure()) return e;
   if (call.who.tier != kWorker) return ffi::Error::Success();  // proxies push nothing
-  return PushPieces(call, dev, first_piece.value(), num_pieces.value(), [&](int64_t leaf) {
-    ffi::AnyBuffer b = leaves.get<ffi::AnyBuffer>(leaf - first_leaf.value()).value();
-    return LeafRef{b.untyped_data(), b.element_type()};
-  });
+  return PushPieces(
+      call, dev, first_piece.value(), num_pieces.value(),
+      [&](int64_t leaf) {
+        ffi::AnyBuffer b = leaves.get<ffi::AnyBuffer>(leaf - first_leaf.value()).value();
+        return LeafRef{b.untyped_data(), b.element_type()};
+      },
+      PushInPlaceAttr(attrs));
 }
 
 }  // namespace coarse

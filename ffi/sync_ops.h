@@ -40,7 +40,20 @@ xla::ffi::Error OptCountBody(Call& call, Device& dev, xla::ffi::Result<xla::ffi:
 // leading leaves, then the token.
 xla::ffi::Error WorkerRingBody(Call& call, Device& dev, xla::ffi::RemainingArgs leaves,
                                xla::ffi::RemainingRets outs);
-// coarse_pull: results the reduced proxy leaves.
-xla::ffi::Error PullBody(Call& call, Device& dev, xla::ffi::RemainingRets outs);
+// coarse_pull: operands the proxy leaves (aliased to the results, or, with
+// push_in_place, the pushed leaves the proxies read), results the reduced
+// proxy leaves.
+xla::ffi::Error PullBody(Call& call, Device& dev, xla::ffi::RemainingArgs leaves,
+                         xla::ffi::RemainingRets outs, const xla::ffi::Dictionary& attrs);
+
+// Attribute push_in_place of coarse_push, coarse_proxy_ring and coarse_pull:
+// the Python side keeps every pushed leaf alive until the pull, so the
+// proxies may read the pushes in place (PushesInPlace, runtime/phases.h).
+// Absent: 0.
+inline bool PushInPlaceAttr(const xla::ffi::Dictionary& attrs) {
+  if (!attrs.contains("push_in_place")) return false;
+  auto v = attrs.get<int64_t>("push_in_place");
+  return v.has_value() && v.value() != 0;
+}
 
 }  // namespace coarse

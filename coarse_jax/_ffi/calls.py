@@ -39,12 +39,23 @@ class CallSite:
       ordinals: int64[2p], the platform's device number of every mesh device,
         workers first (`device_ordinals`); the CUDA handlers find the caller by it.
       axes: the mesh axes operands are cast to vary over; ``()`` outside ``shard_map``.
+      push_in_place: the proxies read the pushes straight from the workers'
+        buffers (the fused push, ffi/runtime/phases.h PushesInPlace): the
+        pull then takes every pushed leaf as an operand, which keeps the
+        buffers alive and unwritten until it runs. Only where devices share
+        memory and links are not emulated (`coarse_jax.api._context`).
     """
 
     plan_attrs: Mapping[str, Any]
     site: int
     ordinals: np.ndarray
     axes: tuple[str, ...] = AXES
+    push_in_place: bool = False
+
+    @property
+    def in_place_attr(self) -> dict[str, np.int64]:
+        """The attribute push, proxy ring and pull all carry (it must agree)."""
+        return {"push_in_place": np.int64(self.push_in_place)}
 
 
 class Bucket(Protocol):
@@ -158,6 +169,7 @@ def push(
         num_pieces=np.int64(bucket.num_pieces),
         passthrough=np.int64(passthrough),
         last=np.int64(0),
+        **call.in_place_attr,
     )
     return list(out[:-1]), out[-1]
 
@@ -204,7 +216,14 @@ def proxy_ring(
     """
     operands, attrs = _ring_operands(call, me, deps, update)
     (ring_token,) = _call(
-        "coarse_proxy_ring", call, [_result(me, True)], operands, {}, last=np.int64(last), **attrs
+        "coarse_proxy_ring",
+        call,
+        [_result(me, True)],
+        operands,
+        {},
+        last=np.int64(last),
+        **attrs,
+        **call.in_place_attr,
     )
     return ring_token
 
@@ -312,15 +331,18 @@ def pull(
 ) -> list[jax.Array]:
     """Every device writes the reduced proxy leaves; ends the step.
 
-    ``leaves`` give the result shapes; they are operands only when aliased.
+    ``leaves`` give the result shapes; they are operands when aliased, and
+    with ``call.push_in_place`` (they are the pushed leaves the proxies read).
     """
     leaves = [_vary(x, call.axes) for x in leaves]
+    held = alias or call.push_in_place
     out = _call(
         "coarse_pull",
         call,
         [_result(x, False) for x in leaves],
-        [me, after, *(leaves if alias else [])],
+        [me, after, *(leaves if held else [])],
         _aliases(len(leaves), 2, alias),
         last=np.int64(1),
+        **call.in_place_attr,
     )
     return list(out)

@@ -60,12 +60,24 @@ class SyncContext:
         self.built.append(built)
         return built
 
-    def call_site(self, plan: Plan) -> _ffi.CallSite:
+    def call_site(self, plan: Plan, pulls_pushed: bool = False) -> _ffi.CallSite:
         """A new synchronization of this program: its own site, so the runtime
-        keys its rendezvous by (execution, site) apart from the others."""
+        keys its rendezvous by (execution, site) apart from the others.
+
+        ``pulls_pushed``: the caller hands the pull the very values it pushed
+        (not `coarse.value_and_update`, whose gradients die at their push).
+        The proxies then read the pushes in place (``CallSite.push_in_place``)
+        on CPU, where every device's buffers are this process's memory, unless
+        links are emulated (the emulated schedule transfers the pushes).
+        """
         site = self.next_site
         self.next_site += 1
-        return _ffi.CallSite(plan.ffi_attrs(), site, self.ordinals)
+        in_place = (
+            pulls_pushed
+            and plan.config.topology is None
+            and self.mesh.devices.flat[0].platform == "cpu"
+        )
+        return _ffi.CallSite(plan.ffi_attrs(), site, self.ordinals, push_in_place=in_place)
 
     def worker_compute(self, cfg: Config, convolutions: bool = True) -> str:
         """``cfg.worker_compute`` ("auto" resolved) on this mesh's platform, for a model

@@ -117,6 +117,6 @@ def all_reduce(tree: Any, op: str = "mean", *, config: Config | None = None) -> 
     leaves, treedef = jax.tree.flatten(tree)
     if not leaves:
         return tree
-    call = ctx.call_site(plan)
+    call = ctx.call_site(plan, pulls_pushed=True)
     last = push_in_order(plan, call, leaves)
     return jax.tree.unflatten(treedef, finish(plan, call, leaves, [last], in_place=False))

@@ -106,6 +106,23 @@ void AddF32(float* __restrict acc, const float* __restrict x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
+void AddWidenedF32(ffi::DataType dtype, const void* src, float* acc, int64_t n) {
+  switch (dtype) {
+    case ffi::DataType::F32: AddF32(acc, static_cast<const float*>(src), n); return;
+    case ffi::DataType::BF16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) acc[i] += Bf16ToF32(s[i]);
+      return;
+    }
+    case ffi::DataType::F16: {
+      const _Float16* s = static_cast<const _Float16*>(src);
+      for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<float>(s[i]);
+      return;
+    }
+    default: return;
+  }
+}
+
 COARSE_VECTOR_CLONES
 void AddScaleF32(float* __restrict acc, const float* __restrict x, float scale, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] = (acc[i] + x[i]) * scale;

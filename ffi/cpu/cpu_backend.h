@@ -20,6 +20,8 @@ namespace coarse::cpu {
 void WidenToF32(xla::ffi::DataType dtype, const void* src, float* dst, int64_t n);
 // dst[i] = dtype(src[i]), round to nearest even.
 void NarrowFromF32(xla::ffi::DataType dtype, const float* src, void* dst, int64_t n);
+// acc[i] += float(src[i]) for a leaf of `dtype`.
+void AddWidenedF32(xla::ffi::DataType dtype, const void* src, float* acc, int64_t n);
 // acc[i] += x[i]
 void AddF32(float* __restrict acc, const float* __restrict x, int64_t n);
 // acc[i] = (acc[i] + x[i]) * scale: the last reduce-scatter step of a mean.

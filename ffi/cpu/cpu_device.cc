@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "cpu/cpu_backend.h"
+#include "runtime/dtype.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -54,6 +55,49 @@ ffi::Error CpuDevice::SumInRingOrder(float* dst, const float* const* srcs, int64
     for (int64_t t = 1; t < num; ++t) cpu::AddF32(acc, srcs[t] + i0, m);  // a + b == b + a
     if (scale != 1.0f) cpu::ScaleF32(acc, scale, m);
     std::memcpy(dst + i0, acc, m * sizeof(float));
+  }
+  return ffi::Error::Success();
+}
+
+namespace {
+
+// target[i - a] = (first) or += float(the pushed value of piece element i),
+// for i in [a, b) covered by `runs` (sorted by buf_off).
+void WidenRuns(const PushedRuns& runs, int64_t a, int64_t b, float* target, bool first) {
+  auto it = std::upper_bound(runs.begin(), runs.end(), a,
+                             [](int64_t x, const LeafRun& r) { return x < r.buf_off + r.len; });
+  for (; it != runs.end() && it->buf_off < b; ++it) {
+    const int64_t x = std::max(a, it->buf_off), y = std::min(b, it->buf_off + it->len);
+    const void* src = ElementPtr(it->leaf, it->dtype, x - it->buf_off);
+    if (first)
+      cpu::WidenToF32(it->dtype, src, target + (x - a), y - x);
+    else
+      cpu::AddWidenedF32(it->dtype, src, target + (x - a), y - x);
+  }
+}
+
+}  // namespace
+
+ffi::Error CpuDevice::SumPushesInRingOrder(
+    float* dst, int64_t lo, int64_t hi, const std::vector<std::vector<const PushedRuns*>>& groups,
+    float scale) {
+  // Block by block through stack buffers, like SumInRingOrder.
+  constexpr int64_t kBlock = 2048;
+  float acc[kBlock], tmp[kBlock];
+  for (int64_t a = lo; a < hi; a += kBlock) {
+    const int64_t m = std::min(kBlock, hi - a);
+    for (size_t t = 0; t < groups.size(); ++t) {
+      const std::vector<const PushedRuns*>& g = groups[t];
+      // A lone client adds straight into the sum: widening is exact, so the
+      // bits are those of adding its (one-term) sum.
+      const bool direct = t > 0 && g.size() == 1;
+      float* target = t == 0 || direct ? acc : tmp;
+      if (!direct) std::memset(target, 0, m * sizeof(float));  // no client: zeros
+      for (size_t c = 0; c < g.size(); ++c) WidenRuns(*g[c], a, a + m, target, c == 0 && !direct);
+      if (t > 0 && !direct) cpu::AddF32(acc, tmp, m);
+    }
+    if (scale != 1.0f) cpu::ScaleF32(acc, scale, m);
+    std::memcpy(dst + (a - lo), acc, m * sizeof(float));
   }
   return ffi::Error::Success();
 }

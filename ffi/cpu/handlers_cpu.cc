@@ -64,11 +64,10 @@ ffi::Error WorkerRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
 }
 
 ffi::Error PullImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer token,
-                    ffi::RemainingArgs deps, ffi::RemainingRets outs, ffi::Dictionary attrs) {
+                    ffi::RemainingArgs leaves, ffi::RemainingRets outs, ffi::Dictionary attrs) {
   (void)token;
-  (void)deps;  // outputs alias these; every element is overwritten
   return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
-                 [&](Call& call, Device& dev) { return PullBody(call, dev, outs); });
+                 [&](Call& call, Device& dev) { return PullBody(call, dev, leaves, outs, attrs); });
 }
 
 ffi::Error HostGatherImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer chunk,
@@ -126,7 +125,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Pull, PullImpl,
                                   .Ctx<ffi::RunId>()           // rendezvous key: one execution
                                   .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
                                   .Arg<ffi::AnyBuffer>()       // token: after proxy/worker ring
-                                  .RemainingArgs()             // proxy leaves (aliased to results)
+                                  .RemainingArgs()             // proxy leaves (aliased / pushed)
                                   .RemainingRets()             // the reduced proxy leaves
                                   .Attrs<ffi::Dictionary>());  // plan
 

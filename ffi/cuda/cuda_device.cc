@@ -132,6 +132,13 @@ ffi::Error CudaDevice::SumInRingOrder(float*, const float* const*, int64_t, int6
   return ffi::Error::Internal("coarse_jax: SumInRingOrder is CPU-only");
 }
 
+ffi::Error CudaDevice::SumPushesInRingOrder(float*, int64_t, int64_t,
+                                            const std::vector<std::vector<const PushedRuns*>>&,
+                                            float) {
+  // Pushes are copied on GPUs (ReadsPeersInPlace() is false).
+  return ffi::Error::Internal("coarse_jax: SumPushesInRingOrder is CPU-only");
+}
+
 ffi::Error CudaDevice::Scale(float* x, int64_t n, float scale) {
   const void* in[1] = {x};
   return Check(kernels::LaunchReduce(in, 1, x, n, kernels::DType::kF32, scale, stream_),

@@ -26,6 +26,9 @@ class CudaDevice final : public Device {
   xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
                           float scale) override;
   xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) override;
+  xla::ffi::Error SumPushesInRingOrder(float* dst, int64_t lo, int64_t hi,
+                                       const std::vector<std::vector<const PushedRuns*>>& groups,
+                                       float scale) override;
   xla::ffi::Error SumInRingOrder(float* dst, const float* const* srcs, int64_t num, int64_t n,
                                  float scale) override;
   xla::ffi::Error Scale(float* x, int64_t n, float scale) override;

@@ -80,10 +80,10 @@ ffi::Error WorkerRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_i
 }
 
 ffi::Error PullImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
-                    ffi::AnyBuffer, ffi::RemainingArgs, ffi::RemainingRets outs,
+                    ffi::AnyBuffer, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                     ffi::Dictionary attrs) {
   return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-                 [&](Call& call, Device& dev) { return PullBody(call, dev, outs); });
+                 [&](Call& call, Device& dev) { return PullBody(call, dev, leaves, outs, attrs); });
 }
 
 }  // namespace

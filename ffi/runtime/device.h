@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "runtime/optimizer_math.h"
 #include "xla/ffi/api/ffi.h"
@@ -43,6 +44,11 @@ struct LeafRun {
   int64_t len;               // elements
   int64_t buf_off;           // offset in the f32 buffer
 };
+
+// What a worker pushed of one piece when the proxies read it in place
+// (PushesInPlace, phases.h): its runs, sorted by buf_off (the offset in the
+// piece), pointing into the worker's gradient buffers.
+using PushedRuns = std::vector<LeafRun>;
 
 struct Mismatch {
   int64_t index = -1;
@@ -76,6 +82,14 @@ class Device {
   // ReadsPeersInPlace() run it (the one-shot reduce-scatter, reduce_pieces.cc).
   virtual xla::ffi::Error SumInRingOrder(float* dst, const float* const* srcs, int64_t num,
                                          int64_t n, float scale) = 0;
+  // For i in [lo, hi): dst[i - lo] = (g[num-1](i) + (... + g[0](i))) * scale,
+  // where g[t](i) sums group t's clients' pushed values of piece element i
+  // (widened to f32, client order, 0 for no client): what SumSlots then
+  // SumInRingOrder make of the same pushes copied into storage, the same
+  // bits, without the copies. Only backends that ReadsPeersInPlace() run it.
+  virtual xla::ffi::Error SumPushesInRingOrder(
+      float* dst, int64_t lo, int64_t hi, const std::vector<std::vector<const PushedRuns*>>& groups,
+      float scale) = 0;
   // x[i] *= scale (local).
   virtual xla::ffi::Error Scale(float* x, int64_t n, float scale) = 0;
 

@@ -26,9 +26,10 @@ struct LeafRef {
 using LeafResolver = std::function<LeafRef(int64_t leaf)>;
 
 // coarse_push: a worker pushes pieces [first_piece, first_piece + num_pieces)
-// (phases/push_pieces.cc).
+// (phases/push_pieces.cc). `in_place`: the caller keeps the leaves alive
+// until its pull (PushesInPlace).
 xla::ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_pieces,
-                           const LeafResolver& leaf_of);
+                           const LeafResolver& leaf_of, bool in_place = false);
 
 // What a proxy needs to run the optimizer in its ring (coarse_proxy_ring of
 // a value_and_update; phases/update_pieces.cc).
@@ -57,7 +58,7 @@ struct HostsStage {
 // (phases/reduce_pieces.cc); with `update`, runs the optimizer on the
 // parameter chunks it owns between reduce-scatter and all-gather.
 xla::ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update,
-                             const HostsStage& hosts = {});
+                             const HostsStage& hosts = {}, bool in_place = false);
 
 // The proxy optimizer's parts of ReducePieces (phases/update_pieces.cc).
 // Holds the store, lays it out and seeds it, or checks the given params
@@ -100,8 +101,25 @@ inline bool GatherPull(const Session& session, const Device& dev) {
   return !session.emulated() && dev.ReadsPeersInPlace();
 }
 
+// Whether the proxies read the workers' pushes in place instead of a copy
+// (the fused push): with GatherPull, when the three calls of the sync say
+// `in_place` (attribute push_in_place), which the Python side sets only when
+// the pull takes every pushed leaf as an operand, so each push's buffers
+// stay alive (and unwritten) until the worker's pull. A push then only
+// publishes its runs (Session::pushed_runs) and never waits; each proxy sums
+// the chunks it owns straight from all the workers' buffers, in the ring's
+// order (Device::SumPushesInRingOrder); a worker's pull overwrites a piece
+// (its outputs may alias the pushed leaves) only once every proxy has
+// reduced it. The copy of every gradient into the proxies' storage, p·n
+// written per step, is not made.
+inline bool PushesInPlace(const Session& session, const Device& dev, bool in_place) {
+  return in_place && GatherPull(session, dev);
+}
+
 // coarse_pull: every device writes the reduced proxy pieces into its leaves
-// (phases/pull_pieces.cc).
-xla::ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of);
+// (phases/pull_pieces.cc). With `pushed` (in-place pushes, PushesInPlace) a
+// worker first checks that its pushed leaves are where it pushed them from.
+xla::ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
+                           const LeafResolver* pushed = nullptr);
 
 }  // namespace coarse

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/device.h"
 #include "runtime/emulator.h"
 #include "runtime/plan.h"
 #include "runtime/storage.h"
@@ -82,6 +83,12 @@ class Session {
   // Counters (all start at 0 / -1 for ring progress = "not ready").
   std::atomic<int32_t>& arrived(int64_t proxy, int64_t piece) {
     return arrived_[proxy * plan_->num_pieces() + piece];
+  }
+  // What worker `worker` pushed of `piece` when the proxies read pushes in
+  // place (PushesInPlace, phases.h): written before the push bumps
+  // arrived(), read after it.
+  PushedRuns& pushed_runs(int64_t worker, int64_t piece) {
+    return pushed_runs_[worker * plan_->num_pieces() + piece];
   }
   std::atomic<int32_t>& proxy_progress(int64_t proxy, int64_t piece, int ring) {
     return proxy_progress_[(proxy * plan_->num_pieces() + piece) * 2 + ring];
@@ -201,6 +208,7 @@ class Session {
   std::unique_ptr<std::atomic<int32_t>[]> first_call_;
   std::unique_ptr<std::atomic<int32_t>[]> arrived_, proxy_progress_, worker_progress_,
       leading_ready_;
+  std::unique_ptr<PushedRuns[]> pushed_runs_;  // [worker * S + piece]
   std::unique_ptr<Mailbox[]> mailboxes_;
   std::unique_ptr<Emulator> emulator_;  // null without a topology
   // Emulated sessions only; Clock::duration counts (see the accessors above).

@@ -75,13 +75,54 @@ ffi::Error PullOwnedChunks(Call& call, Device& dev, int64_t s, const LeafResolve
   return ffi::Error::Success();
 }
 
+// PushesInPlace: the proxies read this worker's pushes through the pointers
+// its pushes published. XLA must not have moved a pushed leaf since (a copy
+// would leave the proxies reading a dead buffer): `pushed` resolves the
+// leaves this pull holds, which must be where they were pushed from. A
+// mismatch fails the step on every device rather than pull what may be
+// stale values.
+ffi::Error CheckPushedInPlace(Call& call, const LeafResolver& pushed) {
+  const Plan& plan = call.plan();
+  Session& session = *call.session;
+  const int64_t me = call.who.index;
+  for (int64_t s = 0; s < plan.num_pieces(); ++s) {
+    const PushedRuns& runs = session.pushed_runs(me, s);
+    // Not pushed (a lost push): the proxies wait for it and name it.
+    if (runs.empty()) continue;
+    for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
+      const Segment& seg = plan.segments[g];
+      const LeafRef leaf = pushed(seg.leaf);
+      const void* at = ElementPtr(leaf.data, leaf.dtype, seg.leaf_off);
+      const bool found = std::any_of(runs.begin(), runs.end(), [&](const LeafRun& r) {
+        return r.buf_off == seg.piece_off && r.leaf == at;
+      });
+      if (found) continue;
+      const std::string msg =
+          "coarse_jax: " + call.who.Describe() + ": leaf " + std::to_string(seg.leaf) + " of " +
+          plan.DescribePiece(s) +
+          " is not in the buffer it was pushed from (XLA moved or copied it between the push "
+          "and the pull), so the proxies, which read pushes in place, may have read stale "
+          "values; the step was abandoned on every device. This is a coarse_jax bug: please "
+          "report it with the step's code.";
+      session.Poison(msg);
+      return ffi::Error::Internal(msg);
+    }
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
-ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of) {
+ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
+                      const LeafResolver* pushed) {
   const Plan& plan = call.plan();
   Session& session = *call.session;
   const int64_t p = plan.workers, me = call.who.index;
   const bool gather = GatherPull(session, dev);
+  if (pushed && call.who.tier == kWorker) {
+    ffi::Error err = CheckPushedInPlace(call, *pushed);
+    if (err.failure()) return err;
+  }
   std::vector<LeafRun> runs;
   TraceScope all(session, call.device(), "pull");
   for (int64_t s = 0; s < plan.num_pieces(); ++s) {

@@ -10,6 +10,13 @@
 // are issued in the plan's order, the order every proxy walks: left to XLA,
 // independent pushes run in any order and a proxy idles on a piece whose
 // push was issued late.
+//
+// On CPU (PushesInPlace, phases.h) nothing is copied: the push records where
+// each piece's values lie in the worker's gradient buffers, which the caller
+// keeps alive until its pull, bumps the arrival counter and wakes every
+// proxy (each owns a chunk of every piece); the proxies read the values
+// from there. Still no wait.
+#include <algorithm>
 #include <vector>
 
 #include "runtime/dtype.h"
@@ -20,12 +27,13 @@ namespace coarse {
 namespace ffi = xla::ffi;
 
 ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_pieces,
-                      const LeafResolver& leaf_of) {
+                      const LeafResolver& leaf_of, bool in_place) {
   const Plan& plan = call.plan();
   const int64_t i = call.who.index;
   Session& session = *call.session;
   if (session.TakeDroppedPush(i)) return ffi::Error::Success();  // testing: a lost push
   TraceScope all(session, call.device(), "push");
+  const bool fused = PushesInPlace(session, dev, in_place);
   std::vector<LeafRun> runs;
   for (int64_t s = first_piece; s < first_piece + num_pieces; ++s) {
     TraceScope piece(session, call.device(), "push piece", s, plan.piece_nbytes[s]);
@@ -39,6 +47,16 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
       const LeafRef leaf = leaf_of(seg.leaf);
       runs.push_back(LeafRun{ElementPtr(leaf.data, leaf.dtype, seg.leaf_off), leaf.dtype, seg.len,
                              seg.piece_off});
+    }
+    if (fused) {
+      // The proxies read these runs in place (PushesInPlace, phases.h); every
+      // proxy may own a chunk of the piece, so all are woken.
+      std::sort(runs.begin(), runs.end(),
+                [](const LeafRun& a, const LeafRun& b) { return a.buf_off < b.buf_off; });
+      session.pushed_runs(i, s) = runs;
+      session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
+      for (int64_t q = 0; q < plan.workers; ++q) session.Notify(plan.workers + q);
+      continue;
     }
     ffi::Error e =
         dev.Gather(runs.data(), static_cast<int64_t>(runs.size()),

@@ -38,7 +38,7 @@ std::string ListWorkers(const std::vector<int32_t>& ws) {
 
 class PieceReducer {
  public:
-  PieceReducer(Call& call, Device& dev, ProxyUpdate* update)
+  PieceReducer(Call& call, Device& dev, ProxyUpdate* update, bool in_place)
       : call_(call),
         dev_(dev),
         update_(update),
@@ -46,7 +46,8 @@ class PieceReducer {
         plan_(call.plan()),
         p_(plan_.workers),
         k_(call.who.index),
-        gather_pull_(GatherPull(session_, dev)) {}
+        gather_pull_(GatherPull(session_, dev)),
+        fused_(PushesInPlace(session_, dev, in_place)) {}
 
   bool updates(int64_t s) const { return update_ && update_->spec->updates_piece(plan_, s); }
   bool copies_from_holder(int64_t s) const {
@@ -58,19 +59,12 @@ class PieceReducer {
   // chunks now (no update in between).
   ffi::Error ReduceScatter(int64_t s, bool announce) {
     if (copies_from_holder(s)) return ffi::Error::Success();
+    if (fused_) return FusedReduceScatter(s, announce);
     const auto& from = plan_.contributors_of(k_, s);
-    const int32_t expected = static_cast<int32_t>(from.size());
     ffi::Error err;
     {
       TraceScope wait(session_, p_ + k_, "wait for pushes", s);
-      err = session_.Wait(
-          call_.who, Session::Waits::kPush,
-          [&] { return session_.arrived(k_, s).load(std::memory_order_acquire) >= expected; },
-          [&] {
-            return "worker(s) " + ListWorkers(from) + " to push " + plan_.DescribePiece(s) + " (" +
-                   std::to_string(session_.arrived(k_, s).load()) + " of " +
-                   std::to_string(expected) + " arrived)";
-          });
+      err = WaitForPushes(k_, s);
     }
     if (err.failure()) return err;
     for (int32_t w : from) {
@@ -146,6 +140,58 @@ class PieceReducer {
         srcs[t] = session_.arena(j) + plan_.slot(j, s, 0) + lo;
       }
       err = dev_.SumInRingOrder(own + lo, srcs.data(), p_, hi - lo, MeanScale(plan_));
+      if (err.failure()) return err;
+    }
+    err = dev_.Publish();
+    if (err.failure() || !announce) return err;
+    const int32_t last = static_cast<int32_t>(p_ - 1);  // what the ring's last step leaves
+    for (int r = 0; r < 2; ++r)
+      session_.proxy_progress(k_, s, r).store(last, std::memory_order_release);
+    return ffi::Error::Success();
+  }
+
+  // PushesInPlace (phases.h): the reduce-scatter straight from the workers'
+  // gradient buffers. Once every worker has pushed piece s, this proxy sums
+  // the chunks it owns (a DENSE holder: the whole piece) from all of them:
+  // each proxy's clients in client order, the proxies in the ring's order,
+  // as OneShotReduceScatter sums the proxies' copies, so the bits are the
+  // ring's.
+  ffi::Error FusedReduceScatter(int64_t s, bool announce) {
+    const int64_t n = plan_.piece_nelems[s];
+    const bool dense = plan_.piece_holder[s] == k_;
+    ffi::Error err;
+    {
+      TraceScope wait(session_, p_ + k_, "wait for pushes", s);
+      // Its own clients' pushes first, and only those as a wait on a push:
+      // a missing push then times out on the proxy it was routed to, which
+      // names it, while the others wait a grace period longer (Waits).
+      err = WaitForPushes(k_, s);
+      for (int64_t j = 0; j < p_ && err.success() && !dense; ++j)
+        if (j != k_) err = WaitForPushes(j, s, Session::Waits::kPeer);
+    }
+    if (err.failure()) return err;
+    auto pushes_to = [&](int64_t j) {
+      std::vector<const PushedRuns*> runs;
+      for (int32_t w : plan_.contributors_of(j, s)) runs.push_back(&session_.pushed_runs(w, s));
+      return runs;
+    };
+    for (int64_t w = 0; w < p_; ++w) {
+      err = dev_.Acquire(w);
+      if (err.failure()) return err;
+    }
+    TraceScope span(session_, p_ + k_, "reduce-scatter", s, RingBytes(s));
+    float* own = Own(s);
+    if (dense) return dev_.SumPushesInRingOrder(own, 0, n, {pushes_to(k_)}, MeanScale(plan_));
+    std::vector<std::vector<const PushedRuns*>> groups(p_);
+    for (int r = 0; r < 2; ++r) {
+      int64_t lo, hi;
+      const int64_t c = OwnedChunk(r, k_, p_, n, &lo, &hi);
+      if (hi <= lo) continue;
+      for (int64_t t = 0; t < p_; ++t) {  // the ring's order, as in OneShotReduceScatter
+        const int64_t pos = (c + t) % p_, j = r == 0 ? pos : (p_ - pos) % p_;
+        groups[t] = pushes_to(j);
+      }
+      err = dev_.SumPushesInRingOrder(own + lo, lo, hi, groups, MeanScale(plan_));
       if (err.failure()) return err;
     }
     err = dev_.Publish();
@@ -244,6 +290,20 @@ class PieceReducer {
  private:
   float* Own(int64_t s) { return session_.arena(k_) + plan_.slot(k_, s, 0); }
 
+  // Until every client routed to proxy j has pushed piece s.
+  ffi::Error WaitForPushes(int64_t j, int64_t s, Session::Waits kind = Session::Waits::kPush) {
+    const auto& from = plan_.contributors_of(j, s);
+    const int32_t expected = static_cast<int32_t>(from.size());
+    return session_.Wait(
+        call_.who, kind,
+        [&] { return session_.arrived(j, s).load(std::memory_order_acquire) >= expected; },
+        [&] {
+          return "worker(s) " + ListWorkers(from) + " to push " + plan_.DescribePiece(s) + " (" +
+                 std::to_string(session_.arrived(j, s).load()) + " of " + std::to_string(expected) +
+                 " arrived)";
+        });
+  }
+
   // Bytes one member receives in one half of a ring all-reduce of piece s
   // (p - 1 chunks of n / p elements, on the wire in the leaves' dtypes).
   int64_t RingBytes(int64_t s) const { return p_ > 1 ? plan_.piece_nbytes[s] * (p_ - 1) / p_ : 0; }
@@ -283,13 +343,15 @@ class PieceReducer {
   const Plan& plan_;
   const int64_t p_, k_;
   const bool gather_pull_;  // no all-gather: the pulls read owned chunks (phases.h)
+  const bool fused_;        // the pushes are read in place (PushesInPlace, phases.h)
 };
 
 }  // namespace
 
-ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const HostsStage& hosts) {
+ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const HostsStage& hosts,
+                        bool in_place) {
   TraceScope all(*call.session, call.device(), "proxy ring");
-  PieceReducer r(call, dev, update);
+  PieceReducer r(call, dev, update, in_place);
   const Plan& plan = call.plan();
   const int64_t S = plan.num_pieces();
   if (update && hosts.kind != HostsStage::kFromHosts) {
