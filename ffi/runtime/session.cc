@@ -188,6 +188,7 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
   worker_progress_ = Counters<int32_t>(p * 2, -1);
   leading_ready_ = Counters<int32_t>(p, 0);
   pushed_runs_.reset(new PushedRuns[p * S]);
+  pushes_of_ = Counters<int32_t>(S, 0);
   mailboxes_.reset(new Mailbox[2 * p]);
   norm_parts_.reset(new double[p]());
   if (plan_->emulated) {

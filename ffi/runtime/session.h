@@ -90,6 +90,9 @@ class Session {
   PushedRuns& pushed_runs(int64_t worker, int64_t piece) {
     return pushed_runs_[worker * plan_->num_pieces() + piece];
   }
+  // How many workers have pushed `piece` (in-place pushes only): the push
+  // that completes it wakes the proxies, which all wait for every push.
+  std::atomic<int32_t>& pushes_of(int64_t piece) { return pushes_of_[piece]; }
   std::atomic<int32_t>& proxy_progress(int64_t proxy, int64_t piece, int ring) {
     return proxy_progress_[(proxy * plan_->num_pieces() + piece) * 2 + ring];
   }
@@ -208,7 +211,8 @@ class Session {
   std::unique_ptr<std::atomic<int32_t>[]> first_call_;
   std::unique_ptr<std::atomic<int32_t>[]> arrived_, proxy_progress_, worker_progress_,
       leading_ready_;
-  std::unique_ptr<PushedRuns[]> pushed_runs_;  // [worker * S + piece]
+  std::unique_ptr<PushedRuns[]> pushed_runs_;          // [worker * S + piece]
+  std::unique_ptr<std::atomic<int32_t>[]> pushes_of_;  // [piece]
   std::unique_ptr<Mailbox[]> mailboxes_;
   std::unique_ptr<Emulator> emulator_;  // null without a topology
   // Emulated sessions only; Clock::duration counts (see the accessors above).

@@ -49,13 +49,16 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
                              seg.piece_off});
     }
     if (fused) {
-      // The proxies read these runs in place (PushesInPlace, phases.h); every
-      // proxy may own a chunk of the piece, so all are woken.
+      // The proxies read these runs in place (PushesInPlace, phases.h). Each
+      // waits for every worker's push of the piece (it owns a chunk of all
+      // of them), so only the last push wakes them, all at once: a wake-up
+      // per push would switch 8 threads on a few cores for nothing.
       std::sort(runs.begin(), runs.end(),
                 [](const LeafRun& a, const LeafRun& b) { return a.buf_off < b.buf_off; });
       session.pushed_runs(i, s) = runs;
       session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
-      for (int64_t q = 0; q < plan.workers; ++q) session.Notify(plan.workers + q);
+      if (session.pushes_of(s).fetch_add(1, std::memory_order_acq_rel) + 1 == plan.workers)
+        for (int64_t q = 0; q < plan.workers; ++q) session.Notify(plan.workers + q);
       continue;
     }
     ffi::Error e =
