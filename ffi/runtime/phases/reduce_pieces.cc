@@ -18,6 +18,7 @@
 // all-gathers. Nothing is announced to the ring until the global values are
 // in place.
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -109,7 +110,6 @@ class PieceReducer {
   // would add them, so the bits equal the ring's (GPU, emulated links). It
   // writes only its own chunks, which no peer reads.
   ffi::Error OneShotReduceScatter(int64_t s, bool announce) {
-    const int64_t n = plan_.piece_nelems[s];
     float* own = Own(s);
     ffi::Error err = dev_.Publish();
     if (err.failure()) return err;
@@ -130,24 +130,11 @@ class PieceReducer {
       if (err.failure()) return err;
     }
     std::vector<const float*> srcs(p_);
-    for (int r = 0; r < 2; ++r) {
-      int64_t lo, hi;
-      const int64_t c = OwnedChunk(r, k_, p_, n, &lo, &hi);
-      if (hi <= lo) continue;
-      // The ring adds chunk c from position c onwards: c, c + 1, ..., c - 1 (this proxy).
-      for (int64_t t = 0; t < p_; ++t) {
-        const int64_t pos = (c + t) % p_, j = r == 0 ? pos : (p_ - pos) % p_;
-        srcs[t] = session_.arena(j) + plan_.slot(j, s, 0) + lo;
-      }
-      err = dev_.SumInRingOrder(own + lo, srcs.data(), p_, hi - lo, MeanScale(plan_));
-      if (err.failure()) return err;
-    }
-    err = dev_.Publish();
-    if (err.failure() || !announce) return err;
-    const int32_t last = static_cast<int32_t>(p_ - 1);  // what the ring's last step leaves
-    for (int r = 0; r < 2; ++r)
-      session_.proxy_progress(k_, s, r).store(last, std::memory_order_release);
-    return ffi::Error::Success();
+    return SumOwnedChunks(s, announce, [&](int64_t lo, int64_t hi, const int64_t* order) {
+      for (int64_t t = 0; t < p_; ++t)
+        srcs[t] = session_.arena(order[t]) + plan_.slot(order[t], s, 0) + lo;
+      return dev_.SumInRingOrder(own + lo, srcs.data(), p_, hi - lo, MeanScale(plan_));
+    });
   }
 
   // PushesInPlace (phases.h): the reduce-scatter straight from the workers'
@@ -183,18 +170,34 @@ class PieceReducer {
     float* own = Own(s);
     if (dense) return dev_.SumPushesInRingOrder(own, 0, n, {pushes_to(k_)}, MeanScale(plan_));
     std::vector<std::vector<const PushedRuns*>> groups(p_);
+    return SumOwnedChunks(s, announce, [&](int64_t lo, int64_t hi, const int64_t* order) {
+      for (int64_t t = 0; t < p_; ++t) groups[t] = pushes_to(order[t]);
+      return dev_.SumPushesInRingOrder(own + lo, lo, hi, groups, MeanScale(plan_));
+    });
+  }
+
+  // The one-pass reduce-scatters' common part: `sum(lo, hi, order)` for each
+  // chunk [lo, hi) of piece s this proxy owns (the ring's: chunk (position +
+  // 1) % p of each half), `order` the proxies in the order the ring adds the
+  // chunk (from position c onwards: c, c + 1, ..., c - 1, this proxy). Then
+  // publishes, and with `announce` tells every device the chunks are final.
+  ffi::Error SumOwnedChunks(
+      int64_t s, bool announce,
+      const std::function<ffi::Error(int64_t, int64_t, const int64_t*)>& sum) {
+    const int64_t n = plan_.piece_nelems[s];
+    std::vector<int64_t> order(p_);
     for (int r = 0; r < 2; ++r) {
       int64_t lo, hi;
       const int64_t c = OwnedChunk(r, k_, p_, n, &lo, &hi);
       if (hi <= lo) continue;
-      for (int64_t t = 0; t < p_; ++t) {  // the ring's order, as in OneShotReduceScatter
-        const int64_t pos = (c + t) % p_, j = r == 0 ? pos : (p_ - pos) % p_;
-        groups[t] = pushes_to(j);
+      for (int64_t t = 0; t < p_; ++t) {
+        const int64_t pos = (c + t) % p_;
+        order[t] = r == 0 ? pos : (p_ - pos) % p_;
       }
-      err = dev_.SumPushesInRingOrder(own + lo, lo, hi, groups, MeanScale(plan_));
+      ffi::Error err = sum(lo, hi, order.data());
       if (err.failure()) return err;
     }
-    err = dev_.Publish();
+    ffi::Error err = dev_.Publish();
     if (err.failure() || !announce) return err;
     const int32_t last = static_cast<int32_t>(p_ - 1);  // what the ring's last step leaves
     for (int r = 0; r < 2; ++r)
