@@ -43,8 +43,14 @@ def _live_sessions(device):
     return gpu_or_skip()[1].live_sessions()
 
 
-def _step(plan, device):
-    """One p = 1 step as one program: worker 0 and proxy 0 on `device`, through the wrappers."""
+def _step(plan, device, in_place=False, moved=False):
+    """One p = 1 step as one program: worker 0 and proxy 0 on `device`, through the wrappers.
+
+    ``in_place``: the sync's push_in_place attribute (the proxies read the
+    pushes in place where the platform allows). ``moved``: the program takes
+    the leaves twice and hands the pull the second copy, as if XLA had moved
+    the pushed buffers between push and pull.
+    """
     site = next(_SITES)
     ordinal = device.local_hardware_id if device.local_hardware_id is not None else device.id
     # Per tier: the (tier, data) operand and the call site (its ordinals
@@ -52,16 +58,31 @@ def _step(plan, device):
     tiers = {
         "worker": (
             np.array([0, 0], np.int32),
-            _ffi.CallSite(plan.ffi_attrs(), site, np.array([ordinal, ordinal]), axes=()),
+            _ffi.CallSite(
+                plan.ffi_attrs(),
+                site,
+                np.array([ordinal, ordinal]),
+                axes=(),
+                push_in_place=in_place,
+            ),
         ),
         "proxy": (
             np.array([1, 0], np.int32),
-            _ffi.CallSite(plan.ffi_attrs(), site, np.array([_ELSEWHERE, ordinal]), axes=()),
+            _ffi.CallSite(
+                plan.ffi_attrs(),
+                site,
+                np.array([_ELSEWHERE, ordinal]),
+                axes=(),
+                push_in_place=in_place,
+            ),
         ),
     }
 
     def step(*leaves):
+        if moved:
+            leaves, copies = leaves[: len(leaves) // 2], leaves[len(leaves) // 2 :]
         proxy_leaves = [leaves[i] for i in plan.proxy_leaves]
+        pulled_leaves = [copies[i] for i in plan.proxy_leaves] if moved else proxy_leaves
         lead = [leaves[i] for i in plan.leading_leaves]
         me, call = tiers["worker"]
         tok = jnp.zeros((), jnp.float32)
@@ -83,7 +104,7 @@ def _step(plan, device):
         after = ring
         for tier in ("worker", "proxy"):
             me, call = tiers[tier]
-            pulled = _ffi.pull(call, me, after, proxy_leaves, alias=False)
+            pulled = _ffi.pull(call, me, after, pulled_leaves, alias=False)
             outs[tier].update(zip(plan.proxy_leaves, pulled, strict=True))
             after = pulled[0] if pulled else after  # the proxy's pull after the worker's
         return [[outs[t][i] for i in range(len(leaves))] for t in ("worker", "proxy")]
@@ -91,8 +112,9 @@ def _step(plan, device):
     return step
 
 
+@pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("leading_bytes", [0, 1000, 1 << 30])
-def test_one_device_runs_a_whole_step_through_xla(device, leading_bytes):
+def test_one_device_runs_a_whole_step_through_xla(device, leading_bytes, in_place):
     rng = np.random.default_rng()
     leaves = [
         rng.standard_normal((33, 7)).astype(np.float32),
@@ -102,8 +124,23 @@ def test_one_device_runs_a_whole_step_through_xla(device, leading_bytes):
     ]
     plan = coarse.plan(leaves, 1, coarse.Config(leading_bytes=leading_bytes, shard_bytes=4096))
     with jax.default_device(device):
-        out = jax.device_get(jax.jit(_step(plan, device))(*jax.device_put(leaves, device)))
+        step = jax.jit(_step(plan, device, in_place))
+        out = jax.device_get(step(*jax.device_put(leaves, device)))
     for tier_out in out:  # the worker's results, then the proxy's
         for got, want in zip(tier_out, leaves, strict=True):
             np.testing.assert_array_equal(np.asarray(got), want)
     assert _live_sessions(device) == 0
+
+
+def test_a_pull_refuses_pushed_leaves_that_moved():
+    """With the proxies reading the pushes in place (CPU), a worker's pull checks that it
+    holds the very buffers it pushed: if XLA had moved them, the proxies may have read
+    stale values, so the step fails, naming the leaf, instead of pulling them."""
+    device = jax.devices("cpu")[0]
+    leaves = [np.arange(5000, dtype=np.float32), np.ones((3, 4), np.float32)]
+    plan = coarse.plan(leaves, 1, coarse.Config(shard_bytes=4096))
+    step = jax.jit(_step(plan, device, in_place=True, moved=True))
+    with jax.default_device(device):
+        args = jax.device_put(leaves + [x.copy() for x in leaves], device)
+        with pytest.raises(Exception, match=r"is not in the buffer it was pushed from"):
+            jax.block_until_ready(step(*args))

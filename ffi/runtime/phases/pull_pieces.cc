@@ -93,9 +93,12 @@ ffi::Error CheckPushedInPlace(Call& call, const LeafResolver& pushed) {
       const Segment& seg = plan.segments[g];
       const LeafRef leaf = pushed(seg.leaf);
       const void* at = ElementPtr(leaf.data, leaf.dtype, seg.leaf_off);
-      const bool found = std::any_of(runs.begin(), runs.end(), [&](const LeafRun& r) {
-        return r.buf_off == seg.piece_off && r.leaf == at;
-      });
+      // The runs are sorted by buf_off (PushPieces).
+      auto it = std::lower_bound(runs.begin(), runs.end(), seg.piece_off,
+                                 [](const LeafRun& r, int64_t off) { return r.buf_off < off; });
+      bool found = false;
+      for (; it != runs.end() && it->buf_off == seg.piece_off && !found; ++it)
+        found = it->leaf == at;
       if (found) continue;
       const std::string msg =
           "coarse_jax: " + call.who.Describe() + ": leaf " + std::to_string(seg.leaf) + " of " +
