@@ -53,29 +53,17 @@ def _step(plan, device, in_place=False, moved=False):
     """
     site = next(_SITES)
     ordinal = device.local_hardware_id if device.local_hardware_id is not None else device.id
+
     # Per tier: the (tier, data) operand and the call site (its ordinals
     # attribute); axes=(): the program runs outside shard_map.
+    def site_of(ordinals):
+        return _ffi.CallSite(
+            plan.ffi_attrs(), site, np.array(ordinals), axes=(), push_in_place=in_place
+        )
+
     tiers = {
-        "worker": (
-            np.array([0, 0], np.int32),
-            _ffi.CallSite(
-                plan.ffi_attrs(),
-                site,
-                np.array([ordinal, ordinal]),
-                axes=(),
-                push_in_place=in_place,
-            ),
-        ),
-        "proxy": (
-            np.array([1, 0], np.int32),
-            _ffi.CallSite(
-                plan.ffi_attrs(),
-                site,
-                np.array([_ELSEWHERE, ordinal]),
-                axes=(),
-                push_in_place=in_place,
-            ),
-        ),
+        "worker": (np.array([0, 0], np.int32), site_of([ordinal, ordinal])),
+        "proxy": (np.array([1, 0], np.int32), site_of([_ELSEWHERE, ordinal])),
     }
 
     def step(*leaves):
