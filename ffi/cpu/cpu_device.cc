@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "cpu/cpu_backend.h"
-#include "runtime/dtype.h"
+#include "runtime/leaf_runs.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -66,13 +66,13 @@ namespace {
 void WidenRuns(const PushedRuns& runs, int64_t a, int64_t b, float* target, bool first) {
   auto it = std::upper_bound(runs.begin(), runs.end(), a,
                              [](int64_t x, const LeafRun& r) { return x < r.buf_off + r.len; });
+  LeafRun part;  // buf_off from a: the offset in `target`
   for (; it != runs.end() && it->buf_off < b; ++it) {
-    const int64_t x = std::max(a, it->buf_off), y = std::min(b, it->buf_off + it->len);
-    const void* src = ElementPtr(it->leaf, it->dtype, x - it->buf_off);
+    if (!ClipRun(*it, a, b, a, &part)) continue;
     if (first)
-      cpu::WidenToF32(it->dtype, src, target + (x - a), y - x);
+      cpu::WidenToF32(part.dtype, part.leaf, target + part.buf_off, part.len);
     else
-      cpu::AddWidenedF32(it->dtype, src, target + (x - a), y - x);
+      cpu::AddWidenedF32(part.dtype, part.leaf, target + part.buf_off, part.len);
   }
 }
 

@@ -12,17 +12,24 @@
 
 namespace coarse {
 
-// The parts of `runs` (each at its buf_off in the buffer) inside elements
-// [lo, hi) of the buffer, their buf_off counted from `base` (lo: offsets
-// into a chunk that starts at lo; 0: offsets into the whole buffer).
+// The part of run `r` (at its buf_off in the buffer) inside elements
+// [lo, hi) of the buffer, its buf_off counted from `base` (lo: offsets into
+// a chunk that starts at lo; 0: offsets into the whole buffer). False if
+// they do not meet.
+inline bool ClipRun(const LeafRun& r, int64_t lo, int64_t hi, int64_t base, LeafRun* out) {
+  const int64_t a = std::max(lo, r.buf_off), b = std::min(hi, r.buf_off + r.len);
+  if (a >= b) return false;
+  *out = LeafRun{ElementPtr(r.leaf, r.dtype, a - r.buf_off), r.dtype, b - a, a - base};
+  return true;
+}
+
+// ClipRun over every run of `runs`, keeping the parts that meet [lo, hi).
 inline std::vector<LeafRun> ClipRuns(const std::vector<LeafRun>& runs, int64_t lo, int64_t hi,
                                      int64_t base) {
   std::vector<LeafRun> out;
-  for (const LeafRun& r : runs) {
-    const int64_t a = std::max(lo, r.buf_off), b = std::min(hi, r.buf_off + r.len);
-    if (a >= b) continue;
-    out.push_back(LeafRun{ElementPtr(r.leaf, r.dtype, a - r.buf_off), r.dtype, b - a, a - base});
-  }
+  LeafRun part;
+  for (const LeafRun& r : runs)
+    if (ClipRun(r, lo, hi, base, &part)) out.push_back(part);
   return out;
 }
 

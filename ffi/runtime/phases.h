@@ -12,6 +12,7 @@
 
 #include "runtime/call.h"
 #include "runtime/device.h"
+#include "runtime/dtype.h"
 #include "runtime/param_store.h"
 #include "runtime/session.h"
 #include "xla/ffi/api/ffi.h"
@@ -24,6 +25,20 @@ struct LeafRef {
   xla::ffi::DataType dtype;
 };
 using LeafResolver = std::function<LeafRef(int64_t leaf)>;
+
+// The runs of piece s's segments in the caller's leaves, each at its offset
+// in the piece (buf_off), in segment order: what a push reads and a pull
+// writes.
+inline void RunsOfPiece(const Plan& plan, int64_t s, const LeafResolver& leaf_of,
+                        std::vector<LeafRun>& runs) {
+  runs.clear();
+  for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
+    const Segment& seg = plan.segments[g];
+    const LeafRef leaf = leaf_of(seg.leaf);
+    runs.push_back(LeafRun{ElementPtr(leaf.data, leaf.dtype, seg.leaf_off), leaf.dtype, seg.len,
+                           seg.piece_off});
+  }
+}
 
 // coarse_push: a worker pushes pieces [first_piece, first_piece + num_pieces)
 // (phases/push_pieces.cc). `in_place`: the caller keeps the leaves alive

@@ -22,18 +22,6 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// The runs of piece s's segments (buf_off: their offset in the piece).
-void RunsOfPiece(const Plan& plan, int64_t s, const LeafResolver& leaf_of,
-                 std::vector<LeafRun>& runs) {
-  runs.clear();
-  for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
-    const Segment& seg = plan.segments[g];
-    const LeafRef out = leaf_of(seg.leaf);
-    runs.push_back(
-        LeafRun{ElementPtr(out.data, out.dtype, seg.leaf_off), out.dtype, seg.len, seg.piece_off});
-  }
-}
-
 // GatherPull (phases.h): piece s straight from the chunks each proxy owns
 // after its reduce-scatter (chunk (position + 1) % p of each half, ring.h).
 ffi::Error PullOwnedChunks(Call& call, Device& dev, int64_t s, const LeafResolver& leaf_of,

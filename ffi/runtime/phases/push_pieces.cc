@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "runtime/dtype.h"
 #include "runtime/phases.h"
 #include "runtime/trace.h"
 
@@ -41,13 +40,7 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
     const auto& from = plan.contributors_of(k, s);
     int64_t j = 0;
     while (from[j] != i) ++j;
-    runs.clear();
-    for (int64_t g = plan.piece_seg_begin[s]; g < plan.piece_seg_begin[s + 1]; ++g) {
-      const Segment& seg = plan.segments[g];
-      const LeafRef leaf = leaf_of(seg.leaf);
-      runs.push_back(LeafRun{ElementPtr(leaf.data, leaf.dtype, seg.leaf_off), leaf.dtype, seg.len,
-                             seg.piece_off});
-    }
+    RunsOfPiece(plan, s, leaf_of, runs);
     if (fused) {
       // The proxies read these runs in place (PushesInPlace, phases.h). Each
       // waits for every worker's push of the piece (it owns a chunk of all
