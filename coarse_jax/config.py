@@ -120,7 +120,14 @@ class Config:
         snapshot as an orbax-checkpoint checkpoint ``<dir>/<step>/``
         (atomically); None: in memory only. Across hosts process 0 writes it
         (every host's proxies hold the same state) and every process restores
-        from it: use a directory all hosts can read.
+        from it: use a directory all hosts can read. Guarantees (CheckFreq's
+        rule): a snapshot is complete on disk before the next one is taken
+        (a step that would take one while the writer is behind waits for it,
+        reported as ``step.stats()["snapshot_wait_s"]``), so after a crash
+        the newest complete checkpoint is at most ``2 * snapshot_every``
+        steps old; a clean interpreter exit (the script's end, ``sys.exit``,
+        an exception) writes every snapshot taken first, or exits with
+        status 1 saying which write failed.
       snapshot_keep: how many checkpoints ``snapshot_dir`` keeps (newest).
       trace: record a timeline of every synchronization: per device and
         phase (push, proxy ring steps, optimizer, pull, waits) and piece, start

@@ -127,6 +127,13 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       },
       nb::arg("store"), "How many snapshots completed (0: none valid now).");
   m.def(
+      "store_snapshot_due",
+      [](int64_t id) -> bool {
+        auto store = FindParamStore(id);
+        return store && store->snapshot_due();
+      },
+      nb::arg("store"), "Whether the store's next update takes a snapshot (between steps).");
+  m.def(
       "store_load",
       [](int64_t id, const std::string& name, int64_t count, std::vector<int64_t> leaves,
          std::vector<std::vector<nb::bytes>> values) {

@@ -277,7 +277,7 @@ def scenario_update(mesh):
 def scenario_snapshots(mesh):
     """Process 0 writes the proxies' snapshots across hosts; a fresh step on every
     process restores from the directory and ends bitwise where the first run ended."""
-    from jax._src import distributed
+    from coarse_jax import _jax_compat
 
     workers = P_LOCAL * jax.process_count()
     directory = sys.argv[2]
@@ -301,7 +301,7 @@ def scenario_snapshots(mesh):
     for b in batches:
         params, _ = first(params, b)
     first.wait_snapshots()
-    distributed.global_state.client.wait_at_barrier("snapshots written", 60_000)
+    _jax_compat.distributed_client().wait_at_barrier("snapshots written", 60_000)
     written = sorted(int(d) for d in os.listdir(directory) if d.isdigit())
     again = make_step()
     restored = again.restore(directory)

@@ -33,6 +33,8 @@ _TRAIN = textwrap.dedent(
 
     directory, total, kill_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     every_write = sys.argv[4] == "1"  # wait for each snapshot's write (deterministic tests)
+    every = int(sys.argv[5])  # Config.snapshot_every
+    kill_at_once = sys.argv[6] == "1"  # kill after step kill_after without waiting for the writer
 
     def loss_fn(params, batch):
         h = np.float32(1) * jax.numpy.tanh(batch["x"] @ params["w1"] + params["b1"])
@@ -44,7 +46,7 @@ _TRAIN = textwrap.dedent(
                 "y": rng.standard_normal((8, 4), np.float32)}
 
     mesh = coarse.make_mesh(workers=2)
-    cfg = coarse.Config(snapshot_every=3, snapshot_dir=directory, snapshot_keep=2)
+    cfg = coarse.Config(snapshot_every=every, snapshot_dir=directory, snapshot_keep=2)
     opt = coarse.optim.adamw(1e-2, weight_decay=0.01, clip_norm=1.0)
 
     @coarse.sync(mesh, config=cfg)
@@ -66,8 +68,11 @@ _TRAIN = textwrap.dedent(
         params, loss = step(params, batch(i))
         if every_write:
             step.wait_snapshots()
-        if i + 1 == kill_after:  # once the newest snapshot is on disk: kill -9
-            step.wait_snapshots()
+        if i + 1 == kill_after:  # kill -9, by default once the newest snapshot is on disk
+            jax.block_until_ready(params)
+            if not kill_at_once:
+                step.wait_snapshots()
+            print("STATS", step.stats(), flush=True)
             os.kill(os.getpid(), 9)
     step.wait_snapshots()
     np.save(os.path.join(directory, "final.npy"),
@@ -76,7 +81,7 @@ _TRAIN = textwrap.dedent(
 )
 
 
-def _run(directory, total, kill_after=0, env_extra=None, every_write=False):
+def _run(directory, total, kill_after=0, env_extra=None, every_write=False, every=3, at_once=False):
     env = dict(os.environ, JAX_PLATFORMS="cpu", **(env_extra or {}))
     return subprocess.run(
         [
@@ -87,6 +92,8 @@ def _run(directory, total, kill_after=0, env_extra=None, every_write=False):
             str(total),
             str(kill_after),
             str(int(every_write)),
+            str(every),
+            str(int(at_once)),
         ],
         capture_output=True,
         text=True,
@@ -135,6 +142,126 @@ def test_kill_during_a_write_restarts_from_the_previous_checkpoint(tmp_path):
     assert int(tree["step"]) == latest
     assert set(tree["opt_state"]) == {"mu", "nu"}
     assert tree["params"]["w1"].shape == (8, 16) and tree["params"]["w1"].dtype == np.float32
+
+
+@pytest.mark.timeout(600)
+def test_kill_9_with_steps_faster_than_writes_loses_at_most_two_intervals(tmp_path):
+    """CheckFreq's bound: snapshot_every=5, steps of a few ms against writes of a second or
+    so, kill -9 right after step 13 without waiting for the writer: a checkpoint at most
+    2 x 5 steps old is on disk (5 at least: snapshot 10 is taken only once 5 is complete),
+    and the restart ends bitwise where an uninterrupted run ends."""
+    whole = _run(tmp_path / "whole", 20, every=5)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    d = tmp_path / "killed"
+    killed = _run(d, 20, kill_after=13, every=5, at_once=True)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    steps = sorted(int(n) for n in os.listdir(d) if n.isdigit())
+    assert steps and steps[-1] >= 13 - 2 * 5, (steps, killed.stdout)
+    resumed = _run(d, 20, every=5)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"START {steps[-1]}" in resumed.stdout
+    np.testing.assert_array_equal(_final(d), _final(tmp_path / "whole"))
+
+
+_EXIT = textwrap.dedent(
+    """
+    import os, shutil, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import jax, numpy as np
+    import coarse_jax as coarse
+
+    directory, ending = sys.argv[1], sys.argv[2]
+
+    def loss_fn(params, batch):
+        return jax.numpy.mean((jax.numpy.tanh(batch["x"] @ params["w"]) - batch["y"]) ** 2)
+
+    mesh = coarse.make_mesh(workers=2)
+    cfg = coarse.Config(snapshot_every=5, snapshot_dir=directory, snapshot_keep=2)
+
+    @coarse.sync(mesh, config=cfg)
+    def step(params, batch):
+        loss, params = coarse.value_and_update(loss_fn, coarse.optim.adam(1e-2))(params, batch)
+        return params, loss
+
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((8, 4), np.float32)}
+    for i in range(10):
+        batch = {"x": rng.standard_normal((4, 8), np.float32),
+                 "y": rng.standard_normal((4, 4), np.float32)}
+        params, loss = step(params, batch)
+        if ending != "no-block":
+            jax.block_until_ready(loss)
+    print("TRAINED", flush=True)
+    if ending == "sys.exit":
+        sys.exit(0)
+    if ending == "raise":
+        raise RuntimeError("the user's own error after training")
+    if ending == "unwritable":  # every write from here on fails
+        shutil.rmtree(directory, ignore_errors=True)
+        open(directory, "w").close()
+    """
+)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("ending", ["end", "no-block", "sys.exit", "raise"])
+def test_a_clean_exit_leaves_every_snapshot_on_disk(tmp_path, ending):
+    """10 steps, snapshot_every=5, the script ends right after its last step (no
+    wait_snapshots): checkpoints 5 and 10 are complete and open with plain orbax."""
+    d = tmp_path / "ck"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    run = subprocess.run(
+        [sys.executable, "-c", _EXIT, str(d), ending],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert "TRAINED" in run.stdout, run.stderr[-3000:]
+    assert run.returncode == (1 if ending == "raise" else 0), run.stderr[-3000:]
+    assert "snapshot" not in run.stderr, run.stderr[-3000:]
+    assert sorted(n for n in os.listdir(d)) == ["10", "5"]
+    for step in (5, 10):
+        tree = ocp.StandardCheckpointer().restore(str(d / str(step)))
+        assert int(tree["step"]) == step
+        assert tree["params"]["w"].shape == (8, 4)
+
+
+@pytest.mark.timeout(600)
+def test_a_write_that_fails_at_exit_exits_non_zero_saying_so(tmp_path):
+    d = tmp_path / "ck"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    run = subprocess.run(
+        [sys.executable, "-c", _EXIT, str(d), "unwritable"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert "TRAINED" in run.stdout, run.stderr[-3000:]
+    assert run.returncode == 1, (run.returncode, run.stderr[-3000:])
+    assert "coarse_jax: a snapshot was not written before exit" in run.stderr, run.stderr[-3000:]
+
+
+def test_stats_report_the_writer(tmp_path):
+    mesh = coarse.make_mesh(workers=2)
+    params = mlp_init(jax.random.key(3), SIZES)
+    cfg = coarse.Config(snapshot_every=2, snapshot_dir=str(tmp_path / "ck"))
+    step = _step(mesh, coarse.optim.adam(1e-2), cfg)
+    before = step.stats()
+    assert before["snapshot_on_disk"] is None and before["snapshots_written"] == 0
+    p = params
+    for i in range(5):
+        p, _ = step(p, make_batch(jax.random.key(90 + i), 8, 8, 4))
+    step.wait_snapshots()  # 2 and 4 taken during steps 3 and 5 (the pacing keeps both)
+    stats = step.stats()
+    assert stats["snapshot_on_disk"] == 4, stats
+    assert stats["snapshots_written"] == 2 and stats["snapshots_in_flight"] == 0, stats
+    assert stats["snapshot_wait_s"] >= 0 and stats["snapshot_write_s"] > 0, stats
 
 
 _step = coarse_update_step

@@ -28,17 +28,16 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src import core as jax_core  # shaped_abstractify, the vma rule, the mesh sharding
-from jax._src import dispatch
-from jax._src.interpreters import partial_eval  # dce_rules: no public name in jax 0.10.2
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
+
+from coarse_jax import _jax_compat
 
 _CUSTOM_CALL_API_VERSION = 4  # typed FFI (what jax.ffi.ffi_call emits)
 
 custom_call_p = Primitive("coarse_custom_call")
 custom_call_p.multiple_results = True
-dispatch.simple_impl(custom_call_p)
+_jax_compat.simple_impl(custom_call_p)
 
 
 class _Attributes:
@@ -69,11 +68,13 @@ class _Attributes:
 
 
 def _abstract_eval(
-    *avals_in: jax_core.AbstractValue, result_avals: tuple[Any, ...], **_: Any
+    *avals_in: _jax_compat.AbstractValue, result_avals: tuple[Any, ...], **_: Any
 ) -> tuple[Any, ...]:
-    jax_core.standard_vma_rule("coarse_custom_call", *avals_in)
+    _jax_compat.standard_vma_rule("coarse_custom_call", *avals_in)
     return tuple(
-        r.update(sharding=jax_core.get_cur_mesh_sharding() if r.sharding.mesh.empty else r.sharding)
+        r.update(
+            sharding=_jax_compat.current_mesh_sharding() if r.sharding.mesh.empty else r.sharding
+        )
         for r in result_avals
     )
 
@@ -102,13 +103,9 @@ def _lowering(
 mlir.register_lowering(custom_call_p, _lowering)
 
 
-def _never_dead(used_outputs: list[bool], eqn: Any) -> tuple[list[bool], Any]:
-    # Every device must run every call of a session, used or not: a dropped
-    # last call would leave the session open on every device.
-    return [True] * len(eqn.invars), eqn
-
-
-partial_eval.dce_rules[custom_call_p] = _never_dead
+# Every device must run every call of a session, used or not: a dropped last
+# call would leave the session open on every device.
+_jax_compat.never_dead(custom_call_p)
 
 
 def _vmap_error(target: str) -> TypeError:
@@ -140,7 +137,7 @@ def custom_call(
     varying type); ``aliases``: operand index -> result index.
     """
     result_avals = tuple(
-        jax_core.shaped_abstractify(r).update(dtype=np.dtype(r.dtype)) for r in results
+        _jax_compat.shaped_abstractify(r).update(dtype=np.dtype(r.dtype)) for r in results
     )
     pairs = tuple(sorted((aliases or {}).items()))
     return functools.partial(_bind, target, result_avals, pairs)

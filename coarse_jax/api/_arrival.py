@@ -18,13 +18,13 @@ import re
 
 import jax
 
+from coarse_jax import _jax_compat
+
 _instances = itertools.count()  # steps are built in the same order on every process
 
 
 def _client() -> object:
-    from jax._src import distributed  # the coordination service's client, the only handle
-
-    return distributed.global_state.client
+    return _jax_compat.distributed_client()
 
 
 def _missing(message: str) -> list[int]:

@@ -60,7 +60,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src.lax.parallel import all_gather_invariant  # jax 0.10.2 exports no public name
 
 from coarse_jax import _ffi
 from coarse_jax.api import _context
@@ -91,7 +90,7 @@ def _sum_over_hosts(mine: jax.Array, hosts: int, mean: bool) -> jax.Array:
         # faster than gathering (ResNet-50 chunks: 167 vs 346 ms).
         total = lax.psum(mine, HOST)
     else:
-        gathered = all_gather_invariant(mine, HOST)  # (hosts, chunk)
+        gathered = lax.all_gather(mine, HOST, to="invarying")  # (hosts, chunk)
         total = gathered[0]
         for h in range(1, hosts):
             total = total + gathered[h]
@@ -169,7 +168,7 @@ def ring_across_hosts(
         return _vary(c, everywhere), _vary(jnp.zeros((hosts,), jnp.int32), everywhere)
 
     def on_proxy(c: jax.Array) -> tuple[jax.Array, jax.Array]:
-        keys = all_gather_invariant(_vary(key, everywhere), HOST)
+        keys = lax.all_gather(_vary(key, everywhere), HOST, to="invarying")
         return _vary(_sum_over_hosts(c, hosts, plan.mean), everywhere), _vary(keys, everywhere)
 
     summed, keys = lax.cond(lax.axis_index(TIER) == 0, on_worker, on_proxy, chunks)
@@ -224,7 +223,7 @@ def across_hosts(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> li
                 out[t] = v
         return out
     # (2p, width): rows 0..p-1 the workers' chunks (leading), p..2p-1 the proxies'.
-    every = all_gather_invariant(mine, (TIER, DATA))
+    every = lax.all_gather(mine, (TIER, DATA), to="invarying")
     q_all = every[p:, :q_chunk].reshape(-1)
     l_all = every[:p, :l_chunk].reshape(-1)
     for g, flat in ((groups[0], q_all), (groups[1], l_all)):

@@ -18,12 +18,14 @@ reads the newest ``<dir>/<step>/``. The newest ``Config.snapshot_keep`` are kept
 
 from __future__ import annotations
 
-import atexit
 import os
 import queue
 import shutil
+import sys
 import threading
+import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -84,7 +86,20 @@ def read_latest(directory: str) -> tuple[int, dict[str, Any]]:
 
 
 class SnapshotWriter:
-    """Writes snapshots of one store from a daemon thread; the training loop never waits."""
+    """Writes snapshots of a step's stores from a daemon thread, paced by CheckFreq's rule.
+
+    The rule (DESIGN.md section 8): a snapshot is complete on disk before the
+    one after it is taken. The proxies take a snapshot at the start of the
+    update after a commit whose count is a multiple of ``snapshot_every``;
+    `pace` runs before each call is dispatched and, while a write is in
+    flight and that call would take the next snapshot, waits for the write
+    (the wait is counted in ``waited_s``). So after a crash the newest
+    complete checkpoint is at most ``2 * snapshot_every`` steps old. While no
+    write is in flight `pace` costs one attribute read.
+
+    One orbax checkpointer serves every write (creating one per save cost
+    about as much as a small model's write itself).
+    """
 
     def __init__(self, directory: str, keep: int) -> None:
         self.directory = os.path.abspath(directory)
@@ -93,19 +108,65 @@ class SnapshotWriter:
         for name in os.listdir(self.directory):  # left by a process killed mid-write
             if _PARTIAL in name:
                 shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-        self._queue: queue.Queue[tuple[Store, int] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[Store, float] | None] = queue.Queue()
         self._offered: dict[int, int] = {}  # store id -> newest serial queued
         self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._pending = 0  # offered, not yet complete on disk (or skipped)
+        self.on_disk: int | None = None  # the newest complete checkpoint's step, this process
+        self.written = 0
+        self.waited_s = 0.0  # the loop's waits for the writer (pace, snapshot)
+        self.write_s: list[float] = []  # taken -> complete on disk, per checkpoint
+        self._checkpointer: Any = None
         self._thread = threading.Thread(target=self._run, name="coarse-snapshots", daemon=True)
         self._thread.start()
-        _WRITERS.add(self)
+        _register_exit_flush()
+
+    def busy(self) -> bool:
+        """Whether a snapshot offered is not yet complete on disk."""
+        return self._pending > 0
 
     def offer(self, store: Store) -> None:
         """Queues the store's newest snapshot if it is new (cheap: one counter read)."""
         serial = int(store.module().store_snapshot_serial(store.id))
         if serial > self._offered.get(store.id, 0):
             self._offered[store.id] = serial
-            self._queue.put((store, serial))
+            with self._lock:
+                self._pending += 1
+            self._queue.put((store, time.perf_counter()))
+
+    def pace(self, stores: list[Store], wait_steps: Callable[[], None]) -> None:
+        """Before a call: waits for the write in flight if that call would take a snapshot.
+
+        ``wait_steps`` waits for the calls dispatched so far; it runs only
+        while a write is in flight (then whether the next update takes a
+        snapshot is known exactly).
+        """
+        if not self.busy():
+            return
+        began = time.perf_counter()
+        wait_steps()
+        for store in stores:
+            self.offer(store)  # a snapshot the finished calls took
+        if any(store.module().store_snapshot_due(store.id) for store in stores):
+            self.flush()
+        self.waited_s += time.perf_counter() - began
+
+    def wait_before_taking(self) -> None:
+        """`SyncedStep.snapshot`: the previous snapshot on disk before another is taken."""
+        began = time.perf_counter()
+        self.flush()
+        self.waited_s += time.perf_counter() - began
+
+    def stats(self) -> dict[str, Any]:
+        """The figures `SyncedStep.stats` reports (see there)."""
+        return {
+            "snapshot_on_disk": self.on_disk,
+            "snapshots_in_flight": self._pending,
+            "snapshots_written": self.written,
+            "snapshot_wait_s": self.waited_s,
+            "snapshot_write_s": self.write_s[-1] if self.write_s else None,
+        }
 
     def flush(self) -> None:
         """Blocks until every queued snapshot is on disk; re-raises a write error."""
@@ -119,13 +180,15 @@ class SnapshotWriter:
             item = self._queue.get()
             try:
                 if item is not None:
-                    self._write(item[0])
+                    self._write(*item)
             except BaseException as e:  # reported by flush(); training goes on
                 self._error = e
             finally:
+                with self._lock:
+                    self._pending -= 1
                 self._queue.task_done()
 
-    def _write(self, store: Store) -> None:
+    def _write(self, store: Store, taken: float) -> None:
         got = store.module().store_export(store.id, snapshot=True)
         if got is None:
             return
@@ -136,11 +199,15 @@ class SnapshotWriter:
             return  # this step's snapshot is on disk already
         partial = f"{final}{_PARTIAL}{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
-        checkpointer = _checkpointer()
-        checkpointer.save(partial, to_trees(store, int(count), slots))
-        checkpointer.wait_until_finished()
+        if self._checkpointer is None:
+            self._checkpointer = _checkpointer()
+        self._checkpointer.save(partial, to_trees(store, int(count), slots))
+        self._checkpointer.wait_until_finished()
         _testing_crash_point(int(count))
         os.rename(partial, final)
+        self.on_disk = max(self.on_disk or 0, int(count))
+        self.written += 1
+        self.write_s.append(time.perf_counter() - taken)
         for old in complete_steps(self.directory)[: -self.keep]:
             shutil.rmtree(os.path.join(self.directory, str(old)), ignore_errors=True)
 
@@ -152,14 +219,58 @@ def _testing_crash_point(step: int) -> None:
         os.kill(os.getpid(), 9)
 
 
-_WRITERS: weakref.WeakSet[SnapshotWriter] = weakref.WeakSet()
+# -- a clean exit keeps every snapshot taken -----------------------------------
+#
+# At a normal end of the interpreter (the script's end, sys.exit, an exception
+# that propagates out) Python first runs threading's exit hooks, then joins
+# the non-daemon threads, and only then runs `atexit` callbacks. One of
+# threading's hooks is concurrent.futures' (registered when it is imported):
+# it forbids new futures, which orbax's save needs. An `atexit` flush came too
+# late ("cannot schedule new futures after interpreter shutdown") and lost
+# every snapshot not yet written. So the flush registers as a threading exit
+# hook of its own, after concurrent.futures and orbax are imported: those
+# hooks run in reverse order of registration, so it runs before the pools
+# close. `threading._register_atexit` is CPython's (3.9 and on; checked on
+# 3.11, 3.12 and 3.13), the same hook concurrent.futures uses.
+#
+# Each step that writes registers a flush that first waits for its calls in
+# flight (a snapshot is taken inside a step) and offers what they took. If a
+# write fails the process says so on stderr and exits with status 1: it never
+# exits 0 having lost a snapshot. A process killed (SIGKILL, os._exit) cannot
+# flush; the pacing above bounds what it loses.
+
+_EXIT_FLUSHES: weakref.WeakSet[Any] = weakref.WeakSet()
+_exit_hook_registered = False
 
 
-@atexit.register
+def flush_at_exit(step: Any) -> None:
+    """Calls ``step.wait_snapshots()`` at a clean interpreter exit while ``step`` lives."""
+    _EXIT_FLUSHES.add(step)
+    _register_exit_flush()
+
+
+def _register_exit_flush() -> None:
+    global _exit_hook_registered
+    if _exit_hook_registered:
+        return
+    import concurrent.futures.thread  # noqa: F401  its exit hook first, so ours runs before it
+
+    import orbax.checkpoint  # noqa: F401  (and whatever pools orbax registers at import)
+
+    threading._register_atexit(_flush_all)  # type: ignore[attr-defined]
+    _exit_hook_registered = True
+
+
 def _flush_all() -> None:
-    # A normal exit writes what was queued (a killed process cannot).
-    for writer in list(_WRITERS):
+    lost = []
+    for step in list(_EXIT_FLUSHES):
         try:
-            writer.flush()
+            step.wait_snapshots()
         except Exception as e:
-            print(f"coarse_jax: {e}")
+            lost.append(str(e))
+    if lost:
+        for message in lost:
+            print(f"coarse_jax: a snapshot was not written before exit: {message}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)

@@ -21,7 +21,7 @@ from coarse_jax.api import _arrival, _context, _nnx, _outputs
 from coarse_jax.api._update import Store
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.reprofile import reprofiled
-from coarse_jax.api.snapshots import SnapshotWriter, read_latest, slot_names
+from coarse_jax.api.snapshots import SnapshotWriter, flush_at_exit, read_latest, slot_names
 from coarse_jax.api.timeline import Timeline
 from coarse_jax.api.update import StoreAccess, to_jax
 from coarse_jax.config import Config
@@ -144,18 +144,39 @@ class SyncedStep:
         """The `Config` in use (re-profiling may have replaced the one given)."""
         return self._config
 
-    def stats(self) -> dict[str, int]:
-        """``calls`` made, ``reprofiles`` done, programs ``compiled``, calls ``in_flight``.
+    def stats(self) -> dict[str, Any]:
+        """The step's counters, and its snapshot writer's.
 
-        ``calls`` counts executions, also when an outer ``jax.jit`` traced the
-        step once and runs it many times. ``in_flight``: calls dispatched that
-        the step has not seen finish (at most `Config.max_steps_in_flight`).
+        ``calls`` made (executions, also when an outer ``jax.jit`` traced the
+        step once and runs it many times), ``reprofiles`` done, programs
+        ``compiled``, calls ``in_flight`` (dispatched, not seen finished; at
+        most `Config.max_steps_in_flight`). With ``Config.snapshot_dir`` (on
+        the process that writes, process 0): ``snapshot_on_disk``, the
+        optimizer step of the newest checkpoint this process completed (None
+        before the first); ``snapshots_in_flight``, taken and not yet
+        complete on disk; ``snapshots_written``; ``snapshot_wait_s``, the
+        seconds the loop waited for the writer in all (a snapshot is on disk
+        before the next is taken: see `Config.snapshot_every`); and
+        ``snapshot_write_s``, the last checkpoint's time from taken to
+        complete on disk. Without a writer these are None / 0.
         """
+        writer = (
+            self._writer.stats()
+            if self._writer is not None
+            else {
+                "snapshot_on_disk": None,
+                "snapshots_in_flight": 0,
+                "snapshots_written": 0,
+                "snapshot_wait_s": 0.0,
+                "snapshot_write_s": None,
+            }
+        )
         return {
             "calls": self._calls,
             "reprofiles": self._reprofiles,
             "compiled": len(self._compiled),
             "in_flight": len(self._in_flight),
+            **writer,
         }
 
     # -- the proxies as parameter storage (coarse.value_and_update) ---------
@@ -218,6 +239,9 @@ class SyncedStep:
         self._refuse_reference("snapshot")
         store = self._access.store(index, "snapshot")
         self._wait_all()
+        if self._writer is not None:  # the previous one on disk first (CheckFreq's rule)
+            self._writer.offer(store)
+            self._writer.wait_before_taking()
         count = int(store.module().store_snapshot_now(store.id))
         if self._writer is not None:
             self._writer.offer(store)
@@ -237,13 +261,20 @@ class SyncedStep:
         """Blocks until the proxies' newest snapshot is written to ``Config.snapshot_dir``.
 
         Waits for the calls in flight first (a snapshot is taken when a step
-        starts), then for the writer thread. Across processes only process 0
-        writes (every host holds the same state): elsewhere this returns at once.
+        starts), takes a snapshot that is due and not yet taken (after the
+        step whose count is a multiple of ``snapshot_every``: the next step
+        would take it), then waits for the writer thread. A clean interpreter
+        exit does the same by itself. Across processes only process 0 writes
+        (every host holds the same state): elsewhere this returns at once.
         """
         if self._writer is not None:
             self._wait_all()
             for store in self._stores.values():
                 self._writer.offer(store)
+                if store.module().store_snapshot_due(store.id):
+                    self._writer.wait_before_taking()
+                    store.module().store_snapshot_now(store.id)
+                    self._writer.offer(store)
             self._writer.flush()
 
     def restore(self, directory: str | None = None, index: int | None = None) -> Any:
@@ -382,6 +413,8 @@ class SyncedStep:
                 jitted.trace(*dyn, self._ref_state)
             load, self._pending_load = self._pending_load, None
             load()
+        if self._writer is not None:  # a snapshot on disk before the next is taken
+            self._writer.pace(list(self._stores.values()), self._wait_all)
         *results, self._ref_state = self._compiled[key](*dyn, self._ref_state)
         # Across processes every host's proxies hold the same master and state
         # (they apply the same update), so one process writes the directory;
@@ -389,6 +422,7 @@ class SyncedStep:
         if cfg.snapshot_dir is not None and self._stores and jax.process_index() == 0:
             if self._writer is None:
                 self._writer = SnapshotWriter(cfg.snapshot_dir, cfg.snapshot_keep)
+                flush_at_exit(self)
             for store in self._stores.values():
                 self._writer.offer(store)
         replicated, per_example, new_state = results

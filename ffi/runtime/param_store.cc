@@ -347,6 +347,11 @@ int64_t ParamStore::snapshot_serial() {
   return snap_valid_ ? snap_serial_ : 0;
 }
 
+bool ParamStore::snapshot_due() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_due_ && seeded_ && !host_seed_;
+}
+
 int64_t ParamStore::snapshot_count() {
   std::lock_guard<std::mutex> lock(mu_);
   return snap_count_;

@@ -130,6 +130,10 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
   // valid) and the newest's optimizer step count.
   int64_t snapshot_serial();
   int64_t snapshot_count();
+  // Between steps: whether the next update copies a snapshot (a commit made
+  // one due and it has not been taken). The writer's pacing reads it
+  // (coarse_jax/api/snapshots.py: a snapshot is on disk before the next is taken).
+  bool snapshot_due();
   // The newest snapshot, to the host (as Export), or nothing.
   xla::ffi::ErrorOr<std::optional<HostState>> ExportSnapshot();
 

@@ -1,0 +1,156 @@
+"""Every use of a jax internal (``jax._src``, a private rule table), in one place.
+
+coarse_jax supports jax ``SUPPORTED_JAX`` (pyproject.toml says the same). CI
+runs the suite on the oldest (0.10.2, Python 3.11) and the newest (Python
+3.12) of that range. Each name below says what it does, why no public API
+serves, and the versions it was checked on. Where a public API exists it is
+used instead (the gather over hosts is ``lax.all_gather(..., to="invarying")``
+since 0.10.2: jax 0.12 removed the private ``all_gather_invariant`` it used).
+
+If a future jax removes or reshapes one of these, importing coarse_jax fails
+here with a message naming the supported range, never with a bare
+ImportError from deep inside the package.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+# Keep in step with pyproject.toml's dependency on jax and jaxlib.
+SUPPORTED_JAX = ">=0.10.2,<0.13"
+TESTED_JAX = ("0.10.2", "0.12.0.1")
+
+
+def _unsupported(what: str, err: BaseException | None = None) -> ImportError:
+    found = f" ({type(err).__name__}: {err})" if err is not None else ""
+    return ImportError(
+        f"coarse_jax supports jax {SUPPORTED_JAX} (tested on {', '.join(TESTED_JAX)}); the "
+        f"installed jax {jax.__version__} lacks {what}{found}. Fix: install a jax in that range, "
+        f'e.g. pip install "jax{SUPPORTED_JAX}" "jaxlib{SUPPORTED_JAX}".'
+    )
+
+
+try:
+    # core: checked on 0.10.2, 0.11.2, 0.12.0.1.
+    from jax._src import core as _core
+
+    # dispatch.simple_impl: checked on 0.10.2, 0.11.2, 0.12.0.1.
+    from jax._src import dispatch as _dispatch
+
+    # distributed.global_state: checked on 0.10.2, 0.12.0.1.
+    from jax._src import distributed as _distributed
+
+    # partial_eval.dce_rules: checked on 0.10.2, 0.11.2, 0.12.0.1.
+    from jax._src.interpreters import partial_eval as _pe
+except ImportError as _err:  # pragma: no cover - only on an unsupported jax
+    raise _unsupported("a module coarse_jax needs", _err) from _err
+
+for _module, _name in (
+    (_core, "shaped_abstractify"),
+    (_core, "standard_vma_rule"),
+    (_core, "get_cur_mesh_sharding"),
+    (_dispatch, "simple_impl"),
+    (_pe, "dce_rules"),
+    (_pe, "_default_dce_rule"),
+    (_distributed, "global_state"),
+):
+    if not hasattr(_module, _name):  # pragma: no cover - only on an unsupported jax
+        raise _unsupported(f"{_module.__name__}.{_name}")
+
+AbstractValue = _core.AbstractValue
+
+
+def shaped_abstractify(x: Any) -> Any:
+    """The aval of ``x`` (a ShapeDtypeStruct, an array or an aval), varying axes kept.
+
+    Why internal: ``jax.typeof`` takes arrays and tracers only, not a
+    ShapeDtypeStruct, which is how a custom call's results are declared
+    (``jax.ffi.ffi_call`` itself calls this).
+    """
+    return _core.shaped_abstractify(x)
+
+
+def standard_vma_rule(name: str, *avals: Any) -> Any:
+    """Checks that ``avals`` vary over the same mesh axes, as a primitive's abstract eval must.
+
+    Why internal: a primitive defined outside jax (``jax.extend.core.Primitive``)
+    has no public hook for the varying-axes typing that ``shard_map`` checks.
+    """
+    return _core.standard_vma_rule(name, *avals)
+
+
+def current_mesh_sharding() -> Any:
+    """The abstract mesh's sharding for an aval that has none (inside ``shard_map``).
+
+    Why internal: a custom primitive's results must carry the sharding of the
+    ``shard_map`` being traced; ``jax.sharding.get_abstract_mesh()`` gives the
+    mesh, not the sharding object an aval holds.
+    """
+    return _core.get_cur_mesh_sharding()
+
+
+def simple_impl(primitive: Any) -> None:
+    """Gives ``primitive`` eager evaluation by compiling it alone, like jax's own primitives.
+
+    Why internal: ``jax.extend`` exposes ``Primitive`` but not the eager rule.
+    """
+    _dispatch.simple_impl(primitive)
+
+
+def _positional_arity(rule: Callable[..., Any]) -> int:
+    return len(
+        [
+            p
+            for p in inspect.signature(rule).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    )
+
+
+# jax 0.10.2 calls a DCE rule as rule(used_outputs, eqn); jax 0.12 as
+# rule(used_outputs, live_ins, eqn). The default rule says which. (Typed Any:
+# each jax's stubs know only their own signature.)
+_DCE_TAKES_LIVE_INS = _positional_arity(_pe._default_dce_rule) == 3
+_dce_rules: dict[Any, Any] = _pe.dce_rules
+
+
+def never_dead(primitive: Any) -> None:
+    """Registers a DCE rule that keeps every equation of ``primitive``, used or not.
+
+    Why internal: the public way to keep an equation is a JAX effect, and a
+    jitted program with an effect loses jit's C++ dispatch path (see
+    coarse_jax/_ffi/primitive.py). ``partial_eval.dce_rules`` is the table jax's
+    own primitives use. Its rules' signature changed between 0.10.2
+    ``(used_outputs, eqn)`` and 0.12 ``(used_outputs, live_ins, eqn)``: both
+    are served.
+    """
+    if _DCE_TAKES_LIVE_INS:
+
+        def rule(
+            used_outputs: list[bool], live_ins: list[bool], eqn: Any
+        ) -> tuple[list[bool], Any]:
+            del used_outputs, live_ins
+            return [True] * len(eqn.invars), eqn
+
+        _dce_rules[primitive] = rule
+    else:
+
+        def rule_old(used_outputs: list[bool], eqn: Any) -> tuple[list[bool], Any]:
+            del used_outputs
+            return [True] * len(eqn.invars), eqn
+
+        _dce_rules[primitive] = rule_old
+
+
+def distributed_client() -> Any:
+    """The ``jax.distributed`` coordination service's client, or None before ``initialize``.
+
+    Why internal: its barrier (``wait_at_barrier``) is the only way to meet
+    every process with a timeout before an XLA collective; ``jax.distributed``
+    exposes ``initialize`` and ``shutdown`` only. Checked on 0.10.2, 0.12.0.1.
+    """
+    return _distributed.global_state.client
