@@ -171,3 +171,86 @@ def test_snapshot_overhead(case, benchmark):
         parts.append(f"every 100 (derived): {derived / base:+.2%}")
         _LINES.append(f"  {scheme:<17} " + ", ".join(parts))
     print("\n" + "\n".join(_LINES))
+
+
+def _mlp_case():
+    rng = np.random.default_rng(1)
+    params = {
+        "w1": jnp.asarray(rng.standard_normal((8, 16)) * 0.3, jnp.float32),
+        "b1": jnp.zeros((16,), jnp.float32),
+        "w2": jnp.asarray(rng.standard_normal((16, 4)) * 0.3, jnp.float32),
+    }
+
+    def loss(params, batch):
+        h = jnp.tanh(batch["x"] @ params["w1"] + params["b1"])
+        return jnp.mean((h @ params["w2"] - batch["y"]) ** 2)
+
+    batches = [
+        {
+            "x": rng.standard_normal((WORKERS * 2, 8)).astype(np.float32),
+            "y": rng.standard_normal((WORKERS * 2, 4)).astype(np.float32),
+        }
+        for _ in range(4)
+    ]
+    return "test MLP", params, loss, batches
+
+
+WRITES = 5
+
+
+@pytest.mark.parametrize(
+    "case", [_mlp_case, _bert_case, _resnet_case], ids=["mlp", "bert", "resnet50"]
+)
+def test_snapshot_write_time(case, benchmark):
+    """Time from a snapshot being taken to it being complete on disk (issue 24), median of
+    WRITES: coarse_jax's writer (one orbax checkpointer for all writes) against the same
+    checkpoint written with a new ``StandardCheckpointer`` per save (the writer before),
+    same run."""
+    from coarse_jax.api import snapshots
+
+    name, params, loss, batches = case()
+    mesh = coarse.make_mesh(workers=WORKERS)
+    opt = coarse.optim.adamw(1e-4, weight_decay=0.01)
+    rows: dict[str, float] = {}
+
+    def measure():
+        with tempfile.TemporaryDirectory() as d:
+            cfg = coarse.Config(snapshot_every=10_000, snapshot_dir=os.path.join(d, "ck"))
+
+            @coarse.sync(mesh, config=cfg)
+            def step(params, batch):
+                value, params = coarse.value_and_update(loss, opt)(params, batch)
+                return params, value
+
+            p = params
+            times = []
+            for i in range(WRITES + 1):
+                p, _ = step(p, batches[i % len(batches)])
+                step.snapshot()
+                step.wait_snapshots()
+                if i:  # the first write pays the checkpointer's creation
+                    times.append(step.stats()["snapshot_write_s"])
+            rows["coarse_jax writer"] = float(np.median(times))
+            (store,) = step._stores.values()
+            count, leaves, values = store.module().store_export(store.id, snapshot=True)
+            tree = snapshots.to_trees(store, int(count), store.slot_leaves(leaves, values))
+            fresh = []
+            for i in range(WRITES):
+                t0 = time.perf_counter()
+                checkpointer = ocp.StandardCheckpointer()
+                checkpointer.save(os.path.join(d, f"fresh{i}"), tree)
+                checkpointer.wait_until_finished()
+                fresh.append(time.perf_counter() - t0)
+            rows["new checkpointer per save"] = float(np.median(fresh))
+            del step
+            gc.collect()
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    n = sum(x.size for x in jax.tree.leaves(params))
+    base = rows["new checkpointer per save"]
+    _LINES.append(
+        f"{name} ({n / 1e6:.2f} M params): taken -> on disk, median of {WRITES}: "
+        + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in rows.items())
+        + f" (ratio {rows['coarse_jax writer'] / base:.2f})"
+    )
+    print("\n" + "\n".join(_LINES))

@@ -120,6 +120,53 @@ def pmean_optax_step(workers: int, tx, loss_fn=None):
     return step
 
 
+def reordered_mean_optax_step(workers: int, tx, loss_fn=None):
+    """The noise-floor oracle: `pmean_optax_step` with the mean over workers summed in
+    reverse worker order (gathered, then added last to first) instead of XLA's psum.
+
+    Another reduction order rounds differently, as another CPU's codegen or
+    coarse_jax's ring does: how far this run drifts from `pmean_optax_step` over
+    a long trajectory is the noise floor a tolerance is derived from.
+    """
+    import optax
+    from jax.sharding import PartitionSpec as P
+
+    loss_fn = loss_fn or mlp_loss
+    flat = jax.sharding.Mesh(np.array(jax.devices()[:workers]), ("data",))
+
+    def mean_reversed(x):
+        every = jax.lax.all_gather(x, "data", to="invarying")
+        total = every[workers - 1]
+        for i in range(workers - 2, -1, -1):
+            total = total + every[i]
+        return total / workers
+
+    @jax.jit
+    @jax.shard_map(mesh=flat, in_specs=(P(), P(), P("data")), out_specs=P())
+    def step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(
+            jax.lax.pcast(params, "data", to="varying"), batch
+        )
+        loss, grads = jax.tree.map(mean_reversed, (loss, grads))
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def relative_distances(actual, expected) -> dict[str, float]:
+    """Per leaf ``||actual - expected||_2 / ||expected||_2`` in float64, by key path."""
+    out = {}
+    for (path, a), e in zip(
+        jax.tree_util.tree_flatten_with_path(actual)[0], jax.tree.leaves(expected), strict=True
+    ):
+        a, e = np.asarray(a, np.float64), np.asarray(e, np.float64)
+        out[jax.tree_util.keystr(path)] = float(
+            np.linalg.norm(a - e) / max(float(np.linalg.norm(e)), 1e-30)
+        )
+    return out
+
+
 def coarse_update_step(mesh, opt, config=None, loss_fn=None):
     """``(params, batch) -> (params, loss)`` with `coarse.value_and_update` under `coarse.sync`."""
     import coarse_jax as coarse
