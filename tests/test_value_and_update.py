@@ -440,7 +440,7 @@ def test_bert_example_hundred_adamw_steps_match_optax_within_the_noise_floor():
 
     def whole(a, b):
         la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-        num = sum(np.sum((np.asarray(x, np.float64) - y) ** 2) for x, y in zip(la, lb))
+        num = sum(np.sum((np.asarray(x, np.float64) - y) ** 2) for x, y in zip(la, lb, strict=True))
         return np.sqrt(num / sum(np.sum(np.asarray(y, np.float64) ** 2) for y in lb))
 
     assert whole(p, q) <= 3 * whole(r, q), (whole(p, q), whole(r, q))
