@@ -13,7 +13,7 @@ BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "jax==0.10.2" "jaxlib==0
 XLA_CPU := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
 .PHONY: demo test bench install clean lint types imports check format fuzz wheel test-newest \
-	test-isa
+	test-isa bench-versions
 
 # The newest end of the supported range: Python 3.12 (pyenv's, else PATH's)
 # with the newest jax the package's metadata allows, installed from the wheel.
@@ -84,6 +84,14 @@ test-newest: $(NEWEST_STAMP)
 	$(NEWEST)/bin/python -c "import sys, jax; print('test-newest: Python', \
 		sys.version.split()[0], 'jax', jax.__version__)"
 	$(NEWEST)/bin/pytest -q tests
+
+# The figures a jax upgrade could lose (1 KiB all_reduce vs psum, ResNet-50
+# tree vs pmean), under jax 0.10.2 and under the newest (from the wheel).
+bench-versions: $(STAMP) $(NEWEST_STAMP)
+	cd /tmp && $(XLA_CPU) $(CURDIR)/$(VENV)/bin/pytest -q -s -p no:cacheprovider \
+		$(CURDIR)/benchmarks/test_jax_versions.py
+	cd /tmp && $(XLA_CPU) $(CURDIR)/$(NEWEST)/bin/pytest -q -s -p no:cacheprovider \
+		$(CURDIR)/benchmarks/test_jax_versions.py
 
 # One JSON per pytest process, merged by report.py into out/bench/results.json
 # (+ .md, .png). test_sync_suite.py runs one process per (tree, worker count)

@@ -147,6 +147,43 @@ def test_vmap_is_refused_at_trace_time():
     np.testing.assert_array_equal(np.asarray(grads), np.ones(3) * 2)
 
 
+@pytest.mark.parametrize("mode", ["ffi", "reference"])
+def test_differentiating_a_coarse_call_names_coarse_jax_and_the_fix(mode):
+    """jax.grad over a step, or through coarse.all_reduce inside one, fails while tracing
+    (ffi) with what to use instead; a stop_gradient'ed metric is reduced as usual."""
+    mesh = coarse.make_mesh(workers=2)
+    batch = jnp.ones((4, 3))
+    cfg = coarse.Config(mode=mode)
+
+    @coarse.sync(mesh, config=cfg)
+    def grad_through_all_reduce(params, batch):
+        return jax.grad(lambda p: coarse.all_reduce(jnp.sum(p * batch)))(params)
+
+    @coarse.sync(mesh, config=cfg)
+    def metric(params, batch):  # a metric reduced inside a differentiated function
+        def loss(p):
+            value = jnp.sum(p * batch)
+            return value + 0.0 * coarse.all_reduce(jax.lax.stop_gradient(value))
+
+        return coarse.all_reduce(jax.grad(loss)(params)), coarse.all_reduce(loss(params))
+
+    grads, m = metric(jnp.ones(3), batch)
+    # jax.grad of invariant params inside the step sums over the workers (the transpose
+    # of the implicit pcast to varying): 2 rows of ones per worker, 2 workers.
+    np.testing.assert_array_equal(np.asarray(grads), np.ones(3) * 4)
+    assert float(m) == 6.0
+    if mode == "reference":
+        return  # pure JAX: differentiable, as psum is
+    fix = r"coarse_jax: coarse_\w+ was differentiated.*Fix: take gradients inside the step"
+    with pytest.raises(TypeError, match=fix):
+        grad_through_all_reduce(jnp.ones(3), batch)
+    with pytest.raises(TypeError, match=fix):
+        jax.grad(lambda p: _vg_step(mesh)(p, batch)[0])(jnp.ones(3))
+    # Nothing ran, so nothing is left waiting: the same mesh still works.
+    loss, _ = _vg_step(mesh)(jnp.ones(3), batch)
+    assert float(loss) == 6.0
+
+
 @pytest.mark.parametrize("timeout", [0, -1.0, float("inf"), float("nan"), 1e20, True])
 def test_timeout_must_be_finite_and_positive(timeout):
     with pytest.raises(ValueError, match=r"Config.timeout_s: expected seconds in \(0, 604800\]"):

@@ -281,7 +281,9 @@ def test_reprofiling_keeps_the_program_when_the_plan_holds(mesh, small_v100_prof
     x = np.ones((4, 300_000), np.float32)
     for _ in range(4):
         np.testing.assert_allclose(step(x), 1.0)
-    assert step.stats() == {"calls": 4, "reprofiles": 2, "compiled": 1, "in_flight": 2}
+    assert (
+        step.stats().items() >= {"calls": 4, "reprofiles": 2, "compiled": 1, "in_flight": 2}.items()
+    )
 
 
 def test_reprofiling_replans_when_the_links_change(mesh, small_v100_profile):
@@ -295,7 +297,9 @@ def test_reprofiling_replans_when_the_links_change(mesh, small_v100_profile):
     for _ in range(3):
         np.testing.assert_allclose(step(x), 1.0)
     assert step.config().routes == tuple((i, i) for i in range(4))  # P100: local wins
-    assert step.stats() == {"calls": 3, "reprofiles": 1, "compiled": 2, "in_flight": 2}
+    assert (
+        step.stats().items() >= {"calls": 3, "reprofiles": 1, "compiled": 2, "in_flight": 2}.items()
+    )
 
 
 def test_cli_prints_matrices_routes_and_split(tmp_path):

@@ -76,6 +76,7 @@ def _train(step, params, batches):
     return params, np.array(losses)
 
 
+@pytest.mark.rounding
 @pytest.mark.parametrize("mode", ["ffi", "reference"])
 @pytest.mark.parametrize(("name", "opt", "oracle"), CASES, ids=[c[0] for c in CASES])
 def test_hundred_steps_match_optax_under_pmean(name, opt, oracle, mode):

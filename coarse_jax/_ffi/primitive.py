@@ -16,7 +16,9 @@ Two things the effect did are done here instead: JAX never drops the call
 as dead code (a rule below keeps it even when its results are unused: the
 session's last call must run on every device, whatever the step returns),
 and ``jax.vmap`` of it is refused with a message (a synchronization has no
-batched form). A failed call fails the outputs that depend on it, as before.
+batched form), as is differentiating it (it has no derivative: gradients come
+from ``coarse.value_and_grad``, whose custom_vjp never differentiates a call).
+A failed call fails the outputs that depend on it, as before.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 
 from coarse_jax import _jax_compat
 
@@ -122,6 +124,28 @@ def _refuse_vmap(args: Any, dims: Any, *, target: str, **_: Any) -> Any:
 
 
 batching.primitive_batchers[custom_call_p] = _refuse_vmap
+
+
+def _differentiation_error(target: str) -> TypeError:
+    return TypeError(
+        f"coarse_jax: {target} was differentiated (jax.grad, jax.jvp or jax.vjp reached a "
+        "coarse synchronization). A coarse call is a collective over the mesh's devices with "
+        "no derivative of its own: differentiating through it (jax.grad of a coarse.sync "
+        "step, or of a value that went through coarse.all_reduce) is not supported. Fix: take "
+        "gradients inside the step with coarse.value_and_grad (or coarse.value_and_update), "
+        "which differentiates your loss and synchronizes the gradients; for a metric, pass "
+        "jax.lax.stop_gradient(x) to coarse.all_reduce."
+    )
+
+
+def _refuse_jvp(primals: Any, tangents: Any, *, target: str, **_: Any) -> Any:
+    # JAX calls this only when some tangent is non-zero: a stop_gradient'ed
+    # operand, or the pushes inside coarse.value_and_grad's custom_vjp, never
+    # get here.
+    raise _differentiation_error(target)
+
+
+ad.primitive_jvps[custom_call_p] = _refuse_jvp
 
 
 def custom_call(
