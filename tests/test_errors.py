@@ -97,6 +97,8 @@ def test_missing_arrival_times_out_with_a_named_error():
 def test_gpu_errors_name_the_missing_piece_and_the_fix(monkeypatch):
     from coarse_jax import _ffi
 
+    # As if built with CUDA (the wheels hold the CPU extension only).
+    monkeypatch.setattr(_ffi.extension, "_coarse_cuda", object())
     with pytest.raises(
         NotImplementedError, match=r"coarse_probe has no CUDA implementation.*Topology"
     ):

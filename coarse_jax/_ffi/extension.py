@@ -98,7 +98,8 @@ def check_gpu_target(target: str, platform: str, fallback: str = "") -> None:
     if not has_cuda_support():
         raise RuntimeError(
             f"coarse_jax: {target} is asked to run on a GPU, but coarse_jax was built without its "
-            "CUDA extension (coarse_jax._coarse_cuda: no nvcc was found at install time). "
+            "CUDA extension (coarse_jax._coarse_cuda: the wheels hold the CPU extension only, "
+            "and a build from source finds nvcc or skips it). "
             "Reinstall on a host with the CUDA toolkit (or after `pip install coarse_jax[cuda]`), "
             f"e.g. `COARSE_JAX_ENABLE_CUDA=ON pip install --no-build-isolation .`.{fallback}"
         )

@@ -199,10 +199,23 @@ class SnapshotWriter:
             return  # this step's snapshot is on disk already
         partial = f"{final}{_PARTIAL}{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
-        if self._checkpointer is None:
-            self._checkpointer = _checkpointer()
-        self._checkpointer.save(partial, to_trees(store, int(count), slots))
-        self._checkpointer.wait_until_finished()
+        tree = to_trees(store, int(count), slots)
+        try:
+            if self._checkpointer is None:
+                self._checkpointer = _checkpointer()
+            self._checkpointer.save(partial, tree)
+            self._checkpointer.wait_until_finished()
+        except Exception as e:
+            if not (_exiting or "shutdown" in str(e)):
+                raise
+            # The interpreter is exiting and refuses new threads (Python 3.12
+            # does from the start of finalization; orbax starts some per save,
+            # and fails as "can't create new thread at interpreter shutdown" or,
+            # racing, "cannot join thread before it is started"): write from a
+            # child process instead.
+            self._checkpointer = None
+            shutil.rmtree(partial, ignore_errors=True)
+            _save_in_child(partial, tree)
         _testing_crash_point(int(count))
         os.rename(partial, final)
         self.on_disk = max(self.on_disk or 0, int(count))
@@ -210,6 +223,47 @@ class SnapshotWriter:
         self.write_s.append(time.perf_counter() - taken)
         for old in complete_steps(self.directory)[: -self.keep]:
             shutil.rmtree(os.path.join(self.directory, str(old)), ignore_errors=True)
+
+
+_CHILD_SAVE = """
+import pickle, sys
+import orbax.checkpoint as ocp
+with open(sys.argv[1], "rb") as f:
+    tree = pickle.load(f)
+checkpointer = ocp.StandardCheckpointer()
+checkpointer.save(sys.argv[2], tree)
+checkpointer.wait_until_finished()
+"""
+
+
+def _save_in_child(path: str, tree: dict[str, Any]) -> None:
+    """Writes ``tree`` as the orbax checkpoint ``path`` from a new Python process.
+
+    For the exit flush on interpreters that refuse new threads while they
+    finalize (CPython 3.12 sets that flag before threading's exit hooks run;
+    3.11 and 3.13 do not), where orbax's save cannot start its threads. A
+    child process is allowed. The tree travels pickled (numpy arrays, the
+    params' containers); the checkpoint is the one an in-process save writes.
+    """
+    import pickle
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".pkl", dir=os.path.dirname(path)) as f:
+        pickle.dump(jax.tree.map(np.asarray, tree), f)
+        f.flush()
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        run = subprocess.run(
+            [sys.executable, "-c", _CHILD_SAVE, f.name, path],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+    if run.returncode != 0:
+        raise RuntimeError(
+            f"the exit-time writer process failed ({run.returncode}): {run.stderr[-2000:]}"
+        )
 
 
 def _testing_crash_point(step: int) -> None:
@@ -231,7 +285,10 @@ def _testing_crash_point(step: int) -> None:
 # hook of its own, after concurrent.futures and orbax are imported: those
 # hooks run in reverse order of registration, so it runs before the pools
 # close. `threading._register_atexit` is CPython's (3.9 and on; checked on
-# 3.11, 3.12 and 3.13), the same hook concurrent.futures uses.
+# 3.11, 3.12 and 3.13), the same hook concurrent.futures uses. CPython 3.12
+# also refuses to start threads from the start of finalization, and orbax
+# starts some per save: there a write that hits that refusal is done by a
+# child process instead (`_save_in_child`).
 #
 # Each step that writes registers a flush that first waits for its calls in
 # flight (a snapshot is taken inside a step) and offers what they took. If a
@@ -241,6 +298,7 @@ def _testing_crash_point(step: int) -> None:
 
 _EXIT_FLUSHES: weakref.WeakSet[Any] = weakref.WeakSet()
 _exit_hook_registered = False
+_exiting = False  # set by the exit flush: a failed in-process write retries in a child
 
 
 def flush_at_exit(step: Any) -> None:
@@ -262,6 +320,8 @@ def _register_exit_flush() -> None:
 
 
 def _flush_all() -> None:
+    global _exiting
+    _exiting = True
     lost = []
     for step in list(_EXIT_FLUSHES):
         try:
