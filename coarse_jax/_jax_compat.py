@@ -44,6 +44,9 @@ try:
     # distributed.global_state: checked on 0.10.2, 0.12.0.1.
     from jax._src import distributed as _distributed
 
+    # source_info_util.summarize: checked on 0.10.2, 0.12.0.1.
+    from jax._src import source_info_util as _source_info
+
     # partial_eval.dce_rules: checked on 0.10.2, 0.11.2, 0.12.0.1.
     from jax._src.interpreters import partial_eval as _pe
 except ImportError as _err:  # pragma: no cover - only on an unsupported jax
@@ -57,6 +60,7 @@ for _module, _name in (
     (_pe, "dce_rules"),
     (_pe, "_default_dce_rule"),
     (_distributed, "global_state"),
+    (_source_info, "summarize"),
 ):
     if not hasattr(_module, _name):  # pragma: no cover - only on an unsupported jax
         raise _unsupported(f"{_module.__name__}.{_name}")
@@ -154,3 +158,18 @@ def distributed_client() -> Any:
     exposes ``initialize`` and ``shutdown`` only. Checked on 0.10.2, 0.12.0.1.
     """
     return _distributed.global_state.client
+
+
+def user_location(eqn: Any) -> str:
+    """Where the user's code made a jaxpr equation: ``"file.py:12 (fn)"``, or ``""``.
+
+    Errors about an equation found by walking a traced step (a coarse call
+    inside a ``lax.cond`` only some devices take, `coarse_jax.api._uniform`)
+    point at the user's line. The equation's ``source_info`` holds a traceback
+    whose user frame only ``source_info_util.summarize`` picks out (it skips
+    jax's own frames); no public API reads it. Checked on 0.10.2, 0.12.0.1.
+    """
+    try:
+        return str(_source_info.summarize(eqn.source_info))
+    except Exception:
+        return ""

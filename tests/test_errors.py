@@ -1,5 +1,7 @@
 """Errors a user can act on, and waits that fail instead of hanging."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -202,3 +204,136 @@ def test_routes_are_int_pairs_not_truncated():
         ValueError, match=r"routes\[1\].*0\.\.1; got \(0, 5\)\. Fix: route worker 1"
     ):
         coarse.plan({"w": jnp.ones(4)}, 2, coarse.Config(routes=((0, 1), (0, 5))))
+
+
+def test_coarse_call_inside_on_workers_is_a_type_error():
+    mesh = coarse.make_mesh(workers=2)
+
+    @coarse.sync(mesh)
+    def step(x, batch):
+        return coarse.on_workers(lambda v: coarse.all_reduce(v * batch.sum()))(x)
+
+    with pytest.raises(
+        TypeError,
+        match=r"coarse\.all_reduce was called inside a function given to coarse\.on_workers.*"
+        r"Fix: call coarse\.all_reduce outside on_workers",
+    ):
+        step(jnp.ones(4), jnp.ones((2, 3)))
+
+
+def _uniform_cases(x):
+    from jax import lax
+
+    data = lax.axis_index("data")
+
+    def synced(v):  # varies per device, as the other branch's value does
+        return coarse.all_reduce(v) + v
+
+    return {
+        "cond": lambda: lax.cond(data == 0, synced, lambda v: v, x),
+        "switch": lambda: lax.switch(data, [synced, lambda v: v * 2], x),
+        "while": lambda: lax.while_loop(
+            lambda c: c[0] < data + 1, lambda c: (c[0] + 1, synced(c[1])), (0, x)
+        )[1],
+        # On a per-worker value: workers would disagree on the branch.
+        "per-worker value": lambda: lax.cond(
+            jnp.sum(x) * data > 0,
+            lambda v: coarse.value_and_grad(jnp.sum)(v)[1] + v,
+            jnp.sin,
+            x,
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", ["cond", "switch", "while", "per-worker value"])
+def test_coarse_call_that_only_some_devices_run_is_a_type_error(case):
+    mesh = coarse.make_mesh(workers=2)
+
+    @coarse.sync(mesh)
+    def step(x, batch):
+        return coarse.all_reduce(_uniform_cases(x * batch.sum())[case]())
+
+    call = "coarse.value_and_grad" if case == "per-worker value" else "coarse.all_reduce"
+    loop = "a lax.while_loop" if case == "while" else r"a lax\.cond / lax\.switch"
+    with pytest.raises(
+        TypeError,
+        match=rf"coarse\.sync\(step\): {call} is traced inside {loop} \(at .*test_errors\.py.*"
+        r"varies over the mesh axis 'data'.*Fix: call it outside the conditional or loop",
+    ):
+        step(jnp.ones(4), jnp.ones((2, 3)))
+
+
+def test_coarse_call_under_a_predicate_every_device_shares_runs():
+    from jax import lax
+
+    mesh = coarse.make_mesh(workers=2)
+
+    @coarse.sync(mesh)
+    def step(x, batch):
+        mean = coarse.all_reduce(jnp.sum(batch))  # the same on every device
+        return lax.cond(mean > 0, lambda v: coarse.all_reduce(v * mean), lambda v: -v, x)
+
+    batch = jnp.arange(6.0).reshape(2, 3)
+    np.testing.assert_allclose(step(jnp.ones(4), batch), np.full(4, 7.5))
+
+
+_MISSING_PUSH_THEN_PSUM = """
+import os, sys
+os.environ["XLA_FLAGS"] = (
+    "--xla_force_host_platform_device_count=8 "
+    # XLA:CPU's rendezvous gives up (and aborts the process) after 2 s here
+    # (40 s by default), shorter than the runtime's wait (3 s): coarse_jax
+    # must still report first, and nothing may abort.
+    "--xla_cpu_collective_call_warn_stuck_timeout_seconds=1 "
+    "--xla_cpu_collective_call_terminate_timeout_seconds=2"
+)
+import jax, jax.numpy as jnp
+from jax import lax
+import coarse_jax as coarse
+from coarse_jax import _ffi
+
+mesh = coarse.make_mesh(workers=2)
+for dependent in (True, False):
+    @coarse.sync(mesh, config=coarse.Config(timeout_s=3.0))
+    def step(x, batch):
+        y = coarse.all_reduce(x)
+        return y, lax.psum(y.sum() if dependent else batch.sum(), "data")
+
+    x, batch = jnp.ones(1000), jnp.ones((2, 3))
+    jax.block_until_ready(step(x, batch))
+    _ffi.inject_dropped_push(1)
+    try:
+        jax.block_until_ready(step(x, batch))
+    except Exception as e:
+        print("dependent" if dependent else "independent", "->", e)
+    else:
+        sys.exit("no error")
+    jax.block_until_ready(step(x, batch))  # the next step is healthy
+"""
+
+
+@pytest.mark.timeout(120)
+def test_missing_push_then_an_xla_collective_reports_the_coarse_error(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "missing_push.py"
+    script.write_text(_MISSING_PUSH_THEN_PSUM)
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "COARSE_JAX_MODE")}
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert run.returncode == 0, (run.returncode, run.stdout[-2000:], run.stderr[-4000:])
+    for which in ("dependent", "independent"):
+        assert re.search(
+            rf"^{which} -> .*proxy 1 \(tier=1, data=1\) timed out after 3\.000 s at step \d+ "
+            r"waiting for worker\(s\) 1 to push",
+            run.stdout,
+            flags=re.M,
+        ), run.stdout

@@ -48,6 +48,12 @@ class SyncContext:
     built: list[Plan] = dataclasses.field(default_factory=list)
     next_site: int = 0
     next_update: int = 0
+    # Shared with the step: the public name of each synchronization site
+    # ("coarse.all_reduce", ...), for errors about the traced program (_uniform.py).
+    site_names: dict[int, str] = dataclasses.field(default_factory=dict)
+    # How many coarse.on_workers functions are being traced (nested): a
+    # coarse call there would run on the workers alone (see `current`).
+    workers_only: int = 0
 
     @property
     def workers(self) -> int:
@@ -60,9 +66,11 @@ class SyncContext:
         self.built.append(built)
         return built
 
-    def call_site(self, plan: Plan, pulls_pushed: bool = False) -> _ffi.CallSite:
+    def call_site(self, plan: Plan, what: str, pulls_pushed: bool = False) -> _ffi.CallSite:
         """A new synchronization of this program: its own site, so the runtime
         keys its rendezvous by (execution, site) apart from the others.
+
+        ``what``: the public call it belongs to ("coarse.all_reduce", ...).
 
         ``pulls_pushed``: the caller hands the pull the very values it pushed
         (not `coarse.value_and_update`, whose gradients die at their push).
@@ -72,6 +80,7 @@ class SyncContext:
         """
         site = self.next_site
         self.next_site += 1
+        self.site_names[site] = what
         in_place = (
             pulls_pushed
             and plan.config.topology is None
@@ -111,11 +120,41 @@ def stack() -> list[SyncContext]:
 
 
 def current(where: str) -> SyncContext:
-    """The innermost context; a clear error naming ``where`` outside `coarse.sync`."""
+    """The innermost context; a clear error naming ``where`` outside `coarse.sync`.
+
+    Also refuses a coarse synchronization (``where`` other than
+    ``coarse.on_workers``) traced inside `coarse.on_workers`: the proxies
+    would never run it, so the workers would wait for them until
+    ``Config.timeout_s`` while the proxies went on, possibly into an XLA
+    collective whose rendezvous aborts the process first (see `_uniform`).
+    """
     if not stack():
         raise RuntimeError(
             f"{where} was called outside a coarse.sync step: it synchronizes over the "
             "'tier' and 'data' axes of a coarse mesh, which only exist inside it. Fix: decorate "
             "the train step with @coarse.sync(mesh) and call it from there."
         )
-    return stack()[-1]
+    ctx = stack()[-1]
+    if ctx.workers_only and where != "coarse.on_workers":
+        raise TypeError(
+            f"{where} was called inside a function given to coarse.on_workers. on_workers runs "
+            "its function on the workers alone (the proxies skip it), but a coarse "
+            "synchronization is a collective in which every device of the mesh, workers and "
+            "proxies, takes part: the workers would wait for proxies that never come. Fix: "
+            f"call {where} outside on_workers, on what the function returns, e.g. "
+            "coarse.all_reduce(coarse.on_workers(f)(x))."
+        )
+    return ctx
+
+
+class workers_only:
+    """``with workers_only(ctx):`` marks the trace of a `coarse.on_workers` function."""
+
+    def __init__(self, ctx: SyncContext) -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> None:
+        self.ctx.workers_only += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.ctx.workers_only -= 1

@@ -20,7 +20,9 @@ def on_workers(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Returns ``fn`` run on the worker tier only; proxies return zeros of the same shapes.
 
     Outputs vary per device; send them through `coarse.all_reduce` before
-    returning them from the step.
+    returning them from the step. ``fn`` itself must not synchronize: a
+    coarse call inside it would run on the workers alone (every device of the
+    mesh takes part in one), so it raises TypeError while tracing.
 
     Example:
       >>> logits = coarse.on_workers(model.apply)(params, batch["x"])
@@ -29,21 +31,28 @@ def on_workers(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         ctx = _context.current("coarse.on_workers")
-        if ctx.worker_compute(ctx.config) == "all":  # see Config.worker_compute
-            out = _ffi.vary(fn(*args, **kwargs))
-            return jax.tree.map(lambda v: jnp.where(tier_is_worker(), v, jnp.zeros_like(v)), out)
-        modules = _nnx.graph_positions(args)
-        if modules:
-            return _on_workers_with_modules(fn, modules, args, kwargs)
-        shapes = jax.eval_shape(lambda *a: fn(*a, **kwargs), *args)
-        return lax.cond(
-            tier_is_worker(),
-            lambda *a: _ffi.vary(fn(*a, **kwargs)),
-            lambda *a: zeros_like_shapes(shapes),
-            *args,
-        )
+        with _context.workers_only(ctx):  # a coarse call inside fn raises TypeError
+            return _run_on_workers(ctx, fn, args, kwargs)
 
     return wrapped
+
+
+def _run_on_workers(
+    ctx: _context.SyncContext, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any
+) -> Any:
+    if ctx.worker_compute(ctx.config) == "all":  # see Config.worker_compute
+        out = _ffi.vary(fn(*args, **kwargs))
+        return jax.tree.map(lambda v: jnp.where(tier_is_worker(), v, jnp.zeros_like(v)), out)
+    modules = _nnx.graph_positions(args)
+    if modules:
+        return _on_workers_with_modules(fn, modules, args, kwargs)
+    shapes = jax.eval_shape(lambda *a: fn(*a, **kwargs), *args)
+    return lax.cond(
+        tier_is_worker(),
+        lambda *a: _ffi.vary(fn(*a, **kwargs)),
+        lambda *a: zeros_like_shapes(shapes),
+        *args,
+    )
 
 
 def _on_workers_with_modules(
@@ -117,6 +126,6 @@ def all_reduce(tree: Any, op: str = "mean", *, config: Config | None = None) -> 
     leaves, treedef = jax.tree.flatten(tree)
     if not leaves:
         return tree
-    call = ctx.call_site(plan, pulls_pushed=True)
+    call = ctx.call_site(plan, "coarse.all_reduce", pulls_pushed=True)
     last = push_in_order(plan, call, leaves)
     return jax.tree.unflatten(treedef, finish(plan, call, leaves, [last], in_place=False))

@@ -202,7 +202,7 @@ def synced_value_and_grad(
     plan = ctx.plan(shapes, cfg, groups=groups, names=names, where=where)
     n_grad = len(jax.tree.leaves(grads_shape))
     aux_leaves_shape, aux_def = jax.tree.flatten(aux_shape)
-    call = ctx.call_site(plan, pulls_pushed=update is None) if cfg.mode == "ffi" else None
+    call = ctx.call_site(plan, where, pulls_pushed=update is None) if cfg.mode == "ffi" else None
     site = None
     if update is not None and call is not None:
         site = _update.register(ctx, call, plan, update, args[0], n_grad)

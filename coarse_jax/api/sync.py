@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
-from coarse_jax.api import _arrival, _context, _nnx, _outputs
+from coarse_jax.api import _arrival, _context, _nnx, _outputs, _uniform
 from coarse_jax.api._update import Store
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.reprofile import reprofiled
@@ -120,6 +120,7 @@ class SyncedStep:
         self._compiled: dict[tuple[_Layout, Config], Callable[..., Any]] = {}
         self._seen: dict[int, Signature] = {}  # argument index -> its first call's signature
         self._plans: list[_context.PlanRequest] = []  # what the traces planned
+        self._site_names: dict[int, str] = {}  # site -> "coarse.all_reduce", ... (traces)
         self._calls = 0
         self._reprofiles = 0
         self._arrival = _arrival.Arrival(self._name)  # across hosts only
@@ -393,7 +394,8 @@ class SyncedStep:
                 "every process."
             )
         key = (layout, cfg)
-        if key not in self._compiled:
+        new = key not in self._compiled
+        if new:
             self._compiled[key] = self._compile(cfg, layout)
         graph_nodes = tuple(args[i] for i in layout.graph)
         dyn = [args[i] for i in layout.dynamic() if i not in layout.graph]
@@ -407,9 +409,14 @@ class SyncedStep:
             # fails the others here, naming it, instead of a hang in the
             # inter-host collective.
             self._arrival.wait(self._calls, cfg.timeout_s)
+        jitted: Any = self._compiled[key]
+        if new and cfg.mode == "ffi":
+            # Before anything runs: a coarse call that only some devices would
+            # run (inside a cond on a mesh axis) is a TypeError, not a hang.
+            # jit caches the trace, so the call below does not trace again.
+            _uniform.check(jitted.trace(*dyn, self._ref_state).jaxpr, self._site_names, self._name)
         if self._pending_load is not None:
             if not self._stores:  # trace now: the stores come from the trace
-                jitted: Any = self._compiled[key]
                 jitted.trace(*dyn, self._ref_state)
             load, self._pending_load = self._pending_load, None
             load()
@@ -589,6 +596,7 @@ class SyncedStep:
                 self._plans,
                 stores=self._stores,
                 step_name=self._name,
+                site_names=self._site_names,
                 ref_in=dict(ref_in),
                 ref_optimizers=self._ref_optimizers,
             )
