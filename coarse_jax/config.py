@@ -99,7 +99,15 @@ class Config:
       mode: "ffi" (the C++ runtime) or "reference" (the same dataflow in pure
         JAX collectives, the test oracle). Default: ``$COARSE_JAX_MODE`` or "ffi".
       timeout_s: every wait in the runtime gives up after this long with an
-        error naming the device, tier, step and tensor.
+        error naming the device, tier, step and tensor. A failure fails the
+        coarse calls of every device of the step together, so no device goes
+        on into a later XLA collective of the step and waits there for the
+        others: XLA:CPU's own rendezvous aborts the process when devices
+        reach one more than ``xla_cpu_collective_call_terminate_timeout_seconds``
+        (40 s by default) apart, a process-wide flag of ``XLA_FLAGS`` that
+        may be shorter than this. A coarse call that only some devices would
+        run (inside `coarse.on_workers`, or a ``lax.cond`` on a mesh axis
+        index) is refused while tracing for the same reason.
       topology: run on an emulated interconnect (`coarse.Topology`): every
         transfer of the runtime (push, ring steps, pull, worker ring) lasts as
         long as that link says. ``None``: the host's real transport.
