@@ -13,7 +13,7 @@ BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "jax==0.10.2" "jaxlib==0
 XLA_CPU := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
 .PHONY: demo test bench install clean lint types imports check format fuzz wheel test-newest \
-	test-isa bench-versions
+	test-isa bench-versions docs
 
 # The newest end of the supported range: Python 3.12 (pyenv's, else PATH's)
 # with the newest jax the package's metadata allows, installed from the wheel.
@@ -146,6 +146,24 @@ imports: $(STAMP)
 
 check: lint types imports
 
+# The documentation site (Sphinx, MyST pages, API reference from the
+# docstrings) into docs/_build/html, offline, warnings as errors, every
+# cross-reference checked (nitpicky). The doc tools are pyproject's "docs"
+# extra, installed into .venv beside the package (not reinstalling it);
+# autodoc documents the installed coarse_jax, which $(STAMP) keeps current.
+DOCS_STAMP := $(VENV)/.coarse-docs-deps
+DOCS_DEPS = $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", \
+	"rb"))["project"]["optional-dependencies"]["docs"]))')
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q $(DOCS_DEPS)
+	touch $@
+
+docs: $(DOCS_STAMP)
+	rm -rf docs/_build docs/api/generated
+	$(XLA_CPU) JAX_PLATFORMS=cpu $(VENV)/bin/sphinx-build -b html -W --keep-going -n -q \
+		docs docs/_build/html
+
 # The property-based sync fuzzer with fresh seeds for an hour (FUZZ_SECONDS).
 fuzz: $(STAMP)
 	bash tools/fuzz.sh
@@ -157,4 +175,5 @@ format: $(STAMP)
 	$(CLANG_FORMAT) --fix
 
 clean:
-	rm -rf build dist $(VENV) $(NEWEST) $(BUILD312) .pytest_cache .benchmarks
+	rm -rf build dist $(VENV) $(NEWEST) $(BUILD312) .pytest_cache .benchmarks docs/_build \
+		docs/api/generated
