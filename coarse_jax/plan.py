@@ -75,7 +75,38 @@ class BucketPlan:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The decisions for one tree on one mesh. See the module docstring."""
+    """The decisions for one tree on one mesh, made by `coarse.plan`.
+
+    Fixed before anything runs: which leaves the workers reduce among
+    themselves (the leading layers, a prefix of the flatten order up to
+    ``Config.leading_bytes``) and which go through the proxies, in backward
+    order (last leaf first, the one global order every proxy walks); how
+    leaves are cut into shards of ``shard_bytes`` or batched into pieces; and
+    which proxy each worker sends each piece to (pieces under
+    ``latency_threshold_bytes`` to its latency proxy, the rest to its
+    bandwidth proxy). Building it is linear in the number of leaves.
+
+    Attributes:
+      workers: the number of workers p.
+      config: the `Config` it was planned with.
+      leaves: one entry per leaf, in tree-flatten order (name, shape, dtype,
+        ``sync`` = ``"proxy"`` or ``"worker"``).
+      sync_order: tree indices in sync order: proxy leaves first, then the
+        leading leaves.
+      num_proxy_leaves: how many leaves go through the proxies.
+      pieces: the units routed, queued on a proxy and ring-reduced (their
+        size and destination proxy per worker).
+      buckets: the pushes: runs of consecutive proxy leaves pushed together.
+      mean: whether the runtime scales sums by 1/p.
+
+    Example:
+      >>> tree = {"a": jnp.zeros((16,)), "b": jnp.zeros((1024, 1024))}   # flatten order: a, b
+      >>> p = coarse.plan(tree, mesh, coarse.Config(shard_bytes=1 << 20, leading_bytes=64))
+      >>> p.workers, len(p.pieces), p.total_bytes, p.proxy_bytes
+      (4, 4, 4194368, 4194304)
+      >>> [p.leaves[i].name for i in p.leading_leaves]   # the first 64 bytes: worker ring
+      ["['a']"]
+    """
 
     workers: int
     config: Config
@@ -98,14 +129,26 @@ class Plan:
 
     @property
     def total_bytes(self) -> int:
+        """Bytes of every leaf of the tree."""
         return sum(leaf.nbytes for leaf in self.leaves)
 
     @property
     def proxy_bytes(self) -> int:
+        """Bytes of the leaves that go through the proxies."""
         return sum(self.leaves[i].nbytes for i in self.proxy_leaves)
 
     def ffi_attrs(self) -> dict[str, Any]:
-        """The plan as FFI attributes (read by ffi/plan_attrs.cc), cached."""
+        """The plan as FFI attributes (read by ffi/plan_attrs.cc), cached.
+
+        Returns:
+          A dict from attribute name to a numpy scalar or array, as each
+          custom call of the step receives it.
+
+        Example:
+          >>> attrs = coarse.plan({"w": jnp.zeros((8,))}, mesh).ffi_attrs()
+          >>> int(attrs["workers"]), int(attrs["num_proxy_leaves"])
+          (4, 1)
+        """
         cached = getattr(self, "_attrs", None)
         if cached is not None:
             return cached
@@ -147,7 +190,26 @@ class Plan:
         return attrs
 
     def summary(self, max_rows: int = 30) -> str:
-        """A table a person can read: one row per leaf (first ``max_rows``), then totals."""
+        """A table a person can read: one row per leaf (first ``max_rows``), then totals.
+
+        Args:
+          max_rows: the most leaf rows shown; the totals count every leaf.
+
+        Returns:
+          The table as a string: per leaf its shape, dtype, bytes, how it is
+          synchronized (worker ring, or proxy piece / shards) and the
+          destination proxy per worker; then the totals, the shard size, the
+          latency threshold and the routes.
+
+        Example:
+          >>> print(coarse.plan({"w": jnp.zeros((4, 4))}, mesh).summary())
+          leaf      shape   dtype   bytes  sync   dest proxy per worker
+          ---...
+          ['w']     (4, 4)  float32    64  proxy, piece 0    0,1,2,3
+          ---...
+          1 leaves, 0.00 MiB: 0.00 MiB via 4 proxies in 1 pieces (1 pushes per worker), ...
+          shard 4194304 B, latency threshold 2097152 B, routes (lat, bw) per worker: ...
+        """
         p = self.workers
         pieces_of: dict[int, list[PiecePlan]] = {}
         for pc in self.pieces:
@@ -252,7 +314,8 @@ def plan(
     """Decides how each leaf of ``tree`` is synchronized.
 
     Args:
-      tree: a pytree of arrays or ``jax.ShapeDtypeStruct``s (only shapes and dtypes are read).
+      tree: a pytree of arrays or ``jax.ShapeDtypeStruct`` values (only shapes and dtypes
+        are read).
       mesh_or_workers: the coarse mesh (or its number of workers).
       config: a `Config`; default ``Config()``.
       groups: optional pytree of ints shaped like ``tree``: leaves of different
@@ -268,10 +331,18 @@ def plan(
 
     Raises:
       TypeError: a leaf is not float32, bfloat16 or float16.
-      ValueError: the routes do not fit the mesh.
+      ValueError: the routes or ``Config.topology`` do not fit the mesh.
 
     Example:
-      >>> print(coarse.plan(params, mesh, coarse.Config(leading_bytes=1 << 16)).summary())
+      >>> params = {"dense0": jnp.zeros((64, 256)), "dense1": jnp.zeros((256, 10))}
+      >>> p = coarse.plan(params, mesh, coarse.Config(leading_bytes=1 << 16))
+      >>> [p.leaves[i].name for i in p.leading_leaves]   # the first layer: worker ring
+      ["['dense0']"]
+      >>> print(p.summary())  # doctest: +ELLIPSIS
+      leaf ... dest proxy per worker
+      ...
+      ['dense0']     (64, 256) float32 65536  worker ring  -
+      ...
     """
     config = config or Config()
     workers = mesh_or_workers if isinstance(mesh_or_workers, int) else mesh_or_workers.shape["data"]

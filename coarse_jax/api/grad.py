@@ -87,7 +87,17 @@ def value_and_grad(
         a float scalar.
 
     Example:
-      >>> loss, grads = coarse.value_and_grad(loss_fn)(params, batch)
+      >>> def loss_fn(params, batch):
+      ...     pred = batch["x"] @ params["w"]
+      ...     return jnp.mean((pred - batch["y"]) ** 2), pred
+      >>> @coarse.sync(mesh)
+      ... def step(params, batch):
+      ...     (loss, pred), grads = coarse.value_and_grad(loss_fn, has_aux=True)(params, batch)
+      ...     return loss, grads, coarse.all_reduce(jnp.mean(pred))  # pred is per worker
+      >>> loss, grads, mean_pred = step({"w": jnp.ones((3, 1))}, {"x": jnp.ones((8, 3)),
+      ...                                                       "y": jnp.zeros((8, 1))})
+      >>> float(loss), grads["w"].ravel().tolist(), float(mean_pred)
+      (9.0, [6.0, 6.0, 6.0], 3.0)
     """
     # nnx.DiffState(argnum, filter): differentiate that module's variables
     # matching the filter, as nnx.value_and_grad does.

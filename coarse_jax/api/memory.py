@@ -27,7 +27,26 @@ TIERS = ("worker", "proxy")
 
 @dataclasses.dataclass(frozen=True)
 class TierMemory:
-    """Peak bytes on one device of a tier (the largest of the tier's devices)."""
+    """Peak bytes on one device of a tier (the largest of the tier's devices).
+
+    Part of a `MemoryReport`; every field is in bytes per device.
+
+    Attributes:
+      tier: ``"worker"`` or ``"proxy"``.
+      xla_argument_bytes: the compiled program's arguments.
+      xla_output_bytes: its outputs.
+      xla_alias_bytes: outputs written into donated arguments, counted once.
+      xla_temp_bytes: XLA's temporaries.
+      runtime_storage_bytes: the runtime's per-step sync storage (the proxies'
+        slots, the workers' scratch).
+      optimizer_bytes: master parameters and optimizer state, both buffers
+        (proxies under `coarse.value_and_update`; 0 on workers).
+
+    Example:
+      >>> t = coarse.TierMemory("worker", 100, 100, 100, 20, 0, 0)
+      >>> t.xla_bytes, t.total_bytes
+      (120, 120)
+    """
 
     tier: str
     xla_argument_bytes: int
@@ -39,6 +58,7 @@ class TierMemory:
 
     @property
     def xla_bytes(self) -> int:
+        """XLA's buffers: arguments + outputs - aliased + temporaries."""
         return (
             self.xla_argument_bytes
             + self.xla_output_bytes
@@ -48,28 +68,53 @@ class TierMemory:
 
     @property
     def total_bytes(self) -> int:
+        """XLA's buffers plus the runtime's storage and the optimizer state."""
         return self.xla_bytes + self.runtime_storage_bytes + self.optimizer_bytes
 
 
 @dataclasses.dataclass(frozen=True)
 class MemoryReport:
-    """Per tier, what one device holds while the step runs. See `memory_report`."""
+    """Per tier, what one device holds while the step runs; made by `memory_report`.
+
+    Attributes:
+      worker: a worker's bytes, as a `TierMemory`.
+      proxy: a proxy's bytes, as a `TierMemory`.
+
+    Example:
+      >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh)
+      >>> report = coarse.memory_report(step, jnp.ones((8, 1024)))
+      >>> report.worker.tier, report.proxy_bytes >= report.proxy.runtime_storage_bytes
+      ('worker', True)
+    """
 
     worker: TierMemory
     proxy: TierMemory
 
     @property
     def worker_bytes(self) -> int:
-        """Peak bytes on a worker: XLA's buffers plus the runtime's."""
+        """The peak bytes on a worker, XLA's buffers plus the runtime's."""
         return self.worker.total_bytes
 
     @property
     def proxy_bytes(self) -> int:
-        """Peak bytes on a proxy: XLA's buffers plus the runtime's."""
+        """The peak bytes on a proxy, XLA's buffers plus the runtime's."""
         return self.proxy.total_bytes
 
     def table(self) -> str:
-        """A fixed-width table in MiB, one row per tier."""
+        """A fixed-width table in MiB, one row per tier.
+
+        Returns:
+          The table as a string: columns args, outputs, aliased (negative:
+          counted once), temp, runtime, optimizer and total.
+
+        Example:
+          >>> report = coarse.MemoryReport(coarse.TierMemory("worker", 2**20, 0, 0, 0, 0, 0),
+          ...                              coarse.TierMemory("proxy", 2**20, 0, 0, 0, 0, 0))
+          >>> print(report.table())  # doctest: +ELLIPSIS
+          tier           args    outputs    aliased       temp    runtime  optimizer ...
+          worker          1.0        0.0        0.0        0.0        0.0        0.0        1.0
+          proxy           1.0        0.0        0.0        0.0        0.0        0.0        1.0
+        """
         cols = ("args", "outputs", "aliased", "temp", "runtime", "optimizer", "total")
         lines = [f"{'tier':<8}" + "".join(f"{c:>11}" for c in cols) + "   (MiB per device)"]
         for t in (self.worker, self.proxy):
@@ -122,14 +167,31 @@ def memory_report(step: Any, *args: Any) -> MemoryReport:
 
     Args:
       step: a `coarse.sync` step (`SyncedStep`).
-      *args: arguments as for a call (arrays or ``jax.ShapeDtypeStruct``s).
+      *args: arguments as for a call (arrays or ``jax.ShapeDtypeStruct``
+        values).
 
     Returns:
       A `MemoryReport`: ``.worker_bytes``, ``.proxy_bytes`` (peak per device of
       each tier), ``.worker`` / ``.proxy`` (`TierMemory` parts), ``.table()``.
 
+    Raises:
+      TypeError: ``args`` do not fit the step, as a call would raise.
+      ValueError: ``args`` do not fit the step, as a call would raise (a batch
+        not divisible by the workers, say).
+
     Example:
-      >>> print(coarse.memory_report(train_step, params, batch).table())
+      >>> opt = coarse.optim.adam(1e-3)
+      >>> @coarse.sync(mesh)
+      ... def train_step(params, batch):
+      ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+      ...     loss, params = coarse.value_and_update(f, opt)(params, batch)
+      ...     return params, loss
+      >>> params = {"w": jnp.zeros((1024, 256))}        # 1 MiB of f32
+      >>> report = coarse.memory_report(train_step, params, jnp.ones((8, 1024)))
+      >>> report.proxy.optimizer_bytes                  # 1/4 of master + 2 moments, twice
+      1572864
+      >>> report.worker.optimizer_bytes
+      0
     """
     compiled_memory, plans = step._memory_analysis(*args)
     p = int(step.mesh.shape[DATA])

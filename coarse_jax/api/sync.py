@@ -90,8 +90,27 @@ class _Layout:
 class SyncedStep:
     """A train step compiled by `coarse.sync`; call it like the function it wraps.
 
+    Calling it runs one step on every device of the mesh and returns the step's
+    outputs (replicated, or per example for ``batch_outputs``). The methods
+    report the step (`config`, `stats`, `timeline`) and, when it calls
+    `coarse.value_and_update`, reach the state the proxies hold
+    (`optimizer_state`, `master_params`, `load_optimizer_state`,
+    `reset_optimizer`, `snapshot`, `restore`, `wait_snapshots`). The methods
+    that take ``index`` name which `coarse.value_and_update` call of the step
+    they mean, in trace order; it may be left out when there is one.
+
     Attributes:
       mesh: the two-tier mesh it runs on.
+      restored_count: after `restore`, the optimizer step count restored (the
+        data position to resume from).
+
+    Example:
+      >>> @coarse.sync(mesh)
+      ... def step(w, batch):
+      ...     return coarse.value_and_grad(lambda w, b: jnp.mean((b @ w) ** 2))(w, batch)
+      >>> loss, grad = step(jnp.ones((3,)), jnp.ones((8, 3)))
+      >>> float(loss), grad.shape, step.stats()["calls"]
+      (9.0, (3,), 1)
     """
 
     def __init__(
@@ -142,24 +161,43 @@ class SyncedStep:
         self._traced_plans: list[Any] = []  # the plans of the latest trace
 
     def config(self) -> Config:
-        """The `Config` in use (re-profiling may have replaced the one given)."""
+        """The `Config` in use (re-profiling may have replaced the one given).
+
+        Returns:
+          The step's `coarse.Config`: the one passed to `coarse.sync` (or the
+          default), or the one the latest re-profile planned with.
+
+        Example:
+          >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh,
+          ...                    config=coarse.Config(shard_bytes=1 << 20))
+          >>> step.config().shard_bytes
+          1048576
+        """
         return self._config
 
     def stats(self) -> dict[str, Any]:
         """The step's counters, and its snapshot writer's.
 
-        ``calls`` made (executions, also when an outer ``jax.jit`` traced the
-        step once and runs it many times), ``reprofiles`` done, programs
-        ``compiled``, calls ``in_flight`` (dispatched, not seen finished; at
-        most `Config.max_steps_in_flight`). With ``Config.snapshot_dir`` (on
-        the process that writes, process 0): ``snapshot_on_disk``, the
-        optimizer step of the newest checkpoint this process completed (None
-        before the first); ``snapshots_in_flight``, taken and not yet
-        complete on disk; ``snapshots_written``; ``snapshot_wait_s``, the
-        seconds the loop waited for the writer in all (a snapshot is on disk
-        before the next is taken: see `Config.snapshot_every`); and
-        ``snapshot_write_s``, the last checkpoint's time from taken to
-        complete on disk. Without a writer these are None / 0.
+        Returns:
+          A dict: ``calls`` made (executions, also when an outer ``jax.jit`` traced the
+          step once and runs it many times), ``reprofiles`` done, programs
+          ``compiled``, calls ``in_flight`` (dispatched, not seen finished; at
+          most `Config.max_steps_in_flight`). With ``Config.snapshot_dir`` (on
+          the process that writes, process 0): ``snapshot_on_disk``, the
+          optimizer step of the newest checkpoint this process completed (None
+          before the first); ``snapshots_in_flight``, taken and not yet
+          complete on disk; ``snapshots_written``; ``snapshot_wait_s``, the
+          seconds the loop waited for the writer in all (a snapshot is on disk
+          before the next is taken: see `Config.snapshot_every`); and
+          ``snapshot_write_s``, the last checkpoint's time from taken to
+          complete on disk. Without a writer these are None / 0.
+
+        Example:
+          >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh)
+          >>> _ = step(jnp.ones((8, 2)))
+          >>> stats = step.stats()
+          >>> stats["calls"], stats["compiled"], stats["snapshots_written"]
+          (1, 1, 0)
         """
         writer = (
             self._writer.stats()
@@ -185,9 +223,32 @@ class SyncedStep:
     def optimizer_state(self, index: int | None = None) -> Any:
         """The optax state of the optimizer the proxies run, as they hold it now.
 
-        The same pytree as ``optimizer.optax().init(params)`` (``optax.adamw(...)``
-        etc.), leaves in f32. Waits for the calls in flight. ``index``: which
-        value_and_update call of the step (needed when there are several).
+        Waits for the calls in flight.
+
+        Args:
+          index: which `coarse.value_and_update` call of the step (needed
+            when there are several).
+
+        Returns:
+          The same pytree as ``optimizer.optax().init(params)``
+          (``optax.adamw(...)`` etc.), leaves in f32.
+
+        Raises:
+          RuntimeError: the step has no `coarse.value_and_update`, or no step
+            has finished yet.
+          ValueError: ``index`` is missing while the step has several such
+            calls, or names none of them.
+
+        Example:
+          >>> opt = coarse.optim.sgd(0.1)
+          >>> @coarse.sync(mesh)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
+          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> state = step.optimizer_state()    # optax.sgd(0.1)'s state
+          >>> jax.tree.leaves(step.optimizer_state()) == []
+          True
         """
         if self._config.mode == "reference":
             return self._ref_held(index, "optimizer_state")[1]
@@ -197,7 +258,33 @@ class SyncedStep:
         return store.optimizer.optax_state(master, count, moments)
 
     def master_params(self, index: int | None = None) -> Any:
-        """The f32 master parameters the proxies hold (the params' tree). Waits for calls."""
+        """The f32 master parameters the proxies hold. Waits for the calls in flight.
+
+        Args:
+          index: which `coarse.value_and_update` call of the step (needed
+            when there are several).
+
+        Returns:
+          The params' tree with f32 leaves, as the proxies hold them after
+          the latest finished step.
+
+        Raises:
+          RuntimeError: the step has no `coarse.value_and_update`, or no step
+            has finished yet.
+          ValueError: ``index`` is missing while the step has several such
+            calls, or names none of them.
+
+        Example:
+          >>> opt = coarse.optim.sgd(0.1)
+          >>> @coarse.sync(mesh)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
+          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> master = step.master_params()
+          >>> master["w"].dtype, bool(jnp.all(master["w"] == params["w"]))
+          (dtype('float32'), True)
+        """
         if self._config.mode == "reference":
             return self._ref_held(index, "master_params")[0]
         _, _, slots = self._access.export(index, "master_params", self._wait_all)
@@ -206,10 +293,33 @@ class SyncedStep:
     def load_optimizer_state(self, params: Any, opt_state: Any, index: int | None = None) -> None:
         """Makes the proxies continue from ``params`` and an optax ``opt_state``.
 
-        ``opt_state`` is a state of ``optimizer.optax()`` (from plain optax
-        training, or `optimizer_state`). The next call must pass ``params``.
-        Before the step's first call the load waits for it (the step is
-        traced then).
+        The next call must pass ``params``. Before the step's first call the
+        load waits for it (the step is traced then).
+
+        Args:
+          params: the parameters to continue from (the params' tree).
+          opt_state: a state of ``optimizer.optax()``, from plain optax
+            training or from `optimizer_state`.
+          index: which `coarse.value_and_update` call of the step (needed
+            when there are several).
+
+        Raises:
+          RuntimeError: the step has no `coarse.value_and_update`.
+          ValueError: ``params`` or ``opt_state`` do not have the structure
+            and shapes of the step's params and optimizer.
+
+        Example:
+          >>> opt = coarse.optim.adam(1e-2)
+          >>> @coarse.sync(mesh)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
+          >>> params = {"w": jnp.ones((3,))}
+          >>> opt_state = opt.optax().init(params)          # e.g. from optax training
+          >>> step.load_optimizer_state(params, opt_state)  # applied at the first call
+          >>> params, loss = step(params, jnp.ones((8, 3)))
+          >>> int(step.optimizer_state()[0].count)
+          1
         """
 
         if self._config.mode == "reference":
@@ -236,6 +346,28 @@ class SyncedStep:
         Waits for the calls in flight, then copies the committed version in
         the proxies' memory; with ``Config.snapshot_dir`` it is also queued for
         writing (`wait_snapshots` waits for the disk).
+
+        Args:
+          index: which `coarse.value_and_update` call of the step (needed
+            when there are several).
+
+        Returns:
+          The optimizer step count of the snapshot.
+
+        Raises:
+          NotImplementedError: the step runs in ``mode="reference"``.
+          RuntimeError: the step has no `coarse.value_and_update` (or has not
+            run).
+
+        Example:
+          >>> opt = coarse.optim.sgd(0.1)
+          >>> @coarse.sync(mesh)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
+          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> step.snapshot()
+          1
         """
         self._refuse_reference("snapshot")
         store = self._access.store(index, "snapshot")
@@ -253,6 +385,19 @@ class SyncedStep:
 
         Waits for the calls in flight. The runtime keeps one buffer per
         process: spans of every traced step since the previous `timeline` call.
+
+        Returns:
+          A `Timeline <coarse_jax.api.timeline.Timeline>` of `Span
+          <coarse_jax.api.timeline.Span>` s; ``.to_chrome(path)`` writes a
+          Chrome trace, ``.plot(path)`` draws it. Empty without
+          ``Config(trace=True)``.
+
+        Example:
+          >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh,
+          ...                    config=coarse.Config(trace=True))
+          >>> _ = step(jnp.ones((8, 2)))
+          >>> sorted({span.name for span in step.timeline().spans})[:3]
+          ['proxy ring', 'pull', 'pull piece']
         """
         self._wait_all()
         module = _ffi.runtime_module(self.mesh.devices.flat[0].platform)
@@ -267,6 +412,23 @@ class SyncedStep:
         would take it), then waits for the writer thread. A clean interpreter
         exit does the same by itself. Across processes only process 0 writes
         (every host holds the same state): elsewhere this returns at once.
+        Without ``Config.snapshot_dir`` it returns at once.
+
+        Raises:
+          RuntimeError: writing a snapshot failed (the writer's error is its
+            cause).
+
+        Example:
+          >>> import tempfile
+          >>> cfg = coarse.Config(snapshot_every=1, snapshot_dir=tempfile.mkdtemp())
+          >>> @coarse.sync(mesh, config=cfg)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, coarse.optim.sgd(0.1))(params, batch)[::-1]
+          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> step.wait_snapshots()
+          >>> step.stats()["snapshot_on_disk"]
+          1
         """
         if self._writer is not None:
             self._wait_all()
@@ -287,6 +449,35 @@ class SyncedStep:
         the f32 master, in the params' dtypes once the step has run (f32
         before); pass them to the next call. ``self.restored_count`` is the
         optimizer step count restored (the data position to resume from).
+
+        Args:
+          directory: a ``Config.snapshot_dir`` to load the newest complete
+            checkpoint from; None rolls back to the newest in-memory snapshot.
+          index: which `coarse.value_and_update` call of the step (needed
+            when there are several).
+
+        Returns:
+          The params to pass to the next call.
+
+        Raises:
+          NotImplementedError: the step runs in ``mode="reference"``.
+          RuntimeError: the proxies hold no complete snapshot (without
+            ``directory``), or the step has no `coarse.value_and_update`.
+          FileNotFoundError: ``directory`` holds no complete checkpoint.
+
+        Example:
+          >>> opt = coarse.optim.sgd(0.1)
+          >>> @coarse.sync(mesh)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
+          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> step.snapshot()
+          1
+          >>> params, loss = step(params, jnp.ones((8, 3)))     # step 2
+          >>> params = step.restore()                           # back to step 1
+          >>> step.restored_count
+          1
         """
         self._refuse_reference("restore")
         if directory is None:
@@ -326,7 +517,25 @@ class SyncedStep:
         return params
 
     def reset_optimizer(self, index: int | None = None) -> None:
-        """Forgets the proxies' state: the next call seeds it from the params it gets."""
+        """Forgets the proxies' state: the next call seeds it from the params it gets.
+
+        Use it to continue from params the step did not return (another
+        run's, say) with a fresh optimizer state.
+
+        Args:
+          index: which `coarse.value_and_update` call of the step (needed
+            when there are several).
+
+        Example:
+          >>> opt = coarse.optim.sgd(0.1)
+          >>> @coarse.sync(mesh)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
+          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> step.reset_optimizer()
+          >>> params, loss = step({"w": jnp.zeros((3,))}, jnp.ones((8, 3)))  # other params: fine
+        """
         self._pending_load = None
         if self._config.mode == "reference":
             self._ref_state = {k: v for k, v in self._ref_state.items() if k != (index or 0)}
@@ -706,17 +915,30 @@ def sync(
         other output must be the same on every device.
 
     Returns:
-      The compiled step (or a decorator).
+      The compiled step, a `SyncedStep` (or, given only the mesh, a decorator
+      that returns one).
 
     Raises:
-      TypeError/ValueError: the mesh is not a coarse mesh, or arguments changed,
-        or an output differs per device.
+      TypeError: two meshes were passed; an ``*_argnums`` is not an int or a
+        sequence of ints; a static argument is not hashable; an output
+        differs per device (when the step is called).
+      ValueError: the mesh is not a coarse mesh (from `coarse.make_mesh`);
+        an ``*_argnums`` names no argument; at a call, a batch leaf's leading
+        axis is not divisible by the workers, or a non-batch argument changed
+        structure or shapes since the first call.
 
     Example:
+      >>> def loss_fn(params, batch):
+      ...     return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
       >>> @coarse.sync(mesh, donate_argnums=0)
-      ... def train_step(state, batch):
-      ...     loss, grads = coarse.value_and_grad(loss_fn)(state.params, batch)
-      ...     return state.apply_gradients(grads=grads), loss
+      ... def train_step(params, batch):
+      ...     loss, grads = coarse.value_and_grad(loss_fn)(params, batch)
+      ...     return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+      >>> params = {"w": jnp.zeros((3, 1))}
+      >>> batch = {"x": jnp.ones((8, 3)), "y": jnp.ones((8, 1))}   # 2 rows per worker
+      >>> params, loss = train_step(params, batch)
+      >>> float(loss)
+      1.0
     """
     options: SyncOptions = {
         "config": config,

@@ -61,12 +61,34 @@ def value_and_update(
         `coarse.value_and_grad`.
       config: overrides the step's `Config`.
 
+    Returns:
+      A function of ``(params, *args)`` returning ``(loss, new_params)``, or
+      ``((loss, aux), new_params)`` with ``has_aux``.
+
+    Raises:
+      TypeError: ``optimizer`` is not a `coarse.optim` optimizer (an optax
+        transformation runs on the workers: use `coarse.value_and_grad`), or
+        the function was called without params.
+      NotImplementedError: the params are an NNX module (split it with
+        ``nnx.split`` and pass the params' pytree).
+      RuntimeError: called outside `coarse.sync`; at run time, params that
+        are not the ones the step returned last time (the error names the
+        first differing tensor).
+
     Example:
+      >>> def loss_fn(params, batch):
+      ...     return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
       >>> opt = coarse.optim.adamw(1e-3, weight_decay=0.01)
       >>> @coarse.sync(mesh)
       ... def train_step(params, batch):
       ...     loss, params = coarse.value_and_update(loss_fn, opt)(params, batch)
       ...     return params, loss
+      >>> params = {"w": jnp.zeros((3, 1))}
+      >>> batch = {"x": jnp.ones((8, 3)), "y": jnp.ones((8, 1))}
+      >>> for _ in range(2):
+      ...     params, loss = train_step(params, batch)
+      >>> float(loss) < 1.0, params["w"].dtype
+      (True, dtype('float32'))
     """
     if not isinstance(optimizer, ProxyOptimizer):
         raise TypeError(
