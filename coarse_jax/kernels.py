@@ -80,6 +80,11 @@ def pack(leaves: Sequence[jax.Array], dtype: Any = jnp.float32, scale: float = 1
 
     Raises:
       TypeError: a leaf or ``dtype`` is not one of the supported float types.
+
+    Example:
+      >>> from coarse_jax import kernels
+      >>> kernels.pack([jnp.ones((2, 2)), jnp.arange(3.0)], scale=2.0).tolist()
+      [2.0, 2.0, 2.0, 2.0, 0.0, 2.0, 4.0]
     """
     leaves = [jnp.asarray(x) for x in leaves]
     for i, x in enumerate(leaves):
@@ -106,6 +111,13 @@ def unpack(buffer: jax.Array, like: Sequence[Any], scale: float = 1.0) -> list[j
     Raises:
       TypeError: a dtype is not one of the supported float types.
       ValueError: ``buffer`` is not 1-D or its size is not the sum of the sizes.
+
+    Example:
+      >>> from coarse_jax import kernels
+      >>> like = [jnp.zeros((2,), jnp.bfloat16), jax.ShapeDtypeStruct((1, 2), jnp.float32)]
+      >>> a, b = kernels.unpack(jnp.arange(4.0), like, scale=0.5)
+      >>> a.dtype, a.tolist(), b.tolist()
+      (dtype(bfloat16), [0.0, 0.5], [[1.0, 1.5]])
     """
     buffer = jnp.asarray(buffer)
     _check_dtype(buffer.dtype, "buffer")
@@ -139,6 +151,11 @@ def reduce(*arrays: jax.Array, scale: float = 1.0) -> jax.Array:
     Raises:
       TypeError: the dtype is not supported, or the arrays' dtypes differ.
       ValueError: no arrays, more than 8, or their shapes differ.
+
+    Example:
+      >>> from coarse_jax import kernels
+      >>> kernels.reduce(jnp.ones(3), jnp.arange(3.0), scale=0.5).tolist()   # a mean of 2
+      [0.5, 1.0, 1.5]
     """
     if not 1 <= len(arrays) <= MAX_REDUCE_INPUTS:
         raise ValueError(

@@ -77,8 +77,8 @@ def make_mesh(workers: int | None = None, *, devices: Sequence[jax.Device] | Non
 
     Worker ``i`` is ``mesh.devices[0, i]``, its local proxy ``mesh.devices[1, i]``.
     Without ``devices`` the first ``2 * workers`` devices of the default backend
-    are paired by index: worker i with device ``workers + i``. (Topology-aware
-    pairing comes with the profiler.) Pass ``devices`` (workers first, then
+    are paired by index: worker i with device ``workers + i``; the mesh does
+    not read the machine's topology. Pass ``devices`` (workers first, then
     proxies) to choose the pairing yourself.
 
     Args:
@@ -86,13 +86,21 @@ def make_mesh(workers: int | None = None, *, devices: Sequence[jax.Device] | Non
       devices: the 2p devices to use.
 
     Returns:
-      A ``jax.sharding.Mesh`` of shape ``(2, p)``.
+      A ``jax.sharding.Mesh`` of shape ``(2, p)`` with axes ``("tier", "data")``
+      (``(process_count, 2, p)`` with axes ``("host", "tier", "data")`` across
+      processes).
 
     Raises:
       ValueError: the device count is odd, too small, or does not match ``workers``.
 
     Example:
       >>> mesh = coarse.make_mesh(workers=4)   # 8 devices
+      >>> mesh.axis_names, mesh.devices.shape
+      (('tier', 'data'), (2, 4))
+      >>> [d.id for d in mesh.devices[:, 1]]   # worker 1 and its local proxy
+      [1, 5]
+      >>> coarse.make_mesh(devices=jax.devices()[:4]).devices.shape   # 2 workers
+      (2, 2)
     """
     if devices is None and jax.process_count() > 1:
         return _make_host_mesh(workers)

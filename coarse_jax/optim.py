@@ -54,15 +54,30 @@ def _positive(name: str, value: float, where: str, allow_zero: bool = True) -> f
 class ProxyOptimizer:
     """Hyperparameters of an optimizer the proxies run. Build with sgd / adam / adamw.
 
+    A frozen dataclass that `coarse.value_and_update` hands to the runtime.
+    Its semantics are optax's, op for op: `optax` builds the equivalent optax
+    transformation, and `optax_state` / `from_optax_state` convert the
+    proxies' state to and from that transformation's state.
+
     Attributes:
       kind: "sgd", "adam" or "adamw".
       learning_rate: a float or an optax schedule of the step count.
-      b1, b2, eps: Adam's (unused by sgd).
-      momentum, nesterov: SGD's (momentum 0: plain SGD, no state).
+      b1: Adam's first-moment decay (unused by sgd).
+      b2: Adam's second-moment decay (unused by sgd).
+      eps: Adam's epsilon (unused by sgd).
+      momentum: SGD's momentum (0: plain SGD, no state).
+      nesterov: SGD's Nesterov momentum.
       weight_decay: decoupled (adamw) or added to the gradient (sgd); unused by adam.
       mask: which parameters weight decay applies to, as optax's ``mask``: a pytree of
         bools like the params, or a function of the params returning one; None: all.
       clip_norm: global-norm clipping of the mean gradient before the update; None: off.
+
+    Example:
+      >>> opt = coarse.optim.adam(1e-3)
+      >>> opt.kind, opt.b1, opt.slots
+      ('adam', 0.9, 2)
+      >>> isinstance(opt, coarse.ProxyOptimizer)
+      True
     """
 
     kind: str
@@ -78,13 +93,34 @@ class ProxyOptimizer:
 
     @property
     def slots(self) -> int:
-        """Optimizer state values per parameter besides the master weight."""
+        """Optimizer state values per parameter besides the master weight.
+
+        0 for plain SGD, 1 for SGD with momentum (the trace), 2 for Adam and
+        AdamW (mu and nu).
+
+        Example:
+          >>> coarse.optim.sgd(0.1).slots, coarse.optim.sgd(0.1, momentum=0.9).slots
+          (0, 1)
+        """
         if self.kind == "sgd":
             return 1 if self.momentum else 0
         return 2
 
     def optax(self) -> optax.GradientTransformation:
-        """The equivalent optax transformation (what the proxies compute)."""
+        """The equivalent optax transformation (what the proxies compute).
+
+        Returns:
+          An ``optax.GradientTransformation``: ``optax.sgd`` after
+          ``add_decayed_weights``, ``optax.adam`` or ``optax.adamw``, after
+          ``optax.clip_by_global_norm`` when ``clip_norm`` is set.
+
+        Example:
+          >>> tx = coarse.optim.adamw(1e-3, weight_decay=0.01).optax()
+          >>> params = {"w": jnp.ones((2,))}
+          >>> updates, state = tx.update({"w": jnp.ones((2,))}, tx.init(params), params)
+          >>> updates["w"].shape
+          (2,)
+        """
         lr = self.learning_rate
         if self.kind == "sgd":
             core = optax.sgd(lr, momentum=self.momentum or None, nesterov=self.nesterov)
@@ -111,6 +147,16 @@ class ProxyOptimizer:
         Computed as optax computes them (its ``scale_by_schedule`` reads the
         schedule at the count before the update; ``scale_by_adam`` corrects
         with the count after it).
+
+        Args:
+          count: updates applied so far (an int32 scalar, traced or not).
+
+        Returns:
+          A float32 array of shape (3,).
+
+        Example:
+          >>> coarse.optim.adam(0.5, b1=0.5, b2=0.5).scalars(jnp.int32(0)).tolist()
+          [0.5, 0.5, 0.5]
         """
         lr = self.learning_rate
         rate = lr(count) if callable(lr) else lr
@@ -120,7 +166,23 @@ class ProxyOptimizer:
         return jnp.stack([jnp.asarray(rate, jnp.float32), bc1, bc2]).astype(jnp.float32)
 
     def decay_mask(self, params: Any) -> list[bool]:
-        """Per leaf of ``params`` (flatten order): whether weight decay applies."""
+        """Per leaf of ``params`` (flatten order): whether weight decay applies.
+
+        Args:
+          params: the params' pytree (only its structure and leaves are read).
+
+        Returns:
+          One bool per leaf; all False when the optimizer has no weight decay
+          (or is adam).
+
+        Raises:
+          ValueError: ``mask`` does not have the structure of ``params``.
+
+        Example:
+          >>> opt = coarse.optim.adamw(1e-3, mask=lambda p: {"b": False, "w": True})
+          >>> opt.decay_mask({"b": jnp.zeros(2), "w": jnp.zeros(2)})
+          [False, True]
+        """
         n = len(jax.tree.leaves(params))
         if not self.weight_decay or self.kind == "adam":
             return [False] * n
@@ -139,7 +201,15 @@ class ProxyOptimizer:
         return [bool(m) for m in leaves]
 
     def ffi_attrs(self) -> dict[str, Any]:
-        """The hyperparameters as the runtime reads them (ffi/optimizer_attrs.h)."""
+        """The hyperparameters as the runtime reads them (ffi/optimizer_attrs.h).
+
+        Returns:
+          A dict from attribute name to a numpy scalar.
+
+        Example:
+          >>> int(coarse.optim.adamw(1e-3).ffi_attrs()["opt_kind"])
+          2
+        """
         return {
             "opt_kind": np.int64(KINDS[self.kind]),
             "opt_b1": np.float64(self.b1),
@@ -159,7 +229,21 @@ class ProxyOptimizer:
     def optax_state(self, params: Any, count: int, slots: Sequence[Any]) -> Any:
         """The optax state of `optax` holding ``slots`` (trees like ``params``) after ``count``.
 
-        ``slots``: the trace (sgd with momentum) or (mu, nu) (adam, adamw).
+        Args:
+          params: the params' pytree (the state's structure follows it).
+          count: updates applied so far.
+          slots: the trace (sgd with momentum) or (mu, nu) (adam, adamw),
+            each a tree like ``params``.
+
+        Returns:
+          The state pytree of ``self.optax()``.
+
+        Example:
+          >>> opt = coarse.optim.adam(1e-3)
+          >>> params = {"w": jnp.zeros((2,))}
+          >>> state = opt.optax_state(params, 3, [{"w": jnp.ones((2,))}, {"w": jnp.ones((2,))}])
+          >>> int(state[0].count), state[0].mu["w"].tolist()
+          (3, [1.0, 1.0])
         """
         count_arr = jnp.asarray(count, jnp.int32)
 
@@ -179,7 +263,26 @@ class ProxyOptimizer:
         return fill(self.optax().init(params))
 
     def from_optax_state(self, opt_state: Any) -> tuple[int, list[Any]]:
-        """(count, slots) from a state of `optax` (the inverse of `optax_state`)."""
+        """(count, slots) from a state of `optax` (the inverse of `optax_state`).
+
+        Args:
+          opt_state: a state of ``self.optax()``, from optax training or from
+            `optax_state`.
+
+        Returns:
+          ``(count, slots)``: the updates applied so far and the trace or
+          (mu, nu) trees.
+
+        Raises:
+          ValueError: ``opt_state`` lacks the state this optimizer needs (a
+            momentum trace, Adam's moments, or a schedule's count).
+
+        Example:
+          >>> opt = coarse.optim.adam(1e-3)
+          >>> count, (mu, nu) = opt.from_optax_state(opt.optax().init({"w": jnp.zeros(2)}))
+          >>> count, mu["w"].tolist()
+          (0, [0.0, 0.0])
+        """
         found: dict[str, Any] = {}
 
         def walk(node: Any) -> None:
@@ -228,8 +331,29 @@ def sgd(
 ) -> ProxyOptimizer:
     """SGD on the proxies; optax's ``sgd`` after ``add_decayed_weights(weight_decay)``.
 
+    The decay is added to the gradient before the momentum, as in PyTorch's
+    SGD.
+
+    Args:
+      learning_rate: a float, or an optax schedule of the step count (XLA
+        evaluates it from the proxies' count).
+      momentum: 0 for plain SGD (no state), else the momentum of the trace.
+      nesterov: Nesterov momentum.
+      weight_decay: L2 decay added to the gradient (0: none).
+      clip_norm: clip the mean gradient to this global norm first
+        (``optax.clip_by_global_norm``); None: no clipping.
+
+    Returns:
+      A `ProxyOptimizer` for `coarse.value_and_update`.
+
+    Raises:
+      ValueError: a hyperparameter is negative or not finite, or
+        ``clip_norm`` is not positive.
+
     Example:
       >>> opt = coarse.optim.sgd(0.1, momentum=0.9)
+      >>> opt.slots, opt.optax() is not None
+      (1, True)
     """
     return _build(
         "sgd",
@@ -251,8 +375,25 @@ def adam(
 ) -> ProxyOptimizer:
     """Adam on the proxies; optax's ``adam``.
 
+    Args:
+      learning_rate: a float, or an optax schedule of the step count.
+      b1: the first moment's decay, in [0, 1).
+      b2: the second moment's decay, in [0, 1).
+      eps: added to the second moment's root.
+      clip_norm: clip the mean gradient to this global norm first; None: no
+        clipping.
+
+    Returns:
+      A `ProxyOptimizer` for `coarse.value_and_update`.
+
+    Raises:
+      ValueError: ``b1`` or ``b2`` outside [0, 1), or a negative or infinite
+        hyperparameter, or ``clip_norm`` not positive.
+
     Example:
       >>> opt = coarse.optim.adam(1e-3, clip_norm=1.0)
+      >>> opt.clip_norm, opt.slots
+      (1.0, 2)
     """
     return _build("adam", learning_rate, b1=b1, b2=b2, eps=eps, clip_norm=clip_norm)
 
@@ -269,8 +410,28 @@ def adamw(
 ) -> ProxyOptimizer:
     """AdamW on the proxies; optax's ``adamw`` (decay masked by ``mask``, as optax's).
 
+    Args:
+      learning_rate: a float, or an optax schedule of the step count.
+      b1: the first moment's decay, in [0, 1).
+      b2: the second moment's decay, in [0, 1).
+      eps: added to the second moment's root.
+      weight_decay: decoupled weight decay.
+      mask: which parameters decay, as optax's ``mask``: a pytree of bools
+        like the params, or a function of the params returning one; None: all.
+      clip_norm: clip the mean gradient to this global norm first; None: no
+        clipping.
+
+    Returns:
+      A `ProxyOptimizer` for `coarse.value_and_update`.
+
+    Raises:
+      ValueError: ``b1`` or ``b2`` outside [0, 1), or a negative or infinite
+        hyperparameter, or ``clip_norm`` not positive.
+
     Example:
       >>> opt = coarse.optim.adamw(optax.cosine_decay_schedule(1e-3, 1000), weight_decay=0.01)
+      >>> opt.kind, opt.weight_decay
+      ('adamw', 0.01)
     """
     return _build(
         "adamw",
