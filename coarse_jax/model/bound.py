@@ -46,6 +46,11 @@ class LinkBound:
       binding: the resource that sets it, e.g. "proxy 0 in port" or "worker ring link 0->1".
       busy_s: seconds each resource must carry data (time_scale applied).
       latency_s: the binding resource's unavoidable latency (see the module docstring).
+
+    Example:
+      >>> b = coarse.model.LinkBound(1.5, "proxy 0 in port", {"proxy 0 in port": 1.0}, 0.5)
+      >>> b.seconds == b.busy_s[b.binding] + b.latency_s
+      True
     """
 
     seconds: float
@@ -78,8 +83,11 @@ def link_bound(plan: Any, topology: Any) -> LinkBound:
       ValueError: ``topology`` describes another worker count than ``plan``.
 
     Example:
-      >>> b = coarse.model.link_bound(coarse.plan(tree, mesh, cfg), cfg.topology)
-      >>> print(f"{b.seconds * 1e3:.1f} ms, bound by {b.binding}")
+      >>> topo = coarse.Topology.preset("v100", workers=4, clock="virtual")
+      >>> tree = {"w": jnp.zeros((256, 1024))}                  # 1 MiB per worker
+      >>> b = coarse.model.link_bound(coarse.plan(tree, mesh), topo)
+      >>> print(f"{b.seconds * 1e6:.1f} us, bound by {b.binding}")
+      119.5 us, bound by worker 0 out port
     """
     p = plan.workers
     if topology.workers != p:

@@ -20,6 +20,10 @@ from coarse_jax.model._checks import check_nonneg
 class Layer:
     """Per-layer costs of one training iteration on one worker.
 
+    Example:
+      >>> coarse.model.Layer("fc", fwd_s=0.001, bwd_s=0.002, grad_bytes=4_000_000).grad_bytes
+      4000000
+
     Attributes:
       name: Label, for reporting only.
       fwd_s: Forward computation seconds.
@@ -76,6 +80,15 @@ def dag_iteration_s(
 
     Raises:
       ValueError: On an invalid ``worker_layers``/``worker_comm_s``.
+
+    Example:
+      >>> from coarse_jax.model import Layer
+      >>> layers = [Layer("conv", 0.002, 0.004, 4_000_000), Layer("fc", 0.001, 0.002, 8_000_000)]
+      >>> comm = lambda nbytes: nbytes / 4e9                     # 4 GB/s, seconds
+      >>> round(coarse.model.dag_iteration_s(layers, comm) * 1e3, 3)          # ms, overlapped
+      10.0
+      >>> round(coarse.model.dag_iteration_s(layers, comm, overlap=False) * 1e3, 3)
+      12.0
     """
     return dag_iterations_s(
         layers,
@@ -124,6 +137,13 @@ def dag_iterations_s(
 
     Raises:
       ValueError: On ``steps < 1`` or an invalid ``worker_layers``/``worker_comm_s``.
+
+    Example:
+      >>> from coarse_jax.model import Layer
+      >>> layers = [Layer("conv", 0.002, 0.004, 4_000_000), Layer("fc", 0.001, 0.002, 8_000_000)]
+      >>> comm = lambda nbytes: nbytes / 4e9                     # 4 GB/s, seconds
+      >>> round(coarse.model.dag_iterations_s(layers, comm, steps=3) * 1e3, 3)  # ms
+      30.0
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}.")

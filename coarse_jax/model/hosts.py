@@ -33,8 +33,17 @@ def inter_host_bytes(plan: Any, hosts: int) -> int:
       plan: the `coarse.Plan` of one host (its ``workers`` are the host's).
       hosts: how many hosts (processes) the mesh spans.
 
+    Returns:
+      ``(hosts - 1)`` times the host's synchronized values in f32: every
+      leaf, proxy-synced or leading, as 4 bytes per element.
+
     Raises:
       ValueError: ``hosts`` is not an int >= 1.
+
+    Example:
+      >>> plan = coarse.plan({"w": jnp.zeros((1024,), jnp.bfloat16)}, 4)
+      >>> coarse.model.inter_host_bytes(plan, hosts=3)          # 2 x 1024 f32 values
+      8192
     """
     if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
         raise ValueError(f"inter_host_bytes: hosts must be an int >= 1, got {hosts!r}.")
@@ -55,9 +64,20 @@ def predict_hosts_sync_s(plan: Any, topology: Any, hosts: int) -> float:
       topology: the `coarse.Topology` of one host's devices, with its inter-host link.
       hosts: how many hosts (processes).
 
+    Returns:
+      Seconds (``topology.time_scale`` applied).
+
+    Raises:
+      ValueError: ``hosts`` is not an int >= 1, or ``topology`` describes
+        another worker count than ``plan``.
+
     Example:
-      >>> topo = coarse.Topology.preset("v100", workers=4, time_scale=300)
-      >>> coarse.model.predict_hosts_sync_s(coarse.plan(tree, 4, cfg), topo, hosts=2)
+      >>> topo = coarse.Topology.preset("v100", workers=4, clock="virtual")
+      >>> plan = coarse.plan({"w": jnp.zeros((256, 1024))}, 4)   # 1 MiB per worker
+      >>> one = coarse.model.predict_hosts_sync_s(plan, topo, hosts=1)
+      >>> two = coarse.model.predict_hosts_sync_s(plan, topo, hosts=2)
+      >>> one == coarse.model.predict_plan_sync_s(plan, topo), two > one
+      (True, True)
     """
     intra = predict_plan_sync_s(plan, topology)
     nbytes = inter_host_bytes(plan, hosts)

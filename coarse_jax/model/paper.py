@@ -42,6 +42,10 @@ def ring_allreduce_s(nbytes: float, p: int, gbps: float, latency_us: float = 0.0
 
     Raises:
       ValueError: On ``p < 1``, negative sizes or latency, non-positive bandwidth.
+
+    Example:
+      >>> round(coarse.model.ring_allreduce_s(100e6, 4, 10.0) * 1e3, 3)  # 100 MB, 10 GB/s, ms
+      15.0
     """
     check_p(p)
     check_nonneg(nbytes, "nbytes")
@@ -62,6 +66,10 @@ def t_sync_proxy(m: float, p: int, bw_proxy_gbps: float) -> float:
 
     Returns:
       Seconds.
+
+    Example:
+      >>> round(coarse.model.t_sync_proxy(100e6, 4, 24.0) * 1e3, 3)     # ms
+      6.25
     """
     return ring_allreduce_s(m, p, bw_proxy_gbps)
 
@@ -76,6 +84,10 @@ def t_sync_gpu(n_minus_m: float, p: int, bw_gpu_gbps: float) -> float:
 
     Returns:
       Seconds.
+
+    Example:
+      >>> round(coarse.model.t_sync_gpu(10e6, 4, 9.0) * 1e3, 3)          # ms
+      1.667
     """
     return ring_allreduce_s(n_minus_m, p, bw_gpu_gbps)
 
@@ -96,6 +108,10 @@ def leading_bytes_for(m: float, n: float) -> float:
 
     Raises:
       ValueError: If ``m`` is outside ``[0, n]``.
+
+    Example:
+      >>> coarse.model.leading_bytes_for(90.0, 100.0)
+      10.0
     """
     check_nonneg(n, "n")
     if not 0 <= m <= n:
@@ -134,6 +150,11 @@ def t_train(
 
     Raises:
       ValueError: On out-of-range arguments.
+
+    Example:
+      >>> # 100 MB of gradients, 4 workers, 90 MB through the proxies:
+      >>> round(coarse.model.t_train(90e6, 100e6, 4, 24.0, 9.0, t_fp=0.03, t_bp=0.06), 4)
+      0.0917
     """
     check_nonneg(t_fp, "t_fp")
     check_nonneg(t_bp, "t_bp")
@@ -187,6 +208,11 @@ def best_split(
 
     Raises:
       ValueError: On out-of-range arguments or a candidate outside ``[0, n]``.
+
+    Example:
+      >>> m, t = coarse.model.best_split(100_000_000, 4, 24.0, 9.0, t_fp=0.001, t_bp=0.002)
+      >>> m, round(t * 1e3, 3)
+      (81454546, 6.091)
     """
     check_p(p)
     check_nonneg(n, "n")
@@ -237,14 +263,14 @@ def coarse_sync_s(
     stage is uniform). Each shard goes through three stages: every worker
     pushes it to its proxy, the proxies ring-all-reduce it, every worker pulls
     the result back. ``latency_us`` is charged per hop (each push, each pull,
-    each of the ``2(p-1)`` ring steps):
+    each of the ``2(p-1)`` ring steps)::
 
         push = lat + s / push_bw
         ring = ring_allreduce_s(s, p, bw_proxy, lat)
         pull = lat + s / pull_bw
 
     A pipeline of uniform stages finishes one shard per bottleneck stage after
-    the first shard has crossed all of them:
+    the first shard has crossed all of them::
 
         bidirectional=True  (push and pull on opposite link directions, overlap):
             T = push + ring + pull + (k-1) * max(push, ring, pull)
@@ -268,6 +294,11 @@ def coarse_sync_s(
 
     Raises:
       ValueError: On out-of-range arguments.
+
+    Example:
+      >>> round(coarse.model.coarse_sync_s(100e6, 4, push_gbps=16.0, pull_gbps=16.0,
+      ...                                  bw_proxy_gbps=24.0, shard_bytes=4 << 20) * 1e3, 3)
+      6.771
     """
     check_p(p)
     check_nonneg(n, "n")
@@ -303,7 +334,7 @@ def dense_sync_s(
     The DENSE baseline: all ``p`` workers push ``n`` bytes to one proxy and
     pull ``n`` bytes back, and that proxy's single port serializes the traffic
     (``p * n / bw`` in, ``p * n / bw`` out). The reduction itself is assumed
-    free; the port is the bottleneck.
+    free; the port is the bottleneck::
 
         duplex=False (half-duplex port, pulls wait for every push):
             T = 2 * p * n / bw + 2 * lat
@@ -331,6 +362,10 @@ def dense_sync_s(
 
     Raises:
       ValueError: On out-of-range arguments.
+
+    Example:
+      >>> round(coarse.model.dense_sync_s(100e6, 4, 16.0, shard_bytes=4 << 20) * 1e3, 3)
+      26.042
     """
     check_p(p)
     check_nonneg(n, "n")

@@ -29,6 +29,25 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
     (ffi/runtime/ring.cc), so they show only when they outlast a transfer;
     pick a ``time_scale`` that makes the emulated links dominate.
     `coarse.model.link_bound` is the floor under this schedule.
+
+    Args:
+      plan: a `coarse.Plan` (`coarse.plan(tree, mesh, config)`).
+      topology: the `coarse.Topology` it runs on (its ``time_scale`` applies).
+
+    Returns:
+      Seconds; on ``clock="virtual"`` the runtime's simulated time of the same
+      synchronization (`coarse.virtual_sync_seconds`) equals it.
+
+    Example:
+      >>> topo = coarse.Topology.preset("v100", workers=4, clock="virtual")
+      >>> cfg = coarse.Config(topology=topo)
+      >>> tree = {"w": jnp.ones((256, 1024))}                    # 1 MiB per worker
+      >>> step = coarse.sync(lambda t, x: coarse.all_reduce(t), mesh=mesh, config=cfg)
+      >>> _ = jax.block_until_ready(step(tree, jnp.ones((8,))))
+      >>> predicted = coarse.model.predict_plan_sync_s(coarse.plan(tree, mesh, cfg), topo)
+      >>> (simulated,) = coarse.virtual_sync_seconds()
+      >>> abs(simulated - predicted) < 1e-8
+      True
     """
     p = plan.workers
     link_free: dict[tuple[int, int], float] = {}
