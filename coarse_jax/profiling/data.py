@@ -80,8 +80,13 @@ class Profile:
       TypeError: ``host`` is not a str.
 
     Example:
-      >>> prof = Profile.load("v100.json")
-      >>> print(prof.table())
+      >>> import os, tempfile
+      >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+      >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+      >>> path = os.path.join(tempfile.mkdtemp(), "v100.json")
+      >>> prof.save(path)
+      >>> coarse.Profile.load(path) == prof
+      True
       >>> cfg = coarse.Config.from_profile(prof, leading_bytes=64 << 10)
     """
 
@@ -191,7 +196,18 @@ class Profile:
 
         Args:
           other: the profile to compare with.
-          rtol, atol: as in `numpy.allclose`, applied to every time array.
+          rtol: relative tolerance, as in ``numpy.allclose``, for every time array.
+          atol: absolute tolerance, as in ``numpy.allclose``.
+
+        Returns:
+          True when ``other`` is a `Profile` of the same mesh, sizes, topology
+          and host, and every time array is within the tolerance.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof.allclose(coarse.Profile.from_json_dict(prof.to_json_dict()))
+          True
         """
         if not isinstance(other, Profile):
             raise TypeError(f"Profile.allclose: expected a Profile, got {type(other).__name__}.")
@@ -215,53 +231,143 @@ class Profile:
         return (bytes_per_transfer * self._sizes_f() / times).max(axis=-1) / 1e9
 
     def wp_bandwidth_curve_gbps(self) -> np.ndarray:
-        """``[p, p, S]`` one-way worker -> proxy bandwidth at each size, GB/s."""
+        """``[p, p, S]`` one-way worker -> proxy bandwidth at each size, GB/s.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof.wp_bandwidth_curve_gbps().shape
+          (4, 4, 2)
+        """
         return self._sizes_f() / self.wp_oneway_s / 1e9
 
     def pp_bandwidth_curve_gbps(self) -> np.ndarray:
-        """``[p, 2, S]`` one-way proxy -> ring neighbour bandwidth at each size, GB/s."""
+        """``[p, 2, S]`` one-way proxy -> ring neighbour bandwidth at each size, GB/s.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof.pp_bandwidth_curve_gbps().shape
+          (4, 2, 2)
+        """
         return self._sizes_f() / self.pp_oneway_s / 1e9
 
     def ww_bandwidth_curve_gbps(self) -> np.ndarray:
-        """``[p, 2, S]`` one-way worker -> ring neighbour bandwidth at each size, GB/s."""
+        """``[p, 2, S]`` one-way worker -> ring neighbour bandwidth at each size, GB/s.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof.ww_bandwidth_curve_gbps().shape
+          (4, 2, 2)
+        """
         return self._sizes_f() / self.ww_oneway_s / 1e9
 
     def wp_latency_us(self) -> np.ndarray:
-        """``[p, p]`` worker -> proxy one-way time at the smallest size, microseconds."""
+        """``[p, p]`` worker -> proxy one-way time at the smallest size, microseconds.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> lat = prof.wp_latency_us()          # v100: local 3 us, remote 8 us (+ 1 KiB)
+          >>> bool(lat[0, 0] < lat[0, 1])
+          True
+        """
         return self.wp_oneway_s[..., 0] * 1e6
 
     def wp_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, p]`` worker -> proxy one-way peak over sizes of size/time, GB/s."""
+        """``[p, p]`` worker -> proxy one-way peak over sizes of size/time, GB/s.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> bw = prof.wp_bandwidth_gbps()       # v100: local 9 GB/s, remote 16 GB/s
+          >>> bool(bw[0, 1] > bw[0, 0])
+          True
+        """
         return self._peak_gbps(self.wp_oneway_s)
 
     def bidir_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, p]`` worker <-> proxy peak of 2 * size / time (push and pull together), GB/s."""
+        """``[p, p]`` worker <-> proxy peak of 2 * size / time (push and pull together), GB/s.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof.bidir_bandwidth_gbps().shape
+          (4, 4)
+        """
         return self._peak_gbps(self.wp_bidir_s, 2.0)
 
     def pp_latency_us(self) -> np.ndarray:
-        """``[p, 2]`` proxy -> (next, previous) ring neighbour: time at the smallest size, us."""
+        """``[p, 2]`` proxy -> (next, previous) ring neighbour: time at the smallest size, us.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof.pp_latency_us().shape
+          (4, 2)
+        """
         return self.pp_oneway_s[..., 0] * 1e6
 
     def pp_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, 2]`` proxy -> (next, previous) ring neighbour one-way peak bandwidth, GB/s."""
+        """``[p, 2]`` proxy -> (next, previous) ring neighbour one-way peak bandwidth, GB/s.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof.pp_bandwidth_gbps().shape
+          (4, 2)
+        """
         return self._peak_gbps(self.pp_oneway_s)
 
     def pp_bidir_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, 2]`` proxy <-> ring neighbour peak of 2 * size / time, GB/s."""
+        """``[p, 2]`` proxy <-> ring neighbour peak of 2 * size / time, GB/s.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof.pp_bidir_bandwidth_gbps().shape
+          (4, 2)
+        """
         return self._peak_gbps(self.pp_bidir_s, 2.0)
 
     def ww_latency_us(self) -> np.ndarray:
-        """``[p, 2]`` worker -> (next, previous) ring neighbour: time at the smallest size, us."""
+        """``[p, 2]`` worker -> (next, previous) ring neighbour: time at the smallest size, us.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof.ww_latency_us().shape
+          (4, 2)
+        """
         return self.ww_oneway_s[..., 0] * 1e6
 
     def ww_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, 2]`` worker -> (next, previous) ring neighbour one-way peak bandwidth, GB/s."""
+        """``[p, 2]`` worker -> (next, previous) ring neighbour one-way peak bandwidth, GB/s.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof.ww_bandwidth_gbps().shape
+          (4, 2)
+        """
         return self._peak_gbps(self.ww_oneway_s)
 
     # ---------------------------------------------------------------- JSON
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The profile as plain JSON values (arrays as nested lists), with its ``format`` tag."""
+        """The profile as plain JSON values (arrays as nested lists), with its ``format`` tag.
+
+        Returns:
+          A dict that ``json.dumps`` accepts; `from_json_dict` reads it back.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> d = prof.to_json_dict()
+          >>> d["format"], d["workers"], d["sizes"]
+          ('coarse_jax.profile/1', 4, [1024, 1048576])
+        """
         out: dict[str, Any] = {
             "format": FORMAT,
             "workers": self.workers,
@@ -283,6 +389,9 @@ class Profile:
         Args:
           data: the decoded JSON object.
           source: names the origin (a path) in error messages.
+
+        Returns:
+          The `Profile`.
 
         Raises:
           ValueError: not a ``coarse_jax.profile/1`` object, a missing field, or
@@ -321,7 +430,23 @@ class Profile:
             raise ValueError(f"{source}: {e}") from None
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the profile as JSON to ``path`` (see `load`)."""
+        """Write the profile as JSON to ``path`` (see `load`).
+
+        Args:
+          path: the file to write.
+
+        Raises:
+          OSError: the file cannot be written.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> import os, tempfile
+          >>> path = os.path.join(tempfile.mkdtemp(), "v100.json")
+          >>> prof.save(path)
+          >>> coarse.Profile.load(path).workers
+          4
+        """
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self.to_json_dict(), f, indent=1)
             f.write("\n")
@@ -329,6 +454,12 @@ class Profile:
     @staticmethod
     def load(path: str | os.PathLike[str]) -> Profile:
         """Read a profile written by `save`.
+
+        Args:
+          path: the JSON file.
+
+        Returns:
+          The `Profile`.
 
         Raises:
           ValueError: the file is not JSON, or not a valid ``coarse_jax.profile/1`` profile.
@@ -353,6 +484,16 @@ class Profile:
         One row per worker with its link to each proxy (``*`` marks the local
         proxy; LatProxy/BwProxy as the planner picks them), then each proxy's
         and each worker's ring neighbours (`coarse_jax.profiling.report.table`).
+
+        Returns:
+          The table as a string.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> print(prof.table())  # doctest: +ELLIPSIS
+          Profile v100: 4 workers on cpu, 8 devices; sizes 1KiB..1MiB (2 sizes)
+          ...
         """
         from coarse_jax.profiling import report  # report reads routes, which read profiles
 
@@ -363,8 +504,20 @@ class Profile:
 
         See `coarse_jax.profiling.report.plot`.
 
+        Args:
+          path: the PNG file to write.
+
         Raises:
           ImportError: matplotlib is not installed.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> import os, tempfile
+          >>> path = os.path.join(tempfile.mkdtemp(), "v100.png")
+          >>> prof.plot(path)
+          >>> os.path.getsize(path) > 0
+          True
         """
         from coarse_jax.profiling import report
 

@@ -110,11 +110,16 @@ def profile(
       `coarse.Config.from_profile` turns it into routes, threshold and shard size.
 
     Raises:
-      ValueError: bad sizes, or a topology for another number of workers.
+      ValueError: bad sizes, or a topology for another number of workers, or
+        not a coarse mesh.
+      NotImplementedError: the mesh spans hosts (profile each host's part).
 
     Example:
-      >>> prof = coarse.profile(mesh, topology=coarse.Topology.preset("v100", 4, time_scale=50))
-      >>> print(prof.table())
+      >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")   # exact, nothing sleeps
+      >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 16, 1 << 22])
+      >>> cfg = coarse.Config.from_profile(prof, topology=topo)
+      >>> cfg.routes       # (latency proxy, bandwidth proxy) per worker: local, then next
+      ((0, 1), (1, 2), (2, 3), (3, 0))
     """
     mesh = check_mesh(mesh, "coarse.profile")
     if has_hosts(mesh):
@@ -203,9 +208,25 @@ def measure_step_times(
     first device with ``args`` (give one worker's share of the batch) and
     takes medians; T_BP is the difference. For ``Config(leading_bytes="auto")``.
 
+    Args:
+      fun: the loss function.
+      *args: its arguments, with one worker's share of the batch.
+      argnums: which arguments to differentiate, as for ``jax.value_and_grad``.
+      reps: timed runs of each (after one for compilation).
+
+    Returns:
+      ``(T_FP, T_BP)`` in seconds.
+
     Example:
-      >>> times = coarse.measure_step_times(loss_fn, params, batch_shard)
-      >>> cfg = coarse.Config.from_profile(prof, leading_bytes="auto", step_times_s=times)
+      >>> def loss_fn(params, batch):
+      ...     return jnp.mean((batch @ params["w"]) ** 2)
+      >>> params, batch_shard = {"w": jnp.ones((64, 8))}, jnp.ones((16, 64))
+      >>> t_fp, t_bp = coarse.measure_step_times(loss_fn, params, batch_shard)
+      >>> t_fp > 0 and t_bp >= 0
+      True
+      >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+      >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+      >>> cfg = coarse.Config.from_profile(prof, leading_bytes="auto", step_times_s=(t_fp, t_bp))
     """
     device = jax.devices()[0]
     args = jax.device_put(args, device)

@@ -63,21 +63,37 @@ class Topology:
     Attributes:
       name: a label for tables and plots.
       workers: p.
-      worker_proxy_gbps, worker_proxy_us: ``[worker][proxy]``; the same both ways.
-      proxy_proxy_gbps, proxy_proxy_us: ``[proxy][proxy]`` (the diagonal is unused).
-      worker_worker_gbps, worker_worker_us: ``[worker][worker]`` (used by the worker ring).
-      inter_host_gbps, inter_host_us: each host's network link to the others
-        (one per host, shared by its devices, the same both ways), used
-        only on a mesh across hosts; see the module docstring.
+      worker_proxy_gbps: ``[worker][proxy]`` bandwidths, GB/s; the same both ways.
+      worker_proxy_us: ``[worker][proxy]`` latencies, microseconds.
+      proxy_proxy_gbps: ``[proxy][proxy]`` bandwidths (the diagonal is unused).
+      proxy_proxy_us: ``[proxy][proxy]`` latencies.
+      worker_worker_gbps: ``[worker][worker]`` bandwidths (used by the worker ring).
+      worker_worker_us: ``[worker][worker]`` latencies.
+      inter_host_gbps: each host's network link to the others, GB/s (one per
+        host, shared by its devices, the same both ways), used only on a mesh
+        across hosts; see the module docstring.
+      inter_host_us: that link's latency.
       time_scale: every emulated duration is multiplied by this, so emulated
         links can be made slow enough to dominate the host's own copy costs.
       clock: "real" (transfers sleep; wall time shows the links) or
         "virtual" (simulated time, exact and repeatable; see the module docstring).
 
+    Raises:
+      ValueError: ``workers`` is not a positive int, a matrix is not p x p, a
+        bandwidth is not positive, a latency is negative, ``time_scale`` is not
+        positive, or ``clock`` is neither "real" nor "virtual".
+
     Example:
       >>> topo = coarse.Topology.preset("v100", workers=4)
-      >>> mesh = coarse.make_mesh(workers=4)
-      >>> cfg = coarse.Config(topology=topo)
+      >>> cfg = coarse.Config(topology=topo)          # every coarse sync on these links
+      >>> own = coarse.Topology(
+      ...     "flat", 2,
+      ...     worker_proxy_gbps=[[10, 10], [10, 10]], worker_proxy_us=[[2, 2], [2, 2]],
+      ...     proxy_proxy_gbps=[[1, 20], [20, 1]], proxy_proxy_us=[[0, 1], [1, 0]],
+      ...     worker_worker_gbps=[[1, 9], [9, 1]], worker_worker_us=[[0, 8], [8, 0]],
+      ...     clock="virtual")
+      >>> own.transfer_s("wp", 0, 1, 10e9)            # 10 GB at 10 GB/s, plus 2 us
+      1.000002
     """
 
     name: str
@@ -158,8 +174,16 @@ class Topology:
           time_scale: multiplies every emulated duration.
           clock: "real" or "virtual" (see the module docstring).
 
+        Returns:
+          A `Topology` named after the preset.
+
         Raises:
           ValueError: an unknown preset name.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, time_scale=300, clock="virtual")
+          >>> topo.worker_proxy_gbps[0][0], topo.worker_proxy_gbps[0][1]   # local, remote
+          (9.0, 16.0)
         """
         presets = {
             "t4": ((12.0, 5.0), (12.0, 5.0)),
@@ -188,7 +212,21 @@ class Topology:
     def link(self, kind: str, a: int, b: int) -> tuple[float, float]:
         """``(seconds per byte, latency seconds)`` of one link, time_scale applied.
 
-        ``kind``: "wp" (indexed [worker][proxy], both directions), "pp" or "ww".
+        Args:
+          kind: "wp" (indexed [worker][proxy], both directions), "pp" or "ww".
+          a: the first index (worker, or sending proxy / worker).
+          b: the second index (proxy, or receiving proxy / worker).
+
+        Returns:
+          ``(seconds per byte, latency in seconds)``.
+
+        Raises:
+          KeyError: an unknown ``kind``.
+
+        Example:
+          >>> s_per_byte, latency = coarse.Topology.preset("t4", 2).link("wp", 0, 1)
+          >>> round(1 / s_per_byte / 1e9, 6), round(latency * 1e6, 6)       # 12 GB/s, 5 us
+          (12.0, 5.0)
         """
         bw, us = {
             "wp": (self.worker_proxy_gbps, self.worker_proxy_us),
@@ -198,16 +236,51 @@ class Topology:
         return self.time_scale / (bw[a][b] * 1e9), self.time_scale * us[a][b] * 1e-6
 
     def transfer_s(self, kind: str, src: int, dst: int, nbytes: float) -> float:
-        """Emulated seconds for one transfer of ``nbytes`` (kind: "wp", "pp" or "ww")."""
+        """Emulated seconds for one transfer of ``nbytes``: latency + bytes / bandwidth.
+
+        Args:
+          kind: "wp", "pp" or "ww" (as for `link`).
+          src: the sending device's index.
+          dst: the receiving device's index.
+          nbytes: bytes moved.
+
+        Returns:
+          Seconds, ``time_scale`` applied.
+
+        Example:
+          >>> round(coarse.Topology.preset("v100", 4).transfer_s("wp", 0, 1, 16e9), 6)
+          1.000008
+        """
         s_per_byte, latency = self.link(kind, src, dst)
         return latency + nbytes * s_per_byte
 
     def inter_host_s(self, nbytes: float) -> float:
-        """Emulated seconds for ``nbytes`` each way through one host's network link."""
+        """Emulated seconds for ``nbytes`` each way through one host's network link.
+
+        Args:
+          nbytes: bytes the host's link carries each way.
+
+        Returns:
+          ``time_scale * (inter_host_us * 1e-6 + nbytes / (inter_host_gbps * 1e9))``.
+
+        Example:
+          >>> coarse.Topology.preset("v100", 4).inter_host_s(12.5e9)   # 100 Gb/s, 5 us
+          1.000005
+        """
         return self.time_scale * (self.inter_host_us * 1e-6 + nbytes / (self.inter_host_gbps * 1e9))
 
     def inter_host_attrs(self) -> dict[str, Any]:
-        """The inter-host link as FFI attributes of ``coarse_host_gather`` (scaled; real clock)."""
+        """The inter-host link as FFI attributes of ``coarse_host_gather`` (scaled; real clock).
+
+        Returns:
+          A dict of numpy scalars: seconds per byte, latency seconds, and
+          whether the clock is virtual.
+
+        Example:
+          >>> attrs = coarse.Topology.preset("v100", 4).inter_host_attrs()
+          >>> round(float(attrs["emu_host_latency_s"]) * 1e6, 6)             # 5 us
+          5.0
+        """
         return {
             "emu_host_s_per_byte": np.float64(self.time_scale / (self.inter_host_gbps * 1e9)),
             "emu_host_latency_s": np.float64(self.time_scale * self.inter_host_us * 1e-6),
@@ -215,7 +288,16 @@ class Topology:
         }
 
     def ffi_attrs(self) -> dict[str, Any]:
-        """The topology as FFI attributes: bytes/s and seconds, already scaled, and the clock."""
+        """The topology as FFI attributes: seconds per byte and seconds, scaled, and the clock.
+
+        Returns:
+          A dict from attribute name to a numpy array (per link) or scalar.
+
+        Example:
+          >>> attrs = coarse.Topology.preset("v100", 4, clock="virtual").ffi_attrs()
+          >>> attrs["emu_wp_latency_s"].shape, int(attrs["emu_virtual"])
+          ((16,), 1)
+        """
         scale = self.time_scale
 
         def rate(m: Matrix) -> np.ndarray:  # seconds per byte
