@@ -2,15 +2,22 @@
 
 A second tier of devices, the proxies, reduces gradients that the workers push
 from inside the backward pass; the leading layers are reduced among the
-workers. See README.md.
+workers. With `coarse.value_and_update` the proxies also hold the master
+parameters and the optimizer state and run the optimizer. The guides and the
+API reference are in docs/ (`make docs` builds them).
 
 Example:
   >>> import coarse_jax as coarse
-  >>> mesh = coarse.make_mesh(workers=4)
+  >>> mesh = coarse.make_mesh(workers=4)          # 4 workers + 4 proxies on 8 devices
+  >>> def loss_fn(params, batch):
+  ...     return jnp.mean((batch @ params["w"]) ** 2)
   >>> @coarse.sync(mesh)
-  ... def train_step(state, batch):
-  ...     loss, grads = coarse.value_and_grad(loss_fn)(state.params, batch)
-  ...     return state.apply_gradients(grads=grads), loss
+  ... def train_step(params, batch):
+  ...     loss, grads = coarse.value_and_grad(loss_fn)(params, batch)
+  ...     return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+  >>> params, loss = train_step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+  >>> float(loss)
+  9.0
 """
 
 from coarse_jax import kernels, model, optim, reference

@@ -34,7 +34,22 @@ SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype(jax.numpy.bfloat16), np.dtype(
 
 @dataclasses.dataclass(frozen=True)
 class LeafPlan:
-    """One leaf: where it sits in the tree and how it is synchronized."""
+    """One leaf: where it sits in the tree and how it is synchronized.
+
+    Attributes:
+      name: the leaf's key path, e.g. ``"['params']['Dense_0']['kernel']"``.
+      shape: its shape.
+      dtype: its dtype (float32, bfloat16 or float16).
+      sync: ``"proxy"`` or ``"worker"`` (the worker ring of the leading layers).
+      sync_id: its position in sync order: proxy leaves first, then leading
+        leaves.
+      group: pieces never mix leaves of different groups (see `plan`).
+
+    Example:
+      >>> leaf = coarse.plan({"w": jnp.zeros((4, 4))}, mesh).leaves[0]
+      >>> leaf.name, leaf.sync, leaf.size, leaf.nbytes
+      ("['w']", 'proxy', 16, 64)
+    """
 
     name: str
     shape: tuple[int, ...]
@@ -45,16 +60,33 @@ class LeafPlan:
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
+        """The bytes in the leaf's own dtype."""
         return self.size * self.dtype.itemsize
 
 
 @dataclasses.dataclass(frozen=True)
 class PiecePlan:
-    """The unit that is routed, queued on a proxy and ring-reduced."""
+    """The unit that is routed, queued on a proxy and ring-reduced.
+
+    A shard of one large leaf, or several small leaves batched together.
+
+    Attributes:
+      index: its position in the plan's global order.
+      nelems: elements (f32 values in flight).
+      nbytes: bytes of the leaves' own dtypes it holds.
+      segments: ``(sync_id, leaf offset, length, piece offset)`` per leaf part.
+      dest: the proxy each worker sends it to.
+
+    Example:
+      >>> p = coarse.plan({"w": jnp.zeros((1024, 512))}, mesh, coarse.Config(shard_bytes=1 << 20))
+      >>> [(pc.nbytes, pc.dest) for pc in p.pieces]
+      [(1048576, (0, 1, 2, 3)), (1048576, (0, 1, 2, 3))]
+    """
 
     index: int
     nelems: int
@@ -65,7 +97,19 @@ class PiecePlan:
 
 @dataclasses.dataclass(frozen=True)
 class BucketPlan:
-    """One push: consecutive proxy leaves [first_leaf, first_leaf + num_leaves)."""
+    """One push: consecutive proxy leaves [first_leaf, first_leaf + num_leaves).
+
+    Attributes:
+      first_leaf: the first leaf's position in sync order.
+      num_leaves: how many consecutive proxy leaves it pushes.
+      first_piece: the first piece it fills.
+      num_pieces: how many pieces it fills.
+
+    Example:
+      >>> p = coarse.plan({"a": jnp.zeros((8,)), "b": jnp.zeros((8,))}, mesh)
+      >>> [(b.num_leaves, b.num_pieces) for b in p.buckets]
+      [(2, 1)]
+    """
 
     first_leaf: int
     num_leaves: int

@@ -58,7 +58,7 @@ class TierMemory:
 
     @property
     def xla_bytes(self) -> int:
-        """XLA's buffers: arguments + outputs - aliased + temporaries."""
+        """The bytes of XLA's buffers, arguments + outputs - aliased + temporaries."""
         return (
             self.xla_argument_bytes
             + self.xla_output_bytes
