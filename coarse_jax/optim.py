@@ -110,7 +110,7 @@ class ProxyOptimizer:
         """The equivalent optax transformation (what the proxies compute).
 
         Returns:
-          An ``optax.GradientTransformation``: ``optax.sgd`` after
+          An ``optax.GradientTransformation``, ``optax.sgd`` after
           ``add_decayed_weights``, ``optax.adam`` or ``optax.adamw``, after
           ``optax.clip_by_global_norm`` when ``clip_norm`` is set.
 
@@ -270,7 +270,7 @@ class ProxyOptimizer:
             `optax_state`.
 
         Returns:
-          ``(count, slots)``: the updates applied so far and the trace or
+          ``(count, slots)``, the updates applied so far and the trace or
           (mu, nu) trees.
 
         Raises:

@@ -240,7 +240,7 @@ class Plan:
           max_rows: the most leaf rows shown; the totals count every leaf.
 
         Returns:
-          The table as a string: per leaf its shape, dtype, bytes, how it is
+          The table as a string, giving per leaf its shape, dtype, bytes, how it is
           synchronized (worker ring, or proxy piece / shards) and the
           destination proxy per worker; then the totals, the shard size, the
           latency threshold and the routes.

@@ -46,7 +46,7 @@ def all_reduce(tree: Any, workers: int, mean: bool = True) -> Any:
       mean: divide the sum by the number of workers (over all hosts).
 
     Returns:
-      A tree like ``tree``: the workers' mean (or sum) on every device.
+      A tree like ``tree``, holding the workers' mean (or sum) on every device.
 
     Raises:
       ValueError: called outside a ``shard_map`` over a coarse mesh (jax's

@@ -32,13 +32,16 @@ templates_path = ["_templates"]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 
-# Docstrings write `name` for code, as Markdown does: render it as code rather
-# than as reStructuredText's default (an italic title reference).
-default_role = "literal"
+# Docstrings write `name` for a name, as Markdown does. The default role
+# (`coarse_ref`, below) links it to its API entry when there is one
+# (`coarse.sync`, `Config`, `SyncedStep.restore`, a method of the class being
+# documented) and otherwise renders it as code, never as reStructuredText's
+# italic title reference.
+default_role = "coarse_ref"
 
 autosummary_generate = True
 autosummary_imported_members = True
-autodoc_default_options = {"members": True, "member-order": "bysource", "show-inheritance": False}
+autodoc_default_options = {"members": True, "member-order": "bysource"}
 autodoc_typehints = "description"
 autodoc_typehints_description_target = "documented_params"
 autodoc_class_signature = "mixed"
@@ -63,7 +66,50 @@ nitpick_ignore_regex = [
 ]
 
 html_theme = "furo"
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 html_title = f"coarse_jax {release}"
-html_static_path: list[str] = []
 html_show_sourcelink = False
+html_show_copyright = False
+# Signatures read `sync(fn=None, mesh=None, ...)` under the page title `coarse.sync`.
+add_module_names = False
 pygments_style = "friendly"
+
+
+def _coarse_ref(name, rawtext, text, lineno, inliner, options=None, content=None):
+    """`text`: a cross-reference to a Python object, shown as code either way."""
+    from docutils import nodes
+    from sphinx import addnodes
+
+    target = text.strip().removesuffix("()")
+    if target.startswith("coarse."):
+        target = "coarse_jax." + target.removeprefix("coarse.")
+    literal = nodes.literal(rawtext, text, classes=["xref", "py", "py-obj"])
+    env = inliner.document.settings.env
+    ref = addnodes.pending_xref(
+        rawtext,
+        literal,
+        refdomain="py",
+        reftype="obj",
+        reftarget=target,
+        refexplicit=False,
+        refwarn=False,
+        coarse_default_role=True,
+    )
+    ref["py:module"] = env.ref_context.get("py:module")
+    ref["py:class"] = env.ref_context.get("py:class")
+    return [ref], []
+
+
+def _code_when_unresolved(app, env, node, contnode):
+    """A `name` of the default role that names nothing documented stays code, silently."""
+    if node.get("coarse_default_role"):
+        return contnode
+    return None
+
+
+def setup(app):
+    from docutils.parsers.rst import roles
+
+    roles.register_local_role("coarse_ref", _coarse_ref)
+    app.connect("missing-reference", _code_when_unresolved)

@@ -4,9 +4,11 @@
   runs: a page's blocks, in order, as one script (later blocks use earlier
   names), in a fresh interpreter, from a temporary directory (the blocks write
   files, and the installed package is imported rather than ./coarse_jax), on 8
-  virtual CPU devices. Code that cannot run here (CUDA, several processes,
-  shell commands, program output) is fenced as ```text or ```bash instead;
-  that is the only way to keep a block out of this test.
+  virtual CPU devices. What cannot run here is fenced otherwise: shell
+  commands as ```bash, program output as ```text, and Python that cannot run
+  alone (several processes, a fragment of a step shown above it) as a MyST
+  ```{code-block} python directive, which is highlighted like Python but not
+  run. These are the only ways to keep a block out of this test.
 * Every example in the public modules' docstrings runs under `doctest`, with
   these names predefined: ``coarse`` (coarse_jax), ``jax``, ``jnp``, ``np``,
   ``optax`` and ``mesh = coarse.make_mesh(workers=4)``.

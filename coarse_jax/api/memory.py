@@ -104,7 +104,7 @@ class MemoryReport:
         """A fixed-width table in MiB, one row per tier.
 
         Returns:
-          The table as a string: columns args, outputs, aliased (negative:
+          The table as a string, with columns args, outputs, aliased (negative,
           counted once), temp, runtime, optimizer and total.
 
         Example:
@@ -171,7 +171,7 @@ def memory_report(step: Any, *args: Any) -> MemoryReport:
         values).
 
     Returns:
-      A `MemoryReport`: ``.worker_bytes``, ``.proxy_bytes`` (peak per device of
+      A `MemoryReport` with ``.worker_bytes``, ``.proxy_bytes`` (peak per device of
       each tier), ``.worker`` / ``.proxy`` (`TierMemory` parts), ``.table()``.
 
     Raises:

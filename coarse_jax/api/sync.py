@@ -164,7 +164,7 @@ class SyncedStep:
         """The `Config` in use (re-profiling may have replaced the one given).
 
         Returns:
-          The step's `coarse.Config`: the one passed to `coarse.sync` (or the
+          The step's `coarse.Config`, the one passed to `coarse.sync` (or the
           default), or the one the latest re-profile planned with.
 
         Example:
@@ -179,7 +179,7 @@ class SyncedStep:
         """The step's counters, and its snapshot writer's.
 
         Returns:
-          A dict: ``calls`` made (executions, also when an outer ``jax.jit`` traced the
+          A dict with ``calls`` made (executions, also when an outer ``jax.jit`` traced the
           step once and runs it many times), ``reprofiles`` done, programs
           ``compiled``, calls ``in_flight`` (dispatched, not seen finished; at
           most `Config.max_steps_in_flight`). With ``Config.snapshot_dir`` (on

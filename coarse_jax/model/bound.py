@@ -77,7 +77,7 @@ def link_bound(plan: Any, topology: Any) -> LinkBound:
       topology: the `coarse.Topology` it runs on (its ``time_scale`` applies).
 
     Returns:
-      A `LinkBound`: seconds, the binding resource and every resource's busy time.
+      A `LinkBound` with the seconds, the binding resource and every resource's busy time.
 
     Raises:
       ValueError: ``topology`` describes another worker count than ``plan``.

@@ -34,7 +34,7 @@ def inter_host_bytes(plan: Any, hosts: int) -> int:
       hosts: how many hosts (processes) the mesh spans.
 
     Returns:
-      ``(hosts - 1)`` times the host's synchronized values in f32: every
+      ``(hosts - 1)`` times the host's synchronized values in f32, every
       leaf, proxy-synced or leading, as 4 bytes per element.
 
     Raises:

@@ -273,8 +273,8 @@ class Topology:
         """The inter-host link as FFI attributes of ``coarse_host_gather`` (scaled; real clock).
 
         Returns:
-          A dict of numpy scalars: seconds per byte, latency seconds, and
-          whether the clock is virtual.
+          A dict of numpy scalars (seconds per byte, latency seconds, and
+          whether the clock is virtual).
 
         Example:
           >>> attrs = coarse.Topology.preset("v100", 4).inter_host_attrs()
