@@ -396,6 +396,12 @@ class Profile:
         Raises:
           ValueError: not a ``coarse_jax.profile/1`` object, a missing field, or
             values `Profile` rejects.
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> coarse.Profile.from_json_dict(prof.to_json_dict()) == prof
+          True
         """
         if not isinstance(data, dict):
             # A file holding the wrong JSON is bad content, like a wrong "format": one error type.
@@ -464,6 +470,15 @@ class Profile:
         Raises:
           ValueError: the file is not JSON, or not a valid ``coarse_jax.profile/1`` profile.
           OSError: the file cannot be read.
+
+        Example:
+          >>> import os, tempfile
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> path = os.path.join(tempfile.mkdtemp(), "v100.json")
+          >>> prof.save(path)
+          >>> coarse.Profile.load(path).sizes
+          (1024, 1048576)
         """
         with open(path, encoding="utf-8") as f:
             text = f.read()
