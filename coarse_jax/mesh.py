@@ -20,12 +20,28 @@ TIER = "tier"
 DATA = "data"
 AXES = (TIER, DATA)
 HOST_AXES = (HOST, TIER, DATA)
+# The step's program spans the workers only (the proxies are a runtime
+# service, DESIGN.md section 12): its axes are the public mesh's without "tier".
+PROGRAM_AXES = (DATA,)
+PROGRAM_HOST_AXES = (HOST, DATA)
 
 
 def traced_axes() -> tuple[str, ...]:
-    """The coarse mesh axes of the ``shard_map`` being traced: ``HOST_AXES`` across hosts, else
-    ``AXES``."""
-    return HOST_AXES if HOST in jax.sharding.get_abstract_mesh().axis_names else AXES
+    """The axes of the step's ``shard_map`` being traced: ``PROGRAM_HOST_AXES`` across hosts,
+    else ``PROGRAM_AXES``."""
+    names = jax.sharding.get_abstract_mesh().axis_names
+    return PROGRAM_HOST_AXES if HOST in names else PROGRAM_AXES
+
+
+def workers_mesh(mesh: Mesh) -> Mesh:
+    """The mesh of the step's program: ``mesh``'s workers (tier 0), without the "tier" axis.
+
+    The proxies (tier 1) run no XLA program: their work is the runtime's
+    service, driven by the workers' custom calls.
+    """
+    if has_hosts(mesh):
+        return Mesh(mesh.devices[:, 0, :], PROGRAM_HOST_AXES)
+    return Mesh(mesh.devices[0], PROGRAM_AXES)
 
 
 def has_hosts(mesh: Mesh) -> bool:

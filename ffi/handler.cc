@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "plan_attrs.h"
+#include "sync_ops.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -59,6 +60,16 @@ ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller,
   return Call{JoinSession(plan.value(), run_id.run_id, site.value(), who.value().device(p),
                           ordinals.value()),
               who.value()};
+}
+
+ffi::Error StartProxyService(const Call& call, const ffi::Dictionary& attrs,
+                             const MakeProxyDevice& make_proxy_device) {
+  if (!make_proxy_device || call.who.tier != kWorker) return ffi::Error::Success();
+  if (call.session->proxies_started()) return ffi::Error::Success();
+  auto job = ReadProxyJob(attrs, call.plan());
+  if (job.has_error()) return job.error();
+  StartProxies(call.session, std::move(job.value()), make_proxy_device);
+  return ffi::Error::Success();
 }
 
 ffi::Error EndCall(Call& call, Device& device, ffi::Error status, const ffi::Dictionary& attrs) {

@@ -16,6 +16,7 @@
 
 #include "runtime/call.h"
 #include "runtime/device.h"
+#include "runtime/service.h"
 #include "runtime/session.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -43,11 +44,20 @@ xla::ffi::ErrorOr<Call> BeginCall(xla::ffi::RunId run_id, const Caller& caller,
 xla::ffi::Error EndCall(Call& call, Device& device, xla::ffi::Error status,
                         const xla::ffi::Dictionary& attrs);
 
-// BeginCall, a device from `make_device(call)`, AcquireStorage, `body(call,
-// device)`, EndCall: the whole life of one handler call.
+// A worker's call starts the session's proxy jobs (runtime/service.h) the
+// first time any worker calls into the session; later calls do nothing.
+// `make_proxy_device` makes the device a job runs on; null: the platform
+// has no service (the proxies' calls run in the program).
+xla::ffi::Error StartProxyService(const Call& call, const xla::ffi::Dictionary& attrs,
+                                  const MakeProxyDevice& make_proxy_device);
+
+// BeginCall, a device from `make_device(call)`, the proxies' jobs
+// (StartProxyService), AcquireStorage, `body(call, device)`, EndCall: the
+// whole life of one handler call.
 template <typename MakeDevice, typename Body>
 xla::ffi::Error RunCall(xla::ffi::RunId run_id, const Caller& caller,
-                        const xla::ffi::Dictionary& attrs, MakeDevice&& make_device, Body&& body) {
+                        const xla::ffi::Dictionary& attrs, MakeDevice&& make_device, Body&& body,
+                        const MakeProxyDevice& make_proxy_device = nullptr) {
   auto begun = BeginCall(run_id, caller, attrs);
   if (begun.has_error()) return begun.error();
   Call call = std::move(begun.value());
@@ -58,7 +68,8 @@ xla::ffi::Error RunCall(xla::ffi::RunId run_id, const Caller& caller,
     return device.error();
   }
   Device& dev = *device.value();
-  xla::ffi::Error status = AcquireStorage(call, dev);
+  xla::ffi::Error status = StartProxyService(call, attrs, make_proxy_device);
+  if (status.success()) status = AcquireStorage(call, dev);
   if (status.success()) status = body(call, dev);
   return EndCall(call, dev, std::move(status), attrs);
 }

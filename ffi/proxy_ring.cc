@@ -93,11 +93,13 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
       }
     }
   }
-  if (call.who.tier != kProxy) return ffi::Error::Success();
+  // The proxies' ring runs in the runtime's service (runtime/service.h); a
+  // worker's call orders its pull after its pushes and, in a
+  // value_and_update, sets the store up for its local proxy with the params
+  // the step got and hands over this step's scalars.
   auto store = ReadStore(attrs);
   if (store.has_error()) return store.error();
-  if (!store.value().has_value())
-    return ReducePieces(call, dev, nullptr, hosts, PushInPlaceAttr(attrs));
+  if (!store.value().has_value()) return ffi::Error::Success();
   const Plan& plan = call.plan();
   auto spec = ReadOptimizer(attrs, plan);
   if (spec.has_error()) return spec.error();
@@ -129,7 +131,20 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
                        ffi::AnyBuffer x = args.get<ffi::AnyBuffer>(first + leaf).value();
                        return LeafRef{x.untyped_data(), x.element_type()};
                      }};
-  return ReducePieces(call, dev, &update, hosts);
+  return BeginUpdateForProxy(call, dev, update);
+}
+
+ffi::ErrorOr<ProxyJob> ReadProxyJob(const ffi::Dictionary& attrs, const Plan& plan) {
+  ProxyJob job;
+  job.in_place = PushInPlaceAttr(attrs);
+  auto store = ReadStore(attrs);
+  if (store.has_error()) return ffi::Unexpected(store.error());
+  if (!store.value().has_value()) return job;
+  auto spec = ReadOptimizer(attrs, plan);
+  if (spec.has_error()) return ffi::Unexpected(spec.error());
+  job.store = store.value().value();
+  job.spec = spec.value();
+  return job;
 }
 
 ffi::Error OptCountBody(Call& call, Device& dev, ffi::Result<ffi::AnyBuffer> count,

@@ -10,6 +10,7 @@
 
 #include "runtime/call.h"
 #include "runtime/device.h"
+#include "runtime/service.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse {
@@ -33,6 +34,10 @@ struct HostIo {
 xla::ffi::Error ProxyRingBody(Call& call, Device& dev, xla::ffi::RemainingArgs args,
                               xla::ffi::RemainingRets outs, const xla::ffi::Dictionary& attrs,
                               const HostIo& io);
+// What the proxies' jobs of a session need (runtime/service.h), from the
+// attributes every call of its site carries: push_in_place and, in a
+// value_and_update, the optimizer and its store.
+xla::ffi::ErrorOr<ProxyJob> ReadProxyJob(const xla::ffi::Dictionary& attrs, const Plan& plan);
 // coarse_opt_count: the int32 step count of the store's next update.
 xla::ffi::Error OptCountBody(Call& call, Device& dev, xla::ffi::Result<xla::ffi::AnyBuffer> count,
                              const xla::ffi::Dictionary& attrs, const HostIo& io);

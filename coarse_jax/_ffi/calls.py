@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 from coarse_jax._ffi.primitive import custom_call
-from coarse_jax.mesh import AXES, DATA, HOST, TIER
+from coarse_jax.mesh import DATA, HOST, PROGRAM_AXES
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -38,24 +38,28 @@ class CallSite:
         rendezvous by (execution, site), so two syncs of one program never meet.
       ordinals: int64[2p], the platform's device number of every mesh device,
         workers first (`device_ordinals`); the CUDA handlers find the caller by it.
-      axes: the mesh axes operands are cast to vary over; ``()`` outside ``shard_map``.
+      axes: the program's mesh axes operands are cast to vary over (the
+        workers' "data"); ``()`` outside ``shard_map``.
       push_in_place: the proxies read the pushes straight from the workers'
         buffers (the fused push, ffi/runtime/phases.h PushesInPlace): the
         pull then takes every pushed leaf as an operand, which keeps the
         buffers alive and unwritten until it runs. Only where devices share
         memory and links are not emulated (`coarse_jax.api._context`).
+      site_attrs: attributes every call of the site carries besides the
+        plan's: the first worker call of a session starts the proxies' jobs
+        from them (ffi/runtime/service.h), whichever call that is. In a
+        `coarse.value_and_update`, the optimizer and its store.
+
+    Every call also carries ``push_in_place`` (it must agree).
     """
 
     plan_attrs: Mapping[str, Any]
     site: int
     ordinals: np.ndarray
-    axes: tuple[str, ...] = AXES
+    axes: tuple[str, ...] = PROGRAM_AXES
     push_in_place: bool = False
+    site_attrs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
-    @property
-    def in_place_attr(self) -> dict[str, np.int64]:
-        """The attribute push, proxy ring and pull all carry (it must agree)."""
-        return {"push_in_place": np.int64(self.push_in_place)}
 
 
 class Bucket(Protocol):
@@ -71,13 +75,13 @@ class Bucket(Protocol):
     def num_pieces(self) -> int: ...
 
 
-def _vary(x: jax.Array, axes: tuple[str, ...] = AXES) -> jax.Array:
+def _vary(x: jax.Array, axes: tuple[str, ...] = PROGRAM_AXES) -> jax.Array:
     missing = tuple(a for a in axes if a not in jax.typeof(x).mat.varying)
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
-def vary(tree: Any, axes: tuple[str, ...] = AXES) -> Any:
-    """Casts every leaf of ``tree`` to vary over ``axes`` (both mesh axes by default).
+def vary(tree: Any, axes: tuple[str, ...] = PROGRAM_AXES) -> Any:
+    """Casts every leaf of ``tree`` to vary over ``axes`` (the program's "data" by default).
 
     Across hosts (a "host" axis in the mesh) also over "host": a parameter
     differentiated per worker must vary there too, or the vjp would add an
@@ -89,8 +93,12 @@ def vary(tree: Any, axes: tuple[str, ...] = AXES) -> Any:
 
 
 def who() -> jax.Array:
-    """The calling device's (tier, data index), as the handlers read it (inside ``shard_map``)."""
-    return _vary(jnp.stack([lax.axis_index(TIER), lax.axis_index(DATA)]).astype(jnp.int32))
+    """The calling device's (tier, data index), as the handlers read it (inside ``shard_map``).
+
+    Always a worker's (tier 0): the program spans the workers only.
+    """
+    data = lax.axis_index(DATA).astype(jnp.int32)
+    return _vary(jnp.stack([jnp.zeros_like(data), data]))
 
 
 def token() -> jax.Array:
@@ -132,7 +140,15 @@ def _call(
     axes = set().union(*(jax.typeof(x).mat.varying for x in operands))
     operands = [_vary(x, tuple(sorted(axes))) for x in operands]
     ffi = custom_call(target, results, aliases)
-    return ffi(*operands, **call.plan_attrs, site=call.site, ordinals=call.ordinals, **attrs)
+    merged = {
+        **call.plan_attrs,
+        **call.site_attrs,
+        "push_in_place": np.int64(call.push_in_place),
+        "site": call.site,
+        "ordinals": call.ordinals,
+        **attrs,
+    }
+    return ffi(*operands, **merged)
 
 
 def _aliases(n: int, first_operand: int, alias: bool) -> dict[int, int]:
@@ -169,7 +185,6 @@ def push(
         num_pieces=np.int64(bucket.num_pieces),
         passthrough=np.int64(passthrough),
         last=np.int64(0),
-        **call.in_place_attr,
     )
     return list(out[:-1]), out[-1]
 
@@ -223,7 +238,6 @@ def proxy_ring(
         {},
         last=np.int64(last),
         **attrs,
-        **call.in_place_attr,
     )
     return ring_token
 
@@ -343,6 +357,5 @@ def pull(
         [me, after, *(leaves if held else [])],
         _aliases(len(leaves), 2, alias),
         last=np.int64(1),
-        **call.in_place_attr,
     )
     return list(out)

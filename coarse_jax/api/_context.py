@@ -51,9 +51,6 @@ class SyncContext:
     # Shared with the step: the public name of each synchronization site
     # ("coarse.all_reduce", ...), for errors about the traced program (_uniform.py).
     site_names: dict[int, str] = dataclasses.field(default_factory=dict)
-    # How many coarse.on_workers functions are being traced (nested): a
-    # coarse call there would run on the workers alone (see `current`).
-    workers_only: int = 0
 
     @property
     def workers(self) -> int:
@@ -120,41 +117,11 @@ def stack() -> list[SyncContext]:
 
 
 def current(where: str) -> SyncContext:
-    """The innermost context; a clear error naming ``where`` outside `coarse.sync`.
-
-    Also refuses a coarse synchronization (``where`` other than
-    ``coarse.on_workers``) traced inside `coarse.on_workers`: the proxies
-    would never run it, so the workers would wait for them until
-    ``Config.timeout_s`` while the proxies went on, possibly into an XLA
-    collective whose rendezvous aborts the process first (see `_uniform`).
-    """
+    """The innermost context; a clear error naming ``where`` outside `coarse.sync`."""
     if not stack():
         raise RuntimeError(
             f"{where} was called outside a coarse.sync step: it synchronizes over the "
             "'tier' and 'data' axes of a coarse mesh, which only exist inside it. Fix: decorate "
             "the train step with @coarse.sync(mesh) and call it from there."
         )
-    ctx = stack()[-1]
-    if ctx.workers_only and where != "coarse.on_workers":
-        raise TypeError(
-            f"{where} was called inside a function given to coarse.on_workers. on_workers runs "
-            "its function on the workers alone (the proxies skip it), but a coarse "
-            "synchronization is a collective in which every device of the mesh, workers and "
-            "proxies, takes part: the workers would wait for proxies that never come. Fix: "
-            f"call {where} outside on_workers, on what the function returns, e.g. "
-            "coarse.all_reduce(coarse.on_workers(f)(x))."
-        )
-    return ctx
-
-
-class workers_only:
-    """``with workers_only(ctx):`` marks the trace of a `coarse.on_workers` function."""
-
-    def __init__(self, ctx: SyncContext) -> None:
-        self.ctx = ctx
-
-    def __enter__(self) -> None:
-        self.ctx.workers_only += 1
-
-    def __exit__(self, *exc: object) -> None:
-        self.ctx.workers_only -= 1
+    return stack()[-1]

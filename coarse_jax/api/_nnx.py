@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from coarse_jax import _ffi
-from coarse_jax.mesh import DATA, HOST, TIER, traced_axes
+from coarse_jax.mesh import DATA, HOST, traced_axes
 
 
 def _nnx() -> Any:
@@ -104,12 +104,11 @@ def consistent_state(nodes: tuple[Any, ...], all_reduce: Callable[[Any], Any], w
     if floats:
         for i, v in zip(floats, all_reduce([leaves[i] for i in floats]), strict=True):
             leaves[i] = v
-    worker = lax.axis_index(TIER) == 0
     for i in varying:
         if i in floats:
             continue
         x = _ffi.vary(leaves[i])
-        total = lax.psum(jnp.where(worker, x, jnp.zeros_like(x)), axes)
+        total = lax.psum(x, axes)
         leaves[i] = (total // workers).astype(x.dtype)
     return jax.tree.unflatten(treedef, leaves)
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from coarse_jax import _ffi
-from coarse_jax.mesh import HOST_AXES, TIER
+from coarse_jax.mesh import PROGRAM_HOST_AXES
 
 
 def split(out: Any, batch_outputs: Sequence[int], step: str) -> tuple[Any, tuple[Any, ...]]:
@@ -52,15 +52,8 @@ def join(replicated: Any, per_example: tuple[Any, ...], batch_outputs: Sequence[
 
 
 def _per_example(tree: Any) -> Any:
-    # Proxies hold zeros or their worker's copy: take the worker's, so both
-    # tiers return the same and the output varies over "data" only.
-    worker = lax.axis_index(TIER) == 0
-
-    def one(x: Any) -> Any:
-        x = _ffi.vary(jnp.asarray(x))
-        return lax.psum(jnp.where(worker, x, jnp.zeros_like(x)), TIER)
-
-    return jax.tree.map(one, tree)
+    # Each worker's own rows, varying over "data" (the program spans the workers only).
+    return jax.tree.map(lambda x: _ffi.vary(jnp.asarray(x)), tree)
 
 
 def check_replicated(out: Any, step: str, batch_outputs: Sequence[int]) -> None:
@@ -68,7 +61,7 @@ def check_replicated(out: Any, step: str, batch_outputs: Sequence[int]) -> None:
     for path, x in jax.tree_util.tree_flatten_with_path(out)[0]:
         if not isinstance(x, jax.Array):
             continue
-        axes = [a for a in HOST_AXES if a in jax.typeof(x).mat.varying]
+        axes = [a for a in PROGRAM_HOST_AXES if a in jax.typeof(x).mat.varying]
         if not axes:
             continue
         where = jax.tree_util.keystr(path) or "(the whole output)"

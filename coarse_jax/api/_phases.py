@@ -17,17 +17,7 @@ from jax import lax
 
 from coarse_jax import _ffi
 from coarse_jax.api import _hosts
-from coarse_jax.mesh import TIER
 from coarse_jax.plan import BucketPlan, Plan
-
-
-def tier_is_worker() -> jax.Array:
-    return lax.axis_index(TIER) == 0
-
-
-def zeros_like_shapes(shapes: Any) -> Any:
-    """Zeros of ``shapes`` (a tree of ShapeDtypeStructs), varying like a worker's results."""
-    return _ffi.vary(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
 
 
 def bucket_leaves(plan: Plan, bucket: BucketPlan) -> list[int]:

@@ -29,10 +29,8 @@ from typing import Any
 import jax.extend.core as jax_core
 
 from coarse_jax import _jax_compat
-from coarse_jax.mesh import TIER
 
 _COARSE_CALL = "coarse_custom_call"  # coarse_jax._ffi.primitive.custom_call_p
-_WORKER_ONLY = "coarse_push"  # the one call proxies never make (ffi/push.cc)
 
 
 def _varying(var: Any) -> tuple[str, ...]:
@@ -84,13 +82,8 @@ def _walk(jaxpr: Any, splits: tuple[_Split, ...], sites: Mapping[int, str], step
     inner = getattr(jaxpr, "jaxpr", jaxpr)
     for eqn in inner.eqns:
         if eqn.primitive.name == _COARSE_CALL:
-            # A push is the workers' alone by design (proxies push nothing):
-            # coarse.value_and_grad runs the model and its pushes under a
-            # cond on the tier. Any other split of the devices is an error.
-            worker_only = eqn.params["target"] == _WORKER_ONLY
-            bad = [s for s in splits if not (worker_only and set(s.axes) <= {TIER})]
-            if bad:
-                raise _error(eqn, bad[0], sites, step)
+            if splits:
+                raise _error(eqn, splits[0], sites, step)
             continue
         split = _split_of(eqn)
         below = (*splits, split) if split is not None else splits

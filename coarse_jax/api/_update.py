@@ -156,6 +156,9 @@ def register(
         "opt_snapshot_every": np.int64(ctx.config.snapshot_every),
         **optimizer.ffi_attrs(),
     }
+    # Every call of the site carries them: whichever worker call comes first
+    # starts the proxies' jobs (ffi/runtime/service.h), which run the optimizer.
+    call = dataclasses.replace(call, site_attrs=attrs)
     return Site(store, call, attrs, n_params)
 
 

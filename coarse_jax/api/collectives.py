@@ -12,81 +12,34 @@ from jax import lax
 
 from coarse_jax import _ffi, reference
 from coarse_jax.api import _context, _nnx
-from coarse_jax.api._phases import finish, push_in_order, tier_is_worker, zeros_like_shapes
+from coarse_jax.api._phases import finish, push_in_order
 from coarse_jax.config import Config
 
 
 def on_workers(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Returns ``fn`` run on the worker tier only; proxies return zeros of the same shapes.
+    """Returns ``fn`` itself: deprecated, the step's program runs on the workers alone.
 
-    Outputs vary per device; send them through `coarse.all_reduce` before
-    returning them from the step. ``fn`` itself must not synchronize: a
-    coarse call inside it would run on the workers alone (every device of the
-    mesh takes part in one), so it raises TypeError while tracing.
+    The proxies run no XLA program (their work is the runtime's service), so
+    every computation of a `coarse.sync` step runs on the workers only, and
+    ``on_workers`` has nothing left to do. It is kept so existing steps run
+    unchanged; drop it from new code. A coarse call inside ``fn`` works as
+    anywhere else in the step.
+
+    Args:
+      fn: a function of the step.
+
+    Returns:
+      ``fn``.
 
     Example:
-      >>> logits = coarse.on_workers(model.apply)(params, batch["x"])
+      >>> @coarse.sync(mesh)
+      ... def evaluate(w, x):
+      ...     pred = coarse.on_workers(lambda w, x: x @ w)(w, x)     # the same as x @ w
+      ...     return coarse.all_reduce(jnp.mean(pred))
+      >>> float(evaluate(jnp.ones((3,)), jnp.ones((8, 3))))
+      3.0
     """
-
-    @functools.wraps(fn)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        ctx = _context.current("coarse.on_workers")
-        with _context.workers_only(ctx):  # a coarse call inside fn raises TypeError
-            return _run_on_workers(ctx, fn, args, kwargs)
-
-    return wrapped
-
-
-def _run_on_workers(
-    ctx: _context.SyncContext, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any
-) -> Any:
-    if ctx.worker_compute(ctx.config) == "all":  # see Config.worker_compute
-        out = _ffi.vary(fn(*args, **kwargs))
-        return jax.tree.map(lambda v: jnp.where(tier_is_worker(), v, jnp.zeros_like(v)), out)
-    modules = _nnx.graph_positions(args)
-    if modules:
-        return _on_workers_with_modules(fn, modules, args, kwargs)
-    shapes = jax.eval_shape(lambda *a: fn(*a, **kwargs), *args)
-    return lax.cond(
-        tier_is_worker(),
-        lambda *a: _ffi.vary(fn(*a, **kwargs)),
-        lambda *a: zeros_like_shapes(shapes),
-        *args,
-    )
-
-
-def _on_workers_with_modules(
-    fn: Callable[..., Any], modules: tuple[int, ...], args: tuple[Any, ...], kwargs: Any
-) -> Any:
-    """`on_workers` for NNX modules among the arguments, as ``nnx.cond`` does it.
-
-    The modules enter the conditional as their state and are merged inside;
-    what ``fn`` changed in them (batch statistics, RNG counts) leaves it and is
-    written back (proxies: zeros, which `coarse.sync` then replaces by the
-    workers' mean).
-    """
-    nodes = tuple(args[i] for i in modules)
-    graphdef, state = _nnx.split(nodes)
-    plain = [a for i, a in enumerate(args) if i not in modules]
-
-    def run(state: Any, *plain: Any) -> Any:
-        inner = _nnx.merge(graphdef, state)
-        call, rest = list(plain), iter(inner)
-        for i in modules:
-            call.insert(i, next(rest))
-        out = fn(*call, **kwargs)
-        return out, _nnx.changed_state(state, inner)
-
-    shapes = jax.eval_shape(run, state, *plain)
-    out, changed = lax.cond(
-        tier_is_worker(),
-        lambda *a: _ffi.vary(run(*a)),
-        lambda *a: zeros_like_shapes(shapes),
-        state,
-        *plain,
-    )
-    _nnx.update(nodes, changed)
-    return out
+    return fn
 
 
 def _check_op(op: str) -> bool:

@@ -12,7 +12,7 @@ from jax import lax
 
 from coarse_jax import _ffi, reference
 from coarse_jax.api import _context, _nnx, _update
-from coarse_jax.api._phases import bucket_leaves, finish, tier_is_worker, zeros_like_shapes
+from coarse_jax.api._phases import bucket_leaves, finish
 from coarse_jax.config import Config
 from coarse_jax.optim import ProxyOptimizer
 from coarse_jax.plan import BucketPlan, check_dtype
@@ -188,10 +188,7 @@ def synced_value_and_grad(
                 jnp.result_type(leaf),
                 where,
             )
-    # One trace of the loss gives its output's shape and whether it convolves
-    # (Config.worker_compute="auto").
-    fun_jaxpr, out_shape = jax.make_jaxpr(lambda *a: fun(*a, **kwargs), return_shape=True)(*args)
-    compute = ctx.worker_compute(cfg, _context.uses_convolution(fun_jaxpr))
+    out_shape = jax.eval_shape(lambda *a: fun(*a, **kwargs), *args)
     loss_shape, aux_shape = out_shape if has_aux else (out_shape, None)
     if getattr(loss_shape, "shape", None) != () or not jnp.issubdtype(
         loss_shape.dtype, jnp.floating
@@ -216,6 +213,7 @@ def synced_value_and_grad(
     site = None
     if update is not None and call is not None:
         site = _update.register(ctx, call, plan, update, args[0], n_grad)
+        call = site.call  # with the optimizer's attributes, on every call of the site
 
     # value_and_update: the gradients are not returned, only pushed; the
     # chain's first token is differentiated too, so its cotangent (the last
@@ -280,26 +278,9 @@ def synced_value_and_grad(
             grads = grads[:1]
         return _ffi.vary(grads + head + jax.tree.leaves(aux))
 
-    def on_proxy(*a: Any) -> Any:
-        first = (
-            [jax.ShapeDtypeStruct((), jnp.float32)]
-            if lean
-            else [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in plan.leaves[:n_grad]]
-        )
-        return zeros_like_shapes(
-            first
-            + [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in plan.leaves[n_grad:]]
-            + aux_leaves_shape
-        )
-
-    if compute == "cond":
-        leaves = lax.cond(tier_is_worker(), on_worker, on_proxy, *args)
-    else:  # "all": proxies compute too; their pushes are no-ops, pulls overwrite the rest
-        leaves = on_worker(*args)
+    leaves = on_worker(*args)
     n_sync = 1 + len(plan.leaves) - n_grad if lean else len(plan.leaves)
     leaves, aux_leaves = leaves[:n_sync], leaves[n_sync:]
-    # Proxies hold zeros, whichever tier computed (worker_compute="all").
-    aux_leaves = [jnp.where(tier_is_worker(), x, jnp.zeros_like(x)) for x in aux_leaves]
     if call is None:  # mode="reference"
         if update is not None:  # the mean in f32, as the proxies keep it
             leaves = [x.astype(jnp.float32) if t < n_grad else x for t, x in enumerate(leaves)]

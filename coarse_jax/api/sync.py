@@ -25,7 +25,7 @@ from coarse_jax.api.snapshots import SnapshotWriter, flush_at_exit, read_latest,
 from coarse_jax.api.timeline import Timeline
 from coarse_jax.api.update import StoreAccess, to_jax
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA, TIER, batch_axes, check_mesh, has_hosts
+from coarse_jax.mesh import DATA, batch_axes, check_mesh, has_hosts, workers_mesh
 from coarse_jax.plan import plan as make_plan
 
 # Config.max_steps_in_flight=None per platform (0: unbounded).
@@ -826,9 +826,7 @@ class SyncedStep:
             if layout.outer_trace:
                 # Counted where it runs: an outer jit traces this body once.
                 jax.debug.callback(
-                    functools.partial(_count_on_first_device, weak),
-                    lax.axis_index(TIER),
-                    lax.axis_index(DATA),
+                    functools.partial(_count_on_first_device, weak), lax.axis_index(DATA)
                 )
             return replicated, per_example, new_state, ctx.ref_out
 
@@ -841,8 +839,13 @@ class SyncedStep:
                 donate.append(len(passed))
         in_specs.append(P())  # the reference-mode update state, replaced every call
         donate.append(len(in_specs) - 1)
+        # The program spans the workers only: the proxies are the runtime's
+        # service (ffi/runtime/service.h), driven by the workers' custom calls.
         mapped = jax.shard_map(
-            body, mesh=self.mesh, in_specs=tuple(in_specs), out_specs=(P(), split, P(), P())
+            body,
+            mesh=workers_mesh(self.mesh),
+            in_specs=tuple(in_specs),
+            out_specs=(P(), split, P(), P()),
         )
         return jax.jit(mapped, donate_argnums=tuple(donate))
 
@@ -860,10 +863,10 @@ class SyncedStep:
             self._config = new
 
 
-def _count_on_first_device(weak: weakref.ref[SyncedStep], tier: Any, data: Any) -> None:
+def _count_on_first_device(weak: weakref.ref[SyncedStep], data: Any) -> None:
     """Counts a call of a step run under an outer jit (once, on worker 0)."""
     step = weak()
-    if step is not None and int(tier) == 0 and int(data) == 0:
+    if step is not None and int(data) == 0:
         step._calls += 1
 
 

@@ -21,11 +21,19 @@ ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call&) {
   return std::unique_ptr<Device>(new CpuDevice);
 }
 
+// The proxies' jobs run on CPU devices too (runtime/service.h).
+const MakeProxyDevice& CpuProxies() {
+  static const MakeProxyDevice make = MakeCpuDevice;
+  return make;
+}
+
 ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer after,
                     ffi::RemainingArgs leaves, ffi::RemainingRets outs, ffi::Dictionary attrs) {
   (void)after;  // orders this push after the previous one
-  return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
-                 [&](Call& call, Device& dev) { return PushBody(call, dev, leaves, outs, attrs); });
+  return RunCall(
+      run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
+      [&](Call& call, Device& dev) { return PushBody(call, dev, leaves, outs, attrs); },
+      CpuProxies());
 }
 
 // CPU buffers are host memory.
@@ -43,31 +51,39 @@ const HostIo& CpuHostIo() {
 
 ffi::Error ProxyRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::RemainingArgs args,
                          ffi::RemainingRets outs, ffi::Dictionary attrs) {
-  return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice, [&](Call& call, Device& dev) {
-    return ProxyRingBody(call, dev, args, outs, attrs, CpuHostIo());
-  });
+  return RunCall(
+      run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
+      [&](Call& call, Device& dev) {
+        return ProxyRingBody(call, dev, args, outs, attrs, CpuHostIo());
+      },
+      CpuProxies());
 }
 
 ffi::Error OptCountImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Result<ffi::AnyBuffer> count,
                         ffi::Dictionary attrs) {
-  return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice, [&](Call& call, Device& dev) {
-    return OptCountBody(call, dev, count, attrs, CpuHostIo());
-  });
+  return RunCall(
+      run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
+      [&](Call& call, Device& dev) { return OptCountBody(call, dev, count, attrs, CpuHostIo()); },
+      CpuProxies());
 }
 
 ffi::Error WorkerRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer token_in,
                           ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                           ffi::Dictionary attrs) {
   (void)token_in;
-  return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
-                 [&](Call& call, Device& dev) { return WorkerRingBody(call, dev, leaves, outs); });
+  return RunCall(
+      run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
+      [&](Call& call, Device& dev) { return WorkerRingBody(call, dev, leaves, outs); },
+      CpuProxies());
 }
 
 ffi::Error PullImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer token,
                     ffi::RemainingArgs leaves, ffi::RemainingRets outs, ffi::Dictionary attrs) {
   (void)token;
-  return RunCall(run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
-                 [&](Call& call, Device& dev) { return PullBody(call, dev, leaves, outs, attrs); });
+  return RunCall(
+      run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
+      [&](Call& call, Device& dev) { return PullBody(call, dev, leaves, outs, attrs); },
+      CpuProxies());
 }
 
 ffi::Error HostGatherImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer chunk,

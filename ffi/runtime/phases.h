@@ -55,6 +55,11 @@ struct ProxyUpdate {
   LeafResolver params;  // the proxy's copy of the step's params (plan leaf ids)
   float norm = 1.0f;    // global gradient norm (clip_norm > 0 only)
   bool clip = false;    // clipping applies this step
+  // The proxy runs as a service (runtime/service.h): its local worker ran
+  // BeginUpdate for it and posts lr, bc1, bc2 (Session::PostUpdateInputs);
+  // `params` is unset. AwaitUpdateInputs fills them in.
+  bool from_worker = false;
+  bool inputs = false;  // from_worker: the worker's inputs have arrived
 };
 
 // Across hosts (coarse_jax/api/_hosts.py), the proxy ring of a
@@ -87,8 +92,17 @@ xla::ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& updat
 // update.norm / update.clip once all have.
 xla::ffi::Error ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& update);
 
-// coarse_opt_count: the step count the next update of a store is (proxies
-// wait for the previous update to close; phases/update_pieces.cc).
+// With ProxyUpdate::from_worker: waits until proxy k's local worker has set
+// the store up and posted this step's scalars, and takes them (once).
+xla::ffi::Error AwaitUpdateInputs(Call& call, ProxyUpdate& update);
+// Worker k's part of proxy k's update (coarse_proxy_ring on a worker, the
+// proxies being a service): BeginUpdate as proxy k with the params the step
+// got, then Session::PostUpdateInputs.
+xla::ffi::Error BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update);
+
+// coarse_opt_count: the step count the next update of a store is (the
+// caller, worker k, holds the store for proxy k: it waits for the previous
+// update to close; phases/update_pieces.cc).
 xla::ffi::ErrorOr<int64_t> OptimizerCount(Call& call, ParamStore& store);
 
 // coarse_worker_ring: workers gather `in_runs` (the leading leaves) into their

@@ -191,6 +191,8 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
   pushes_of_ = Counters<int32_t>(S, 0);
   mailboxes_.reset(new Mailbox[2 * p]);
   norm_parts_.reset(new double[p]());
+  update_posted_ = Counters<int32_t>(p, 0);
+  update_scalars_.reset(new float[3 * p]());
   if (plan_->emulated) {
     emulator_ = std::make_unique<Emulator>(plan_->topology);
     const int64_t G = RingSteps(p) + 1;
@@ -435,6 +437,12 @@ void Session::PostNormPart(int64_t proxy, double sum_sq) {
   norm_parts_[proxy] = sum_sq;
   norm_posted_.fetch_add(1, std::memory_order_acq_rel);
   for (int64_t k = 0; k < p(); ++k) Notify(p() + k);
+}
+
+void Session::PostUpdateInputs(int64_t proxy, const float scalars[3]) {
+  for (int i = 0; i < 3; ++i) update_scalars_[3 * proxy + i] = scalars[i];
+  update_posted_[proxy].store(1, std::memory_order_release);
+  Notify(p() + proxy);
 }
 
 bool Session::NormReady() const { return norm_posted_.load(std::memory_order_acquire) == p(); }

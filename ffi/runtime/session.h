@@ -183,6 +183,20 @@ class Session {
   bool NormReady() const;
   double NormTotal() const;
 
+  // The proxies run as a service (runtime/service.h): true exactly once per
+  // session, for the worker call that starts their jobs.
+  bool TakeProxyStart() { return !proxies_started_.exchange(true, std::memory_order_acq_rel); }
+  bool proxies_started() const { return proxies_started_.load(std::memory_order_acquire); }
+  // value_and_update: worker k's coarse_proxy_ring has set the store up for
+  // proxy k (BeginUpdate: hold, layout, snapshot copy, seed or params check)
+  // and posts this step's scalars (lr, 1 - b1^t, 1 - b2^t); proxy k's job
+  // waits for them before its first update (AwaitUpdateInputs, phases.h).
+  void PostUpdateInputs(int64_t proxy, const float scalars[3]);
+  bool UpdateInputsPosted(int64_t proxy) const {
+    return update_posted_[proxy].load(std::memory_order_acquire) != 0;
+  }
+  const float* UpdateScalars(int64_t proxy) const { return &update_scalars_[3 * proxy]; }
+
   // Testing (InjectDroppedPush): whether to drop this push of `worker`; true
   // at most once per session.
   bool TakeDroppedPush(int64_t worker);
@@ -231,6 +245,9 @@ class Session {
   std::mutex store_mu_;
   std::shared_ptr<ParamStore> store_;
   std::unique_ptr<double[]> norm_parts_;  // [proxy]
+  std::atomic<bool> proxies_started_{false};
+  std::unique_ptr<std::atomic<int32_t>[]> update_posted_;  // [proxy]
+  std::unique_ptr<float[]> update_scalars_;                // [proxy * 3]
   std::atomic<int64_t> norm_posted_{0};
 
   friend class Registry;

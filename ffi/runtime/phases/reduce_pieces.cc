@@ -236,8 +236,10 @@ class PieceReducer {
       return ffi::Error::Success();
     }
     if (update) {
+      ffi::Error err = AwaitUpdateInputs(call_, *update_);
+      if (err.failure()) return err;
       TraceScope opt(session_, p_ + k_, "optimizer", s);
-      ffi::Error err = ApplyOptimizer(call_, dev_, *update_, s, Own(s));
+      err = ApplyOptimizer(call_, dev_, *update_, s, Own(s));
       if (err.failure()) return err;
     }
     if (plan_.piece_holder[s] == k_) {
@@ -357,13 +359,15 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
   PieceReducer r(call, dev, update, in_place);
   const Plan& plan = call.plan();
   const int64_t S = plan.num_pieces();
-  if (update && hosts.kind != HostsStage::kFromHosts) {
+  if (update && !update->from_worker && hosts.kind != HostsStage::kFromHosts) {
     TraceScope begin(*call.session, call.device(), "optimizer setup");
     ffi::Error err = BeginUpdate(call, dev, *update);
     if (err.failure()) return err;
   }
   const bool clip = update && update->spec->clip_norm > 0;
   auto global_norm = [&] {
+    ffi::Error err = AwaitUpdateInputs(call, *update);
+    if (err.failure()) return err;
     TraceScope norm(*call.session, call.device(), "global norm");
     return ClipByGlobalNorm(call, dev, *update);
   };

@@ -44,10 +44,39 @@ std::string FloatText(float v) {
 }  // namespace
 
 ffi::ErrorOr<int64_t> OptimizerCount(Call& call, ParamStore& store) {
-  if (call.who.tier != kProxy) return int64_t{0};  // only proxies update; workers never wait
-  ffi::Error err = store.Enter(call.session, call.who);
+  // Worker k holds the store for proxy k (the proxies are a service): the
+  // count is the one the previous update committed, on every worker.
+  ffi::Error err = store.Enter(call.session, Who{kProxy, call.who.index});
   if (err.failure()) return ffi::Unexpected(err);
   return store.count();
+}
+
+ffi::Error BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update) {
+  Call proxy{call.session, Who{kProxy, call.who.index}};
+  ffi::Error err = BeginUpdate(proxy, dev, update);
+  if (err.failure()) return err;
+  const float scalars[3] = {update.lr, update.bc1, update.bc2};
+  call.session->PostUpdateInputs(call.who.index, scalars);
+  return ffi::Error::Success();
+}
+
+ffi::Error AwaitUpdateInputs(Call& call, ProxyUpdate& u) {
+  if (!u.from_worker || u.inputs) return ffi::Error::Success();
+  Session& session = *call.session;
+  const int64_t k = call.who.index;
+  ffi::Error err = session.Wait(
+      call.who, Session::Waits::kPeer, [&] { return session.UpdateInputsPosted(k); },
+      [&] {
+        return "worker " + std::to_string(k) +
+               " to hand over this step's optimizer inputs (its coarse_proxy_ring call)";
+      });
+  if (err.failure()) return err;
+  const float* sc = session.UpdateScalars(k);
+  u.lr = sc[0];
+  u.bc1 = sc[1];
+  u.bc2 = sc[2];
+  u.inputs = true;
+  return ffi::Error::Success();
 }
 
 ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {

@@ -1,0 +1,113 @@
+// The proxies' jobs and the thread pool that runs them (see service.h).
+#include "runtime/service.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "runtime/phases.h"
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+namespace {
+
+// A cached pool: idle threads wait for jobs for kIdle, then exit; a job with
+// no idle thread to take it starts a new one. Never destroyed (threads may
+// still wait on it while the process exits).
+class Pool {
+ public:
+  void Submit(std::function<void()> job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(job));
+    // Every queued job needs a thread of its own: an idle one if there are
+    // more idle threads than jobs waiting, else a new one.
+    if (idle_ >= static_cast<int64_t>(queue_.size())) {
+      cv_.notify_one();
+      return;
+    }
+    ++threads_;
+    std::thread([this] { Loop(); }).detach();
+  }
+
+  ServiceStats Stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ServiceStats{running_, threads_};
+  }
+
+ private:
+  static constexpr auto kIdle = std::chrono::seconds(30);
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      const bool got = cv_.wait_for(lock, kIdle, [&] { return !queue_.empty(); });
+      --idle_;
+      if (!got) {
+        --threads_;
+        return;
+      }
+      std::function<void()> job = std::move(queue_.front());
+      queue_.pop_front();
+      ++running_;
+      lock.unlock();
+      job();
+      lock.lock();
+      --running_;
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  int64_t idle_ = 0, threads_ = 0, running_ = 0;
+};
+
+Pool& ThePool() {
+  static Pool* pool = new Pool;  // never destroyed, see Pool
+  return *pool;
+}
+
+// Proxy k's part of the session: what its coarse_proxy_ring call did when
+// the proxies ran the workers' program, then leaving the session.
+void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob& job,
+              const MakeProxyDevice& make) {
+  Call call{session, Who{kProxy, k}};
+  auto device = make(call);
+  if (device.has_error()) {
+    session->Poison(std::string(device.error().message()));
+    session->Finish(call.device());
+    return;
+  }
+  Device& dev = *device.value();
+  ffi::Error status = AcquireStorage(call, dev);
+  if (status.success()) {
+    if (job.store) {
+      ProxyUpdate update{job.store, &job.spec, 0.0f, 0.0f, 0.0f, {}};
+      update.from_worker = true;
+      status = ReducePieces(call, dev, &update);
+    } else {
+      status = ReducePieces(call, dev, nullptr, {}, job.in_place);
+    }
+  }
+  // Poisons the session on failure; either way the proxy leaves it.
+  (void)FinishCall(call, dev, std::move(status), /*last=*/true);
+}
+
+}  // namespace
+
+void StartProxies(const std::shared_ptr<Session>& session, ProxyJob job, MakeProxyDevice make) {
+  if (!session->TakeProxyStart()) return;
+  auto shared = std::make_shared<const ProxyJob>(std::move(job));
+  auto maker = std::make_shared<const MakeProxyDevice>(std::move(make));
+  for (int64_t k = 0; k < session->p(); ++k)
+    ThePool().Submit([session, k, shared, maker] { RunProxy(session, k, *shared, *maker); });
+}
+
+ServiceStats TheServiceStats() { return ThePool().Stats(); }
+
+}  // namespace coarse

@@ -1,0 +1,55 @@
+// The proxies as a runtime service (DESIGN.md section 12).
+//
+// The step's XLA program spans the workers only. A proxy's part of a session
+// (receiving pushes, sums, the rings, the optimizer, its snapshot copy) runs
+// here, on a runtime thread, driven by the workers' custom calls: the first
+// worker call of a session starts every proxy's job (StartProxies), once.
+// A job is ReducePieces as proxy k (runtime/phases.h), then leaving the
+// session as the proxy's last call did (FinishCall). What a proxy's own call
+// used to read from XLA operands now comes from its local worker's calls
+// through the session: the optimizer's scalars and the params check
+// (Session::PostUpdateInputs, posted by worker k's coarse_proxy_ring).
+//
+// Threads come from a cached pool: an idle thread takes the next job, else a
+// new thread starts (never one queue per proxy: two sites of one program may
+// start in either order on different workers, and a proxy's job of one site
+// must never wait behind its job of the other). Every wait a job makes has the
+// session's deadline, so no job outlives its session by more than timeout_s.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "runtime/call.h"
+#include "runtime/device.h"
+#include "runtime/param_store.h"
+#include "runtime/session.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace coarse {
+
+// What a proxy's job needs beyond the session's plan: read from the
+// attributes every call of a synchronization site carries.
+struct ProxyJob {
+  bool in_place = false;              // push_in_place (PushesInPlace, phases.h)
+  std::shared_ptr<ParamStore> store;  // coarse.value_and_update's store, or null
+  OptimizerSpec spec;                 // with a store: the optimizer it runs
+};
+
+// Makes the device backend a proxy's job runs on (the platform's; on CPU a
+// plain CpuDevice).
+using MakeProxyDevice = std::function<xla::ffi::ErrorOr<std::unique_ptr<Device>>(const Call& call)>;
+
+// Starts proxy k's job of `session` for every proxy k, unless the session's
+// proxies were started already (Session::TakeProxyStart). Returns at once.
+void StartProxies(const std::shared_ptr<Session>& session, ProxyJob job, MakeProxyDevice make);
+
+// Jobs running now and threads the pool keeps (tests, memory_stats).
+struct ServiceStats {
+  int64_t running = 0, threads = 0;
+};
+ServiceStats TheServiceStats();
+
+}  // namespace coarse
