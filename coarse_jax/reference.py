@@ -1,11 +1,11 @@
 """Pure-JAX twin of the runtime: the test oracle and ``mode="reference"``.
 
 Every custom call ends in the same collective: the mean (or sum) over the
-workers of each leaf, accumulated in f32, written on every device of both
-tiers. push + proxy ring + pull computes it through the proxies, the worker
-ring among the workers; both are, value for value, a masked ``psum`` over the
-whole mesh (proxies contribute zeros). This module says so with JAX
-collectives and shares no code with the runtime.
+workers of each leaf, accumulated in f32, written on every worker (the step's
+program spans the workers; the proxies are the runtime's service). push +
+proxy ring + pull computes it through the proxies, the worker ring among the
+workers; both are, value for value, a ``psum`` over the workers. This module
+says so with JAX collectives and shares no code with the runtime.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from coarse_jax.mesh import HOST, TIER, traced_axes
+from coarse_jax.mesh import HOST, traced_axes
 
 
 def _reduce_leaf(x: jax.Array, workers: int, mean: bool) -> jax.Array:
@@ -25,19 +25,17 @@ def _reduce_leaf(x: jax.Array, workers: int, mean: bool) -> jax.Array:
     hosts = HOST in axes
     missing = tuple(a for a in axes if a not in jax.typeof(x).mat.varying)
     x = lax.pcast(x, missing, to="varying") if missing else x
-    contribution = jnp.where(lax.axis_index(TIER) == 0, x.astype(jnp.float32), 0.0)
-    total = lax.psum(contribution, axes)
+    total = lax.psum(x.astype(jnp.float32), axes)
     if mean:
         total = total * jnp.float32(1.0 / (workers * (lax.axis_size(HOST) if hosts else 1)))
     return total.astype(x.dtype)
 
 
 def all_reduce(tree: Any, workers: int, mean: bool = True) -> Any:
-    """Mean (or sum) over the worker tier of every leaf, identical on all devices.
+    """Mean (or sum) over the workers of every leaf, identical on every worker.
 
-    What `coarse.all_reduce` computes, in plain JAX collectives: a masked
-    ``psum`` over the whole mesh (proxies contribute zeros), accumulated in
-    f32 and cast back to each leaf's dtype. Must run inside ``shard_map`` over
+    What `coarse.all_reduce` computes, in plain JAX collectives: a ``psum``
+    over the workers, accumulated in f32 and cast back to each leaf's dtype. Must run inside ``shard_map`` over
     the coarse mesh (``coarse.sync`` does that).
 
     Args:

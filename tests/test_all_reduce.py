@@ -120,17 +120,28 @@ def test_random_routes_200_steps():
                 _check(out, tree)
 
 
-def test_proxy_values_are_ignored():
-    """Only workers contribute: proxies' copies of the input do not count."""
+def test_the_program_spans_the_workers_only():
+    """The proxies run no XLA program: the step sees the workers' "data" axis alone,
+    and its outputs live on the workers (the proxies' work is the runtime's service)."""
     mesh = coarse.make_mesh(workers=2)
 
     @coarse.sync(mesh)
     def step(x):
-        tier = jax.lax.axis_index("tier")
-        return coarse.all_reduce(jnp.where(tier == 0, x[0], 1e6), op="sum")
+        assert jax.lax.axis_size("data") == 2
+        return coarse.all_reduce(x[0], op="sum"), jax.lax.psum(1, "data")
 
     x = np.arange(2 * 5, dtype=np.float32).reshape(2, 5)
-    np.testing.assert_allclose(step(x), x.sum(0))
+    total, devices = step(x)
+    np.testing.assert_allclose(total, x.sum(0))
+    assert int(devices) == 2
+    assert total.sharding.device_set == set(mesh.devices[0])
+
+    @coarse.sync(mesh)
+    def tiered(x):
+        return jax.lax.axis_index("tier")
+
+    with pytest.raises(NameError, match="tier"):
+        tiered(x)
 
 
 @pytest.mark.parametrize("workers", [2, 3, 4])

@@ -74,11 +74,11 @@ def _scan_step(mesh, cfg=CFG):
 
 
 def _own(tree):
-    """``tree`` cast to vary over both mesh axes, so that ``jax.grad`` inside shard_map gives
+    """``tree`` cast to vary over the program's axis, so that ``jax.grad`` inside shard_map gives
     this device's own gradient (of an invariant input it would sum over the devices)."""
 
     def cast(x):
-        missing = tuple(a for a in ("tier", "data") if a not in jax.typeof(x).mat.varying)
+        missing = tuple(a for a in ("data",) if a not in jax.typeof(x).mat.varying)
         return lax.pcast(x, missing, to="varying") if missing else x
 
     return jax.tree.map(cast, tree)

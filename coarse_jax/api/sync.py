@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
@@ -137,6 +137,7 @@ class SyncedStep:
         # is kept per config, so an unchanged plan never recompiles.
         self._config = config or Config()
         self._compiled: dict[tuple[_Layout, Config], Callable[..., Any]] = {}
+        self._workers_devices = set(workers_mesh(mesh).devices.flat)
         self._seen: dict[int, Signature] = {}  # argument index -> its first call's signature
         self._plans: list[_context.PlanRequest] = []  # what the traces planned
         self._site_names: dict[int, str] = {}  # site -> "coarse.all_reduce", ... (traces)
@@ -607,9 +608,10 @@ class SyncedStep:
         if new:
             self._compiled[key] = self._compile(cfg, layout)
         graph_nodes = tuple(args[i] for i in layout.graph)
-        dyn = [args[i] for i in layout.dynamic() if i not in layout.graph]
+        passed = [i for i in layout.dynamic() if i not in layout.graph]
+        dyn = [self._to_workers(args[i], i in layout.batch) for i in passed]
         if layout.graph:
-            dyn.append(graph_state)
+            dyn.append(self._to_workers(graph_state, False))
         # Ctrl-C abandons a step stalled in the runtime (unless the program
         # installed its own SIGINT handler); checked per call, about 2.5 us.
         _ffi.arm_interrupt_hook()
@@ -648,6 +650,31 @@ class SyncedStep:
             self._bound_in_flight(cfg, results)  # an NNX step may return nothing else
             self._count_call()
         return _outputs.join(replicated, per_example, self._batch_outputs)
+
+    def _to_workers(self, tree: Any, batch: bool) -> Any:
+        """``tree`` with every array that lives off the workers moved onto them.
+
+        The program spans the workers only (the proxies run none). An array
+        committed to other devices (the whole two-tier mesh, say, from
+        ``jax.device_put(x, NamedSharding(mesh, P("data")))``) is moved onto
+        the workers, split over "data" if it is the batch, else replicated;
+        arrays already there, and host values, pass untouched (no copy).
+        """
+        workers = self._workers_devices
+        sharding = None
+
+        def move(x: Any) -> Any:
+            nonlocal sharding
+            if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+                return x
+            if x.sharding.device_set <= workers:
+                return x
+            if sharding is None:
+                spec = P(batch_axes(self.mesh)) if batch else P()
+                sharding = NamedSharding(workers_mesh(self.mesh), spec)
+            return jax.device_put(x, sharding)
+
+        return jax.tree.map(move, tree)
 
     def _count_call(self) -> None:
         self._calls += 1
