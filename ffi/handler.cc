@@ -57,6 +57,13 @@ ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller,
   auto who = caller.ordinal.has_value() ? WhoByOrdinal(*caller.ordinal, ordinals.value(), p)
                                         : ReadWho(*caller.who_operand, p);
   if (who.has_error()) return ffi::Unexpected(who.error());
+  if (who.value().tier != kWorker)
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        "coarse_jax: a coarse call ran on " + who.value().Describe() +
+        ", but the proxies run no XLA program: their part of a step is the runtime's service "
+        "(ffi/runtime/service.h), started by the workers' calls. Run the step's program on the "
+        "workers only (coarse.sync does; a hand-made program must shard_map over "
+        "coarse_jax.mesh.workers_mesh(mesh))."));
   return Call{JoinSession(plan.value(), run_id.run_id, site.value(), who.value().device(p),
                           ordinals.value()),
               who.value()};

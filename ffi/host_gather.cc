@@ -1,11 +1,9 @@
 // coarse_host_gather's XLA translation. After the XLA collective over "host"
-// (coarse_jax/api/_hosts.py) device (tier t, data k) of a host holds chunk k
-// of its tier's group of leaves, summed over hosts, in f32: the proxies the
-// proxy leaves' (end to end, chunks of proxy_chunk elements), the workers
-// the leading leaves' (chunks of worker_chunk). Every device of the host
-// offers its chunk (runtime/hand_out.h) and writes every chunk of both
-// groups into its results, the leaves in their own dtypes (Device::Scatter
-// narrows from f32), so no XLA copy follows.
+// (coarse_jax/api/_hosts.py) worker k of a host holds chunk k of the synced
+// leaves laid end to end (chunks of `chunk` elements), summed over hosts, in
+// f32. Every worker of the host offers its chunk (runtime/hand_out.h) and
+// writes every chunk into its results, the leaves in their own dtypes
+// (Device::Scatter narrows from f32), so no XLA copy follows.
 #include "host_gather.h"
 
 #include <algorithm>
@@ -36,7 +34,7 @@ ffi::ErrorOr<int64_t> GetInt(const ffi::Dictionary& attrs, const char* name) {
 // An emulated inter-host link (attributes emu_host_s_per_byte,
 // emu_host_latency_s, hosts; coarse.Topology inter_host_*): every device of
 // the host waits until the host's NIC has carried, each way, (hosts - 1)
-// times the host's f32 result (`elems`: both tiers' groups, no padding),
+// times the host's f32 result (`elems`: every synced leaf, no padding),
 // booked from when the host's own synchronization ended. The XLA collective
 // before this call moved the bytes for real in the meantime; the hand-out
 // above also ran inside the window. Real clock only: a virtual-clock
@@ -71,25 +69,22 @@ ffi::Error ChargeInterHostLink(int64_t run_id, int64_t site, const ffi::Dictiona
 
 ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer chunk,
                           ffi::RemainingRets outs, const ffi::Dictionary& attrs, Device& dev) {
-  int64_t v[6];
-  const char* names[6] = {"workers",      "site",        "timeout_ms",
-                          "proxy_leaves", "proxy_chunk", "worker_chunk"};
-  for (int i = 0; i < 6; ++i) {
+  int64_t v[4];
+  const char* names[4] = {"workers", "site", "timeout_ms", "chunk"};
+  for (int i = 0; i < 4; ++i) {
     auto got = GetInt(attrs, names[i]);
     if (got.has_error()) return got.error();
     v[i] = got.value();
   }
-  const int64_t p = v[0], site = v[1], timeout_ms = v[2], nq = v[3], cq = v[4], cl = v[5];
+  const int64_t p = v[0], site = v[1], timeout_ms = v[2], c = v[3];
   auto me = ReadWho(who, p);
   if (me.has_error()) return me.error();
   const int64_t width = static_cast<int64_t>(chunk.element_count());
-  if (chunk.element_type() != ffi::DataType::F32 || cq < 0 || cl < 0 || cq > width || cl > width ||
-      nq < 0 || nq > static_cast<int64_t>(outs.size()))
+  if (chunk.element_type() != ffi::DataType::F32 || c < 0 || c > width)
     return ffi::Error::InvalidArgument(
-        "coarse_host_gather: operand 1 must be f32[width], width >= proxy_chunk, worker_chunk; "
-        "proxy_leaves <= the results");
-  std::vector<LeafRun> groups[2];  // proxies', workers': each leaf at its offset end to end
-  int64_t total[2] = {0, 0};
+        "coarse_host_gather: operand 1 must be f32[width], width >= attribute chunk");
+  std::vector<LeafRun> leaves;  // each leaf at its offset end to end
+  int64_t total = 0;
   for (size_t a = 0; a < outs.size(); ++a) {
     auto out = outs.get<ffi::AnyBuffer>(a);
     if (out.has_error()) return out.error();
@@ -98,31 +93,27 @@ ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
       return ffi::Error::InvalidArgument("coarse_host_gather: result " + std::to_string(a) +
                                          " is " + DtypeName(dtype) +
                                          ", expected float32, bfloat16 or float16");
-    const int g = static_cast<int64_t>(a) < nq ? 0 : 1;
     const int64_t n = static_cast<int64_t>(out.value()->element_count());
-    groups[g].push_back(LeafRun{out.value()->untyped_data(), dtype, n, total[g]});
-    total[g] += n;
+    leaves.push_back(LeafRun{out.value()->untyped_data(), dtype, n, total});
+    total += n;
   }
-  if (total[0] > p * cq || total[1] > p * cl)
+  if (total > p * c)
     return ffi::Error::InvalidArgument(
-        "coarse_host_gather: the leaves hold more elements than p chunks "
-        "(attributes proxy_chunk, worker_chunk)");
+        "coarse_host_gather: the leaves hold more elements than p chunks (attribute chunk)");
   ffi::Error failed = ffi::Error::Success();
-  auto take = [&](int64_t d, const void* src) {
-    const bool proxy = d >= p;
-    const int64_t c = proxy ? cq : cl, k = d % p;
-    std::vector<LeafRun> runs = ClipRuns(groups[proxy ? 0 : 1], k * c, (k + 1) * c, k * c);
+  auto take = [&](int64_t k, const void* src) {
+    std::vector<LeafRun> runs = ClipRuns(leaves, k * c, (k + 1) * c, k * c);
     if (runs.empty()) return;
-    ffi::Error e = dev.Scatter(static_cast<const float*>(src), d, c, runs.data(),
+    ffi::Error e = dev.Scatter(static_cast<const float*>(src), k, c, runs.data(),
                                static_cast<int64_t>(runs.size()));
     if (e.failure() && failed.success()) failed = std::move(e);
   };
-  auto describe = [&](int64_t d) { return Who{d < p ? kWorker : kProxy, d % p}.Describe(); };
-  ffi::Error status = HandOut(run_id.run_id, site, me.value().device(p), 2 * p,
-                              chunk.untyped_data(), timeout_ms, take, describe);
+  auto describe = [](int64_t k) { return Who{kWorker, k}.Describe(); };
+  ffi::Error status = HandOut(run_id.run_id, site, me.value().index, p, chunk.untyped_data(),
+                              timeout_ms, take, describe);
   if (status.failure()) return std::move(status);
   if (failed.failure()) return std::move(failed);
-  return ChargeInterHostLink(run_id.run_id, site, attrs, total[0] + total[1]);
+  return ChargeInterHostLink(run_id.run_id, site, attrs, total);
 }
 
 }  // namespace coarse

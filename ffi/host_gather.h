@@ -7,11 +7,10 @@
 
 namespace coarse {
 
-// Operands: int32[2] (tier, data index), f32[width] this device's chunk, then
-// the synced leaves (aliased to the results). Results: the synced leaves,
-// the proxies' leaves first (attribute proxy_leaves of them), then the
-// leading ones. Attributes: workers (p), site, timeout_ms, proxy_leaves,
-// proxy_chunk, worker_chunk; on emulated links also hosts,
+// Operands: int32[2] (tier, data index) of a worker, f32[width] its chunk,
+// then the synced leaves (aliased to the results). Results: the synced
+// leaves. Attributes: workers (p), site, timeout_ms, chunk (the elements of
+// a chunk that count); on emulated links also hosts,
 // emu_host_s_per_byte, emu_host_latency_s, emu_virtual (the inter-host link,
 // charged after the hand-out; host_gather.cc).
 xla::ffi::Error HostGatherBody(xla::ffi::RunId run_id, xla::ffi::AnyBuffer who,

@@ -1,18 +1,20 @@
-// coarse_proxy_ring's XLA translation: zeroes the token result and, on a
-// proxy, runs ReducePieces (runtime/phases/reduce_pieces.cc). Workers run
-// this call as a no-op; its operands (the pushes' outputs) only order their
-// pull after their pushes.
+// coarse_proxy_ring's XLA translation, run by the workers: the proxies'
+// ring itself runs in the runtime's service (runtime/service.h). A worker's
+// call zeroes the token result, whose operands (the pushes' outputs) order
+// its pull after its pushes.
 //
 // In a value_and_update (attribute opt_store, optimizer_attrs.h) the
 // operands after the first opt_num_deps are the step's params (one per
 // proxy leaf, sync order; the loss's place holds the loss) and f32[3]
-// (lr, bc1, bc2) for this step.
+// (lr, bc1, bc2) for this step: worker k sets the store up for proxy k with
+// them and hands proxy k the scalars (BeginUpdateForProxy, phases.h).
 //
 // Across hosts (attribute hosts_stage, coarse_jax/api/_hosts.py) the ring
-// is two calls: stage 1 has a second result, f32[width], the chunks this
-// proxy owns after the reduce-scatter (zeros on a worker); stage 2 takes the
-// chunks summed over the hosts and int32[hosts], every host's plan key, as
-// its last two operands.
+// is two calls: stage 1 has a second result, f32[width], the chunks proxy k
+// owns after the reduce-scatter within the host (worker k waits for its job
+// to export them); stage 2 takes the chunks summed over the hosts and
+// int32[hosts], every host's plan key, as its last two operands, and hands
+// the chunks back to proxy k's job, which updates and all-gathers.
 #include <string>
 #include <vector>
 
@@ -67,31 +69,34 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
   ffi::Error e = dev.ZeroBytes(token.value()->untyped_data(), token.value()->size_bytes());
   if (e.failure()) return e;
   int64_t num_args = static_cast<int64_t>(args.size());
-  if (hosts.kind == HostsStage::kToHosts) {
-    auto chunks = outs.get<ffi::AnyBuffer>(1);
-    if (chunks.has_error()) return chunks.error();
-    hosts.chunks = static_cast<float*>(chunks.value()->untyped_data());
-    hosts.width = static_cast<int64_t>(chunks.value()->element_count());
-    if (call.who.tier != kProxy)
-      return dev.ZeroBytes(hosts.chunks, static_cast<size_t>(hosts.width) * sizeof(float));
-  } else if (hosts.kind == HostsStage::kFromHosts) {
+  Session& session = *call.session;
+  const int64_t k = call.who.index;
+  if (hosts.kind == HostsStage::kFromHosts) {
+    // Worker k hands proxy k's chunks back, summed over the hosts; its job
+    // (runtime/service.cc RunProxyAcrossHosts) then updates and all-gathers.
     if (num_args < 2)
       return ffi::Error::InvalidArgument(
           "coarse_jax: coarse_proxy_ring stage 2 expects the summed chunks and the plan keys");
-    num_args -= 2;
-    auto chunks = args.get<ffi::AnyBuffer>(num_args);
+    auto chunks = args.get<ffi::AnyBuffer>(num_args - 2);
+    auto keys = args.get<ffi::AnyBuffer>(num_args - 1);
     if (chunks.has_error()) return chunks.error();
-    hosts.chunks = static_cast<float*>(chunks.value().untyped_data());
-    hosts.width = static_cast<int64_t>(chunks.value().element_count());
-    if (call.who.tier == kProxy) {
-      auto keys = args.get<ffi::AnyBuffer>(num_args + 1);
-      if (keys.has_error()) return keys.error();
-      e = CheckSamePlan(call.plan(), keys.value(), io);
-      if (e.failure()) {
-        call.session->Poison(std::string(e.message()));
-        return e;
-      }
+    if (keys.has_error()) return keys.error();
+    e = CheckSamePlan(call.plan(), keys.value(), io);
+    if (e.failure()) {
+      session.Poison(std::string(e.message()));
+      return e;
     }
+    std::vector<float>& mine = session.host_chunks(k);  // sized by proxy k before stage 1
+    if (static_cast<int64_t>(chunks.value().element_count()) < static_cast<int64_t>(mine.size()))
+      return ffi::Error::Internal(
+          "coarse_jax: coarse_proxy_ring stage 2: proxy " + std::to_string(k) + " owns " +
+          std::to_string(mine.size()) + " elements but the summed chunks hold " +
+          std::to_string(chunks.value().element_count()) +
+          " (coarse_jax/api/_hosts.py exchange_widths disagrees with ExchangeRanges)");
+    e = io.read(chunks.value(), mine.data(), mine.size() * sizeof(float));
+    if (e.failure()) return e;
+    session.PostHostChunks(k, 2);
+    return ffi::Error::Success();
   }
   // The proxies' ring runs in the runtime's service (runtime/service.h); a
   // worker's call orders its pull after its pushes and, in a
@@ -131,12 +136,39 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
                        ffi::AnyBuffer x = args.get<ffi::AnyBuffer>(first + leaf).value();
                        return LeafRef{x.untyped_data(), x.element_type()};
                      }};
-  return BeginUpdateForProxy(call, dev, update);
+  e = BeginUpdateForProxy(call, dev, update);
+  if (e.failure() || hosts.kind != HostsStage::kToHosts) return e;
+  // Stage 1: proxy k's owned chunks after the reduce-scatter within the host,
+  // to XLA, which sums them over "host" among the workers.
+  auto out = outs.get<ffi::AnyBuffer>(1);
+  if (out.has_error()) return out.error();
+  float* dst = static_cast<float*>(out.value()->untyped_data());
+  const int64_t width = static_cast<int64_t>(out.value()->element_count());
+  e = session.Wait(
+      call.who, Session::Waits::kPeer, [&] { return session.HostChunksAt(k, 1); },
+      [&] {
+        return "proxy " + std::to_string(k) +
+               " to reduce-scatter every piece within the host (its chunks for the other hosts)";
+      });
+  if (e.failure()) return e;
+  const std::vector<float>& mine = session.host_chunks(k);
+  const int64_t n = static_cast<int64_t>(mine.size());
+  if (n > width)
+    return ffi::Error::Internal(
+        "coarse_jax: coarse_proxy_ring across hosts: proxy " + std::to_string(k) + " owns " +
+        std::to_string(n) + " elements after the reduce-scatter but the exchange buffer has " +
+        std::to_string(width) +
+        " (coarse_jax/api/_hosts.py exchange_widths disagrees with ExchangeRanges in "
+        "ffi/runtime/param_store.cc)");
+  e = dev.CopyBytes(dst, mine.data(), static_cast<size_t>(n) * sizeof(float));
+  if (e.failure() || width == n) return e;
+  return dev.ZeroBytes(dst + n, static_cast<size_t>(width - n) * sizeof(float));
 }
 
 ffi::ErrorOr<ProxyJob> ReadProxyJob(const ffi::Dictionary& attrs, const Plan& plan) {
   ProxyJob job;
   job.in_place = PushInPlaceAttr(attrs);
+  job.across_hosts = attrs.contains("across_hosts");
   auto store = ReadStore(attrs);
   if (store.has_error()) return ffi::Unexpected(store.error());
   if (!store.value().has_value()) return job;

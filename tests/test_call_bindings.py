@@ -1,19 +1,18 @@
 """The four sync calls through XLA on one device, CPU and (when present) GPU.
 
-A coarse mesh needs 2p devices, so on a single GPU no `coarse.sync` step can
-run. One device can still run a whole p = 1 step by playing both tiers in
-one jitted program: worker 0's calls and proxy 0's calls, chained by their
-tokens in the order a step runs them (pushes, proxy ring, worker ring on the
-worker then on the proxy, pull on the worker then on the proxy). The caller
-is named as the platform names it: on CPU by the (tier, data) operand, on
-CUDA by the device ordinal looked up in the "ordinals" attribute (the proxy's
-calls list a placeholder ordinal for the worker, so the GPU's ordinal names
-the proxy; a worker call comes first and opens the session, whose storage
-its ordinals place on this GPU).
-That exercises each platform's binding layer (run id, stream, ordinal,
-attributes, results) and every phase of the protocol through XLA, called
-through the same wrappers (`coarse_jax._ffi`) a `coarse.sync` step uses. With
-p = 1 the mean is the value itself, so every result must equal its input.
+One device can run a whole p = 1 step: worker 0's calls in one jitted
+program (pushes, proxy ring, worker ring, pull, chained by their tokens in
+the order a step runs them), while proxy 0 is the runtime's service
+(ffi/runtime/service.h), started by the worker's first call, its storage on
+the same device (the "ordinals" attribute lists this device for both tiers,
+as `coarse_jax.testing.shared_device_mesh` does). The caller is named as
+the platform names it: on CPU by the (tier, data) operand, on CUDA by the
+device ordinal looked up in "ordinals" (workers first, so the shared
+ordinal names worker 0). That exercises each platform's binding layer (run
+id, stream, ordinal, attributes, results) and every phase of the protocol
+through XLA, called through the same wrappers (`coarse_jax._ffi`) a
+`coarse.sync` step uses. With p = 1 the mean is the value itself, so every
+result must equal its input.
 """
 
 import itertools
@@ -29,7 +28,6 @@ import coarse_jax as coarse
 from coarse_jax import _ffi
 
 _SITES = itertools.count(1 << 30)  # a fresh call site per program
-_ELSEWHERE = 1 << 20  # an ordinal no GPU has
 
 
 @pytest.fixture(params=["cpu", "gpu"])
@@ -54,17 +52,11 @@ def _step(plan, device, in_place=False, moved=False):
     site = next(_SITES)
     ordinal = device.local_hardware_id if device.local_hardware_id is not None else device.id
 
-    # Per tier: the (tier, data) operand and the call site (its ordinals
-    # attribute); axes=(): the program runs outside shard_map.
-    def site_of(ordinals):
-        return _ffi.CallSite(
-            plan.ffi_attrs(), site, np.array(ordinals), axes=(), push_in_place=in_place
-        )
-
-    tiers = {
-        "worker": (np.array([0, 0], np.int32), site_of([ordinal, ordinal])),
-        "proxy": (np.array([1, 0], np.int32), site_of([_ELSEWHERE, ordinal])),
-    }
+    # axes=(): the program runs outside shard_map.
+    me = np.array([0, 0], np.int32)
+    call = _ffi.CallSite(
+        plan.ffi_attrs(), site, np.array([ordinal, ordinal]), axes=(), push_in_place=in_place
+    )
 
     def step(*leaves):
         if moved:
@@ -72,30 +64,17 @@ def _step(plan, device, in_place=False, moved=False):
         proxy_leaves = [leaves[i] for i in plan.proxy_leaves]
         pulled_leaves = [copies[i] for i in plan.proxy_leaves] if moved else proxy_leaves
         lead = [leaves[i] for i in plan.leading_leaves]
-        me, call = tiers["worker"]
         tok = jnp.zeros((), jnp.float32)
         for b in plan.buckets:
             bucket = proxy_leaves[b.first_leaf : b.first_leaf + b.num_leaves]
             _, tok = _ffi.push(call, me, tok, bucket, b, passthrough=False)
-        # Every device runs every call; the worker's proxy ring (a no-op) comes
-        # first, so a worker call always opens the session (its ordinals place
-        # the storage).
-        ring = tok
-        for tier in ("worker", "proxy"):
-            me, call = tiers[tier]
-            ring = _ffi.proxy_ring(call, me, [ring], last=False)
-        outs = {}
-        for tier in ("worker", "proxy"):
-            me, call = tiers[tier]
-            reduced, ring = _ffi.worker_ring(call, me, ring, lead, last=False, alias=False)
-            outs[tier] = dict(zip(plan.leading_leaves, reduced, strict=True))
-        after = ring
-        for tier in ("worker", "proxy"):
-            me, call = tiers[tier]
-            pulled = _ffi.pull(call, me, after, pulled_leaves, alias=False)
-            outs[tier].update(zip(plan.proxy_leaves, pulled, strict=True))
-            after = pulled[0] if pulled else after  # the proxy's pull after the worker's
-        return [[outs[t][i] for i in range(len(leaves))] for t in ("worker", "proxy")]
+        ring = _ffi.proxy_ring(call, me, [tok], last=False)
+        last = not plan.proxy_leaves  # else the pull ends the session
+        reduced, ring = _ffi.worker_ring(call, me, ring, lead, last=last, alias=False)
+        out = dict(zip(plan.leading_leaves, reduced, strict=True))
+        pulled = _ffi.pull(call, me, ring, pulled_leaves, alias=False)
+        out.update(zip(plan.proxy_leaves, pulled, strict=True))
+        return [out[i] for i in range(len(leaves))]
 
     return step
 
@@ -114,9 +93,8 @@ def test_one_device_runs_a_whole_step_through_xla(device, leading_bytes, in_plac
     with jax.default_device(device):
         step = jax.jit(_step(plan, device, in_place))
         out = jax.device_get(step(*jax.device_put(leaves, device)))
-    for tier_out in out:  # the worker's results, then the proxy's
-        for got, want in zip(tier_out, leaves, strict=True):
-            np.testing.assert_array_equal(np.asarray(got), want)
+    for got, want in zip(out, leaves, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want)
     assert _live_sessions(device) == 0
 
 
@@ -132,3 +110,21 @@ def test_a_pull_refuses_pushed_leaves_that_moved():
         args = jax.device_put(leaves + [x.copy() for x in leaves], device)
         with pytest.raises(Exception, match=r"is not in the buffer it was pushed from"):
             jax.block_until_ready(step(*args))
+
+
+def test_a_call_on_a_proxy_is_refused():
+    """The proxies run no XLA program: a hand-made program that runs a coarse call as a
+    proxy gets an error saying where the proxies' work runs, not a second proxy 0."""
+    leaves = [np.ones((64,), np.float32)]
+    plan = coarse.plan(leaves, 1, coarse.Config())
+    call = _ffi.CallSite(plan.ffi_attrs(), next(_SITES), np.array([0, 0]), axes=())
+
+    def step(x):
+        _, tok = _ffi.push(
+            call, np.array([1, 0], np.int32), jnp.zeros(()), [x], plan.buckets[0], False
+        )
+        return tok
+
+    with pytest.raises(Exception, match=r"ran on proxy 0 .*but the proxies run no XLA program"):
+        jax.block_until_ready(jax.jit(step)(leaves[0]))
+    assert _ffi.live_sessions() == 0

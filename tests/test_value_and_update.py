@@ -331,6 +331,10 @@ def test_memory_report_moves_the_optimizer_state_to_the_proxies():
     # Each proxy holds half of master + mu + nu, twice (double buffering).
     assert without.proxy.optimizer_bytes == pytest.approx(2 * 3 * n_bytes / 2, rel=0.01)
     assert without.proxy_bytes > without.worker_bytes
+    # The proxies run no XLA program: no batch, no params, no temporaries.
+    for report in (with_state, without):
+        assert report.proxy.xla_bytes == 0 and report.proxy.xla_temp_bytes == 0
+        assert report.worker.xla_argument_bytes >= n_bytes + batch["x"].nbytes // 2
     # After a step the runtime's own count replaces the computed one, and agrees.
     jax.block_until_ready(update_step(jax.tree.map(jnp.copy, params), batch))
     measured = coarse.memory_report(update_step, params, batch)

@@ -61,7 +61,6 @@ class CallSite:
     site_attrs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-
 class Bucket(Protocol):
     """The part of a plan bucket a push needs (`coarse_jax.plan.BucketPlan` has it)."""
 

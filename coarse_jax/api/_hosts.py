@@ -1,53 +1,49 @@
 """Across hosts: the step after a host's own synchronization, through XLA collectives over "host".
 
 On a ``("host", "tier", "data")`` mesh (several processes, see
-`coarse.make_mesh`) the runtime synchronizes each host on its own, exactly as
-on one host: push, proxy ring, worker ring of the leading layers, pull. Every
-device of host h then holds the host's mean m_h (or sum) of every leaf. This
-module turns that into the mean over all workers of all hosts,
-``(1/H) * sum_h m_h``, with XLA collectives (gloo on CPU, NCCL on GPU); the
-runtime itself never talks to another host.
+`coarse.make_mesh`) the step's program spans the workers of every host
+(``("host", "data")``) and the runtime synchronizes each host on its own,
+exactly as on one host: push, the proxies' ring (in the runtime's service),
+worker ring of the leading layers, pull. Every worker of host h then holds
+the host's mean m_h (or sum) of every leaf. This module turns that into the
+mean over all workers of all hosts, ``(1/H) * sum_h m_h``, with XLA
+collectives among the workers (gloo on CPU, NCCL on GPU); the runtime itself
+never talks to another host.
 
 Who sends what across hosts (the hierarchical step):
 
-* The proxy leaves, laid end to end, are cut into p equal chunks; proxy k
-  owns chunk k. Proxy k of every host sums chunk k over the hosts (an XLA
-  collective over "host" on n/p elements per proxy, see below).
-* The leading leaves (the worker ring's result) go the same way among the
-  workers: worker k owns chunk k. Each tier does its own exchange inside a
-  ``lax.cond`` on the tier, so a worker sends nothing across hosts for the
-  proxy leaves and a proxy nothing for the leading ones; with no leading
-  leaves (the default) workers send nothing across hosts at all.
-* Within the host every device then needs every global chunk: workers the
-  proxies' and proxies the workers'. On CPU the runtime hands them out
-  (``coarse_host_gather``: each device offers its chunk and writes every
-  chunk straight into its leaves, in their dtypes, over the host's results,
-  ffi/runtime/hand_out.h); elsewhere (GPU) an XLA ``all_gather`` over
-  ("tier", "data") does (NCCL within the node), then slices into leaves.
-  Either result is typed invariant over the whole mesh, which it is.
+* The synced leaves, laid end to end, are cut into p equal chunks; worker k
+  owns chunk k and sums it over the hosts (an XLA collective over "host" on
+  n/p elements per worker, see below).
+* Within the host every worker then needs every global chunk. On CPU the
+  runtime hands them out (``coarse_host_gather``: each worker offers its
+  chunk and writes every chunk straight into its leaves, in their dtypes,
+  over the host's results, ffi/runtime/hand_out.h); elsewhere (GPU) an XLA
+  ``all_gather`` over "data" does (NCCL within the node), then slices into
+  leaves. Either result is typed invariant over the whole mesh, which it is.
 
 With the proxy optimizer (`coarse.value_and_update`) the proxies must update
 from the mean over all hosts, so the sum over hosts moves inside their ring:
-the ring runs as two custom calls (`ring_across_hosts`). The first
-reduce-scatters every piece within the host and hands XLA the chunks the
-proxy owns (ffi/runtime/param_store.h ExchangeRanges); proxy k of every host
-owns the same chunks, so the sum over "host" (below) lines them up; the
-second takes the global chunks back, runs the optimizer on them (every host
-applies the same update to the same master copy) and all-gathers the new
-parameters within the host, which the pull hands to the workers. Workers
-send nothing across hosts, and no hand-out is needed. The hosts also
-exchange their plan's key: different plans would sum chunks that do not
-line up, so the proxies refuse that step (and the store keeps its version).
+the workers' ring call runs as two custom calls (`ring_across_hosts`). Proxy
+k's job (ffi/runtime/service.cc) reduce-scatters every piece within the host
+and hands worker k the chunks it owns (ffi/runtime/param_store.h
+ExchangeRanges); worker k's first call returns them to XLA. Proxy k of every
+host owns the same chunks, so the sum over "host" among the workers k
+(below) lines them up; worker k's second call hands the global chunks back
+to proxy k, which runs the optimizer on them (every host applies the same
+update to the same master copy) and all-gathers the new parameters within
+the host, which the pull hands to the workers. No hand-out is needed. The
+hosts also exchange their plan's key: different plans would sum chunks that
+do not line up, so the workers refuse that step (and the store keeps its
+version).
 
 The sum over hosts: with two hosts a ``psum`` over "host" (a + b equals
 b + a exactly, so the result is bitwise the same on every device and run to
 run, whatever gloo or NCCL do inside); with more, gather-then-add in host
 order 0, 1, ..., H-1, so the order is fixed by this code, not by the
-collective library. Gathering receives (H-1)·n/p per proxy, more than a
+collective library. Gathering receives (H-1)·n/p per worker, more than a
 reduce-scatter's 2(H-1)/H·n/p from three hosts on; the trade is
-reproducibility. Chunks of the two tiers are padded to one length
-for the in-host hand-out; the CPU one copies only the elements that count,
-the XLA one moves the padding too.
+reproducibility.
 """
 
 from __future__ import annotations
@@ -63,7 +59,7 @@ from jax import lax
 
 from coarse_jax import _ffi
 from coarse_jax.api import _context
-from coarse_jax.mesh import DATA, HOST, TIER, traced_axes
+from coarse_jax.mesh import DATA, HOST, traced_axes
 from coarse_jax.plan import Plan
 
 # Set (to anything) to hand out within the host by XLA's all_gather on CPU too,
@@ -81,9 +77,12 @@ def _vary(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
+_EVERYWHERE = (HOST, DATA)
+
+
 def _sum_over_hosts(mine: jax.Array, hosts: int, mean: bool) -> jax.Array:
     """``mine`` summed (averaged) over "host", in host order: identical on every host."""
-    mine = _vary(mine, (HOST, TIER, DATA))
+    mine = _vary(mine, _EVERYWHERE)
     if hosts == 2:
         # a + b == b + a exactly: a psum is bitwise the same on both hosts and
         # run to run, whatever the library's algorithm; and on gloo it is
@@ -99,22 +98,19 @@ def _sum_over_hosts(mine: jax.Array, hosts: int, mean: bool) -> jax.Array:
     return total
 
 
-def _host_sum(leaves: list[jax.Array], chunk: int, width: int, hosts: int, mean: bool) -> jax.Array:
+def _host_sum(leaves: list[jax.Array], chunk: int, hosts: int, mean: bool) -> jax.Array:
     """Chunk ``axis_index("data")`` of ``leaves`` end to end (f32), summed over hosts in host
-    order, padded to ``width``.
+    order.
 
-    Only this tier's leaves are flattened (inside its branch of the tier
-    ``cond``); XLA fuses the concatenation into the dynamic slice, so a device
-    reads its chunk without a copy of the whole vector.
+    XLA fuses the concatenation into the dynamic slice, so a worker reads its
+    chunk without a copy of the whole vector.
     """
     p = lax.axis_size(DATA)
-    if chunk == 0:
-        return _vary(jnp.zeros((width,), jnp.float32), (TIER, DATA))
     n = sum(x.size for x in leaves)
     parts = [x.reshape(-1).astype(jnp.float32) for x in leaves]
     padded = jnp.concatenate([*parts, jnp.zeros((p * chunk - n,), jnp.float32)])
     mine = lax.dynamic_slice(padded, (lax.axis_index(DATA) * chunk,), (chunk,))
-    return jnp.pad(_sum_over_hosts(mine, hosts, mean), (0, width - chunk))
+    return _sum_over_hosts(mine, hosts, mean)
 
 
 def exchange_widths(plan: Plan) -> list[int]:
@@ -155,23 +151,15 @@ def ring_across_hosts(
 ) -> jax.Array:
     """The proxy ring with the sum over hosts inside it (see the top of this module).
 
-    Returns the ring's token; the pull then brings every device the global
+    Returns the ring's token; the pull then brings every worker the global
     result (with ``update``: the new parameters).
     """
     hosts = lax.axis_size(HOST)
     width = max(1, *exchange_widths(plan))
     token, chunks = _ffi.proxy_ring_to_hosts(call, me, pushed, update, width)
-    key = jnp.int32(plan_key_32(plan))
-    everywhere = (HOST, TIER, DATA)
-
-    def on_worker(c: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return _vary(c, everywhere), _vary(jnp.zeros((hosts,), jnp.int32), everywhere)
-
-    def on_proxy(c: jax.Array) -> tuple[jax.Array, jax.Array]:
-        keys = lax.all_gather(_vary(key, everywhere), HOST, to="invarying")
-        return _vary(_sum_over_hosts(c, hosts, plan.mean), everywhere), _vary(keys, everywhere)
-
-    summed, keys = lax.cond(lax.axis_index(TIER) == 0, on_worker, on_proxy, chunks)
+    key = _vary(jnp.int32(plan_key_32(plan)), _EVERYWHERE)
+    keys = _vary(lax.all_gather(key, HOST, to="invarying"), _EVERYWHERE)
+    summed = _vary(_sum_over_hosts(chunks, hosts, plan.mean), _EVERYWHERE)
     return _ffi.proxy_ring_from_hosts(call, me, token, update, summed, keys)
 
 
@@ -179,57 +167,40 @@ def across_hosts(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> li
     """Host means (sums) of the synced leaves -> the means (sums) over all hosts.
 
     ``leaves`` in tree order, as `coarse_jax.api._phases.finish` returns them
-    (every device of a host holds its host's result). Must run inside
-    ``shard_map`` over a ``("host", "tier", "data")`` mesh. Returns the leaves
-    in their dtypes, identical on every device of the mesh.
+    (every worker of a host holds its host's result). Must run inside
+    ``shard_map`` over the workers of a ``("host", "tier", "data")`` mesh.
+    Returns the leaves in their dtypes, identical on every worker of the mesh.
     """
     hosts = lax.axis_size(HOST)
     p = lax.axis_size(DATA)
+    synced = [*plan.proxy_leaves, *plan.leading_leaves]
+    group = [leaves[t] for t in synced]
+    chunk = math.ceil(sum(x.size for x in group) / p)
     out = list(leaves)
-    groups = (list(plan.proxy_leaves), list(plan.leading_leaves))  # proxies', workers'
-    sizes = [sum(leaves[t].size for t in g) for g in groups]
-    q_chunk, l_chunk = (math.ceil(n / p) for n in sizes)
-    width = max(q_chunk, l_chunk)
-    if width == 0:
+    if chunk == 0:
         return out
-
-    def on_worker(q: list[jax.Array], lead: list[jax.Array]) -> jax.Array:
-        return _host_sum(lead, l_chunk, width, hosts, plan.mean)
-
-    def on_proxy(q: list[jax.Array], lead: list[jax.Array]) -> jax.Array:
-        return _host_sum(q, q_chunk, width, hosts, plan.mean)
-
-    q_leaves = [leaves[t] for t in groups[0]]
-    l_leaves = [leaves[t] for t in groups[1]]
-    mine = lax.cond(lax.axis_index(TIER) == 0, on_worker, on_proxy, q_leaves, l_leaves)
+    mine = _host_sum(group, chunk, hosts, plan.mean)
     ctx = _context.current("coarse.sync across hosts")
     if ctx.mesh.devices.flat[0].platform == "cpu" and not os.environ.get(XLA_HAND_OUT_ENV):
         topo = plan.config.topology
         # Emulated links: the host's network link is charged in the hand-out
         # (coarse.Topology inter_host_*; coarse.model.predict_hosts_sync_s).
         inter_host = None if topo is None else {"hosts": np.int64(hosts), **topo.inter_host_attrs()}
-        q_out, l_out = _ffi.host_gather(
+        vals = _ffi.host_gather(
             mine,
-            q_leaves,
-            l_leaves,
+            group,
             site=call.site,
             timeout_ms=int(plan.ffi_attrs()["timeout_ms"]),
-            proxy_chunk=q_chunk,
-            worker_chunk=l_chunk,
+            chunk_size=chunk,
             inter_host=inter_host,
         )
-        for g, vals in ((groups[0], q_out), (groups[1], l_out)):
-            for t, v in zip(g, vals, strict=True):
-                out[t] = v
+        for t, v in zip(synced, vals, strict=True):
+            out[t] = v
         return out
-    # (2p, width): rows 0..p-1 the workers' chunks (leading), p..2p-1 the proxies'.
-    every = lax.all_gather(mine, (TIER, DATA), to="invarying")
-    q_all = every[p:, :q_chunk].reshape(-1)
-    l_all = every[:p, :l_chunk].reshape(-1)
-    for g, flat in ((groups[0], q_all), (groups[1], l_all)):
-        off = 0
-        for t in g:
-            x = leaves[t]
-            out[t] = flat[off : off + x.size].reshape(x.shape).astype(x.dtype)
-            off += x.size
+    flat = lax.all_gather(mine, DATA, to="invarying").reshape(-1)  # (p * chunk,)
+    off = 0
+    for t in synced:
+        x = leaves[t]
+        out[t] = flat[off : off + x.size].reshape(x.shape).astype(x.dtype)
+        off += x.size
     return out

@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 from coarse_jax import _ffi
-from coarse_jax.api import _context
+from coarse_jax.api import _context, _hosts
 from coarse_jax.api._phases import finish as finish_sync
 from coarse_jax.config import Config
 from coarse_jax.optim import ProxyOptimizer
@@ -156,6 +156,9 @@ def register(
         "opt_snapshot_every": np.int64(ctx.config.snapshot_every),
         **optimizer.ffi_attrs(),
     }
+    if _hosts.spans_hosts():
+        # The proxies sum over the hosts inside their ring (_hosts.ring_across_hosts).
+        attrs["across_hosts"] = np.int64(1)
     # Every call of the site carries them: whichever worker call comes first
     # starts the proxies' jobs (ffi/runtime/service.h), which run the optimizer.
     call = dataclasses.replace(call, site_attrs=attrs)

@@ -1,15 +1,27 @@
 """`coarse.memory_report`: what each tier of a step holds, XLA's buffers plus the runtime's.
 
-Every device of a `coarse.sync` program runs the same SPMD program, so XLA's
-part (arguments, outputs, temporaries: the compiled program's
-``memory_analysis()``, per device) is the same on both tiers. The runtime's
-own memory is not: the proxies hold the session storage (one f32 slot per
-client and piece, `Plan`) and, under `coarse.value_and_update`, their share
-of the f32 master parameters and optimizer state, both buffers (double
-buffering, so a failed step keeps the previous version); the workers hold
-only the leading layers' scratch. That is the paper's memory argument:
-parameter storage moves to the proxies, and the workers' memory is what the
-forward and backward passes need.
+A `coarse.sync` step's XLA program spans the workers only, so XLA's part
+(arguments, outputs, temporaries: the compiled program's
+``memory_analysis()``, per device) is a worker's alone; the batch, the
+params and the activations live there. A proxy runs no XLA program: its
+work is the runtime's service (ffi/runtime/service.h), and everything it
+holds is the runtime's own, allocated by the runtime on the proxy's device:
+the session storage (one f32 slot per client and piece, `Plan`) and, under
+`coarse.value_and_update`, its share of the f32 master parameters and
+optimizer state, both buffers (double buffering, so a failed step keeps the
+previous version), plus the snapshot copy when snapshots are on. The workers
+hold only the leading layers' scratch besides XLA's buffers. That is the
+paper's memory argument: parameter storage moves to the proxies, and the
+workers' memory is what the forward and backward passes need.
+
+Where a proxy's memory comes from, and why: the runtime allocates it (on
+CPU, process memory from the storage pool, bounded by
+`coarse_jax._ffi.set_memory_limits`; on GPU, ``cudaMalloc`` on the proxy's
+GPU). The state must outlive any one XLA execution (the master copy and the
+optimizer state between steps, the previous version kept until a step
+commits), and with no program on the proxies there is no XLA buffer that
+could hold it; arrays JAX allocated there would need a program of their own
+to be written.
 """
 
 from __future__ import annotations
@@ -159,7 +171,8 @@ def memory_report(step: Any, *args: Any) -> MemoryReport:
     """Per device and tier, the bytes ``step`` holds when called with ``args``.
 
     Compiles the step for ``args`` (nothing runs) and reads XLA's memory
-    analysis of the program; adds the runtime's storage for the
+    analysis of the program, which runs on the workers only; adds the
+    runtime's storage for the
     synchronizations the program makes and, for `coarse.value_and_update`,
     the proxies' master parameters and optimizer state (measured once a step
     has run, computed before). Several syncs in one step are summed, an
@@ -215,4 +228,8 @@ def memory_report(step: Any, *args: Any) -> MemoryReport:
             optimizer,
         )
 
-    return MemoryReport(tier("worker", scratch, 0), tier("proxy", max(arena, default=0), opt))
+    worker = tier("worker", scratch, 0)
+    # A proxy runs no XLA program (the runtime's service): no arguments, no
+    # outputs, no temporaries, no batch.
+    proxy = TierMemory("proxy", 0, 0, 0, 0, max(arena, default=0), opt)
+    return MemoryReport(worker, proxy)

@@ -87,6 +87,23 @@ class _Layout:
         return [i for i in range(self.n) if i not in static]
 
 
+def _span(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    return tuple(sl.indices(n) for sl, n in zip(index, shape, strict=True))
+
+
+def _shards_on(x: jax.Array, sharding: NamedSharding) -> jax.Array | None:
+    """``x`` as an array of ``sharding``, built from the buffers ``x`` already has on its
+    devices, or None where some device of ``sharding`` lacks the slice it needs."""
+    have = {s.device: s for s in x.addressable_shards}
+    buffers = []
+    for device, index in sharding.addressable_devices_indices_map(x.shape).items():
+        shard = have.get(device)
+        if shard is None or _span(shard.index, x.shape) != _span(index, x.shape):
+            return None
+        buffers.append(shard.data)
+    return jax.make_array_from_single_device_arrays(x.shape, sharding, buffers)
+
+
 class SyncedStep:
     """A train step compiled by `coarse.sync`; call it like the function it wraps.
 
@@ -659,6 +676,11 @@ class SyncedStep:
         ``jax.device_put(x, NamedSharding(mesh, P("data")))``) is moved onto
         the workers, split over "data" if it is the batch, else replicated;
         arrays already there, and host values, pass untouched (no copy).
+        Where the workers already hold the right slices (the batch split over
+        "data" and replicated over "tier", or a replicated array), those
+        buffers are reused as they are: no copy, and across hosts no transfer
+        between processes (which multi-controller jax refuses between
+        different device sets).
         """
         workers = self._workers_devices
         sharding = None
@@ -672,7 +694,8 @@ class SyncedStep:
             if sharding is None:
                 spec = P(batch_axes(self.mesh)) if batch else P()
                 sharding = NamedSharding(workers_mesh(self.mesh), spec)
-            return jax.device_put(x, sharding)
+            reused = _shards_on(x, sharding)
+            return reused if reused is not None else jax.device_put(x, sharding)
 
         return jax.tree.map(move, tree)
 

@@ -72,6 +72,32 @@ Pool& ThePool() {
   return *pool;
 }
 
+// Across hosts: reduce-scatter within the host, hand the owned chunks to
+// worker k (its stage-1 coarse_proxy_ring call), wait for them summed over
+// the hosts (its stage-2 call), then update and all-gather.
+ffi::Error RunProxyAcrossHosts(Call& call, Device& dev, ProxyUpdate& update) {
+  Session& session = *call.session;
+  const int64_t k = call.who.index;
+  const std::vector<OwnedRange> ranges = ExchangeRanges(call.plan(), k);
+  std::vector<float>& chunks = session.host_chunks(k);
+  chunks.assign(ranges.empty() ? 0 : ranges.back().off + (ranges.back().hi - ranges.back().lo),
+                0.0f);
+  const int64_t n = static_cast<int64_t>(chunks.size());
+  ffi::Error err =
+      ReducePieces(call, dev, &update, HostsStage{HostsStage::kToHosts, chunks.data(), n});
+  if (err.failure()) return err;
+  session.PostHostChunks(k, 1);
+  err = session.Wait(
+      call.who, Session::Waits::kPeer, [&] { return session.HostChunksAt(k, 2); },
+      [&] {
+        return "worker " + std::to_string(k) +
+               " to hand back the chunks summed over the hosts (its second coarse_proxy_ring "
+               "call)";
+      });
+  if (err.failure()) return err;
+  return ReducePieces(call, dev, &update, HostsStage{HostsStage::kFromHosts, chunks.data(), n});
+}
+
 // Proxy k's part of the session: what its coarse_proxy_ring call did when
 // the proxies ran the workers' program, then leaving the session.
 void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob& job,
@@ -89,7 +115,8 @@ void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob
     if (job.store) {
       ProxyUpdate update{job.store, &job.spec, 0.0f, 0.0f, 0.0f, {}};
       update.from_worker = true;
-      status = ReducePieces(call, dev, &update);
+      status = job.across_hosts ? RunProxyAcrossHosts(call, dev, update)
+                                : ReducePieces(call, dev, &update);
     } else {
       status = ReducePieces(call, dev, nullptr, {}, job.in_place);
     }

@@ -9,6 +9,10 @@
 // used to read from XLA operands now comes from its local worker's calls
 // through the session: the optimizer's scalars and the params check
 // (Session::PostUpdateInputs, posted by worker k's coarse_proxy_ring).
+// Across hosts with the proxy optimizer the job stops after the
+// reduce-scatter, hands its owned chunks to worker k (whose program sums
+// them over "host" through XLA) and goes on with the global chunks worker k
+// hands back (Session::host_chunks).
 //
 // Threads come from a cached pool: an idle thread takes the next job, else a
 // new thread starts (never one queue per proxy: two sites of one program may
@@ -34,6 +38,7 @@ namespace coarse {
 // attributes every call of a synchronization site carries.
 struct ProxyJob {
   bool in_place = false;              // push_in_place (PushesInPlace, phases.h)
+  bool across_hosts = false;          // with a store: sum over hosts inside the ring
   std::shared_ptr<ParamStore> store;  // coarse.value_and_update's store, or null
   OptimizerSpec spec;                 // with a store: the optimizer it runs
 };

@@ -193,6 +193,8 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
   norm_parts_.reset(new double[p]());
   update_posted_ = Counters<int32_t>(p, 0);
   update_scalars_.reset(new float[3 * p]());
+  host_chunks_.reset(new std::vector<float>[p]);
+  host_stage_ = Counters<int32_t>(p, 0);
   if (plan_->emulated) {
     emulator_ = std::make_unique<Emulator>(plan_->topology);
     const int64_t G = RingSteps(p) + 1;
@@ -443,6 +445,11 @@ void Session::PostUpdateInputs(int64_t proxy, const float scalars[3]) {
   for (int i = 0; i < 3; ++i) update_scalars_[3 * proxy + i] = scalars[i];
   update_posted_[proxy].store(1, std::memory_order_release);
   Notify(p() + proxy);
+}
+
+void Session::PostHostChunks(int64_t proxy, int32_t stage) {
+  host_stage_[proxy].store(stage, std::memory_order_release);
+  Notify(stage == 1 ? proxy : p() + proxy);  // stage 1 wakes worker k, stage 2 proxy k
 }
 
 bool Session::NormReady() const { return norm_posted_.load(std::memory_order_acquire) == p(); }

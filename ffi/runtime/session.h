@@ -196,6 +196,17 @@ class Session {
     return update_posted_[proxy].load(std::memory_order_acquire) != 0;
   }
   const float* UpdateScalars(int64_t proxy) const { return &update_scalars_[3 * proxy]; }
+  // Across hosts with the proxy optimizer (runtime/service.h): proxy k's
+  // owned chunks after the reduce-scatter go out through worker k's stage-1
+  // call and come back, summed over the hosts, through its stage-2 call.
+  // The buffer is proxy k's (host memory; only proxy k resizes it, before it
+  // posts stage 1); stage 1: the proxy exported them, 2: the worker put the
+  // global chunks back.
+  std::vector<float>& host_chunks(int64_t proxy) { return host_chunks_[proxy]; }
+  void PostHostChunks(int64_t proxy, int32_t stage);
+  bool HostChunksAt(int64_t proxy, int32_t stage) const {
+    return host_stage_[proxy].load(std::memory_order_acquire) >= stage;
+  }
 
   // Testing (InjectDroppedPush): whether to drop this push of `worker`; true
   // at most once per session.
@@ -248,6 +259,8 @@ class Session {
   std::atomic<bool> proxies_started_{false};
   std::unique_ptr<std::atomic<int32_t>[]> update_posted_;  // [proxy]
   std::unique_ptr<float[]> update_scalars_;                // [proxy * 3]
+  std::unique_ptr<std::vector<float>[]> host_chunks_;      // [proxy]
+  std::unique_ptr<std::atomic<int32_t>[]> host_stage_;     // [proxy]
   std::atomic<int64_t> norm_posted_{0};
 
   friend class Registry;

@@ -15,6 +15,7 @@
 
 #include "runtime/dtype.h"
 #include "runtime/phases.h"
+#include "runtime/trace.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -52,6 +53,8 @@ ffi::ErrorOr<int64_t> OptimizerCount(Call& call, ParamStore& store) {
 }
 
 ffi::Error BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update) {
+  // Traced on the worker, whose thread runs it.
+  TraceScope setup(*call.session, call.device(), "optimizer setup");
   Call proxy{call.session, Who{kProxy, call.who.index}};
   ffi::Error err = BeginUpdate(proxy, dev, update);
   if (err.failure()) return err;
