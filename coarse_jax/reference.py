@@ -35,8 +35,9 @@ def all_reduce(tree: Any, workers: int, mean: bool = True) -> Any:
     """Mean (or sum) over the workers of every leaf, identical on every worker.
 
     What `coarse.all_reduce` computes, in plain JAX collectives: a ``psum``
-    over the workers, accumulated in f32 and cast back to each leaf's dtype. Must run inside ``shard_map`` over
-    the coarse mesh (``coarse.sync`` does that).
+    over the workers, accumulated in f32 and cast back to each leaf's dtype.
+    Must run inside ``shard_map`` over the workers of the coarse mesh
+    (``coarse.sync`` does that).
 
     Args:
       tree: a pytree of float arrays, each device's values.

@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from coarse_jax import _ffi
 from coarse_jax.mesh import PROGRAM_HOST_AXES

@@ -9,11 +9,9 @@ device runs every call); this module only fixes the data dependencies.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from coarse_jax import _ffi
 from coarse_jax.api import _hosts

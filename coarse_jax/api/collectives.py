@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-from jax import lax
 
-from coarse_jax import _ffi, reference
-from coarse_jax.api import _context, _nnx
+from coarse_jax import reference
+from coarse_jax.api import _context
 from coarse_jax.api._phases import finish, push_in_order
 from coarse_jax.config import Config
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from coarse_jax import _ffi, reference
 from coarse_jax.api import _context, _nnx, _update
@@ -208,7 +207,7 @@ def synced_value_and_grad(
     ] + ["loss"]
     plan = ctx.plan(shapes, cfg, groups=groups, names=names, where=where)
     n_grad = len(jax.tree.leaves(grads_shape))
-    aux_leaves_shape, aux_def = jax.tree.flatten(aux_shape)
+    aux_def = jax.tree.structure(aux_shape)
     call = ctx.call_site(plan, where, pulls_pushed=update is None) if cfg.mode == "ffi" else None
     site = None
     if update is not None and call is not None:

@@ -98,7 +98,7 @@ def _shards_on(x: jax.Array, sharding: NamedSharding) -> jax.Array | None:
     buffers = []
     for device, index in sharding.addressable_devices_indices_map(x.shape).items():
         shard = have.get(device)
-        if shard is None or _span(shard.index, x.shape) != _span(index, x.shape):
+        if shard is None or index is None or _span(shard.index, x.shape) != _span(index, x.shape):
             return None
         buffers.append(shard.data)
     return jax.make_array_from_single_device_arrays(x.shape, sharding, buffers)
