@@ -19,9 +19,8 @@ _MODES = ("ffi", "reference")
 
 
 WORKER_COMPUTE = ("auto", "cond", "all")
-# Config.worker_compute="auto": platforms that compile convolutions worse
-# inside a lax.cond run a convolutional model on every device ("all");
-# everything else takes "cond".
+# Config.worker_compute="auto" (deprecated, no effect since the proxies run no
+# XLA program): what it resolved to, for code that still reads it.
 CONVOLUTIONS_SLOW_IN_COND = ("cpu",)
 
 # The longest wait Config.timeout_s allows: the runtime counts nanoseconds in
@@ -80,19 +79,12 @@ class Config:
       step_times_s: ``(T_FP, T_BP)`` in seconds, the forward and backward time
         of one step, for ``leading_bytes="auto"``; measure them with
         `coarse.measure_step_times`.
-      worker_compute: how the workers alone run the model. "cond" (the
-        design): a ``lax.cond`` on the tier, proxies skip the model. "all":
-        every device runs it and the proxies' results are discarded (their
-        pushes are no-ops, their pulls overwrite everything). "auto"
-        (default): "all" on CPU devices for a loss with convolutions, "cond"
-        otherwise. XLA:CPU compiles a convolution inside a conditional worse:
-        about 4x slower (measured: a small CNN's gradient on 8 devices took 40
-        ms with "cond", 16 ms with "all"), and it rounds differently from the
-        same model outside one; a model without convolutions runs as fast
-        inside one, and "cond" spares the proxies' cores (bert example: 21 ms
-        per step with "cond", 32 ms with "all"). On GPUs "cond" leaves the
-        proxies free. `coarse.on_workers` decides by the platform alone
-        ("all" on CPU).
+      worker_compute: deprecated, no effect. It chose how the workers alone
+        ran the model when one XLA program spanned both tiers ("cond": a
+        ``lax.cond`` on the tier, "all": every device ran it). The proxies now
+        run no XLA program (their work is the runtime's service), so the model
+        runs on the workers only, whatever this says. Accepted ("auto",
+        "cond", "all") so existing code runs unchanged; drop it from new code.
       reprofile_every: with a ``profile``, `coarse.sync` profiles the links
         again every this many calls and re-plans; the step recompiles only if
         the plan changed. 0: never.
@@ -291,7 +283,11 @@ class Config:
 
     def worker_compute_on(self, platform: str, convolutions: bool = True) -> str:
         """``worker_compute`` with "auto" resolved for a model on ``platform`` that has
-        (``convolutions``) or has not convolutions: "all" for convolutions on CPU."""
+        (``convolutions``) or has not convolutions: "all" for convolutions on CPU.
+
+        Deprecated with ``worker_compute``, which no longer changes the step:
+        kept for code that reads it.
+        """
         if self.worker_compute != "auto":
             return self.worker_compute
         return "all" if convolutions and platform in CONVOLUTIONS_SLOW_IN_COND else "cond"

@@ -126,6 +126,12 @@ def make_mesh(workers: int | None = None, *, devices: Sequence[jax.Device] | Non
             f"make_mesh: devices must hold an even number of devices (workers, then their "
             f"proxies), got {len(pool)}."
         )
+    if devices is not None and len(set(pool)) != len(pool):
+        raise ValueError(
+            "make_mesh: devices must be distinct (a worker and a proxy each need a device of "
+            "their own); got a device twice. Tests that let a proxy share its worker's device "
+            "use coarse_jax.testing.shared_device_mesh."
+        )
     if workers is None:
         if len(pool) < 2:
             raise ValueError(

@@ -3,10 +3,14 @@
 // runtime/phases.h) inside RunCall (handler.h), run on a CudaDevice over
 // XLA's stream. The caller is named by its device ordinal (the (tier, data)
 // operand is on the GPU, so the host cannot read it), looked up in the
-// "ordinals" attribute the Python side adds for the mesh.
+// "ordinals" attribute the Python side adds for the mesh. The proxies' part
+// of a step runs in the runtime's service (runtime/service.h) on streams the
+// runtime owns on the proxy GPUs (CudaProxies below).
 #include <cuda_runtime.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
 
 #include "cuda/cuda_device.h"
 #include "cuda/cuda_util.h"
@@ -28,13 +32,52 @@ auto DeviceMaker(cudaStream_t stream, int32_t ordinal) {
   };
 }
 
+// One stream per proxy GPU, owned by the runtime: created on first use and
+// never destroyed (a job may still hold it while the process exits). Jobs
+// of several sessions may share it; their work is ordered after the
+// workers' pushes by the session's events (CudaDevice::Acquire), and the
+// workers' pulls after theirs the same way, so no job blocks a stream on
+// the host. With a proxy sharing a worker's GPU (coarse_jax.testing
+// shared_device_mesh) it is a stream of its own beside XLA's.
+ffi::ErrorOr<cudaStream_t> ProxyStream(int ordinal) {
+  static std::mutex mu;
+  static auto* streams = new std::map<int, cudaStream_t>;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = streams->find(ordinal);
+  if (it != streams->end()) return it->second;
+  cudaStream_t stream = nullptr;
+  ffi::Error e = Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                       "creating the proxy stream of GPU " + std::to_string(ordinal));
+  if (e.failure()) return ffi::Unexpected(e);
+  (*streams)[ordinal] = stream;
+  return stream;
+}
+
+// The device a proxy's job runs on: its GPU (the session's ordinals), on
+// the runtime's stream there.
+const MakeProxyDevice& CudaProxies() {
+  static const MakeProxyDevice make =
+      [](const Call& call) -> ffi::ErrorOr<std::unique_ptr<Device>> {
+    auto& storage = static_cast<CudaStorage&>(call.session->storage());
+    if (!storage.error().empty()) return ffi::Unexpected(ffi::Error::Internal(storage.error()));
+    const int ordinal = static_cast<int>(storage.ordinal(call.device()));
+    ffi::Error e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
+    if (e.failure()) return ffi::Unexpected(e);
+    auto stream = ProxyStream(ordinal);
+    if (stream.has_error()) return ffi::Unexpected(stream.error());
+    return std::unique_ptr<Device>(new CudaDevice(stream.value(), call.device(), storage));
+  };
+  return make;
+}
+
 Caller ByOrdinal(int32_t ordinal) { return Caller{nullptr, static_cast<int64_t>(ordinal)}; }
 
 ffi::Error PushImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
                     ffi::AnyBuffer, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                     ffi::Dictionary attrs) {
   return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-                 [&](Call& call, Device& dev) { return PushBody(call, dev, leaves, outs, attrs); });
+                 [&](Call& call, Device& dev) { return PushBody(call, dev, leaves, outs, attrs); },
+                 CudaProxies());
 }
 
 // The optimizer's scalars live in GPU memory: small blocking copies on
@@ -61,7 +104,8 @@ ffi::Error ProxyRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id
   return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
                  [&](Call& call, Device& dev) {
                    return ProxyRingBody(call, dev, args, outs, attrs, CudaHostIo(stream));
-                 });
+                 },
+                 CudaProxies());
 }
 
 ffi::Error OptCountImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
@@ -69,21 +113,24 @@ ffi::Error OptCountImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id,
   return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
                  [&](Call& call, Device& dev) {
                    return OptCountBody(call, dev, count, attrs, CudaHostIo(stream));
-                 });
+                 },
+                 CudaProxies());
 }
 
 ffi::Error WorkerRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
                           ffi::AnyBuffer, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                           ffi::Dictionary attrs) {
   return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-                 [&](Call& call, Device& dev) { return WorkerRingBody(call, dev, leaves, outs); });
+                 [&](Call& call, Device& dev) { return WorkerRingBody(call, dev, leaves, outs); },
+                 CudaProxies());
 }
 
 ffi::Error PullImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
                     ffi::AnyBuffer, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                     ffi::Dictionary attrs) {
   return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-                 [&](Call& call, Device& dev) { return PullBody(call, dev, leaves, outs, attrs); });
+                 [&](Call& call, Device& dev) { return PullBody(call, dev, leaves, outs, attrs); },
+                 CudaProxies());
 }
 
 }  // namespace

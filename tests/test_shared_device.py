@@ -1,0 +1,119 @@
+"""A proxy sharing its worker's device (coarse_jax.testing.shared_device_mesh).
+
+The proxies run no XLA program (ffi/runtime/service.h), so a proxy does not
+need a device of its own to run the protocol: with the proxy row of the mesh
+equal to the worker row, one device runs a whole step, the workers' program
+through XLA and the proxy in the runtime's service (on a GPU, on a stream of
+its own). That is how a single lent GPU runs value_and_grad and
+value_and_update at p = 1. On CPU devices these tests check the results are
+bitwise those of a mesh with separate proxy devices, and match the oracles;
+on a GPU (skipped without one) the p = 1 steps run on that GPU alone.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import (
+    coarse_update_step,
+    gpu_or_skip,
+    make_batch,
+    mlp_init,
+    mlp_loss,
+    per_worker_mean,
+    pmean_optax_step,
+)
+
+import coarse_jax as coarse
+from coarse_jax.testing import shared_device_mesh
+
+CONFIG = coarse.Config(shard_bytes=4096, timeout_s=60)  # several pieces per leaf
+
+
+def _grad_step(mesh):
+    @coarse.sync(mesh, config=CONFIG)
+    def step(params, batch):
+        loss, grads = coarse.value_and_grad(mlp_loss)(params, batch)
+        return loss, grads, coarse.all_reduce(batch["y"].sum(0))
+
+    return step
+
+
+def _case(p: int):
+    params = mlp_init(jax.random.key(p), (16, 64, 4))
+    batch = make_batch(jax.random.key(10 + p), 4 * p, 16, 4)
+    return params, batch
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_value_and_grad_on_shared_devices_is_bitwise_the_two_device_mesh(p):
+    params, batch = _case(p)
+    shared = jax.device_get(_grad_step(shared_device_mesh(workers=p))(params, batch))
+    separate = jax.device_get(_grad_step(coarse.make_mesh(workers=p))(params, batch))
+    for a, b in zip(jax.tree.leaves(shared), jax.tree.leaves(separate), strict=True):
+        np.testing.assert_array_equal(a, b)
+    loss, grads = per_worker_mean(mlp_loss, params, batch, p)
+    np.testing.assert_allclose(shared[0], loss, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(shared[1]), jax.tree.leaves(grads), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def _optimizers():
+    schedule = optax.linear_schedule(1e-2, 1e-3, 5)
+    return {
+        "sgd": (coarse.optim.sgd(0.1), optax.sgd(0.1)),
+        "adam": (coarse.optim.adam(1e-2), optax.adam(1e-2)),
+        "adamw_clip_schedule": (
+            coarse.optim.adamw(schedule, weight_decay=0.1, clip_norm=0.5),
+            optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(schedule, weight_decay=0.1)),
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", list(_optimizers()))
+@pytest.mark.parametrize("p", [1, 2])
+def test_value_and_update_on_shared_devices_is_bitwise_and_matches_optax(p, name):
+    opt, tx = _optimizers()[name]
+    params, batch = _case(p)
+    shared_step = coarse_update_step(shared_device_mesh(workers=p), opt, CONFIG)
+    separate_step = coarse_update_step(coarse.make_mesh(workers=p), opt, CONFIG)
+    oracle = pmean_optax_step(p, tx)
+    a, b, want = params, params, params
+    state = tx.init(params)
+    for _ in range(3):
+        a, loss_a = shared_step(jax.tree.map(jnp.copy, a), batch)
+        b, loss_b = separate_step(jax.tree.map(jnp.copy, b), batch)
+        want, state, loss_w = oracle(want, state, batch)
+        np.testing.assert_array_equal(loss_a, loss_b)
+        for x, y, z in zip(jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(x, y)
+            np.testing.assert_allclose(x, z, rtol=1e-5, atol=1e-6)
+
+
+def test_make_mesh_refuses_a_device_twice():
+    d = jax.devices()
+    with pytest.raises(ValueError, match="devices must be distinct.*shared_device_mesh"):
+        coarse.make_mesh(devices=[d[0], d[0]])
+
+
+def test_one_gpu_runs_value_and_grad_and_value_and_update_at_p1():
+    gpu, _ = gpu_or_skip()
+    mesh = shared_device_mesh(workers=1, devices=[gpu])
+    params, batch = _case(1)
+    params, batch = jax.device_put((params, batch), gpu)
+    loss, grads, _ = _grad_step(mesh)(params, batch)
+    want_loss, want_grads = jax.jit(jax.value_and_grad(mlp_loss))(params, batch)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    for name, (opt, tx) in _optimizers().items():
+        step = coarse_update_step(mesh, opt, CONFIG)
+        got, want, state = params, params, tx.init(params)
+        for _ in range(3):
+            got, _ = step(jax.tree.map(jnp.copy, got), batch)
+            grads = jax.grad(mlp_loss)(want, batch)
+            updates, state = tx.update(grads, state, want)
+            want = optax.apply_updates(want, updates)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
