@@ -22,10 +22,31 @@ def on_workers(fn: Callable[..., Any]) -> Callable[..., Any]:
     Outputs vary per device; send them through `coarse.all_reduce` before
     returning them from the step. ``fn`` itself must not synchronize: a
     coarse call inside it would run on the workers alone (every device of the
-    mesh takes part in one), so it raises TypeError while tracing.
+    mesh takes part in one), so it raises TypeError while tracing. How the
+    workers alone run it follows ``Config.worker_compute`` ("all" on CPU:
+    every device computes and the proxies' results are replaced by zeros;
+    "cond": a ``lax.cond`` on the tier). NNX modules passed as arguments may
+    change their state inside, as under ``nnx.cond``.
+
+    Args:
+      fn: the function to run on the workers.
+
+    Returns:
+      A function with ``fn``'s signature, to call inside a `coarse.sync`
+      step.
+
+    Raises:
+      RuntimeError: the returned function is called outside `coarse.sync`.
+      TypeError: ``fn`` makes a coarse call (`coarse.value_and_grad`,
+        `coarse.all_reduce`, ...) while traced.
 
     Example:
-      >>> logits = coarse.on_workers(model.apply)(params, batch["x"])
+      >>> @coarse.sync(mesh)
+      ... def evaluate(w, x):
+      ...     pred = coarse.on_workers(lambda w, x: x @ w)(w, x)     # per worker, proxies: 0
+      ...     return coarse.all_reduce(jnp.mean(pred))
+      >>> float(evaluate(jnp.ones((3,)), jnp.ones((8, 3))))
+      3.0
     """
 
     @functools.wraps(fn)
@@ -113,9 +134,15 @@ def all_reduce(tree: Any, op: str = "mean", *, config: Config | None = None) -> 
     Raises:
       RuntimeError: called outside `coarse.sync`.
       TypeError: a leaf is not a supported float.
+      ValueError: ``op`` is neither "mean" nor "sum".
 
     Example:
-      >>> metrics = coarse.all_reduce({"accuracy": acc})
+      >>> @coarse.sync(mesh)
+      ... def step(x):                      # x: 2 rows per worker
+      ...     return coarse.all_reduce({"mean": jnp.mean(x), "sum": jnp.sum(x)}, op="sum")
+      >>> out = step(jnp.arange(8.0))        # workers hold [0, 1], [2, 3], [4, 5], [6, 7]
+      >>> float(out["mean"]), float(out["sum"])
+      (14.0, 28.0)
     """
     ctx = _context.current("coarse.all_reduce")
     mean = _check_op(op)
