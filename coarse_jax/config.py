@@ -134,8 +134,19 @@ class Config:
         and end times and bytes; `SyncedStep.timeline` returns it and writes a
         Chrome / Perfetto trace. Costs a clock read and a lock per span.
 
+    Raises:
+      ValueError: a field out of range (the message names the field, what was
+        expected, what came and the fix), e.g. ``timeout_s=float("inf")``.
+      TypeError: ``routes`` is not a sequence of (int, int) pairs.
+
     Example:
       >>> cfg = coarse.Config(shard_bytes=1 << 20, leading_bytes=64 << 10)
+      >>> cfg.mode, cfg.timeout_s
+      ('ffi', 120.0)
+      >>> coarse.Config(timeout_s=float("inf"))  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+        ...
+      ValueError: Config.timeout_s: expected seconds in (0, 604800] (a week), got inf. ...
     """
 
     shard_bytes: int = 4 << 20
@@ -257,11 +268,23 @@ class Config:
         left at its default; pass ``topology=coarse.Topology...`` to run on the
         emulated links that were measured. ``overrides`` replace any field.
 
+        Args:
+          profile: a `coarse.Profile` (from `coarse.profile` or `Profile.load`).
+          **overrides: Config fields to set instead (``leading_bytes``,
+            ``topology``, ``step_times_s``, ...).
+
+        Returns:
+          The `Config`.
+
         Raises:
           ValueError: an override that is not a Config field, or a value Config rejects.
 
         Example:
-          >>> cfg = coarse.Config.from_profile(coarse.profile(mesh), leading_bytes=1 << 16)
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 16, 1 << 22])
+          >>> cfg = coarse.Config.from_profile(prof, topology=topo, leading_bytes=1 << 16)
+          >>> cfg.routes, cfg.shard_bytes, cfg.leading_bytes
+          (((0, 1), (1, 2), (2, 3), (3, 0)), 4194304, 65536)
         """
         fields = {f.name for f in dataclasses.fields(Config)}
         unknown = sorted(set(overrides) - fields)
@@ -282,18 +305,49 @@ class Config:
         return dataclasses.replace(cfg, **overrides)
 
     def worker_compute_on(self, platform: str, convolutions: bool = True) -> str:
-        """``worker_compute`` with "auto" resolved for a model on ``platform`` that has
-        (``convolutions``) or has not convolutions: "all" for convolutions on CPU.
+        """``worker_compute`` with "auto" resolved for a model on ``platform``.
 
         Deprecated with ``worker_compute``, which no longer changes the step:
         kept for code that reads it.
+
+        Args:
+          platform: the devices' platform ("cpu", "gpu", ...).
+          convolutions: whether the model's loss convolves.
+
+        Returns:
+          "all" or "cond". "auto" is "all" for convolutions on CPU (XLA:CPU
+          runs them about 4x slower inside a ``lax.cond``) and "cond"
+          otherwise; any other setting is returned as it is.
+
+        Example:
+          >>> cfg = coarse.Config()
+          >>> cfg.worker_compute_on("cpu", convolutions=True), cfg.worker_compute_on("gpu")
+          ('all', 'cond')
         """
         if self.worker_compute != "auto":
             return self.worker_compute
         return "all" if convolutions and platform in CONVOLUTIONS_SLOW_IN_COND else "cond"
 
     def routes_for(self, workers: int) -> tuple[tuple[int, int], ...]:
-        """The routing table for ``workers`` workers, checked against the mesh."""
+        """The routing table for ``workers`` workers, checked against the mesh.
+
+        Args:
+          workers: the mesh's number of workers p.
+
+        Returns:
+          One ``(latency_proxy, bandwidth_proxy)`` pair per worker; without
+          ``routes``, each worker's local proxy for both.
+
+        Raises:
+          ValueError: ``routes`` has another number of pairs, or names a proxy
+            outside ``range(workers)``.
+
+        Example:
+          >>> coarse.Config().routes_for(2)
+          ((0, 0), (1, 1))
+          >>> coarse.Config(routes=((0, 1), (1, 0))).routes_for(2)
+          ((0, 1), (1, 0))
+        """
         if self.routes is None:
             return tuple((i, i) for i in range(workers))
         if len(self.routes) != workers:

@@ -57,9 +57,13 @@ def has_cuda_support() -> bool:
     `coarse_jax.kernels`. Whether a GPU is present is jax's business
     (``jax.devices("gpu")``).
 
+    Returns:
+      Whether ``coarse_jax._coarse_cuda`` imported. Without it a step on GPU
+      devices fails at trace time with the fix in the message.
+
     Example:
       >>> import coarse_jax as coarse
-      >>> coarse.has_cuda_support()  # doctest: +SKIP
+      >>> coarse.has_cuda_support() in (True, False)   # False for the CPU-only wheels
       True
     """
     return _coarse_cuda is not None
@@ -75,13 +79,19 @@ def virtual_sync_seconds() -> list[float]:
     synchronization's time is its latest device's simulated clock when it
     ends, counted from 0 when it starts.
 
+    Returns:
+      Seconds per synchronization, oldest first; empty when none ran on a
+      virtual clock (or the CPU extension is missing).
+
     Example:
       >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-      >>> step = coarse.sync(lambda x: coarse.all_reduce(x[0]), mesh=mesh,
+      >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh,
       ...                    config=coarse.Config(topology=topo))
-      >>> _ = jax.block_until_ready(step(x))
-      >>> coarse.virtual_sync_seconds()  # doctest: +SKIP
-      [0.000123]
+      >>> _ = jax.block_until_ready(step(jnp.ones((8, 256))))
+      >>> [round(s * 1e6, 1) for s in coarse.virtual_sync_seconds()]   # microseconds
+      [...]
+      >>> coarse.virtual_sync_seconds()                                # taken: now empty
+      []
     """
     if _coarse_cpu is None:
         return []
