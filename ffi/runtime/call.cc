@@ -44,6 +44,19 @@ ffi::Error FinishCall(Call& call, Device& device, ffi::Error status, bool last) 
     return status;
   }
   if (last) {
+    // The proxies run as a service (service.h): a worker leaves only after
+    // they have, so the step's outputs are ready only once the session is
+    // over (its optimizer update committed, its storage free).
+    if (call.who.tier == kWorker && call.session->proxies_started()) {
+      Session& s = *call.session;
+      ffi::Error e = s.Wait(
+          call.who, Session::Waits::kPeer, [&] { return s.ProxiesFinished(); },
+          [] { return std::string("the proxies to leave the session (their service jobs)"); });
+      if (e.failure()) {
+        s.Finish(call.device());
+        return e;
+      }
+    }
     // Everything this device did to the storage (its reads included) is
     // what the next session's first calls will wait for.
     ffi::Error e = device.Publish();

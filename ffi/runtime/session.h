@@ -187,6 +187,10 @@ class Session {
   // session, for the worker call that starts their jobs.
   bool TakeProxyStart() { return !proxies_started_.exchange(true, std::memory_order_acq_rel); }
   bool proxies_started() const { return proxies_started_.load(std::memory_order_acquire); }
+  // Every proxy left the session (Finish). A worker's last call waits for
+  // it (FinishCall, call.h): when the workers' program is done, so is the
+  // session, its optimizer update committed or rolled back.
+  bool ProxiesFinished() const;
   // value_and_update: worker k's coarse_proxy_ring has set the store up for
   // proxy k (BeginUpdate: hold, layout, snapshot copy, seed or params check)
   // and posts this step's scalars (lr, 1 - b1^t, 1 - b2^t); proxy k's job
