@@ -3,9 +3,10 @@
 Runs ``examples/<name>/main.py --impl both`` (coarse and jit + pmean in one
 process, the same data and steps) for a short run and reads the median step
 time of each from its ``metrics.jsonl``; step 0 (compilation) is not timed.
-Prints coarse / pmean per example (issue 16's goal: at most 1.5). With the
-default ``Config.worker_compute="auto"`` ("all" on CPU) the proxies run the
-model too, on the same cores as the workers.
+Prints coarse / pmean per example (issue 27's goal: at most 1.3). The
+proxies run no XLA program (the runtime's service), so the model runs on the
+workers alone, as pmean's does; the proxies' threads share the machine's
+cores with them.
 """
 
 from __future__ import annotations

@@ -5,10 +5,14 @@ sequence 128, vocabulary 30522) on 4 workers. The budget is the per-worker
 memory `lax.pmean` + `optax.adamw` needs at 8 sequences per worker (params and
 optimizer state donated). Against it, `coarse.value_and_update` with
 `coarse.optim.adamw` (params donated), in f32 and with bf16 params on the
-workers (f32 master on the proxies): the largest per-worker batch whose worker
-memory (`coarse.memory_report`: XLA's arguments, outputs and temporaries per
-device, plus the runtime's) fits the budget. Every number comes from a
-compiled program's memory analysis (XLA:CPU buffer assignment); nothing runs.
+workers (f32 master on the proxies): the largest per-worker batch for which
+the larger of a worker's and a proxy's memory (`coarse.memory_report`: XLA's
+arguments, outputs and temporaries per device, plus the runtime's) fits the
+budget, as on devices of equal size. The proxies run no XLA program (the
+runtime's service), so a proxy holds only the runtime's storage and its
+share of the master parameters and optimizer state. Every number comes from
+a compiled program's memory analysis (XLA:CPU buffer assignment) and the
+runtime's layout; nothing runs.
 
 Then a prediction, labelled as one: `coarse.model` step times for the larger
 batch, from per-sequence compute times measured here and the emulated "v100"
@@ -90,19 +94,19 @@ def _largest_fitting(step, dtype, budget: int) -> tuple[int, dict[int, coarse.Me
     params = _params(dtype)
     reports: dict[int, coarse.MemoryReport] = {}
 
-    def worker_bytes(b: int) -> int:
+    def device_bytes(b: int) -> int:  # equal-size devices: the larger tier counts
         if b not in reports:
             reports[b] = coarse.memory_report(step, params, _batch(b))
-        return reports[b].worker_bytes
+        return max(reports[b].worker_bytes, reports[b].proxy_bytes)
 
-    lo, hi = worker_bytes(BASE_BATCH), worker_bytes(2 * BASE_BATCH)
+    lo, hi = device_bytes(BASE_BATCH), device_bytes(2 * BASE_BATCH)
     per_seq = (hi - lo) / BASE_BATCH
     guess = BASE_BATCH + int((budget - lo) // per_seq) if per_seq > 0 else 4 * BASE_BATCH
     b = max(1, guess)
     # Walk from the linear guess to the exact boundary, compiling each candidate.
-    while worker_bytes(b) > budget and b > 1:
+    while device_bytes(b) > budget and b > 1:
         b -= 1
-    while worker_bytes(b + 1) <= budget:
+    while device_bytes(b + 1) <= budget:
         b += 1
     return b, reports
 
@@ -166,8 +170,8 @@ def test_bert_base_batch_that_fits(benchmark):
     ]
     for name, b, rep, rep8 in rows:
         lines.append(
-            f"coarse.value_and_update + coarse.optim.adamw, {name}: {b} seqs/worker fit "
-            f"({b / BASE_BATCH:.2f}x); at {BASE_BATCH}: worker "
+            f"coarse.value_and_update + coarse.optim.adamw, {name}: {b} seqs/worker fit on "
+            f"devices of equal size ({b / BASE_BATCH:.2f}x); at {BASE_BATCH}: worker "
             f"{rep8.worker_bytes / 2**30:.2f} GiB, proxy {rep8.proxy_bytes / 2**30:.2f} GiB"
         )
         lines.append(rep.table())

@@ -27,11 +27,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
-from coarse_jax.mesh import AXES, DATA, check_mesh, has_hosts
+from coarse_jax.mesh import AXES, DATA, TIER, check_mesh, has_hosts
 from coarse_jax.profiling.data import Profile
 from coarse_jax.profiling.topology import Topology
 
@@ -49,13 +50,16 @@ def _probe_program(
         attrs.update(topology.ffi_attrs())
 
     def body(pairs: jax.Array) -> jax.Array:
+        # The probe runs on both tiers (it times worker-proxy links), unlike
+        # a step's program, which spans the workers only: its own (tier, data).
+        me = jnp.stack([lax.axis_index(TIER), lax.axis_index(DATA)]).astype(jnp.int32)
         payload = _ffi.vary(jnp.zeros((nbytes,), jnp.uint8))
         times = jax.ffi.ffi_call(
             "coarse_probe",
             jax.ShapeDtypeStruct((reps,), jnp.float32, manual_axis_type=None),
             has_side_effect=True,
             vmap_method="broadcast_all",
-        )(_ffi.who(), _ffi.vary(pairs), payload, **attrs)
+        )(me, _ffi.vary(pairs), payload, **attrs)
         return times[None, None]
 
     fn = jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(*AXES), check_vma=False)

@@ -408,17 +408,22 @@ ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>
 }
 
 bool Session::ProxiesFinished() const {
-  for (int64_t k = 0; k < p(); ++k)
-    if (finished_[p() + k].load(std::memory_order_acquire) == 0) return false;
-  return true;
+  return proxies_left_.load(std::memory_order_acquire) == p();
 }
 
 void Session::Finish(int64_t device) {
   if (finished_[device].exchange(1, std::memory_order_acq_rel) != 0) return;
   TheRegistry().Advance(run_id_, site_, iteration_, device);
-  if (device >= p())  // a worker's last call may wait for the proxies to leave
+  if (left_.fetch_add(1, std::memory_order_acq_rel) + 1 == 2 * p()) End();
+  if (device >= p()) {
+    // Counted only now, after this proxy's left_: a worker waiting for the
+    // proxies (FinishCall) is then the one whose Finish ends the session.
+    proxies_left_.fetch_add(1, std::memory_order_acq_rel);
     for (int64_t w = 0; w < p(); ++w) Notify(w);
-  if (left_.fetch_add(1, std::memory_order_acq_rel) + 1 != 2 * p()) return;
+  }
+}
+
+void Session::End() {
   // The host's synchronization is done: an inter-host step starts from here.
   if (emulator_ && !clock_ && !poisoned()) NoteSyncEnd(run_id_, site_, Clock::now());
   if (clock_ && !poisoned()) {

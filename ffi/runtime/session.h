@@ -217,6 +217,8 @@ class Session {
   bool TakeDroppedPush(int64_t worker);
 
  private:
+  // The last device's part of Finish: timing, the store's commit, removal.
+  void End();
   // How long a wait of `kind` may last: the timeout, plus a grace period for
   // waits on peers (see Waits).
   std::chrono::milliseconds WaitLimit(Waits kind) const;
@@ -256,6 +258,7 @@ class Session {
   std::string error_;
   std::unique_ptr<std::atomic<int32_t>[]> finished_;  // [device]: Finish was called
   std::atomic<int64_t> left_{0};                      // devices finished
+  std::atomic<int64_t> proxies_left_{0};              // proxies finished (after left_)
   std::atomic<int64_t> dropped_push_worker_{-1};      // InjectDroppedPush, taken at creation
   std::mutex store_mu_;
   std::shared_ptr<ParamStore> store_;

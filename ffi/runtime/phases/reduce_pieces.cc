@@ -403,7 +403,14 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
       break;
     }
   }
-  if (update) update->store->MarkApplied();
+  if (update) {
+    // A proxy that owns nothing to update never waited for its worker's
+    // setup: wait now, so the store is held by this session (Enter, by
+    // worker k) before it counts as applied in it.
+    ffi::Error err = AwaitUpdateInputs(call, *update);
+    if (err.failure()) return err;
+    update->store->MarkApplied();
+  }
   return ffi::Error::Success();
 }
 
