@@ -75,9 +75,10 @@ Caller ByOrdinal(int32_t ordinal) { return Caller{nullptr, static_cast<int64_t>(
 ffi::Error PushImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
                     ffi::AnyBuffer, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                     ffi::Dictionary attrs) {
-  return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-                 [&](Call& call, Device& dev) { return PushBody(call, dev, leaves, outs, attrs); },
-                 CudaProxies());
+  return RunCall(
+      run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
+      [&](Call& call, Device& dev) { return PushBody(call, dev, leaves, outs, attrs); },
+      CudaProxies());
 }
 
 // The optimizer's scalars live in GPU memory: small blocking copies on
@@ -101,36 +102,40 @@ HostIo CudaHostIo(cudaStream_t stream) {
 
 ffi::Error ProxyRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
                          ffi::RemainingArgs args, ffi::RemainingRets outs, ffi::Dictionary attrs) {
-  return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-                 [&](Call& call, Device& dev) {
-                   return ProxyRingBody(call, dev, args, outs, attrs, CudaHostIo(stream));
-                 },
-                 CudaProxies());
+  return RunCall(
+      run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
+      [&](Call& call, Device& dev) {
+        return ProxyRingBody(call, dev, args, outs, attrs, CudaHostIo(stream));
+      },
+      CudaProxies());
 }
 
 ffi::Error OptCountImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
                         ffi::Result<ffi::AnyBuffer> count, ffi::Dictionary attrs) {
-  return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-                 [&](Call& call, Device& dev) {
-                   return OptCountBody(call, dev, count, attrs, CudaHostIo(stream));
-                 },
-                 CudaProxies());
+  return RunCall(
+      run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
+      [&](Call& call, Device& dev) {
+        return OptCountBody(call, dev, count, attrs, CudaHostIo(stream));
+      },
+      CudaProxies());
 }
 
 ffi::Error WorkerRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
                           ffi::AnyBuffer, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                           ffi::Dictionary attrs) {
-  return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-                 [&](Call& call, Device& dev) { return WorkerRingBody(call, dev, leaves, outs); },
-                 CudaProxies());
+  return RunCall(
+      run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
+      [&](Call& call, Device& dev) { return WorkerRingBody(call, dev, leaves, outs); },
+      CudaProxies());
 }
 
 ffi::Error PullImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
                     ffi::AnyBuffer, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                     ffi::Dictionary attrs) {
-  return RunCall(run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-                 [&](Call& call, Device& dev) { return PullBody(call, dev, leaves, outs, attrs); },
-                 CudaProxies());
+  return RunCall(
+      run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
+      [&](Call& call, Device& dev) { return PullBody(call, dev, leaves, outs, attrs); },
+      CudaProxies());
 }
 
 }  // namespace
