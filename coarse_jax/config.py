@@ -98,8 +98,8 @@ class Config:
         reach one more than ``xla_cpu_collective_call_terminate_timeout_seconds``
         (40 s by default) apart, a process-wide flag of ``XLA_FLAGS`` that
         may be shorter than this. A coarse call that only some devices would
-        run (inside `coarse.on_workers`, or a ``lax.cond`` on a mesh axis
-        index) is refused while tracing for the same reason.
+        run (inside a ``lax.cond`` on a mesh axis index) is refused while
+        tracing for the same reason.
       topology: run on an emulated interconnect (`coarse.Topology`): every
         transfer of the runtime (push, ring steps, pull, worker ring) lasts as
         long as that link says. ``None``: the host's real transport.
@@ -113,8 +113,9 @@ class Config:
         dispatch overlapped with the run at no measurable cost. 0: unbounded.
       snapshot_every: with `coarse.value_and_update`, every this many
         optimizer steps the proxies keep a copy of the master parameters,
-        optimizer state and step count (DESIGN.md section 8), taken at the
-        start of the next step while the workers run their backward pass.
+        optimizer state and step count (see the snapshots guide), taken at
+        the start of the next step's update, in worker k's ring call for
+        proxy k's share.
         0: off. `SyncedStep.snapshot` takes one on demand.
       snapshot_dir: with ``snapshot_every``, a background thread writes each
         snapshot as an orbax-checkpoint checkpoint ``<dir>/<step>/``

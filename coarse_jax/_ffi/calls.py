@@ -5,12 +5,13 @@ then leaves, and a `CallSite` naming the plan, the site and the devices.
 Inside ``shard_map`` all operands are cast to vary over the mesh axes (the
 handlers behave per device); results are typed the way the runtime makes
 them: push/proxy-ring outputs vary per device, worker-ring and pull outputs
-are identical on every device of the mesh, so they are typed invariant and
+are identical on every worker, so they are typed invariant and
 may leave ``shard_map`` with ``out_specs=P()``.
 
 This layer knows nothing of `coarse.sync`: the caller passes what the
 handlers need (`CallSite`), so the wrappers also run outside a mesh (one
-device playing both tiers, in tests) with ``CallSite(axes=())``.
+device's worker calls, its proxy in the runtime's service, in tests) with
+``CallSite(axes=())``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a traced `coarse.sync` step knows while its function runs: mesh, config, call sites.
 
 `coarse.sync` pushes a `SyncContext` while it traces the user's step;
-`coarse.value_and_grad`, `coarse.all_reduce` and `coarse.on_workers` read the
+`coarse.value_and_grad`, `coarse.value_and_update` and `coarse.all_reduce` read the
 innermost one. Only this package reads it: the binding layer below gets what
 it needs as a `CallSite`.
 """

@@ -17,8 +17,7 @@ a ``lax.while_loop`` whose predicate varies so (devices would run different
 numbers of iterations). A predicate that is the same on every device (a
 step count, a loss that went through `coarse.all_reduce`) is fine: every
 device takes the same branch. shard_map's varying-axes types say which is
-which, so the check needs no guess. (`coarse.on_workers` refuses coarse calls
-itself, with its own message: `coarse_jax.api._context`.)
+which, so the check needs no guess.
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ def _error(call: Any, split: _Split, site_names: Mapping[int, str], step: str) -
         f"coarse.sync({step}): {name} is traced inside {split.what}{at} whose predicate "
         f"varies over the mesh axis {axes}, so only some devices of the program would run it "
         f"(its custom call {call.params['target']}). A coarse synchronization is a collective: "
-        "every device of the mesh, workers and proxies, must run each of its calls, or the "
+        "every worker of the program must run each of its calls, or the "
         "ones that do wait for the others until Config.timeout_s, and an XLA collective the "
         "others enter meanwhile may abort the process. Fix: call it outside the conditional "
         "or loop, on every device, and select its result afterwards (jnp.where on the predicate); "

@@ -48,7 +48,8 @@ def _check_op(op: str) -> bool:
 def all_reduce(tree: Any, op: str = "mean", *, config: Config | None = None) -> Any:
     """Mean (or sum) over the workers of every leaf, identical on every device.
 
-    The values the proxies hold are ignored: only the worker tier contributes.
+    Every worker contributes its values; the proxies sum them in the
+    runtime's service.
     Same routes, pieces and rings as `value_and_grad`, without the overlap
     with a backward pass.
 

@@ -62,11 +62,10 @@ def value_and_grad(
     proxy from inside the backward pass as soon as it exists; proxies
     ring-reduce while the backward pass goes on; the leading layers are
     reduced among the workers; everyone pulls. Returns the mean loss and the
-    mean gradients over the workers, identical on every device of the mesh.
+    mean gradients over the workers, identical on every worker.
 
     ``aux`` (``has_aux=True``) is each worker's own value, as
-    `jax.value_and_grad` gives it inside ``shard_map`` (the proxies hold
-    zeros): reduce what should leave the step with `coarse.all_reduce` (e.g.
+    `jax.value_and_grad` gives it inside ``shard_map``: reduce what should leave the step with `coarse.all_reduce` (e.g.
     accuracy from per-worker logits), or return per-example values through
     ``coarse.sync(..., batch_outputs=...)``.
 

@@ -1,4 +1,8 @@
-"""`coarse.sync`: a train step compiled as one SPMD program over the two-tier mesh."""
+"""`coarse.sync`: a train step compiled as one SPMD program over the workers of the mesh.
+
+The proxies run no XLA program: their part of each step is the runtime's
+service (ffi/runtime/service.h), started by the workers' custom calls.
+"""
 
 from __future__ import annotations
 
@@ -107,7 +111,8 @@ def _shards_on(x: jax.Array, sharding: NamedSharding) -> jax.Array | None:
 class SyncedStep:
     """A train step compiled by `coarse.sync`; call it like the function it wraps.
 
-    Calling it runs one step on every device of the mesh and returns the step's
+    Calling it runs one step on the workers (the proxies' part runs in the
+    runtime's service) and returns the step's
     outputs (replicated, or per example for ``batch_outputs``). The methods
     report the step (`config`, `stats`, `timeline`) and, when it calls
     `coarse.value_and_update`, reach the state the proxies hold
@@ -933,12 +938,14 @@ def sync(
     donate_argnums: int | Sequence[int] | None = None,
     batch_outputs: int | Sequence[int] | None = None,
 ) -> SyncedStep | Callable[[Callable[..., Any]], SyncedStep]:
-    """Runs a train step as one SPMD program over the two-tier mesh.
+    """Runs a train step as one SPMD program over the workers of the two-tier mesh.
 
-    ``jit(shard_map(fn))``: arguments other than the batch are replicated on all
-    devices, the batch's leading axis is split over "data" (each worker and its
-    proxy see the same shard), outputs are replicated. Inside, use
-    `coarse.value_and_grad` / `coarse.all_reduce` / `coarse.on_workers`.
+    ``jit(shard_map(fn))`` over the workers (``mesh.devices[0]``, axis "data";
+    the proxies run no XLA program, their part of the step is the runtime's
+    service): arguments other than the batch are replicated on the workers,
+    the batch's leading axis is split over "data", outputs are replicated.
+    Inside, use `coarse.value_and_grad` / `coarse.value_and_update` /
+    `coarse.all_reduce`.
 
     Flax NNX objects (modules, optimizers, metrics, ``nnx.Rngs``) passed as
     arguments behave as under ``nnx.jit``: updated in place. State the step

@@ -4,7 +4,7 @@ Run: ``python examples/cnn/main.py [--impl both] [--steps N]``.
 
 Flags: --impl {coarse,pmean,both} (default both), --steps, --workers, --workdir,
 --data-dir (a local dataset; nothing is ever downloaded), --plot (loss.png),
---worker-compute {cond,all}, --noise-floor (also train pmean with the worker sum
+--worker-compute (deprecated, no effect), --noise-floor (also train pmean with the worker sum
 reversed, the distance two valid all-reduce orders drift apart, and compare the
 step-0 gradients), --sync-timing-calls N (also time the gradient sync alone).
 With --impl both the exit status is 1 if the two loss curves differ by a

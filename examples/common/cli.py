@@ -55,9 +55,9 @@ def parse_args(
         "--worker-compute",
         choices=("auto", "cond", "all"),
         default=defaults.worker_compute,
-        help="coarse.Config.worker_compute: 'all' runs the model on the proxies "
-        "too (faster for conv nets on XLA:CPU, whose conditionals are slow); 'auto' "
-        "(default): 'all' on CPU, 'cond' on GPUs",
+        help="coarse.Config.worker_compute: deprecated, no effect (the proxies run no "
+        "XLA program, so the model runs on the workers only); kept so old command "
+        "lines still work",
     )
     parser.add_argument(
         "--noise-floor",

@@ -37,9 +37,8 @@ class BaseConfig:
         (sorted-name) order are reduced among the workers (coarse dual sync);
         their size becomes `Config.leading_bytes`.
       worker_compute: coarse `Config.worker_compute` (--worker-compute):
-        "cond" runs the model on the workers only, "all" on the proxies too
-        (faster for conv nets on XLA:CPU, whose conditionals are slow), "auto"
-        (default) picks "all" on CPU and "cond" on GPUs.
+        deprecated, no effect (the proxies run no XLA program, so the model
+        runs on the workers only); kept so old command lines still work.
       impl: "coarse", "pmean" or "both" (--impl).
       noise_floor: with "both", also train pmean with the gradients summed in
         the reverse worker order and compare step-0 gradients (--noise-floor;

@@ -3,9 +3,13 @@
 // "Dual synchronization": the gradients the next forward pass needs first
 // skip the proxies. Each worker widens its leading leaves into its f32
 // scratch, the workers run the same two-ring all-reduce the proxies use, and
-// each worker then flags its local proxy, which reads the reduced values from
-// that scratch (runtime-owned, so it outlives the worker's call) so both tiers
-// end the step with every synced value.
+// each worker then flags its local proxy. The proxy half below (reading the
+// reduced values from that scratch so both tiers end the step with every
+// synced value) served the design where the proxies ran the workers'
+// program; the proxies' service jobs (runtime/service.h) return nothing to
+// XLA and skip it, so only sync_selftest runs it now. coarse_jax.model still
+// counts that hand-over; it is off the critical path (the model matches the
+// virtual clock).
 #include <algorithm>
 #include <functional>
 #include <optional>
