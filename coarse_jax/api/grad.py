@@ -65,8 +65,9 @@ def value_and_grad(
     mean gradients over the workers, identical on every worker.
 
     ``aux`` (``has_aux=True``) is each worker's own value, as
-    `jax.value_and_grad` gives it inside ``shard_map``: reduce what should leave the step with `coarse.all_reduce` (e.g.
-    accuracy from per-worker logits), or return per-example values through
+    `jax.value_and_grad` gives it inside ``shard_map``: reduce what should
+    leave the step with `coarse.all_reduce` (e.g. accuracy from per-worker
+    logits), or return per-example values through
     ``coarse.sync(..., batch_outputs=...)``.
 
     Args:
