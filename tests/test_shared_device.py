@@ -31,6 +31,14 @@ from coarse_jax.testing import shared_device_mesh
 CONFIG = coarse.Config(shard_bytes=4096, timeout_s=60)  # several pieces per leaf
 
 
+@pytest.fixture
+def cpu_backend():
+    """The CPU cases need jax's default devices to be the 8 virtual CPUs; under
+    COARSE_TEST_GPU=1 (tools/gpu_check.sh) make test has already run them."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("CPU case; the default backend is " + jax.default_backend())
+
+
 def _grad_step(mesh):
     @coarse.sync(mesh, config=CONFIG)
     def step(params, batch):
@@ -47,6 +55,7 @@ def _case(p: int):
 
 
 @pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.usefixtures("cpu_backend")
 def test_value_and_grad_on_shared_devices_is_bitwise_the_two_device_mesh(p):
     params, batch = _case(p)
     shared = jax.device_get(_grad_step(shared_device_mesh(workers=p))(params, batch))
@@ -73,6 +82,7 @@ def _optimizers():
 
 @pytest.mark.parametrize("name", list(_optimizers()))
 @pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.usefixtures("cpu_backend")
 def test_value_and_update_on_shared_devices_is_bitwise_and_matches_optax(p, name):
     opt, tx = _optimizers()[name]
     params, batch = _case(p)
@@ -94,6 +104,7 @@ def test_value_and_update_on_shared_devices_is_bitwise_and_matches_optax(p, name
             np.testing.assert_allclose(x, z, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.usefixtures("cpu_backend")
 def test_make_mesh_refuses_a_device_twice():
     d = jax.devices()
     with pytest.raises(ValueError, match=r"devices must be distinct.*shared_device_mesh"):
