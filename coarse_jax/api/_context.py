@@ -12,7 +12,6 @@ import dataclasses
 import threading
 from typing import Any
 
-import jax.extend.core as jax_core
 import numpy as np
 from jax.sharding import Mesh
 
@@ -85,24 +84,11 @@ class SyncContext:
         )
         return _ffi.CallSite(plan.ffi_attrs(), site, self.ordinals, push_in_place=in_place)
 
-    def worker_compute(self, cfg: Config, convolutions: bool = True) -> str:
-        """``cfg.worker_compute`` ("auto" resolved) on this mesh's platform, for a model
-        with (``convolutions``) or without convolutions."""
-        return cfg.worker_compute_on(self.mesh.devices.flat[0].platform, convolutions)
-
     @property
     def ordinals(self) -> np.ndarray:
         # Across hosts the runtime of each process sees only its own host's
         # devices: the plan has p_local workers, ordinals are this host's.
         return _ffi.device_ordinals(local_mesh(self.mesh))
-
-
-def uses_convolution(jaxpr: Any) -> bool:
-    """Whether ``jaxpr`` (a Jaxpr or ClosedJaxpr) convolves anywhere, nested calls included."""
-    inner = getattr(jaxpr, "jaxpr", jaxpr)
-    if any(eqn.primitive.name == "conv_general_dilated" for eqn in inner.eqns):
-        return True
-    return any(uses_convolution(sub) for sub in jax_core.subjaxprs(inner))
 
 
 _local = threading.local()
