@@ -107,6 +107,13 @@ def test_readme_is_short_and_has_python_blocks():
     assert len(_blocks(ROOT / "README.md")) >= 2
 
 
+def _run_python(args: list[str], cwd) -> subprocess.CompletedProcess:
+    """``python *args`` in ``cwd`` with the docs' environment (8 virtual CPU devices)."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=280
+    )
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("page", [p for p in PAGES if _blocks(p)], ids=lambda p: p.stem)
 def test_page_python_blocks_run(page, tmp_path):
@@ -114,14 +121,7 @@ def test_page_python_blocks_run(page, tmp_path):
     # would shadow flax).
     script = tmp_path / f"doc_page_{page.stem}.py"
     script.write_text("\n\n".join(_blocks(page)))
-    run = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+    run = _run_python([str(script)], tmp_path)
     assert run.returncode == 0, (
         f"{page.relative_to(ROOT)}: its python blocks failed:\n"
         f"{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
@@ -130,13 +130,8 @@ def test_page_python_blocks_run(page, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_docstring_examples_run(tmp_path):
-    run = subprocess.run(
-        [sys.executable, "-c", DOCTEST_SCRIPT, *DOCTEST_MODULES, "--pending", *DOCTEST_PENDING],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=280,
+    run = _run_python(
+        ["-c", DOCTEST_SCRIPT, *DOCTEST_MODULES, "--pending", *DOCTEST_PENDING], tmp_path
     )
     assert run.returncode == 0, (
         f"docstring examples failed:\n{run.stdout[-8000:]}{run.stderr[-3000:]}"
