@@ -329,11 +329,13 @@ class Config:
             return self.worker_compute
         return "all" if convolutions and platform in CONVOLUTIONS_SLOW_IN_COND else "cond"
 
-    def routes_for(self, workers: int) -> tuple[tuple[int, int], ...]:
-        """The routing table for ``workers`` workers, checked against the mesh.
+    def routes_for(self, workers: int, proxies: int | None = None) -> tuple[tuple[int, int], ...]:
+        """The routing table for ``workers`` workers and ``proxies`` proxies, checked.
 
         Args:
           workers: the mesh's number of workers p.
+          proxies: its number of proxies q (default p); worker i's local
+            proxy is ``i // (p // q)``.
 
         Returns:
           One ``(latency_proxy, bandwidth_proxy)`` pair per worker; without
@@ -341,27 +343,31 @@ class Config:
 
         Raises:
           ValueError: ``routes`` has another number of pairs, or names a proxy
-            outside ``range(workers)``.
+            outside ``range(proxies)``.
 
         Example:
           >>> coarse.Config().routes_for(2)
           ((0, 0), (1, 1))
           >>> coarse.Config(routes=((0, 1), (1, 0))).routes_for(2)
           ((0, 1), (1, 0))
+          >>> coarse.Config().routes_for(4, proxies=2)   # COARSE(2:1)
+          ((0, 0), (0, 0), (1, 1), (1, 1))
         """
+        q = workers if proxies is None else proxies
         if self.routes is None:
-            return tuple((i, i) for i in range(workers))
+            k = workers // q
+            return tuple((i // k, i // k) for i in range(workers))
         if len(self.routes) != workers:
             raise ValueError(
                 f"Config.routes: expected {workers} (latency_proxy, bandwidth_proxy) pairs, one "
                 f"per worker of the mesh, got {len(self.routes)}."
             )
         for i, pair in enumerate(self.routes):
-            if any(not 0 <= proxy < workers for proxy in pair):
+            if any(not 0 <= proxy < q for proxy in pair):
                 raise ValueError(
-                    f"Config.routes[{i}]: proxies are indices on the 'data' axis, "
-                    f"0..{workers - 1}; got {pair}. Fix: route worker {i} to proxies of this "
-                    f"mesh, e.g. ({i}, {(i + 1) % workers}), or build the Config from this "
-                    "mesh's profile (Config.from_profile)."
+                    f"Config.routes[{i}]: proxies are numbered 0..{q - 1} (the mesh's {q} "
+                    f"proxies); got {pair}. Fix: route worker {i} to proxies of this mesh, "
+                    f"e.g. ({i * q // workers}, {(i * q // workers + 1) % q}), or build the "
+                    "Config from this mesh's profile (Config.from_profile)."
                 )
         return self.routes

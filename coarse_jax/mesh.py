@@ -1,5 +1,8 @@
 """The two-tier mesh: workers on tier 0, their proxies on tier 1; one more axis across hosts.
 
+At COARSE k:1 (``make_mesh(workers=p, proxies=q)``) the tier-1 row repeats
+each of the q proxies under the k = p / q workers it serves.
+
 On one process the mesh is ``("tier", "data")``. After
 ``jax.distributed.initialize`` with several processes it is
 ``("host", "tier", "data")``: each process (host) holds its own workers and
@@ -81,25 +84,47 @@ def _is_local(devices: np.ndarray) -> bool:
     return False
 
 
-def make_mesh(workers: int | None = None, *, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """Builds the ``("tier", "data")`` mesh of ``workers`` workers and as many proxies.
+def make_mesh(
+    workers: int | None = None,
+    proxies: int | None = None,
+    *,
+    devices: Sequence[jax.Device] | None = None,
+) -> Mesh:
+    """Builds the ``("tier", "data")`` mesh of ``workers`` workers and ``proxies`` proxies.
+
+    The mesh has shape ``(2, p)``: worker ``i`` is ``mesh.devices[0, i]`` and
+    ``mesh.devices[1, i]`` is its *local* proxy. With ``proxies=p`` (the
+    default, COARSE 1:1) every worker has a proxy of its own. With ``q``
+    proxies, ``q`` dividing ``p`` (the paper's COARSE k:1, k = p / q), proxy
+    ``j`` serves the group of workers ``j*k .. j*k + k - 1`` and the tier-1
+    row lists it once per worker of its group, so the proxies stay on their
+    own axis and every column still pairs a worker with its local proxy::
+
+        make_mesh(workers=4, proxies=2)   ->   tier 0: W0 W1 W2 W3
+                                               tier 1: P0 P0 P1 P1
+
+    Routes (``Config.routes``) name proxies by their number ``0..q-1``. The
+    step's program spans the workers only, so a device listed twice costs
+    nothing. One thing jax refuses on a mesh that lists a device twice:
+    ``jax.device_put(x, NamedSharding(mesh, P("data")))``. Pass host arrays
+    (`coarse.sync` splits the batch over the workers) or use
+    ``NamedSharding(coarse_jax.mesh.workers_mesh(mesh), P("data"))``.
 
     With several processes (after ``jax.distributed.initialize``) and no
     ``devices``, the mesh is ``("host", "tier", "data")`` of shape
-    ``(process_count, 2, workers)``: ``workers`` is then per process (p_local),
-    and each process's first ``2 * workers`` local devices are its workers
-    and proxies, paired by index as below. Batches are split over
-    ``("host", "data")``.
+    ``(process_count, 2, workers)``: ``workers`` and ``proxies`` are then per
+    process, and each process's first ``workers + proxies`` local devices are
+    its workers, then its proxies. Batches are split over ``("host", "data")``.
 
-    Worker ``i`` is ``mesh.devices[0, i]``, its local proxy ``mesh.devices[1, i]``.
-    Without ``devices`` the first ``2 * workers`` devices of the default backend
-    are paired by index: worker i with device ``workers + i``; the mesh does
-    not read the machine's topology. Pass ``devices`` (workers first, then
-    proxies) to choose the pairing yourself.
+    Without ``devices`` the first ``p + q`` devices of the default backend
+    are used, workers first; the mesh does not read the machine's topology.
+    Pass ``devices`` (the p workers, then the q proxies) to choose yourself.
 
     Args:
-      workers: number of workers p; default: half of the given or available devices.
-      devices: the 2p devices to use.
+      workers: number of workers p; default: the given or available devices
+        less the proxies (half of them at 1:1).
+      proxies: number of proxies q, dividing p; default: p (one per worker).
+      devices: the p + q devices to use, workers first.
 
     Returns:
       A ``jax.sharding.Mesh`` of shape ``(2, p)`` with axes ``("tier", "data")``
@@ -107,7 +132,8 @@ def make_mesh(workers: int | None = None, *, devices: Sequence[jax.Device] | Non
       processes).
 
     Raises:
-      ValueError: the device count is odd, too small, or does not match ``workers``.
+      ValueError: ``proxies`` does not divide ``workers``, or the devices are
+        too few, repeated, or do not match ``workers + proxies``.
 
     Example:
       >>> mesh = coarse.make_mesh(workers=4)   # 8 devices
@@ -115,68 +141,118 @@ def make_mesh(workers: int | None = None, *, devices: Sequence[jax.Device] | Non
       (('tier', 'data'), (2, 4))
       >>> [d.id for d in mesh.devices[:, 1]]   # worker 1 and its local proxy
       [1, 5]
+      >>> shared = coarse.make_mesh(workers=4, proxies=2)   # 6 devices, COARSE(2:1)
+      >>> [[d.id for d in row] for row in shared.devices]
+      [[0, 1, 2, 3], [4, 4, 5, 5]]
       >>> coarse.make_mesh(devices=jax.devices()[:4]).devices.shape   # 2 workers
       (2, 2)
     """
+    _check_count("workers", workers)
+    _check_count("proxies", proxies)
     if devices is None and jax.process_count() > 1:
-        return _make_host_mesh(workers)
+        return _make_host_mesh(workers, proxies)
     pool = list(jax.devices()) if devices is None else list(devices)
-    if devices is not None and len(pool) % 2:
-        raise ValueError(
-            f"make_mesh: devices must hold an even number of devices (workers, then their "
-            f"proxies), got {len(pool)}."
-        )
     if devices is not None and len(set(pool)) != len(pool):
         raise ValueError(
             "make_mesh: devices must be distinct (a worker and a proxy each need a device of "
-            "their own); got a device twice. Tests that let a proxy share its worker's device "
-            "use coarse_jax.testing.shared_device_mesh."
+            "their own; a shared proxy is listed once and the mesh repeats it); got a device "
+            "twice. Tests that let a proxy share its worker's device use "
+            "coarse_jax.testing.shared_device_mesh."
         )
+    p, q = _resolve_counts(workers, proxies, len(pool), exact=devices is not None)
+    if len(pool) < p + q:
+        raise ValueError(
+            f"make_mesh: workers={p}, proxies={q} needs {p + q} devices, only {len(pool)} "
+            f"available. Use fewer workers or proxies, or on CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={p + q} before importing jax."
+        )
+    return Mesh(_grid(pool[:p], pool[p : p + q]), AXES)
+
+
+def _check_count(name: str, value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"make_mesh: {name} must be a positive int, got {value!r}.")
+
+
+def _resolve_counts(workers: int | None, proxies: int | None, n: int, exact: bool) -> tuple[int, int]:
+    """(p, q) from the arguments and ``n`` devices; ``exact``: they must use all n."""
     if workers is None:
-        if len(pool) < 2:
+        workers = n - proxies if proxies is not None else n // 2
+        if workers < 1 or (proxies is None and n < 2):
             raise ValueError(
-                f"make_mesh: need at least 2 devices (1 worker + 1 proxy), found {len(pool)}. On "
-                "CPU set XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax."
+                f"make_mesh: need at least 2 devices (1 worker + 1 proxy), found {n}. On CPU "
+                "set XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax."
             )
-        workers = len(pool) // 2
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"make_mesh: workers must be a positive int, got {workers!r}.")
-    if devices is not None and len(pool) != 2 * workers:
+    q = workers if proxies is None else proxies
+    if q > workers or workers % q:
         raise ValueError(
-            f"make_mesh: workers={workers} needs exactly {2 * workers} devices, got {len(pool)}."
+            f"make_mesh: proxies must divide workers: each proxy serves an equal group of "
+            f"workers (COARSE k:1, k = workers / proxies); got workers={workers}, "
+            f"proxies={q}. Fix: proxies in {[d for d in range(1, workers + 1) if workers % d == 0]}."
         )
-    if len(pool) < 2 * workers:
+    if exact and n != workers + q:
         raise ValueError(
-            f"make_mesh: workers={workers} needs {2 * workers} devices (a proxy per worker), only "
-            f"{len(pool)} available. Use fewer workers, or on CPU set "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={2 * workers} before importing jax."
+            f"make_mesh: workers={workers}, proxies={q} needs exactly {workers + q} devices "
+            f"(the workers, then the proxies), got {n}."
         )
-    grid = np.array(pool[: 2 * workers], dtype=object).reshape(2, workers)
-    return Mesh(grid, AXES)
+    return workers, q
 
 
-def _make_host_mesh(workers: int | None) -> Mesh:
+def _grid(workers: Sequence[jax.Device], proxies: Sequence[jax.Device]) -> np.ndarray:
+    """The (2, p) grid: the workers, and under each its local proxy."""
+    k = len(workers) // len(proxies)
+    row = [proxies[i // k] for i in range(len(workers))]
+    return np.array([list(workers), row], dtype=object)
+
+
+def _make_host_mesh(workers: int | None, proxies: int | None) -> Mesh:
     """``("host", "tier", "data")``: per process its workers, then their proxies."""
     hosts = jax.process_count()
     by_process: list[list[jax.Device]] = [[] for _ in range(hosts)]
     for d in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
         by_process[d.process_index].append(d)
     fewest = min(len(devs) for devs in by_process)
-    if workers is None:
-        workers = fewest // 2
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    p, q = _resolve_counts(workers, proxies, fewest, exact=False)
+    if fewest < p + q:
         raise ValueError(
-            f"make_mesh: workers must be a positive int (workers per process), got {workers!r}; "
-            f"the smallest process has {fewest} devices."
+            f"make_mesh: workers={p}, proxies={q} per process needs {p + q} devices on every "
+            f"process, the smallest process has {fewest}. On CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={p + q} in every process."
         )
-    if fewest < 2 * workers:
+    grids = [_grid(devs[:p], devs[p : p + q]) for devs in by_process]
+    return Mesh(np.stack(grids), HOST_AXES)
+
+
+def proxy_devices(mesh: Mesh) -> list[jax.Device]:
+    """The q distinct proxies of ``mesh`` (one host's ``("tier", "data")`` mesh), in order.
+
+    Proxy j is ``mesh.devices[1, j * k]`` (k = p / q): the tier-1 row repeats
+    each proxy once per worker of its group (`make_mesh`).
+    """
+    row = list(np.asarray(mesh.devices)[1])
+    return [d for i, d in enumerate(row) if i == 0 or row[i - 1] != d]
+
+
+def num_proxies(mesh: Mesh) -> int:
+    """q: the number of distinct proxies per host of a coarse mesh."""
+    return len(proxy_devices(local_mesh(mesh)))
+
+
+def _check_proxy_row(devices: np.ndarray, where: str) -> None:
+    """Raises unless the tier-1 row lists q distinct proxies, each k = p/q times in a run."""
+    row = list(devices[1])
+    p = len(row)
+    runs = [d for i, d in enumerate(row) if i == 0 or row[i - 1] != d]
+    q = len(runs)
+    ok = len(set(runs)) == q and p % q == 0
+    ok = ok and all(row[i] == runs[i // (p // q)] for i in range(p))
+    if not ok:
         raise ValueError(
-            f"make_mesh: workers={workers} per process needs {2 * workers} devices on every "
-            f"process (a proxy per worker), the smallest process has {fewest}. On CPU set "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={2 * workers} in every process."
+            f"{where}: the mesh's proxy row (tier 1) must list q distinct proxies, each once per "
+            f"worker of its group (q dividing p, proxy j under workers j*k .. j*k + k - 1), got "
+            f"{[getattr(d, 'id', d) for d in row]}. Build it with "
+            "coarse.make_mesh(workers=p, proxies=q)."
         )
-    grid = np.array([devs[: 2 * workers] for devs in by_process], dtype=object)
-    return Mesh(grid.reshape(hosts, 2, workers), HOST_AXES)
 
 
 def check_mesh(mesh: object, where: str) -> Mesh:
@@ -195,5 +271,7 @@ def check_mesh(mesh: object, where: str) -> Mesh:
             "Build it with coarse.make_mesh(workers=p)."
         )
     if names == HOST_AXES:
-        local_mesh(mesh)  # one row per process
+        _check_proxy_row(np.asarray(local_mesh(mesh).devices), where)  # one row per process
+    else:
+        _check_proxy_row(np.asarray(mesh.devices), where)
     return mesh

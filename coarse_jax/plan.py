@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from coarse_jax.config import Config
+from coarse_jax.mesh import num_proxies
 from coarse_jax.model.paper import best_split
 
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype(jax.numpy.bfloat16), np.dtype("float16"))
@@ -142,6 +143,8 @@ class Plan:
         size and destination proxy per worker).
       buckets: the pushes: runs of consecutive proxy leaves pushed together.
       mean: whether the runtime scales sums by 1/p.
+      proxies: the number of proxies q (each serves p / q workers); 0 when
+        built by hand means p.
 
     Example:
       >>> tree = {"a": jnp.zeros((16,)), "b": jnp.zeros((1024, 1024))}   # flatten order: a, b
@@ -160,6 +163,11 @@ class Plan:
     pieces: tuple[PiecePlan, ...]
     buckets: tuple[BucketPlan, ...]
     mean: bool = True
+    proxies: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.proxies:
+            object.__setattr__(self, "proxies", self.workers)
 
     @property
     def proxy_leaves(self) -> tuple[int, ...]:
@@ -207,6 +215,7 @@ class Plan:
         ).reshape(-1)
         attrs: dict[str, Any] = {
             "workers": np.int64(p),
+            "proxies": np.int64(self.proxies),
             "timeout_ms": np.int64(max(1, round(self.config.timeout_s * 1000))),
             "mean": np.int64(1 if self.mean else 0),
             "num_proxy_leaves": np.int64(self.num_proxy_leaves),
@@ -287,11 +296,11 @@ class Plan:
             )
         if len(self.sync_order) > max_rows:
             rows.append(f"... {len(self.sync_order) - max_rows} more leaves")
-        routes = self.config.routes_for(p)
+        routes = self.config.routes_for(p, self.proxies)
         rows.append("-" * len(header))
         rows.append(
             f"{len(self.leaves)} leaves, {self.total_bytes / 2**20:.2f} MiB: "
-            f"{self.proxy_bytes / 2**20:.2f} MiB via {p} proxies in {len(self.pieces)} pieces "
+            f"{self.proxy_bytes / 2**20:.2f} MiB via {self.proxies} proxies in {len(self.pieces)} pieces "
             f"({len(self.buckets)} pushes per worker), "
             f"{(self.total_bytes - self.proxy_bytes) / 2**20:.2f} MiB via the worker ring "
             f"({len(self.leading_leaves)} leaves)"
@@ -354,6 +363,7 @@ def plan(
     mean: bool = True,
     names: list[str] | None = None,
     where: str = "coarse.plan",
+    proxies: int | None = None,
 ) -> Plan:
     """Decides how each leaf of ``tree`` is synchronized.
 
@@ -361,6 +371,8 @@ def plan(
       tree: a pytree of arrays or ``jax.ShapeDtypeStruct`` values (only shapes and dtypes
         are read).
       mesh_or_workers: the coarse mesh (or its number of workers).
+      proxies: with a number of workers, the number of proxies q (default:
+        as many as workers); a mesh says it itself.
       config: a `Config`; default ``Config()``.
       groups: optional pytree of ints shaped like ``tree``: leaves of different
         groups never share a piece (``value_and_grad`` keeps the loss, known
@@ -389,12 +401,19 @@ def plan(
       ...
     """
     config = config or Config()
-    workers = mesh_or_workers if isinstance(mesh_or_workers, int) else mesh_or_workers.shape["data"]
-    routes = config.routes_for(workers)
-    if config.topology is not None and config.topology.workers != workers:
+    if isinstance(mesh_or_workers, int):
+        workers = mesh_or_workers
+        proxies = workers if proxies is None else proxies
+    else:
+        workers = mesh_or_workers.shape["data"]
+        proxies = num_proxies(mesh_or_workers)
+    routes = config.routes_for(workers, proxies)
+    topo = config.topology
+    if topo is not None and (topo.workers, topo.proxies) != (workers, proxies):
         raise ValueError(
-            f"Config.topology: describes {config.topology.workers} workers, the mesh has "
-            f"{workers}. Fix: coarse.Topology.preset(name, workers={workers})."
+            f"Config.topology: describes {topo.workers} workers and {topo.proxies} proxies, the "
+            f"mesh has {workers} and {proxies}. Fix: coarse.Topology.preset(name, "
+            f"workers={workers}, proxies={proxies})."
         )
     paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     group_leaves = [0] * len(paths_leaves) if groups is None else treedef.flatten_up_to(groups)  # type: ignore[attr-defined]
@@ -487,4 +506,5 @@ def plan(
         pieces=tuple(pieces),
         buckets=tuple(buckets),
         mean=mean,
+        proxies=proxies,
     )

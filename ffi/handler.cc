@@ -11,37 +11,40 @@
 namespace coarse {
 namespace ffi = xla::ffi;
 
-static ffi::ErrorOr<std::vector<int64_t>> ReadOrdinals(const ffi::Dictionary& attrs, int64_t p) {
+static ffi::ErrorOr<std::vector<int64_t>> ReadOrdinals(const ffi::Dictionary& attrs,
+                                                       int64_t devices) {
   if (!attrs.contains("ordinals")) return std::vector<int64_t>{};
   auto span = attrs.get<ffi::Span<const int64_t>>("ordinals");
   if (span.has_error()) return ffi::Unexpected(span.error());
   std::vector<int64_t> out(span.value().begin(), span.value().end());
-  if (static_cast<int64_t>(out.size()) != 2 * p)
+  if (static_cast<int64_t>(out.size()) != devices)
     return ffi::Unexpected(ffi::Error::InvalidArgument(
         "coarse_jax: attribute 'ordinals' has " + std::to_string(out.size()) +
-        " entries, the mesh has " + std::to_string(2 * p) + " devices"));
+        " entries, the mesh has " + std::to_string(devices) + " devices"));
   return out;
 }
 
 static ffi::ErrorOr<Who> WhoByOrdinal(int64_t ordinal, const std::vector<int64_t>& ordinals,
                                       int64_t p) {
   for (int64_t d = 0; d < static_cast<int64_t>(ordinals.size()); ++d)
-    if (ordinals[d] == ordinal) return Who{d < p ? kWorker : kProxy, d % p};
+    if (ordinals[d] == ordinal) return Who{d < p ? kWorker : kProxy, d < p ? d : d - p};
   return ffi::Unexpected(ffi::Error::InvalidArgument(
       "coarse_jax: the call runs on device ordinal " + std::to_string(ordinal) +
       ", which is not in the coarse mesh (attribute 'ordinals' has " +
       std::to_string(ordinals.size()) + " devices)"));
 }
 
-ffi::ErrorOr<Who> ReadWho(ffi::AnyBuffer who, int64_t workers) {
+ffi::ErrorOr<Who> ReadWho(ffi::AnyBuffer who, int64_t workers, int64_t proxies) {
   if (who.element_type() != ffi::DataType::S32 || who.element_count() != 2)
     return ffi::Unexpected(ffi::Error::InvalidArgument(
         "coarse_jax: first operand must be int32[2] (tier, data index)"));
   const int32_t* v = static_cast<const int32_t*>(who.untyped_data());
-  if ((v[0] != kWorker && v[0] != kProxy) || v[1] < 0 || v[1] >= workers)
+  if ((v[0] != kWorker && v[0] != kProxy) || v[1] < 0 ||
+      v[1] >= (v[0] == kWorker ? workers : proxies))
     return ffi::Unexpected(ffi::Error::InvalidArgument(
-        "coarse_jax: device index (tier=" + std::to_string(v[0]) + ", data=" +
-        std::to_string(v[1]) + ") is outside the mesh of " + std::to_string(workers) + " workers"));
+        "coarse_jax: device index (tier=" + std::to_string(v[0]) + ", index=" +
+        std::to_string(v[1]) + ") is outside the mesh of " + std::to_string(workers) +
+        " workers and " + std::to_string(proxies) + " proxies"));
   return Who{static_cast<Tier>(v[0]), v[1]};
 }
 
@@ -52,10 +55,10 @@ ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller,
   auto site = attrs.get<int64_t>("site");
   if (site.has_error()) return ffi::Unexpected(site.error());
   const int64_t p = plan.value()->workers;
-  auto ordinals = ReadOrdinals(attrs, p);
+  auto ordinals = ReadOrdinals(attrs, plan.value()->devices());
   if (ordinals.has_error()) return ffi::Unexpected(ordinals.error());
   auto who = caller.ordinal.has_value() ? WhoByOrdinal(*caller.ordinal, ordinals.value(), p)
-                                        : ReadWho(*caller.who_operand, p);
+                                        : ReadWho(*caller.who_operand, p, plan.value()->proxies);
   if (who.has_error()) return ffi::Unexpected(who.error());
   if (who.value().tier != kWorker)
     return ffi::Unexpected(ffi::Error::InvalidArgument(

@@ -31,7 +31,7 @@ struct Caller {
 };
 
 // Reads the int32[2] (tier, data index) operand.
-xla::ffi::ErrorOr<Who> ReadWho(xla::ffi::AnyBuffer who, int64_t workers);
+xla::ffi::ErrorOr<Who> ReadWho(xla::ffi::AnyBuffer who, int64_t workers, int64_t proxies);
 
 // Attributes read here besides the plan's (see plan_attrs.h): site (int64,
 // which coarse sync of the program), last (int64 0/1, this call ends the step

@@ -77,7 +77,7 @@ ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
     v[i] = got.value();
   }
   const int64_t p = v[0], site = v[1], timeout_ms = v[2], c = v[3];
-  auto me = ReadWho(who, p);
+  auto me = ReadWho(who, p, p);
   if (me.has_error()) return me.error();
   const int64_t width = static_cast<int64_t>(chunk.element_count());
   if (chunk.element_type() != ffi::DataType::F32 || c < 0 || c > width)

@@ -43,6 +43,16 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
   const int64_t S = static_cast<int64_t>(piece_nelems.size());
   const int64_t L = static_cast<int64_t>(leaf_nelems.size());
   if (p < 1) return ffi::Unexpected(Invalid("workers must be >= 1, got " + std::to_string(p)));
+  // "proxies" (q) is absent from a 1:1 plan's attributes: q = p.
+  int64_t q = p;
+  if (attrs.contains("proxies")) {
+    auto proxies = attrs.get<int64_t>("proxies");
+    if (proxies.has_error()) return ffi::Unexpected(proxies.error());
+    q = proxies.value();
+  }
+  if (q < 1 || q > p || p % q != 0)
+    return ffi::Unexpected(Invalid("proxies must divide workers (" + std::to_string(p) +
+                                   "), got " + std::to_string(q)));
   if (timeout_ms < 0)
     return ffi::Unexpected(Invalid("timeout_ms must be >= 0, got " + std::to_string(timeout_ms)));
   if (mean != 0 && mean != 1)
@@ -70,6 +80,7 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
       return ffi::Unexpected(Invalid("leaf_nelems of leaf " + std::to_string(l) + " is negative"));
 
   plan->workers = p;
+  plan->proxies = q;
   plan->timeout_ms = timeout_ms;
   plan->mean = mean != 0;
   plan->num_proxy_leaves = num_proxy_leaves;
@@ -81,14 +92,14 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
     if (trace.has_error()) return ffi::Unexpected(trace.error());
     plan->trace = trace.value() != 0;
   }
-  auto emulated = ParseTopology(attrs, p, &plan->topology);
+  auto emulated = ParseTopology(attrs, p, q, &plan->topology);
   if (emulated.has_error()) return ffi::Unexpected(emulated.error());
   plan->emulated = emulated.value();
   plan->piece_dest.reserve(piece_dest.size());
   for (int64_t d : piece_dest) {
-    if (d < 0 || d >= p)
+    if (d < 0 || d >= q)
       return ffi::Unexpected(Invalid("piece_dest routes to proxy " + std::to_string(d) +
-                                     ", outside [0, " + std::to_string(p) + ")"));
+                                     ", outside [0, " + std::to_string(q) + ")"));
     plan->piece_dest.push_back(static_cast<int32_t>(d));
   }
   plan->leaf_nelems.assign(leaf_nelems.begin(), leaf_nelems.end());
@@ -148,15 +159,16 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
 }
 
 ffi::ErrorOr<bool> ReadTable(const ffi::Dictionary& attrs, const char* rate, const char* lat,
-                             int64_t p, LinkTable* out) {
+                             int64_t rows, int64_t cols, LinkTable* out) {
   auto r = attrs.get<ffi::Span<const double>>(rate);
   auto l = attrs.get<ffi::Span<const double>>(lat);
   if (r.has_error() || l.has_error()) return false;
-  if (static_cast<int64_t>(r.value().size()) != p * p ||
-      static_cast<int64_t>(l.value().size()) != p * p)
-    return ffi::Unexpected(
-        ffi::Error::InvalidArgument(std::string("coarse_jax: topology attribute ") + rate +
-                                    " is not " + std::to_string(p) + "x" + std::to_string(p)));
+  if (static_cast<int64_t>(r.value().size()) != rows * cols ||
+      static_cast<int64_t>(l.value().size()) != rows * cols)
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        std::string("coarse_jax: topology attribute ") + rate + " is not " +
+        std::to_string(rows) + "x" + std::to_string(cols)));
+  out->cols = cols;
   out->s_per_byte.assign(r.value().begin(), r.value().end());
   out->latency_s.assign(l.value().begin(), l.value().end());
   return true;
@@ -164,13 +176,15 @@ ffi::ErrorOr<bool> ReadTable(const ffi::Dictionary& attrs, const char* rate, con
 
 }  // namespace
 
-ffi::ErrorOr<bool> ParseTopology(const ffi::Dictionary& attrs, int64_t workers, Topology* out) {
+ffi::ErrorOr<bool> ParseTopology(const ffi::Dictionary& attrs, int64_t workers, int64_t proxies,
+                                 Topology* out) {
   out->workers = workers;
-  auto wp = ReadTable(attrs, "emu_wp_s_per_byte", "emu_wp_latency_s", workers, &out->wp);
+  out->proxies = proxies;
+  auto wp = ReadTable(attrs, "emu_wp_s_per_byte", "emu_wp_latency_s", workers, proxies, &out->wp);
   if (wp.has_error() || !wp.value()) return wp;
-  auto pp = ReadTable(attrs, "emu_pp_s_per_byte", "emu_pp_latency_s", workers, &out->pp);
+  auto pp = ReadTable(attrs, "emu_pp_s_per_byte", "emu_pp_latency_s", proxies, proxies, &out->pp);
   if (pp.has_error()) return pp;
-  auto ww = ReadTable(attrs, "emu_ww_s_per_byte", "emu_ww_latency_s", workers, &out->ww);
+  auto ww = ReadTable(attrs, "emu_ww_s_per_byte", "emu_ww_latency_s", workers, workers, &out->ww);
   if (ww.has_error()) return ww;
   if (!pp.value() || !ww.value())
     return ffi::Unexpected(

@@ -21,20 +21,29 @@ ffi::Error ProbeBody(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyBuffer p
   if (workers.has_error() || site.has_error() || timeout_ms.has_error())
     return ffi::Error::InvalidArgument("coarse_probe: missing workers/site/timeout_ms");
   const int64_t p = workers.value();
-  auto who = ReadWho(who_buf, p);
+  // "proxies" (q) is absent from a 1:1 probe: q = p.
+  int64_t q = p;
+  if (attrs.contains("proxies")) {
+    auto proxies = attrs.get<int64_t>("proxies");
+    if (proxies.has_error()) return proxies.error();
+    q = proxies.value();
+  }
+  if (q < 1 || q > p) return ffi::Error::InvalidArgument("coarse_probe: proxies must be in [1, workers]");
+  auto who = ReadWho(who_buf, p, q);
   if (who.has_error()) return who.error();
   if (pairs_buf.element_type() != ffi::DataType::S32 || pairs_buf.element_count() != 4 ||
       times->element_type() != ffi::DataType::F32)
     return ffi::Error::InvalidArgument("coarse_probe: expects int32[4] pairs and float32 times");
 
   Topology topo;
-  auto emulated = ParseTopology(attrs, p, &topo);
+  auto emulated = ParseTopology(attrs, p, q, &topo);
   if (emulated.has_error()) return emulated.error();
 
   ProbeRequest request;
   request.run_id = run_id.run_id;
   request.site = site.value();
   request.workers = p;
+  request.proxies = q;
   request.who = who.value();
   request.pairs = static_cast<const int32_t*>(pairs_buf.untyped_data());
   request.payload = payload.untyped_data();

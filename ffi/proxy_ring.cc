@@ -70,8 +70,13 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
   if (e.failure()) return e;
   int64_t num_args = static_cast<int64_t>(args.size());
   Session& session = *call.session;
-  const int64_t k = call.who.index;
+  // The proxy whose chunks this worker carries across hosts: the one it
+  // leads (Plan::group_leader); -1 for the other workers of a shared
+  // proxy's group, whose stage-1 output is zeros and whose stage 2 hands
+  // nothing back.
+  const int64_t k = call.plan().led_proxy(call.who.index);
   if (hosts.kind == HostsStage::kFromHosts) {
+    if (k < 0) return ffi::Error::Success();
     // Worker k hands proxy k's chunks back, summed over the hosts; its job
     // (runtime/service.cc RunProxyAcrossHosts) then updates and all-gathers.
     if (num_args < 2)
@@ -144,6 +149,7 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
   if (out.has_error()) return out.error();
   float* dst = static_cast<float*>(out.value()->untyped_data());
   const int64_t width = static_cast<int64_t>(out.value()->element_count());
+  if (k < 0) return dev.ZeroBytes(dst, static_cast<size_t>(width) * sizeof(float));
   e = session.Wait(
       call.who, Session::Waits::kPeer, [&] { return session.HostChunksAt(k, 1); },
       [&] {

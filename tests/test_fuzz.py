@@ -44,18 +44,20 @@ settings.load_profile(os.environ.get("COARSE_HYPOTHESIS_PROFILE", "ci"))
 DTYPES = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}
 # Relative rounding of one result in each dtype (a half ulp, doubled for safety).
 EPS = {"f32": 2.0**-23, "bf16": 2.0**-7, "f16": 2.0**-10}
-_MESHES: dict[int, jax.sharding.Mesh] = {}
+_MESHES: dict[tuple[int, int], jax.sharding.Mesh] = {}
 
 
-def _mesh(p):
-    if p not in _MESHES:
-        _MESHES[p] = coarse.make_mesh(workers=p)
-    return _MESHES[p]
+def _mesh(p, q):
+    if (p, q) not in _MESHES:
+        _MESHES[p, q] = coarse.make_mesh(workers=p, proxies=q)
+    return _MESHES[p, q]
 
 
 @st.composite
 def cases(draw):
-    p = draw(st.sampled_from([1, 2, 4]))
+    p = draw(st.sampled_from([1, 2, 4, 6]))
+    # q proxies, each shared by k = p / q workers (COARSE k:1); 6 = 4 workers + 2 proxies.
+    q = draw(st.sampled_from([d for d in range(1, p + 1) if p % d == 0 and p + d <= 8]))
     shape = st.one_of(
         st.just(()),
         st.tuples(st.integers(1, 64)),
@@ -66,9 +68,10 @@ def cases(draw):
         st.lists(st.tuples(shape, st.sampled_from(sorted(DTYPES))), min_size=1, max_size=24)
     )
     total = sum(int(np.prod(s, dtype=np.int64)) * np.dtype(DTYPES[d]).itemsize for s, d in leaves)
-    proxy = st.integers(0, p - 1)
+    proxy = st.integers(0, q - 1)
     return {
         "p": p,
+        "q": q,
         "leaves": leaves,
         "kind": draw(st.sampled_from(["all_reduce", "value_and_grad"])),
         "op": draw(st.sampled_from(["mean", "sum"])),
@@ -82,6 +85,7 @@ def cases(draw):
 
 def _run(case):
     p = case["p"]
+    mesh = _mesh(p, case["q"])
     rng = np.random.default_rng(case["seed"])
     values = {
         f"t{i:02d}": (rng.standard_normal((p, *shape)) * 4).astype(DTYPES[d])
@@ -96,7 +100,7 @@ def _run(case):
     )
     if case["kind"] == "all_reduce":
 
-        @coarse.sync(_mesh(p), config=cfg)
+        @coarse.sync(mesh, config=cfg)
         def step(per_worker):
             mine = jax.tree.map(lambda x: x[0], per_worker)
             return coarse.all_reduce(mine, op=case["op"])
@@ -110,7 +114,7 @@ def _run(case):
 
     params = {k: jnp.zeros(v.shape[1:], v.dtype) for k, v in values.items()}
 
-    @coarse.sync(_mesh(p), config=cfg)
+    @coarse.sync(mesh, config=cfg)
     def vg_step(params, per_worker):
         return coarse.value_and_grad(loss)(params, per_worker)
 

@@ -37,7 +37,7 @@ class CallSite:
       plan_attrs: the plan's FFI attributes (``Plan.ffi_attrs()``): its key and layout.
       site: which synchronization of the program; the runtime keys its
         rendezvous by (execution, site), so two syncs of one program never meet.
-      ordinals: int64[2p], the platform's device number of every mesh device,
+      ordinals: int64[p + q], the platform's device number of every mesh device,
         workers first (`device_ordinals`); the CUDA handlers find the caller by it.
       axes: the program's mesh axes operands are cast to vary over (the
         workers' "data"); ``()`` outside ``shard_map``.
@@ -107,15 +107,22 @@ def token() -> jax.Array:
 
 
 def device_ordinals(mesh: jax.sharding.Mesh) -> np.ndarray:
-    """The platform's device number of every mesh device, worker i at i, proxy k at p + k.
+    """The platform's device number of every mesh device, worker i at i, proxy k at p + k (k < q).
 
     The CUDA handlers learn which device calls them from the GPU ordinal XLA
     runs them on (the (tier, data) operand lives in GPU memory), and place
     the runtime's buffers on the right GPUs; CPU handlers ignore it.
     """
     devices = np.asarray(mesh.devices).reshape(2, -1)  # (tier, data): workers first
+    # A shared proxy (COARSE k:1) is listed once per worker of its group
+    # (coarse_jax.mesh.make_mesh): it counts once, as proxy j.
+    row = list(devices[1])
+    proxies = [d for i, d in enumerate(row) if i == 0 or row[i - 1] != d]
     return np.array(
-        [d.local_hardware_id if d.local_hardware_id is not None else d.id for d in devices.flat],
+        [
+            d.local_hardware_id if d.local_hardware_id is not None else d.id
+            for d in [*devices[0], *proxies]
+        ],
         dtype=np.int64,
     )
 

@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 
 from coarse_jax import _ffi
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA, local_mesh
+from coarse_jax.mesh import DATA, local_mesh, num_proxies
 from coarse_jax.plan import Plan
 from coarse_jax.plan import plan as make_plan
 
@@ -55,10 +55,14 @@ class SyncContext:
     def workers(self) -> int:
         return int(self.mesh.shape[DATA])
 
+    @property
+    def proxies(self) -> int:
+        return num_proxies(self.mesh)
+
     def plan(self, tree: Any, cfg: Config, **kwargs: Any) -> Plan:
         if cfg is self.config:
             self.plans.append((tree, kwargs))
-        built = make_plan(tree, self.workers, cfg, **kwargs)
+        built = make_plan(tree, self.workers, cfg, proxies=self.proxies, **kwargs)
         self.built.append(built)
         return built
 

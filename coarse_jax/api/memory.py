@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from coarse_jax.mesh import DATA
+from coarse_jax.mesh import num_proxies
 from coarse_jax.plan import Plan
 
 TIERS = ("worker", "proxy")
@@ -145,25 +145,25 @@ class MemoryReport:
 
 def arena_bytes(plan: Plan) -> list[int]:
     """Each proxy's session storage for ``plan`` (ffi/runtime/plan.cc's layout)."""
-    p = plan.workers
-    out = [0] * p
+    q = plan.proxies
+    out = [0] * q
     for piece in plan.pieces:
-        clients = [0] * p
+        clients = [0] * q
         for k in piece.dest:
             clients[k] += 1
-        for k in range(p):
+        for k in range(q):
             out[k] += max(1, clients[k]) * piece.nelems * 4
     return out
 
 
 def optimizer_bytes(store: Any) -> int:
     """The largest per-proxy bytes of a value_and_update store (measured or, before its
-    first step, computed: 1/p of the parameters, master plus slots, two buffers)."""
+    first step, computed: 1/q of the parameters, master plus slots, two buffers)."""
     measured = store.module().store_bytes(store.id)
     if measured:
         return int(max(measured))
     n = sum(int(np.prod(s)) for s in store.shapes)
-    per_proxy = -(-n // store.plan.workers)
+    per_proxy = -(-n // store.plan.proxies)
     return 2 * (1 + store.optimizer.slots) * per_proxy * 4
 
 
@@ -207,8 +207,7 @@ def memory_report(step: Any, *args: Any) -> MemoryReport:
       0
     """
     compiled_memory, plans = step._memory_analysis(*args)
-    p = int(step.mesh.shape[DATA])
-    arena = [0] * p
+    arena = [0] * num_proxies(step.mesh)
     scratch = 0
     for plan in plans:
         for k, b in enumerate(arena_bytes(plan)):

@@ -29,7 +29,7 @@ from coarse_jax.api.snapshots import SnapshotWriter, flush_at_exit, read_latest,
 from coarse_jax.api.timeline import Timeline
 from coarse_jax.api.update import StoreAccess, to_jax
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA, batch_axes, check_mesh, has_hosts, workers_mesh
+from coarse_jax.mesh import DATA, batch_axes, check_mesh, has_hosts, num_proxies, workers_mesh
 from coarse_jax.plan import plan as make_plan
 
 # Config.max_steps_in_flight=None per platform (0: unbounded).
@@ -905,8 +905,10 @@ class SyncedStep:
         return jax.jit(mapped, donate_argnums=tuple(donate))
 
     def _plan_keys(self, cfg: Config) -> list[int]:
-        p = self.mesh.shape[DATA]
-        return [make_plan(t, p, cfg, **kw).ffi_attrs()["plan_key"] for t, kw in self._plans]
+        p, q = self.mesh.shape[DATA], num_proxies(self.mesh)
+        return [
+            make_plan(t, p, cfg, proxies=q, **kw).ffi_attrs()["plan_key"] for t, kw in self._plans
+        ]
 
     def _reprofile(self) -> None:
         new = reprofiled(self.mesh, self._config)

@@ -9,14 +9,13 @@ resource is busy, plus the latency a byte cannot avoid on its way:
 * worker<->proxy ports: each worker's out port carries its pushes, its in
   port its pulls (every piece, over the link to the proxy it is routed to);
   each proxy's in port the pushes it receives, its out port the pulls it
-  serves. DENSE: proxy 0's in port carries p·n, its out port p·n.
-* ring links: a ring of p members over m bytes (two rings in opposite
+  serves. DENSE: proxy 0's in port carries p·n, its out port p·n. At
+  COARSE k:1 a proxy's ports carry its k clients' pushes and pulls.
+* ring links: a ring of m members (q proxies, or p workers) over m bytes (two rings in opposite
   directions, halves of the bytes) moves (p-1)/p·m over each directed link
   between neighbours (with p = 2 the one link per direction carries both
   halves: m); AllReduce (the worker ring over all n bytes) and COARSE's proxy
   ring (each piece that several proxies hold).
-* the leading layers' hand-over (dual sync with proxy pieces): each worker's
-  out port and its local proxy's in port carry them once more.
 * latency: the last transfer through a resource still has to arrive (one
   latency of that resource's links, the smallest); the worker ring's 2(p-1)
   lockstep steps each wait for their slowest link's latency.
@@ -89,11 +88,12 @@ def link_bound(plan: Any, topology: Any) -> LinkBound:
       >>> print(f"{b.seconds * 1e6:.1f} us, bound by {b.binding}")
       119.5 us, bound by worker 0 out port
     """
-    p = plan.workers
-    if topology.workers != p:
+    p, q = plan.workers, plan.proxies
+    if (topology.workers, topology.proxies) != (p, q):
         raise ValueError(
-            f"link_bound: topology describes {topology.workers} workers, the plan {p}; "
-            f"use coarse.Topology.preset(name, workers={p})."
+            f"link_bound: topology describes {topology.workers} workers and "
+            f"{topology.proxies} proxies, the plan {p} and {q}; use "
+            f"coarse.Topology.preset(name, workers={p}, proxies={q})."
         )
     busy: dict[str, float] = {}
     latency: dict[str, float] = {}
@@ -114,9 +114,9 @@ def link_bound(plan: Any, topology: Any) -> LinkBound:
             add(f"proxy {k} out port", t, lat)  # pull
             add(f"worker {i} in port", t, lat)
         if any(d != pc.dest[0] for d in pc.dest):  # held by several proxies: their ring
-            per_link = _ring_link_bytes(p, pc.nbytes)
-            for k in range(p):
-                for j in {(k + 1) % p, (k - 1) % p} - {k}:
+            per_link = _ring_link_bytes(q, pc.nbytes)
+            for k in range(q):
+                for j in {(k + 1) % q, (k - 1) % q} - {k}:
                     s_per_byte, lat = topology.link("pp", k, j)
                     add(f"proxy ring link {k}->{j}", per_link * s_per_byte, lat)
     lead_bytes = float(sum(plan.leaves[t].nbytes for t in plan.leading_leaves))
@@ -127,11 +127,6 @@ def link_bound(plan: Any, topology: Any) -> LinkBound:
         ring_lat = 2 * (p - 1) * max(topology.link("ww", i, j)[1] for i, j in links)
         for i, j in links:
             add(f"worker ring link {i}->{j}", per_link * topology.link("ww", i, j)[0], ring_lat)
-    if plan.leading_leaves and plan.pieces:
-        for i in range(p):  # the hand-over of the reduced leading layers
-            t, lat = wp(i, i, lead_bytes)
-            add(f"worker {i} out port", t, lat)
-            add(f"proxy {i} in port", t, lat)
     if not busy:
         return LinkBound(seconds=0.0, binding="none", busy_s={}, latency_s=0.0)
     binding = max(busy, key=lambda r: busy[r] + latency[r])

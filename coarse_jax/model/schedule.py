@@ -17,12 +17,12 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
       books its directed link and, worker<->proxy, both devices' ports; it
       arrives ``latency + bytes / bandwidth`` after its start;
     * proxy ring: piece s starts when every proxy has its pushes and piece
-      s-1 is done; two rings in opposite directions each move half of s in
-      2(p-1) steps of ``chunk = bytes / 2p`` (a piece held by one proxy has
-      no ring);
+      s-1 is done; two rings over the q proxies in opposite directions each
+      move half of s in 2(q-1) steps of ``chunk = bytes / 2q`` (a piece held
+      by one proxy has no ring); with q < p (COARSE k:1) each proxy takes its
+      k clients' pushes through its one port;
     * pulls: each worker takes its pieces in order from its proxy once reduced;
-    * leading layers: the worker ring (same two rings on worker links), then
-      the hand-over to the local proxy when proxies are in use.
+    * leading layers: the worker ring (same two rings on worker links).
 
     Host costs (copies, additions, thread wake-ups) are not modelled: the
     runtime does them inside the emulated transfers' windows where it can
@@ -49,10 +49,10 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
       >>> abs(simulated - predicted) < 1e-8
       True
     """
-    p = plan.workers
+    p, q = plan.workers, plan.proxies
     link_free: dict[tuple[int, int], float] = {}
-    port_in = [0.0] * (2 * p)
-    port_out = [0.0] * (2 * p)
+    port_in = [0.0] * (p + q)
+    port_out = [0.0] * (p + q)
 
     def book(src: int, dst: int, nbytes: float, ready: float) -> float:
         src_w, dst_w = src < p, dst < p
@@ -74,17 +74,17 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
             port_out[src] = port_in[dst] = start + busy
         return start + busy + latency
 
-    def ring_s(nbytes: float, kind: str) -> float:
-        if p == 1:
+    def ring_s(nbytes: float, kind: str, n: int) -> float:
+        if n == 1:
             return 0.0
         # Lockstep rings are bounded by their slowest neighbour link. With two
         # members the rings' "next" and "previous" are the same device: both
         # halves share one directed link per step, one after the other.
-        sharing = 2 if p == 2 else 1
+        sharing = 2 if n == 2 else 1
         step = max(
-            topology.transfer_s(kind, k, (k + 1) % p, sharing * nbytes / (2 * p)) for k in range(p)
+            topology.transfer_s(kind, k, (k + 1) % n, sharing * nbytes / (2 * n)) for k in range(n)
         )
-        return 2 * (p - 1) * step
+        return 2 * (n - 1) * step
 
     pieces = plan.pieces
     # Book in time order (piece by piece, all workers), as the devices do.
@@ -95,15 +95,14 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
     for s, pc in enumerate(pieces):
         start = max(max(arrival[s]), ring_end)
         holder = pc.dest[0] if all(d == pc.dest[0] for d in pc.dest) else None
-        ring_end = start + (0.0 if holder is not None else ring_s(pc.nbytes, "pp"))
+        ring_end = start + (0.0 if holder is not None else ring_s(pc.nbytes, "pp", q))
         reduced.append(ring_end)
     for s, pc in enumerate(pieces):
         for i in range(p):
             done = max(done, book(p + pc.dest[i], i, pc.nbytes, reduced[s]))
     lead_bytes = sum(plan.leaves[t].nbytes for t in plan.leading_leaves)
     if plan.leading_leaves:
-        lead_done = ring_s(lead_bytes, "ww")
-        if pieces:
-            lead_done = max(book(i, p + i, lead_bytes, lead_done) for i in range(p))
-        done = max(done, lead_done)
+        # The workers keep the result: no hand-over to the proxies, which
+        # run no program (DESIGN.md section 12).
+        done = max(done, ring_s(lead_bytes, "ww", p))
     return done

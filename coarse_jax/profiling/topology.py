@@ -45,15 +45,19 @@ Matrix = tuple[tuple[float, ...], ...]
 CLOCKS = ("real", "virtual")
 
 
-def _matrix(value: Any, p: int, what: str) -> Matrix:
+def _matrix(value: Any, shape: tuple[int, int], what: str) -> Matrix:
     m = np.asarray(value, dtype=np.float64)
-    if m.shape != (p, p):
-        raise ValueError(f"Topology.{what}: expected a {p}x{p} matrix, got shape {m.shape}.")
+    if m.shape != shape:
+        raise ValueError(
+            f"Topology.{what}: expected a {shape[0]}x{shape[1]} matrix, got shape {m.shape}."
+        )
     return tuple(tuple(float(v) for v in row) for row in m)
 
 
-def _local_remote(p: int, local: float, remote: float) -> Matrix:
-    return tuple(tuple(local if i == j else remote for j in range(p)) for i in range(p))
+def _local_remote(p: int, q: int, local: float, remote: float) -> Matrix:
+    """p x q: entry (i, j) is ``local`` where j is row i's local (j == i // (p // q))."""
+    k = p // q
+    return tuple(tuple(local if i // k == j else remote for j in range(q)) for i in range(p))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +67,9 @@ class Topology:
     Attributes:
       name: a label for tables and plots.
       workers: p.
-      worker_proxy_gbps: ``[worker][proxy]`` bandwidths, GB/s; the same both ways.
+      worker_proxy_gbps: ``[worker][proxy]`` bandwidths, GB/s (p x q); the same both ways.
       worker_proxy_us: ``[worker][proxy]`` latencies, microseconds.
-      proxy_proxy_gbps: ``[proxy][proxy]`` bandwidths (the diagonal is unused).
+      proxy_proxy_gbps: ``[proxy][proxy]`` bandwidths, q x q (the diagonal is unused).
       proxy_proxy_us: ``[proxy][proxy]`` latencies.
       worker_worker_gbps: ``[worker][worker]`` bandwidths (used by the worker ring).
       worker_worker_us: ``[worker][worker]`` latencies.
@@ -77,9 +81,12 @@ class Topology:
         links can be made slow enough to dominate the host's own copy costs.
       clock: "real" (transfers sleep; wall time shows the links) or
         "virtual" (simulated time, exact and repeatable; see the module docstring).
+      proxies: q, dividing p (COARSE k:1, `coarse.make_mesh`); 0 (the
+        default) means p.
 
     Raises:
-      ValueError: ``workers`` is not a positive int, a matrix is not p x p, a
+      ValueError: ``workers`` is not a positive int, ``proxies`` does not
+        divide it, a matrix has the wrong shape, a
         bandwidth is not positive, a latency is negative, ``time_scale`` is not
         positive, or ``clock`` is neither "real" nor "virtual".
 
@@ -110,17 +117,29 @@ class Topology:
     # per host, RDMA-like latency), the same in every preset.
     inter_host_gbps: float = 12.5
     inter_host_us: float = 5.0
+    proxies: int = 0
 
     def __post_init__(self) -> None:
         p = self.workers
         if isinstance(p, bool) or not isinstance(p, int) or p < 1:
             raise ValueError(f"Topology.workers: expected a positive int, got {p!r}.")
+        q = self.proxies or p
+        if isinstance(q, bool) or not isinstance(q, int) or q < 1 or q > p or p % q:
+            raise ValueError(
+                f"Topology.proxies: expected a positive int dividing workers={p}, got "
+                f"{self.proxies!r}."
+            )
+        object.__setattr__(self, "proxies", q)
+        shapes = {"worker_proxy": (p, q), "proxy_proxy": (q, q), "worker_worker": (p, p)}
         for field in dataclasses.fields(self):
             if field.name.endswith(("_gbps", "_us")) and not field.name.startswith("inter_host"):
-                m = _matrix(getattr(self, field.name), p, field.name)
+                shape = shapes[field.name.rsplit("_", 1)[0]]
+                m = _matrix(getattr(self, field.name), shape, field.name)
                 arr = np.asarray(m)
                 off_diagonal = (
-                    ~np.eye(p, dtype=bool) if not field.name.startswith("worker_proxy") else None
+                    ~np.eye(shape[0], dtype=bool)
+                    if not field.name.startswith("worker_proxy")
+                    else None
                 )
                 values = arr if off_diagonal is None else arr[off_diagonal]
                 if field.name.endswith("_gbps") and not (values > 0).all():
@@ -152,9 +171,18 @@ class Topology:
 
     @staticmethod
     def preset(
-        name: str, workers: int, *, time_scale: float = 1.0, clock: str = "real"
+        name: str,
+        workers: int,
+        *,
+        proxies: int | None = None,
+        time_scale: float = 1.0,
+        clock: str = "real",
     ) -> Topology:
         """An interconnect from the paper (Section III-E, Fig. 8), for ``workers`` workers.
+
+        A worker's *local* proxy is the one of its group (proxy ``i // k``,
+        k = workers / proxies, as `coarse.make_mesh` pairs them); every other
+        proxy is remote to it.
 
         * ``"t4"``: local = remote (12 GB/s, 5 us worker<->proxy).
         * ``"v100"``: AWS p3 PCIe "anti-locality": local 9 GB/s (3 us), remote
@@ -171,6 +199,7 @@ class Topology:
         Args:
           name: "t4", "v100" or "p100".
           workers: p.
+          proxies: q, dividing p; default p (COARSE 1:1).
           time_scale: multiplies every emulated duration.
           clock: "real" or "virtual" (see the module docstring).
 
@@ -196,17 +225,24 @@ class Topology:
             )
         (local_bw, local_us), (remote_bw, remote_us) = presets[name]
         p = workers
+        q = p if proxies is None else proxies
+        if isinstance(q, bool) or not isinstance(q, int) or q < 1 or p % q:
+            raise ValueError(
+                f"Topology.preset: proxies must be a positive int dividing workers={p}, got "
+                f"{proxies!r}."
+            )
         return Topology(
             name=name,
             workers=p,
-            worker_proxy_gbps=_local_remote(p, local_bw, remote_bw),
-            worker_proxy_us=_local_remote(p, local_us, remote_us),
-            proxy_proxy_gbps=_local_remote(p, 24.0, 24.0),
-            proxy_proxy_us=_local_remote(p, 2.0, 2.0),
-            worker_worker_gbps=_local_remote(p, 9.0, 9.0),
-            worker_worker_us=_local_remote(p, 8.0, 8.0),
+            worker_proxy_gbps=_local_remote(p, q, local_bw, remote_bw),
+            worker_proxy_us=_local_remote(p, q, local_us, remote_us),
+            proxy_proxy_gbps=_local_remote(q, q, 24.0, 24.0),
+            proxy_proxy_us=_local_remote(q, q, 2.0, 2.0),
+            worker_worker_gbps=_local_remote(p, p, 9.0, 9.0),
+            worker_worker_us=_local_remote(p, p, 8.0, 8.0),
             time_scale=time_scale,
             clock=clock,
+            proxies=q,
         )
 
     def link(self, kind: str, a: int, b: int) -> tuple[float, float]:

@@ -35,23 +35,26 @@ class HostStorage : public Storage {
     const int64_t page = std::max<int64_t>(4096, sysconf(_SC_PAGESIZE));
     auto round_up = [page](int64_t bytes) { return (bytes + page - 1) / page * page; };
     std::vector<int64_t> arena_off, scratch_off;
-    for (int64_t k = 0; k < plan.workers; ++k) {
+    for (int64_t k = 0; k < plan.proxies; ++k) {
       const int64_t arena = std::max<int64_t>(1, plan.arena_nelems[k]);
-      const int64_t scratch = std::max<int64_t>(1, plan.leading_nelems);
       arena_off.push_back(mapped_);
       mapped_ += round_up(arena * static_cast<int64_t>(sizeof(float)));
+      bytes_ += arena * static_cast<int64_t>(sizeof(float));
+    }
+    for (int64_t w = 0; w < plan.workers; ++w) {
+      const int64_t scratch = std::max<int64_t>(1, plan.leading_nelems);
       scratch_off.push_back(mapped_);
       mapped_ += round_up(scratch * static_cast<int64_t>(sizeof(float)));
-      bytes_ += (arena + scratch) * static_cast<int64_t>(sizeof(float));
+      bytes_ += scratch * static_cast<int64_t>(sizeof(float));
     }
     void* base = mmap(nullptr, static_cast<size_t>(mapped_), PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) throw std::bad_alloc();
     base_ = static_cast<char*>(base);
-    for (int64_t k = 0; k < plan.workers; ++k) {
+    for (int64_t k = 0; k < plan.proxies; ++k)
       arenas_.push_back(reinterpret_cast<float*>(base_ + arena_off[k]));
-      scratch_.push_back(reinterpret_cast<float*>(base_ + scratch_off[k]));
-    }
+    for (int64_t w = 0; w < plan.workers; ++w)
+      scratch_.push_back(reinterpret_cast<float*>(base_ + scratch_off[w]));
   }
   ~HostStorage() override { munmap(base_, static_cast<size_t>(mapped_)); }
   HostStorage(const HostStorage&) = delete;

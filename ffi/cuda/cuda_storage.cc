@@ -30,7 +30,7 @@ class DeviceScope {
 
 CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
     : ordinals_(ordinals) {
-  const int64_t p = plan.workers, devices = 2 * p;
+  const int64_t p = plan.workers, q = plan.proxies, devices = plan.devices();
   if (static_cast<int64_t>(ordinals_.size()) != devices) {
     error_ =
         "coarse_jax: the CUDA runtime needs the mesh's device ordinals (attribute "
@@ -48,7 +48,7 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
       static_cast<int64_t>(plan.leaf_nelems.size()) - plan.num_proxy_leaves;
   staging_len_ = std::max<int64_t>({max_piece, plan.leading_nelems, 1});
   max_runs_ = std::max<int64_t>({max_segs, leading_leaves, 1});
-  for (int64_t k = 0; k < p; ++k)
+  for (int64_t k = 0; k < q; ++k)
     arenas_.push_back(static_cast<float*>(
         Alloc(p + k, std::max<int64_t>(1, plan.arena_nelems[k]) * sizeof(float), "proxy arena")));
   for (int64_t w = 0; w < p; ++w)

@@ -14,7 +14,7 @@ ffi::Error AcquireStorage(Call& call, Device& device) {
         "coarse_jax: an emulated topology (Config(topology=...)) only runs on CPU devices: "
         "its links are timed on the host");
   if (!call.session->TakeFirstCall(call.device())) return ffi::Error::Success();
-  for (int64_t d = 0; d < 2 * call.session->p(); ++d) {
+  for (int64_t d = 0; d < call.session->devices(); ++d) {
     if (d == call.device()) continue;
     ffi::Error e = device.Acquire(d);
     if (e.failure()) return e;

@@ -63,11 +63,12 @@ void SleepUntil(Clock::time_point t) {
 Emulator::Emulator(const Topology& topology)
     : topo_(topology),
       p_(topology.workers),
-      link_free_(4 * p_ * p_, Clock::time_point::min()),
-      port_in_free_(2 * p_, Clock::time_point::min()),
-      port_out_free_(2 * p_, Clock::time_point::min()),
-      port_in_next_(2 * p_, 0),
-      port_out_next_(2 * p_, 0) {}
+      devices_(topology.workers + topology.proxies),
+      link_free_(devices_ * devices_, Clock::time_point::min()),
+      port_in_free_(devices_, Clock::time_point::min()),
+      port_out_free_(devices_, Clock::time_point::min()),
+      port_in_next_(devices_, 0),
+      port_out_next_(devices_, 0) {}
 
 const LinkTable& Emulator::Table(int64_t src, int64_t dst, int64_t* a, int64_t* b) const {
   const bool src_worker = src < p_, dst_worker = dst < p_;
@@ -114,9 +115,9 @@ Clock::time_point Emulator::BookLocked(int64_t src, int64_t dst, double bytes,
   int64_t a, b;
   const LinkTable& t = Table(src, dst, &a, &b);
   const bool serial_bus = (src < p_) != (dst < p_);
-  const Clock::duration busy = Seconds(bytes * t.s_per_byte[a * p_ + b]);
-  const Clock::duration latency = Seconds(t.latency_s[a * p_ + b]);
-  Clock::time_point& link = link_free_[src * 2 * p_ + dst];
+  const Clock::duration busy = Seconds(bytes * t.s_per_byte[a * t.cols + b]);
+  const Clock::duration latency = Seconds(t.latency_s[a * t.cols + b]);
+  Clock::time_point& link = link_free_[src * devices_ + dst];
   Clock::time_point start = std::max(not_before, link);
   if (serial_bus) start = std::max({start, port_out_free_[src], port_in_free_[dst]});
   link = start + busy;

@@ -53,14 +53,16 @@ void SleepUntil(Clock::time_point t);
 enum class LinkKind { kWorkerProxy, kProxyProxy, kWorkerWorker };
 
 struct LinkTable {
-  std::vector<double> s_per_byte;  // [src_index * p + dst_index]
+  std::vector<double> s_per_byte;  // [src_index * cols + dst_index]
   std::vector<double> latency_s;
+  int64_t cols = 0;
 };
 
 struct Topology {
-  int64_t workers = 0;
+  int64_t workers = 0;  // p
+  int64_t proxies = 0;  // q
   bool virtual_clock = false;  // attribute emu_virtual (see above)
-  LinkTable wp, pp, ww;        // wp is indexed [worker][proxy] for both directions
+  LinkTable wp, pp, ww;        // wp is p x q, indexed [worker][proxy] for both directions; pp q x q; ww p x p
 };
 
 // Across hosts (coarse.Topology inter_host_*): the inter-host step is booked
@@ -78,7 +80,7 @@ class Emulator {
   explicit Emulator(const Topology& topology);
 
   // Books a transfer of `bytes` from device `src` to device `dst` (worker i =
-  // i, proxy k = p + k), starting no earlier than `not_before`, and returns
+  // i, proxy k = p + k, k < q), starting no earlier than `not_before`, and returns
   // when it arrives. A start in the past is fine: the transfer ran in the
   // background while the receiver was busy.
   Clock::time_point Reserve(int64_t src, int64_t dst, double bytes, Clock::time_point not_before);
@@ -102,9 +104,9 @@ class Emulator {
                                Clock::time_point not_before);
 
   Topology topo_;
-  int64_t p_;
+  int64_t p_, devices_;  // workers, workers + proxies
   std::mutex mu_;
-  std::vector<Clock::time_point> link_free_;                     // [src * 2p + dst]
+  std::vector<Clock::time_point> link_free_;                     // [src * devices + dst]
   std::vector<Clock::time_point> port_in_free_, port_out_free_;  // [device]
   std::vector<int64_t> port_in_next_, port_out_next_;  // [device]: rank of the next booking
   std::condition_variable cv_;

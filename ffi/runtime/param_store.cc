@@ -16,7 +16,7 @@ namespace {
 // pieces `include` accepts, laid end to end.
 template <typename Include>
 std::vector<OwnedRange> RangesAfterReduceScatter(const Plan& plan, int64_t k, Include&& include) {
-  const int64_t p = plan.workers;
+  const int64_t q = plan.proxies;
   std::vector<OwnedRange> out;
   int64_t off = 0;
   auto add = [&](int64_t s, int64_t lo, int64_t hi) {
@@ -33,7 +33,7 @@ std::vector<OwnedRange> RangesAfterReduceScatter(const Plan& plan, int64_t k, In
     }
     for (int r = 0; r < 2; ++r) {
       int64_t lo, hi;
-      OwnedChunk(r, k, p, n, &lo, &hi);
+      OwnedChunk(r, k, q, n, &lo, &hi);
       add(s, lo, hi);
     }
   }
@@ -82,7 +82,7 @@ void ParamStore::Close(const Session* session, bool ok) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (held_by_ != session) return;
-    if (ok && prepared_session_ == session && plan_ && applied_ == plan_->workers) {
+    if (ok && prepared_session_ == session && plan_ && applied_ == plan_->proxies) {
       front_ ^= 1;
       count_ = count() + 1;
       seeded_ = true;
@@ -114,7 +114,7 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
   std::lock_guard<std::mutex> lock(mu_);
   if (prepared_session_ == &session) return ffi::Error::Success();
   const Plan& plan = session.plan();
-  const int64_t p = plan.workers;
+  const int64_t p = plan.workers, q = plan.proxies;
   if (host_seed_ && host_seed_->slots != spec.slots())
     return ffi::Error::InvalidArgument(
         "coarse_jax: the optimizer state loaded into '" + name_ + "' has " +
@@ -123,7 +123,7 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
         ". Fix: load the state of the same optimizer (step.load_optimizer_state), or "
         "step.reset_optimizer() to start it from the params.");
   const bool relayout = !plan_ || plan_->key != plan.key || slots_ != spec.slots() ||
-                        static_cast<int64_t>(buffers_.size()) != p;
+                        static_cast<int64_t>(buffers_.size()) != q;
   if (relayout) {
     if (seeded_ && !host_seed_) {
       if (slots_ != spec.slots())
@@ -139,9 +139,9 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
       host_seed_ = std::move(state.value());
     }
     buffers_.clear();
-    owned_.assign(p, {});
-    owned_nelems_.assign(p, 0);
-    for (int64_t k = 0; k < p; ++k) {
+    owned_.assign(q, {});
+    owned_nelems_.assign(q, 0);
+    for (int64_t k = 0; k < q; ++k) {
       owned_[k] = OwnedRanges(plan, spec, k);
       for (const OwnedRange& r : owned_[k]) owned_nelems_[k] += r.hi - r.lo;
       const int64_t floats = 2 * (1 + spec.slots()) * std::max<int64_t>(1, owned_nelems_[k]);
@@ -218,7 +218,7 @@ ffi::ErrorOr<HostState> ParamStore::ExportLocked(bool snapshot) {
   for (auto& slot : out.values)
     for (size_t j = 0; j < out.leaves.size(); ++j) slot[j].resize(plan.leaf_nelems[out.leaves[j]]);
   std::vector<float> host;
-  for (int64_t k = 0; k < plan.workers; ++k) {
+  for (int64_t k = 0; k < plan.proxies; ++k) {
     const int64_t n = owned_nelems_[k];
     for (int32_t slot = 0; slot <= slots_; ++slot) {
       host.resize(n);
@@ -271,10 +271,10 @@ std::vector<int64_t> ParamStore::ProxyBytes() {
 
 bool ParamStore::EnsureSnapshotBuffersLocked(const std::vector<int64_t>& ordinals) {
   if (!plan_) return false;
-  const int64_t p = plan_->workers;
-  if (static_cast<int64_t>(snap_.size()) == p) return true;
+  const int64_t p = plan_->workers, q = plan_->proxies;
+  if (static_cast<int64_t>(snap_.size()) == q) return true;
   snap_.clear();
-  for (int64_t k = 0; k < p; ++k) {
+  for (int64_t k = 0; k < q; ++k) {
     const int64_t floats = (1 + slots_) * std::max<int64_t>(1, owned_nelems_[k]);
     auto b = TheStoragePool().NewStateBuffer(ordinals, p + k, floats);
     if (!b) {
@@ -309,7 +309,7 @@ ffi::Error ParamStore::CopySnapshot(Device& dev, int64_t k) {
 
 void ParamStore::SnapshotCopied() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (++snap_copied_ != plan_->workers) return;
+  if (++snap_copied_ != plan_->proxies) return;
   snap_valid_ = true;
   snap_count_ = snap_base_count_;
   snapshot_due_ = false;

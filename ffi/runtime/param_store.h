@@ -3,9 +3,9 @@
 // proxy devices (no XLA buffer: workers hold none of it).
 //
 // Ownership follows the ring: after a piece's reduce-scatter, proxy k holds
-// the full mean gradient of one chunk per ring (chunk (position + 1) % p of
+// the full mean gradient of one chunk per ring (chunk (position + 1) % q of
 // each half, ring.h), or of the whole piece if it is its DENSE holder. It
-// updates exactly those elements, so each proxy stores 1/p of the master and
+// updates exactly those elements, so each of the q proxies stores 1/q of the master and
 // state, and the ring's all-gather then circulates parameters, not gradients.
 //
 // Never silently wrong (DESIGN.md section 7):

@@ -8,7 +8,7 @@
 namespace coarse {
 
 void FinishPlan(Plan* plan) {
-  const int64_t p = plan->workers, S = plan->num_pieces();
+  const int64_t p = plan->workers, q = plan->proxies, S = plan->num_pieces();
   // Shard numbering for messages: pieces cut from one leaf are its shards.
   plan->piece_shard.assign(S, 0);
   plan->piece_num_shards.assign(S, 1);
@@ -33,19 +33,19 @@ void FinishPlan(Plan* plan) {
 
   // Port ranks: pairs (s, w) in ascending order, counted per proxy.
   plan->proxy_port_rank.assign(S * p, 0);
-  plan->proxy_port_transfers.assign(p, 0);
+  plan->proxy_port_transfers.assign(q, 0);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t w = 0; w < p; ++w)
       plan->proxy_port_rank[s * p + w] = plan->proxy_port_transfers[plan->dest(s, w)]++;
 
   // Proxy storage layout.
-  plan->contributors.assign(p * S, {});
-  plan->slot_begin.assign(p * S, 0);
-  plan->arena_nelems.assign(p, 0);
+  plan->contributors.assign(q * S, {});
+  plan->slot_begin.assign(q * S, 0);
+  plan->arena_nelems.assign(q, 0);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t w = 0; w < p; ++w)
       plan->contributors[plan->dest(s, w) * S + s].push_back(static_cast<int32_t>(w));
-  for (int64_t k = 0; k < p; ++k) {
+  for (int64_t k = 0; k < q; ++k) {
     for (int64_t s = 0; s < S; ++s) {
       plan->slot_begin[k * S + s] = plan->arena_nelems[k];
       const int64_t slots = std::max<int64_t>(1, plan->contributors[k * S + s].size());

@@ -29,7 +29,11 @@ struct Segment {
 
 struct Plan {
   int64_t key = 0;         // hash of everything below, from Python
-  int64_t workers = 0;     // p: workers == proxies
+  int64_t workers = 0;     // p
+  // q, dividing p: each proxy serves a group of k = p / q workers (COARSE
+  // k:1); proxy j's group is workers j*k .. j*k + k - 1, its first worker
+  // its local pair. Devices are numbered worker i -> i, proxy j -> p + j.
+  int64_t proxies = 0;
   int64_t timeout_ms = 0;  // every wait gives up after this long
   bool mean = true;        // scale the sum by 1/p
 
@@ -37,7 +41,7 @@ struct Plan {
   std::vector<int64_t> piece_nelems;
   std::vector<int64_t> piece_nbytes;      // on the wire: the leaves' own dtypes
   std::vector<int32_t> piece_holder;      // the one proxy every worker routes to, or -1
-  std::vector<int32_t> piece_dest;        // [piece * p + worker] -> proxy
+  std::vector<int32_t> piece_dest;        // [piece * p + worker] -> proxy (0..q-1)
   std::vector<Segment> segments;          // sorted by piece
   std::vector<int64_t> piece_seg_begin;   // [num_pieces + 1]
   std::vector<int64_t> piece_shard;       // shard index of the piece in its leaf
@@ -60,7 +64,7 @@ struct Plan {
   // s to still keeps one slot, zero-filled, as its ring contribution.
   std::vector<std::vector<int32_t>> contributors;  // [k * S + s]
   std::vector<int64_t> slot_begin;                 // [k * S + s] -> arena offset
-  std::vector<int64_t> arena_nelems;               // [k]
+  std::vector<int64_t> arena_nelems;               // [k], k < q
 
   // Emulated serial-bus ports (emulator.h, ReserveInOrder): transfers book a
   // port in the plan's global order. A worker pushes, and pulls, piece s as
@@ -71,6 +75,15 @@ struct Plan {
   std::vector<int64_t> proxy_port_transfers;  // [k]: pushes into proxy k
 
   int64_t num_pieces() const { return static_cast<int64_t>(piece_nelems.size()); }
+  int64_t devices() const { return workers + proxies; }  // mesh devices the runtime numbers
+  int64_t group_size() const { return workers / proxies; }  // k: workers per proxy
+  // The worker that sets proxy j's optimizer up and carries its chunks
+  // across hosts: the first of its group (its local pair).
+  int64_t group_leader(int64_t proxy) const { return proxy * group_size(); }
+  // Worker w's local proxy (the one of its group), or -1 if w leads no group.
+  int64_t led_proxy(int64_t worker) const {
+    return worker % group_size() == 0 ? worker / group_size() : -1;
+  }
   int32_t dest(int64_t piece, int64_t worker) const { return piece_dest[piece * workers + worker]; }
   int64_t slot(int64_t proxy, int64_t piece, int64_t j) const {
     return slot_begin[proxy * num_pieces() + piece] + j * piece_nelems[piece];

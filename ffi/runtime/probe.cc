@@ -83,7 +83,7 @@ ffi::Error RunProbe(const ProbeRequest& r) {
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto& slot = g_sessions[{r.run_id, r.site}];
-    if (!slot) slot = std::make_shared<ProbeSession>(2 * p, nbytes, sources, r.topology);
+    if (!slot) slot = std::make_shared<ProbeSession>(p + r.proxies, nbytes, sources, r.topology);
     session = slot;
   }
 
@@ -94,7 +94,7 @@ ffi::Error RunProbe(const ProbeRequest& r) {
   for (int pair = 0; pair < 2; ++pair) {
     if (pairs[2 * pair] != me) continue;
     const int64_t dst = pairs[2 * pair + 1];
-    if (dst < 0 || dst >= 2 * p || dst == me) {
+    if (dst < 0 || dst >= p + r.proxies || dst == me) {
       status = ffi::Error::InvalidArgument("coarse_probe: bad destination device");
       break;
     }

@@ -28,7 +28,8 @@ namespace coarse {
 struct ProbeRequest {
   int64_t run_id = 0;  // the devices of one execution and call site meet
   int64_t site = 0;
-  int64_t workers = 0;             // p: the mesh has 2p devices
+  int64_t workers = 0;             // p
+  int64_t proxies = 0;             // q: the probe spans p + q devices
   Who who{kWorker, 0};             // the calling device
   const int32_t* pairs = nullptr;  // [4]: (src, dst) device pairs, -1 unused
   const void* payload = nullptr;   // the bytes each source moves

@@ -26,7 +26,7 @@ void NoteStep(Session& session, const RingMember& m, int r, int32_t g,
 ffi::Error RunSteps(Session& session, Device& dev, const Who& who, int64_t n, float scale,
                     const RingMember& m, const std::function<std::string(int, int32_t)>& what,
                     int32_t from, int32_t to, bool announce_last) {
-  const int64_t p = session.p();
+  const int64_t p = m.members;
   // The member's time in the emulated schedule: the latest arrival it has
   // waited for. Steps are booked from it, not from when the thread woke up:
   // on the real clock a sleep overshoots and a wake-up through the
@@ -104,7 +104,7 @@ void RingChunk(int ring, int32_t g, int64_t position, int64_t p, int64_t n, int6
 ffi::Error RingReduceScatter(Session& session, Device& dev, const Who& who, int64_t n, float scale,
                              const RingMember& m,
                              const std::function<std::string(int, int32_t)>& what, bool announce) {
-  const int64_t p = session.p();
+  const int64_t p = m.members;
   if (p == 1 && scale != 1.0f) {  // no ring step to fold it into
     ffi::Error e = dev.Scale(m.own, n, scale);
     if (e.failure()) return e;
@@ -129,7 +129,7 @@ ffi::Error RingReduceScatter(Session& session, Device& dev, const Who& who, int6
 ffi::Error RingAnnounceOwned(Session& session, Device& dev, const RingMember& m) {
   ffi::Error e = dev.Publish();
   if (e.failure()) return e;
-  const int32_t last = static_cast<int32_t>(session.p() - 1);
+  const int32_t last = static_cast<int32_t>(m.members - 1);
   for (int r = 0; r < 2; ++r) NoteStep(session, m, r, last);
   return ffi::Error::Success();
 }
@@ -137,8 +137,8 @@ ffi::Error RingAnnounceOwned(Session& session, Device& dev, const RingMember& m)
 ffi::Error RingAllGather(Session& session, Device& dev, const Who& who, int64_t n,
                          const RingMember& m,
                          const std::function<std::string(int, int32_t)>& what) {
-  const int32_t last = static_cast<int32_t>(session.p() - 1);
-  return RunSteps(session, dev, who, n, 1.0f, m, what, last, RingSteps(session.p()), true);
+  const int32_t last = static_cast<int32_t>(m.members - 1);
+  return RunSteps(session, dev, who, n, 1.0f, m, what, last, RingSteps(m.members), true);
 }
 
 ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int64_t n, float scale,

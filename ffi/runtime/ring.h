@@ -22,6 +22,7 @@
 namespace coarse {
 
 struct RingMember {
+  int64_t members = 0;                     // ring size: q proxies, or p workers
   float* own;                              // this member's buffer, n floats
   const float* pred[2];                    // ring r predecessor's buffer
   std::atomic<int32_t>* progress[2];       // steps this member completed, per ring

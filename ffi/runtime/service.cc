@@ -90,7 +90,7 @@ ffi::Error RunProxyAcrossHosts(Call& call, Device& dev, ProxyUpdate& update) {
   err = session.Wait(
       call.who, Session::Waits::kPeer, [&] { return session.HostChunksAt(k, 2); },
       [&] {
-        return "worker " + std::to_string(k) +
+        return "worker " + std::to_string(call.plan().group_leader(k)) +
                " to hand back the chunks summed over the hosts (its second coarse_proxy_ring "
                "call)";
       });
@@ -102,7 +102,7 @@ ffi::Error RunProxyAcrossHosts(Call& call, Device& dev, ProxyUpdate& update) {
 // the proxies ran the workers' program, then leaving the session.
 void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob& job,
               const MakeProxyDevice& make) {
-  Call call{session, Who{kProxy, k}};
+  Call call{session, session->proxy(k)};
   auto device = make(call);
   if (device.has_error()) {
     session->Poison(std::string(device.error().message()));
@@ -131,7 +131,7 @@ void StartProxies(const std::shared_ptr<Session>& session, ProxyJob job, MakePro
   if (!session->TakeProxyStart()) return;
   auto shared = std::make_shared<const ProxyJob>(std::move(job));
   auto maker = std::make_shared<const MakeProxyDevice>(std::move(make));
-  for (int64_t k = 0; k < session->p(); ++k)
+  for (int64_t k = 0; k < session->q(); ++k)
     ThePool().Submit([session, k, shared, maker] { RunProxy(session, k, *shared, *maker); });
 }
 

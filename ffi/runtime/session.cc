@@ -164,9 +164,12 @@ static Registry& TheRegistry() {
 }
 
 std::string Who::Describe() const {
-  return std::string(tier == kWorker ? "worker " : "proxy ") + std::to_string(index) +
-         " (tier=" + std::to_string(static_cast<int>(tier)) + ", data=" + std::to_string(index) +
-         ")";
+  const std::string head = std::string(tier == kWorker ? "worker " : "proxy ") +
+                           std::to_string(index) + " (tier=" + std::to_string(static_cast<int>(tier));
+  if (tier == kWorker || group <= 1) return head + ", data=" + std::to_string(index) + ")";
+  return head + ", data=" + std::to_string(index * group) + ".." +
+         std::to_string(index * group + group - 1) + ", shared by workers " +
+         std::to_string(index * group) + ".." + std::to_string(index * group + group - 1) + ")";
 }
 
 Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site, int64_t iteration,
@@ -178,31 +181,31 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
       step_(step),
       interrupts_at_start_(interrupts_at_start),
       ordinals_(std::move(ordinals)) {
-  const int64_t p = plan_->workers, S = plan_->num_pieces();
+  const int64_t p = plan_->workers, q = plan_->proxies, D = plan_->devices(),
+                S = plan_->num_pieces();
   dropped_push_worker_.store(g_dropped_push_worker.exchange(-1), std::memory_order_relaxed);
   storage_ = TheStoragePool().Take(*plan_, ordinals_);
-  first_call_ = Counters<int32_t>(2 * p, 0);
-  finished_ = Counters<int32_t>(2 * p, 0);
-  arrived_ = Counters<int32_t>(p * S, 0);
-  proxy_progress_ = Counters<int32_t>(p * S * 2, -1);
+  first_call_ = Counters<int32_t>(D, 0);
+  finished_ = Counters<int32_t>(D, 0);
+  arrived_ = Counters<int32_t>(q * S, 0);
+  proxy_progress_ = Counters<int32_t>(q * S * 2, -1);
   worker_progress_ = Counters<int32_t>(p * 2, -1);
   leading_ready_ = Counters<int32_t>(p, 0);
   pushed_runs_.reset(new PushedRuns[p * S]);
   pushes_of_ = Counters<int32_t>(S, 0);
-  mailboxes_.reset(new Mailbox[2 * p]);
-  norm_parts_.reset(new double[p]());
-  update_posted_ = Counters<int32_t>(p, 0);
-  update_scalars_.reset(new float[3 * p]());
-  host_chunks_.reset(new std::vector<float>[p]);
-  host_stage_ = Counters<int32_t>(p, 0);
+  mailboxes_.reset(new Mailbox[D]);
+  norm_parts_.reset(new double[q]());
+  update_posted_ = Counters<int32_t>(q, 0);
+  update_scalars_.reset(new float[3 * q]());
+  host_chunks_.reset(new std::vector<float>[q]);
+  host_stage_ = Counters<int32_t>(q, 0);
   if (plan_->emulated) {
     emulator_ = std::make_unique<Emulator>(plan_->topology);
-    const int64_t G = RingSteps(p) + 1;
-    if (plan_->topology.virtual_clock) clock_ = Counters<int64_t>(2 * p, 0);
+    if (plan_->topology.virtual_clock) clock_ = Counters<int64_t>(D, 0);
     push_ready_ = Counters<int64_t>(p * S, kNever);
     leading_ready_at_ = Counters<int64_t>(p, kNever);
-    proxy_steps_ = Counters<int64_t>(p * S * 2 * G, kNever);
-    worker_steps_ = Counters<int64_t>(p * 2 * G, kNever);
+    proxy_steps_ = Counters<int64_t>(q * S * 2 * (RingSteps(q) + 1), kNever);
+    worker_steps_ = Counters<int64_t>(p * 2 * (RingSteps(p) + 1), kNever);
   }
 }
 
@@ -256,7 +259,7 @@ Clock::time_point Session::PushReady(int64_t worker, int64_t piece) const {
 
 std::atomic<int64_t>* Session::proxy_step_times(int64_t proxy, int64_t piece, int ring) const {
   if (!proxy_steps_) return nullptr;
-  const int64_t G = RingSteps(p()) + 1;
+  const int64_t G = RingSteps(q()) + 1;
   return &proxy_steps_[((proxy * plan_->num_pieces() + piece) * 2 + ring) * G];
 }
 
@@ -267,7 +270,7 @@ std::atomic<int64_t>* Session::worker_step_times(int64_t worker, int ring) const
 
 Clock::time_point Session::ReducedAt(int64_t proxy, int64_t piece) const {
   if (!proxy_steps_) return Clock::time_point::min();
-  const int32_t last = RingSteps(p());
+  const int32_t last = RingSteps(q());
   return AtTicks(std::max(proxy_step_times(proxy, piece, 0)[last].load(std::memory_order_acquire),
                           proxy_step_times(proxy, piece, 1)[last].load(std::memory_order_acquire)));
 }
@@ -283,13 +286,13 @@ Clock::time_point Session::LeadingReadyAt(int64_t worker) const {
 }
 
 bool Session::IsReduced(int64_t proxy, int64_t piece) {
-  const int32_t steps = static_cast<int32_t>(2 * (p() - 1));  // RingSteps (ring.h)
+  const int32_t steps = RingSteps(q());
   return proxy_progress(proxy, piece, 0).load(std::memory_order_acquire) == steps &&
          proxy_progress(proxy, piece, 1).load(std::memory_order_acquire) == steps;
 }
 
 void Session::MarkReduced(int64_t proxy, int64_t piece) {
-  const int32_t steps = static_cast<int32_t>(2 * (p() - 1));
+  const int32_t steps = RingSteps(q());
   if (proxy_steps_) {
     const int64_t now = Ticks(Now(p() + proxy));
     for (int r = 0; r < 2; ++r)
@@ -297,7 +300,7 @@ void Session::MarkReduced(int64_t proxy, int64_t piece) {
   }
   proxy_progress(proxy, piece, 0).store(steps, std::memory_order_release);
   proxy_progress(proxy, piece, 1).store(steps, std::memory_order_release);
-  for (int64_t d = 0; d < 2 * p(); ++d) Notify(d);  // its clients and the other proxies
+  for (int64_t d = 0; d < devices(); ++d) Notify(d);  // its clients and the other proxies
 }
 
 Session::~Session() {
@@ -327,7 +330,7 @@ void Session::Poison(const std::string& error) {
     if (error_.empty()) error_ = error;
   }
   poisoned_.store(true, std::memory_order_release);
-  for (int64_t d = 0; d < 2 * p(); ++d) Notify(d);
+  for (int64_t d = 0; d < devices(); ++d) Notify(d);
 }
 
 // The longest wait a Config can ask for: about 31 years. A steady_clock time
@@ -408,13 +411,13 @@ ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>
 }
 
 bool Session::ProxiesFinished() const {
-  return proxies_left_.load(std::memory_order_acquire) == p();
+  return proxies_left_.load(std::memory_order_acquire) == q();
 }
 
 void Session::Finish(int64_t device) {
   if (finished_[device].exchange(1, std::memory_order_acq_rel) != 0) return;
   TheRegistry().Advance(run_id_, site_, iteration_, device);
-  if (left_.fetch_add(1, std::memory_order_acq_rel) + 1 == 2 * p()) End();
+  if (left_.fetch_add(1, std::memory_order_acq_rel) + 1 == devices()) End();
   if (device >= p()) {
     // Counted only now, after this proxy's left_: a worker waiting for the
     // proxies (FinishCall) is then the one whose Finish ends the session.
@@ -428,7 +431,7 @@ void Session::End() {
   if (emulator_ && !clock_ && !poisoned()) NoteSyncEnd(run_id_, site_, Clock::now());
   if (clock_ && !poisoned()) {
     int64_t span = 0;
-    for (int64_t d = 0; d < 2 * p(); ++d)
+    for (int64_t d = 0; d < devices(); ++d)
       span = std::max(span, clock_[d].load(std::memory_order_acquire));
     std::lock_guard<std::mutex> lock(g_spans_mu);
     if (g_virtual_spans.size() >= 4096) g_virtual_spans.erase(g_virtual_spans.begin());
@@ -451,7 +454,7 @@ void Session::set_store(std::shared_ptr<ParamStore> store) {
 void Session::PostNormPart(int64_t proxy, double sum_sq) {
   norm_parts_[proxy] = sum_sq;
   norm_posted_.fetch_add(1, std::memory_order_acq_rel);
-  for (int64_t k = 0; k < p(); ++k) Notify(p() + k);
+  for (int64_t k = 0; k < q(); ++k) Notify(p() + k);
 }
 
 void Session::PostUpdateInputs(int64_t proxy, const float scalars[3]) {
@@ -462,14 +465,15 @@ void Session::PostUpdateInputs(int64_t proxy, const float scalars[3]) {
 
 void Session::PostHostChunks(int64_t proxy, int32_t stage) {
   host_stage_[proxy].store(stage, std::memory_order_release);
-  Notify(stage == 1 ? proxy : p() + proxy);  // stage 1 wakes worker k, stage 2 proxy k
+  // Stage 1 wakes proxy k's group leader (Plan::group_leader), stage 2 proxy k.
+  Notify(stage == 1 ? plan_->group_leader(proxy) : p() + proxy);
 }
 
-bool Session::NormReady() const { return norm_posted_.load(std::memory_order_acquire) == p(); }
+bool Session::NormReady() const { return norm_posted_.load(std::memory_order_acquire) == q(); }
 
 double Session::NormTotal() const {
   double total = 0;
-  for (int64_t k = 0; k < p(); ++k) total += norm_parts_[k];
+  for (int64_t k = 0; k < q(); ++k) total += norm_parts_[k];
   return total;
 }
 

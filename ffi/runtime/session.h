@@ -17,7 +17,7 @@
 // different threads, so they meet here; a call never waits for another
 // program, and every wait has a deadline.
 //
-// Devices are numbered worker i -> i, proxy k -> p + k. Each device has a
+// Devices are numbered worker i -> i, proxy k -> p + k (k < q, Plan::proxies). Each device has a
 // mailbox (mutex + condition variable); whoever advances state a device may
 // be waiting for pokes that device's mailbox, so no wait polls and no wake-up
 // is broadcast to everyone.
@@ -49,7 +49,10 @@ enum Tier : int32_t { kWorker = 0, kProxy = 1 };
 // it from the (tier, data) index operand, or from the device ordinal on CUDA).
 struct Who {
   Tier tier;
-  int64_t index;  // position on the "data" axis
+  int64_t index;  // a worker's position on the "data" axis; a proxy's number, 0..q-1
+  // A proxy's group size k (COARSE k:1): the mesh repeats proxy j on "data"
+  // positions j*k .. j*k + k - 1, next to its workers (coarse_jax/mesh.py).
+  int64_t group = 1;
   int64_t device(int64_t p) const { return tier == kWorker ? index : p + index; }
   std::string Describe() const;
 };
@@ -69,6 +72,10 @@ class Session {
   // " at step 3" or " at step 3 (loop iteration 2)": how errors name the session.
   std::string DescribeStep() const;
   int64_t p() const { return plan_->workers; }
+  int64_t q() const { return plan_->proxies; }
+  int64_t devices() const { return plan_->devices(); }
+  // How the runtime names proxy k (Who::Describe).
+  Who proxy(int64_t k) const { return Who{kProxy, k, plan_->group_size()}; }
 
   // Storage (from this module's pool; see storage.h).
   float* arena(int64_t proxy) { return storage_->arena(proxy); }

@@ -25,6 +25,7 @@ std::shared_ptr<const Plan> SelfTestPlan(const SyncSelfTestSpec& spec) {
                                "/" + std::to_string(spec.leading_elems) + "/" + spec.route) >>
       1);
   plan->workers = p;
+  plan->proxies = p;  // 1:1: each worker's proxy also runs the worker's calls
   plan->timeout_ms = 20000;
   plan->mean = true;
   plan->leaf_nelems = {spec.proxy_elems, spec.leading_elems};

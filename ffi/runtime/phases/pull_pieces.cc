@@ -28,12 +28,12 @@ ffi::Error PullOwnedChunks(Call& call, Device& dev, int64_t s, const LeafResolve
                            std::vector<LeafRun>& runs) {
   const Plan& plan = call.plan();
   Session& session = *call.session;
-  const int64_t p = plan.workers, n = plan.piece_nelems[s];
-  const int32_t owned = static_cast<int32_t>(p - 1);  // ring progress once the chunks are final
+  const int64_t p = plan.workers, q = plan.proxies, n = plan.piece_nelems[s];
+  const int32_t owned = static_cast<int32_t>(q - 1);  // ring progress once the chunks are final
   ffi::Error err;
   {
     TraceScope wait(session, call.device(), "wait for the reduced piece", s);
-    for (int64_t j = 0; j < p && err.success(); ++j)
+    for (int64_t j = 0; j < q && err.success(); ++j)
       err = session.Wait(
           call.who, Session::Waits::kPeer,
           [&] {
@@ -47,12 +47,12 @@ ffi::Error PullOwnedChunks(Call& call, Device& dev, int64_t s, const LeafResolve
   }
   if (err.failure()) return err;
   RunsOfPiece(plan, s, leaf_of, runs);
-  for (int64_t j = 0; j < p; ++j) {
+  for (int64_t j = 0; j < q; ++j) {
     err = dev.Acquire(p + j);
     if (err.failure()) return err;
     for (int r = 0; r < 2; ++r) {
       int64_t lo, hi;
-      OwnedChunk(r, j, p, n, &lo, &hi);
+      OwnedChunk(r, j, q, n, &lo, &hi);
       const std::vector<LeafRun> mine = ClipRuns(runs, lo, hi, 0);
       if (mine.empty()) continue;
       err = dev.Scatter(session.arena(j) + plan.slot(j, s, 0), p + j, n, mine.data(),

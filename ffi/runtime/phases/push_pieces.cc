@@ -51,7 +51,7 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
       session.pushed_runs(i, s) = runs;
       session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
       if (session.pushes_of(s).fetch_add(1, std::memory_order_acq_rel) + 1 == plan.workers)
-        for (int64_t q = 0; q < plan.workers; ++q) session.Notify(plan.workers + q);
+        for (int64_t j = 0; j < plan.proxies; ++j) session.Notify(plan.workers + j);
       continue;
     }
     ffi::Error e =

@@ -7,9 +7,8 @@
 // reduced values from that scratch so both tiers end the step with every
 // synced value) served the design where the proxies ran the workers'
 // program; the proxies' service jobs (runtime/service.h) return nothing to
-// XLA and skip it, so only sync_selftest runs it now. coarse_jax.model still
-// counts that hand-over; it is off the critical path (the model matches the
-// virtual clock).
+// XLA and skip it, so only sync_selftest (1:1 meshes) runs it now;
+// coarse_jax.model counts no hand-over.
 #include <algorithm>
 #include <functional>
 #include <optional>
@@ -43,6 +42,7 @@ ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who,
   const Plan& plan = session.plan();
   const int64_t p = plan.workers, me = who.index;
   RingMember m;
+  m.members = p;
   m.own = session.scratch(me);
   for (int r = 0; r < 2; ++r) {
     const int64_t pred = RingPredecessor(r, me, p);
@@ -60,7 +60,9 @@ ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who,
   m.self_device = me;
   m.values_ready = values_ready;
   m.on_final = on_final;
-  m.watcher_device = p + me;  // the local proxy copies final chunks as they come
+  // The local proxy copies final chunks as they come (the self-test's 1:1
+  // meshes only, see the top of this file).
+  m.watcher_device = plan.proxies == p ? p + me : -1;
   m.wire_bytes_per_elem =
       plan.leading_nelems ? static_cast<double>(plan.leading_nbytes) / plan.leading_nelems : 0.0;
   return RingAllReduce(
@@ -101,9 +103,12 @@ ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in
     if (err.failure()) return err;
     session.NoteLeadingReady(me);
     session.leading_ready(me).store(1, std::memory_order_release);
-    session.Notify(p + me);
+    if (plan.proxies == p) session.Notify(p + me);
     return ffi::Error::Success();
   }
+  if (plan.proxies != p)
+    return ffi::Error::Internal(
+        "coarse_jax: the proxy half of coarse_worker_ring exists for the 1:1 self-test only");
   // The proxy follows its worker's ring and copies each final chunk.
   for (int32_t g = static_cast<int32_t>(p - 2); p > 1 && g < RingSteps(p); ++g) {
     for (int r = 0; r < 2; ++r) {

@@ -45,7 +45,8 @@ class PieceReducer {
         update_(update),
         session_(*call.session),
         plan_(call.plan()),
-        p_(plan_.workers),
+        w_(plan_.workers),
+        q_(plan_.proxies),
         k_(call.who.index),
         gather_pull_(GatherPull(session_, dev)),
         fused_(PushesInPlace(session_, dev, in_place)) {}
@@ -64,7 +65,7 @@ class PieceReducer {
     const auto& from = plan_.contributors_of(k_, s);
     ffi::Error err;
     {
-      TraceScope wait(session_, p_ + k_, "wait for pushes", s);
+      TraceScope wait(session_, w_ + k_, "wait for pushes", s);
       err = WaitForPushes(k_, s);
     }
     if (err.failure()) return err;
@@ -78,18 +79,18 @@ class PieceReducer {
       Clock::time_point arrival = Clock::time_point::min();
       for (int32_t w : from) {
         auto t = session_.ReserveInOrder(
-            call_.who, w, p_ + k_, plan_.piece_nbytes[s], session_.PushReady(w, s), s,
-            plan_.proxy_port_rank[s * p_ + w],
+            call_.who, w, w_ + k_, plan_.piece_nbytes[s], session_.PushReady(w, s), s,
+            plan_.proxy_port_rank[s * w_ + w],
             "the push of worker " + std::to_string(w) + " of " + plan_.DescribePiece(s));
         if (t.has_error()) return t.error();
         arrival = std::max(arrival, t.value());
       }
-      session_.AdvanceTo(p_ + k_, arrival);
+      session_.AdvanceTo(w_ + k_, arrival);
     }
     const int64_t n = plan_.piece_nelems[s];
     float* own = Own(s);
     {
-      TraceScope sum(session_, p_ + k_, "sum pushes", s);
+      TraceScope sum(session_, w_ + k_, "sum pushes", s);
       err = dev_.SumSlots(own, n, static_cast<int64_t>(from.size()));
     }
     if (err.failure()) return err;
@@ -99,7 +100,7 @@ class PieceReducer {
     }
     if (gather_pull_) return OneShotReduceScatter(s, announce);
     const RingMember m = Member(s);
-    TraceScope ring(session_, p_ + k_, "reduce-scatter", s, RingBytes(s));
+    TraceScope ring(session_, w_ + k_, "reduce-scatter", s, RingBytes(s));
     return RingReduceScatter(session_, dev_, call_.who, n, MeanScale(plan_), m, What(s), announce);
   }
 
@@ -115,10 +116,10 @@ class PieceReducer {
     if (err.failure()) return err;
     for (int r = 0; r < 2; ++r)
       session_.proxy_progress(k_, s, r).store(0, std::memory_order_release);
-    for (int64_t j = 0; j < p_; ++j)
-      if (j != k_) session_.Notify(p_ + j);
-    TraceScope span(session_, p_ + k_, "reduce-scatter", s, RingBytes(s));
-    for (int64_t j = 0; j < p_; ++j) {
+    for (int64_t j = 0; j < q_; ++j)
+      if (j != k_) session_.Notify(w_ + j);
+    TraceScope span(session_, w_ + k_, "reduce-scatter", s, RingBytes(s));
+    for (int64_t j = 0; j < q_; ++j) {
       err = session_.Wait(
           call_.who, Session::Waits::kPeer,
           [&] { return session_.proxy_progress(j, s, 0).load(std::memory_order_acquire) >= 0; },
@@ -126,14 +127,14 @@ class PieceReducer {
             return "proxy " + std::to_string(j) + " to sum the pushes of " + plan_.DescribePiece(s);
           });
       if (err.failure()) return err;
-      err = dev_.Acquire(p_ + j);
+      err = dev_.Acquire(w_ + j);
       if (err.failure()) return err;
     }
-    std::vector<const float*> srcs(p_);
+    std::vector<const float*> srcs(q_);
     return SumOwnedChunks(s, announce, [&](int64_t lo, int64_t hi, const int64_t* order) {
-      for (int64_t t = 0; t < p_; ++t)
+      for (int64_t t = 0; t < q_; ++t)
         srcs[t] = session_.arena(order[t]) + plan_.slot(order[t], s, 0) + lo;
-      return dev_.SumInRingOrder(own + lo, srcs.data(), p_, hi - lo, MeanScale(plan_));
+      return dev_.SumInRingOrder(own + lo, srcs.data(), q_, hi - lo, MeanScale(plan_));
     });
   }
 
@@ -148,12 +149,12 @@ class PieceReducer {
     const bool dense = plan_.piece_holder[s] == k_;
     ffi::Error err;
     {
-      TraceScope wait(session_, p_ + k_, "wait for pushes", s);
+      TraceScope wait(session_, w_ + k_, "wait for pushes", s);
       // Its own clients' pushes first, and only those as a wait on a push:
       // a missing push then times out on the proxy it was routed to, which
       // names it, while the others wait a grace period longer (Waits).
       err = WaitForPushes(k_, s);
-      for (int64_t j = 0; j < p_ && err.success() && !dense; ++j)
+      for (int64_t j = 0; j < q_ && err.success() && !dense; ++j)
         if (j != k_) err = WaitForPushes(j, s, Session::Waits::kPeer);
     }
     if (err.failure()) return err;
@@ -162,16 +163,16 @@ class PieceReducer {
       for (int32_t w : plan_.contributors_of(j, s)) runs.push_back(&session_.pushed_runs(w, s));
       return runs;
     };
-    for (int64_t w = 0; w < p_; ++w) {
+    for (int64_t w = 0; w < w_; ++w) {
       err = dev_.Acquire(w);
       if (err.failure()) return err;
     }
-    TraceScope span(session_, p_ + k_, "reduce-scatter", s, RingBytes(s));
+    TraceScope span(session_, w_ + k_, "reduce-scatter", s, RingBytes(s));
     float* own = Own(s);
     if (dense) return dev_.SumPushesInRingOrder(own, 0, n, {pushes_to(k_)}, MeanScale(plan_));
-    std::vector<std::vector<const PushedRuns*>> groups(p_);
+    std::vector<std::vector<const PushedRuns*>> groups(q_);
     return SumOwnedChunks(s, announce, [&](int64_t lo, int64_t hi, const int64_t* order) {
-      for (int64_t t = 0; t < p_; ++t) groups[t] = pushes_to(order[t]);
+      for (int64_t t = 0; t < q_; ++t) groups[t] = pushes_to(order[t]);
       return dev_.SumPushesInRingOrder(own + lo, lo, hi, groups, MeanScale(plan_));
     });
   }
@@ -185,21 +186,21 @@ class PieceReducer {
       int64_t s, bool announce,
       const std::function<ffi::Error(int64_t, int64_t, const int64_t*)>& sum) {
     const int64_t n = plan_.piece_nelems[s];
-    std::vector<int64_t> order(p_);
+    std::vector<int64_t> order(q_);
     for (int r = 0; r < 2; ++r) {
       int64_t lo, hi;
-      const int64_t c = OwnedChunk(r, k_, p_, n, &lo, &hi);
+      const int64_t c = OwnedChunk(r, k_, q_, n, &lo, &hi);
       if (hi <= lo) continue;
-      for (int64_t t = 0; t < p_; ++t) {
-        const int64_t pos = (c + t) % p_;
-        order[t] = r == 0 ? pos : (p_ - pos) % p_;
+      for (int64_t t = 0; t < q_; ++t) {
+        const int64_t pos = (c + t) % q_;
+        order[t] = r == 0 ? pos : (q_ - pos) % q_;
       }
       ffi::Error err = sum(lo, hi, order.data());
       if (err.failure()) return err;
     }
     ffi::Error err = dev_.Publish();
     if (err.failure() || !announce) return err;
-    const int32_t last = static_cast<int32_t>(p_ - 1);  // what the ring's last step leaves
+    const int32_t last = static_cast<int32_t>(q_ - 1);  // what the ring's last step leaves
     for (int r = 0; r < 2; ++r)
       session_.proxy_progress(k_, s, r).store(last, std::memory_order_release);
     return ffi::Error::Success();
@@ -214,7 +215,7 @@ class PieceReducer {
     // Every pull reads the holder's copy in place: nothing to copy.
     if (copies_from_holder(s) && gather_pull_) return ffi::Error::Success();
     if (copies_from_holder(s)) {
-      TraceScope copy(session_, p_ + k_, "copy from the holder", s);
+      TraceScope copy(session_, w_ + k_, "copy from the holder", s);
       const int32_t holder = plan_.piece_holder[s];
       // Not part of the emulated system: this copy only keeps every device's
       // outputs identical, so it is not charged to any link.
@@ -224,11 +225,11 @@ class PieceReducer {
             return "proxy " + std::to_string(holder) + " to reduce " + plan_.DescribePiece(s);
           });
       if (err.failure()) return err;
-      session_.AdvanceTo(p_ + k_, session_.ReducedAt(holder, s));
-      err = dev_.Acquire(p_ + holder);
+      session_.AdvanceTo(w_ + k_, session_.ReducedAt(holder, s));
+      err = dev_.Acquire(w_ + holder);
       if (err.failure()) return err;
       err =
-          dev_.CopyFrom(Own(s), session_.arena(holder) + plan_.slot(holder, s, 0), p_ + holder, n);
+          dev_.CopyFrom(Own(s), session_.arena(holder) + plan_.slot(holder, s, 0), w_ + holder, n);
       if (err.failure()) return err;
       err = dev_.Publish();
       if (err.failure()) return err;
@@ -238,7 +239,7 @@ class PieceReducer {
     if (update) {
       ffi::Error err = AwaitUpdateInputs(call_, *update_);
       if (err.failure()) return err;
-      TraceScope opt(session_, p_ + k_, "optimizer", s);
+      TraceScope opt(session_, w_ + k_, "optimizer", s);
       err = ApplyOptimizer(call_, dev_, *update_, s, Own(s));
       if (err.failure()) return err;
     }
@@ -254,10 +255,10 @@ class PieceReducer {
       }
       if (gather_pull_) {
         // Every device pulls this proxy's owned chunks of s: wake them all.
-        for (int64_t d = 0; d < 2 * p_; ++d) session_.Notify(d);
+        for (int64_t d = 0; d < session_.devices(); ++d) session_.Notify(d);
         return ffi::Error::Success();
       }
-      TraceScope ring(session_, p_ + k_, "all-gather", s, RingBytes(s));
+      TraceScope ring(session_, w_ + k_, "all-gather", s, RingBytes(s));
       ffi::Error err = RingAllGather(session_, dev_, call_.who, n, m, What(s));
       if (err.failure()) return err;
     }
@@ -278,7 +279,7 @@ class PieceReducer {
           std::to_string(hosts.width) +
           " (coarse_jax/api/_hosts.py exchange_widths disagrees with ExchangeRanges in "
           "ffi/runtime/param_store.cc)");
-    TraceScope span(session_, p_ + k_, to_hosts ? "to the other hosts" : "from the other hosts", -1,
+    TraceScope span(session_, w_ + k_, to_hosts ? "to the other hosts" : "from the other hosts", -1,
                     n * 4);
     for (const OwnedRange& r : ranges) {
       float* own = Own(r.piece) + r.lo;
@@ -311,23 +312,24 @@ class PieceReducer {
 
   // Bytes one member receives in one half of a ring all-reduce of piece s
   // (p - 1 chunks of n / p elements, on the wire in the leaves' dtypes).
-  int64_t RingBytes(int64_t s) const { return p_ > 1 ? plan_.piece_nbytes[s] * (p_ - 1) / p_ : 0; }
+  int64_t RingBytes(int64_t s) const { return q_ > 1 ? plan_.piece_nbytes[s] * (q_ - 1) / q_ : 0; }
 
   RingMember Member(int64_t s) {
     RingMember m;
+    m.members = q_;
     m.own = Own(s);
     for (int r = 0; r < 2; ++r) {
-      const int64_t pred = RingPredecessor(r, k_, p_);
+      const int64_t pred = RingPredecessor(r, k_, q_);
       m.pred[r] = session_.arena(pred) + plan_.slot(pred, s, 0);
       m.progress[r] = &session_.proxy_progress(k_, s, r);
       m.pred_progress[r] = &session_.proxy_progress(pred, s, r);
-      m.successor_device[r] = p_ + RingSuccessor(r, k_, p_);
-      m.position[r] = RingPosition(r, k_, p_);
-      m.pred_device[r] = p_ + pred;
+      m.successor_device[r] = w_ + RingSuccessor(r, k_, q_);
+      m.position[r] = RingPosition(r, k_, q_);
+      m.pred_device[r] = w_ + pred;
       m.step_times[r] = session_.proxy_step_times(k_, s, r);
       m.pred_step_times[r] = session_.proxy_step_times(pred, s, r);
     }
-    m.self_device = p_ + k_;
+    m.self_device = w_ + k_;
     const int64_t n = plan_.piece_nelems[s];
     m.wire_bytes_per_elem = n ? static_cast<double>(plan_.piece_nbytes[s]) / n : 0.0;
     return m;
@@ -335,8 +337,8 @@ class PieceReducer {
 
   std::function<std::string(int, int32_t)> What(int64_t s) {
     return [this, s](int r, int32_t g) {
-      return "proxy " + std::to_string(RingPredecessor(r, k_, p_)) + " to finish step " +
-             std::to_string(g + 1) + "/" + std::to_string(RingSteps(p_)) + " of ring " +
+      return "proxy " + std::to_string(RingPredecessor(r, k_, q_)) + " to finish step " +
+             std::to_string(g + 1) + "/" + std::to_string(RingSteps(q_)) + " of ring " +
              std::to_string(r) + " for " + plan_.DescribePiece(s);
     };
   }
@@ -346,7 +348,7 @@ class PieceReducer {
   ProxyUpdate* update_;
   Session& session_;
   const Plan& plan_;
-  const int64_t p_, k_;
+  const int64_t w_, q_, k_;  // workers (proxy k is device w_ + k), proxies, this proxy
   const bool gather_pull_;  // no all-gather: the pulls read owned chunks (phases.h)
   const bool fused_;        // the pushes are read in place (PushesInPlace, phases.h)
 };

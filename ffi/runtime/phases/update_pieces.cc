@@ -45,21 +45,26 @@ std::string FloatText(float v) {
 }  // namespace
 
 ffi::ErrorOr<int64_t> OptimizerCount(Call& call, ParamStore& store) {
-  // Worker k holds the store for proxy k (the proxies are a service): the
-  // count is the one the previous update committed, on every worker.
-  ffi::Error err = store.Enter(call.session, Who{kProxy, call.who.index});
+  // Every worker holds the store for this session (the proxies are a
+  // service): the count is the one the previous update committed, on every
+  // worker.
+  ffi::Error err = store.Enter(call.session, call.who);
   if (err.failure()) return ffi::Unexpected(err);
   return store.count();
 }
 
 ffi::Error BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update) {
   // Traced on the worker, whose thread runs it.
+  // Proxy j's setup is its group leader's (Plan::group_leader): the other
+  // workers of a shared proxy's group have none to do.
+  const int64_t j = call.plan().led_proxy(call.who.index);
+  if (j < 0) return ffi::Error::Success();
   TraceScope setup(*call.session, call.device(), "optimizer setup");
-  Call proxy{call.session, Who{kProxy, call.who.index}};
+  Call proxy{call.session, call.session->proxy(j)};
   ffi::Error err = BeginUpdate(proxy, dev, update);
   if (err.failure()) return err;
   const float scalars[3] = {update.lr, update.bc1, update.bc2};
-  call.session->PostUpdateInputs(call.who.index, scalars);
+  call.session->PostUpdateInputs(j, scalars);
   return ffi::Error::Success();
 }
 
@@ -70,7 +75,7 @@ ffi::Error AwaitUpdateInputs(Call& call, ProxyUpdate& u) {
   ffi::Error err = session.Wait(
       call.who, Session::Waits::kPeer, [&] { return session.UpdateInputsPosted(k); },
       [&] {
-        return "worker " + std::to_string(k) +
+        return "worker " + std::to_string(call.plan().group_leader(k)) +
                " to hand over this step's optimizer inputs (its coarse_proxy_ring call)";
       });
   if (err.failure()) return err;
