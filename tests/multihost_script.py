@@ -36,8 +36,11 @@ from jax.sharding import PartitionSpec as P
 import coarse_jax as coarse
 from coarse_jax.api._hosts import XLA_HAND_OUT_ENV
 from coarse_jax.launch import initialize
+from coarse_jax.mesh import workers_mesh
 
 P_LOCAL = 4
+# COARSE_TEST_PROXIES=q: q proxies per host, each shared by P_LOCAL / q workers.
+Q_LOCAL = int(os.environ.get("COARSE_TEST_PROXIES", P_LOCAL))
 
 
 def result(name, value):
@@ -55,7 +58,10 @@ def global_batch(mesh, batch):
     """The process's rows of the global batch, as one array split over ("host", "data")."""
     n = jax.tree.leaves(batch)[0].shape[0] // jax.process_count()
     lo = jax.process_index() * n
-    sharding = NamedSharding(mesh, P(("host", "data")))
+    # Over the workers: a COARSE k:1 mesh lists each shared proxy k times, and
+    # jax cannot split an array over a mesh that repeats a device.
+    workers = workers_mesh(mesh) if "tier" in mesh.axis_names else mesh
+    sharding = NamedSharding(workers, P(("host", "data")))
     return jax.tree.map(
         lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x[lo : lo + n])),
         batch,
@@ -116,7 +122,7 @@ def scenario_sync(mesh):
                 # the inter-host link's charge in coarse_host_gather finds the
                 # host's synchronization of every site and the bytes are equal.
                 for clock in ("real", "virtual"):
-                    topo = coarse.Topology.preset("v100", P_LOCAL, clock=clock)
+                    topo = coarse.Topology.preset("v100", P_LOCAL, proxies=Q_LOCAL, clock=clock)
                     emu = dataclasses.replace(cfg, topology=topo)
                     again = coarse.sync(step.__wrapped__, mesh=mesh, config=emu)(params, gbatch)
                     assert digest(again) == digest(first), f"emulated {clock} differs ({leading})"
@@ -210,7 +216,7 @@ def update_cases():
             optax.sgd(5e-2, momentum=0.9),
             {
                 "shard_bytes": 64,
-                "routes": tuple((i, (i + 1) % P_LOCAL) for i in range(P_LOCAL)),
+                "routes": tuple((i * Q_LOCAL // P_LOCAL, (i + 1) % Q_LOCAL) for i in range(P_LOCAL)),
             },
         ),
     }
@@ -372,7 +378,7 @@ def scenario_missing(mesh):
 
 def main():
     assert initialize(), "run me with python -m coarse_jax.launch"
-    mesh = coarse.make_mesh(workers=P_LOCAL)
+    mesh = coarse.make_mesh(workers=P_LOCAL, proxies=Q_LOCAL)
     assert mesh.axis_names == ("host", "tier", "data"), mesh
     assert mesh.devices.shape == (jax.process_count(), 2, P_LOCAL), mesh.devices.shape
     scenarios = {

@@ -7,6 +7,7 @@ processes check their own results (an assertion fails the launch) and print
 """
 
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -28,7 +29,7 @@ SCRIPT = HERE / "multihost_script.py"
 LIMIT_S = 100
 
 
-def _launch(tmp_path, *args, processes=2, devices=8, limit=LIMIT_S):
+def _launch(tmp_path, *args, processes=2, devices=8, limit=LIMIT_S, env=None):
     cmd = [sys.executable, "-m", "coarse_jax.launch", "--processes", str(processes)]
     if devices:
         cmd += ["--devices-per-process", str(devices)]
@@ -36,15 +37,23 @@ def _launch(tmp_path, *args, processes=2, devices=8, limit=LIMIT_S):
     # From tmp_path: the installed package is imported, not ./coarse_jax.
     start = time.monotonic()
     proc = subprocess.run(
-        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=limit, check=False
+        cmd,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=limit,
+        check=False,
+        env=None if env is None else {**os.environ, **env},
     )
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
 
-def _scenario(tmp_path, name, *args, processes=2):
+def _scenario(tmp_path, name, *args, processes=2, proxies=None):
     """Runs scenario ``name`` of the script; every process must exit 0 and report it ok.
-    Returns the RESULT lines by (name, process)."""
-    code, output, _ = _launch(tmp_path, SCRIPT, name, *args, processes=processes)
+    ``proxies``: per host (default one per worker). Returns the RESULT lines by (name,
+    process)."""
+    env = None if proxies is None else {"COARSE_TEST_PROXIES": str(proxies)}
+    code, output, _ = _launch(tmp_path, SCRIPT, name, *args, processes=processes, env=env)
     assert code == 0, output[-6000:]
     r = _results(output)
     assert all(r.get(("ok", i)) == name for i in range(processes)), output[-3000:]
@@ -61,11 +70,12 @@ def _results(output):
     return out
 
 
-# 2 hosts sum by psum over "host", 3 by gather-then-add in host order.
-@pytest.mark.parametrize("processes", [2, 3])
+# 2 hosts sum by psum over "host", 3 by gather-then-add in host order; one proxy
+# shared by the 4 workers of each host (COARSE 4:1).
+@pytest.mark.parametrize("processes, proxies", [(2, None), (3, None), (2, 1)])
 @pytest.mark.timeout(LIMIT_S + 20)
-def test_grads_and_all_reduce_equal_float64_mean_over_all_hosts(tmp_path, processes):
-    r = _scenario(tmp_path, "sync", processes=processes)
+def test_grads_and_all_reduce_equal_float64_mean_over_all_hosts(tmp_path, processes, proxies):
+    r = _scenario(tmp_path, "sync", processes=processes, proxies=proxies)
     # Bitwise the same results in every process, for every mode / split.
     assert all(r[("digests", i)] == r[("digests", 0)] for i in range(processes))
     assert set(r[("digests", 0)]) == {"ffi/0", "ffi/416", "reference/0", "reference/416"}
@@ -78,14 +88,15 @@ def test_twenty_optax_steps_match_pmean_over_all_workers(tmp_path):
     assert len(r[("losses", 0)]) == 20
 
 
-# 2 hosts sum by psum over "host", 3 by gather-then-add in host order.
-@pytest.mark.parametrize("processes", [2, 3])
+# 2 hosts sum by psum over "host", 3 by gather-then-add in host order; 2 proxies per
+# host, each shared by 2 workers (COARSE 2:1).
+@pytest.mark.parametrize("processes, proxies", [(2, None), (3, None), (2, 2)])
 @pytest.mark.timeout(LIMIT_S + 20)
-def test_value_and_update_across_hosts_matches_pmean_and_optax(tmp_path, processes):
+def test_value_and_update_across_hosts_matches_pmean_and_optax(tmp_path, processes, proxies):
     """The proxies of every host update from the mean over all workers (checked in
     each process against lax.pmean + optax: losses, params, optimizer state), every
     host ends bitwise equal, and hosts with different plans are refused, naming them."""
-    r = _scenario(tmp_path, "update", processes=processes)
+    r = _scenario(tmp_path, "update", processes=processes, proxies=proxies)
     assert all(r[("update_digests", i)] == r[("update_digests", 0)] for i in range(processes))
     assert len(r[("update_digests", 0)]) == 6
     for i in range(processes):

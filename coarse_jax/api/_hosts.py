@@ -119,21 +119,23 @@ def exchange_widths(plan: Plan) -> list[int]:
     Mirrors ExchangeRanges (ffi/runtime/param_store.cc), which checks the
     buffer is wide enough: a DENSE piece (every worker routed to one proxy)
     belongs to that proxy whole; a ring piece's two halves are each cut into
-    p chunks, and proxy k owns chunk (its ring position + 1) % p of each.
+    q chunks (the ring of the q proxies), and proxy k owns chunk (its ring
+    position + 1) % q of each. At COARSE k:1 proxy j's chunks travel through
+    its group's first worker (ffi/proxy_ring.cc); the others carry zeros.
     """
-    p = plan.workers
-    out = [0] * p
+    q = plan.proxies
+    out = [0] * q
     for piece in plan.pieces:
         n = piece.nelems
         if all(d == piece.dest[0] for d in piece.dest):
             out[piece.dest[0]] += n
             continue
         half = (0, n // 2, n)
-        for k in range(p):
+        for k in range(q):
             for r in range(2):
                 size = half[r + 1] - half[r]
-                c = ((k if r == 0 else (p - k) % p) + 1) % p
-                out[k] += (c + 1) * size // p - c * size // p
+                c = ((k if r == 0 else (q - k) % q) + 1) % q
+                out[k] += (c + 1) * size // q - c * size // q
     return out
 
 

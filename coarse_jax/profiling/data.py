@@ -23,28 +23,40 @@ import numpy as np
 
 FORMAT = "coarse_jax.profile/1"
 
-# (field name, shape as a function of p and S, what the axes are) for the error messages.
+# (field name, which links: "wp" worker -> proxy, "pp" proxy ring, "ww" worker ring).
 _ARRAY_FIELDS: tuple[tuple[str, str], ...] = (
     ("wp_oneway_s", "wp"),
     ("wp_bidir_s", "wp"),
-    ("pp_oneway_s", "ring"),
-    ("pp_bidir_s", "ring"),
-    ("ww_oneway_s", "ring"),
+    ("pp_oneway_s", "pp"),
+    ("pp_bidir_s", "pp"),
+    ("ww_oneway_s", "ww"),
 )
 
+# What each kind's axes are, for the error messages.
+_AXES = {
+    "wp": "[worker, proxy, size]",
+    "pp": "[proxy, (next, prev), size]",
+    "ww": "[worker, (next, prev), size]",
+}
 
-def _shape(kind: str, p: int, s: int) -> tuple[int, int, int]:
-    return (p, p, s) if kind == "wp" else (p, 2, s)
+
+def _shape(kind: str, p: int, q: int, s: int) -> tuple[int, int, int]:
+    """The shape of a ``kind`` array for p workers, q proxies and s sizes."""
+    return {"wp": (p, q, s), "pp": (q, 2, s), "ww": (p, 2, s)}[kind]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Profile:
-    """Measured transfer times of one mesh's links: ``p`` workers and ``p`` proxies.
+    """Measured transfer times of one mesh's links: ``p`` workers and ``q`` proxies.
 
-    Every time array's last axis follows ``sizes``. Ring arrays (``pp_*``,
-    ``ww_*``) have shape ``[p, 2, S]``: index 0 of the middle axis is the link
-    from device ``k`` to its ring neighbour ``(k + 1) % p``, index 1 to
-    ``(k - 1) % p``.
+    ``q`` is ``p`` at COARSE 1:1; at COARSE k:1 (``coarse.make_mesh(workers=p,
+    proxies=q)``, k = p / q) worker ``i``'s local proxy is ``i // k``
+    (`local_proxy`). Every time array's last axis follows ``sizes``. Ring
+    arrays have shape ``[q, 2, S]`` (``pp_*``, the q proxies' ring) or
+    ``[p, 2, S]`` (``ww_*``, the p workers' ring): index 0 of the middle axis
+    is the link from device ``k`` to its ring neighbour ``(k + 1) % n``,
+    index 1 to ``(k - 1) % n`` (n = q or p). A ring of one device moves
+    nothing: its entries are a placeholder 1 ns.
 
     Equality: ``==`` compares every field exactly (arrays with
     ``np.array_equal``); use `allclose` to compare measurements up to a
@@ -54,13 +66,13 @@ class Profile:
     Attributes:
       workers: p.
       sizes: transfer sizes measured, bytes, strictly ascending.
-      wp_oneway_s: ``[p, p, S]`` median seconds to move ``sizes[j]`` bytes from
+      wp_oneway_s: ``[p, q, S]`` seconds to move ``sizes[j]`` bytes from
         worker ``i`` to proxy ``k``, one direction.
-      wp_bidir_s: ``[p, p, S]`` seconds until both a push worker ``i`` -> proxy
+      wp_bidir_s: ``[p, q, S]`` seconds until both a push worker ``i`` -> proxy
         ``k`` and a pull proxy ``k`` -> worker ``i`` of that size, run
         concurrently, are done.
-      pp_oneway_s: ``[p, 2, S]`` proxy ``k`` to its ring neighbours, one direction.
-      pp_bidir_s: ``[p, 2, S]`` proxy ``k`` to and from its ring neighbours, concurrently.
+      pp_oneway_s: ``[q, 2, S]`` proxy ``k`` to its ring neighbours, one direction.
+      pp_bidir_s: ``[q, 2, S]`` proxy ``k`` to and from its ring neighbours, concurrently.
       ww_oneway_s: ``[p, 2, S]`` worker ``k`` to its ring neighbours (the
         workers' AllReduce ring), one direction.
       topology: name of the emulated topology measured, ``None`` for the host's
@@ -68,11 +80,13 @@ class Profile:
       time_scale: the emulated topology's ``time_scale`` during the
         measurement. Times are stored as measured (wall clock), not divided by it.
       host: free text describing where it was measured.
-      wp_spread: ``[p, p, S]`` how noisy each ``wp_oneway_s`` measurement was:
+      wp_spread: ``[p, q, S]`` how noisy each ``wp_oneway_s`` measurement was:
         the median repetition's excess over the fastest, relative to it
         (outliers dropped; `coarse_jax.profiling.measure.robust_time`); ``None`` when
         unknown (a profile written by hand or by an older version). Routing
         treats links whose difference is within this noise as tied.
+      proxies: q, dividing p; ``0`` or ``None`` (the default, and what a
+        profile saved before COARSE k:1 implies) mean p.
 
     Raises:
       ValueError: a field with the wrong shape, order or range (the message
@@ -88,6 +102,11 @@ class Profile:
       >>> coarse.Profile.load(path) == prof
       True
       >>> cfg = coarse.Config.from_profile(prof, leading_bytes=64 << 10)
+      >>> shared = coarse.make_mesh(workers=4, proxies=2)            # COARSE(2:1)
+      >>> topo = coarse.Topology.preset("v100", 4, proxies=2, clock="virtual")
+      >>> prof = coarse.profile(shared, topology=topo, sizes=[1 << 10, 1 << 20])
+      >>> prof.proxies, prof.wp_oneway_s.shape, prof.pp_oneway_s.shape
+      (2, (4, 2, 2), (2, 2, 2))
     """
 
     workers: int
@@ -101,12 +120,22 @@ class Profile:
     time_scale: float = 1.0
     host: str = ""
     wp_spread: np.ndarray | None = None
+    proxies: int | None = 0
 
     def __post_init__(self) -> None:
         p = self.workers
         if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
             raise ValueError(f"Profile.workers: expected a positive int, got {p!r}.")
-        object.__setattr__(self, "workers", int(p))
+        p = int(p)
+        object.__setattr__(self, "workers", p)
+        q = self.proxies or p  # 0 / None: one proxy per worker (and older profiles)
+        if isinstance(q, bool) or not isinstance(q, (int, np.integer)) or not 1 <= q <= p or p % q:
+            raise ValueError(
+                f"Profile.proxies: expected a positive int dividing workers={p} (COARSE k:1, "
+                f"k = workers / proxies), or 0 for one proxy per worker; got {self.proxies!r}."
+            )
+        q = int(q)
+        object.__setattr__(self, "proxies", q)
         sizes = tuple(self.sizes)
         if not sizes:
             raise ValueError("Profile.sizes: expected at least one size (bytes), got none.")
@@ -122,8 +151,9 @@ class Profile:
                 "(and the time arrays' last axis with them) and drop duplicates."
             )
         object.__setattr__(self, "sizes", sizes)
+        counts = f"workers={p}" if q == p else f"workers={p}, proxies={q}"
         for name, kind in _ARRAY_FIELDS:
-            expected = _shape(kind, p, len(sizes))
+            expected = _shape(kind, p, q, len(sizes))
             try:
                 # Copy so the caller's buffer cannot change a frozen profile behind its back.
                 arr = np.array(getattr(self, name), dtype=np.float64, copy=True)
@@ -133,9 +163,8 @@ class Profile:
                     f"something numpy cannot read as one ({e})."
                 ) from None
             if arr.shape != expected:
-                axes = "[worker, proxy, size]" if kind == "wp" else "[device, (next, prev), size]"
                 raise ValueError(
-                    f"Profile.{name}: expected shape {expected} {axes} for workers={p} and "
+                    f"Profile.{name}: expected shape {expected} {_AXES[kind]} for {counts} and "
                     f"{len(sizes)} sizes, got {arr.shape}."
                 )
             if not (np.isfinite(arr).all() and (arr > 0).all()):
@@ -160,11 +189,11 @@ class Profile:
             raise TypeError(f"Profile.host: expected free text (str), got {self.host!r}.")
         if self.wp_spread is not None:
             spread = np.array(self.wp_spread, dtype=np.float64, copy=True)
-            want = _shape("wp", p, len(sizes))
+            want = _shape("wp", p, q, len(sizes))
             if spread.shape != want or not (np.isfinite(spread).all() and (spread >= 0).all()):
                 raise ValueError(
                     f"Profile.wp_spread: expected finite relative spreads >= 0 of shape {want} "
-                    f"[worker, proxy, size], or None; got shape {spread.shape}."
+                    f"{_AXES['wp']} for {counts}, or None; got shape {spread.shape}."
                 )
             spread.setflags(write=False)
             object.__setattr__(self, "wp_spread", spread)
@@ -172,7 +201,7 @@ class Profile:
     # ---------------------------------------------------------------- equality
 
     def _scalars(self) -> tuple[Any, ...]:
-        return (self.workers, self.sizes, self.topology, self.time_scale, self.host)
+        return (self.workers, self.proxies, self.sizes, self.topology, self.time_scale, self.host)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Profile):
@@ -200,8 +229,9 @@ class Profile:
           atol: absolute tolerance, as in ``numpy.allclose``.
 
         Returns:
-          True when ``other`` is a `Profile` of the same mesh, sizes, topology
-          and host, and every time array is within the tolerance.
+          True when ``other`` is a `Profile` of the same mesh (workers and
+          proxies), sizes, topology and host, and every time array is within
+          the tolerance.
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
@@ -211,7 +241,7 @@ class Profile:
         """
         if not isinstance(other, Profile):
             raise TypeError(f"Profile.allclose: expected a Profile, got {type(other).__name__}.")
-        if self.workers != other.workers or self.sizes != other.sizes:
+        if (self.workers, self.proxies, self.sizes) != (other.workers, other.proxies, other.sizes):
             return False
         if (self.topology, self.host) != (other.topology, other.host):
             return False
