@@ -7,6 +7,8 @@ gradient tree (~25.6M parameters, ~97.5 MiB) over 4 workers:
   (4 workers + 4 proxies, 8 devices);
 * ``coarse_reference``: the same with ``Config(mode="reference")`` (pure JAX
   collectives over the same 8 devices);
+* ``coarse_ffi_2to1``: ``coarse_ffi`` with 2 proxies, each shared by 2 workers
+  (COARSE(2:1), ``make_mesh(workers=4, proxies=2)``, 6 devices);
 * ``pmean``: ``jit(shard_map(pmean))`` over a 4-device ``("data",)`` mesh.
 
 The tree is passed as a batch argument with a leading axis of one slice per
@@ -34,6 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
 from coarse_jax.bench.shapes import RESNET50_SHAPES  # the 161 leaves, written out
+from coarse_jax.mesh import workers_mesh
 
 WORKERS = 4
 ROUNDS = 30
@@ -59,16 +62,18 @@ def per_worker_grads() -> collections.OrderedDict[str, np.ndarray]:
     )
 
 
-def coarse_sync(mode: str) -> tuple[Callable[[Any], Any], NamedSharding]:
+def coarse_sync(mode: str, proxies: int = WORKERS) -> tuple[Callable[[Any], Any], NamedSharding]:
     """``coarse.all_reduce`` of the per-worker tree inside a `coarse.sync` step."""
-    mesh = coarse.make_mesh(workers=WORKERS)
+    mesh = coarse.make_mesh(workers=WORKERS, proxies=proxies)
 
     @coarse.sync(mesh, config=coarse.Config(mode=mode))
     def sync_grads(per_worker: Any) -> Any:
         # Each worker (and its proxy) holds a (1, ...) slice of the batch.
         return coarse.all_reduce(jax.tree.map(lambda x: x[0], per_worker))
 
-    return sync_grads, NamedSharding(mesh, P("data"))
+    # Split over the workers (a k:1 mesh lists each shared proxy k times, which
+    # jax cannot split an array over).
+    return sync_grads, NamedSharding(workers_mesh(mesh), P("data"))
 
 
 def pmean_sync() -> tuple[Callable[[Any], Any], NamedSharding]:
@@ -85,6 +90,7 @@ def pmean_sync() -> tuple[Callable[[Any], Any], NamedSharding]:
 IMPLS: dict[str, Callable[[], tuple[Callable[[Any], Any], NamedSharding]]] = {
     "coarse_ffi": lambda: coarse_sync("ffi"),
     "coarse_reference": lambda: coarse_sync("reference"),
+    "coarse_ffi_2to1": lambda: coarse_sync("ffi", proxies=WORKERS // 2),
     "pmean": pmean_sync,
 }
 

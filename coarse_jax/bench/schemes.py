@@ -4,7 +4,11 @@
 * ``"allreduce"``: every leaf reduced among the workers (the worker ring),
   the decentralized baseline;
 * ``"dense"``: every worker pushes to and pulls from proxy 0, which sums
-  (no ring), the centralized parameter-server baseline.
+  (no ring), the centralized parameter-server baseline (it needs one proxy:
+  ``coarse.make_mesh(workers=p, proxies=1)`` runs it on p + 1 devices).
+
+On a COARSE k:1 mesh (``make_mesh(workers=p, proxies=q)``) ``"coarse"`` is
+COARSE(k:1).
 
 All three run through the same runtime and, with ``Config(topology=...)``,
 on the same emulated links, so their times compare like for like.
@@ -26,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 from coarse_jax._ffi import virtual_sync_seconds
 from coarse_jax.api import all_reduce, sync
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA
+from coarse_jax.mesh import DATA, workers_mesh
 
 SCHEMES = ("dense", "allreduce", "coarse")
 
@@ -52,7 +56,9 @@ def sync_step(mesh: Any, shapes: Any, config: Config) -> tuple[Callable[[], Any]
     p = mesh.shape[DATA]
     rng = np.random.default_rng(0)
     per_worker = jax.tree.map(lambda s: rng.standard_normal((p, *s.shape)).astype(s.dtype), shapes)
-    tree = jax.device_put(per_worker, NamedSharding(mesh, P(DATA)))
+    # On the workers: a COARSE k:1 mesh repeats each shared proxy, and jax
+    # cannot split an array over a mesh that lists a device twice.
+    tree = jax.device_put(per_worker, NamedSharding(workers_mesh(mesh), P(DATA)))
 
     @sync(mesh, config=config)
     def step(x: Any) -> Any:

@@ -120,7 +120,7 @@ class Profile:
     time_scale: float = 1.0
     host: str = ""
     wp_spread: np.ndarray | None = None
-    proxies: int | None = 0
+    proxies: int = 0
 
     def __post_init__(self) -> None:
         p = self.workers
@@ -254,6 +254,37 @@ class Profile:
 
     # ---------------------------------------------------------------- derived
 
+    def local_proxy(self, worker: int) -> int:
+        """Worker ``worker``'s local proxy: ``worker // k``, k = workers / proxies.
+
+        At COARSE 1:1 that is ``worker`` itself; `coarse.make_mesh` puts the
+        local proxy under its workers, and routing prefers it on ties.
+
+        Args:
+          worker: the worker's index, ``0 .. workers - 1``.
+
+        Returns:
+          The proxy's index, ``0 .. proxies - 1``.
+
+        Raises:
+          ValueError: ``worker`` is not an index of the profile's workers.
+          TypeError: ``worker`` is not an int.
+
+        Example:
+          >>> topo = coarse.Topology.preset("t4", 4, proxies=2, clock="virtual")
+          >>> prof = coarse.profile(coarse.make_mesh(workers=4, proxies=2), topology=topo,
+          ...                       sizes=[1 << 10])
+          >>> [prof.local_proxy(i) for i in range(4)]
+          [0, 0, 1, 1]
+        """
+        if isinstance(worker, bool) or not isinstance(worker, (int, np.integer)):
+            raise TypeError(f"Profile.local_proxy: worker must be an int index, got {worker!r}.")
+        if not 0 <= worker < self.workers:
+            raise ValueError(
+                f"Profile.local_proxy: worker must be in 0..{self.workers - 1}, got {worker}."
+            )
+        return int(worker) // (self.workers // self.proxies)
+
     def _sizes_f(self) -> np.ndarray:
         return np.asarray(self.sizes, dtype=np.float64)
 
@@ -261,7 +292,7 @@ class Profile:
         return (bytes_per_transfer * self._sizes_f() / times).max(axis=-1) / 1e9
 
     def wp_bandwidth_curve_gbps(self) -> np.ndarray:
-        """``[p, p, S]`` one-way worker -> proxy bandwidth at each size, GB/s.
+        """``[p, q, S]`` one-way worker -> proxy bandwidth at each size, GB/s.
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
@@ -272,7 +303,7 @@ class Profile:
         return self._sizes_f() / self.wp_oneway_s / 1e9
 
     def pp_bandwidth_curve_gbps(self) -> np.ndarray:
-        """``[p, 2, S]`` one-way proxy -> ring neighbour bandwidth at each size, GB/s.
+        """``[q, 2, S]`` one-way proxy -> ring neighbour bandwidth at each size, GB/s.
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
@@ -294,7 +325,7 @@ class Profile:
         return self._sizes_f() / self.ww_oneway_s / 1e9
 
     def wp_latency_us(self) -> np.ndarray:
-        """``[p, p]`` worker -> proxy one-way time at the smallest size, microseconds.
+        """``[p, q]`` worker -> proxy one-way time at the smallest size, microseconds.
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
@@ -306,7 +337,7 @@ class Profile:
         return self.wp_oneway_s[..., 0] * 1e6
 
     def wp_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, p]`` worker -> proxy one-way peak over sizes of size/time, GB/s.
+        """``[p, q]`` worker -> proxy one-way peak over sizes of size/time, GB/s.
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
@@ -318,7 +349,7 @@ class Profile:
         return self._peak_gbps(self.wp_oneway_s)
 
     def bidir_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, p]`` worker <-> proxy peak of 2 * size / time (push and pull together), GB/s.
+        """``[p, q]`` worker <-> proxy peak of 2 * size / time (push and pull together), GB/s.
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
@@ -329,7 +360,7 @@ class Profile:
         return self._peak_gbps(self.wp_bidir_s, 2.0)
 
     def pp_latency_us(self) -> np.ndarray:
-        """``[p, 2]`` proxy -> (next, previous) ring neighbour: time at the smallest size, us.
+        """``[q, 2]`` proxy -> (next, previous) ring neighbour: time at the smallest size, us.
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
@@ -340,7 +371,7 @@ class Profile:
         return self.pp_oneway_s[..., 0] * 1e6
 
     def pp_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, 2]`` proxy -> (next, previous) ring neighbour one-way peak bandwidth, GB/s.
+        """``[q, 2]`` proxy -> (next, previous) ring neighbour one-way peak bandwidth, GB/s.
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
@@ -351,7 +382,7 @@ class Profile:
         return self._peak_gbps(self.pp_oneway_s)
 
     def pp_bidir_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, 2]`` proxy <-> ring neighbour peak of 2 * size / time, GB/s.
+        """``[q, 2]`` proxy <-> ring neighbour peak of 2 * size / time, GB/s.
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
@@ -395,12 +426,13 @@ class Profile:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
           >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> d = prof.to_json_dict()
-          >>> d["format"], d["workers"], d["sizes"]
-          ('coarse_jax.profile/1', 4, [1024, 1048576])
+          >>> d["format"], d["workers"], d["proxies"], d["sizes"]
+          ('coarse_jax.profile/1', 4, 4, [1024, 1048576])
         """
         out: dict[str, Any] = {
             "format": FORMAT,
             "workers": self.workers,
+            "proxies": self.proxies,
             "sizes": list(self.sizes),
             "topology": self.topology,
             "time_scale": self.time_scale,
@@ -415,6 +447,9 @@ class Profile:
     @staticmethod
     def from_json_dict(data: Any, source: str = "profile") -> Profile:
         """Inverse of `to_json_dict`.
+
+        A dict without ``"proxies"`` (written before COARSE k:1) is a 1:1
+        profile: one proxy per worker.
 
         Args:
           data: the decoded JSON object.
@@ -461,6 +496,7 @@ class Profile:
                 time_scale=data.get("time_scale", 1.0),
                 host=data.get("host", ""),
                 wp_spread=data.get("wp_spread"),
+                proxies=data.get("proxies", 0),  # absent: an older, 1:1 profile
             )
         except ValueError as e:
             raise ValueError(f"{source}: {e}") from None
@@ -526,9 +562,10 @@ class Profile:
     def table(self) -> str:
         """A readable text summary: latency (us) / peak bandwidth (GB/s) of every link.
 
-        One row per worker with its link to each proxy (``*`` marks the local
-        proxy; LatProxy/BwProxy as the planner picks them), then each proxy's
-        and each worker's ring neighbours (`coarse_jax.profiling.report.table`).
+        One row per worker with its link to each of the q proxies (``*``
+        marks the local proxy; LatProxy/BwProxy as the planner picks them),
+        then each proxy's and each worker's ring neighbours
+        (`coarse_jax.profiling.report.table`).
 
         Returns:
           The table as a string.

@@ -1,10 +1,13 @@
 """`coarse.profile`: measure the mesh's links through the runtime's own transport.
 
 One compiled program per transfer size runs the ``coarse_probe`` custom call
-on every device; which (source, destination) pairs transfer is an operand, so
-all links of that size reuse the program. Measured: every worker -> proxy pair
-one way and both ways at once (push + pull), every proxy -> ring neighbour one
-way and both ways, every worker -> ring neighbour one way (AllReduce's links).
+on every device, the p workers and the q distinct proxies (q = p at COARSE
+1:1, fewer at COARSE k:1, where the mesh lists each proxy under its k
+workers); which (source, destination) pairs transfer is an operand, so all
+links of that size reuse the program. Measured: every worker -> proxy pair
+one way and both ways at once (push + pull), every proxy -> neighbour in the
+proxies' ring (of q) one way and both ways, every worker -> neighbour in the
+workers' ring (of p) one way (AllReduce's links).
 On an emulated interconnect (``topology=``) the probe books the same links,
 ports and time scale a push, ring step or pull does; without one it measures
 the host's real copies.
@@ -32,37 +35,65 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
-from coarse_jax.mesh import AXES, DATA, TIER, check_mesh, has_hosts
+from coarse_jax.mesh import DATA, check_mesh, has_hosts, proxy_devices
 from coarse_jax.profiling.data import Profile
 from coarse_jax.profiling.topology import Topology
 
 DEFAULT_SIZES = tuple(4**k for k in range(5, 13))  # 1 KiB, 4 KiB, .., 16 MiB
 _PROBE_SITE = 1 << 40  # keeps probe sessions apart from sync sites
+_PROBE_AXIS = "device"  # the probe's own mesh: the p workers, then the q proxies
+
+
+def _probe_mesh(mesh: Mesh) -> Mesh:
+    """A 1-D mesh of ``mesh``'s p workers, then its q distinct proxies.
+
+    A step's program spans the workers only; the probe runs on both tiers
+    (it times worker-proxy links). jax runs no program on a mesh that lists a
+    device twice, and a k:1 mesh lists each proxy k times: the probe's mesh
+    lists every device once, in the runtime's numbering (worker i is device
+    i, proxy j device p + j).
+    """
+    devices = [*np.asarray(mesh.devices)[0], *proxy_devices(mesh)]
+    if len(set(devices)) != len(devices):
+        raise ValueError(
+            "coarse.profile: the mesh's workers and proxies must be distinct devices (the probe "
+            "times the links between them), got "
+            f"{[[getattr(d, 'id', d) for d in row] for row in np.asarray(mesh.devices)]}. "
+            "Build the mesh with coarse.make_mesh(workers=p, proxies=q)."
+        )
+    return Mesh(np.array(devices, dtype=object), (_PROBE_AXIS,))
 
 
 def _probe_program(
-    mesh: Mesh, nbytes: int, reps: int, topology: Topology | None
+    probe_mesh: Mesh, p: int, q: int, nbytes: int, reps: int, topology: Topology | None
 ) -> Callable[[jax.Array], jax.Array]:
-    """jit(shard_map): every device runs coarse_probe; returns seconds [2, p, reps]."""
-    p = mesh.shape[DATA]
-    attrs = {"workers": np.int64(p), "site": np.int64(_PROBE_SITE), "timeout_ms": np.int64(60_000)}
+    """jit(shard_map): every device runs coarse_probe; returns seconds [p + q, reps]."""
+    attrs = {
+        "workers": np.int64(p),
+        "proxies": np.int64(q),
+        "site": np.int64(_PROBE_SITE),
+        "timeout_ms": np.int64(60_000),
+    }
     if topology is not None:
         attrs.update(topology.ffi_attrs())
 
     def body(pairs: jax.Array) -> jax.Array:
-        # The probe runs on both tiers (it times worker-proxy links), unlike
-        # a step's program, which spans the workers only: its own (tier, data).
-        me = jnp.stack([lax.axis_index(TIER), lax.axis_index(DATA)]).astype(jnp.int32)
-        payload = _ffi.vary(jnp.zeros((nbytes,), jnp.uint8))
+        # The calling device's (tier, index): worker (0, i) for i < p, proxy (1, j) at p + j.
+        d = lax.axis_index(_PROBE_AXIS).astype(jnp.int32)
+        is_proxy = (d >= p).astype(jnp.int32)
+        me = jnp.stack([is_proxy, d - p * is_proxy])
+        payload = _ffi.vary(jnp.zeros((nbytes,), jnp.uint8), (_PROBE_AXIS,))
         times = jax.ffi.ffi_call(
             "coarse_probe",
             jax.ShapeDtypeStruct((reps,), jnp.float32, manual_axis_type=None),
             has_side_effect=True,
             vmap_method="broadcast_all",
-        )(me, _ffi.vary(pairs), payload, **attrs)
-        return times[None, None]
+        )(me, _ffi.vary(pairs, (_PROBE_AXIS,)), payload, **attrs)
+        return times[None]
 
-    fn = jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(*AXES), check_vma=False)
+    fn = jax.shard_map(
+        body, mesh=probe_mesh, in_specs=P(), out_specs=P(_PROBE_AXIS), check_vma=False
+    )
     return jax.jit(fn)
 
 
@@ -85,6 +116,7 @@ def robust_time(times: np.ndarray) -> tuple[float, float]:
 
 
 def _device(tier: int, index: int, p: int) -> int:
+    """The runtime's number of worker (tier 0) or proxy (tier 1) ``index``: i, or p + j."""
     return index if tier == 0 else p + index
 
 
@@ -97,10 +129,14 @@ def profile(
 ) -> Profile:
     """Measures latency and bandwidth of every worker->proxy pair and ring neighbour.
 
+    On a COARSE k:1 mesh (``coarse.make_mesh(workers=p, proxies=q)``) it
+    measures every worker's links to the q distinct proxies, the proxies'
+    ring of q and the workers' ring of p.
+
     Args:
-      mesh: a mesh from `coarse.make_mesh`.
-      topology: measure this emulated interconnect (`coarse.Topology`) instead
-        of the host's real transport.
+      mesh: a mesh from `coarse.make_mesh` (1:1 or k:1).
+      topology: measure this emulated interconnect (`coarse.Topology`, for
+        the mesh's p workers and q proxies) instead of the host's real transport.
       sizes: transfer sizes in bytes (ascending); default 1 KiB to 16 MiB.
         Include sizes past the latency/bandwidth crossing, or the planner
         cannot see which proxy has more bandwidth.
@@ -114,8 +150,9 @@ def profile(
       `coarse.Config.from_profile` turns it into routes, threshold and shard size.
 
     Raises:
-      ValueError: bad sizes, or a topology for another number of workers, or
-        not a coarse mesh.
+      ValueError: bad sizes, or a topology for another number of workers or
+        proxies, or not a coarse mesh (or one whose proxies share the
+        workers' devices).
       NotImplementedError: the mesh spans hosts (profile each host's part).
 
     Example:
@@ -124,6 +161,11 @@ def profile(
       >>> cfg = coarse.Config.from_profile(prof, topology=topo)
       >>> cfg.routes       # (latency proxy, bandwidth proxy) per worker: local, then next
       ((0, 1), (1, 2), (2, 3), (3, 0))
+      >>> shared = coarse.make_mesh(workers=4, proxies=2)            # COARSE(2:1)
+      >>> topo = coarse.Topology.preset("v100", 4, proxies=2, clock="virtual")
+      >>> prof = coarse.profile(shared, topology=topo, sizes=[1 << 10, 1 << 16, 1 << 22])
+      >>> coarse.Config.from_profile(prof, topology=topo).routes   # local proxy i // 2, then the other
+      ((0, 1), (0, 1), (1, 0), (1, 0))
     """
     mesh = check_mesh(mesh, "coarse.profile")
     if has_hosts(mesh):
@@ -135,10 +177,15 @@ def profile(
         )
     _ffi.check_platform(mesh)
     p = mesh.shape[DATA]
-    if topology is not None and topology.workers != p:
+    q = len(proxy_devices(mesh))
+    if topology is not None and (topology.workers, topology.proxies) != (p, q):
         raise ValueError(
-            f"coarse.profile: topology describes {topology.workers} workers, the mesh has {p}."
+            f"coarse.profile: topology describes {topology.workers} workers and "
+            f"{topology.proxies} proxies, the mesh has {p} workers and {q} proxies. Fix: "
+            f"coarse.Topology.preset(name, {p}, proxies={q}), or a Topology of {p}x{q} "
+            "worker_proxy matrices."
         )
+    probe_mesh = _probe_mesh(mesh)
     # The probe's transfers are host memcpys: no CUDA version yet.
     _ffi.check_gpu_target(
         "coarse_probe",
@@ -155,38 +202,47 @@ def profile(
         raise ValueError(f"coarse.profile: reps must be >= 2 (one is warm-up), got {reps}.")
 
     S = len(sizes)
-    wp_one, wp_bi, wp_spread = np.zeros((p, p, S)), np.zeros((p, p, S)), np.zeros((p, p, S))
-    pp_one, pp_bi = np.zeros((p, 2, S)), np.zeros((p, 2, S))
+    wp_one, wp_bi, wp_spread = np.zeros((p, q, S)), np.zeros((p, q, S)), np.zeros((p, q, S))
+    pp_one, pp_bi = np.zeros((q, 2, S)), np.zeros((q, 2, S))
     ww_one = np.zeros((p, 2, S))
-    neighbours = [(lambda k: (k + 1) % p), (lambda k: (k - 1) % p)]
+
+    def ring(k: int, n: int) -> tuple[int, int]:
+        """Device k's (next, previous) neighbour in a ring of n."""
+        return (k + 1) % n, (k - 1) % n
 
     for j, nbytes in enumerate(sizes):
-        run = _probe_program(mesh, nbytes, reps, topology)
+        run = _probe_program(probe_mesh, p, q, nbytes, reps, topology)
 
         def measure(
             *pairs: tuple[int, int], run: Callable[[jax.Array], jax.Array] = run
         ) -> tuple[float, float]:
             """(seconds, relative spread) of one transfer, or of two at once."""
             flat = [v for pair in pairs for v in pair] + [-1, -1] * (2 - len(pairs))
-            times = np.asarray(run(jnp.asarray(flat, jnp.int32))).reshape(2 * p, reps)
+            times = np.asarray(run(jnp.asarray(flat, jnp.int32))).reshape(p + q, reps)
             per_pair = [robust_time(times[src, 1:]) for src, _ in pairs]  # [0]: warm-up
             slowest = max(per_pair)  # both directions done
             return slowest[0], max(spread for _, spread in per_pair)
 
         for i in range(p):
-            for k in range(p):
+            for k in range(q):
                 w, x = _device(0, i, p), _device(1, k, p)
                 wp_one[i, k, j], wp_spread[i, k, j] = measure((w, x))
                 wp_bi[i, k, j], _ = measure((w, x), (x, w))
-        for k in range(p):
-            for r, nb in enumerate(neighbours):
-                a, b = _device(1, k, p), _device(1, nb(k), p)
-                if p == 1:  # no neighbour: a ring of one moves nothing
-                    pp_one[k, r, j] = pp_bi[k, r, j] = ww_one[k, r, j] = 1e-9
+        # A ring of one device moves nothing: its entries are a placeholder 1 ns.
+        for k in range(q):
+            for r, nb in enumerate(ring(k, q)):
+                if q == 1:
+                    pp_one[k, r, j] = pp_bi[k, r, j] = 1e-9
                     continue
+                a, b = _device(1, k, p), _device(1, nb, p)
                 pp_one[k, r, j], _ = measure((a, b))
                 pp_bi[k, r, j], _ = measure((a, b), (b, a))
-                ww_one[k, r, j], _ = measure((_device(0, k, p), _device(0, nb(k), p)))
+        for k in range(p):
+            for r, nb in enumerate(ring(k, p)):
+                if p == 1:
+                    ww_one[k, r, j] = 1e-9
+                    continue
+                ww_one[k, r, j], _ = measure((_device(0, k, p), _device(0, nb, p)))
 
     return Profile(
         workers=p,
@@ -200,6 +256,7 @@ def profile(
         time_scale=1.0 if topology is None else topology.time_scale,
         host=f"{jax.devices()[0].platform}, {len(jax.devices())} devices",
         wp_spread=wp_spread,
+        proxies=q,
     )
 
 

@@ -15,21 +15,23 @@ if TYPE_CHECKING:
 
 
 def title(profile: Profile) -> str:
-    """One line naming what was measured: topology, workers, time scale, host."""
+    """One line naming what was measured: topology, workers (and proxies at k:1), time scale, host."""
     topo = profile.topology if profile.topology is not None else "host devices"
+    proxies = f", {profile.proxies} proxies" if profile.proxies != profile.workers else ""
     extra = f", time_scale {profile.time_scale:g}" if profile.time_scale != 1.0 else ""
     host = f" on {profile.host}" if profile.host else ""
-    return f"{topo}: {profile.workers} workers{extra}{host}"
+    return f"{topo}: {profile.workers} workers{proxies}{extra}{host}"
 
 
 def table(profile: Profile) -> str:
     """A readable text summary: latency (us) / peak bandwidth (GB/s) of every link.
 
-    One row per worker with its link to each proxy (``*`` marks the local
-    proxy; LatProxy/BwProxy as the planner picks them), then each proxy's
-    and each worker's ring neighbours.
+    One row per worker with its link to each of the q proxies (``*`` marks
+    the local proxy; LatProxy/BwProxy as the planner picks them), then each
+    proxy's neighbours in the proxies' ring (of q) and each worker's in the
+    workers' ring (of p).
     """
-    p = profile.workers
+    p, q = profile.workers, profile.proxies
     lat, bw = profile.wp_latency_us(), profile.wp_bandwidth_gbps()
     bidir = profile.bidir_bandwidth_gbps()
     routes = routes_from_profile(profile)
@@ -38,12 +40,13 @@ def table(profile: Profile) -> str:
         f"Profile {title(profile)}; sizes {span} ({len(profile.sizes)} sizes)",
         "worker -> proxy: latency us / peak bandwidth GB/s (one way; bidir = push+pull peak)",
     ]
-    cells = [f"proxy {k}" for k in range(p)]
+    cells = [f"proxy {k}" for k in range(q)]
     lines.append("          " + "  ".join(f"{c:>18}" for c in cells) + "  lat/bw proxy  threshold")
     for i in range(p):
         row = []
-        for k in range(p):
-            mark = "*" if k == i else " "
+        local = profile.local_proxy(i)
+        for k in range(q):
+            mark = "*" if k == local else " "
             row.append(f"{lat[i, k]:7.2f}/{bw[i, k]:8.3f}{mark:>1} ")
         th = threshold_bytes(profile, i)
         th_s = "-" if th is None else f"{th} B ({_fmt_bytes(th)})"
@@ -52,16 +55,16 @@ def table(profile: Profile) -> str:
             + "  ".join(f"{c:>18}" for c in row)
             + f"  {routes[i][0]:>4}/{routes[i][1]:<4}     {th_s}"
         )
-        lines.append(" bidir    " + "  ".join(f"{'':7} {bidir[i, k]:8.3f}  " for k in range(p)))
-    for label, dev, lat_m, bw_m in (
-        ("proxy ring", "proxy", profile.pp_latency_us(), profile.pp_bandwidth_gbps()),
-        ("worker ring", "worker", profile.ww_latency_us(), profile.ww_bandwidth_gbps()),
+        lines.append(" bidir    " + "  ".join(f"{'':7} {bidir[i, k]:8.3f}  " for k in range(q)))
+    for label, dev, n, lat_m, bw_m in (
+        ("proxy ring", "proxy", q, profile.pp_latency_us(), profile.pp_bandwidth_gbps()),
+        ("worker ring", "worker", p, profile.ww_latency_us(), profile.ww_bandwidth_gbps()),
     ):
         lines.append(f"{label}: latency us / peak bandwidth GB/s to next, previous neighbour")
-        for k in range(p):
+        for k in range(n):
             lines.append(
-                f"{dev} {k:<3} -> {(k + 1) % p}: {lat_m[k, 0]:7.2f}/{bw_m[k, 0]:8.3f}   "
-                f"-> {(k - 1) % p}: {lat_m[k, 1]:7.2f}/{bw_m[k, 1]:8.3f}"
+                f"{dev} {k:<3} -> {(k + 1) % n}: {lat_m[k, 0]:7.2f}/{bw_m[k, 0]:8.3f}   "
+                f"-> {(k - 1) % n}: {lat_m[k, 1]:7.2f}/{bw_m[k, 1]:8.3f}"
             )
     if profile.wp_spread is None:
         lines.append("measurement spread: unknown (not recorded in this profile)")
@@ -80,8 +83,8 @@ def table(profile: Profile) -> str:
 def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
     """Write a PNG of bandwidth (GB/s) against transfer size (log x) to ``path``.
 
-    One subplot per worker (a line per proxy, the local one solid and
-    thicker), then one for the proxy ring and one for the worker ring.
+    One subplot per worker (a line per each of the q proxies, the local one
+    solid and thicker), then one for the proxy ring and one for the worker ring.
 
     Raises:
       ImportError: matplotlib is not installed.
@@ -96,7 +99,7 @@ def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
             "Profile.plot needs matplotlib; install it (pip install matplotlib) or use "
             "Profile.table() for a text summary."
         ) from e
-    p = profile.workers
+    p, q = profile.workers, profile.proxies
     n = p + 2
     cols = min(n, 4)
     rows = math.ceil(n / cols)
@@ -108,9 +111,10 @@ def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
     routes = routes_from_profile(profile)
     for i in range(p):
         ax = axes[i]
-        for k in range(p):
+        local = profile.local_proxy(i)
+        for k in range(q):
             tags = [t for t, v in (("lat", routes[i][0]), ("bw", routes[i][1])) if v == k]
-            label = f"proxy {k}" + (" (local)" if k == i else "")
+            label = f"proxy {k}" + (" (local)" if k == local else "")
             label += f" [{'+'.join(tags)}]" if tags else ""
             # Equal remote links draw on top of each other: keep the
             # proxies the planner picked visible above the rest.
@@ -119,8 +123,8 @@ def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
                 wp[i, k],
                 marker="o",
                 markersize=3,
-                linewidth=2.2 if k == i else 1.2,
-                linestyle="-" if k == i else "--",
+                linewidth=2.2 if k == local else 1.2,
+                linestyle="-" if k == local else "--",
                 label=label,
                 zorder=3 if tags else 2,
             )
@@ -128,20 +132,22 @@ def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
         if th is not None:
             ax.axvline(th, color="grey", linewidth=0.8, linestyle=":", label="threshold")
         ax.set_title(f"worker {i} -> proxies")
-    for ax, name, curve, dev in (
-        (axes[p], "proxy ring", profile.pp_bandwidth_curve_gbps(), "proxy"),
-        (axes[p + 1], "worker ring", profile.ww_bandwidth_curve_gbps(), "worker"),
+    for ax, name, curve, dev, ring in (
+        (axes[p], "proxy ring", profile.pp_bandwidth_curve_gbps(), "proxy", q),
+        (axes[p + 1], "worker ring", profile.ww_bandwidth_curve_gbps(), "worker", p),
     ):
-        for k in range(p):
-            ax.plot(sizes, curve[k, 0], marker="o", markersize=3, label=f"{dev} {k}->{(k + 1) % p}")
-            if p > 2:  # with p <= 2 "previous" is the same neighbour as "next"
+        for k in range(ring):
+            ax.plot(
+                sizes, curve[k, 0], marker="o", markersize=3, label=f"{dev} {k}->{(k + 1) % ring}"
+            )
+            if ring > 2:  # in a ring of 2 or fewer "previous" is the same neighbour as "next"
                 ax.plot(
                     sizes,
                     curve[k, 1],
                     marker="x",
                     markersize=3,
                     linestyle="--",
-                    label=f"{dev} {k}->{(k - 1) % p}",
+                    label=f"{dev} {k}->{(k - 1) % ring}",
                 )
         ax.set_title(name)
     for ax in axes[:n]:

@@ -1,6 +1,7 @@
 """Routing from a `Profile`: LatProxy / BwProxy per worker, the threshold S, the shard size S'.
 
-The paper's planner (Section III-E): per worker, the proxy with the lowest
+The paper's planner (Section III-E): per worker, among the mesh's q proxies
+(q = p at COARSE 1:1, fewer at COARSE k:1), the proxy with the lowest
 latency (*LatProxy*) and the one with the highest bandwidth (*BwProxy*); if
 they differ, the size ``S`` where ``T_LatProxy(S) = T_BwProxy(S)`` (smaller
 tensors go to *LatProxy*, larger ones to *BwProxy*); and the smallest measured
@@ -32,23 +33,24 @@ ROUTE_TIE_RTOL = 0.10
 
 
 def _pick(values: np.ndarray, local: int, best: str, spread: np.ndarray | None = None) -> int:
-    """Index of the best value (``best``: "min" or "max").
+    """Index of the best of one worker's q proxies' ``values`` (``best``: "min" or "max").
 
     Values within `ROUTE_TIE_RTOL` of the best, or within twice the larger of
     the two measurements' relative ``spread`` (their noise), are ties. Ties go
-    to ``local`` first: it shares the worker's switch and disturbs no other
-    worker's links. Then to ``local + 1``, ``local + 2``, ...
-    (mod p): on a symmetric machine this gives every worker a different
-    remote proxy, where "lowest index" would send every worker's large
+    to ``local`` (the worker's local proxy) first: it shares the worker's
+    switch and disturbs no other group's links. Then to ``local + 1``,
+    ``local + 2``, ... (mod q): on a symmetric machine this spreads the
+    workers evenly over the remote proxies (each proxy is the next one of
+    one group), where "lowest index" would send every worker's large
     tensors to the same proxy and queue them on its one port.
     """
-    p = len(values)
+    q = len(values)
     best_k = int(np.argmin(values) if best == "min" else np.argmax(values))
     target = values[best_k]
-    noise = np.zeros(p) if spread is None else np.maximum(spread, spread[best_k])
+    noise = np.zeros(q) if spread is None else np.maximum(spread, spread[best_k])
     rtol = np.maximum(ROUTE_TIE_RTOL, 2 * noise)
     tied = set(np.flatnonzero(np.abs(values - target) <= rtol * np.abs(target)).tolist())
-    return next((local + k) % p for k in range(p) if (local + k) % p in tied)
+    return next((local + k) % q for k in range(q) if (local + k) % q in tied)
 
 
 def _check_worker(profile: Profile, worker: int, fn: str) -> None:
@@ -63,9 +65,10 @@ def _check_worker(profile: Profile, worker: int, fn: str) -> None:
 
 def _route(profile: Profile, worker: int) -> tuple[int, int]:
     spread = profile.wp_spread
+    local = profile.local_proxy(worker)
     lat = _pick(
         profile.wp_latency_us()[worker],
-        worker,
+        local,
         "min",
         None if spread is None else spread[worker, :, 0],
     )
@@ -73,9 +76,9 @@ def _route(profile: Profile, worker: int) -> tuple[int, int]:
     peak_at = np.argmax(profile.wp_bandwidth_curve_gbps()[worker], axis=-1)
     bw = _pick(
         profile.wp_bandwidth_gbps()[worker],
-        worker,
+        local,
         "max",
-        None if spread is None else spread[worker, np.arange(profile.workers), peak_at],
+        None if spread is None else spread[worker, np.arange(profile.proxies), peak_at],
     )
     return lat, bw
 
@@ -83,11 +86,19 @@ def _route(profile: Profile, worker: int) -> tuple[int, int]:
 def routes_from_profile(profile: Profile) -> tuple[tuple[int, int], ...]:
     """Per worker ``(LatProxy, BwProxy)``, as `Config.routes` takes them.
 
-    LatProxy has the lowest one-way latency (time at the smallest size),
-    BwProxy the highest peak one-way bandwidth. Ties (within 10%, or within
-    twice the measurements' spread where the profile recorded it, so noise
-    never decides) go to the worker's local proxy (same index), then to the
-    next indices cyclically.
+    Both are among the profile's q proxies (numbered ``0 .. q - 1``, as
+    ``Config.routes_for(p, q)`` checks them). LatProxy has the lowest one-way
+    latency (time at the smallest size), BwProxy the highest peak one-way
+    bandwidth. Ties (within 10%, or within twice the measurements' spread
+    where the profile recorded it, so noise never decides) go to the
+    worker's local proxy (``i // k``, k = p / q; `Profile.local_proxy`),
+    then to the next indices cyclically.
+
+    Args:
+      profile: the measurements.
+
+    Returns:
+      One ``(LatProxy, BwProxy)`` pair per worker.
     """
     return tuple(_route(profile, i) for i in range(profile.workers))
 
