@@ -255,7 +255,9 @@ class Config:
         The paper's planner (Section III-E, `coarse_jax.profiling.routing`):
 
         * ``routes``: per worker, LatProxy = lowest measured latency, BwProxy =
-          highest peak bandwidth (`routing.routes_from_profile`).
+          highest peak bandwidth among the profile's q proxies
+          (`routing.routes_from_profile`), so they are valid for a mesh of
+          the profile's p workers and q proxies (``routes_for(p, q)``).
         * ``latency_threshold_bytes``: the largest `routing.threshold_bytes`
           (where the two proxies' transfer times cross) over workers: one value
           serves the whole mesh. 0 when LatProxy == BwProxy everywhere (the
@@ -286,6 +288,11 @@ class Config:
           >>> cfg = coarse.Config.from_profile(prof, topology=topo, leading_bytes=1 << 16)
           >>> cfg.routes, cfg.shard_bytes, cfg.leading_bytes
           (((0, 1), (1, 2), (2, 3), (3, 0)), 4194304, 65536)
+          >>> shared = coarse.make_mesh(workers=4, proxies=2)                 # COARSE(2:1)
+          >>> topo = coarse.Topology.preset("v100", 4, proxies=2, clock="virtual")
+          >>> prof = coarse.profile(shared, topology=topo, sizes=[1 << 10, 1 << 16, 1 << 22])
+          >>> coarse.Config.from_profile(prof, topology=topo).routes_for(4, proxies=2)
+          ((0, 1), (0, 1), (1, 0), (1, 0))
         """
         fields = {f.name for f in dataclasses.fields(Config)}
         unknown = sorted(set(overrides) - fields)
@@ -303,6 +310,7 @@ class Config:
             routes=routing.routes_from_profile(profile),
             profile=profile,
         )
+        cfg.routes_for(profile.workers, profile.proxies)  # the planner names proxies 0..q-1
         return dataclasses.replace(cfg, **overrides)
 
     def worker_compute_on(self, platform: str, convolutions: bool = True) -> str:

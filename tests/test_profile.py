@@ -353,3 +353,146 @@ def test_runtime_schedule_equals_the_model_for_every_worker_count(workers, schem
     measured = schemes.time_sync(mesh, tree, cfg, reps=1)
     predicted = predict_plan_sync_s(coarse.plan(tree, mesh, cfg), topo)
     assert measured == pytest.approx(predicted, rel=1e-4)
+
+
+# ---------------------------------------------------------------- COARSE k:1
+
+
+def _virtual_k1(preset: str, workers: int = 4, proxies: int = 2) -> coarse.Topology:
+    """A paper preset for ``proxies`` shared proxies, on a virtual clock."""
+    return coarse.Topology.preset(preset, workers, proxies=proxies, clock="virtual")
+
+
+@pytest.fixture(scope="module")
+def shared_mesh():
+    """COARSE(2:1): workers 0, 1 share proxy 0, workers 2, 3 proxy 1."""
+    return coarse.make_mesh(workers=4, proxies=2)
+
+
+@pytest.fixture(scope="module")
+def v100_2to1_profile(shared_mesh):
+    return coarse.profile(shared_mesh, topology=_virtual_k1("v100"), sizes=SIZES, reps=3)
+
+
+def test_k_to_1_profile_measures_exactly_the_emulated_links(v100_2to1_profile):
+    """Every worker's link to each of the q distinct proxies, the proxies' ring of q and the
+    workers' ring of p: latency + bytes / bandwidth of the Topology's own p x q links."""
+    topo = _virtual_k1("v100")
+    prof = v100_2to1_profile
+    exact = {"rel": 1e-6, "abs": 1.01e-9}
+    assert (prof.workers, prof.proxies) == (4, 2)
+    assert prof.wp_oneway_s.shape == prof.wp_spread.shape == (4, 2, len(SIZES))
+    assert prof.pp_oneway_s.shape == (2, 2, len(SIZES))
+    assert prof.ww_oneway_s.shape == (4, 2, len(SIZES))
+    for j, n in enumerate(prof.sizes):
+        for i in range(4):
+            for k in range(2):
+                want = topo.transfer_s("wp", i, k, n)
+                assert prof.wp_oneway_s[i, k, j] == pytest.approx(want, **exact)
+                assert prof.wp_bidir_s[i, k, j] == pytest.approx(want, **exact)
+            for r, nb in enumerate(((i + 1) % 4, (i - 1) % 4)):
+                want = topo.transfer_s("ww", i, nb, n)
+                assert prof.ww_oneway_s[i, r, j] == pytest.approx(want, **exact)
+        for k in range(2):
+            for r in range(2):
+                want = topo.transfer_s("pp", k, 1 - k, n)
+                assert prof.pp_oneway_s[k, r, j] == pytest.approx(want, **exact)
+                assert prof.pp_bidir_s[k, r, j] == pytest.approx(want, **exact)
+    # Local (worker i, proxy i // 2) is the V100's slow, low-latency link.
+    assert prof.wp_oneway_s[1, 0, 0] < prof.wp_oneway_s[1, 1, 0]
+    assert prof.wp_oneway_s[1, 0, -1] > prof.wp_oneway_s[1, 1, -1]
+
+
+def test_k_to_1_v100_routes_small_local_large_remote(v100_2to1_profile):
+    cfg = coarse.Config.from_profile(v100_2to1_profile)
+    # Latency: the local proxy i // 2; bandwidth: the other (remote) proxy.
+    assert cfg.routes == ((0, 1), (0, 1), (1, 0), (1, 0))
+    assert cfg.routes_for(4, 2) == cfg.routes
+    crossing = 5e-6 * 144e9 / 7  # as at 1:1: the same two links cross
+    for i in range(4):
+        assert threshold_bytes(v100_2to1_profile, i) == pytest.approx(crossing, rel=1e-4)
+    assert cfg.shard_bytes == 1 << 22
+
+
+@pytest.mark.parametrize("preset", ["p100", "t4"])
+def test_k_to_1_p100_and_t4_route_local(shared_mesh, preset):
+    prof = coarse.profile(
+        shared_mesh, topology=_virtual_k1(preset), sizes=(1 << 10, 1 << 16, 1 << 22), reps=2
+    )
+    assert coarse.Config.from_profile(prof).routes == ((0, 0), (0, 0), (1, 1), (1, 1))
+
+
+def test_one_proxy_profile_has_no_proxy_ring():
+    """4:1: every worker's link to the one proxy; a ring of one proxy moves nothing."""
+    mesh = coarse.make_mesh(workers=4, proxies=1)
+    topo = _virtual_k1("v100", proxies=1)
+    prof = coarse.profile(mesh, topology=topo, sizes=(1 << 10, 1 << 20), reps=2)
+    assert prof.wp_oneway_s.shape == (4, 1, 2) and prof.pp_oneway_s.shape == (1, 2, 2)
+    for j, n in enumerate(prof.sizes):
+        for i in range(4):
+            assert prof.wp_oneway_s[i, 0, j] == pytest.approx(
+                topo.transfer_s("wp", i, 0, n), rel=1e-6, abs=1.01e-9
+            )
+    assert (prof.pp_oneway_s == 1e-9).all() and (prof.pp_bidir_s == 1e-9).all()
+    assert coarse.Config.from_profile(prof).routes == ((0, 0),) * 4
+
+
+def test_profile_rejects_a_topology_of_another_shape(mesh, shared_mesh):
+    with pytest.raises(
+        ValueError,
+        match=r"topology describes 4 workers and 4 proxies, the mesh has 4 workers and 2 proxies"
+        r".*proxies=2",
+    ):
+        coarse.profile(shared_mesh, topology=_virtual("v100"), sizes=(1 << 10,), reps=2)
+    with pytest.raises(ValueError, match=r"describes 4 workers and 2 proxies.*has 4 workers and 4"):
+        coarse.profile(mesh, topology=_virtual_k1("v100"), sizes=(1 << 10,), reps=2)
+    with pytest.raises(ValueError, match=r"describes 2 workers and 1 proxies.*has 4 workers"):
+        coarse.profile(shared_mesh, topology=_virtual_k1("v100", 2, 1), sizes=(1 << 10,), reps=2)
+
+
+def test_profile_needs_distinct_worker_and_proxy_devices():
+    from coarse_jax.testing import shared_device_mesh
+
+    with pytest.raises(ValueError, match="coarse.profile: the mesh's workers and proxies must be"):
+        coarse.profile(shared_device_mesh(workers=2), sizes=(1 << 10,), reps=2)
+
+
+def test_k_to_1_round_trip_table_and_real_host(shared_mesh, v100_2to1_profile, tmp_path):
+    v100_2to1_profile.save(tmp_path / "p.json")
+    assert coarse.Profile.load(tmp_path / "p.json") == v100_2to1_profile
+    v100_2to1_profile.plot(tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+    text = v100_2to1_profile.table()
+    assert "v100: 4 workers, 2 proxies" in text and "worker 3" in text and "proxy 2" not in text
+    real = coarse.profile(shared_mesh, sizes=(1 << 10, 1 << 20), reps=2)
+    assert (real.workers, real.proxies, real.topology) == (4, 2, None)
+    assert (real.wp_oneway_s > 0).all() and real.wp_bandwidth_gbps().shape == (4, 2)
+
+
+def test_k_to_1_coarse_from_its_profile_matches_the_model(shared_mesh, v100_2to1_profile):
+    """The routes planned from a 2:1 profile run on the 2:1 mesh, in the model's time."""
+    topo = _virtual_k1("v100")
+    cfg = coarse.Config.from_profile(v100_2to1_profile, topology=topo, leading_bytes=0)
+    tree = {
+        "a": jax.ShapeDtypeStruct((300_000,), np.float32),
+        "b": jax.ShapeDtypeStruct((5_000,), np.float32),
+    }
+    plan = coarse.plan(tree, shared_mesh, cfg)
+    assert {pc.dest for pc in plan.pieces} >= {(0, 0, 1, 1), (1, 1, 0, 0)}  # remote: large
+    measured = schemes.time_sync(shared_mesh, tree, cfg, reps=1)
+    assert measured == pytest.approx(predict_plan_sync_s(plan, topo), rel=1e-4)
+
+
+def test_k_to_1_reprofiling_replans_when_the_links_change(shared_mesh):
+    prof = coarse.profile(
+        shared_mesh, topology=_virtual_k1("v100"), sizes=(1 << 10, 1 << 16, 1 << 22), reps=2
+    )
+    # Planned on V100 links (remote bandwidth proxies), running on P100 links.
+    cfg = coarse.Config.from_profile(prof, topology=_virtual_k1("p100"), reprofile_every=2)
+    assert cfg.routes == ((0, 1), (0, 1), (1, 0), (1, 0))
+    step = _reduce_step(shared_mesh, cfg)
+    x = np.ones((4, 300_000), np.float32)
+    for _ in range(3):
+        np.testing.assert_allclose(step(x), 1.0)
+    assert step.config().routes == ((0, 0), (0, 0), (1, 1), (1, 1))  # P100: local wins
+    assert step.stats()["reprofiles"] == 1

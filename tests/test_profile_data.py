@@ -34,15 +34,20 @@ def linear_profile(
     *,
     sizes=SIZES,
     name: str | None = None,
+    proxies: int | None = None,
 ) -> Profile:
-    """A profile of the link model; ``local``/``remote`` are (GB/s, us) of worker<->proxy links."""
+    """A profile of the link model; ``local``/``remote`` are (GB/s, us) of worker<->proxy links.
+
+    ``proxies``: q (default p); worker i's local proxy is i // (p // q).
+    """
     s = len(sizes)
-    wp = np.empty((p, p, s))
+    q = p if proxies is None else proxies
+    wp = np.empty((p, q, s))
     for i in range(p):
-        for k in range(p):
-            bw, us = local if i == k else remote
+        for k in range(q):
+            bw, us = local if i // (p // q) == k else remote
             wp[i, k] = _t(us, bw, sizes)
-    ring_pp = np.broadcast_to(_t(2.0, 24.0, sizes), (p, 2, s))
+    ring_pp = np.broadcast_to(_t(2.0, 24.0, sizes), (q, 2, s))
     ring_ww = np.broadcast_to(_t(8.0, 9.0, sizes), (p, 2, s))
     return Profile(
         workers=p,
@@ -54,6 +59,7 @@ def linear_profile(
         ww_oneway_s=ring_ww,
         topology=name,
         host="synthetic",
+        **({} if proxies is None else {"proxies": proxies}),
     )
 
 
@@ -305,3 +311,157 @@ def test_noise_does_not_decide_routes():
     assert noisy != quiet and base != quiet  # the spread is part of the profile
     with pytest.raises(ValueError, match="wp_spread"):
         dataclasses.replace(base, wp_spread=np.full((2, 2), 0.1))
+
+
+# ---------------------------------------------------------------- COARSE k:1
+
+
+@pytest.fixture
+def v100_2to1() -> Profile:
+    """4 workers, 2 proxies (worker i's local proxy is i // 2), V100 links."""
+    return linear_profile(4, *V100, name="v100", proxies=2)
+
+
+def test_k_to_1_shapes_and_derived(v100_2to1):
+    prof = v100_2to1
+    assert (prof.workers, prof.proxies) == (4, 2)
+    assert prof.wp_oneway_s.shape == prof.wp_bidir_s.shape == (4, 2, len(SIZES))
+    assert prof.pp_oneway_s.shape == prof.pp_bidir_s.shape == (2, 2, len(SIZES))
+    assert prof.ww_oneway_s.shape == (4, 2, len(SIZES))
+    assert prof.wp_latency_us().shape == prof.wp_bandwidth_gbps().shape == (4, 2)
+    assert prof.bidir_bandwidth_gbps().shape == (4, 2)
+    assert prof.wp_bandwidth_curve_gbps().shape == (4, 2, len(SIZES))
+    assert prof.pp_latency_us().shape == prof.pp_bidir_bandwidth_gbps().shape == (2, 2)
+    assert prof.ww_bandwidth_gbps().shape == (4, 2)
+    assert [prof.local_proxy(i) for i in range(4)] == [0, 0, 1, 1]
+    lat = prof.wp_latency_us()
+    assert lat[1, 0] == pytest.approx(3.0 + 1024 / 9e9 * 1e6)  # worker 1's local proxy is 0
+    assert lat[1, 1] == pytest.approx(8.0 + 1024 / 16e9 * 1e6)
+    with pytest.raises(ValueError, match="worker"):
+        prof.local_proxy(4)
+    with pytest.raises(TypeError, match="worker"):
+        prof.local_proxy(1.0)
+    # 1:1 profiles: proxies defaults to workers, every worker its own local proxy.
+    one = linear_profile(4, *V100)
+    assert one.proxies == 4 and [one.local_proxy(i) for i in range(4)] == [0, 1, 2, 3]
+    assert dataclasses.replace(one, proxies=None).proxies == 4
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"proxies": 3}, r"Profile\.proxies.*dividing workers=4"),
+        ({"proxies": 8}, r"Profile\.proxies"),
+        ({"proxies": -2}, r"Profile\.proxies"),
+        ({"proxies": True}, r"Profile\.proxies"),
+        ({"proxies": 4}, r"wp_oneway_s.*\(4, 4, 17\) \[worker, proxy, size\] for workers=4 and"),
+        ({"proxies": 1}, r"wp_oneway_s.*\(4, 1, 17\).*workers=4, proxies=1"),
+        ({"pp_oneway_s": np.ones((4, 2, len(SIZES)))}, r"pp_oneway_s.*\(2, 2, 17\) \[proxy"),
+        ({"ww_oneway_s": np.ones((2, 2, len(SIZES)))}, r"ww_oneway_s.*\(4, 2, 17\) \[worker"),
+        ({"wp_spread": np.zeros((4, 4, len(SIZES)))}, r"wp_spread.*\(4, 2, 17\)"),
+    ],
+)
+def test_k_to_1_validation(v100_2to1, change, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(v100_2to1, **change)
+
+
+def test_k_to_1_json_round_trip_and_equality(v100_2to1, tmp_path):
+    d = v100_2to1.to_json_dict()
+    assert d["proxies"] == 2 and np.asarray(d["wp_oneway_s"]).shape == (4, 2, len(SIZES))
+    path = tmp_path / "v100_2to1.json"
+    v100_2to1.save(path)
+    loaded = Profile.load(path)
+    assert loaded == v100_2to1 and loaded.allclose(v100_2to1) and loaded.proxies == 2
+    one = linear_profile(4, *V100, name="v100")
+    assert one != v100_2to1 and not one.allclose(v100_2to1)
+    # A k:1 profile's arrays do not fit a 1:1 file: the message names the field and shape.
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**d, "proxies": 4}))
+    with pytest.raises(ValueError, match=r"bad\.json.*wp_oneway_s.*\(4, 4, 17\)"):
+        Profile.load(bad)
+
+
+def test_old_json_without_proxies_loads_as_1_to_1(v100, tmp_path):
+    """Files saved before COARSE k:1 have no "proxies": one proxy per worker."""
+    d = v100.to_json_dict()
+    assert d.pop("proxies") == 4
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(d))
+    loaded = Profile.load(path)
+    assert loaded.proxies == loaded.workers == 4 and loaded == v100
+    assert routes_from_profile(loaded) == routes_from_profile(v100)
+    # A hand-written file of the old format, 1 worker.
+    old = {
+        "format": FORMAT,
+        "workers": 1,
+        "sizes": [1024],
+        **{n: [[[1e-6]]] for n in ("wp_oneway_s", "wp_bidir_s")},
+        **{n: [[[1e-9], [1e-9]]] for n in ("pp_oneway_s", "pp_bidir_s", "ww_oneway_s")},
+    }
+    prof = Profile.from_json_dict(old)
+    assert (prof.workers, prof.proxies, prof.topology, prof.wp_spread) == (1, 1, None, None)
+    assert Config.from_profile(prof).routes == ((0, 0),)
+
+
+def test_k_to_1_v100_routes_small_local_large_remote(v100_2to1):
+    routes = routes_from_profile(v100_2to1)
+    assert routes == ((0, 1), (0, 1), (1, 0), (1, 0))
+    (l_bw, l_us), (r_bw, r_us) = V100
+    crossing = (r_us - l_us) * 1e-6 / (1 / (l_bw * 1e9) - 1 / (r_bw * 1e9))
+    for i in range(4):
+        assert abs(threshold_bytes(v100_2to1, i) - crossing) <= 1
+    cfg = Config.from_profile(v100_2to1)
+    assert cfg.routes == routes and cfg.routes_for(4, 2) == routes
+    assert cfg.latency_threshold_bytes == max(threshold_bytes(v100_2to1, i) for i in range(4))
+    assert cfg.shard_bytes == shard_bytes_from_profile(v100_2to1, 0)
+
+
+def test_k_to_1_remote_ties_spread_the_groups_over_the_proxies():
+    """8 workers, 4 proxies: each group's bandwidth proxy is the next group's, so every
+    proxy serves exactly k = 2 workers' large tensors."""
+    prof = linear_profile(8, *V100, proxies=4)
+    routes = routes_from_profile(prof)
+    assert routes == tuple((i // 2, (i // 2 + 1) % 4) for i in range(8))
+    assert sorted(bw for _, bw in routes) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert Config.from_profile(prof).routes_for(8, 4) == routes
+
+
+@pytest.mark.parametrize("q", [1, 2])
+@pytest.mark.parametrize("preset", [P100, T4], ids=["p100", "t4"])
+def test_k_to_1_local_when_local_is_best(preset, q):
+    prof = linear_profile(4, *preset, proxies=q)
+    assert routes_from_profile(prof) == tuple((i // (4 // q),) * 2 for i in range(4))
+    assert all(threshold_bytes(prof, i) is None for i in range(4))
+    assert Config.from_profile(prof).latency_threshold_bytes == 0
+
+
+def test_k_to_1_noise_does_not_decide_routes():
+    """A remote proxy within its measurements' noise loses to the worker's local proxy i // k."""
+    base = linear_profile(4, (12.0, 5.0), (12.0, 5.0), proxies=2)
+    wp = np.array(base.wp_oneway_s)
+    wp[1, 1] *= 0.85  # worker 1 (local proxy 0) -> proxy 1 looks faster at every size
+    quiet = dataclasses.replace(base, wp_oneway_s=wp, wp_spread=np.full(wp.shape, 0.01))
+    noisy = dataclasses.replace(base, wp_oneway_s=wp, wp_spread=np.full(wp.shape, 0.12))
+    assert routes_from_profile(quiet)[1] == (1, 1)
+    assert routes_from_profile(noisy)[1] == (0, 0)
+    assert "max 12.0%" in noisy.table()
+
+
+def test_k_to_1_table_and_plot(v100_2to1, tmp_path):
+    text = v100_2to1.table()
+    assert "v100: 4 workers, 2 proxies on synthetic" in text
+    assert "proxy 1" in text and "proxy 2" not in text
+    rows = [line for line in text.splitlines() if line.startswith("worker ") and "*" in line]
+    assert len(rows) == 4  # one row per worker, its local proxy marked
+    # "worker i  lat/ bw  lat/ bw  routes ...": the mark follows the local proxy's bandwidth.
+    for i, row in enumerate(rows):
+        cells = row.split()
+        marked = [k for k in range(2) if cells[3 + 2 * k].endswith("*")]
+        assert marked == [i // 2], row
+        assert cells[6] == f"{i // 2}/{1 - i // 2}", row  # LatProxy/BwProxy
+    assert "proxy 1   -> 0" in text and "worker 3   -> 0" in text
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "v100_2to1.png"
+    v100_2to1.plot(path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -8,6 +8,8 @@ proxy serve pushes from workers of other groups, several pieces per leaf.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,9 +83,10 @@ def test_sync_refuses_a_proxy_row_that_is_not_grouped():
         coarse.sync(bad)(lambda x: x)
 
 
-@pytest.mark.parametrize("p, q", RATIOS)
-def test_value_and_grad_and_all_reduce_match_float64(p, q):
+@pytest.mark.parametrize("p, q, mode", [(p, q, "ffi") for p, q in RATIOS] + [(4, 2, "reference")])
+def test_value_and_grad_and_all_reduce_match_float64(p, q, mode):
     mesh = coarse.make_mesh(workers=p, proxies=q)
+    cfg = dataclasses.replace(_crossing(p, q), mode=mode)
     rng = np.random.default_rng(p * 10 + q)
     values = {
         "a": rng.standard_normal((p, 40)).astype(np.float32),
@@ -92,7 +95,7 @@ def test_value_and_grad_and_all_reduce_match_float64(p, q):
         "h": rng.standard_normal((p, 33)).astype(jnp.bfloat16),
     }
 
-    @coarse.sync(mesh, config=_crossing(p, q))
+    @coarse.sync(mesh, config=cfg)
     def reduce(per_worker):
         return coarse.all_reduce(jax.tree.map(lambda x: x[0], per_worker), op="sum")
 
@@ -106,7 +109,7 @@ def test_value_and_grad_and_all_reduce_match_float64(p, q):
     params = mlp_init(jax.random.key(p + q), SIZES)
     batch = make_batch(jax.random.key(7), 4 * p, 8, 4)
 
-    @coarse.sync(mesh, config=_crossing(p, q))
+    @coarse.sync(mesh, config=cfg)
     def vg(params, batch):
         return coarse.value_and_grad(mlp_loss)(params, batch)
 
@@ -129,12 +132,15 @@ ORACLE = optax.chain(
 )
 
 
-@pytest.mark.parametrize("p, q", RATIOS)
-def test_value_and_update_matches_optax_under_pmean(p, q):
+@pytest.mark.parametrize(
+    "p, q, mode", [(p, q, "ffi") for p, q in RATIOS] + [(4, 2, "reference"), (6, 2, "reference")]
+)
+def test_value_and_update_matches_optax_under_pmean(p, q, mode):
     mesh = coarse.make_mesh(workers=p, proxies=q)
     params = mlp_init(jax.random.key(3), SIZES)
     batches = _batches(12, 2, p)
-    step = coarse_update_step(mesh, OPT, _crossing(p, q))
+    cfg = dataclasses.replace(_crossing(p, q), mode=mode)
+    step = coarse_update_step(mesh, OPT, cfg)
     ref = pmean_optax_step(p, ORACLE)
     got, state = params, ORACLE.init(params)
     want = params
