@@ -453,7 +453,7 @@ def test_profile_rejects_a_topology_of_another_shape(mesh, shared_mesh):
 def test_profile_needs_distinct_worker_and_proxy_devices():
     from coarse_jax.testing import shared_device_mesh
 
-    with pytest.raises(ValueError, match="coarse.profile: the mesh's workers and proxies must be"):
+    with pytest.raises(ValueError, match=r"the mesh's workers and proxies must be distinct"):
         coarse.profile(shared_device_mesh(workers=2), sizes=(1 << 10,), reps=2)
 
 
@@ -478,7 +478,7 @@ def test_k_to_1_coarse_from_its_profile_matches_the_model(shared_mesh, v100_2to1
         "b": jax.ShapeDtypeStruct((5_000,), np.float32),
     }
     plan = coarse.plan(tree, shared_mesh, cfg)
-    assert {pc.dest for pc in plan.pieces} >= {(0, 0, 1, 1), (1, 1, 0, 0)}  # remote: large
+    assert (1, 1, 0, 0) in {pc.dest for pc in plan.pieces}  # large pieces: the remote proxy
     measured = schemes.time_sync(shared_mesh, tree, cfg, reps=1)
     assert measured == pytest.approx(predict_plan_sync_s(plan, topo), rel=1e-4)
 

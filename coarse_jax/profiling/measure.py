@@ -164,7 +164,7 @@ def profile(
       >>> shared = coarse.make_mesh(workers=4, proxies=2)            # COARSE(2:1)
       >>> topo = coarse.Topology.preset("v100", 4, proxies=2, clock="virtual")
       >>> prof = coarse.profile(shared, topology=topo, sizes=[1 << 10, 1 << 16, 1 << 22])
-      >>> coarse.Config.from_profile(prof, topology=topo).routes   # local proxy i // 2, then the other
+      >>> coarse.Config.from_profile(prof, topology=topo).routes   # local i // 2, then the other
       ((0, 1), (0, 1), (1, 0), (1, 0))
     """
     mesh = check_mesh(mesh, "coarse.profile")

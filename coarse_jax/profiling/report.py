@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def title(profile: Profile) -> str:
-    """One line naming what was measured: topology, workers (and proxies at k:1), time scale, host."""
+    """One line naming what was measured: topology, workers (proxies at k:1), time scale, host."""
     topo = profile.topology if profile.topology is not None else "host devices"
     proxies = f", {profile.proxies} proxies" if profile.proxies != profile.workers else ""
     extra = f", time_scale {profile.time_scale:g}" if profile.time_scale != 1.0 else ""
