@@ -174,8 +174,16 @@ def _check_count(name: str, value: object) -> None:
         raise ValueError(f"make_mesh: {name} must be a positive int, got {value!r}.")
 
 
-def _resolve_counts(workers: int | None, proxies: int | None, n: int, exact: bool) -> tuple[int, int]:
+def _resolve_counts(
+    workers: int | None, proxies: int | None, n: int, exact: bool
+) -> tuple[int, int]:
     """(p, q) from the arguments and ``n`` devices; ``exact``: they must use all n."""
+    if workers is None and proxies is None and exact and n % 2:
+        raise ValueError(
+            f"make_mesh: devices must hold an even number of devices (the workers, then as "
+            f"many proxies), got {n}. For fewer proxies than workers pass proxies=q "
+            "(COARSE k:1): the p workers, then the q proxies."
+        )
     if workers is None:
         workers = n - proxies if proxies is not None else n // 2
         if workers < 1 or (proxies is None and n < 2):
@@ -185,10 +193,11 @@ def _resolve_counts(workers: int | None, proxies: int | None, n: int, exact: boo
             )
     q = workers if proxies is None else proxies
     if q > workers or workers % q:
+        divisors = [d for d in range(1, workers + 1) if workers % d == 0]
         raise ValueError(
             f"make_mesh: proxies must divide workers: each proxy serves an equal group of "
             f"workers (COARSE k:1, k = workers / proxies); got workers={workers}, "
-            f"proxies={q}. Fix: proxies in {[d for d in range(1, workers + 1) if workers % d == 0]}."
+            f"proxies={q}. Fix: proxies in {divisors}."
         )
     if exact and n != workers + q:
         raise ValueError(

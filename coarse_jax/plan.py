@@ -300,7 +300,8 @@ class Plan:
         rows.append("-" * len(header))
         rows.append(
             f"{len(self.leaves)} leaves, {self.total_bytes / 2**20:.2f} MiB: "
-            f"{self.proxy_bytes / 2**20:.2f} MiB via {self.proxies} proxies in {len(self.pieces)} pieces "
+            f"{self.proxy_bytes / 2**20:.2f} MiB via {self.proxies} proxies in "
+            f"{len(self.pieces)} pieces "
             f"({len(self.buckets)} pushes per worker), "
             f"{(self.total_bytes - self.proxy_bytes) / 2**20:.2f} MiB via the worker ring "
             f"({len(self.leading_leaves)} leaves)"

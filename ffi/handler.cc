@@ -42,8 +42,8 @@ ffi::ErrorOr<Who> ReadWho(ffi::AnyBuffer who, int64_t workers, int64_t proxies) 
   if ((v[0] != kWorker && v[0] != kProxy) || v[1] < 0 ||
       v[1] >= (v[0] == kWorker ? workers : proxies))
     return ffi::Unexpected(ffi::Error::InvalidArgument(
-        "coarse_jax: device index (tier=" + std::to_string(v[0]) + ", index=" +
-        std::to_string(v[1]) + ") is outside the mesh of " + std::to_string(workers) +
+        "coarse_jax: device index (tier=" + std::to_string(v[0]) +
+        ", index=" + std::to_string(v[1]) + ") is outside the mesh of " + std::to_string(workers) +
         " workers and " + std::to_string(proxies) + " proxies"));
   return Who{static_cast<Tier>(v[0]), v[1]};
 }

@@ -51,8 +51,8 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
     q = proxies.value();
   }
   if (q < 1 || q > p || p % q != 0)
-    return ffi::Unexpected(Invalid("proxies must divide workers (" + std::to_string(p) +
-                                   "), got " + std::to_string(q)));
+    return ffi::Unexpected(Invalid("proxies must divide workers (" + std::to_string(p) + "), got " +
+                                   std::to_string(q)));
   if (timeout_ms < 0)
     return ffi::Unexpected(Invalid("timeout_ms must be >= 0, got " + std::to_string(timeout_ms)));
   if (mean != 0 && mean != 1)
@@ -166,8 +166,8 @@ ffi::ErrorOr<bool> ReadTable(const ffi::Dictionary& attrs, const char* rate, con
   if (static_cast<int64_t>(r.value().size()) != rows * cols ||
       static_cast<int64_t>(l.value().size()) != rows * cols)
     return ffi::Unexpected(ffi::Error::InvalidArgument(
-        std::string("coarse_jax: topology attribute ") + rate + " is not " +
-        std::to_string(rows) + "x" + std::to_string(cols)));
+        std::string("coarse_jax: topology attribute ") + rate + " is not " + std::to_string(rows) +
+        "x" + std::to_string(cols)));
   out->cols = cols;
   out->s_per_byte.assign(r.value().begin(), r.value().end());
   out->latency_s.assign(l.value().begin(), l.value().end());

@@ -52,7 +52,6 @@ int64_t CachedPlans();
 // and emu_{wp,pp,ww}_latency_s, optional int64 emu_virtual); returns false
 // when the call has none.
 xla::ffi::ErrorOr<bool> ParseTopology(const xla::ffi::Dictionary& attrs, int64_t workers,
-                                      int64_t proxies,
-                                      Topology* out);
+                                      int64_t proxies, Topology* out);
 
 }  // namespace coarse

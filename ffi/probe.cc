@@ -28,7 +28,8 @@ ffi::Error ProbeBody(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyBuffer p
     if (proxies.has_error()) return proxies.error();
     q = proxies.value();
   }
-  if (q < 1 || q > p) return ffi::Error::InvalidArgument("coarse_probe: proxies must be in [1, workers]");
+  if (q < 1 || q > p)
+    return ffi::Error::InvalidArgument("coarse_probe: proxies must be in [1, workers]");
   auto who = ReadWho(who_buf, p, q);
   if (who.has_error()) return who.error();
   if (pairs_buf.element_type() != ffi::DataType::S32 || pairs_buf.element_count() != 4 ||

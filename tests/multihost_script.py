@@ -216,7 +216,9 @@ def update_cases():
             optax.sgd(5e-2, momentum=0.9),
             {
                 "shard_bytes": 64,
-                "routes": tuple((i * Q_LOCAL // P_LOCAL, (i + 1) % Q_LOCAL) for i in range(P_LOCAL)),
+                "routes": tuple(
+                    (i * Q_LOCAL // P_LOCAL, (i + 1) % Q_LOCAL) for i in range(P_LOCAL)
+                ),
             },
         ),
     }

@@ -18,7 +18,7 @@ def test_value_and_grad_outside_sync():
 
 
 def test_unusable_device_counts():
-    with pytest.raises(ValueError, match="workers=5 needs 10 devices"):
+    with pytest.raises(ValueError, match="workers=5, proxies=5 needs 10 devices"):
         coarse.make_mesh(workers=5)
     with pytest.raises(ValueError, match="even number"):
         coarse.make_mesh(devices=jax.devices()[:3])
@@ -201,7 +201,8 @@ def test_routes_are_int_pairs_not_truncated():
         coarse.Config(routes=((0, 1), (0,)))
     assert coarse.Config(routes=[[np.int64(1), 0], (0, 1)]).routes == ((1, 0), (0, 1))
     with pytest.raises(
-        ValueError, match=r"routes\[1\].*0\.\.1; got \(0, 5\)\. Fix: route worker 1"
+        ValueError,
+        match=r"routes\[1\].*0\.\.1 \(the mesh.s 2 proxies\); got \(0, 5\)\. Fix: route worker 1",
     ):
         coarse.plan({"w": jnp.ones(4)}, 2, coarse.Config(routes=((0, 1), (0, 5))))
 

@@ -8,6 +8,7 @@ wall-clock ones are measured in benchmarks/, never asserted.
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -78,8 +79,25 @@ def test_bound_scales_with_time_scale_and_checks_workers():
     plan, topo = _plan("allreduce")
     slow = dataclasses.replace(topo, time_scale=300.0)
     assert link_bound(plan, slow).seconds == pytest.approx(300 * link_bound(plan, topo).seconds)
-    with pytest.raises(ValueError, match="topology describes 2 workers, the plan 4"):
+    with pytest.raises(ValueError, match="topology describes 2 workers and 2 proxies, the plan 4"):
         link_bound(plan, coarse.Topology.preset("v100", 2))
+
+
+def test_a_shared_proxy_port_carries_its_k_clients():
+    """COARSE(2:1): each proxy's ports take the pushes and pulls of its 2 workers."""
+    tree = {"w": jnp.zeros((256, 1024))}  # 1 MiB
+    one, two = (coarse.plan(tree, 4, coarse.Config(), proxies=q) for q in (4, 2))
+    t1, t2 = (coarse.Topology.preset("v100", 4, proxies=q) for q in (4, 2))
+    b1, b2 = link_bound(one, t1), link_bound(two, t2)
+    assert b2.busy_s["proxy 0 in port"] == pytest.approx(2 * b1.busy_s["proxy 0 in port"])
+    assert "proxy 2 in port" not in b2.busy_s
+    # The ring of 2 proxies moves (2-1)/2 of each piece per link (with 2 members both halves
+    # share the one link), against (4-1)/4 over each of a ring of 4's links.
+    assert b2.busy_s["proxy ring link 0->1"] == pytest.approx(
+        b1.busy_s["proxy ring link 0->1"] * (2 * 1 / 2) / (3 / 4)
+    )
+    with pytest.raises(ValueError, match="2 proxies, the plan 4 and 4"):
+        link_bound(one, t2)
 
 
 def test_preset_inter_host_link_is_100_gbps():

@@ -114,21 +114,23 @@ def test_value_and_grad_and_all_reduce_match_float64(p, q, mode):
         return coarse.value_and_grad(mlp_loss)(params, batch)
 
     loss, grads = vg(params, batch)
-    per = [jax.value_and_grad(mlp_loss)(params, jax.tree.map(lambda x: x[4 * i : 4 * i + 4], batch))
-           for i in range(p)]
+    per = [
+        jax.value_and_grad(mlp_loss)(params, {k: v[4 * i : 4 * i + 4] for k, v in batch.items()})
+        for i in range(p)
+    ]
     want_loss = np.mean([float(v) for v, _ in per])
-    want = jax.tree.map(lambda *g: np.mean([np.asarray(x, np.float64) for x in g], 0),
-                        *[g for _, g in per])
+    want = jax.tree.map(
+        lambda *g: np.mean([np.asarray(x, np.float64) for x in g], 0), *[g for _, g in per]
+    )
     np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
     assert_tree_close(grads, want, rtol=1e-6, atol_scale=1e-6)
     assert_replicated(grads)
 
 
-OPT = coarse.optim.adamw(
-    optax.linear_schedule(1e-2, 1e-3, 20), weight_decay=0.01, clip_norm=0.3
-)
+OPT = coarse.optim.adamw(optax.linear_schedule(1e-2, 1e-3, 20), weight_decay=0.01, clip_norm=0.3)
 ORACLE = optax.chain(
-    optax.clip_by_global_norm(0.3), optax.adamw(optax.linear_schedule(1e-2, 1e-3, 20), weight_decay=0.01)
+    optax.clip_by_global_norm(0.3),
+    optax.adamw(optax.linear_schedule(1e-2, 1e-3, 20), weight_decay=0.01),
 )
 
 

@@ -22,6 +22,12 @@ def _parse() -> argparse.Namespace:
     )
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument(
+        "--proxies",
+        type=int,
+        default=None,
+        help="proxies, dividing --workers (COARSE k:1); default: one per worker",
+    )
+    parser.add_argument(
         "--emulate",
         choices=["t4", "v100", "p100"],
         default=None,
@@ -67,7 +73,8 @@ def main() -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = (
-            f"{flags} --xla_force_host_platform_device_count={2 * args.workers}".strip()
+            f"{flags} --xla_force_host_platform_device_count="
+            f"{args.workers + (args.proxies or args.workers)}".strip()
         )
 
     import coarse_jax as coarse
@@ -78,14 +85,15 @@ def main() -> None:
     from coarse_jax.profiling.routing import shard_bytes_from_profile, threshold_bytes
 
     p = args.workers
-    mesh = coarse.make_mesh(workers=p)
+    mesh = coarse.make_mesh(workers=p, proxies=args.proxies)
+    q = args.proxies or p
     probe_topo = sync_topo = None
     if args.emulate:
         probe_topo = coarse.Topology.preset(
-            args.emulate, p, time_scale=args.profile_time_scale, clock=args.clock
+            args.emulate, p, proxies=q, time_scale=args.profile_time_scale, clock=args.clock
         )
         sync_topo = coarse.Topology.preset(
-            args.emulate, p, time_scale=args.sync_time_scale, clock=args.clock
+            args.emulate, p, proxies=q, time_scale=args.sync_time_scale, clock=args.clock
         )
     sizes = [s for s in DEFAULT_SIZES if s <= args.max_size]
     prof = coarse.profile(mesh, topology=probe_topo, sizes=sizes, reps=args.reps)
@@ -139,7 +147,7 @@ def main() -> None:
 
     tree = resnet50_tree()
     print(
-        f"\nsync of a ResNet-50 gradient tree ({n / 2**20:.1f} MiB, {p} workers"
+        f"\nsync of a ResNet-50 gradient tree ({n / 2**20:.1f} MiB, {p} workers, {q} proxies"
         + (f", {args.emulate} links x{args.sync_time_scale:g}" if args.emulate else "")
         + "):"
     )

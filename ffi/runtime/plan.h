@@ -28,8 +28,8 @@ struct Segment {
 };
 
 struct Plan {
-  int64_t key = 0;         // hash of everything below, from Python
-  int64_t workers = 0;     // p
+  int64_t key = 0;      // hash of everything below, from Python
+  int64_t workers = 0;  // p
   // q, dividing p: each proxy serves a group of k = p / q workers (COARSE
   // k:1); proxy j's group is workers j*k .. j*k + k - 1, its first worker
   // its local pair. Devices are numbered worker i -> i, proxy j -> p + j.
@@ -75,7 +75,7 @@ struct Plan {
   std::vector<int64_t> proxy_port_transfers;  // [k]: pushes into proxy k
 
   int64_t num_pieces() const { return static_cast<int64_t>(piece_nelems.size()); }
-  int64_t devices() const { return workers + proxies; }  // mesh devices the runtime numbers
+  int64_t devices() const { return workers + proxies; }     // mesh devices the runtime numbers
   int64_t group_size() const { return workers / proxies; }  // k: workers per proxy
   // The worker that sets proxy j's optimizer up and carries its chunks
   // across hosts: the first of its group (its local pair).

@@ -165,7 +165,8 @@ static Registry& TheRegistry() {
 
 std::string Who::Describe() const {
   const std::string head = std::string(tier == kWorker ? "worker " : "proxy ") +
-                           std::to_string(index) + " (tier=" + std::to_string(static_cast<int>(tier));
+                           std::to_string(index) +
+                           " (tier=" + std::to_string(static_cast<int>(tier));
   if (tier == kWorker || group <= 1) return head + ", data=" + std::to_string(index) + ")";
   return head + ", data=" + std::to_string(index * group) + ".." +
          std::to_string(index * group + group - 1) + ", shared by workers " +

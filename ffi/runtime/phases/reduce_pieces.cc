@@ -349,8 +349,8 @@ class PieceReducer {
   Session& session_;
   const Plan& plan_;
   const int64_t w_, q_, k_;  // workers (proxy k is device w_ + k), proxies, this proxy
-  const bool gather_pull_;  // no all-gather: the pulls read owned chunks (phases.h)
-  const bool fused_;        // the pushes are read in place (PushesInPlace, phases.h)
+  const bool gather_pull_;   // no all-gather: the pulls read owned chunks (phases.h)
+  const bool fused_;         // the pushes are read in place (PushesInPlace, phases.h)
 };
 
 }  // namespace
