@@ -119,6 +119,7 @@ bench: $(STAMP)
 		--benchmark-json=$(BENCH_OUT)/parts/sweep.json
 	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_examples.py \
 		--benchmark-json=$(BENCH_OUT)/parts/examples.json
+	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_shared_proxies.py
 	for tree in $(BENCH_TREES); do for p in $(BENCH_WORKERS); do \
 		($(BENCH_PYTEST) $(CURDIR)/benchmarks/test_sync_suite.py --bench-trees=$$tree \
 			--bench-workers=$$p --benchmark-json=$(BENCH_OUT)/parts/suite_$${tree}_$$p.json) \
