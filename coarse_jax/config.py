@@ -65,8 +65,9 @@ class Config:
       latency_threshold_bytes: pieces smaller than this go to a worker's
         latency proxy, the rest to its bandwidth proxy.
       routes: one ``(latency_proxy, bandwidth_proxy)`` pair per worker, proxies
-        named by their index on the "data" axis. ``None``: every worker uses its
-        local proxy (same index) for both.
+        named by their number 0..q-1 (at 1:1 their index on the "data" axis).
+        ``None``: every worker uses its local proxy (``i // k`` with k = p / q
+        workers per proxy; at 1:1 the same index) for both.
       leading_bytes: dual synchronization. The first layers' gradients (the
         first leaves of the tree, up to this many bytes) are reduced among the
         workers instead of through proxies. 0 sends everything through proxies;
