@@ -81,11 +81,16 @@ def test_noise_floor_needs_both(tmp_path):
     assert result.returncode == 2 and "--noise-floor needs --impl both" in result.stderr
 
 
-def test_demo_times_sync(tmp_path):
-    """The demo (sync_timing_calls 20 by default) times the gradient sync alone, per impl."""
+@pytest.mark.parametrize("proxies", [None, 2], ids=["1:1", "2:1"])
+def test_demo_times_sync(tmp_path, proxies):
+    """The demo (sync_timing_calls 20 by default) times the gradient sync alone, per impl;
+    also with 2 proxies shared by the 4 workers (COARSE 2:1)."""
+    more = [] if proxies is None else ["--proxies", str(proxies)]
     result = run_example(
-        "demo", tmp_path, "--steps", "2", "--sync-timing-calls", "2", "--noise-floor"
+        "demo", tmp_path, "--steps", "2", "--sync-timing-calls", "2", "--noise-floor", *more
     )
+    if proxies:
+        assert "via 2 proxies" in result.stdout, result.stdout
     assert "median step (ms)  median sync (ms)" in result.stdout, result.stdout
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     summaries = {r["impl"]: r for r in records if r.get("summary")}

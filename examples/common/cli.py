@@ -35,7 +35,14 @@ def parse_args(
         "--workers",
         type=int,
         default=defaults.workers,
-        help="data-parallel workers (coarse uses as many proxies)",
+        help="data-parallel workers (coarse uses as many proxies, or --proxies)",
+    )
+    parser.add_argument(
+        "--proxies",
+        type=int,
+        default=defaults.proxies,
+        help="coarse's proxies, dividing --workers: each serves workers/proxies workers "
+        "(COARSE k:1, e.g. --workers 4 --proxies 2); default one per worker",
     )
     parser.add_argument(
         "--workdir",
@@ -108,6 +115,7 @@ def main(
         get_config(),
         steps=args.steps,
         workers=args.workers,
+        proxies=args.proxies,
         impl=args.impl,
         data_dir=getattr(args, "data_dir", None),
         plot=args.plot,

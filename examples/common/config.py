@@ -18,8 +18,10 @@ class BaseConfig:
     """The common fields of `train.train_and_evaluate`'s config.
 
     Attributes:
-      workers: data-parallel workers; coarse also uses as many proxies, so the
-        run needs ``2 * workers`` devices.
+      workers: data-parallel workers; coarse also uses ``proxies`` proxies, so
+        the run needs ``workers + proxies`` devices.
+      proxies: coarse's proxies, dividing ``workers`` (COARSE k:1, each proxy
+        shared by workers / proxies workers); None: one per worker.
       steps: optimizer steps per implementation.
       batch_size: global batch size, split evenly over the workers.
       eval_size: held-out examples used for the final evaluation.
@@ -57,6 +59,7 @@ class BaseConfig:
     """
 
     workers: int = 4
+    proxies: int | None = None
     steps: int = 200
     batch_size: int = 32
     eval_size: int = 512

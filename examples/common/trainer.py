@@ -11,8 +11,8 @@ alone), prints the loss-curve difference and a timing table, writes
 `common.config.BaseConfig`.
 
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set before jax
-is imported (every ``main.py`` does that) so the CPU offers ``2 * workers``
-devices.
+is imported (every ``main.py`` does that) so the CPU offers ``workers +
+proxies`` devices.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
 import coarse_jax as coarse
+from coarse_jax.mesh import workers_mesh
 
 Batch = dict[str, Any]
 LossFn = Callable[[Any, Batch], jax.Array]
@@ -190,8 +191,9 @@ def step0_gradients(
         grads_fn = jax.jit(
             jax.shard_map(per_worker, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
         )
-    placed = jax.device_put(batch, NamedSharding(mesh, P("data")))
-    return jax.device_get(grads_fn(jax.device_put(params, NamedSharding(mesh, P())), placed))
+    on = input_mesh(mesh)
+    placed = jax.device_put(batch, NamedSharding(on, P("data")))
+    return jax.device_get(grads_fn(jax.device_put(params, NamedSharding(on, P())), placed))
 
 
 def gradient_diff(a: Any, b: Any) -> tuple[float, float]:
@@ -290,6 +292,16 @@ def load_or_synthesize(
     return train, test
 
 
+def input_mesh(mesh: Mesh) -> Mesh:
+    """Where inputs go: a coarse mesh's workers (``workers_mesh``), or the pmean mesh itself.
+
+    A coarse step moves inputs onto its workers anyway; putting them there
+    directly is also the only way on a COARSE k:1 mesh, which lists each
+    shared proxy k times (jax cannot split an array over such a mesh).
+    """
+    return workers_mesh(mesh) if "tier" in mesh.axis_names else mesh
+
+
 def pmean_mesh(workers: int) -> Mesh:
     """The baseline's 1-D mesh: the first ``workers`` devices (coarse's worker tier)."""
     return Mesh(np.array(jax.devices()[:workers]), ("data",))
@@ -370,7 +382,7 @@ def time_syncs(
     times = {}
     for impl in impls:
         mesh = coarse_mesh if impl == "coarse" else pmean_mesh(p)
-        placed = jax.device_put(per_worker, NamedSharding(mesh, P("data")))
+        placed = jax.device_put(per_worker, NamedSharding(input_mesh(mesh), P("data")))
         times[impl] = median_call_s(sync_only(mesh, impl, cfg), placed, calls)
     return times
 
@@ -464,10 +476,11 @@ def run_comparison(
     p = config.workers
     if config.batch_size % p:
         raise ValueError(f"batch_size {config.batch_size} must be a multiple of workers {p}.")
-    if len(jax.devices()) < 2 * p:
+    n = p + (config.proxies or p)
+    if len(jax.devices()) < n:
         raise RuntimeError(
-            f"{2 * p} devices needed (workers + proxies), jax sees {len(jax.devices())}. Fix: set "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={2 * p} before jax is imported."
+            f"{n} devices needed (workers + proxies), jax sees {len(jax.devices())}. Fix: set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before jax is imported."
         )
     impls = IMPLS if config.impl == "both" else (config.impl,)
     noise_floor = config.noise_floor
@@ -481,7 +494,7 @@ def run_comparison(
 
     tx = optax.sgd(config.learning_rate, momentum=config.momentum)
     state = train_state.TrainState.create(apply_fn=apply_fn, params=params, tx=tx)
-    coarse_mesh = coarse.make_mesh(workers=p)
+    coarse_mesh = coarse.make_mesh(workers=p, proxies=config.proxies)
     cfg = coarse.Config(
         shard_bytes=config.shard_bytes,
         leading_bytes=leading_bytes(params, config.leading_modules),
@@ -544,8 +557,8 @@ def run_comparison(
         # recompile on the second step).
         runs[impl] = train(
             step,
-            jax.device_put(start, NamedSharding(mesh, P())),
-            place_batches(train_data, NamedSharding(mesh, P("data"))),
+            jax.device_put(start, NamedSharding(input_mesh(mesh), P())),
+            place_batches(train_data, NamedSharding(input_mesh(mesh), P("data"))),
             f"{impl:<14}" if noise_floor else f"{impl:<6}",
         )
 
