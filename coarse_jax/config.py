@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from coarse_jax.mesh import local_proxy
 from coarse_jax.profiling import routing
 
 if TYPE_CHECKING:
@@ -364,8 +365,7 @@ class Config:
         """
         q = workers if proxies is None else proxies
         if self.routes is None:
-            k = workers // q
-            return tuple((i // k, i // k) for i in range(workers))
+            return tuple((local_proxy(i, workers, q),) * 2 for i in range(workers))
         if len(self.routes) != workers:
             raise ValueError(
                 f"Config.routes: expected {workers} (latency_proxy, bandwidth_proxy) pairs, one "

@@ -207,11 +207,27 @@ def _resolve_counts(
     return workers, q
 
 
+def local_proxy(worker: int, workers: int, proxies: int) -> int:
+    """Worker ``worker``'s local proxy: ``worker // k``, k = workers / proxies.
+
+    Proxy j serves the group of workers ``j*k .. j*k + k - 1`` (COARSE k:1;
+    at 1:1 worker i's local proxy is proxy i). The one rule the mesh, the
+    default routes, the emulated presets and the profile all follow (and the
+    runtime's ``Plan::led_proxy``).
+    """
+    return worker // (workers // proxies)
+
+
 def _grid(workers: Sequence[jax.Device], proxies: Sequence[jax.Device]) -> np.ndarray:
     """The (2, p) grid: the workers, and under each its local proxy."""
-    k = len(workers) // len(proxies)
-    row = [proxies[i // k] for i in range(len(workers))]
+    p, q = len(workers), len(proxies)
+    row = [proxies[local_proxy(i, p, q)] for i in range(p)]
     return np.array([list(workers), row], dtype=object)
+
+
+def _distinct_in_order(row: Sequence[jax.Device]) -> list[jax.Device]:
+    """``row`` with each run of one device kept once (P0 P0 P1 P1 -> P0 P1)."""
+    return [d for i, d in enumerate(row) if i == 0 or row[i - 1] != d]
 
 
 def _make_host_mesh(workers: int | None, proxies: int | None) -> Mesh:
@@ -238,8 +254,7 @@ def proxy_devices(mesh: Mesh) -> list[jax.Device]:
     Proxy j is ``mesh.devices[1, j * k]`` (k = p / q): the tier-1 row repeats
     each proxy once per worker of its group (`make_mesh`).
     """
-    row = list(np.asarray(mesh.devices)[1])
-    return [d for i, d in enumerate(row) if i == 0 or row[i - 1] != d]
+    return _distinct_in_order(list(np.asarray(mesh.devices)[1]))
 
 
 def num_proxies(mesh: Mesh) -> int:
@@ -251,10 +266,10 @@ def _check_proxy_row(devices: np.ndarray, where: str) -> None:
     """Raises unless the tier-1 row lists q distinct proxies, each k = p/q times in a run."""
     row = list(devices[1])
     p = len(row)
-    runs = [d for i, d in enumerate(row) if i == 0 or row[i - 1] != d]
+    runs = _distinct_in_order(row)
     q = len(runs)
     ok = len(set(runs)) == q and p % q == 0
-    ok = ok and all(row[i] == runs[i // (p // q)] for i in range(p))
+    ok = ok and all(row[i] == runs[local_proxy(i, p, q)] for i in range(p))
     if not ok:
         raise ValueError(
             f"{where}: the mesh's proxy row (tier 1) must list q distinct proxies, each once per "

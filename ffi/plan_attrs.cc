@@ -43,16 +43,9 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
   const int64_t S = static_cast<int64_t>(piece_nelems.size());
   const int64_t L = static_cast<int64_t>(leaf_nelems.size());
   if (p < 1) return ffi::Unexpected(Invalid("workers must be >= 1, got " + std::to_string(p)));
-  // "proxies" (q) is absent from a 1:1 plan's attributes: q = p.
-  int64_t q = p;
-  if (attrs.contains("proxies")) {
-    auto proxies = attrs.get<int64_t>("proxies");
-    if (proxies.has_error()) return ffi::Unexpected(proxies.error());
-    q = proxies.value();
-  }
-  if (q < 1 || q > p || p % q != 0)
-    return ffi::Unexpected(Invalid("proxies must divide workers (" + std::to_string(p) + "), got " +
-                                   std::to_string(q)));
+  auto proxies = ReadProxies(attrs, p);
+  if (proxies.has_error()) return ffi::Unexpected(proxies.error());
+  const int64_t q = proxies.value();
   if (timeout_ms < 0)
     return ffi::Unexpected(Invalid("timeout_ms must be >= 0, got " + std::to_string(timeout_ms)));
   if (mean != 0 && mean != 1)
@@ -175,6 +168,20 @@ ffi::ErrorOr<bool> ReadTable(const ffi::Dictionary& attrs, const char* rate, con
 }
 
 }  // namespace
+
+ffi::ErrorOr<int64_t> ReadProxies(const ffi::Dictionary& attrs, int64_t workers) {
+  int64_t q = workers;  // absent: 1:1
+  if (attrs.contains("proxies")) {
+    auto proxies = attrs.get<int64_t>("proxies");
+    if (proxies.has_error()) return ffi::Unexpected(proxies.error());
+    q = proxies.value();
+  }
+  if (q < 1 || q > workers || workers % q != 0)
+    return ffi::Unexpected(
+        ffi::Error::InvalidArgument("coarse_jax: attribute proxies must divide workers (" +
+                                    std::to_string(workers) + "), got " + std::to_string(q)));
+  return q;
+}
 
 ffi::ErrorOr<bool> ParseTopology(const ffi::Dictionary& attrs, int64_t workers, int64_t proxies,
                                  Topology* out) {

@@ -48,6 +48,10 @@ void SetPlanCacheLimit(int64_t plans);
 int64_t PlanCacheLimit();
 int64_t CachedPlans();
 
+// The optional int64 attribute "proxies" (q, dividing `workers`); absent
+// (a 1:1 plan or probe): q = workers.
+xla::ffi::ErrorOr<int64_t> ReadProxies(const xla::ffi::Dictionary& attrs, int64_t workers);
+
 // Parses the emu_* attributes (float64 [p*p] tables emu_{wp,pp,ww}_s_per_byte
 // and emu_{wp,pp,ww}_latency_s, optional int64 emu_virtual); returns false
 // when the call has none.

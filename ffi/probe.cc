@@ -21,15 +21,9 @@ ffi::Error ProbeBody(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyBuffer p
   if (workers.has_error() || site.has_error() || timeout_ms.has_error())
     return ffi::Error::InvalidArgument("coarse_probe: missing workers/site/timeout_ms");
   const int64_t p = workers.value();
-  // "proxies" (q) is absent from a 1:1 probe: q = p.
-  int64_t q = p;
-  if (attrs.contains("proxies")) {
-    auto proxies = attrs.get<int64_t>("proxies");
-    if (proxies.has_error()) return proxies.error();
-    q = proxies.value();
-  }
-  if (q < 1 || q > p)
-    return ffi::Error::InvalidArgument("coarse_probe: proxies must be in [1, workers]");
+  auto proxies = ReadProxies(attrs, p);
+  if (proxies.has_error()) return proxies.error();
+  const int64_t q = proxies.value();
   auto who = ReadWho(who_buf, p, q);
   if (who.has_error()) return who.error();
   if (pairs_buf.element_type() != ffi::DataType::S32 || pairs_buf.element_count() != 4 ||

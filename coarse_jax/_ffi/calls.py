@@ -26,7 +26,7 @@ import numpy as np
 from jax import lax
 
 from coarse_jax._ffi.primitive import custom_call
-from coarse_jax.mesh import DATA, HOST, PROGRAM_AXES
+from coarse_jax.mesh import DATA, HOST, PROGRAM_AXES, proxy_devices
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -113,16 +113,11 @@ def device_ordinals(mesh: jax.sharding.Mesh) -> np.ndarray:
     runs them on (the (tier, data) operand lives in GPU memory), and place
     the runtime's buffers on the right GPUs; CPU handlers ignore it.
     """
-    devices = np.asarray(mesh.devices).reshape(2, -1)  # (tier, data): workers first
-    # A shared proxy (COARSE k:1) is listed once per worker of its group
-    # (coarse_jax.mesh.make_mesh): it counts once, as proxy j.
-    row = list(devices[1])
-    proxies = [d for i, d in enumerate(row) if i == 0 or row[i - 1] != d]
+    # A shared proxy (COARSE k:1) is listed once per worker of its group: it
+    # counts once, as proxy j (proxy_devices).
+    devices = [*np.asarray(mesh.devices)[0], *proxy_devices(mesh)]
     return np.array(
-        [
-            d.local_hardware_id if d.local_hardware_id is not None else d.id
-            for d in [*devices[0], *proxies]
-        ],
+        [d.local_hardware_id if d.local_hardware_id is not None else d.id for d in devices],
         dtype=np.int64,
     )
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from coarse_jax.mesh import local_proxy
+
 FORMAT = "coarse_jax.profile/1"
 
 # (field name, which links: "wp" worker -> proxy, "pp" proxy ring, "ww" worker ring).
@@ -283,7 +285,7 @@ class Profile:
             raise ValueError(
                 f"Profile.local_proxy: worker must be in 0..{self.workers - 1}, got {worker}."
             )
-        return int(worker) // (self.workers // self.proxies)
+        return local_proxy(int(worker), self.workers, self.proxies)
 
     def _sizes_f(self) -> np.ndarray:
         return np.asarray(self.sizes, dtype=np.float64)

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from coarse_jax.mesh import local_proxy
+
 Matrix = tuple[tuple[float, ...], ...]
 CLOCKS = ("real", "virtual")
 
@@ -55,9 +57,10 @@ def _matrix(value: Any, shape: tuple[int, int], what: str) -> Matrix:
 
 
 def _local_remote(p: int, q: int, local: float, remote: float) -> Matrix:
-    """p x q: entry (i, j) is ``local`` where j is row i's local (j == i // (p // q))."""
-    k = p // q
-    return tuple(tuple(local if i // k == j else remote for j in range(q)) for i in range(p))
+    """p x q: entry (i, j) is ``local`` where j is row i's local proxy (`local_proxy`)."""
+    return tuple(
+        tuple(local if local_proxy(i, p, q) == j else remote for j in range(q)) for i in range(p)
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -62,8 +62,8 @@ struct Topology {
   int64_t workers = 0;         // p
   int64_t proxies = 0;         // q
   bool virtual_clock = false;  // attribute emu_virtual (see above)
-  LinkTable wp, pp,
-      ww;  // wp is p x q, indexed [worker][proxy] for both directions; pp q x q; ww p x p
+  // wp is p x q, indexed [worker][proxy] for both directions; pp q x q; ww p x p.
+  LinkTable wp, pp, ww;
 };
 
 // Across hosts (coarse.Topology inter_host_*): the inter-host step is booked
