@@ -121,8 +121,10 @@ def make_mesh(
     Pass ``devices`` (the p workers, then the q proxies) to choose yourself.
 
     Args:
-      workers: number of workers p; default: the given or available devices
-        less the proxies (half of them at 1:1).
+      workers: number of workers p; default: as many as the devices hold
+        beside the proxies: half of them at 1:1, else the largest multiple of
+        ``proxies`` that fits beside them (all but the proxies with
+        ``devices``).
       proxies: number of proxies q, dividing p; default: p (one per worker).
       devices: the p + q devices to use, workers first.
 
@@ -185,11 +187,19 @@ def _resolve_counts(
             "(COARSE k:1): the p workers, then the q proxies."
         )
     if workers is None:
-        workers = n - proxies if proxies is not None else n // 2
-        if workers < 1 or (proxies is None and n < 2):
+        # As many workers as the devices leave room for: at 1:1 half of them
+        # (an odd one left over), at k:1 the largest multiple of q beside the
+        # q proxies (devices= must use every device, so there n - q).
+        if proxies is None:
+            workers = n // 2
+        else:
+            workers = n - proxies if exact else (n - proxies) // proxies * proxies
+        if workers < 1:
+            need = 2 if proxies is None else 2 * proxies
             raise ValueError(
-                f"make_mesh: need at least 2 devices (1 worker + 1 proxy), found {n}. On CPU "
-                "set XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax."
+                f"make_mesh: need at least {need} devices ({need // 2} worker(s) + "
+                f"{need // 2} prox{'y' if need == 2 else 'ies'}), found {n}. On CPU set "
+                "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax."
             )
     q = workers if proxies is None else proxies
     if q > workers or workers % q:

@@ -60,6 +60,11 @@ def test_make_mesh_lists_each_shared_proxy_under_its_group():
     assert [x.id for x in chosen.devices[1]] == [0, 0, 0, 0]
     assert coarse.make_mesh(proxies=2, devices=d[:6]).devices.shape == (2, 4)
     assert coarse.make_mesh(workers=3).devices.shape == (2, 3)  # 1:1 by default
+    # Without workers: as many as fit beside the proxies, a multiple of q.
+    assert coarse.make_mesh(proxies=2).devices.shape == (2, 6)
+    assert coarse.make_mesh(proxies=3).devices.shape == (2, 3)
+    with pytest.raises(ValueError, match=r"need at least 10 devices \(5 worker\(s\) \+ 5 prox"):
+        coarse.make_mesh(proxies=5)
 
 
 @pytest.mark.parametrize(
@@ -125,6 +130,27 @@ def test_value_and_grad_and_all_reduce_match_float64(p, q, mode):
     np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
     assert_tree_close(grads, want, rtol=1e-6, atol_scale=1e-6)
     assert_replicated(grads)
+
+
+def test_arrays_replicated_over_the_shared_mesh_are_taken_as_arguments():
+    # jax can replicate an array over a mesh that lists a device twice, but
+    # cannot copy out of it; the step takes one worker's copy.
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = coarse.make_mesh(workers=4, proxies=2)
+    params = mlp_init(jax.random.key(11), SIZES)
+    batch = make_batch(jax.random.key(12), 16, 8, 4)
+    on_mesh = NamedSharding(mesh, P())
+
+    @coarse.sync(mesh)
+    def vg(params, batch):
+        return coarse.value_and_grad(mlp_loss)(params, batch)
+
+    want = jax.device_get(vg(params, batch))
+    got = jax.device_get(vg(jax.device_put(params, on_mesh), jax.device_put(batch, on_mesh)))
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 OPT = coarse.optim.adamw(optax.linear_schedule(1e-2, 1e-3, 20), weight_decay=0.01, clip_norm=0.3)

@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -106,6 +107,34 @@ def _shards_on(x: jax.Array, sharding: NamedSharding) -> jax.Array | None:
             return None
         buffers.append(shard.data)
     return jax.make_array_from_single_device_arrays(x.shape, sharding, buffers)
+
+
+def _move_to(x: jax.Array, sharding: NamedSharding) -> jax.Array:
+    """``x`` on ``sharding`` (the workers'): its own buffers where they fit, else a copy.
+
+    jax cannot copy out of a sharding whose mesh lists a device twice (a
+    COARSE k:1 mesh repeats each shared proxy: its copy fails in a
+    ``safe_zip`` of 2p device slots against p + q devices). The only arrays
+    such a mesh can hold are replicated ones (jax refuses to split one over
+    it), so the copy starts from one of their buffers: on one process that
+    buffer itself, across processes its value on the host (every process
+    holds the same), which ``device_put`` places on this process's workers.
+    """
+    reused = _shards_on(x, sharding)
+    if reused is not None:
+        return reused
+    src = x.sharding
+    if isinstance(src, NamedSharding) and src.mesh.devices.size != len(src.device_set):
+        if not x.is_fully_replicated:  # jax cannot make one; kept in case a later jax does
+            raise ValueError(
+                f"coarse.sync: an argument of shape {x.shape} is split over a mesh that lists "
+                f"a device twice ({src}); jax cannot copy out of it. Fix: pass it as a host "
+                "array, replicated (NamedSharding(mesh, P())), or split over "
+                "coarse_jax.mesh.workers_mesh(mesh)."
+            )
+        one = x.addressable_shards[0].data
+        return jax.device_put(one if jax.process_count() == 1 else np.asarray(one), sharding)
+    return jax.device_put(x, sharding)
 
 
 class SyncedStep:
@@ -699,8 +728,7 @@ class SyncedStep:
             if sharding is None:
                 spec = P(batch_axes(self.mesh)) if batch else P()
                 sharding = NamedSharding(workers_mesh(self.mesh), spec)
-            reused = _shards_on(x, sharding)
-            return reused if reused is not None else jax.device_put(x, sharding)
+            return _move_to(x, sharding)
 
         return jax.tree.map(move, tree)
 
