@@ -110,6 +110,13 @@ def scenario_sync(mesh):
                 shards = [np.asarray(s.data) for s in leaf.addressable_shards]
                 assert all(np.array_equal(shards[0], s) for s in shards), "devices differ"
             digests[f"{mode}/{leading}"] = digest(first)
+            if mode == "ffi" and not leading:
+                # Arguments replicated over the whole mesh (every process puts the
+                # same values): at k:1 the mesh lists a device twice and the step
+                # copies one replica onto the workers; the same bytes.
+                on_mesh = NamedSharding(mesh, P())
+                again = step(jax.device_put(params, on_mesh), jax.device_put(batch, on_mesh))
+                assert digest(again) == digest(first), "arguments on the whole mesh differ"
             if mode == "ffi":
                 # The XLA in-host hand-out (what GPUs use) gives the same bytes.
                 os.environ[XLA_HAND_OUT_ENV] = "1"
