@@ -40,6 +40,11 @@ ffi::Error FinishCall(Call& call, Device& device, ffi::Error status, bool last) 
   if (status.failure()) {
     // XLA runs none of this device's later calls: it is done with the session.
     call.session->Poison(status.message());
+    // As on success, a worker returns once the proxies' jobs have left: the
+    // step's error then means the session is over (no job of it still runs
+    // while the user restores, reads the state or starts the next step).
+    if (call.who.tier == kWorker && call.session->proxies_started())
+      call.session->AwaitProxiesLeft(call.who);
     call.session->Finish(call.device());
     return status;
   }

@@ -415,6 +415,14 @@ bool Session::ProxiesFinished() const {
   return proxies_left_.load(std::memory_order_acquire) == q();
 }
 
+void Session::AwaitProxiesLeft(const Who& worker) {
+  Mailbox& m = mailboxes_[worker.device(p())];
+  const auto deadline = std::chrono::steady_clock::now() + WaitLimit(Waits::kPeer);
+  std::unique_lock<std::mutex> lock(m.mu);
+  while (!ProxiesFinished() && std::chrono::steady_clock::now() < deadline)
+    m.cv.wait_until(lock, deadline);  // a proxy's Finish notifies every worker
+}
+
 void Session::Finish(int64_t device) {
   if (finished_[device].exchange(1, std::memory_order_acq_rel) != 0) return;
   TheRegistry().Advance(run_id_, site_, iteration_, device);

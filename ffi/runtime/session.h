@@ -198,6 +198,11 @@ class Session {
   // it (FinishCall, call.h): when the workers' program is done, so is the
   // session, its optimizer update committed or rolled back.
   bool ProxiesFinished() const;
+  // After a failure (the session poisoned): waits, at most one peer wait
+  // (WaitLimit(kPeer)), for the proxy jobs to notice and leave, so that the
+  // error a worker's call returns also means the session is over. Unlike
+  // Wait it ignores the poison: that is what the proxies are leaving on.
+  void AwaitProxiesLeft(const Who& worker);
   // value_and_update: worker k's coarse_proxy_ring has set the store up for
   // proxy k (BeginUpdate: hold, layout, snapshot copy, seed or params check)
   // and posts this step's scalars (lr, 1 - b1^t, 1 - b2^t); proxy k's job
