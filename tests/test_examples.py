@@ -111,10 +111,12 @@ def test_demo_has_no_data_dir(tmp_path):
     assert result.returncode == 2 and "unrecognized arguments: --data-dir" in result.stderr
 
 
-@pytest.mark.parametrize("name", ["flax_mnist_linen", "flax_mnist_nnx"])
-def test_flax_mnist_runs(name, tmp_path):
-    """Flax's MNIST examples (Linen, NNX): Flax's step and the coarse one, two steps each."""
-    result = run_example(name, tmp_path, "--steps", "2")
+@pytest.mark.parametrize("name, proxies", [("flax_mnist_linen", None), ("flax_mnist_nnx", 2)])
+def test_flax_mnist_runs(name, proxies, tmp_path):
+    """Flax's MNIST examples (Linen, NNX): Flax's step and the coarse one, two steps each;
+    the NNX one on 4 workers sharing 2 proxies (COARSE 2:1)."""
+    more = [] if proxies is None else ["--proxies", str(proxies)]
+    result = run_example(name, tmp_path, "--steps", "2", *more)
     out = result.stdout
     assert "final loss: flax" in out, out
     # Two steps: the same losses up to float32 rounding of the split batch.

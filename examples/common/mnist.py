@@ -71,10 +71,17 @@ def main(
     parser.add_argument("--steps", type=int, default=config.num_steps)
     parser.add_argument("--data-dir", default=None, help="holds mnist.npz; synthetic if omitted")
     parser.add_argument("--workers", type=int, default=config.workers)  # coarse
+    parser.add_argument(  # coarse
+        "--proxies",
+        type=int,
+        default=config.proxies,
+        help="coarse's proxies, dividing --workers (COARSE k:1); default one per worker",
+    )
     parser.add_argument("--impl", choices=("flax", "coarse", "both"), default="both")  # coarse
     args = parser.parse_args()
     config.num_steps = args.steps
     config.data_dir = args.data_dir
     config.workers = args.workers  # coarse
+    config.proxies = args.proxies  # coarse
     config.impl = args.impl  # coarse
     train_and_evaluate(config, args.workdir)

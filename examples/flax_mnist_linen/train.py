@@ -181,7 +181,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
         if impl == "flax":
             runs[impl] = train(apply_model, config, train_ds, test_ds, impl)
         else:
-            mesh = coarse.make_mesh(workers=config.workers)  # coarse
+            mesh = coarse.make_mesh(workers=config.workers, proxies=config.proxies)  # coarse
             runs[impl] = train(coarse_apply_model(mesh), config, train_ds, test_ds, impl)
 
     os.makedirs(workdir, exist_ok=True)

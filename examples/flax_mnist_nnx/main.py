@@ -4,7 +4,7 @@ Run: ``python examples/flax_mnist_nnx/main.py [--impl both] [--steps N]``.
 
 Flags: --impl {flax,coarse,both} (default both: train with each from the same
 initial parameters and batches, print both final losses and the largest
-per-step difference), --steps, --workers, --workdir (metrics.jsonl),
+per-step difference), --steps, --workers, --proxies (COARSE k:1), --workdir (metrics.jsonl),
 --data-dir (a directory holding Keras' mnist.npz; synthetic data if omitted,
 nothing is ever downloaded). Lines that differ from Flax's main.py are
 marked ``# coarse:``.

@@ -182,7 +182,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
         if impl == "flax":
             runs[impl] = train((train_step, eval_step), config, train_ds, test_ds, impl)
         else:
-            mesh = coarse.make_mesh(workers=config.workers)  # coarse
+            mesh = coarse.make_mesh(workers=config.workers, proxies=config.proxies)  # coarse
             runs[impl] = train(coarse_steps(mesh), config, train_ds, test_ds, impl)
 
     os.makedirs(workdir, exist_ok=True)

@@ -17,6 +17,8 @@ class Config:
         ``data_dir``: the first ``test_size`` test images; all training images).
       data_dir: a directory holding Keras' ``mnist.npz``; None: synthetic data.
       workers: data-parallel workers (coarse adds as many proxies).
+      proxies: coarse's proxies, dividing ``workers`` (each serves
+        ``workers / proxies`` of them, COARSE k:1); None: one per worker.
       impl: "flax" (Flax's step, one device), "coarse", or "both".
       seed: initial parameters and batch order.
     """
@@ -29,6 +31,7 @@ class Config:
     test_size: int = 1024
     data_dir: str | None = None
     workers: int = 4  # coarse
+    proxies: int | None = None  # coarse
     impl: str = "both"  # coarse
     seed: int = 0
 
