@@ -16,7 +16,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -96,45 +95,43 @@ def _span(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, 
     return tuple(sl.indices(n) for sl, n in zip(index, shape, strict=True))
 
 
-def _shards_on(x: jax.Array, sharding: NamedSharding) -> jax.Array | None:
-    """``x`` as an array of ``sharding``, built from the buffers ``x`` already has on its
-    devices, or None where some device of ``sharding`` lacks the slice it needs."""
-    have = {s.device: s for s in x.addressable_shards}
+def _within(inner: tuple, outer: tuple) -> tuple[slice, ...] | None:
+    """``inner``'s block (spans of step 1) as an index into ``outer``'s, or None if outside."""
+    pairs = list(zip(inner, outer, strict=True))
+    if any(i[2] != 1 or o[2] != 1 or i[0] < o[0] or i[1] > o[1] for i, o in pairs):
+        return None
+    return tuple(slice(i[0] - o[0], i[1] - o[0]) for i, o in pairs)
+
+
+def _from_local_shards(x: jax.Array, sharding: NamedSharding) -> jax.Array | None:
+    """``x`` as an array of ``sharding`` (this process's workers), built from the buffers
+    ``x`` has on this process, or None where a worker's block is in none of them.
+
+    A buffer already on a worker with the right block is used as it is (no
+    copy); else the block is cut from a local buffer that holds it, that
+    worker's own first, and moved to the worker. Nothing crosses processes,
+    and nothing goes through jax's resharding, which refuses what this must
+    take: a transfer between different device sets across processes
+    (multi-controller jax), and any copy out of a mesh that lists a device
+    twice (a COARSE k:1 mesh, whose tier-1 row repeats each shared proxy: jax
+    can only replicate over it).
+    """
+    shards = [(s, _span(s.index, x.shape)) for s in x.addressable_shards]
     buffers = []
     for device, index in sharding.addressable_devices_indices_map(x.shape).items():
-        shard = have.get(device)
-        if shard is None or index is None or _span(shard.index, x.shape) != _span(index, x.shape):
+        if index is None:
             return None
-        buffers.append(shard.data)
+        want = _span(index, x.shape)
+        mine_first = sorted(shards, key=lambda t: t[0].device != device)
+        found = next(
+            ((s, sp, c) for s, sp in mine_first if (c := _within(want, sp)) is not None), None
+        )
+        if found is None:
+            return None
+        shard, span, cut = found
+        data = shard.data if span == want else shard.data[cut]
+        buffers.append(data if shard.device == device else jax.device_put(data, device))
     return jax.make_array_from_single_device_arrays(x.shape, sharding, buffers)
-
-
-def _move_to(x: jax.Array, sharding: NamedSharding) -> jax.Array:
-    """``x`` on ``sharding`` (the workers'): its own buffers where they fit, else a copy.
-
-    jax cannot copy out of a sharding whose mesh lists a device twice (a
-    COARSE k:1 mesh repeats each shared proxy: its copy fails in a
-    ``safe_zip`` of 2p device slots against p + q devices). The only arrays
-    such a mesh can hold are replicated ones (jax refuses to split one over
-    it), so the copy starts from one of their buffers: on one process that
-    buffer itself, across processes its value on the host (every process
-    holds the same), which ``device_put`` places on this process's workers.
-    """
-    reused = _shards_on(x, sharding)
-    if reused is not None:
-        return reused
-    src = x.sharding
-    if isinstance(src, NamedSharding) and src.mesh.devices.size != len(src.device_set):
-        if not x.is_fully_replicated:  # jax cannot make one; kept in case a later jax does
-            raise ValueError(
-                f"coarse.sync: an argument of shape {x.shape} is split over a mesh that lists "
-                f"a device twice ({src}); jax cannot copy out of it. Fix: pass it as a host "
-                "array, replicated (NamedSharding(mesh, P())), or split over "
-                "coarse_jax.mesh.workers_mesh(mesh)."
-            )
-        one = x.addressable_shards[0].data
-        return jax.device_put(one if jax.process_count() == 1 else np.asarray(one), sharding)
-    return jax.device_put(x, sharding)
 
 
 class SyncedStep:
@@ -712,9 +709,12 @@ class SyncedStep:
         arrays already there, and host values, pass untouched (no copy).
         Where the workers already hold the right slices (the batch split over
         "data" and replicated over "tier", or a replicated array), those
-        buffers are reused as they are: no copy, and across hosts no transfer
-        between processes (which multi-controller jax refuses between
-        different device sets).
+        buffers are reused as they are: no copy. Otherwise each worker's
+        block is cut from a buffer this process holds (a replicated batch,
+        say): across hosts no transfer between processes (which
+        multi-controller jax refuses between different device sets), and on
+        a COARSE k:1 mesh no copy through jax (which refuses to copy out of a
+        mesh that lists a device twice).
         """
         workers = self._workers_devices
         sharding = None
@@ -728,7 +728,8 @@ class SyncedStep:
             if sharding is None:
                 spec = P(batch_axes(self.mesh)) if batch else P()
                 sharding = NamedSharding(workers_mesh(self.mesh), spec)
-            return _move_to(x, sharding)
+            moved = _from_local_shards(x, sharding)
+            return moved if moved is not None else jax.device_put(x, sharding)
 
         return jax.tree.map(move, tree)
 
