@@ -132,13 +132,14 @@ def test_value_and_grad_and_all_reduce_match_float64(p, q, mode):
     assert_replicated(grads)
 
 
-def test_arrays_replicated_over_the_shared_mesh_are_taken_as_arguments():
-    # jax can replicate an array over a mesh that lists a device twice, but
-    # cannot copy out of it; the step takes one worker's copy.
+@pytest.mark.parametrize("q", [2, 4])
+def test_arrays_replicated_over_the_mesh_are_taken_as_arguments(q):
+    # jax can replicate an array over a mesh that lists a device twice (q < p),
+    # but cannot copy out of it; the step cuts each worker's block from a replica.
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    mesh = coarse.make_mesh(workers=4, proxies=2)
+    mesh = coarse.make_mesh(workers=4, proxies=q)
     params = mlp_init(jax.random.key(11), SIZES)
     batch = make_batch(jax.random.key(12), 16, 8, 4)
     on_mesh = NamedSharding(mesh, P())
