@@ -97,17 +97,27 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
   };
   m.def(
       "store_export",
-      [state_tuple](int64_t id, bool snapshot) -> nb::object {
+      [state_tuple](int64_t id, bool snapshot, bool for_writer) -> nb::object {
         auto store = FindParamStore(id);
         if (!store) return nb::none();
-        auto state = snapshot ? store->ExportSnapshot() : store->Export();
+        auto state = snapshot ? store->ExportSnapshot(for_writer) : store->Export();
         if (state.has_error()) throw std::runtime_error(state.error().message());
         if (!state.value().has_value()) return nb::none();
         return state_tuple(*state.value());
       },
-      nb::arg("store"), nb::arg("snapshot") = false,
+      nb::arg("store"), nb::arg("snapshot") = false, nb::arg("for_writer") = false,
       "(count, plan leaf ids, [slot][leaf] f32 bytes) of a store's committed state (slot 0 the "
-      "master), or of its newest complete snapshot; None if it holds none.");
+      "master), or of its newest complete snapshot; None if it holds none. for_writer: the "
+      "snapshot writer takes the snapshot (see store_attach_writer).");
+  m.def(
+      "store_attach_writer",
+      [](int64_t id) {
+        auto store = FindParamStore(id);
+        if (store) store->AttachWriter();
+      },
+      nb::arg("store"),
+      "A writer takes the store's snapshots: an update defers a due snapshot rather than copy "
+      "over one the writer has not taken (store_export(for_writer=True)).");
   m.def(
       "store_snapshot_now",
       [](int64_t id) {

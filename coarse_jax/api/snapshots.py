@@ -97,6 +97,15 @@ class SnapshotWriter:
     complete checkpoint is at most ``2 * snapshot_every`` steps old. While no
     write is in flight `pace` costs one attribute read.
 
+    `pace` cannot see a snapshot that a step still in flight will take (the
+    loop may run ``max_steps_in_flight`` steps ahead of the proxies). For
+    that case the runtime keeps the rule itself on one process: once a
+    writer is attached (`offer`), an update never copies a due snapshot over
+    one the writer has not taken; it defers the copy to a later update, so
+    the snapshot is taken a step or two past its multiple of
+    ``snapshot_every`` rather than lost. (Across processes it does not: see
+    `offer`.)
+
     One orbax checkpointer serves every write (creating one per save cost
     about as much as a small model's write itself).
     """
@@ -128,8 +137,19 @@ class SnapshotWriter:
 
     def offer(self, store: Store) -> None:
         """Queues the store's newest snapshot if it is new (cheap: one counter read)."""
+        if store.id not in self._offered:
+            # Before the store's second snapshot can be taken (the first is
+            # taken by the update of its second call at the earliest): the
+            # runtime then never copies a snapshot over one not yet written.
+            # One process only: across hosts one process writes, and a
+            # deferral there alone would leave its proxies' snapshots at
+            # other counts than the other hosts' (their in-memory restore
+            # must agree); there the loop's pacing alone keeps the rule.
+            if jax.process_count() == 1:
+                store.module().store_attach_writer(store.id)
+            self._offered[store.id] = 0
         serial = int(store.module().store_snapshot_serial(store.id))
-        if serial > self._offered.get(store.id, 0):
+        if serial > self._offered[store.id]:
             self._offered[store.id] = serial
             with self._lock:
                 self._pending += 1
@@ -189,7 +209,7 @@ class SnapshotWriter:
                 self._queue.task_done()
 
     def _write(self, store: Store, taken: float) -> None:
-        got = store.module().store_export(store.id, snapshot=True)
+        got = store.module().store_export(store.id, snapshot=True, for_writer=True)
         if got is None:
             return
         count, leaves, values = got

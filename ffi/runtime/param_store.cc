@@ -90,6 +90,7 @@ void ParamStore::Close(const Session* session, bool ok) {
       if (spec_.snapshot_every > 0 && count_ % spec_.snapshot_every == 0) snapshot_due_ = true;
     }
     snap_session_ = nullptr;  // an unfinished copy stays due; snap_valid_ says what exists
+    snap_deferred_ = nullptr;
     held_by_ = nullptr;
     prepared_session_ = nullptr;
     applied_ = 0;
@@ -249,6 +250,10 @@ ffi::ErrorOr<std::optional<HostState>> ParamStore::Export() {
 void ParamStore::Load(HostState state) {
   std::lock_guard<std::mutex> lock(mu_);
   host_seed_ = std::move(state);
+  // A snapshot due from a commit before the load is of a version the load
+  // replaced: the next one is due from a commit of the loaded count's line
+  // (a restore to step 3 took one at step 4, snapshot_every=5, before).
+  snapshot_due_ = false;
 }
 
 void ParamStore::Reset() {
@@ -256,6 +261,7 @@ void ParamStore::Reset() {
   host_seed_.reset();
   seeded_ = false;
   count_ = 0;
+  snapshot_due_ = false;
 }
 
 std::vector<int64_t> ParamStore::ProxyBytes() {
@@ -290,6 +296,13 @@ bool ParamStore::TakeSnapshotTurn(const Session& session) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!snapshot_due_ || !seeded_ || host_seed_) return false;
   if (snap_session_ == &session) return true;
+  // Every proxy of a session decides alike: the writer may take the old
+  // snapshot between two proxies' turns.
+  if (snap_deferred_ == &session) return false;
+  if (writer_attached_ && snap_valid_ && !snap_taken_by_writer_) {
+    snap_deferred_ = &session;  // stays due: a later update copies it
+    return false;
+  }
   if (!EnsureSnapshotBuffersLocked(ordinals_)) return false;  // no memory: none taken
   snap_session_ = &session;
   snap_copied_ = 0;
@@ -311,9 +324,15 @@ void ParamStore::SnapshotCopied() {
   std::lock_guard<std::mutex> lock(mu_);
   if (++snap_copied_ != plan_->proxies) return;
   snap_valid_ = true;
+  snap_taken_by_writer_ = false;
   snap_count_ = snap_base_count_;
   snapshot_due_ = false;
   ++snap_serial_;
+}
+
+void ParamStore::AttachWriter() {
+  std::lock_guard<std::mutex> lock(mu_);
+  writer_attached_ = true;
 }
 
 ffi::Error ParamStore::SnapshotNow() {
@@ -336,6 +355,7 @@ ffi::Error ParamStore::SnapshotNow() {
         return ffi::Error::Internal("coarse_jax: copying a snapshot of '" + name_ + "' failed");
   }
   snap_valid_ = true;
+  snap_taken_by_writer_ = false;
   snap_count_ = count_;
   snapshot_due_ = false;
   ++snap_serial_;
@@ -357,11 +377,12 @@ int64_t ParamStore::snapshot_count() {
   return snap_count_;
 }
 
-ffi::ErrorOr<std::optional<HostState>> ParamStore::ExportSnapshot() {
+ffi::ErrorOr<std::optional<HostState>> ParamStore::ExportSnapshot(bool for_writer) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!snap_valid_) return std::optional<HostState>();
   auto state = ExportLocked(true);
   if (state.has_error()) return ffi::Unexpected(state.error());
+  if (for_writer) snap_taken_by_writer_ = true;
   return std::optional<HostState>(std::move(state.value()));
 }
 

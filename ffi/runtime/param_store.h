@@ -134,8 +134,17 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
   // one due and it has not been taken). The writer's pacing reads it
   // (coarse_jax/api/snapshots.py: a snapshot is on disk before the next is taken).
   bool snapshot_due();
-  // The newest snapshot, to the host (as Export), or nothing.
-  xla::ffi::ErrorOr<std::optional<HostState>> ExportSnapshot();
+  // The newest snapshot, to the host (as Export), or nothing. `for_writer`:
+  // the snapshot writer takes it (see AttachWriter).
+  xla::ffi::ErrorOr<std::optional<HostState>> ExportSnapshot(bool for_writer = false);
+  // A writer (Config.snapshot_dir) writes this store's snapshots to disk.
+  // From now on an update never copies a due snapshot over one the writer
+  // has not taken yet (ExportSnapshot(for_writer=true)): the copy is
+  // deferred to a later update, which keeps it due. The loop's pacing
+  // (coarse_jax/api/snapshots.py) waits for the writer before the update
+  // that takes a snapshot, but cannot see a snapshot taken by a step still
+  // in flight; this keeps that one from being lost.
+  void AttachWriter();
 
   // Between steps (Python): export the committed state, load one, forget it.
   // Export returns nothing when no step has committed and nothing is loaded.
@@ -176,6 +185,8 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
   std::vector<int64_t> ordinals_;
   std::vector<std::unique_ptr<StateBuffer>> snap_;  // [proxy]: [slot][owned]
   bool snapshot_due_ = false, snap_valid_ = false;
+  bool writer_attached_ = false, snap_taken_by_writer_ = true;
+  const Session* snap_deferred_ = nullptr;  // the session that found the writer behind
   const Session* snap_session_ = nullptr;
   int64_t snap_copied_ = 0, snap_base_count_ = 0, snap_count_ = 0, snap_serial_ = 0;
 };
