@@ -257,7 +257,10 @@ def test_stats_report_the_writer(tmp_path):
     assert before["snapshot_on_disk"] is None and before["snapshots_written"] == 0
     p = params
     for i in range(5):
-        p, _ = step(p, make_batch(jax.random.key(90 + i), 8, 8, 4))
+        # Each step finished before the next: the pacing sees every snapshot taken, so
+        # they fall on multiples of snapshot_every (a loop running ahead may have one
+        # deferred a step: test_a_snapshot_taken_by_a_step_in_flight_is_written...).
+        p, _ = jax.block_until_ready(step(p, make_batch(jax.random.key(90 + i), 8, 8, 4)))
     step.wait_snapshots()  # 2 and 4 taken during steps 3 and 5 (the pacing keeps both)
     stats = step.stats()
     assert stats["snapshot_on_disk"] == 4, stats
