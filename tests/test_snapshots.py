@@ -198,6 +198,12 @@ _EXIT = textwrap.dedent(
     if ending == "raise":
         raise RuntimeError("the user's own error after training")
     if ending == "unwritable":  # every write from here on fails
+        import time
+        # Not under a write still in flight (step 5's, which orbax would
+        # recreate the directory for): the exit-time write of step 10 must fail.
+        deadline = time.monotonic() + 120
+        while step.stats()["snapshots_in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.01)
         shutil.rmtree(directory, ignore_errors=True)
         open(directory, "w").close()
     """
