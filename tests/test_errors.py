@@ -96,6 +96,56 @@ def test_missing_arrival_times_out_with_a_named_error():
     )
 
 
+# (workers, proxies), then the workers to drop one at a time: the first and
+# last of a group, so a message that names the group instead of the missing
+# worker fails. Proxy k serves workers k*g .. k*g + g - 1 (g = 4 / proxies).
+@pytest.mark.parametrize(
+    "proxies, dropped",
+    [(4, (0, 3)), (1, (0, 3, 1)), (2, (2, 3, 0))],
+    ids=["1:1", "4:1", "4:2"],
+)
+@pytest.mark.timeout(180)
+def test_a_timeout_names_exactly_the_worker_whose_push_is_missing(proxies, dropped):
+    from coarse_jax import _ffi
+
+    mesh = coarse.make_mesh(workers=4, proxies=proxies)
+    cfg = coarse.Config(timeout_s=1.0, shard_bytes=256)
+
+    @coarse.sync(mesh, config=cfg)
+    def step(params, batch):
+        return coarse.value_and_grad(lambda p, b: jnp.sum((b @ p["w"]) ** 2))(params, batch)
+
+    params = {"w": jnp.ones((8, 16))}
+    batch = jnp.ones((8, 8))
+    jax.block_until_ready(step(params, batch))  # compile; a healthy step
+    group = 4 // proxies
+    for w in dropped:
+        _ffi.inject_dropped_push(w)
+        with pytest.raises(Exception, match="timed out") as caught:
+            jax.block_until_ready(step(params, batch))
+        message = str(caught.value)
+        k = w // group
+        shared = "" if group == 1 else f", shared by workers {k * group}..{k * group + group - 1}"
+        # The proxy the worker is routed to waits for it alone, and says how
+        # many of its group's pushes arrived.
+        found = re.search(
+            r"proxy (\d+) \(tier=1, data=[\d.]+(, shared by workers [\d.]+)?\) timed out after "
+            r"1\.000 s at step \d+ waiting for worker\(s\) ([\d, ]+) to push tensor '[^']+'"
+            r"(?: \[shard \d+/\d+\])?, piece \d+ \((\d+) of (\d+) arrived\)",
+            message,
+        )
+        assert found, message
+        assert found.group(1) == str(k), message
+        assert (found.group(2) or "") == shared, message
+        assert found.group(3) == str(w), message
+        assert (found.group(4), found.group(5)) == (str(group - 1), str(group)), message
+    # The failures do not poison later steps.
+    _, grads = step(params, batch)
+    np.testing.assert_allclose(
+        grads["w"], jax.grad(lambda p: jnp.sum((batch[:2] @ p["w"]) ** 2))(params)["w"], rtol=1e-6
+    )
+
+
 def test_gpu_errors_name_the_missing_piece_and_the_fix(monkeypatch):
     from coarse_jax import _ffi
 

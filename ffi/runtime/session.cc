@@ -189,6 +189,7 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
   first_call_ = Counters<int32_t>(D, 0);
   finished_ = Counters<int32_t>(D, 0);
   arrived_ = Counters<int32_t>(q * S, 0);
+  pushed_ = Counters<uint8_t>(p * S, 0);
   proxy_progress_ = Counters<int32_t>(q * S * 2, -1);
   worker_progress_ = Counters<int32_t>(p * 2, -1);
   leading_ready_ = Counters<int32_t>(p, 0);

@@ -91,6 +91,12 @@ class Session {
   std::atomic<int32_t>& arrived(int64_t proxy, int64_t piece) {
     return arrived_[proxy * plan_->num_pieces() + piece];
   }
+  // Whether `worker` has pushed `piece` (to whichever proxy it is routed):
+  // set before the push bumps arrived(), so a timed-out wait names exactly
+  // the workers whose push is missing, not the proxy's whole group.
+  std::atomic<uint8_t>& pushed(int64_t worker, int64_t piece) {
+    return pushed_[worker * plan_->num_pieces() + piece];
+  }
   // What worker `worker` pushed of `piece` when the proxies read pushes in
   // place (PushesInPlace, phases.h): written before the push bumps
   // arrived(), read after it.
@@ -254,6 +260,7 @@ class Session {
   std::unique_ptr<std::atomic<int32_t>[]> first_call_;
   std::unique_ptr<std::atomic<int32_t>[]> arrived_, proxy_progress_, worker_progress_,
       leading_ready_;
+  std::unique_ptr<std::atomic<uint8_t>[]> pushed_;     // [worker * S + piece]
   std::unique_ptr<PushedRuns[]> pushed_runs_;          // [worker * S + piece]
   std::unique_ptr<std::atomic<int32_t>[]> pushes_of_;  // [piece]
   std::unique_ptr<Mailbox[]> mailboxes_;

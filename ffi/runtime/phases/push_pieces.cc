@@ -3,8 +3,9 @@
 // Called from inside the backward pass as soon as the bucket's gradients
 // exist. For every piece of the bucket it widens the values into the slot the
 // routed proxy keeps for this client (the transfer: a loop on CPU, a pack
-// kernel plus a peer copy on CUDA), publishes it, then bumps that proxy's
-// arrival counter for the piece and wakes it. It never waits for anyone, so
+// kernel plus a peer copy on CUDA), publishes it, then marks the piece pushed
+// by this worker (Session::pushed: what a proxy's timeout names), bumps that
+// proxy's arrival counter for the piece and wakes it. It never waits for anyone, so
 // pushes cannot deadlock whatever order XLA runs them in. Still, the Python
 // side chains them by a token (each push takes the previous one's) so they
 // are issued in the plan's order, the order every proxy walks: left to XLA,
@@ -49,6 +50,7 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
       std::sort(runs.begin(), runs.end(),
                 [](const LeafRun& a, const LeafRun& b) { return a.buf_off < b.buf_off; });
       session.pushed_runs(i, s) = runs;
+      session.pushed(i, s).store(1, std::memory_order_relaxed);  // published by the bump below
       session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
       if (session.pushes_of(s).fetch_add(1, std::memory_order_acq_rel) + 1 == plan.workers)
         for (int64_t j = 0; j < plan.proxies; ++j) session.Notify(plan.workers + j);
@@ -63,6 +65,7 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
     // The gather above is the transfer; on an emulated link the proxy books
     // it when it takes the piece (the push itself never waits).
     session.NotePushReady(i, s);
+    session.pushed(i, s).store(1, std::memory_order_relaxed);  // published by the bump below
     session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
     session.Notify(plan.workers + k);
   }

@@ -2,7 +2,8 @@
 //
 // Pieces are walked in the plan's one global order on every proxy. For each
 // piece the proxy waits until all clients routed to it have pushed (one slot
-// per client: a proxy is never blocked on one client's queue by another's),
+// per client: a proxy is never blocked on one client's queue by another's;
+// a timeout names the clients whose push is missing, Session::pushed),
 // sums the slots in client order into its accumulator (zeros if nobody routes
 // the piece here), then runs the two opposite rings with its peers.
 //
@@ -304,9 +305,19 @@ class PieceReducer {
         call_.who, kind,
         [&] { return session_.arrived(j, s).load(std::memory_order_acquire) >= expected; },
         [&] {
-          return "worker(s) " + ListWorkers(from) + " to push " + plan_.DescribePiece(s) + " (" +
-                 std::to_string(session_.arrived(j, s).load()) + " of " + std::to_string(expected) +
-                 " arrived)";
+          // Exactly the clients whose push is missing (a shared proxy's
+          // group minus those that pushed), not the whole group.
+          std::vector<int32_t> missing;
+          for (int32_t w : from)
+            if (!session_.pushed(w, s).load(std::memory_order_acquire)) missing.push_back(w);
+          const std::string arrived =
+              std::to_string(expected - static_cast<int32_t>(missing.size())) + " of " +
+              std::to_string(expected) + " arrived";
+          if (missing.empty())  // the last push landed just as the wait timed out
+            return "worker(s) " + ListWorkers(from) + " to push " + plan_.DescribePiece(s) + " (" +
+                   arrived + " as the wait timed out)";
+          return "worker(s) " + ListWorkers(missing) + " to push " + plan_.DescribePiece(s) + " (" +
+                 arrived + ")";
         });
   }
 
