@@ -16,6 +16,9 @@ which fails the launch).
 * ``snapshots DIR``: process 0 writes the proxies' snapshots; a fresh step on
   every process restores from DIR and ends bitwise where the first run ended.
 * ``missing``: process 1 never calls the step; process 0 must fail naming it.
+* ``dropped``: after a healthy step, each host loses one worker's push (host 0
+  its first worker, the last host its last); each must fail naming exactly
+  that worker.
 """
 
 import dataclasses
@@ -385,6 +388,33 @@ def scenario_missing(mesh):
     os._exit(0)
 
 
+def scenario_dropped(mesh):
+    from coarse_jax import _ffi, _jax_compat
+
+    params = jax.tree.map(np.asarray, mlp_init(jax.random.key(0), (4, 3)))
+    batch = make_batch(jax.random.key(1), 4 * P_LOCAL * jax.process_count(), 4, 3)
+
+    @coarse.sync(mesh, config=coarse.Config(timeout_s=2))
+    def step(params, batch):
+        return coarse.value_and_grad(mlp_loss)(params, batch)
+
+    gbatch = global_batch(mesh, batch)
+    jax.block_until_ready(step(params, gbatch))  # compiled, healthy on every host
+    dropped = 0 if jax.process_index() == 0 else P_LOCAL - 1
+    _ffi.inject_dropped_push(dropped)
+    try:
+        jax.block_until_ready(step(params, gbatch))
+    except Exception as err:  # jaxlib's JaxRuntimeError
+        result("error", {"dropped": dropped, "message": str(err)[:4000]})
+    else:
+        result("error", {"dropped": dropped, "message": None})
+    # Every process reports before any exits (the launcher stops the rest at
+    # the first exit); not through jax.distributed's shutdown: the failed
+    # step's collectives over "host" never completed.
+    _jax_compat.distributed_client().wait_at_barrier("coarse_test/dropped", 60_000)
+    os._exit(3)
+
+
 def main():
     assert initialize(), "run me with python -m coarse_jax.launch"
     mesh = coarse.make_mesh(workers=P_LOCAL, proxies=Q_LOCAL)
@@ -397,6 +427,7 @@ def main():
         "snapshots": scenario_snapshots,
         "nnx": scenario_nnx,
         "missing": scenario_missing,
+        "dropped": scenario_dropped,
     }
     scenarios[sys.argv[1]](mesh)
     jnp.zeros(()).block_until_ready()

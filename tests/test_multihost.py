@@ -137,6 +137,28 @@ def test_missing_host_fails_the_other_within_the_timeout_naming_it(tmp_path):
     assert seconds < 60
 
 
+# COARSE 4:1 on each host: one proxy shared by the host's 4 workers. Host 0
+# loses worker 0's push, host 1 worker 3's (first and last of the group).
+@pytest.mark.timeout(LIMIT_S + 20)
+def test_a_lost_push_on_each_host_names_exactly_that_worker(tmp_path):
+    env = {"COARSE_TEST_PROXIES": "1"}
+    code, output, _ = _launch(tmp_path, SCRIPT, "dropped", env=env)
+    r = _results(output)
+    for i, dropped in ((0, 0), (1, 3)):
+        err = r.get(("error", i))
+        assert err is not None and err["message"], output[-6000:]
+        assert err["dropped"] == dropped
+        found = re.search(
+            r"proxy 0 \(tier=1, data=0\.\.3, shared by workers 0\.\.3\) timed out after "
+            r"2\.000 s at step \d+ waiting for worker\(s\) ([\d, ]+) to push .*?"
+            r"\((\d+) of (\d+) arrived\)",
+            err["message"],
+        )
+        assert found, err["message"]
+        assert found.groups() == (str(dropped), "3", "4"), err["message"]
+    assert code == 3, output[-3000:]
+
+
 @pytest.mark.timeout(60)
 def test_launch_prefixes_output_stops_the_rest_and_propagates_the_exit_code(tmp_path):
     script = tmp_path / "job.py"
