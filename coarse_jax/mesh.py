@@ -24,7 +24,10 @@ DATA = "data"
 AXES = (TIER, DATA)
 HOST_AXES = (HOST, TIER, DATA)
 # The step's program spans the workers only (the proxies are a runtime
-# service, DESIGN.md section 12): its axes are the public mesh's without "tier".
+# service): its mesh is the public mesh's tier-0 row, with the same axes, so
+# "tier" is bound inside a step (size 1, index 0 on every worker) and code
+# written for the public mesh reads the same there. The axes a worker's value
+# varies over are these: "data" (and "host" across hosts), never "tier".
 PROGRAM_AXES = (DATA,)
 PROGRAM_HOST_AXES = (HOST, DATA)
 
@@ -37,14 +40,24 @@ def traced_axes() -> tuple[str, ...]:
 
 
 def workers_mesh(mesh: Mesh) -> Mesh:
-    """The mesh of the step's program: ``mesh``'s workers (tier 0), without the "tier" axis.
+    """The mesh of the step's program: ``mesh``'s workers (tier 0), with ``mesh``'s axes.
 
     The proxies (tier 1) run no XLA program: their work is the runtime's
-    service, driven by the workers' custom calls.
+    service, driven by the workers' custom calls. The workers' mesh keeps the
+    public mesh's axis names, with "tier" of size 1: ``(1, p)`` on
+    ``("tier", "data")``, ``(hosts, 1, p)`` across hosts. So inside a step
+    ``lax.axis_index("tier")`` is 0, ``lax.psum(x, "tier")`` is ``x`` and
+    ``lax.pmax(x, ("tier", "data"))`` reduces over the workers, as they read
+    on the public mesh's workers; ``P("data")`` splits over the workers.
+
+    Example:
+      >>> from coarse_jax.mesh import workers_mesh
+      >>> dict(workers_mesh(coarse.make_mesh(workers=4)).shape)
+      {'tier': 1, 'data': 4}
     """
     if has_hosts(mesh):
-        return Mesh(mesh.devices[:, 0, :], PROGRAM_HOST_AXES)
-    return Mesh(mesh.devices[0], PROGRAM_AXES)
+        return Mesh(mesh.devices[:, :1, :], HOST_AXES)
+    return Mesh(mesh.devices[:1], AXES)
 
 
 def has_hosts(mesh: Mesh) -> bool:

@@ -120,6 +120,14 @@ def scenario_sync(mesh):
                 on_mesh = NamedSharding(mesh, P())
                 again = step(jax.device_put(params, on_mesh), jax.device_put(batch, on_mesh))
                 assert digest(again) == digest(first), "arguments on the whole mesh differ"
+                # The outputs follow them onto the whole mesh (as jax.jit's would), so
+                # they mix with the arguments in another jitted function.
+                everything = set(mesh.devices.flat)
+                assert all(x.sharding.device_set == everything for x in jax.tree.leaves(again))
+                moved = jax.jit(lambda p, g: jax.tree.map(lambda a, b: a - b, p, g))(
+                    jax.device_put(params, on_mesh), again[1]
+                )
+                assert all(x.sharding.device_set == everything for x in jax.tree.leaves(moved))
             if mode == "ffi":
                 # The XLA in-host hand-out (what GPUs use) gives the same bytes.
                 os.environ[XLA_HAND_OUT_ENV] = "1"

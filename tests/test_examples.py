@@ -111,11 +111,22 @@ def test_demo_has_no_data_dir(tmp_path):
     assert result.returncode == 2 and "unrecognized arguments: --data-dir" in result.stderr
 
 
-@pytest.mark.parametrize("name, proxies", [("flax_mnist_linen", None), ("flax_mnist_nnx", 2)])
-def test_flax_mnist_runs(name, proxies, tmp_path):
+@pytest.mark.parametrize(
+    "name, proxies, on_mesh",
+    [
+        ("flax_mnist_linen", None, False),
+        ("flax_mnist_nnx", 2, False),
+        ("flax_mnist_linen", None, True),
+        ("flax_mnist_nnx", 2, True),
+    ],
+)
+def test_flax_mnist_runs(name, proxies, on_mesh, tmp_path):
     """Flax's MNIST examples (Linen, NNX): Flax's step and the coarse one, two steps each;
-    the NNX one on 4 workers sharing 2 proxies (COARSE 2:1)."""
+    the NNX one on 4 workers sharing 2 proxies (COARSE 2:1). With ``--state-on-mesh`` the
+    train state is placed on the coarse mesh, replicated, as jax's and flax's sharding guides
+    do: Linen's jitted ``update_model`` then takes it with the synced step's gradients."""
     more = [] if proxies is None else ["--proxies", str(proxies)]
+    more += ["--state-on-mesh"] if on_mesh else []
     result = run_example(name, tmp_path, "--steps", "2", *more)
     out = result.stdout
     assert "final loss: flax" in out, out

@@ -15,9 +15,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from coarse_jax import _ffi
-from coarse_jax.mesh import PROGRAM_HOST_AXES
+from coarse_jax.mesh import PROGRAM_HOST_AXES, TIER
 
 
 def split(out: Any, batch_outputs: Sequence[int], step: str) -> tuple[Any, tuple[Any, ...]]:
@@ -48,6 +49,29 @@ def join(replicated: Any, per_example: tuple[Any, ...], batch_outputs: Sequence[
     for i, v in zip(batch_outputs, per_example, strict=True):
         out[i] = v
     return tuple(out)
+
+
+def _collapse_tier(x: Any) -> Any:
+    if not isinstance(x, jax.Array) or TIER not in jax.typeof(x).mat.varying:
+        return x
+    # "tier" has size 1 in the workers' program: the sum over it is the value
+    # itself, and it tells jax that the value no longer varies over "tier".
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        impl = jax.random.key_impl(x)
+        return jax.random.wrap_key_data(lax.psum(jax.random.key_data(x), TIER), impl=impl)
+    if x.dtype == jnp.bool_:
+        return lax.psum(x.astype(jnp.int8), TIER).astype(jnp.bool_)
+    return lax.psum(x, TIER)
+
+
+def collapse_tier(tree: Any) -> Any:
+    """``tree`` with every leaf that varies over "tier" made invariant over it (same values).
+
+    The workers' program binds "tier" with size 1 (`coarse_jax.mesh.workers_mesh`), so a
+    value computed from ``lax.axis_index("tier")`` is the same on every worker's one tier
+    index; jax still types it as varying over "tier", which an output may not.
+    """
+    return jax.tree.map(_collapse_tier, tree)
 
 
 def _per_example(tree: Any) -> Any:

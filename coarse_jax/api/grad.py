@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from coarse_jax import _ffi, reference
 from coarse_jax.api import _context, _nnx, _update
@@ -159,6 +160,30 @@ def _module_value_and_grad(
     return ((loss, aux) if has_aux else loss), grads
 
 
+def _output_shape(
+    fun: Callable[..., Any], nums: tuple[int, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """``fun``'s output shapes, tracing what ``jax.value_and_grad`` would: the differentiated
+    arguments and every array; other leaves of the other arguments (a Python flag under
+    ``if train:``, a string) reach ``fun`` as they are."""
+    flat, tree = jax.tree.flatten((args, kwargs))
+    diff = [i in nums for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
+    diff += [False] * (len(flat) - len(diff))  # the keyword arguments' leaves
+    traced = [
+        d or isinstance(x, (jax.Array, np.ndarray, np.generic))
+        for x, d in zip(flat, diff, strict=True)
+    ]
+
+    def call(*arrays: Any) -> Any:
+        it = iter(arrays)
+        a, k = jax.tree.unflatten(
+            tree, [next(it) if t else x for x, t in zip(flat, traced, strict=True)]
+        )
+        return fun(*a, **k)
+
+    return jax.eval_shape(call, *[x for x, t in zip(flat, traced, strict=True) if t])
+
+
 def synced_value_and_grad(
     fun: Callable[..., Any],
     nums: tuple[int, ...],
@@ -187,7 +212,7 @@ def synced_value_and_grad(
                 jnp.result_type(leaf),
                 where,
             )
-    out_shape = jax.eval_shape(lambda *a: fun(*a, **kwargs), *args)
+    out_shape = _output_shape(fun, nums, args, kwargs)
     loss_shape, aux_shape = out_shape if has_aux else (out_shape, None)
     if getattr(loss_shape, "shape", None) != () or not jnp.issubdtype(
         loss_shape.dtype, jnp.floating

@@ -45,8 +45,11 @@ class TierMemory:
 
     Attributes:
       tier: ``"worker"`` or ``"proxy"``.
-      xla_argument_bytes: the compiled program's arguments.
-      xla_output_bytes: its outputs.
+      xla_argument_bytes: the compiled program's arguments (on a proxy: the
+        arguments the user placed on the whole mesh, which a proxy's device
+        holds too).
+      xla_output_bytes: its outputs (on a proxy: the outputs that follow
+        those arguments onto the whole mesh, `coarse.sync`).
       xla_alias_bytes: outputs written into donated arguments, counted once.
       xla_temp_bytes: XLA's temporaries.
       runtime_storage_bytes: the runtime's per-step sync storage (the proxies'
@@ -167,7 +170,7 @@ def optimizer_bytes(store: Any) -> int:
     return 2 * (1 + store.optimizer.slots) * per_proxy * 4
 
 
-def memory_report(step: Any, *args: Any) -> MemoryReport:
+def memory_report(step: Any, *args: Any, **kwargs: Any) -> MemoryReport:
     """Per device and tier, the bytes ``step`` holds when called with ``args``.
 
     Compiles the step for ``args`` (nothing runs) and reads XLA's memory
@@ -182,6 +185,7 @@ def memory_report(step: Any, *args: Any) -> MemoryReport:
       step: a `coarse.sync` step (`SyncedStep`).
       *args: arguments as for a call (arrays or ``jax.ShapeDtypeStruct``
         values).
+      **kwargs: keyword arguments as for a call.
 
     Returns:
       A `MemoryReport` with ``.worker_bytes``, ``.proxy_bytes`` (peak per device of
@@ -206,7 +210,7 @@ def memory_report(step: Any, *args: Any) -> MemoryReport:
       >>> report.worker.optimizer_bytes
       0
     """
-    compiled_memory, plans = step._memory_analysis(*args)
+    compiled_memory, plans, proxy_args, proxy_outputs = step._memory_analysis(*args, **kwargs)
     arena = [0] * num_proxies(step.mesh)
     scratch = 0
     for plan in plans:
@@ -228,7 +232,8 @@ def memory_report(step: Any, *args: Any) -> MemoryReport:
         )
 
     worker = tier("worker", scratch, 0)
-    # A proxy runs no XLA program (the runtime's service): no arguments, no
-    # outputs, no temporaries, no batch.
-    proxy = TierMemory("proxy", 0, 0, 0, 0, max(arena, default=0), opt)
+    # A proxy runs no XLA program (the runtime's service): no temporaries.
+    # Its device holds the user's arrays placed on the whole mesh, and the
+    # step's outputs that follow them there (coarse.sync's placement).
+    proxy = TierMemory("proxy", proxy_args, proxy_outputs, 0, 0, max(arena, default=0), opt)
     return MemoryReport(worker, proxy)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import weakref
 from collections.abc import Callable, Sequence
@@ -17,11 +16,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
-from coarse_jax.api import _arrival, _context, _nnx, _outputs, _uniform
+from coarse_jax.api import _arguments, _arrival, _context, _nnx, _outputs, _placement, _uniform
+from coarse_jax.api._arguments import Layout
 from coarse_jax.api._update import Store
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.reprofile import reprofiled
@@ -29,109 +29,20 @@ from coarse_jax.api.snapshots import SnapshotWriter, flush_at_exit, read_latest,
 from coarse_jax.api.timeline import Timeline
 from coarse_jax.api.update import StoreAccess, to_jax
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA, batch_axes, check_mesh, has_hosts, num_proxies, workers_mesh
+from coarse_jax.mesh import (
+    DATA,
+    batch_axes,
+    check_mesh,
+    has_hosts,
+    local_mesh,
+    num_proxies,
+    proxy_devices,
+    workers_mesh,
+)
 from coarse_jax.plan import plan as make_plan
 
 # Config.max_steps_in_flight=None per platform (0: unbounded).
 DEFAULT_MAX_IN_FLIGHT = {"cpu": 2}
-
-# (structure, ((shape, dtype) of every leaf)) of one argument.
-Signature = tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]
-
-
-def _signature(tree: Any) -> Signature:
-    leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple((tuple(jnp.shape(x)), str(jnp.result_type(x))) for x in leaves)
-
-
-def _show(sig: Signature) -> str:
-    treedef, leaves = sig
-    more = "..." if len(leaves) > 4 else ""
-    return f"{treedef} with leaves {leaves[:4]}{more}"
-
-
-def _indices(value: int | Sequence[int] | None, what: str, step: str) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    nums = (value,) if isinstance(value, int) else tuple(value)
-    for v in nums:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(
-                f"coarse.sync({step}): {what} must be an int or a sequence of ints (positions), "
-                f"got {value!r}."
-            )
-    return nums
-
-
-def _positions(nums: tuple[int, ...], n: int, what: str, step: str) -> tuple[int, ...]:
-    for b in nums:
-        if not -n <= b < n:
-            raise ValueError(
-                f"coarse.sync({step}): {what} {nums!r} names argument {b}, but the step was "
-                f"called with {n} positional arguments. Fix: pass {what} positions of its "
-                "arguments."
-            )
-    return tuple(sorted({b % n for b in nums}))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Layout:
-    """How one call's arguments map onto the compiled program; part of its cache key."""
-
-    n: int
-    batch: tuple[int, ...]  # sharded over "data"
-    static: tuple[tuple[int, Any], ...]  # (position, value): compiled in, as jax.jit's
-    donate: tuple[int, ...]
-    graph: tuple[int, ...]  # NNX graph nodes, passed as their state
-    graphdef: Any  # their graph definition (static), or None
-    outer_trace: bool  # called while an outer jax transformation traces it
-
-    def dynamic(self) -> list[int]:
-        static = {i for i, _ in self.static}
-        return [i for i in range(self.n) if i not in static]
-
-
-def _span(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
-    return tuple(sl.indices(n) for sl, n in zip(index, shape, strict=True))
-
-
-def _within(inner: tuple, outer: tuple) -> tuple[slice, ...] | None:
-    """``inner``'s block (spans of step 1) as an index into ``outer``'s, or None if outside."""
-    pairs = list(zip(inner, outer, strict=True))
-    if any(i[2] != 1 or o[2] != 1 or i[0] < o[0] or i[1] > o[1] for i, o in pairs):
-        return None
-    return tuple(slice(i[0] - o[0], i[1] - o[0]) for i, o in pairs)
-
-
-def _from_local_shards(x: jax.Array, sharding: NamedSharding) -> jax.Array | None:
-    """``x`` as an array of ``sharding`` (this process's workers), built from the buffers
-    ``x`` has on this process, or None where a worker's block is in none of them.
-
-    A buffer already on a worker with the right block is used as it is (no
-    copy); else the block is cut from a local buffer that holds it, that
-    worker's own first, and moved to the worker. Nothing crosses processes,
-    and nothing goes through jax's resharding, which refuses what this must
-    take: a transfer between different device sets across processes
-    (multi-controller jax), and any copy out of a mesh that lists a device
-    twice (a COARSE k:1 mesh, whose tier-1 row repeats each shared proxy: jax
-    can only replicate over it).
-    """
-    shards = [(s, _span(s.index, x.shape)) for s in x.addressable_shards]
-    buffers = []
-    for device, index in sharding.addressable_devices_indices_map(x.shape).items():
-        if index is None:
-            return None
-        want = _span(index, x.shape)
-        mine_first = sorted(shards, key=lambda t: t[0].device != device)
-        found = next(
-            ((s, sp, c) for s, sp in mine_first if (c := _within(want, sp)) is not None), None
-        )
-        if found is None:
-            return None
-        shard, span, cut = found
-        data = shard.data if span == want else shard.data[cut]
-        buffers.append(data if shard.device == device else jax.device_put(data, device))
-    return jax.make_array_from_single_device_arrays(x.shape, sharding, buffers)
 
 
 class SyncedStep:
@@ -170,23 +81,35 @@ class SyncedStep:
         static_argnums: int | Sequence[int] | None = None,
         donate_argnums: int | Sequence[int] | None = None,
         batch_outputs: int | Sequence[int] | None = None,
+        *,
+        batch_argnames: str | Sequence[str] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnames: str | Sequence[str] | None = None,
     ) -> None:
         functools.update_wrapper(self, fn)
         self.mesh = mesh
         self._fn = fn
         self._name: str = getattr(fn, "__name__", "step")
-        self._batch_argnums = _indices(batch_argnums, "batch_argnums", self._name)
-        self._static_argnums = _indices(static_argnums, "static_argnums", self._name)
-        self._donate_argnums = _indices(donate_argnums, "donate_argnums", self._name)
+        self._arguments = _arguments.Arguments(
+            fn,
+            self._name,
+            batch_argnums=batch_argnums,
+            batch_argnames=batch_argnames,
+            static_argnums=static_argnums,
+            static_argnames=static_argnames,
+            donate_argnums=donate_argnums,
+            donate_argnames=donate_argnames,
+        )
         self._batch_outputs = tuple(
-            sorted(set(_indices(batch_outputs, "batch_outputs", self._name)))
+            sorted(set(_arguments.indices(batch_outputs, "batch_outputs", self._name)))
         )
         # The config can change when re-profiling re-plans; a compiled program
         # is kept per config, so an unchanged plan never recompiles.
         self._config = config or Config()
-        self._compiled: dict[tuple[_Layout, Config], Callable[..., Any]] = {}
-        self._workers_devices = set(workers_mesh(mesh).devices.flat)
-        self._seen: dict[int, Signature] = {}  # argument index -> its first call's signature
+        self._compiled: dict[tuple[Layout, Config], Callable[..., Any]] = {}
+        # The first call's (what, signature) of each non-batch argument: the
+        # proxies' state (value_and_update) is laid out for it.
+        self._first_structure: tuple[tuple[str, _arguments.Signature], ...] | None = None
         self._plans: list[_context.PlanRequest] = []  # what the traces planned
         self._site_names: dict[int, str] = {}  # site -> "coarse.all_reduce", ... (traces)
         self._calls = 0
@@ -595,16 +518,40 @@ class SyncedStep:
         self._wait_all()
         store.module().store_reset(store.id)
 
-    def _memory_analysis(self, *args: Any) -> tuple[Any, list[Any]]:
-        """(XLA's memory analysis of the program for ``args``, the plans it builds)."""
-        layout, graph_state = self._layout(args)
+    def _memory_analysis(self, *args: Any, **kwargs: Any) -> tuple[Any, list[Any], int, int]:
+        """(XLA's memory analysis of the program for ``args``, the plans it builds, and the
+        bytes of arguments and outputs on one proxy's device where they follow the mesh)."""
+        layout, full, graph_state = self._layout(args, kwargs)
         cfg = self._config
-        dyn = [args[i] for i in layout.dynamic() if i not in layout.graph]
+        dyn = [full[i] for i in layout.dynamic() if i not in layout.graph]
         if layout.graph:
             dyn.append(graph_state)
+        # Shapes only: a call would move arrays committed elsewhere onto the workers.
+        dyn = _placement.abstract_off_workers(dyn, self.mesh)
         jitted: Any = self._compile(cfg, layout)
         compiled = jitted.lower(*dyn, self._ref_state).compile()
-        return compiled.memory_analysis(), list(self._traced_plans)
+        plans = list(self._traced_plans)
+        on_mesh = _placement.home(self.mesh, full)
+        if on_mesh is None:
+            return compiled.memory_analysis(), plans, 0, 0
+        proxy = proxy_devices(local_mesh(self.mesh))[0]
+        arg_bytes = sum(
+            s.data.nbytes
+            for x in jax.tree.leaves(full)
+            if isinstance(x, jax.Array)
+            for s in x.addressable_shards
+            if s.device == proxy
+        )
+        replicated, per_example, new_state, _ = jax.eval_shape(jitted, *dyn, self._ref_state)
+        # jax keeps one buffer per mesh position: a shared proxy's device (k:1), k of them.
+        copies = list(local_mesh(self.mesh).devices.flat).count(proxy)
+        out_bytes = copies * sum(
+            x.size * x.dtype.itemsize for x in jax.tree.leaves((replicated, new_state))
+        )
+        if not _placement.repeats_devices(self.mesh):
+            p = self.mesh.shape[DATA] * (self.mesh.shape["host"] if has_hosts(self.mesh) else 1)
+            out_bytes += sum(x.size * x.dtype.itemsize // p for x in jax.tree.leaves(per_example))
+        return compiled.memory_analysis(), plans, arg_bytes, out_bytes
 
     def _refuse_reference(self, what: str) -> None:
         if self._config.mode == "reference":
@@ -634,8 +581,8 @@ class SyncedStep:
                 with contextlib.suppress(Exception):
                     x.block_until_ready()
 
-    def __call__(self, *args: Any) -> Any:
-        layout, graph_state = self._layout(args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        layout, full, graph_state = self._layout(args, kwargs)
         cfg = self._config
         if layout.outer_trace and cfg.reprofile_every:
             raise TypeError(
@@ -655,11 +602,12 @@ class SyncedStep:
         new = key not in self._compiled
         if new:
             self._compiled[key] = self._compile(cfg, layout)
-        graph_nodes = tuple(args[i] for i in layout.graph)
+        graph_nodes = tuple(full[i] for i in layout.graph)
         passed = [i for i in layout.dynamic() if i not in layout.graph]
-        dyn = [self._to_workers(args[i], i in layout.batch) for i in passed]
+        on_mesh = None if layout.outer_trace else _placement.home(self.mesh, full)
+        dyn = [_placement.to_workers(full[i], self.mesh, i in layout.batch) for i in passed]
         if layout.graph:
-            dyn.append(self._to_workers(graph_state, False))
+            dyn.append(_placement.to_workers(graph_state, self.mesh, False))
         # Ctrl-C abandons a step stalled in the runtime (unless the program
         # installed its own SIGINT handler); checked per call, about 2.5 us.
         _ffi.arm_interrupt_hook()
@@ -692,46 +640,16 @@ class SyncedStep:
             for store in self._stores.values():
                 self._writer.offer(store)
         replicated, per_example, new_state = results
+        if not layout.outer_trace:
+            self._bound_in_flight(cfg, results)  # an NNX step may return nothing else
+        if on_mesh is not None:  # outputs follow arguments the user put on the whole mesh
+            replicated, new_state = _placement.place((replicated, new_state), on_mesh, False)
+            per_example = _placement.place(per_example, on_mesh, True)
         if layout.graph:
             _nnx.update(graph_nodes, new_state)
         if not layout.outer_trace:
-            self._bound_in_flight(cfg, results)  # an NNX step may return nothing else
             self._count_call()
         return _outputs.join(replicated, per_example, self._batch_outputs)
-
-    def _to_workers(self, tree: Any, batch: bool) -> Any:
-        """``tree`` with every array that lives off the workers moved onto them.
-
-        The program spans the workers only (the proxies run none). An array
-        committed to other devices (the whole two-tier mesh, say, from
-        ``jax.device_put(x, NamedSharding(mesh, P("data")))``) is moved onto
-        the workers, split over "data" if it is the batch, else replicated;
-        arrays already there, and host values, pass untouched (no copy).
-        Where the workers already hold the right slices (the batch split over
-        "data" and replicated over "tier", or a replicated array), those
-        buffers are reused as they are: no copy. Otherwise each worker's
-        block is cut from a buffer this process holds (a replicated batch,
-        say): across hosts no transfer between processes (which
-        multi-controller jax refuses between different device sets), and on
-        a COARSE k:1 mesh no copy through jax (which refuses to copy out of a
-        mesh that lists a device twice).
-        """
-        workers = self._workers_devices
-        sharding = None
-
-        def move(x: Any) -> Any:
-            nonlocal sharding
-            if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
-                return x
-            if x.sharding.device_set <= workers:
-                return x
-            if sharding is None:
-                spec = P(batch_axes(self.mesh)) if batch else P()
-                sharding = NamedSharding(workers_mesh(self.mesh), spec)
-            moved = _from_local_shards(x, sharding)
-            return moved if moved is not None else jax.device_put(x, sharding)
-
-        return jax.tree.map(move, tree)
 
     def _count_call(self) -> None:
         self._calls += 1
@@ -772,91 +690,44 @@ class SyncedStep:
             with contextlib.suppress(Exception):
                 oldest.block_until_ready()
 
-    def _layout(self, args: tuple[Any, ...]) -> tuple[_Layout, Any]:
-        """The call's layout, and the state of its NNX arguments (None without any)."""
-        n = len(args)
-        if n == 0:
-            raise TypeError(f"coarse.sync({self._name}): the step needs at least a batch argument.")
-        static = _positions(self._static_argnums, n, "static_argnums", self._name)
-        batch = (
-            _positions(self._batch_argnums, n, "batch_argnums", self._name)
-            if self._batch_argnums
-            else (n - 1,)
-        )
-        donate = _positions(self._donate_argnums, n, "donate_argnums", self._name)
-        for what, nums in (("batch_argnums", batch), ("donate_argnums", donate)):
-            if set(nums) & set(static):
-                raise ValueError(
-                    f"coarse.sync({self._name}): {what} and static_argnums both name argument(s) "
-                    f"{sorted(set(nums) & set(static))}; a static argument is compiled in, not "
-                    "passed."
-                )
-        for i in static:
-            try:
-                hash(args[i])
-            except TypeError:
-                raise TypeError(
-                    f"coarse.sync({self._name}): static argument {i} must be hashable (it is "
-                    f"part of the compiled program's key, as in jax.jit), got "
-                    f"{type(args[i]).__name__}. Fix: pass a hashable value (a tuple, not a "
-                    "list) or make it a regular argument."
-                ) from None
-        graph = tuple(i for i in _nnx.graph_positions(args) if i not in static)
-        if set(graph) & set(batch):
-            raise TypeError(
-                f"coarse.sync({self._name}): argument {sorted(set(graph) & set(batch))[0]} is an "
-                "NNX object but batch_argnums names it: the batch must be arrays. Fix: pass "
-                "batch_argnums for the batch's position."
-            )
-        graphdef, graph_state = _nnx.split(tuple(args[i] for i in graph)) if graph else (None, None)
-        self._check_args(args, batch, static, graph, graph_state)
-        outer = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
-        layout = _Layout(
-            n, batch, tuple((i, args[i]) for i in static), donate, graph, graphdef, outer
-        )
-        return layout, graph_state
-
-    def _check_args(
-        self,
-        args: tuple[Any, ...],
-        batch: tuple[int, ...],
-        static: tuple[int, ...],
-        graph: tuple[int, ...],
-        graph_state: Any,
-    ) -> None:
+    def _layout(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Layout, tuple[Any, ...], Any]:
+        """(the call's layout, all its arguments in order, the state of its NNX arguments)."""
+        layout, full, graph_state = self._arguments.layout(args, kwargs)
         p = self.mesh.shape[DATA] * (self.mesh.shape["host"] if has_hosts(self.mesh) else 1)
-        for i, arg in enumerate(args):
-            if i in static:
-                continue
-            if i in batch:
-                for x in jax.tree.leaves(arg):
-                    if jnp.ndim(x) == 0 or jnp.shape(x)[0] % p:
-                        raise ValueError(
-                            f"coarse.sync({self._name}): batch argument {i} must have a leading "
-                            f"axis divisible by the {p} workers, got a leaf of shape "
-                            f"{jnp.shape(x)}. Fix: use a global batch size that is a multiple "
-                            f"of {p}."
-                        )
-                continue
-            if i in graph:
-                continue  # checked together below, from the one split of all NNX arguments
-            self._check_signature(i, f"argument {i}", _signature(arg))
-        if graph:
-            where = f"the NNX state of argument(s) {list(graph)}"
-            self._check_signature(-1, where, _signature(graph_state))
+        _arguments.check_batch(full, layout, p, self._name)
+        self._check_structure(layout)
+        return layout, full, graph_state
 
-    def _check_signature(self, key: int, where: str, sig: Signature) -> None:
-        """``sig`` must equal the first call's (key: argument index; -1: all NNX state)."""
-        first = self._seen.setdefault(key, sig)
-        if first != sig:
-            raise ValueError(
-                f"coarse.sync({self._name}): {where} changed structure or shapes between "
-                f"calls; the step was planned and compiled for {_show(first)}, got "
-                f"{_show(sig)}. Fix: keep the state's structure fixed during training, or "
-                "decorate a new function with coarse.sync for the new tree."
-            )
+    def _check_structure(self, layout: Layout) -> None:
+        """A new structure of the non-batch arguments compiles a new program (as ``jax.jit``
+        retraces), unless the proxies hold state laid out for the first one."""
+        if self._first_structure is None:
+            self._first_structure = layout.structure
+            return
+        if layout.structure == self._first_structure or not self._stores:
+            return
+        first = dict(self._first_structure)
+        now = dict(layout.structure)
+        diffs = [
+            f"{what}: {_arguments.describe_change(first[what], now[what])}"
+            for what in first
+            if what in now and first[what] != now[what]
+        ]
+        gone = [what for what in first if what not in now]
+        new = [what for what in now if what not in first]
+        if gone or new:
+            diffs.append(f"arguments {gone or ''} -> {new or ''}")
+        raise ValueError(
+            f"coarse.sync({self._name}): the step's arguments changed structure or shapes "
+            f"({'; '.join(diffs)[:600]}), but its proxies hold master parameters and optimizer "
+            "state laid out for the first call's (coarse.value_and_update). Fix: keep the "
+            "state's structure fixed during training, or decorate a new function with "
+            "coarse.sync for the new tree."
+        )
 
-    def _compile(self, cfg: Config, layout: _Layout) -> Callable[..., Any]:
+    def _compile(self, cfg: Config, layout: Layout) -> Callable[..., Any]:
         if cfg.mode == "ffi":
             _ffi.check_platform(self.mesh)
         passed = [i for i in layout.dynamic() if i not in layout.graph]
@@ -897,7 +768,7 @@ class SyncedStep:
             _context.stack().append(ctx)
             try:
                 restore_rngs = _nnx.fold_rngs_by_worker(nodes) if nodes else None
-                out = self._fn(*args)
+                out = layout.call(self._fn, args)
                 new_state = None
                 if nodes:
                     assert restore_rngs is not None
@@ -905,6 +776,9 @@ class SyncedStep:
                     new_state = _nnx.consistent_state(nodes, all_reduce, ctx.workers)
             finally:
                 _context.stack().pop()
+            out = _outputs.collapse_tier(out)
+            if new_state is not None:
+                new_state = _outputs.collapse_tier(new_state)
             replicated, per_example = _outputs.split(out, self._batch_outputs, self._name)
             _outputs.check_replicated(replicated, self._name, self._batch_outputs)
             if layout.outer_trace:
@@ -968,6 +842,9 @@ def sync(
     static_argnums: int | Sequence[int] | None = None,
     donate_argnums: int | Sequence[int] | None = None,
     batch_outputs: int | Sequence[int] | None = None,
+    batch_argnames: str | Sequence[str] | None = None,
+    static_argnames: str | Sequence[str] | None = None,
+    donate_argnames: str | Sequence[str] | None = None,
 ) -> SyncedStep | Callable[[Callable[..., Any]], SyncedStep]:
     """Runs a train step as one SPMD program over the workers of the two-tier mesh.
 
@@ -983,13 +860,32 @@ def sync(
     changed per worker (batch statistics, metrics, RNG counts) is averaged
     over the workers; each worker draws its own random numbers.
 
-    The first call fixes the structure and shapes of the non-batch arguments
-    (the plan is compiled for them); a later call with a different structure
-    raises instead of silently re-planning. The batch may change shape
+    A step is called as the function it wraps, keyword arguments included,
+    as ``jax.jit`` takes them: a keyword naming a positional parameter takes
+    its position (``*_argnums`` count it), a default it skips over is
+    compiled in, keyword-only arguments stay keywords (name them with the
+    ``*_argnames`` options). The batch is ``batch_argnums`` /
+    ``batch_argnames``; by default the last argument, in the signature's
+    order, that is not static, not an NNX object and has no default value
+    (``step(params, batch, lr=0.1)`` splits ``batch``).
+
+    A new structure or shape of the non-batch arguments compiles a new
+    program, as ``jax.jit`` retraces, unless the step's proxies hold state
+    laid out for the first call's (a `coarse.value_and_update` step): that
+    raises, naming the leaves that changed. The batch may change shape
     (that recompiles, as ``jax.jit`` does). With ``Config(reprofile_every=N)``
     the links are profiled again every N calls and the step re-planned,
     recompiling only if routes, threshold or shard size changed. The returned
     `SyncedStep` has ``step.config()`` (the Config in use) and ``step.stats()``.
+
+    Where the outputs go: onto the workers, or, when an argument was
+    committed to the whole mesh ``coarse.make_mesh`` returned (state placed
+    with ``NamedSharding(mesh, P())``, say), onto that mesh, as ``jax.jit``
+    would place them, so they mix with that state in the user's other jitted
+    functions (per-example outputs stay on the workers on a COARSE k:1 mesh,
+    over which jax cannot split an array). Inside the step the mesh's axes
+    read as on the public mesh: "tier" is bound with size 1 (the program
+    runs on tier 0), so ``lax.axis_index("tier")`` is 0.
 
     Args:
       fn: the step; or the mesh, for ``@coarse.sync(mesh)``.
@@ -1004,6 +900,10 @@ def sync(
       batch_outputs: positions of a tuple output that are per example (e.g.
         logits): the workers' values are concatenated along axis 0. Every
         other output must be the same on every device.
+      batch_argnames: parameter names of the batch arguments (keyword or
+        positional), with or instead of ``batch_argnums``.
+      static_argnames: parameter names of static arguments, as in ``jax.jit``.
+      donate_argnames: parameter names of donated arguments, as in ``jax.jit``.
 
     Returns:
       The compiled step, a `SyncedStep` (or, given only the mesh, a decorator
@@ -1014,9 +914,10 @@ def sync(
         sequence of ints; a static argument is not hashable; an output
         differs per device (when the step is called).
       ValueError: the mesh is not a coarse mesh (from `coarse.make_mesh`);
-        an ``*_argnums`` names no argument; at a call, a batch leaf's leading
-        axis is not divisible by the workers, or a non-batch argument changed
-        structure or shapes since the first call.
+        an ``*_argnums`` names no argument, an ``*_argnames`` no parameter;
+        at a call, a batch leaf's leading axis is not divisible by the
+        workers, or a `coarse.value_and_update` step's non-batch arguments
+        changed structure or shapes since the first call.
 
     Example:
       >>> def loss_fn(params, batch):
@@ -1037,6 +938,9 @@ def sync(
         "static_argnums": static_argnums,
         "donate_argnums": donate_argnums,
         "batch_outputs": batch_outputs,
+        "batch_argnames": batch_argnames,
+        "static_argnames": static_argnames,
+        "donate_argnames": donate_argnames,
     }
     if isinstance(fn, Mesh) and mesh is None:
         fn, mesh = None, fn

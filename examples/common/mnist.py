@@ -78,10 +78,17 @@ def main(
         help="coarse's proxies, dividing --workers (COARSE k:1); default one per worker",
     )
     parser.add_argument("--impl", choices=("flax", "coarse", "both"), default="both")  # coarse
+    parser.add_argument(  # coarse
+        "--state-on-mesh",
+        action="store_true",
+        help="place the train state on the coarse mesh, replicated, before training "
+        "(as jax's and flax's sharding guides place state)",
+    )
     args = parser.parse_args()
     config.num_steps = args.steps
     config.data_dir = args.data_dir
     config.workers = args.workers  # coarse
     config.proxies = args.proxies  # coarse
     config.impl = args.impl  # coarse
+    config.state_on_mesh = args.state_on_mesh  # coarse
     train_and_evaluate(config, args.workdir)

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax.training import train_state
+from jax.sharding import NamedSharding, PartitionSpec
 
 import coarse_jax as coarse  # coarse
 
@@ -122,11 +123,18 @@ def create_train_state(rng, config):
     return train_state.TrainState.create(apply_fn=cnn.apply, params=params, tx=tx)
 
 
-def train(apply_model, config, train_ds, test_ds, name) -> dict[str, Any]:
-    """Flax's epoch loop with ``apply_model`` (Flax's or coarse's); ``config.num_steps`` steps."""
+def train(apply_model, config, train_ds, test_ds, name, mesh=None) -> dict[str, Any]:
+    """Flax's epoch loop with ``apply_model`` (Flax's or coarse's); ``config.num_steps`` steps.
+
+    ``mesh`` (coarse, with ``config.state_on_mesh``): the state is placed on it, replicated,
+    as jax's sharding guide places state; the jitted ``update_model`` then takes it together
+    with the coarse step's gradients, which come back on the same mesh.
+    """
     rng = jax.random.key(config.seed)
     rng, init_rng = jax.random.split(rng)
     state = create_train_state(init_rng, config)
+    if mesh is not None and config.state_on_mesh:  # coarse
+        state = jax.device_put(state, NamedSharding(mesh, PartitionSpec()))  # coarse
     losses, history = [], []
     epoch = 0
     while len(losses) < config.num_steps:
@@ -182,7 +190,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
             runs[impl] = train(apply_model, config, train_ds, test_ds, impl)
         else:
             mesh = coarse.make_mesh(workers=config.workers, proxies=config.proxies)  # coarse
-            runs[impl] = train(coarse_apply_model(mesh), config, train_ds, test_ds, impl)
+            runs[impl] = train(coarse_apply_model(mesh), config, train_ds, test_ds, impl, mesh)
 
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:

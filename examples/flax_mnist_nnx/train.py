@@ -25,9 +25,11 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import jax
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 import coarse_jax as coarse  # coarse
 
@@ -109,8 +111,12 @@ def batches(ds: Dataset, batch_size: int, seed: int | None) -> Iterator[Dataset]
             return
 
 
-def train(steps, config, train_ds, test_ds, name) -> dict[str, Any]:
-    """Flax's NNX training loop with ``steps`` = (train_step, eval_step), Flax's or coarse's."""
+def train(steps, config, train_ds, test_ds, name, mesh=None) -> dict[str, Any]:
+    """Flax's NNX training loop with ``steps`` = (train_step, eval_step), Flax's or coarse's.
+
+    ``mesh`` (coarse, with ``config.state_on_mesh``): the model, optimizer and metrics state
+    is placed on it, replicated, as flax's sharding guide places state.
+    """
     train_step, eval_step = steps
     model = CNN(rngs=nnx.Rngs(config.seed))
     optimizer = nnx.Optimizer(
@@ -120,6 +126,10 @@ def train(steps, config, train_ds, test_ds, name) -> dict[str, Any]:
         accuracy=nnx.metrics.Accuracy(),
         loss=nnx.metrics.Average("loss"),
     )
+    if mesh is not None and config.state_on_mesh:  # coarse
+        objects = (model, optimizer, metrics)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        nnx.update(objects, jax.device_put(nnx.state(objects), replicated))  # coarse
     metrics_history: dict[str, list[float]] = {
         "train_loss": [],
         "train_accuracy": [],
@@ -183,7 +193,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
             runs[impl] = train((train_step, eval_step), config, train_ds, test_ds, impl)
         else:
             mesh = coarse.make_mesh(workers=config.workers, proxies=config.proxies)  # coarse
-            runs[impl] = train(coarse_steps(mesh), config, train_ds, test_ds, impl)
+            runs[impl] = train(coarse_steps(mesh), config, train_ds, test_ds, impl, mesh)
 
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:

@@ -20,6 +20,10 @@ class Config:
       proxies: coarse's proxies, dividing ``workers`` (each serves
         ``workers / proxies`` of them, COARSE k:1); None: one per worker.
       impl: "flax" (Flax's step, one device), "coarse", or "both".
+      state_on_mesh: coarse only: place the train state on the coarse mesh,
+        replicated (``NamedSharding(mesh, P())``), before training, as jax's
+        and flax's sharding guides place state; the step's outputs then come
+        back on that mesh too.
       seed: initial parameters and batch order.
     """
 
@@ -33,6 +37,7 @@ class Config:
     workers: int = 4  # coarse
     proxies: int | None = None  # coarse
     impl: str = "both"  # coarse
+    state_on_mesh: bool = False  # coarse
     seed: int = 0
 
 

@@ -1,0 +1,351 @@
+"""How a call's arguments map onto a `coarse.sync` step's program, as ``jax.jit`` maps them.
+
+One call is bound to the step's signature once (`Arguments.layout`): keyword
+arguments become positions, defaults a keyword skips over are compiled in,
+and ``batch_*``, ``static_*`` and ``donate_*`` name positions (``*_argnums``)
+or parameters (``*_argnames``). The result, a `Layout`, is part of the
+compiled program's cache key; the program calls the step's function with the
+same positional and keyword arguments the user passed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from coarse_jax.api import _nnx
+
+# (structure, ((shape, dtype) of every leaf)) of one argument: computed at every
+# call, so it stays as cheap as the flatten itself (paths only for messages).
+Signature = tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]
+
+_EMPTY = inspect.Parameter.empty
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def signature_of(tree: Any) -> Signature:
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(jnp.shape(x)), str(jnp.result_type(x))) for x in leaves)
+
+
+def _by_path(sig: Signature) -> dict[str, tuple[tuple[int, ...], str]]:
+    treedef, leaves = sig
+    skeleton = jax.tree.unflatten(treedef, list(range(len(leaves))))
+    paths = jax.tree_util.tree_flatten_with_path(skeleton)[0]
+    return {jax.tree_util.keystr(path) or "<root>": leaves[i] for path, i in paths}
+
+
+def describe_change(first: Signature, now: Signature, limit: int = 4) -> str:
+    """What differs between two signatures, by leaf path, in a line or two."""
+    before, after = _by_path(first), _by_path(now)
+
+    def show(items: list[str]) -> str:
+        more = f" and {len(items) - limit} more" if len(items) > limit else ""
+        return ", ".join(items[:limit]) + more
+
+    parts = []
+    gone = [p for p in before if p not in after]
+    new = [p for p in after if p not in before]
+    changed = [
+        f"{p} {before[p][1]}{list(before[p][0])} -> {after[p][1]}{list(after[p][0])}"
+        for p in before
+        if p in after and before[p] != after[p]
+    ]
+    if gone:
+        parts.append(f"leaves gone: {show(gone)}")
+    if new:
+        parts.append(f"new leaves: {show(new)}")
+    if changed:
+        parts.append(f"changed: {show(changed)}")
+    if not parts:  # same paths, shapes and dtypes: the containers differ (a list for a tuple)
+        parts.append(f"containers differ: {str(first[0])[:80]} -> {str(now[0])[:80]}")
+    return "; ".join(parts)
+
+
+def indices(value: int | Sequence[int] | None, what: str, step: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    nums = (value,) if isinstance(value, int) else tuple(value)
+    for v in nums:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(
+                f"coarse.sync({step}): {what} must be an int or a sequence of ints (positions), "
+                f"got {value!r}."
+            )
+    return nums
+
+
+def names(value: str | Sequence[str] | None, what: str, step: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    got = (value,) if isinstance(value, str) else tuple(value)
+    for v in got:
+        if not isinstance(v, str) or not v.isidentifier():
+            raise TypeError(
+                f"coarse.sync({step}): {what} must be a parameter name or a sequence of names "
+                f"(strings), got {value!r}."
+            )
+    return got
+
+
+def _positions(nums: tuple[int, ...], n: int, what: str, step: str) -> set[int]:
+    for b in nums:
+        if not -n <= b < n:
+            raise ValueError(
+                f"coarse.sync({step}): {what} {nums!r} names argument {b}, but the step was "
+                f"called with {n} positional arguments. Fix: pass {what} positions of its "
+                "arguments, or name keyword arguments with the *_argnames options."
+            )
+    return {b % n for b in nums}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How one call's arguments map onto the compiled program; part of its cache key.
+
+    Positions ``0 .. n_pos - 1`` are passed positionally, the rest by the
+    names in ``kwnames``, in that order.
+    """
+
+    n: int
+    n_pos: int
+    kwnames: tuple[str, ...]
+    batch: tuple[int, ...]  # sharded over "data"
+    static: tuple[tuple[int, Any], ...]  # (position, value): compiled in, as jax.jit's
+    donate: tuple[int, ...]
+    graph: tuple[int, ...]  # NNX graph nodes, passed as their state
+    graphdef: Any  # their graph definition (static), or None
+    outer_trace: bool  # called while an outer jax transformation traces it
+    # (what, signature) of the non-batch arguments: jax.jit retraces on it.
+    structure: tuple[tuple[str, Signature], ...]
+
+    def dynamic(self) -> list[int]:
+        static = {i for i, _ in self.static}
+        return [i for i in range(self.n) if i not in static]
+
+    def call(self, fn: Callable[..., Any], args: Sequence[Any]) -> Any:
+        """``fn`` called with ``args`` (all positions) as the user passed them."""
+        kwargs = dict(zip(self.kwnames, args[self.n_pos :], strict=True))
+        return fn(*args[: self.n_pos], **kwargs)
+
+
+def _label(i: int, n_pos: int, kwnames: tuple[str, ...]) -> str:
+    return f"argument {i}" if i < n_pos else f"keyword argument {kwnames[i - n_pos]!r}"
+
+
+def check_batch(full: Sequence[Any], layout: Layout, p: int, step: str) -> None:
+    """Every batch leaf has a leading axis divisible by the ``p`` workers."""
+    for i in layout.batch:
+        for x in jax.tree.leaves(full[i]):
+            if jnp.ndim(x) == 0 or jnp.shape(x)[0] % p:
+                raise ValueError(
+                    f"coarse.sync({step}): batch {_label(i, layout.n_pos, layout.kwnames)} must "
+                    f"have a leading axis divisible by the {p} workers, got a leaf of shape "
+                    f"{jnp.shape(x)}. Fix: use a global batch size that is a multiple of {p}."
+                )
+
+
+class Arguments:
+    """A step's argument options, bound against its function's signature at every call."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        step: str,
+        *,
+        batch_argnums: int | Sequence[int] | None,
+        batch_argnames: str | Sequence[str] | None,
+        static_argnums: int | Sequence[int] | None,
+        static_argnames: str | Sequence[str] | None,
+        donate_argnums: int | Sequence[int] | None,
+        donate_argnames: str | Sequence[str] | None,
+    ) -> None:
+        self._step = step
+        self.batch_argnums = indices(batch_argnums, "batch_argnums", step)
+        self.static_argnums = indices(static_argnums, "static_argnums", step)
+        self.donate_argnums = indices(donate_argnums, "donate_argnums", step)
+        self.batch_argnames = names(batch_argnames, "batch_argnames", step)
+        self.static_argnames = names(static_argnames, "static_argnames", step)
+        self.donate_argnames = names(donate_argnames, "donate_argnames", step)
+        try:
+            self._sig: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):  # a builtin, say: keyword arguments by name only
+            self._sig = None
+        self._check_names()
+
+    def _check_names(self) -> None:
+        if self._sig is None:
+            return
+        params = self._sig.parameters
+        if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return
+        for what in ("batch_argnames", "static_argnames", "donate_argnames"):
+            for name in getattr(self, what):
+                if name not in params:
+                    raise ValueError(
+                        f"coarse.sync({self._step}): {what} names {name!r}, which is no parameter "
+                        f"of the step (it has {list(params)}). Fix: name one of its parameters."
+                    )
+
+    def _positional_params(self) -> list[inspect.Parameter]:
+        if self._sig is None:
+            return []
+        return [p for p in self._sig.parameters.values() if p.kind in _POSITIONAL]
+
+    def bind(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], int, tuple[str, ...], tuple[int, ...]]:
+        """(all arguments in order, how many are positional, the keywords' names, positions
+        filled from defaults).
+
+        A keyword argument that names a positional parameter takes that
+        parameter's position (so ``*_argnums`` count it as ``jax.jit``'s
+        do); a default between it and the positional arguments is filled in
+        (and compiled in, as the function's own constant would be).
+        Keyword-only and ``**kwargs`` arguments stay keywords, in the
+        signature's order, then by name.
+        """
+        if not kwargs:
+            return args, len(args), (), ()
+        if self._sig is None:
+            kwnames = tuple(sorted(kwargs))
+            return (*args, *(kwargs[k] for k in kwnames)), len(args), kwnames, ()
+        try:
+            self._sig.bind(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(
+                f"coarse.sync({self._step}): the call does not fit the step's signature "
+                f"{self._sig}: {err}. Fix: call the step as you would call the function."
+            ) from None
+        rest = dict(kwargs)
+        out = list(args)
+        filled: list[int] = []
+        positional = self._positional_params()
+        named = [j for j, p in enumerate(positional) if p.name in rest]
+        if named:
+            for j in range(len(args), max(named) + 1):
+                p = positional[j]
+                if p.name in rest:
+                    out.append(rest.pop(p.name))
+                else:  # bind() succeeded, so it has a default
+                    out.append(p.default)
+                    filled.append(j)
+        params = self._sig.parameters
+        kwonly = [
+            k for k, p in params.items() if p.kind == inspect.Parameter.KEYWORD_ONLY and k in rest
+        ]
+        kwnames = tuple(kwonly + sorted(k for k in rest if k not in kwonly))
+        return (*out, *(rest[k] for k in kwnames)), len(out), kwnames, tuple(filled)
+
+    def _has_default(self, i: int, n_pos: int, kwnames: tuple[str, ...]) -> bool:
+        if self._sig is None:
+            return False
+        if i < n_pos:
+            positional = self._positional_params()
+            return i < len(positional) and positional[i].default is not _EMPTY
+        p = self._sig.parameters.get(kwnames[i - n_pos])
+        return p is not None and p.default is not _EMPTY
+
+    def _named(self, wanted: tuple[str, ...], n_pos: int, kwnames: tuple[str, ...]) -> set[int]:
+        found = {n_pos + k for k, name in enumerate(kwnames) if name in wanted}
+        for j, p in enumerate(self._positional_params()[:n_pos]):
+            if p.name in wanted:
+                found.add(j)
+        return found
+
+    def layout(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Layout, tuple[Any, ...], Any]:
+        """(the call's layout, all its arguments in order, the state of its NNX arguments)."""
+        step = self._step
+        full, n_pos, kwnames, filled = self.bind(args, kwargs)
+        n = len(full)
+        if n == 0:
+            raise TypeError(f"coarse.sync({step}): the step needs at least a batch argument.")
+        static = _positions(self.static_argnums, n_pos, "static_argnums", step)
+        static |= self._named(self.static_argnames, n_pos, kwnames)
+        for j in filled:  # defaults a keyword skipped over: constants, as in the function
+            try:
+                hash(full[j])
+            except TypeError:
+                continue
+            static.add(j)
+        graph = tuple(i for i in _nnx.graph_positions(full) if i not in static)
+        if self.batch_argnums or self.batch_argnames:
+            batch = _positions(self.batch_argnums, n_pos, "batch_argnums", step)
+            batch |= self._named(self.batch_argnames, n_pos, kwnames)
+            if not batch:
+                raise TypeError(
+                    f"coarse.sync({step}): batch_argnames={self.batch_argnames!r} names no "
+                    f"argument of this call (keywords passed: {list(kwnames)}). Fix: pass the "
+                    "batch by that name, or name it with batch_argnums."
+                )
+        else:
+            batch = {self._default_batch(n, n_pos, kwnames, static, graph)}
+        donate = _positions(self.donate_argnums, n_pos, "donate_argnums", step)
+        donate |= self._named(self.donate_argnames, n_pos, kwnames)
+        for what, group in (("batch", batch), ("donate", donate)):
+            both = sorted(group & static)
+            if both:
+                raise ValueError(
+                    f"coarse.sync({step}): the {what} and static arguments both name argument(s) "
+                    f"{both}; a static argument is compiled in, not passed. Fix: name it in one "
+                    "of them."
+                )
+        for i in static:
+            try:
+                hash(full[i])
+            except TypeError:
+                raise TypeError(
+                    f"coarse.sync({step}): static argument {i} must be hashable (it is "
+                    f"part of the compiled program's key, as in jax.jit), got "
+                    f"{type(full[i]).__name__}. Fix: pass a hashable value (a tuple, not a "
+                    "list) or make it a regular argument."
+                ) from None
+        if set(graph) & batch:
+            raise TypeError(
+                f"coarse.sync({step}): argument {sorted(set(graph) & batch)[0]} is an "
+                "NNX object but batch_argnums names it: the batch must be arrays. Fix: pass "
+                "batch_argnums for the batch's position."
+            )
+        graphdef, graph_state = _nnx.split(tuple(full[i] for i in graph)) if graph else (None, None)
+        kept = [i for i in range(n) if i not in static and i not in batch | set(graph)]
+        structure = tuple((_label(i, n_pos, kwnames), signature_of(full[i])) for i in kept)
+        if graph:
+            what = f"the NNX state of argument(s) {list(graph)}"
+            structure += ((what, signature_of(graph_state)),)
+        outer = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(full))
+        layout = Layout(
+            n=n,
+            n_pos=n_pos,
+            kwnames=kwnames,
+            batch=tuple(sorted(batch)),
+            static=tuple((i, full[i]) for i in sorted(static)),
+            donate=tuple(sorted(donate)),
+            graph=graph,
+            graphdef=graphdef,
+            outer_trace=outer,
+            structure=structure,
+        )
+        return layout, full, graph_state
+
+    def _default_batch(
+        self,
+        n: int,
+        n_pos: int,
+        kwnames: tuple[str, ...],
+        static: set[int],
+        graph: tuple[int, ...],
+    ) -> int:
+        """The last argument, in the signature's order, that is not static, not an NNX object,
+        and whose parameter has no default; else the last one that is not static."""
+        free = [i for i in range(n) if i not in static]
+        arrays = [i for i in free if i not in graph and not self._has_default(i, n_pos, kwnames)]
+        if arrays:
+            return arrays[-1]
+        return free[-1] if free else n - 1

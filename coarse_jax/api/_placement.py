@@ -1,0 +1,174 @@
+"""Where a step's arguments go in (the workers) and where its outputs come out.
+
+The program spans the workers only. Arguments committed elsewhere (the
+whole two-tier mesh, one device) are moved onto the workers; arrays already
+on exactly the workers, uncommitted arrays and host values pass untouched.
+
+Outputs follow the arguments, as under ``jax.jit``: when an argument was
+committed to the whole mesh `coarse.make_mesh` returned, the outputs are
+placed on that mesh too (replicated; per-example outputs split over "data"
+where the mesh lists each device once), so they mix with the user's other
+arrays on that mesh in their other jitted functions. Otherwise they stay on
+the workers. Placing them on the mesh copies each replicated output to
+every proxy's device (on a COARSE k:1 mesh jax keeps one buffer per mesh
+position: k on a shared proxy's device): `coarse.memory_report` counts
+those bytes on the proxy tier. State kept on the workers' mesh
+(`coarse_jax.mesh.workers_mesh`) costs the proxies nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from coarse_jax.mesh import batch_axes, workers_mesh
+
+
+def _span(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    # A typed PRNG key array's shard index also covers its key data's trailing
+    # dimensions, which the key array's shape does not have: they are never split.
+    return tuple(sl.indices(n) for sl, n in zip(index[: len(shape)], shape, strict=True))
+
+
+def _within(inner: tuple, outer: tuple) -> tuple[slice, ...] | None:
+    """``inner``'s block (spans of step 1) as an index into ``outer``'s, or None if outside."""
+    pairs = list(zip(inner, outer, strict=True))
+    if any(i[2] != 1 or o[2] != 1 or i[0] < o[0] or i[1] > o[1] for i, o in pairs):
+        return None
+    return tuple(slice(i[0] - o[0], i[1] - o[0]) for i, o in pairs)
+
+
+def from_local_shards(x: jax.Array, sharding: NamedSharding) -> jax.Array | None:
+    """``x`` as an array of ``sharding``, built from the buffers ``x`` has on this process,
+    or None where a device's block is in none of them (or ``sharding``'s mesh lists a device
+    twice).
+
+    A buffer already on a device with the right block is used as it is (no
+    copy); else the block is cut from a local buffer that holds it, that
+    device's own first, and moved there. Nothing crosses processes, and
+    nothing goes through jax's resharding, which refuses what this must
+    take: a transfer between different device sets across processes
+    (multi-controller jax), and any copy out of a mesh that lists a device
+    twice (a COARSE k:1 mesh, whose tier-1 row repeats each shared proxy: jax
+    can only replicate over it).
+    """
+    devices = list(sharding.mesh.devices.flat)
+    if len(set(devices)) != len(devices):
+        return None
+    shards = [(s, _span(s.index, x.shape)) for s in x.addressable_shards]
+    buffers = []
+    for device, index in sharding.addressable_devices_indices_map(x.shape).items():
+        if index is None:
+            return None
+        want = _span(index, x.shape)
+        mine_first = sorted(shards, key=lambda t: t[0].device != device)
+        found = next(
+            ((s, sp, c) for s, sp in mine_first if (c := _within(want, sp)) is not None), None
+        )
+        if found is None:
+            return None
+        shard, span, cut = found
+        data = shard.data if span == want else shard.data[cut]
+        buffers.append(data if shard.device == device else jax.device_put(data, device))
+    return jax.make_array_from_single_device_arrays(x.shape, sharding, buffers)
+
+
+def _committed_elsewhere(x: Any, devices: set[jax.Device]) -> bool:
+    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+        return False
+    if not x.committed:  # jax.jit moves an uncommitted array wherever it is needed
+        return False
+    return x.sharding.device_set != devices
+
+
+def to_workers(tree: Any, mesh: Mesh, batch: bool) -> Any:
+    """``tree`` with every array committed off the workers moved onto them.
+
+    An array committed to other devices (the whole two-tier mesh, say, from
+    ``jax.device_put(x, NamedSharding(mesh, P("data")))``, or one device) is
+    moved onto the workers, split over "data" if it is the batch, else
+    replicated; arrays on exactly the workers, uncommitted arrays and host
+    values pass untouched (no copy). Where the workers already hold the
+    right slices (the batch split over "data" and replicated over "tier", or
+    a replicated array), those buffers are reused as they are. Otherwise
+    each worker's block is cut from a buffer this process holds: across
+    hosts no transfer between processes, and on a COARSE k:1 mesh no copy
+    through jax.
+    """
+    workers = workers_mesh(mesh)
+    devices = set(workers.devices.flat)
+    sharding = NamedSharding(workers, P(batch_axes(mesh)) if batch else P())
+
+    def move(x: Any) -> Any:
+        if not _committed_elsewhere(x, devices):
+            return x
+        moved = from_local_shards(x, sharding)
+        return moved if moved is not None else jax.device_put(x, sharding)
+
+    return jax.tree.map(move, tree)
+
+
+def abstract_off_workers(tree: Any, mesh: Mesh) -> Any:
+    """``tree`` with arrays committed off the workers as shapes (what `to_workers` would move):
+    for lowering the program without moving anything."""
+    devices = set(workers_mesh(mesh).devices.flat)
+
+    def shape(x: Any) -> Any:
+        if not _committed_elsewhere(x, devices):
+            return x
+        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+    return jax.tree.map(shape, tree)
+
+
+def home(mesh: Mesh, args: Any) -> Mesh | None:
+    """``mesh`` if some argument is committed to exactly its devices (more than the workers),
+    else None: where the outputs go (`place`)."""
+    everything = set(mesh.devices.flat)
+    if everything == set(workers_mesh(mesh).devices.flat):
+        return None
+    for x in jax.tree.leaves(args):
+        if (
+            isinstance(x, jax.Array)
+            and not isinstance(x, jax.core.Tracer)
+            and x.committed
+            and x.sharding.device_set == everything
+        ):
+            return mesh
+    return None
+
+
+def repeats_devices(mesh: Mesh) -> bool:
+    devices = list(mesh.devices.flat)
+    return len(set(devices)) != len(devices)
+
+
+def place(tree: Any, mesh: Mesh, batch: bool) -> Any:
+    """``tree`` (outputs on the workers) placed on the whole ``mesh``: replicated, or split
+    over its batch axes (``batch``) where the mesh lists each device once.
+
+    Built from this process's buffers (`from_local_shards`): the workers'
+    are reused, each proxy's device gets a copy. A per-example output stays
+    on the workers on a mesh that lists a device twice (COARSE k:1), where
+    no array can be split over "data".
+    """
+    repeats = repeats_devices(mesh)
+    if batch and repeats:
+        return tree
+    sharding = NamedSharding(mesh, P(batch_axes(mesh)) if batch else P())
+
+    def put(x: Any) -> Any:
+        if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+            return x
+        if repeats:
+            # jax builds an array over a mesh that lists a device twice only
+            # from one buffer (it refuses several on one device): the
+            # replica on this process's first worker.
+            return jax.device_put(x.addressable_shards[0].data, sharding)
+        moved = from_local_shards(x, sharding)
+        return moved if moved is not None else jax.device_put(x, sharding)
+
+    return jax.tree.map(put, tree)
