@@ -465,3 +465,180 @@ def test_k_to_1_table_and_plot(v100_2to1, tmp_path):
     path = tmp_path / "v100_2to1.png"
     v100_2to1.plot(path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- decisions from repeated rounds
+
+from coarse_jax.profiling import routing  # noqa: E402
+from coarse_jax.profiling.data import Decision  # noqa: E402
+
+PAPER_V100_ROUTES = ((0, 1), (1, 2), (2, 3), (3, 0))
+ROUND_SIZES = (1 << 10, 1 << 16, 1 << 18, 1 << 24)
+
+
+def _true_times(local, remote, p=4, sizes=ROUND_SIZES) -> np.ndarray:
+    """[p, p, S] seconds of the link model (1:1)."""
+    return np.array(
+        [[_t(*(local if i == k else remote)[::-1], sizes) for k in range(p)] for i in range(p)]
+    )
+
+
+def _rounds(true_s: np.ndarray, rounds: int, noise_s: float, seed: int = 0) -> dict:
+    """Per-round samples: the true time plus host noise, which only adds time: an
+    exponential delay of mean ``noise_s`` and, in one round of 8, a preemption of 1 ms."""
+    rng = np.random.default_rng(seed)
+    p, q, S = true_s.shape
+    out: dict = {}
+    for i, k, j in np.ndindex(p, q, S):
+        delay = rng.exponential(noise_s, rounds) + (rng.random(rounds) < 1 / 8) * 1e-3
+        out[i, k, j] = dict(enumerate(true_s[i, k, j] + delay))
+    return out
+
+
+def _decide(samples: dict, model_s, *, final: bool, exact: bool = False):
+    p, q, _ = model_s.shape if model_s is not None else (4, 4, 0)
+    return routing.decide(
+        lambda i, k, j: samples[i, k, j],
+        ROUND_SIZES,
+        list(range(p)),
+        q,
+        exact=exact,
+        model_s=model_s,
+        model_name="v100",
+        settled={},
+        final=final,
+        why=" (test)",
+    )
+
+
+def _routes(decisions: dict) -> tuple:
+    return tuple(
+        (decisions[i, "latency"].choice, decisions[i, "bandwidth"].choice) for i in range(4)
+    )
+
+
+def test_median_ci_is_the_sign_tests_interval():
+    assert routing.median_ci(np.ones(7)) is None  # 99% needs 8 values
+    assert routing.median_ci(np.arange(8.0)) == (3.5, 0.0, 7.0)  # the whole range
+    # 20 values: P(Binomial(20, 1/2) <= 3) = 0.0013 <= 0.005 < P(<= 4) = 0.0059: x_(4), x_(17).
+    assert routing.median_ci(np.arange(20.0))[1:] == (3.0, 16.0)
+    # Whatever the noise's shape, the interval holds the true median 99% of the time.
+    rng = np.random.default_rng(3)
+    hits = [
+        lo <= 0 <= hi
+        for _, lo, hi in (routing.median_ci(rng.standard_cauchy(16)) for _ in range(3000))
+    ]
+    assert np.mean(hits) >= 0.985
+
+
+def test_preempted_rounds_do_not_decide_v100_routes():
+    """A 1 ms preemption (longer than the local link's 16 MiB transfer, 300x the latency) in
+    one round of 8: 32 rounds make every decision clear, and it is the paper's."""
+    true_s = _true_times((9.0, 3.0), (16.0, 8.0))
+    decisions, needed = _decide(_rounds(true_s, 32, 0.3e-6), true_s, final=False)
+    assert not needed
+    assert {d.basis for d in decisions.values()} == {"measured"}
+    assert _routes(decisions) == PAPER_V100_ROUTES
+    crossing = 5e-6 * 144e9 / 7  # between 64 KiB and 256 KiB
+    for i in range(4):
+        assert ROUND_SIZES[1] < decisions[i, "threshold"].choice < ROUND_SIZES[2]
+        assert decisions[i, "threshold"].choice == pytest.approx(crossing, rel=0.3)
+
+
+def test_noise_as_large_as_the_latency_leaves_ties_unclear_and_the_model_decides():
+    """Exponential noise of 6 us (and 1 ms preemptions) on links of 3 and 8 us: what 16 rounds
+    leave unclear, the model decides, and the routes are the paper's."""
+    true_s = _true_times((9.0, 3.0), (16.0, 8.0))
+    decisions, _ = _decide(_rounds(true_s, 16, 6e-6), true_s, final=True)
+    assert _routes(decisions) == PAPER_V100_ROUTES
+    bases = [d.basis for d in decisions.values()]
+    assert "model" in bases and set(bases) <= {"measured", "model"}
+
+
+def test_too_few_rounds_leave_decisions_open_then_keep_the_models_choice():
+    true_s = _true_times((9.0, 3.0), (16.0, 8.0))
+    samples = _rounds(true_s, 5, 6e-6)  # too few rounds for a 99% interval
+    decisions, needed = _decide(samples, true_s, final=False)
+    assert decisions == {} and {(i, k, 0) for i in range(4) for k in range(4)} <= needed
+    decisions, needed = _decide(samples, true_s, final=True)
+    assert not needed
+    routes = tuple(
+        (decisions[i, "latency"].choice, decisions[i, "bandwidth"].choice) for i in range(4)
+    )
+    assert routes == PAPER_V100_ROUTES  # the model's choice: the v100 formula's
+    d = decisions[0, "bandwidth"]
+    assert (
+        d.basis == "model" and "not clear" in d.detail and "v100 model's choice (test)" in d.detail
+    )
+    assert decisions[0, "threshold"].basis == "model"
+    assert decisions[0, "threshold"].choice == round(5e-6 * 144e9 / 7)
+
+
+def test_noise_larger_than_a_difference_follows_the_model_not_the_noise():
+    """Links 3% apart under noise 20x that: not clear by the 5% margin. The model (here: the
+    local proxy is 3% faster) decides, not whichever link the noise favoured."""
+    true_s = _true_times((12.0, 5.0), (12.0, 5.0))
+    true_s[:, :, :] *= 1.03
+    for i in range(4):
+        true_s[i, i] /= 1.03  # the local link is 3% faster
+    samples = _rounds(true_s, 16, 100e-6, seed=1)
+    decisions, _ = _decide(samples, true_s, final=True)
+    for i in range(4):
+        for kind in ("latency", "bandwidth"):
+            assert decisions[i, kind].choice == i
+    # Without a model (the host's own devices) an unclear decision takes the local proxy.
+    decisions, _ = _decide(samples, None, final=True)
+    assert all(decisions[i, "bandwidth"].choice == i for i in range(4))
+    assert {decisions[i, "bandwidth"].basis for i in range(4)} <= {"local", "measured"}
+
+
+def test_exact_samples_decide_in_one_round():
+    true_s = _true_times((9.0, 3.0), (16.0, 8.0))
+    samples = {(i, k, j): {0: true_s[i, k, j]} for i, k, j in np.ndindex(*true_s.shape)}
+    decisions, needed = _decide(samples, true_s, final=True, exact=True)
+    assert not needed and {d.basis for d in decisions.values()} == {"measured"}
+    assert decisions[2, "bandwidth"].choice == 3
+
+
+def _with_decisions(prof: Profile, routes, threshold, basis="model") -> Profile:
+    decisions = []
+    for i, (lat, bw) in enumerate(routes):
+        decisions += [
+            Decision(i, "latency", lat, "measured", "clear"),
+            Decision(i, "bandwidth", bw, basis, "not clear: noise"),
+            Decision(i, "threshold", None if lat == bw else threshold, basis, "crossing"),
+        ]
+    return dataclasses.replace(prof, decisions=tuple(decisions))
+
+
+def test_a_profiles_decisions_route_it_and_are_reported(v100, tmp_path):
+    # Decisions (here different from what the times alone say) are what routing follows.
+    decided = _with_decisions(v100, ((0, 2), (1, 3), (2, 0), (3, 1)), 4096)
+    assert routes_from_profile(decided) == ((0, 2), (1, 3), (2, 0), (3, 1))
+    assert threshold_bytes(decided, 1) == 4096
+    assert Config.from_profile(decided).latency_threshold_bytes == 4096
+    text = decided.table()
+    assert "bandwidth proxy 2 (model)" in text and "4 decision(s) not clear" not in text
+    assert "8 decision(s) not clear from the measurements" in text
+    assert "worker 0 bandwidth: not clear: noise" in text
+    decided.save(tmp_path / "d.json")
+    assert Profile.load(tmp_path / "d.json") == decided != v100
+    assert decided.decision(3, "latency") == Decision(3, "latency", 3, "measured", "clear")
+    assert v100.decision(0, "latency") is None
+
+
+@pytest.mark.parametrize(
+    ("decisions", "match"),
+    [
+        ("drop", r"Profile.decisions: expected one decision per worker 0..3"),
+        ({"kind": "speed"}, r"Decision.kind: expected one of \('latency', 'bandwidth'"),
+        ({"basis": "guess"}, r"Decision.basis: expected one of"),
+        ({"choice": 4}, r"worker 0's latency proxy must be in 0..3"),
+        ({"choice": -1}, r"Decision.choice: expected an int >= 0"),
+    ],
+)
+def test_bad_decisions_name_the_field(v100, decisions, match):
+    good = [dataclasses.asdict(d) for d in _with_decisions(v100, PAPER_V100_ROUTES, 1).decisions]
+    bad = good[1:] if decisions == "drop" else [{**good[0], **decisions}, *good[1:]]
+    with pytest.raises(ValueError, match=match):
+        Profile.from_json_dict({**v100.to_json_dict(), "decisions": bad})

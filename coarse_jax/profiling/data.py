@@ -42,6 +42,66 @@ _AXES = {
 }
 
 
+DECISION_KINDS = ("latency", "bandwidth", "threshold")
+DECISION_BASES = ("measured", "model", "local", "unclear")
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """One routing decision of a measured `Profile`, and what it rests on.
+
+    `coarse.profile` decides, per worker, its latency proxy, its bandwidth
+    proxy and the threshold between them (the size where their transfer
+    times cross), from repeated, interleaved measurements
+    (`coarse_jax.profiling.routing`). A decision the measurements make clear
+    by the stated margin is ``"measured"``; one they leave unclear within the
+    time budget keeps the model's choice for the emulated topology
+    (``"model"``: the choice its own link formula gives) or, on the host's
+    own devices, where there is no model, the worker's local proxy
+    (``"local"``, as a Config without a profile routes). A threshold left
+    unclear where there is no model is interpolated between the medians and
+    marked ``"unclear"``.
+
+    Attributes:
+      worker: the worker's index.
+      kind: "latency" (LatProxy), "bandwidth" (BwProxy) or "threshold" (S).
+      choice: the proxy's index, or for "threshold" the size S in bytes
+        (``None`` when the worker's two proxies are the same).
+      basis: "measured", "model", "local" or "unclear".
+      detail: the evidence, for people (medians, confidence interval, margin).
+
+    Raises:
+      ValueError: an unknown ``kind`` or ``basis``, or a ``choice`` that is
+        not an int >= 0 (or None for a threshold).
+    """
+
+    worker: int
+    kind: str
+    choice: int | None
+    basis: str
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in DECISION_KINDS:
+            raise ValueError(f"Decision.kind: expected one of {DECISION_KINDS}, got {self.kind!r}.")
+        if self.basis not in DECISION_BASES:
+            raise ValueError(
+                f"Decision.basis: expected one of {DECISION_BASES}, got {self.basis!r}."
+            )
+        for name in ("worker", "choice"):
+            v = getattr(self, name)
+            if v is None and name == "choice" and self.kind == "threshold":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(
+                    f"Decision.{name}: expected an int >= 0 (a {self.kind} decision's "
+                    f"{'proxy or bytes' if name == 'choice' else 'worker index'}), got {v!r}."
+                )
+            object.__setattr__(self, name, int(v))
+        if not isinstance(self.detail, str):
+            raise ValueError(f"Decision.detail: expected text (str), got {self.detail!r}.")
+
+
 def _shape(kind: str, p: int, q: int, s: int) -> tuple[int, int, int]:
     """The shape of a ``kind`` array for p workers, q proxies and s sizes."""
     return {"wp": (p, q, s), "pp": (q, 2, s), "ww": (p, 2, s)}[kind]
@@ -89,6 +149,15 @@ class Profile:
         treats links whose difference is within this noise as tied.
       proxies: q, dividing p; ``0`` or ``None`` (the default, and what a
         profile saved before COARSE k:1 implies) mean p.
+      decisions: the routing decisions `coarse.profile` made from its
+        repeated, interleaved measurements, one `Decision` per worker and
+        kind (latency proxy, bandwidth proxy, threshold), each saying whether
+        the measurements made it clear or it kept the model's (or the local)
+        choice; routing follows them. ``None`` (a profile written by hand or
+        by an older version): routing decides from ``wp_oneway_s`` alone
+        (`coarse_jax.profiling.routing`). They are made when the profile is
+        measured: a copy with other times (``dataclasses.replace``) should
+        set ``decisions=None``.
 
     Raises:
       ValueError: a field with the wrong shape, order or range (the message
@@ -123,6 +192,7 @@ class Profile:
     host: str = ""
     wp_spread: np.ndarray | None = None
     proxies: int = 0
+    decisions: tuple[Decision, ...] | None = None
 
     def __post_init__(self) -> None:
         p = self.workers
@@ -199,6 +269,51 @@ class Profile:
                 )
             spread.setflags(write=False)
             object.__setattr__(self, "wp_spread", spread)
+        if self.decisions is not None:
+            object.__setattr__(self, "decisions", self._check_decisions(self.decisions, p, q))
+
+    @staticmethod
+    def _check_decisions(decisions: Any, p: int, q: int) -> tuple[Decision, ...]:
+        """``decisions`` as Decisions: exactly one per worker and kind, proxies among the q."""
+        try:
+            out = tuple(d if isinstance(d, Decision) else Decision(**d) for d in decisions)
+        except TypeError as e:
+            raise ValueError(
+                "Profile.decisions: expected Decisions (or dicts of worker, kind, choice, basis, "
+                f"detail), or None; got {decisions!r} ({e})."
+            ) from None
+        want = {(i, kind) for i in range(p) for kind in DECISION_KINDS}
+        got = [(d.worker, d.kind) for d in out]
+        if sorted(got) != sorted(want):
+            raise ValueError(
+                f"Profile.decisions: expected one decision per worker 0..{p - 1} and kind "
+                f"{DECISION_KINDS}, got {sorted(got)}; pass decisions=None to route from the "
+                "times alone."
+            )
+        for d in out:
+            if d.kind != "threshold" and d.choice is not None and d.choice >= q:
+                raise ValueError(
+                    f"Profile.decisions: worker {d.worker}'s {d.kind} proxy must be in "
+                    f"0..{q - 1} (the profile's proxies), got {d.choice}."
+                )
+        return out
+
+    def decision(self, worker: int, kind: str) -> Decision | None:
+        """The `Decision` of ``kind`` ("latency", "bandwidth", "threshold") for ``worker``.
+
+        Returns:
+          It, or None when the profile holds no decisions (``decisions=None``).
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> d = prof.decision(0, "bandwidth")
+          >>> d.choice, d.basis
+          (1, 'measured')
+        """
+        if self.decisions is None:
+            return None
+        return next(d for d in self.decisions if (d.worker, d.kind) == (worker, kind))
 
     # ---------------------------------------------------------------- equality
 
@@ -216,8 +331,10 @@ class Profile:
             and not np.array_equal(self.wp_spread, other.wp_spread)
         ):
             return False
-        return self._scalars() == other._scalars() and all(
-            np.array_equal(getattr(self, n), getattr(other, n)) for n, _ in _ARRAY_FIELDS
+        return (
+            self._scalars() == other._scalars()
+            and self.decisions == other.decisions
+            and all(np.array_equal(getattr(self, n), getattr(other, n)) for n, _ in _ARRAY_FIELDS)
         )
 
     __hash__ = None  # type: ignore[assignment]  # holds arrays; see the class docstring
@@ -444,6 +561,8 @@ class Profile:
             out[name] = getattr(self, name).tolist()
         if self.wp_spread is not None:
             out["wp_spread"] = self.wp_spread.tolist()
+        if self.decisions is not None:
+            out["decisions"] = [dataclasses.asdict(d) for d in self.decisions]
         return out
 
     @staticmethod
@@ -499,6 +618,7 @@ class Profile:
                 host=data.get("host", ""),
                 wp_spread=data.get("wp_spread"),
                 proxies=data.get("proxies", 0),  # absent: an older, 1:1 profile
+                decisions=data.get("decisions"),  # absent: route from the times alone
             )
         except ValueError as e:
             raise ValueError(f"{source}: {e}") from None

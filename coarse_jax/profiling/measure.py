@@ -9,8 +9,19 @@ one way and both ways at once (push + pull), every proxy -> neighbour in the
 proxies' ring (of q) one way and both ways, every worker -> neighbour in the
 workers' ring (of p) one way (AllReduce's links).
 On an emulated interconnect (``topology=``) the probe books the same links,
-ports and time scale a push, ring step or pull does; without one it measures
-the host's real copies.
+ports and time scale a push, ring step or pull does (on the real clock it
+times the emulated link itself: the host's copy is not counted); without one
+it measures the host's real copies.
+
+Routing decisions do not follow noise: after that first pass, the links of
+every decision still open (each worker's latency proxy, bandwidth proxy and
+threshold) are measured again, round after round, interleaved in a shuffled
+order, until each decision is clear by `routing.DECISION_MARGIN` (5%) at
+`routing.DECISION_CONFIDENCE` (99%), or the time budget (``budget_s``) is
+spent; a decision still unclear then keeps the model's choice for the
+emulated topology (or, on the host's own devices, the local proxy), and the
+`Profile` says so (`Profile.decisions`, `Profile.table()`). See
+`coarse_jax.profiling.routing` for the rule.
 
 CLI::
 
@@ -23,6 +34,7 @@ AllReduce and COARSE on a ResNet-50-shaped gradient tree.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,17 +43,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
-from coarse_jax.mesh import DATA, check_mesh, has_hosts, proxy_devices
-from coarse_jax.profiling.data import Profile
+from coarse_jax.mesh import DATA, check_mesh, has_hosts, local_proxy, proxy_devices
+from coarse_jax.profiling import routing
+from coarse_jax.profiling.data import DECISION_KINDS, Decision, Profile
 from coarse_jax.profiling.topology import Topology
 
 DEFAULT_SIZES = tuple(4**k for k in range(5, 13))  # 1 KiB, 4 KiB, .., 16 MiB
 _PROBE_SITE = 1 << 40  # keeps probe sessions apart from sync sites
 _PROBE_AXIS = "device"  # the probe's own mesh: the p workers, then the q proxies
+DEFAULT_BUDGET_S = 15.0  # re-measuring open decisions, after the first pass
+MAX_ROUNDS = 64  # rounds of re-measurement at most, whatever the budget
 
 
 def _probe_mesh(mesh: Mesh) -> Mesh:
@@ -67,7 +82,11 @@ def _probe_mesh(mesh: Mesh) -> Mesh:
 def _probe_program(
     probe_mesh: Mesh, p: int, q: int, nbytes: int, reps: int, topology: Topology | None
 ) -> Callable[[jax.Array], jax.Array]:
-    """jit(shard_map): every device runs coarse_probe; returns seconds [p + q, reps]."""
+    """jit(shard_map): every device runs coarse_probe; returns seconds [p + q, reps].
+
+    The payload (``nbytes`` per device) is made once and kept: a program that
+    made it would fill ``(p + q) * nbytes`` bytes on every call.
+    """
     attrs = {
         "workers": np.int64(p),
         "proxies": np.int64(q),
@@ -77,24 +96,33 @@ def _probe_program(
     if topology is not None:
         attrs.update(topology.ffi_attrs())
 
-    def body(pairs: jax.Array) -> jax.Array:
+    def body(pairs: jax.Array, payload: jax.Array) -> jax.Array:
         # The calling device's (tier, index): worker (0, i) for i < p, proxy (1, j) at p + j.
         d = lax.axis_index(_PROBE_AXIS).astype(jnp.int32)
         is_proxy = (d >= p).astype(jnp.int32)
         me = jnp.stack([is_proxy, d - p * is_proxy])
-        payload = _ffi.vary(jnp.zeros((nbytes,), jnp.uint8), (_PROBE_AXIS,))
         times = jax.ffi.ffi_call(
             "coarse_probe",
             jax.ShapeDtypeStruct((reps,), jnp.float32, manual_axis_type=None),
             has_side_effect=True,
             vmap_method="broadcast_all",
-        )(me, _ffi.vary(pairs, (_PROBE_AXIS,)), payload, **attrs)
+        )(me, _ffi.vary(pairs, (_PROBE_AXIS,)), payload.reshape(-1), **attrs)
         return times[None]
 
-    fn = jax.shard_map(
-        body, mesh=probe_mesh, in_specs=P(), out_specs=P(_PROBE_AXIS), check_vma=False
+    fn = jax.jit(
+        jax.shard_map(
+            body,
+            mesh=probe_mesh,
+            in_specs=(P(), P(_PROBE_AXIS)),
+            out_specs=P(_PROBE_AXIS),
+            check_vma=False,
+        )
     )
-    return jax.jit(fn)
+    payload = jax.jit(
+        lambda: jnp.zeros((p + q, nbytes), jnp.uint8),
+        out_shardings=NamedSharding(probe_mesh, P(_PROBE_AXIS)),
+    )()
+    return lambda pairs: fn(pairs, payload)
 
 
 def robust_time(times: np.ndarray) -> tuple[float, float]:
@@ -126,6 +154,7 @@ def profile(
     topology: Topology | None = None,
     sizes: Sequence[int] | None = None,
     reps: int = 5,
+    budget_s: float = DEFAULT_BUDGET_S,
 ) -> Profile:
     """Measures latency and bandwidth of every worker->proxy pair and ring neighbour.
 
@@ -142,17 +171,28 @@ def profile(
         cannot see which proxy has more bandwidth.
       reps: repetitions per measurement; the first is dropped as warm-up, the
         fastest of the rest is kept (host noise only adds time) and their
-        spread recorded (`robust_time`; ``Profile.wp_spread``), so routing
-        does not take noise for a difference between links.
+        spread recorded (`robust_time`; ``Profile.wp_spread``).
+      budget_s: seconds the profiler may spend, after its first pass over
+        every link, re-measuring the links of routing decisions that are not
+        yet clear (at most `MAX_ROUNDS` rounds). Each round measures those
+        links once more, in a shuffled order; a decision is clear when the
+        99% confidence interval of its paired per-round ratios clears a 5%
+        margin (`coarse_jax.profiling.routing`). One still unclear when the
+        budget is spent keeps the model's choice for ``topology`` (or the
+        local proxy on the host's own devices), and ``Profile.decisions``
+        and ``Profile.table()`` say so. 0 decides from the first pass alone
+        (every decision that needs a confidence interval then falls back). A
+        virtual clock is exact: one pass decides and the budget is unused.
+        ``wp_oneway_s`` holds each link's median over its rounds.
 
     Returns:
       A `coarse.Profile` (``table()``, ``plot(path)``, ``save(path)``);
       `coarse.Config.from_profile` turns it into routes, threshold and shard size.
 
     Raises:
-      ValueError: bad sizes, or a topology for another number of workers or
-        proxies, or not a coarse mesh (or one whose proxies share the
-        workers' devices).
+      ValueError: bad sizes, reps or budget_s, or a topology for another
+        number of workers or proxies, or not a coarse mesh (or one whose
+        proxies share the workers' devices).
       NotImplementedError: the mesh spans hosts (profile each host's part).
 
     Example:
@@ -200,34 +240,42 @@ def profile(
         )
     if reps < 2:
         raise ValueError(f"coarse.profile: reps must be >= 2 (one is warm-up), got {reps}.")
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s >= 0:
+        raise ValueError(
+            f"coarse.profile: budget_s must be seconds >= 0 (the time to re-measure routing "
+            f"decisions that are not yet clear), got {budget_s!r}. Fix: e.g. budget_s=20, or 0 "
+            "to decide from one pass."
+        )
 
     S = len(sizes)
-    wp_one, wp_bi, wp_spread = np.zeros((p, q, S)), np.zeros((p, q, S)), np.zeros((p, q, S))
+    wp_bi, wp_spread = np.zeros((p, q, S)), np.zeros((p, q, S))
     pp_one, pp_bi = np.zeros((q, 2, S)), np.zeros((q, 2, S))
     ww_one = np.zeros((p, 2, S))
+    # Worker -> proxy one way, per (worker, proxy, size index): round -> fastest repetition.
+    samples: dict[tuple[int, int, int], dict[int, float]] = {
+        (i, k, j): {} for i in range(p) for k in range(q) for j in range(S)
+    }
+    programs = [_probe_program(probe_mesh, p, q, n, reps, topology) for n in sizes]
+
+    def measure(j: int, *pairs: tuple[int, int]) -> tuple[float, float]:
+        """(seconds, relative spread) of one transfer of sizes[j], or of two at once."""
+        flat = [v for pair in pairs for v in pair] + [-1, -1] * (2 - len(pairs))
+        times = np.asarray(programs[j](jnp.asarray(flat, jnp.int32))).reshape(p + q, reps)
+        per_pair = [robust_time(times[src, 1:]) for src, _ in pairs]  # [0]: warm-up
+        slowest = max(per_pair)  # both directions done
+        return slowest[0], max(spread for _, spread in per_pair)
 
     def ring(k: int, n: int) -> tuple[int, int]:
         """Device k's (next, previous) neighbour in a ring of n."""
         return (k + 1) % n, (k - 1) % n
 
-    for j, nbytes in enumerate(sizes):
-        run = _probe_program(probe_mesh, p, q, nbytes, reps, topology)
-
-        def measure(
-            *pairs: tuple[int, int], run: Callable[[jax.Array], jax.Array] = run
-        ) -> tuple[float, float]:
-            """(seconds, relative spread) of one transfer, or of two at once."""
-            flat = [v for pair in pairs for v in pair] + [-1, -1] * (2 - len(pairs))
-            times = np.asarray(run(jnp.asarray(flat, jnp.int32))).reshape(p + q, reps)
-            per_pair = [robust_time(times[src, 1:]) for src, _ in pairs]  # [0]: warm-up
-            slowest = max(per_pair)  # both directions done
-            return slowest[0], max(spread for _, spread in per_pair)
-
+    # The first pass: every link once.
+    for j in range(S):
         for i in range(p):
             for k in range(q):
                 w, x = _device(0, i, p), _device(1, k, p)
-                wp_one[i, k, j], wp_spread[i, k, j] = measure((w, x))
-                wp_bi[i, k, j], _ = measure((w, x), (x, w))
+                samples[i, k, j][0], wp_spread[i, k, j] = measure(j, (w, x))
+                wp_bi[i, k, j], _ = measure(j, (w, x), (x, w))
         # A ring of one device moves nothing: its entries are a placeholder 1 ns.
         for k in range(q):
             for r, nb in enumerate(ring(k, q)):
@@ -235,14 +283,55 @@ def profile(
                     pp_one[k, r, j] = pp_bi[k, r, j] = 1e-9
                     continue
                 a, b = _device(1, k, p), _device(1, nb, p)
-                pp_one[k, r, j], _ = measure((a, b))
-                pp_bi[k, r, j], _ = measure((a, b), (b, a))
+                pp_one[k, r, j], _ = measure(j, (a, b))
+                pp_bi[k, r, j], _ = measure(j, (a, b), (b, a))
         for k in range(p):
             for r, nb in enumerate(ring(k, p)):
                 if p == 1:
                     ww_one[k, r, j] = 1e-9
                     continue
-                ww_one[k, r, j], _ = measure((_device(0, k, p), _device(0, nb, p)))
+                ww_one[k, r, j], _ = measure(j, (_device(0, k, p), _device(0, nb, p)))
+
+    # Then the open decisions' links, round after round, until each is clear or the budget is spent.
+    exact = topology is not None and topology.clock == "virtual"
+    model_s = None
+    if topology is not None:
+        model_s = np.array(
+            [[[topology.transfer_s("wp", i, k, n) for n in sizes] for k in range(q)]
+             for i in range(p)]
+        )  # fmt: skip
+    decide = functools.partial(
+        routing.decide,
+        lambda i, k, j: samples[i, k, j],
+        sizes,
+        [local_proxy(i, p, q) for i in range(p)],
+        q,
+        exact=exact,
+        model_s=model_s,
+        model_name=None if topology is None else topology.name,
+    )
+    rng = np.random.default_rng(0)
+    settled: dict[tuple[int, str], Decision] = {}
+    start, rounds = time.monotonic(), 0
+    while True:
+        spent = time.monotonic() - start
+        why = ""
+        if not exact and spent >= budget_s:
+            why = f" (budget_s={budget_s:g} spent after {rounds} more rounds)"
+        elif rounds >= MAX_ROUNDS:
+            why = f" ({MAX_ROUNDS} more rounds, the most)"
+        settled, needed = decide(settled=settled, final=exact or bool(why), why=why)
+        if not needed:
+            break
+        rounds += 1
+        links = sorted(needed)
+        rng.shuffle(links)  # interleaved: no link is always measured first or after another
+        for i, k, j in links:
+            samples[i, k, j][rounds], _ = measure(j, (_device(0, i, p), _device(1, k, p)))
+    wp_one = np.array(
+        [[[np.median(list(samples[i, k, j].values())) for j in range(S)] for k in range(q)]
+         for i in range(p)]
+    )  # fmt: skip
 
     return Profile(
         workers=p,
@@ -257,6 +346,7 @@ def profile(
         host=f"{jax.devices()[0].platform}, {len(jax.devices())} devices",
         wp_spread=wp_spread,
         proxies=q,
+        decisions=tuple(settled[i, kind] for i in range(p) for kind in DECISION_KINDS),
     )
 
 

@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from coarse_jax.profiling.routing import ROUTE_TIE_RTOL, routes_from_profile, threshold_bytes
+from coarse_jax.profiling.routing import (
+    DECISION_CONFIDENCE,
+    DECISION_MARGIN,
+    ROUTE_TIE_RTOL,
+    routes_from_profile,
+    threshold_bytes,
+)
 
 if TYPE_CHECKING:
     from coarse_jax.profiling.data import Profile
@@ -29,7 +35,12 @@ def table(profile: Profile) -> str:
     One row per worker with its link to each of the q proxies (``*`` marks
     the local proxy; LatProxy/BwProxy as the planner picks them), then each
     proxy's neighbours in the proxies' ring (of q) and each worker's in the
-    workers' ring (of p).
+    workers' ring (of p). Then what each routing decision rests on
+    (`Profile.decisions`): ``measured`` (clear by the margin), ``model``
+    (not clear within the budget: the emulated topology's own choice),
+    ``local`` (not clear, no model: the local proxy) or ``unclear`` (a
+    threshold between the medians, no model), with the evidence of every
+    decision that is not ``measured``.
     """
     p, q = profile.workers, profile.proxies
     lat, bw = profile.wp_latency_us(), profile.wp_bandwidth_gbps()
@@ -70,14 +81,50 @@ def table(profile: Profile) -> str:
         lines.append("measurement spread: unknown (not recorded in this profile)")
     else:
         worst = np.unravel_index(int(np.argmax(profile.wp_spread)), profile.wp_spread.shape)
+        tie = (
+            f"links closer than max({100 * ROUTE_TIE_RTOL:.0f}%, 2x their spread) count as tied"
+            if profile.decisions is None
+            else "routing decides from repeated rounds, below"
+        )
         lines.append(
             "measurement spread (median repetition over the fastest, worker -> proxy): "
             f"median {100 * float(np.median(profile.wp_spread)):.1f}%, max "
             f"{100 * float(profile.wp_spread.max()):.1f}% (worker {worst[0]} -> proxy {worst[1]}, "
-            f"{_fmt_bytes(profile.sizes[worst[2]])}); links closer than "
-            f"max({100 * ROUTE_TIE_RTOL:.0f}%, 2x their spread) count as tied"
+            f"{_fmt_bytes(profile.sizes[worst[2]])}); {tie}"
         )
+    lines.extend(_decision_lines(profile))
     return "\n".join(lines)
+
+
+def _decision_lines(profile: Profile) -> list[str]:
+    """What each routing decision rests on, and the evidence where it is not the measurements."""
+    if profile.decisions is None:
+        return ["routing decisions: from the times alone (this profile records none)"]
+    model = profile.topology or "topology"
+    lines = [
+        f"routing decisions: measured = clear by {DECISION_MARGIN:.0%} at "
+        f"{DECISION_CONFIDENCE:.0%} confidence over repeated, interleaved rounds; model = not "
+        f"clear within the budget, the {model} model's choice; local = not clear, no model"
+    ]
+    unclear = []
+    for i in range(profile.workers):
+        parts = []
+        for kind in ("latency", "bandwidth", "threshold"):
+            d = profile.decision(i, kind)
+            assert d is not None
+            value = "none" if d.choice is None else (
+                f"{d.choice} B" if kind == "threshold" else f"proxy {d.choice}"
+            )  # fmt: skip
+            parts.append(f"{kind} {value} ({d.basis})")
+            if d.basis != "measured":
+                unclear.append(f"  worker {i} {kind}: {d.detail}")
+        lines.append(f"worker {i:<3} " + ", ".join(parts))
+    if unclear:
+        lines.append(f"{len(unclear)} decision(s) not clear from the measurements:")
+        lines.extend(unclear)
+    else:
+        lines.append("every decision is clear from the measurements")
+    return lines
 
 
 def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
