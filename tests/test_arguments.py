@@ -111,6 +111,31 @@ def test_nnx_model_with_rngs_replicated_on_the_mesh(proxies):
     assert _devices(jax.tree.leaves(nnx.state(model, nnx.Param))[0]) == set(mesh.devices.flat)
 
 
+def test_a_second_nnx_model_of_another_structure_retraces():
+    """As nnx.jit retraces: a model whose Rngs stream has another name is a new structure."""
+    nnx = pytest.importorskip("flax.nnx")
+    mesh = _mesh(4)
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(3, 2, rngs=rngs)
+            self.rngs = rngs
+
+        def __call__(self, x):
+            return self.linear(x)
+
+    @coarse.sync(mesh)
+    def step(model, batch):
+        return coarse.value_and_grad(lambda m, b: jnp.mean(m(b) ** 2))(model, batch)
+
+    batch = jnp.ones((8, 3))
+    for model in (Net(nnx.Rngs(params=0)), Net(nnx.Rngs(params=0, dropout=1))):
+        loss, _ = step(model, batch)
+        want = jnp.mean(model(batch) ** 2)
+        np.testing.assert_allclose(float(loss), float(want), rtol=1e-6)
+    assert step.stats()["compiled"] == 2
+
+
 # -- keyword arguments, as jax.jit takes them -------------------------------
 
 
