@@ -259,9 +259,15 @@ class Config:
         * ``routes``: per worker, LatProxy = lowest measured latency, BwProxy =
           highest peak bandwidth among the profile's q proxies
           (`routing.routes_from_profile`), so they are valid for a mesh of
-          the profile's p workers and q proxies (``routes_for(p, q)``).
+          the profile's p workers and q proxies (``routes_for(p, q)``). A
+          profile from `coarse.profile` carries its decisions
+          (`Profile.decisions`): each is clear from repeated measurements by
+          a 5% margin, or, where the measurements left it unclear within
+          the profiler's time budget, the emulated topology's model's choice
+          (the local proxy on the host's own devices); these are followed.
         * ``latency_threshold_bytes``: the largest `routing.threshold_bytes`
-          (where the two proxies' transfer times cross) over workers: one value
+          (where the two proxies' transfer times cross, measured or, when
+          not clear, the model's) over workers: one value
           serves the whole mesh. 0 when LatProxy == BwProxy everywhere (the
           value cannot matter then).
         * ``shard_bytes``: the largest `routing.shard_bytes_from_profile` (the

@@ -129,7 +129,8 @@ class Profile:
       workers: p.
       sizes: transfer sizes measured, bytes, strictly ascending.
       wp_oneway_s: ``[p, q, S]`` seconds to move ``sizes[j]`` bytes from
-        worker ``i`` to proxy ``k``, one direction.
+        worker ``i`` to proxy ``k``, one direction (from `coarse.profile`:
+        the median over the rounds that measured the link).
       wp_bidir_s: ``[p, q, S]`` seconds until both a push worker ``i`` -> proxy
         ``k`` and a pull proxy ``k`` -> worker ``i`` of that size, run
         concurrently, are done.
@@ -145,8 +146,9 @@ class Profile:
       wp_spread: ``[p, q, S]`` how noisy each ``wp_oneway_s`` measurement was:
         the median repetition's excess over the fastest, relative to it
         (outliers dropped; `coarse_jax.profiling.measure.robust_time`); ``None`` when
-        unknown (a profile written by hand or by an older version). Routing
-        treats links whose difference is within this noise as tied.
+        unknown (a profile written by hand or by an older version). A profile
+        without ``decisions`` is routed treating links whose difference is
+        within this noise as tied.
       proxies: q, dividing p; ``0`` or ``None`` (the default, and what a
         profile saved before COARSE k:1 implies) mean p.
       decisions: the routing decisions `coarse.profile` made from its

@@ -105,6 +105,7 @@ def median_ci(
     99%, fewer than 8).
 
     Example:
+      >>> from coarse_jax.profiling.routing import median_ci
       >>> median_ci(np.arange(1.0, 9.0))          # 8 values: the whole range at 99%
       (4.5, 1.0, 8.0)
       >>> median_ci(np.ones(7)) is None
