@@ -8,6 +8,10 @@ storage (its slots, the master parameters, the optimizer state) then takes
 memory on the worker's device, so this mesh tests the protocol; it does not
 give the memory a real proxy device gives. Results are bitwise those of a
 mesh with separate proxy devices (tests/test_shared_device.py).
+
+`active_backend` names the device backend the runtime's sessions run on, so
+a test can tell the plain CPU backend from the stream-semantics one
+(``COARSE_JAX_BACKEND=streams``).
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from coarse_jax import _ffi
 from coarse_jax.mesh import AXES
 
-__all__ = ["shared_device_mesh"]
+__all__ = ["active_backend", "shared_device_mesh"]
 
 
 def shared_device_mesh(workers: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -51,3 +56,30 @@ def shared_device_mesh(workers: int = 1, devices: Sequence[jax.Device] | None = 
         )
     row = np.array(pool, dtype=object)
     return Mesh(np.stack([row, row]), AXES)
+
+
+def active_backend(platform: str | None = None) -> str:
+    """The device backend coarse_jax's runtime runs a step's sync on. Test only.
+
+    On CPU it is chosen once, from the environment variable
+    ``COARSE_JAX_BACKEND``, when the CPU extension loads: ``"cpu"`` (the
+    default: every operation is done when it returns, devices read each
+    other's memory in place) or ``"streams"`` (each device has its own
+    memory and one in-order stream, with events between them: the CUDA
+    backend's semantics, run on the CPU). On GPUs it is ``"cuda"``.
+
+    Args:
+      platform: ``"cpu"`` or ``"gpu"``/``"cuda"``; default: jax's default backend.
+
+    Returns:
+      ``"cpu"``, ``"streams"`` or ``"cuda"``.
+
+    Example:
+      >>> from coarse_jax.testing import active_backend
+      >>> active_backend("cpu") in ("cpu", "streams")
+      True
+    """
+    platform = (platform or jax.default_backend()).lower()
+    if platform in ("gpu", "cuda"):
+        return "cuda"
+    return str(_ffi.cpu_module().backend())

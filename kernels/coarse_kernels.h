@@ -6,6 +6,8 @@
 //             launch however many leaves), casting and scaling on the way;
 //   * unpack: the inverse scatter;
 //   * reduce: out = scale * (in_0 + ... + in_{k-1}), accumulating in f32.
+// The per-element arithmetic is element_math.h and optimizer_math.h, which
+// the host stream (ffi/cpu/host_kernels.cc) runs too.
 // Every launch returns the launch's cudaError_t; none synchronizes.
 #pragma once
 
@@ -14,30 +16,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/optimizer_math.h"
+#include "optimizer_math.h"
+#include "span.h"  // DType, Span, SetBegins, kMaxReduceInputs, kSumSquaresBlocks
 
 namespace coarse::kernels {
-
-enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
-
-inline size_t ByteWidth(DType t) { return t == DType::kF32 ? 4 : 2; }
-
-// One run of consecutive elements of a leaf that lands at `buf_off` in the
-// packed buffer. Spans are ordered and `begin` is the exclusive prefix sum of
-// `len` over the spans before this one (SetBegins fills it): it is how a
-// block finds its spans by binary search, so one launch covers thousands of
-// small leaves as well as one huge one.
-struct Span {
-  void* leaf;        // device pointer to the run's first element inside the leaf
-  int64_t buf_off;   // element offset of the run in the packed buffer
-  int64_t len;       // elements in the run
-  int64_t begin;     // sum of len over the spans before this one
-  DType leaf_dtype;  // element type of the leaf
-  int32_t pad_ = 0;
-};
-
-// Fills `begin` for spans[0..n) on the host and returns the total length.
-int64_t SetBegins(Span* spans, int64_t n);
 
 // buf[span.buf_off + i] = buf_dtype(scale * float(span.leaf[i])) for every span.
 // `spans` is device memory holding `num_spans` spans (begin filled), `total`
@@ -52,20 +34,17 @@ cudaError_t LaunchUnpack(const void* buf, DType buf_dtype, const Span* spans, in
 // out[i] = dtype(scale * (float(in[0][i]) + ... + float(in[k-1][i]))), summed in
 // input order (bitwise reproducible). 1 <= k <= kMaxReduceInputs; `out` may
 // alias in[0] (an accumulator), other overlaps are not allowed.
-constexpr int kMaxReduceInputs = 8;
 cudaError_t LaunchReduce(const void* const* inputs, int num_inputs, void* out, int64_t n,
                          DType dtype, float scale, cudaStream_t stream);
 
-// The proxy optimizer (kernels/optim.cu; arithmetic in
-// ffi/runtime/optimizer_math.h): for i < n, w_out[i] = grad_io[i] =
-// OptStep(o, grad_io[i], w_in[i], ...), state slots read from s_in*, written
-// to s_out* (unused slots may be null).
+// The proxy optimizer (kernels/optim.cu; arithmetic in optimizer_math.h): for i < n, w_out[i] =
+// grad_io[i] = OptStep(o, grad_io[i], w_in[i], ...), state slots read from s_in*, written to s_out*
+// (unused slots may be null).
 cudaError_t LaunchOptimizer(const coarse::OptScalars& o, float* grad_io, const float* w_in,
                             float* w_out, const float* s_in0, const float* s_in1, float* s_out0,
                             float* s_out1, int64_t n, cudaStream_t stream);
 // *out = sum x[i]^2 in f64, in a fixed order; `partial` holds
 // kSumSquaresBlocks doubles of scratch.
-constexpr int kSumSquaresBlocks = 256;
 cudaError_t LaunchSumSquares(const float* x, int64_t n, double* partial, double* out,
                              cudaStream_t stream);
 // *first = min(*first, the first i where given[i] differs bitwise from

@@ -8,12 +8,16 @@
 #include <cstdint>
 
 #include "coarse_kernels.h"
+#include "element_math.h"
 
 namespace coarse::kernels {
 
+// Through element_math.h's conversions, which the host stream shares.
 __device__ __forceinline__ float ToF32(float x) { return x; }
-__device__ __forceinline__ float ToF32(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float ToF32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float ToF32(__nv_bfloat16 x) {
+  return Bf16ToF32(__bfloat16_as_ushort(x));
+}
+__device__ __forceinline__ float ToF32(__half x) { return F16ToF32(__half_as_ushort(x)); }
 
 template <typename T>
 __device__ __forceinline__ T FromF32(float x);
@@ -23,11 +27,11 @@ __device__ __forceinline__ float FromF32<float>(float x) {
 }
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromF32<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);  // round to nearest even, as XLA's convert
+  return __ushort_as_bfloat16(F32ToBf16(x));  // round to nearest even, as XLA's convert
 }
 template <>
 __device__ __forceinline__ __half FromF32<__half>(float x) {
-  return __float2half_rn(x);
+  return __ushort_as_half(F32ToF16(x));
 }
 
 template <typename T>

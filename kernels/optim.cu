@@ -8,7 +8,8 @@
 #include <cstdint>
 
 #include "coarse_kernels.h"
-#include "runtime/optimizer_math.h"
+#include "element_math.h"
+#include "optimizer_math.h"
 
 namespace coarse::kernels {
 
@@ -39,7 +40,7 @@ __global__ void SumSquaresKernel(const float* x, int64_t n, double* partial) {
   double v = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
-    v += static_cast<double>(x[i]) * x[i];
+    v = SquareAdd(v, x[i]);
   acc[threadIdx.x] = v;
   __syncthreads();
   for (int s = kThreads / 2; s > 0; s /= 2) {
@@ -62,19 +63,12 @@ __global__ void SumPartialsKernel(const double* partial, int n, double* out) {
   if (threadIdx.x == 0) *out = acc[0];
 }
 
-__device__ float RoundTrip(float v, DType t) {
-  if (t == DType::kBF16) return __bfloat162float(__float2bfloat16_rn(v));
-  if (t == DType::kF16) return __half2float(__float2half_rn(v));
-  return v;
-}
-
 __global__ void FirstMismatchKernel(const float* master, const float* given, int64_t n, DType t,
                                     unsigned long long* first) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float r = RoundTrip(master[i], t);
-    if (__float_as_uint(r) != __float_as_uint(given[i]))
-      atomicMin(first, static_cast<unsigned long long>(i));
+    if (!SameBits(r, given[i])) atomicMin(first, static_cast<unsigned long long>(i));
   }
 }
 

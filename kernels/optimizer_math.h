@@ -1,5 +1,7 @@
 // The proxy optimizer's arithmetic on one element, shared by the CPU backend
-// (cpu/cpu_backend.cc) and the CUDA kernel (kernels/optim.cu): one set of
+// (ffi/cpu/cpu_backend.cc), the host stream (ffi/cpu/host_kernels.cc) and the
+// CUDA kernel (kernels/optim.cu): pure arithmetic, so it lives with the
+// kernels and the runtime includes it from here (arrows point down). One set of
 // formulas for both (each compiler may still fuse a multiply-add, so the last
 // bit can differ between platforms; on one platform results are bitwise
 // reproducible). The formulas follow optax's
@@ -20,11 +22,11 @@
 
 #include <cstdint>
 
+#include "element_math.h"  // COARSE_HD
+
 #if defined(__CUDACC__)
-#define COARSE_HD __host__ __device__ __forceinline__
 #include <math.h>
 #else
-#define COARSE_HD inline
 #include <cmath>
 #endif
 

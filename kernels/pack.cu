@@ -27,7 +27,7 @@ template <typename S, typename D>
 __device__ __forceinline__ Vec4<D> Convert(const Vec4<S>& x, float scale) {
   Vec4<D> y;
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) y.v[e] = FromF32<D>(ToF32(x.v[e]) * scale);
+  for (int e = 0; e < kVec; ++e) y.v[e] = FromF32<D>(PackValue(ToF32(x.v[e]), scale));
   return y;
 }
 
@@ -41,7 +41,7 @@ __device__ void CopyRun(const S* __restrict__ src, D* __restrict__ dst, int64_t 
   if (head > n) head = n;
   const bool vec = n - head >= kVec && VecAligned<D>(dst + head);
   if (!vec) head = n;  // src and dst disagree on alignment: element by element
-  for (int64_t i = t; i < head; i += kGroup) dst[i] = FromF32<D>(ToF32(src[i]) * scale);
+  for (int64_t i = t; i < head; i += kGroup) dst[i] = FromF32<D>(PackValue(ToF32(src[i]), scale));
   if (!vec) return;
   const int64_t nv = (n - head) / kVec;
   const Vec4<S>* vs = reinterpret_cast<const Vec4<S>*>(src + head);
@@ -56,7 +56,7 @@ __device__ void CopyRun(const S* __restrict__ src, D* __restrict__ dst, int64_t 
   }
   for (; j < nv; j += kGroup) vd[j] = Convert<S, D>(vs[j], scale);
   for (int64_t i = head + nv * kVec + t; i < n; i += kGroup)
-    dst[i] = FromF32<D>(ToF32(src[i]) * scale);
+    dst[i] = FromF32<D>(PackValue(ToF32(src[i]), scale));
 }
 
 template <bool kPack, typename B>
@@ -122,15 +122,6 @@ cudaError_t Launch(const Span* spans, int64_t num_spans, int64_t total, const vo
 }
 
 }  // namespace
-
-int64_t SetBegins(Span* spans, int64_t n) {
-  int64_t total = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    spans[i].begin = total;
-    total += spans[i].len;
-  }
-  return total;
-}
 
 cudaError_t LaunchPack(const Span* spans, int64_t num_spans, int64_t total, void* buf,
                        DType buf_dtype, float scale, cudaStream_t stream) {

@@ -41,11 +41,11 @@ __global__ void __launch_bounds__(kThreads)
       for (int k = 1; k < kMaxReduceInputs; ++k)
         if (k < in.n) {
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) acc[e] += ToF32(x[k].v[e]);
+          for (int e = 0; e < kVec; ++e) acc[e] = ReduceAdd(acc[e], ToF32(x[k].v[e]));
         }
       Vec4<T> y;
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) y.v[e] = FromF32<T>(acc[e] * scale);
+      for (int e = 0; e < kVec; ++e) y.v[e] = FromF32<T>(ReduceResult(acc[e], scale));
       reinterpret_cast<Vec4<T>*>(out)[j] = y;
     }
     scalar_from = nv * kVec;
@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(kThreads)
     float acc = ToF32(static_cast<const T*>(in.p[0])[i]);
 #pragma unroll
     for (int k = 1; k < kMaxReduceInputs; ++k)  // constant indices: in.p stays in registers
-      if (k < in.n) acc += ToF32(static_cast<const T*>(in.p[k])[i]);
-    out[i] = FromF32<T>(acc * scale);
+      if (k < in.n) acc = ReduceAdd(acc, ToF32(static_cast<const T*>(in.p[k])[i]));
+    out[i] = FromF32<T>(ReduceResult(acc, scale));
   }
 }
 

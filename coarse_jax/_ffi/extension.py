@@ -25,6 +25,7 @@ except ImportError as _err:  # pragma: no cover - only without a build
     _IMPORT_ERROR = _err
 else:
     _coarse_cpu = _cpu_extension
+    _coarse_cpu.backend()  # raises on a COARSE_JAX_BACKEND it does not know
     for _name, _capsule in _coarse_cpu.registrations().items():
         jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 

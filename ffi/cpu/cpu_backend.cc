@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/element_math.h"
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -23,21 +25,9 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-inline float Bf16ToF32(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-inline uint16_t F32ToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                    // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
+// The kernels' own conversions (the host stream and the CUDA kernels use them too).
+using kernels::Bf16ToF32;
+using kernels::F32ToBf16;
 
 // A copy of at least this many floats (256 KiB) bypasses the caches
 // (non-temporal stores): the transfers move the whole tree, far more than

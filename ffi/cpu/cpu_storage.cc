@@ -17,7 +17,9 @@
 #include <new>
 #include <vector>
 
+#include "cpu/host_stream.h"
 #include "runtime/storage.h"
+#include "runtime/stream.h"
 
 namespace coarse {
 namespace {
@@ -75,12 +77,16 @@ class HostStorage : public Storage {
 // gigabytes, and a freed store should go back to the system at once.
 class HostStateBuffer : public StateBuffer {
  public:
-  explicit HostStateBuffer(int64_t nelems) : nelems_(std::max<int64_t>(1, nelems)) {
+  HostStateBuffer(int64_t nelems, bool streams)
+      : nelems_(std::max<int64_t>(1, nelems)), streams_(streams) {
     void* base = mmap(nullptr, Bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) throw std::bad_alloc();
     data_ = static_cast<float*>(base);
   }
-  ~HostStateBuffer() override { munmap(data_, Bytes()); }
+  ~HostStateBuffer() override {
+    if (streams_) DrainAllHostQueues();  // a proxy's stream may still write it
+    munmap(data_, Bytes());
+  }
   HostStateBuffer(const HostStateBuffer&) = delete;
   HostStateBuffer& operator=(const HostStateBuffer&) = delete;
 
@@ -102,15 +108,58 @@ class HostStateBuffer : public StateBuffer {
  private:
   size_t Bytes() const { return static_cast<size_t>(nelems_) * sizeof(float); }
   int64_t nelems_;
+  bool streams_;
   float* data_ = nullptr;
+};
+
+// A HostStorage plus the StreamResources of the streams backend. Each
+// device's extras are its own allocation; the arenas and scratch stay one
+// mapping (a peer's memory is reached only through the stream's copies, so
+// where it sits does not matter).
+class HostStreamStorage final : public Storage, public StreamResources {
+ public:
+  explicit HostStreamStorage(const Plan& plan) : base_(plan) {
+    const StagingSizes sizes = StagingSizesOf(plan);
+    staging_len_ = sizes.staging_len;
+    max_runs_ = sizes.max_runs;
+    for (int64_t d = 0; d < plan.devices(); ++d) {
+      staging_.emplace_back(new float[staging_len_ + 4]());
+      spans_.emplace_back(new kernels::Span[max_runs_]());
+      scalars_.emplace_back(new double[kScalarSlots]());
+      events_.emplace_back(new HostEvent);
+    }
+  }
+  // Work queued on a stream may still read or write this set.
+  ~HostStreamStorage() override { DrainAllHostQueues(); }
+
+  float* arena(int64_t proxy) override { return base_.arena(proxy); }
+  float* scratch(int64_t worker) override { return base_.scratch(worker); }
+  int64_t bytes() const override { return base_.bytes(); }
+
+  float* staging(int64_t device) override { return staging_[device].get(); }
+  int64_t staging_len() const override { return staging_len_; }
+  kernels::Span* spans(int64_t device) override { return spans_[device].get(); }
+  int64_t max_runs() const override { return max_runs_; }
+  double* scalars(int64_t device) override { return scalars_[device].get(); }
+  StreamEvent event(int64_t device) override { return events_[device].get(); }
+
+ private:
+  HostStorage base_;
+  int64_t staging_len_ = 1, max_runs_ = 1;
+  std::vector<std::unique_ptr<float[]>> staging_;
+  std::vector<std::unique_ptr<kernels::Span[]>> spans_;
+  std::vector<std::unique_ptr<double[]>> scalars_;
+  std::vector<std::unique_ptr<HostEvent>> events_;
 };
 
 class HostPool : public StoragePool {
  public:
+  explicit HostPool(bool streams) : streams_(streams) {}
+
   std::unique_ptr<StateBuffer> NewStateBuffer(const std::vector<int64_t>&, int64_t,
                                               int64_t nelems) override {
     try {
-      return std::make_unique<HostStateBuffer>(nelems);
+      return std::make_unique<HostStateBuffer>(nelems, streams_);
     } catch (const std::bad_alloc&) {
       return nullptr;
     }
@@ -118,6 +167,7 @@ class HostPool : public StoragePool {
 
   std::unique_ptr<Storage> Take(const Plan& plan, const std::vector<int64_t>&) override {
     if (auto set = spares_.Take(plan.key, {})) return set;
+    if (streams_) return std::make_unique<HostStreamStorage>(plan);
     return std::make_unique<HostStorage>(plan);
   }
 
@@ -130,13 +180,14 @@ class HostPool : public StoragePool {
   SpareSets& spares() override { return spares_; }
 
  private:
+  bool streams_;
   SpareSets spares_;
 };
 
 }  // namespace
 
-void InstallHostStoragePool() {
-  static StoragePool* host = new HostPool;
+void InstallHostStoragePool(bool streams) {
+  static StoragePool* host = new HostPool(streams);
   SetStoragePool(host);
 }
 

@@ -1,15 +1,22 @@
 // The CPU bindings of coarse_push / coarse_proxy_ring / coarse_worker_ring /
 // coarse_pull / coarse_probe: the caller is named by the (tier, data)
 // operand, and each call's translation (sync_ops.h, probe.h) runs inside
-// RunCall (handler.h) on a CpuDevice. coarse_host_gather (host_gather.h, CPU
-// only) runs outside any session, on a CpuDevice too. The CUDA twin: cuda/handlers_cuda.cc.
+// RunCall (handler.h) on a CpuDevice, or with COARSE_JAX_BACKEND=streams
+// (cpu_backend_choice.h) on a StreamDevice over the caller's host stream
+// (host_stream.h), the CUDA backend's orchestration. coarse_host_gather
+// (host_gather.h, CPU only) runs outside any session, on a CpuDevice. The
+// CUDA twin: cuda/handlers_cuda.cc.
 #include <cstring>
 #include <memory>
 
+#include "cpu/cpu_backend_choice.h"
 #include "cpu/cpu_device.h"
+#include "cpu/host_stream.h"
 #include "handler.h"
 #include "host_gather.h"
 #include "probe.h"
+#include "runtime/stream_device.h"
+#include "stream_host_io.h"
 #include "sync_ops.h"
 
 namespace coarse {
@@ -17,26 +24,57 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call&) {
-  return std::unique_ptr<Device>(new CpuDevice);
+// The device `call` runs on. With the streams backend: a StreamDevice on the
+// stream of the caller's device (a worker's, standing for XLA's stream, or
+// the one the runtime owns for a proxy), which `queue` then names.
+ffi::ErrorOr<std::unique_ptr<Device>> MakeDevice(const Call& call, HostQueue** queue) {
+  if (ActiveCpuBackend() != CpuBackend::kStreams) return std::unique_ptr<Device>(new CpuDevice);
+  auto* res = dynamic_cast<StreamResources*>(&call.session->storage());
+  if (res == nullptr)
+    return ffi::Unexpected(ffi::Error::Internal(
+        "coarse_jax: the streams backend got a session whose storage has no streams' resources "
+        "(the storage pool was installed for the plain CPU backend)"));
+  const std::vector<int64_t>& ordinals = call.session->ordinals();
+  const int64_t ordinal = ordinals.empty() ? call.device() : ordinals[call.device()];
+  HostQueue& q = call.who.tier == kWorker ? WorkerQueue(ordinal) : ProxyQueue(ordinal);
+  if (queue != nullptr) *queue = &q;
+  return std::unique_ptr<Device>(
+      new StreamDevice(std::make_unique<HostStream>(q), call.device(), *res));
 }
 
-// The proxies' jobs run on CPU devices too (runtime/service.h).
+// The proxies' jobs run on the same backend (runtime/service.h).
 const MakeProxyDevice& CpuProxies() {
-  static const MakeProxyDevice make = MakeCpuDevice;
+  static const MakeProxyDevice make = [](const Call& call) { return MakeDevice(call, nullptr); };
   return make;
+}
+
+// RunCall (handler.h) on this module's backend. XLA:CPU runs the next
+// operation as soon as a custom call returns, so with the streams backend
+// the call drains its device's stream before it returns: the one place it
+// differs from a GPU, where XLA's next kernel waits in stream order instead.
+// (Outputs are then complete when XLA reads them; what is checked is the
+// order among the devices' streams within the call and the proxies' jobs.)
+template <typename Body>
+ffi::Error RunCpuCall(ffi::RunId run_id, ffi::AnyBuffer& who, const ffi::Dictionary& attrs,
+                      Body&& body) {
+  HostQueue* queue = nullptr;
+  ffi::Error e = RunCall(
+      run_id, Caller{&who, {}}, attrs, [&](const Call& call) { return MakeDevice(call, &queue); },
+      std::forward<Body>(body), CpuProxies());
+  if (queue != nullptr) queue->Drain();
+  return e;
 }
 
 ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer after,
                     ffi::RemainingArgs leaves, ffi::RemainingRets outs, ffi::Dictionary attrs) {
   (void)after;  // orders this push after the previous one
-  return RunCall(
-      run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
-      [&](Call& call, Device& dev) { return PushBody(call, dev, leaves, outs, attrs); },
-      CpuProxies());
+  return RunCpuCall(run_id, who, attrs, [&](Call& call, Device& dev) {
+    return PushBody(call, dev, leaves, outs, attrs);
+  });
 }
 
-// CPU buffers are host memory.
+// CPU buffers are host memory: CpuDevice reads and writes them in place; a
+// StreamDevice through its stream, as the CUDA backend does (StreamHostIo).
 const HostIo& CpuHostIo() {
   static const HostIo io{[](ffi::AnyBuffer src, void* dst, size_t bytes) {
                            std::memcpy(dst, src.untyped_data(), bytes);
@@ -49,41 +87,41 @@ const HostIo& CpuHostIo() {
   return io;
 }
 
+HostIo IoOf(Device& dev) {
+  if (ActiveCpuBackend() == CpuBackend::kStreams)
+    return StreamHostIo(static_cast<StreamDevice&>(dev).stream());
+  return CpuHostIo();
+}
+
 ffi::Error ProxyRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::RemainingArgs args,
                          ffi::RemainingRets outs, ffi::Dictionary attrs) {
-  return RunCall(
-      run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
-      [&](Call& call, Device& dev) {
-        return ProxyRingBody(call, dev, args, outs, attrs, CpuHostIo());
-      },
-      CpuProxies());
+  return RunCpuCall(run_id, who, attrs, [&](Call& call, Device& dev) {
+    return ProxyRingBody(call, dev, args, outs, attrs, IoOf(dev));
+  });
 }
 
 ffi::Error OptCountImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Result<ffi::AnyBuffer> count,
                         ffi::Dictionary attrs) {
-  return RunCall(
-      run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
-      [&](Call& call, Device& dev) { return OptCountBody(call, dev, count, attrs, CpuHostIo()); },
-      CpuProxies());
+  return RunCpuCall(run_id, who, attrs, [&](Call& call, Device& dev) {
+    return OptCountBody(call, dev, count, attrs, IoOf(dev));
+  });
 }
 
 ffi::Error WorkerRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer token_in,
                           ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                           ffi::Dictionary attrs) {
   (void)token_in;
-  return RunCall(
-      run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
-      [&](Call& call, Device& dev) { return WorkerRingBody(call, dev, leaves, outs); },
-      CpuProxies());
+  return RunCpuCall(run_id, who, attrs, [&](Call& call, Device& dev) {
+    return WorkerRingBody(call, dev, leaves, outs);
+  });
 }
 
 ffi::Error PullImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer token,
                     ffi::RemainingArgs leaves, ffi::RemainingRets outs, ffi::Dictionary attrs) {
   (void)token;
-  return RunCall(
-      run_id, Caller{&who, {}}, attrs, MakeCpuDevice,
-      [&](Call& call, Device& dev) { return PullBody(call, dev, leaves, outs, attrs); },
-      CpuProxies());
+  return RunCpuCall(run_id, who, attrs, [&](Call& call, Device& dev) {
+    return PullBody(call, dev, leaves, outs, attrs);
+  });
 }
 
 ffi::Error HostGatherImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer chunk,

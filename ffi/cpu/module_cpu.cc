@@ -3,8 +3,13 @@
 // memory limits and the Ctrl-C hook (runtime_binding.h).
 // The CUDA twin: cuda/module_cuda.cc.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <stdexcept>
+#include <string>
+
+#include "cpu/cpu_backend_choice.h"
 #include "cpu/cpu_selftest.h"
 #include "cpu/cpu_storage.h"
 #include "encapsulate.h"
@@ -34,8 +39,20 @@ NB_MODULE(_coarse_cpu, m) {
   m.doc() =
       "coarse_jax CPU runtime: XLA FFI handlers for push, proxy ring, worker ring, pull, probe, "
       "pack, unpack, reduce.";
+  // The device backend, chosen once from COARSE_JAX_BACKEND. A value not
+  // understood leaves the plain backend and makes backend() raise the error
+  // (the variable, the value, the choices), which coarse_jax's import calls:
+  // an error raised here would reach Python as an ImportError, which reads
+  // as "not built".
+  static std::string backend_error;
+  coarse::CpuBackend backend = coarse::CpuBackend::kCpu;
+  try {
+    backend = coarse::ChooseCpuBackend();
+  } catch (const std::invalid_argument& e) {
+    backend_error = e.what();
+  }
   // This module's sessions keep their storage in host memory.
-  coarse::InstallHostStoragePool();
+  coarse::InstallHostStoragePool(backend == coarse::CpuBackend::kStreams);
   // Ctrl-C reaches a step waiting in the runtime (runtime/interrupt.h).
   coarse::ArmInterruptHook();
   m.def(
@@ -55,6 +72,14 @@ NB_MODULE(_coarse_cpu, m) {
         return d;
       },
       "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target.");
+  m.def(
+      "backend",
+      []() {
+        if (!backend_error.empty()) throw std::invalid_argument(backend_error);
+        return std::string(coarse::CpuBackendName(coarse::ActiveCpuBackend()));
+      },
+      "The device backend the sessions run on: 'cpu' or 'streams' (COARSE_JAX_BACKEND, read "
+      "when the module loaded). ValueError if the variable's value was not understood.");
   m.def("live_hand_outs", &coarse::LiveHandOuts,
         "Testing: in-host hand-outs of the inter-host step open now (runtime/hand_out.h).");
   m.def("inject_dropped_push", &coarse::InjectDroppedPush, nb::arg("worker"),

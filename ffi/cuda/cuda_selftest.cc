@@ -1,4 +1,4 @@
-// Sync self-test members on one GPU (see cuda_selftest.h): a CudaDevice on
+// Sync self-test members on one GPU (see cuda_selftest.h): a StreamDevice on
 // its own non-blocking stream, cudaMalloc'd buffers.
 #include "cuda/cuda_selftest.h"
 
@@ -8,8 +8,10 @@
 #include <stdexcept>
 #include <vector>
 
-#include "cuda/cuda_device.h"
+#include "cuda/cuda_storage.h"
+#include "cuda/cuda_stream.h"
 #include "cuda/cuda_util.h"
+#include "runtime/stream_device.h"
 
 namespace coarse::cuda {
 namespace ffi = xla::ffi;
@@ -21,7 +23,8 @@ class CudaMember final : public SelfTestMember {
   CudaMember(int ordinal, int64_t device, CudaStorage& storage) {
     cudaSetDevice(ordinal);
     cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
-    dev_ = std::make_unique<CudaDevice>(stream_, device, storage);
+    dev_ = std::make_unique<StreamDevice>(
+        std::make_unique<CudaStream>(stream_, ordinal, storage.ordinals()), device, storage);
   }
   ~CudaMember() override {
     cudaStreamSynchronize(stream_);
@@ -50,7 +53,7 @@ class CudaMember final : public SelfTestMember {
 
  private:
   cudaStream_t stream_ = nullptr;
-  std::unique_ptr<CudaDevice> dev_;
+  std::unique_ptr<StreamDevice> dev_;
   std::vector<void*> buffers_;
 };
 

@@ -39,15 +39,9 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
     return;
   }
   EnablePeerAccess();
-  int64_t max_piece = 0, max_segs = 0;
-  for (int64_t s = 0; s < plan.num_pieces(); ++s) {
-    max_piece = std::max(max_piece, plan.piece_nelems[s]);
-    max_segs = std::max(max_segs, plan.piece_seg_begin[s + 1] - plan.piece_seg_begin[s]);
-  }
-  const int64_t leading_leaves =
-      static_cast<int64_t>(plan.leaf_nelems.size()) - plan.num_proxy_leaves;
-  staging_len_ = std::max<int64_t>({max_piece, plan.leading_nelems, 1});
-  max_runs_ = std::max<int64_t>({max_segs, leading_leaves, 1});
+  const StagingSizes sizes = StagingSizesOf(plan);
+  staging_len_ = sizes.staging_len;
+  max_runs_ = sizes.max_runs;
   for (int64_t k = 0; k < q; ++k)
     arenas_.push_back(static_cast<float*>(
         Alloc(p + k, std::max<int64_t>(1, plan.arena_nelems[k]) * sizeof(float), "proxy arena")));
@@ -59,6 +53,8 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
         static_cast<float*>(Alloc(d, (staging_len_ + 4) * sizeof(float), "staging")));
     spans_.push_back(
         static_cast<kernels::Span*>(Alloc(d, max_runs_ * sizeof(kernels::Span), "span table")));
+    scalars_.push_back(
+        static_cast<double*>(Alloc(d, StreamResources::kScalarSlots * sizeof(double), "scalars")));
     cudaEvent_t ev = nullptr;
     DeviceScope scope(ordinal(d));
     if (error_.empty() && cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {

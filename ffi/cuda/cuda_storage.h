@@ -1,6 +1,7 @@
 // GPU storage for one session: each buffer on the GPU of the mesh device it
 // belongs to (arenas on proxies, scratch on workers), plus per-device staging
-// for peer copies and span tables, and one event per device (Publish/Acquire).
+// for peer copies, span tables and scalars, and one event per device
+// (Publish/Acquire): the StreamResources of runtime/stream_device.h.
 // Allocated with cudaMalloc on first use of a plan and then reused by later
 // steps through the pool (cuda_storage.cc), so the hot path allocates nothing.
 #pragma once
@@ -13,10 +14,11 @@
 
 #include "coarse_kernels.h"
 #include "runtime/storage.h"
+#include "runtime/stream.h"
 
 namespace coarse::cuda {
 
-class CudaStorage final : public Storage {
+class CudaStorage final : public Storage, public StreamResources {
  public:
   CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals);
   ~CudaStorage() override;
@@ -28,13 +30,16 @@ class CudaStorage final : public Storage {
   // Empty when every allocation succeeded; else what failed, for the error.
   const std::string& error() const { return error_; }
   int ordinal(int64_t device) const { return static_cast<int>(ordinals_[device]); }
-  // Per mesh device: f32 staging of staging_len() floats (+ 4 for alignment
-  // shifts), a span table of max_runs() spans, the device's event.
-  float* staging(int64_t device) { return staging_[device]; }
-  int64_t staging_len() const { return staging_len_; }
-  kernels::Span* spans(int64_t device) { return spans_[device]; }
-  int64_t max_runs() const { return max_runs_; }
-  cudaEvent_t event(int64_t device) { return events_[device]; }
+  const std::vector<int64_t>& ordinals() const { return ordinals_; }
+  // Per mesh device (StreamResources): f32 staging of staging_len() floats
+  // (+ 4 for alignment shifts), a span table of max_runs() spans, scalars,
+  // the device's event.
+  float* staging(int64_t device) override { return staging_[device]; }
+  int64_t staging_len() const override { return staging_len_; }
+  kernels::Span* spans(int64_t device) override { return spans_[device]; }
+  int64_t max_runs() const override { return max_runs_; }
+  double* scalars(int64_t device) override { return scalars_[device]; }
+  StreamEvent event(int64_t device) override { return events_[device]; }
 
  private:
   void* Alloc(int64_t device, size_t bytes, const char* what);
@@ -43,6 +48,7 @@ class CudaStorage final : public Storage {
   std::vector<int64_t> ordinals_;
   std::vector<float*> arenas_, scratch_, staging_;
   std::vector<kernels::Span*> spans_;
+  std::vector<double*> scalars_;
   std::vector<cudaEvent_t> events_;
   std::vector<std::pair<int, void*>> allocations_;  // (ordinal, pointer)
   int64_t staging_len_ = 0, max_runs_ = 0;

@@ -1,4 +1,4 @@
-// CUDA errors as FFI errors, XLA dtypes as kernel dtypes, and the pinned,
+// CUDA errors as FFI errors and the pinned,
 // never-waiting host->device upload (see cuda_util.h).
 #include "cuda/cuda_util.h"
 
@@ -16,15 +16,6 @@ ffi::Error Check(cudaError_t err, const std::string& what) {
   if (err == cudaSuccess) return ffi::Error::Success();
   return ffi::Error::Internal("coarse_jax: " + what + ": " + cudaGetErrorName(err) + " (" +
                               cudaGetErrorString(err) + ")");
-}
-
-bool ToKernelDType(ffi::DataType t, kernels::DType* out) {
-  switch (t) {
-    case ffi::DataType::F32: *out = kernels::DType::kF32; return true;
-    case ffi::DataType::BF16: *out = kernels::DType::kBF16; return true;
-    case ffi::DataType::F16: *out = kernels::DType::kF16; return true;
-    default: return false;
-  }
 }
 
 namespace {

@@ -1,5 +1,5 @@
 // What every CUDA handler needs besides the kernels: CUDA errors as FFI
-// errors, XLA element types as kernel dtypes, and a host->device upload that
+// errors and a host->device upload that
 // never waits for the GPU.
 #pragma once
 
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "coarse_kernels.h"
+#include "runtime/stream.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse::cuda {
@@ -16,9 +17,8 @@ namespace coarse::cuda {
 // Success, or an Internal error "coarse_jax: <what>: <CUDA's message>".
 xla::ffi::Error Check(cudaError_t err, const std::string& what);
 
-// The dtypes of runtime/dtype.h (F32/BF16/F16); false for anything else (the
-// caller names the tensor).
-bool ToKernelDType(xla::ffi::DataType t, kernels::DType* out);
+// ToKernelDType (XLA dtypes as kernel dtypes) is runtime/stream.h's.
+using ::coarse::ToKernelDType;
 
 // Copies `bytes` from host `src` to device `dst` in stream order, through
 // pinned host blocks that are reused once the copy that last used them has

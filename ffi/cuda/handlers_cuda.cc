@@ -1,8 +1,8 @@
 // The CUDA bindings of coarse_push / coarse_proxy_ring / coarse_worker_ring /
 // coarse_pull: the same translation and protocol as on CPU (sync_ops.h,
-// runtime/phases.h) inside RunCall (handler.h), run on a CudaDevice over
-// XLA's stream. The caller is named by its device ordinal (the (tier, data)
-// operand is on the GPU, so the host cannot read it), looked up in the
+// runtime/phases.h) inside RunCall (handler.h), run on a StreamDevice
+// (runtime/stream_device.h) over a CudaStream on XLA's stream. The caller is named by its device
+// ordinal (the (tier, data) operand is on the GPU, so the host cannot read it), looked up in the
 // "ordinals" attribute the Python side adds for the mesh. The proxies' part
 // of a step runs in the runtime's service (runtime/service.h) on streams the
 // runtime owns on the proxy GPUs (CudaProxies below).
@@ -12,9 +12,12 @@
 #include <memory>
 #include <mutex>
 
-#include "cuda/cuda_device.h"
+#include "cuda/cuda_storage.h"
+#include "cuda/cuda_stream.h"
 #include "cuda/cuda_util.h"
 #include "handler.h"
+#include "runtime/stream_device.h"
+#include "stream_host_io.h"
 #include "sync_ops.h"
 
 namespace coarse::cuda {
@@ -28,14 +31,15 @@ auto DeviceMaker(cudaStream_t stream, int32_t ordinal) {
     if (!storage.error().empty()) return ffi::Unexpected(ffi::Error::Internal(storage.error()));
     ffi::Error e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
     if (e.failure()) return ffi::Unexpected(e);
-    return std::unique_ptr<Device>(new CudaDevice(stream, call.device(), storage));
+    return std::unique_ptr<Device>(new StreamDevice(
+        std::make_unique<CudaStream>(stream, ordinal, storage.ordinals()), call.device(), storage));
   };
 }
 
 // One stream per proxy GPU, owned by the runtime: created on first use and
 // never destroyed (a job may still hold it while the process exits). Jobs
 // of several sessions may share it; their work is ordered after the
-// workers' pushes by the session's events (CudaDevice::Acquire), and the
+// workers' pushes by the session's events (StreamDevice::Acquire), and the
 // workers' pulls after theirs the same way, so no job blocks a stream on
 // the host. With a proxy sharing a worker's GPU (coarse_jax.testing
 // shared_device_mesh) it is a stream of its own beside XLA's.
@@ -65,7 +69,9 @@ const MakeProxyDevice& CudaProxies() {
     if (e.failure()) return ffi::Unexpected(e);
     auto stream = ProxyStream(ordinal);
     if (stream.has_error()) return ffi::Unexpected(stream.error());
-    return std::unique_ptr<Device>(new CudaDevice(stream.value(), call.device(), storage));
+    return std::unique_ptr<Device>(
+        new StreamDevice(std::make_unique<CudaStream>(stream.value(), ordinal, storage.ordinals()),
+                         call.device(), storage));
   };
   return make;
 }
@@ -82,30 +88,15 @@ ffi::Error PushImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi
 }
 
 // The optimizer's scalars live in GPU memory: small blocking copies on
-// XLA's stream (a value_and_update's proxies only, once per step).
-HostIo CudaHostIo(cudaStream_t stream) {
-  return HostIo{
-      [stream](ffi::AnyBuffer src, void* dst, size_t bytes) {
-        ffi::Error e =
-            Check(cudaMemcpyAsync(dst, src.untyped_data(), bytes, cudaMemcpyDeviceToHost, stream),
-                  "reading the optimizer's scalars");
-        return e.failure() ? e : Check(cudaStreamSynchronize(stream), "optimizer scalars");
-      },
-      [stream](const void* src, ffi::Result<ffi::AnyBuffer> dst, size_t bytes) {
-        ffi::Error e =
-            Check(cudaMemcpyAsync(dst->untyped_data(), src, bytes, cudaMemcpyHostToDevice, stream),
-                  "writing the optimizer's step count");
-        // `src` is the caller's stack: the copy must finish before it returns.
-        return e.failure() ? e : Check(cudaStreamSynchronize(stream), "optimizer step count");
-      }};
-}
+// XLA's stream (StreamHostIo; a value_and_update's worker k, once per step).
+HostIo IoOf(Device& dev) { return StreamHostIo(static_cast<StreamDevice&>(dev).stream()); }
 
 ffi::Error ProxyRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
                          ffi::RemainingArgs args, ffi::RemainingRets outs, ffi::Dictionary attrs) {
   return RunCall(
       run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
       [&](Call& call, Device& dev) {
-        return ProxyRingBody(call, dev, args, outs, attrs, CudaHostIo(stream));
+        return ProxyRingBody(call, dev, args, outs, attrs, IoOf(dev));
       },
       CudaProxies());
 }
@@ -114,9 +105,7 @@ ffi::Error OptCountImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id,
                         ffi::Result<ffi::AnyBuffer> count, ffi::Dictionary attrs) {
   return RunCall(
       run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-      [&](Call& call, Device& dev) {
-        return OptCountBody(call, dev, count, attrs, CudaHostIo(stream));
-      },
+      [&](Call& call, Device& dev) { return OptCountBody(call, dev, count, attrs, IoOf(dev)); },
       CudaProxies());
 }
 

@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/optimizer_math.h"
+#include "kernels/optimizer_math.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse {
@@ -93,7 +93,7 @@ class Device {
   // x[i] *= scale (local).
   virtual xla::ffi::Error Scale(float* x, int64_t n, float scale) = 0;
 
-  // The proxy optimizer (runtime/optimizer_math.h), all local storage:
+  // The proxy optimizer (kernels/optimizer_math.h), all local storage:
   // b.w_out[i] = b.grad_io[i] = OptStep(o, b.grad_io[i], b.w_in[i], ...).
   virtual xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) = 0;
   // sum x[i]^2 in f64 over local storage (global-norm clipping). Blocks the

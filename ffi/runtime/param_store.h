@@ -29,8 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/optimizer_math.h"
 #include "runtime/device.h"
-#include "runtime/optimizer_math.h"
 #include "runtime/plan.h"
 #include "runtime/storage.h"
 #include "xla/ffi/api/ffi.h"

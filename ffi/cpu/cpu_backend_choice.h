@@ -1,0 +1,29 @@
+// Which device backend the CPU extension runs its sessions on, read once from
+// the environment when the extension loads (module_cpu.cc):
+//   COARSE_JAX_BACKEND        unset or "cpu": CpuDevice (one address space,
+//                             every operation done when it returns);
+//                             "streams": StreamDevice over host streams
+//                             (host_stream.h), the CUDA backend's semantics.
+//   COARSE_JAX_STREAM_CHAOS   with "streams": an integer seed turns on seeded
+//                             random delays and yields in the streams.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace coarse {
+
+enum class CpuBackend { kCpu, kStreams };
+
+// Reads both variables (the first call only; later calls return what it
+// read). Throws std::invalid_argument naming the variable, the value and
+// the choices when a value is not understood.
+CpuBackend ChooseCpuBackend();
+// The backend ChooseCpuBackend chose (kCpu before it ran).
+CpuBackend ActiveCpuBackend();
+const char* CpuBackendName(CpuBackend backend);
+// The chaos seed, if COARSE_JAX_STREAM_CHAOS set one.
+std::optional<uint64_t> StreamChaosSeed();
+
+}  // namespace coarse

@@ -1,0 +1,225 @@
+// HostQueue, HostStream and the streams of the mesh's devices (see host_stream.h).
+#include "cpu/host_stream.h"
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cpu/cpu_backend_choice.h"
+#include "cpu/host_kernels.h"
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+HostQueue::HostQueue(std::string name, std::optional<uint64_t> chaos_seed)
+    : name_(std::move(name)), chaos_(chaos_seed.has_value()) {
+  if (chaos_) {
+    // Seeded per stream: the same seed gives each stream the same draws.
+    const uint64_t salt = std::hash<std::string>{}(name_);
+    host_rng_.seed(*chaos_seed ^ salt);
+    stream_rng_.seed(*chaos_seed ^ (salt * 0x9e3779b97f4a7c15ull));
+  }
+  std::thread([this] { Loop(); }).detach();
+}
+
+uint64_t HostQueue::Enqueue(std::function<void()> task, bool record) {
+  bool yield = false;
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(Task{std::move(task), record});
+    ticket = ++enqueued_;
+    if (chaos_) yield = host_rng_() % 4 == 0;
+  }
+  work_.notify_one();
+  // Let the stream (or anyone) run before the host goes on, now and then.
+  if (yield) std::this_thread::yield();
+  return ticket;
+}
+
+void HostQueue::WaitFor(uint64_t ticket) {
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return done_ >= ticket; });
+}
+
+void HostQueue::Drain() {
+  uint64_t last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last = enqueued_;
+  }
+  WaitFor(last);
+}
+
+void HostQueue::ChaosBeforeTask(bool record) {
+  // Delays long enough to outlast a host's round of counters and wake-ups
+  // (tens of microseconds), short enough that a step stays well inside its
+  // timeout: an operation sleeps up to 0.5 ms one time in five, an event
+  // record up to 2 ms one time in two, and a third of the rest yield.
+  const uint64_t draw = stream_rng_();
+  const uint64_t micros = (draw >> 8) % (record ? 2000 : 500);
+  if (draw % (record ? 2 : 5) == 0)
+    std::this_thread::sleep_for(std::chrono::microseconds(micros));
+  else if (draw % 3 == 0)
+    std::this_thread::yield();
+}
+
+void HostQueue::Loop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_.wait(lock, [&] { return !queue_.empty(); });
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (chaos_) ChaosBeforeTask(task.record);
+    task.run();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++done_;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::pair<int, int64_t>, HostQueue*> queues;  // (0 worker / 1 proxy, ordinal)
+};
+
+Registry& TheRegistry() {
+  static Registry* r = new Registry;  // never destroyed, as the queues
+  return *r;
+}
+
+HostQueue& QueueFor(int kind, int64_t ordinal) {
+  Registry& r = TheRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  HostQueue*& q = r.queues[{kind, ordinal}];
+  if (q == nullptr)
+    q = new HostQueue((kind == 0 ? "worker stream " : "proxy stream ") + std::to_string(ordinal),
+                      StreamChaosSeed());
+  return *q;
+}
+
+}  // namespace
+
+HostQueue& WorkerQueue(int64_t ordinal) { return QueueFor(0, ordinal); }
+HostQueue& ProxyQueue(int64_t ordinal) { return QueueFor(1, ordinal); }
+
+void DrainAllHostQueues() {
+  std::vector<HostQueue*> all;
+  {
+    Registry& r = TheRegistry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (auto& [key, q] : r.queues) all.push_back(q);
+  }
+  for (HostQueue* q : all) q->Drain();
+}
+
+// Every operation captures its arguments by value: the caller's arrays and
+// stack may be gone by the time the stream runs it.
+
+ffi::Error HostStream::Pack(const kernels::Span* spans, int64_t num_spans, int64_t, float* buf) {
+  q_.Enqueue([=] { host_kernels::Pack(spans, num_spans, buf); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
+                              int64_t) {
+  q_.Enqueue([=] { host_kernels::Unpack(buf, spans, num_spans); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                              float scale) {
+  if (num_inputs < 1 || num_inputs > kernels::kMaxReduceInputs)
+    return ffi::Error::Internal("coarse_jax: a reduce takes 1 to " +
+                                std::to_string(kernels::kMaxReduceInputs) + " inputs, got " +
+                                std::to_string(num_inputs));
+  std::array<const float*, kernels::kMaxReduceInputs> in{};
+  for (int k = 0; k < num_inputs; ++k) in[k] = inputs[k];
+  q_.Enqueue([=] { host_kernels::Reduce(in.data(), num_inputs, out, n, scale); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
+  q_.Enqueue([=] { host_kernels::Optimizer(o, b, n); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::SumSquares(const float* x, int64_t n, double*, double* out) {
+  q_.Enqueue([=] { host_kernels::SumSquares(x, n, out); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::FirstMismatch(const float* master, const float* given, int64_t n,
+                                     kernels::DType dtype, unsigned long long* first) {
+  q_.Enqueue([=] { host_kernels::FirstMismatch(master, given, n, dtype, first); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::Memset(void* dst, size_t bytes, const char*) {
+  q_.Enqueue([=] { std::memset(dst, 0, bytes); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::Copy(void* dst, int64_t, const void* src, int64_t, size_t bytes,
+                            const char*) {
+  // One address space: a peer copy is a memcpy, but on this stream, in its
+  // order, as cudaMemcpyPeerAsync on the caller's stream.
+  q_.Enqueue([=] { std::memcpy(dst, src, bytes); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::Upload(void* dst, const void* src, size_t bytes, const char*) {
+  auto copy = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                  static_cast<const char*>(src) + bytes);
+  q_.Enqueue([=] { std::memcpy(dst, copy->data(), bytes); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::Download(void* dst, const void* src, size_t bytes, const char*) {
+  q_.Enqueue([=] { std::memcpy(dst, src, bytes); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::Record(StreamEvent event) {
+  auto* e = static_cast<HostEvent*>(event);
+  // The marker task does nothing: the event is done when the stream reaches it.
+  const uint64_t ticket = q_.Enqueue([] {}, /*record=*/true);
+  std::lock_guard<std::mutex> lock(e->mu);
+  e->queue = &q_;
+  e->ticket = ticket;
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::Wait(StreamEvent event, int64_t) {
+  auto* e = static_cast<HostEvent*>(event);
+  HostQueue* queue;
+  uint64_t ticket;
+  {
+    // What the event marks now, as cudaStreamWaitEvent takes it at the call.
+    std::lock_guard<std::mutex> lock(e->mu);
+    queue = e->queue;
+    ticket = e->ticket;
+  }
+  if (queue == nullptr || queue == &q_) return ffi::Error::Success();  // never recorded / in order
+  q_.Enqueue([queue, ticket] { queue->WaitFor(ticket); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::Synchronize(const char*) {
+  q_.Drain();
+  return ffi::Error::Success();
+}
+
+}  // namespace coarse

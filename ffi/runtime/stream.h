@@ -1,0 +1,98 @@
+// The stream API: what a device backend with GPU semantics offers the one
+// orchestration that runs on it (runtime/stream_device.h). A Stream is one
+// device's in-order queue of work: every call enqueues and returns; nothing
+// it enqueued is done until the stream reaches it. Events order one stream
+// after another; Synchronize is the one call that blocks the host.
+//
+// Two implementations: CUDA (cuda/cuda_stream.h: the kernels' launch
+// functions, cudaMemcpyPeerAsync, cudaEventRecord / cudaStreamWaitEvent,
+// cudaStreamSynchronize) and the host's (cpu/host_stream.h: a thread and a
+// task queue per device, running the kernels' arithmetic in loops).
+//
+// Pointers name memory of a mesh device ("device memory"); the orchestration
+// only touches a peer's memory through Copy, as a GPU must.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/span.h"
+#include "runtime/device.h"
+#include "runtime/plan.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace coarse {
+
+// An event, opaque to the orchestration: a cudaEvent_t on CUDA, a host event
+// on the host stream. The session's storage holds one per mesh device.
+using StreamEvent = void*;
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+
+  // The kernels (kernels/coarse_kernels.h), on f32 buffers of this device.
+  // spans: device memory (this device's span table), `begin` filled.
+  virtual xla::ffi::Error Pack(const kernels::Span* spans, int64_t num_spans, int64_t total,
+                               float* buf) = 0;
+  virtual xla::ffi::Error Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
+                                 int64_t total) = 0;
+  // out[i] = (in[0][i] + ... + in[k-1][i]) * scale, 1 <= k <= kMaxReduceInputs;
+  // `out` may alias in[0]. `inputs` itself may die on return.
+  virtual xla::ffi::Error Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                                 float scale) = 0;
+  virtual xla::ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) = 0;
+  // *out = sum x[i]^2 in f64; `partial`: kSumSquaresBlocks doubles of scratch.
+  virtual xla::ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) = 0;
+  // *first = min(*first, first bitwise mismatch of given vs master rounded to dtype).
+  virtual xla::ffi::Error FirstMismatch(const float* master, const float* given, int64_t n,
+                                        kernels::DType dtype, unsigned long long* first) = 0;
+
+  // dst[0, bytes) = 0, this device's memory.
+  virtual xla::ffi::Error Memset(void* dst, size_t bytes, const char* what) = 0;
+  // `bytes` from mesh device `src_device`'s memory to `dst_device`'s (either
+  // may be this device, or both: a local copy).
+  virtual xla::ffi::Error Copy(void* dst, int64_t dst_device, const void* src, int64_t src_device,
+                               size_t bytes, const char* what) = 0;
+  // Host -> this device. `src` may die as soon as the call returns.
+  virtual xla::ffi::Error Upload(void* dst, const void* src, size_t bytes, const char* what) = 0;
+  // This device -> host. `dst` holds the bytes only after Synchronize.
+  virtual xla::ffi::Error Download(void* dst, const void* src, size_t bytes, const char* what) = 0;
+
+  // The event now marks everything enqueued so far on this stream.
+  virtual xla::ffi::Error Record(StreamEvent event) = 0;
+  // Work enqueued after this waits for what `event` marked when Wait was
+  // called (nothing, if it was never recorded). The host does not wait.
+  virtual xla::ffi::Error Wait(StreamEvent event, int64_t device) = 0;
+  // The host waits until everything enqueued so far is done.
+  virtual xla::ffi::Error Synchronize(const char* what) = 0;
+};
+
+// What a StreamDevice needs of the session's storage besides the arenas and
+// scratch: per mesh device, a staging buffer for peer copies, a span table,
+// a few scalars of scratch and its event.
+class StreamResources {
+ public:
+  virtual ~StreamResources() = default;
+  virtual float* staging(int64_t device) = 0;  // staging_len() + 4 floats (alignment shifts)
+  virtual int64_t staging_len() const = 0;
+  virtual kernels::Span* spans(int64_t device) = 0;  // max_runs() spans
+  virtual int64_t max_runs() const = 0;
+  // kScalarSlots doubles: the sum of squares' partials and result, and the
+  // params check's index (as an unsigned long long) in the last one.
+  static constexpr int64_t kScalarSlots = kernels::kSumSquaresBlocks + 2;
+  virtual double* scalars(int64_t device) = 0;
+  virtual StreamEvent event(int64_t device) = 0;
+};
+
+// A staging buffer holds the largest piece, or the workers' leading layers;
+// a span table the most runs one transfer has (both the same on every platform).
+struct StagingSizes {
+  int64_t staging_len = 1, max_runs = 1;
+};
+StagingSizes StagingSizesOf(const Plan& plan);
+
+// The kernels' element type of an XLA one (F32/BF16/F16); false otherwise.
+bool ToKernelDType(xla::ffi::DataType t, kernels::DType* out);
+
+}  // namespace coarse

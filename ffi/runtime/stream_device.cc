@@ -1,0 +1,228 @@
+// StreamDevice (see stream_device.h): each Device operation as stream work.
+// Moved from the CUDA backend, whose orchestration it was; what changed is
+// only that it speaks the stream API instead of CUDA.
+#include "runtime/stream_device.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kernels/element_math.h"
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+StagingSizes StagingSizesOf(const Plan& plan) {
+  int64_t max_piece = 0, max_segs = 0;
+  for (int64_t s = 0; s < plan.num_pieces(); ++s) {
+    max_piece = std::max(max_piece, plan.piece_nelems[s]);
+    max_segs = std::max(max_segs, plan.piece_seg_begin[s + 1] - plan.piece_seg_begin[s]);
+  }
+  const int64_t leading_leaves =
+      static_cast<int64_t>(plan.leaf_nelems.size()) - plan.num_proxy_leaves;
+  StagingSizes out;
+  out.staging_len = std::max<int64_t>({max_piece, plan.leading_nelems, 1});
+  out.max_runs = std::max<int64_t>({max_segs, leading_leaves, 1});
+  return out;
+}
+
+bool ToKernelDType(ffi::DataType t, kernels::DType* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = kernels::DType::kF32; return true;
+    case ffi::DataType::BF16: *out = kernels::DType::kBF16; return true;
+    case ffi::DataType::F16: *out = kernels::DType::kF16; return true;
+    default: return false;
+  }
+}
+
+StreamDevice::StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources)
+    : stream_(std::move(stream)), self_(self), res_(resources) {}
+
+ffi::Error StreamDevice::UploadRuns(const LeafRun* runs, int64_t num_runs, int64_t buf_len,
+                                    int64_t* total) {
+  if (num_runs > res_.max_runs())
+    return ffi::Error::Internal("coarse_jax: " + std::to_string(num_runs) +
+                                " runs exceed the span table (" + std::to_string(res_.max_runs()) +
+                                ")");
+  std::vector<kernels::Span> spans(num_runs);
+  for (int64_t r = 0; r < num_runs; ++r) {
+    if (runs[r].buf_off < 0 || runs[r].buf_off + runs[r].len > buf_len)
+      return ffi::Error::Internal("coarse_jax: a run falls outside its buffer");
+    spans[r].leaf = runs[r].leaf;
+    spans[r].buf_off = runs[r].buf_off;
+    spans[r].len = runs[r].len;
+    if (!ToKernelDType(runs[r].dtype, &spans[r].leaf_dtype))
+      return ffi::Error::InvalidArgument(
+          "coarse_jax: only float32, bfloat16 and float16 leaves are synchronized");
+  }
+  *total = kernels::SetBegins(spans.data(), num_runs);
+  // The span table is reused by the next transfer of this device: stream
+  // order keeps this upload behind the kernel that read the previous table.
+  return stream_->Upload(res_.spans(self_), spans.data(), num_runs * sizeof(kernels::Span),
+                         "uploading a span table");
+}
+
+ffi::Error StreamDevice::PeerCopy(float* dst, int64_t dst_device, const float* src,
+                                  int64_t src_device, int64_t n, const char* what) {
+  if (n <= 0) return ffi::Error::Success();
+  return stream_->Copy(dst, dst_device, src, src_device, static_cast<size_t>(n) * sizeof(float),
+                       what);
+}
+
+ffi::Error StreamDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst,
+                                int64_t dst_device, int64_t dst_len) {
+  if (num_runs == 0 || dst_len == 0) return ffi::Error::Success();
+  if (dst_device != self_ && dst_len > res_.staging_len())
+    return ffi::Error::Internal("coarse_jax: a piece exceeds the staging buffer");
+  int64_t total = 0;
+  ffi::Error e = UploadRuns(runs, num_runs, dst_len, &total);
+  if (e.failure()) return e;
+  // A peer's storage: pack here, then one peer copy of the whole piece.
+  float* target = dst_device == self_ ? dst : res_.staging(self_);
+  e = stream_->Pack(res_.spans(self_), num_runs, total, target);
+  if (e.failure() || target == dst) return e;
+  return PeerCopy(dst, dst_device, target, self_, dst_len, "push: peer copy to the proxy");
+}
+
+ffi::Error StreamDevice::Scatter(const float* src, int64_t src_device, int64_t src_len,
+                                 const LeafRun* runs, int64_t num_runs) {
+  if (num_runs == 0 || src_len == 0) return ffi::Error::Success();
+  const float* from = src;
+  if (src_device != self_) {  // a peer's storage: one peer copy here, then unpack
+    if (src_len > res_.staging_len())
+      return ffi::Error::Internal("coarse_jax: a piece exceeds the staging buffer");
+    ffi::Error e = PeerCopy(res_.staging(self_), self_, src, src_device, src_len,
+                            "pull: peer copy from the proxy");
+    if (e.failure()) return e;
+    from = res_.staging(self_);
+  }
+  int64_t total = 0;
+  ffi::Error e = UploadRuns(runs, num_runs, src_len, &total);
+  if (e.failure()) return e;
+  return stream_->Unpack(from, res_.spans(self_), num_runs, total);
+}
+
+ffi::Error StreamDevice::SumSlots(float* own, int64_t n, int64_t slots) {
+  if (n == 0 || slots == 1) return ffi::Error::Success();
+  if (slots == 0) return stream_->Memset(own, n * sizeof(float), "zeroing a slot");
+  // Slot order, as on CPU: ((s0 + s1) + s2) + ..., in launches of up to 8 inputs.
+  for (int64_t j = 1; j < slots;) {
+    const float* in[kernels::kMaxReduceInputs] = {own};
+    int count = 1;
+    for (; count < kernels::kMaxReduceInputs && j < slots; ++count, ++j) in[count] = own + j * n;
+    ffi::Error e = stream_->Reduce(in, count, own, n, 1.0f);
+    if (e.failure()) return e;
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error StreamDevice::AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                                 float scale) {
+  if (n == 0) return ffi::Error::Success();
+  const float* x = peer;
+  if (peer_device != self_) {
+    // Received at the accumulator's own 16-byte offset, so the reduce kernel
+    // peels the same head from both and runs the rest vectorized.
+    const int64_t shift = (reinterpret_cast<uintptr_t>(own) / sizeof(float)) % 4;
+    if (n + shift > res_.staging_len() + 4)
+      return ffi::Error::Internal("coarse_jax: a ring chunk exceeds the staging buffer");
+    float* recv = res_.staging(self_) + shift;
+    ffi::Error e = PeerCopy(recv, self_, peer, peer_device, n, "ring: peer copy");
+    if (e.failure()) return e;
+    x = recv;
+  }
+  const float* in[2] = {own, x};
+  return stream_->Reduce(in, 2, own, n, scale);
+}
+
+ffi::Error StreamDevice::CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) {
+  return PeerCopy(own, self_, peer, peer_device, n, "ring: peer copy");
+}
+
+ffi::Error StreamDevice::SumInRingOrder(float*, const float* const*, int64_t, int64_t, float) {
+  // The ring runs here (ReadsPeersInPlace() is false): peers' memory is not this device's.
+  return ffi::Error::Internal(
+      "coarse_jax: SumInRingOrder reads peers in place; a stream device runs the ring instead");
+}
+
+ffi::Error StreamDevice::SumPushesInRingOrder(float*, int64_t, int64_t,
+                                              const std::vector<std::vector<const PushedRuns*>>&,
+                                              float) {
+  // Pushes are copied here (ReadsPeersInPlace() is false).
+  return ffi::Error::Internal(
+      "coarse_jax: SumPushesInRingOrder reads pushes in place; a stream device copies them");
+}
+
+ffi::Error StreamDevice::Scale(float* x, int64_t n, float scale) {
+  const float* in[1] = {x};
+  return stream_->Reduce(in, 1, x, n, scale);
+}
+
+ffi::Error StreamDevice::ZeroBytes(void* dst, size_t bytes) {
+  if (bytes == 0) return ffi::Error::Success();
+  return stream_->Memset(dst, bytes, "zeroing a result");
+}
+
+ffi::Error StreamDevice::CopyBytes(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return ffi::Error::Success();
+  return stream_->Copy(dst, self_, src, self_, bytes, "copying a pass-through result");
+}
+
+ffi::Error StreamDevice::Publish() { return stream_->Record(res_.event(self_)); }
+
+ffi::Error StreamDevice::Acquire(int64_t device) {
+  if (device == self_) return ffi::Error::Success();
+  return stream_->Wait(res_.event(device), device);
+}
+
+ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
+  return stream_->Optimizer(o, b, n);
+}
+
+// The two below block the host on the stream: they serve global-norm
+// clipping and the params check, a few scalars per step on the proxies.
+// The scratch is this device's scalars (StreamResources): the stream is in
+// order and the host reads the result before it enqueues anything else, so
+// one set per device serves every call.
+ffi::ErrorOr<double> StreamDevice::SumSquares(const float* x, int64_t n) {
+  double* scratch = res_.scalars(self_);
+  double out = 0;
+  ffi::Error e = stream_->SumSquares(x, n, scratch, scratch + kernels::kSumSquaresBlocks);
+  if (e.success())
+    e = stream_->Download(&out, scratch + kernels::kSumSquaresBlocks, sizeof out,
+                          "copying the sum of squares");
+  // The host reads `out` next: wait for the stream to have written it.
+  if (e.success()) e = stream_->Synchronize("sum of squares");
+  if (e.failure()) return ffi::Unexpected(e);
+  return out;
+}
+
+ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master, const float* given,
+                                                   int64_t n, ffi::DataType dtype) {
+  kernels::DType t;
+  if (!ToKernelDType(dtype, &t))
+    return ffi::Unexpected(ffi::Error::InvalidArgument("coarse_jax: unsupported params dtype"));
+  auto* first = reinterpret_cast<unsigned long long*>(res_.scalars(self_) +
+                                                      StreamResources::kScalarSlots - 1);
+  unsigned long long host = static_cast<unsigned long long>(n);
+  ffi::Error e = stream_->Upload(first, &host, sizeof host, "params check");
+  if (e.success()) e = stream_->FirstMismatch(master, given, n, t, first);
+  if (e.success()) e = stream_->Download(&host, first, sizeof host, "params check");
+  // The host reads `host` next.
+  if (e.success()) e = stream_->Synchronize("params check");
+  if (e.failure()) return ffi::Unexpected(e);
+  Mismatch m;
+  if (static_cast<int64_t>(host) >= n) return m;
+  m.index = static_cast<int64_t>(host);
+  float values[2] = {0, 0};
+  e = stream_->Download(&values[0], given + m.index, sizeof(float), "params check");
+  if (e.success())
+    e = stream_->Download(&values[1], master + m.index, sizeof(float), "params check");
+  if (e.success()) e = stream_->Synchronize("params check");
+  if (e.failure()) return ffi::Unexpected(e);
+  m.given = values[0];
+  m.held = kernels::RoundTrip(values[1], t);  // the master's value as the params' dtype
+  return m;
+}
+
+}  // namespace coarse

@@ -1,0 +1,66 @@
+// The device backend of every platform with GPU semantics: one orchestration
+// over the stream API (runtime/stream.h), the same code on CUDA and on the
+// host streams of the stream-semantics CPU backend (COARSE_JAX_BACKEND=streams).
+// It decides what is enqueued on the caller's stream, which copies go where
+// (a peer's memory only through Copy, via this device's staging buffer where
+// a kernel must read or write it), which event a stream waits for (Publish
+// records this device's event, Acquire waits for a peer's) and where the host
+// synchronizes (SumSquares, FirstMismatch: their results are read on the
+// host). No other call blocks the host.
+#pragma once
+
+#include <memory>
+
+#include "runtime/device.h"
+#include "runtime/stream.h"
+
+namespace coarse {
+
+class StreamDevice final : public Device {
+ public:
+  // `self`: the caller's mesh device index (worker i -> i, proxy k -> p + k).
+  StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources);
+
+  xla::ffi::Error Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
+                         int64_t dst_len) override;
+  xla::ffi::Error Scatter(const float* src, int64_t src_device, int64_t src_len,
+                          const LeafRun* runs, int64_t num_runs) override;
+  xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots) override;
+  xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                          float scale) override;
+  xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) override;
+  xla::ffi::Error SumPushesInRingOrder(float* dst, int64_t lo, int64_t hi,
+                                       const std::vector<std::vector<const PushedRuns*>>& groups,
+                                       float scale) override;
+  xla::ffi::Error SumInRingOrder(float* dst, const float* const* srcs, int64_t num, int64_t n,
+                                 float scale) override;
+  xla::ffi::Error Scale(float* x, int64_t n, float scale) override;
+  xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
+  xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override;
+  xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const float* given, int64_t n,
+                                            xla::ffi::DataType dtype) override;
+  xla::ffi::Error ZeroBytes(void* dst, size_t bytes) override;
+  xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) override;
+  xla::ffi::Error Publish() override;
+  xla::ffi::Error Acquire(int64_t device) override;
+  // Emulated links are timed on the host around operations that finish when
+  // they return (CpuDevice); here they return when enqueued.
+  bool SupportsEmulation() const override { return false; }
+  bool ReadsPeersInPlace() const override { return false; }
+
+  Stream& stream() { return *stream_; }
+
+ private:
+  // Uploads `runs` as kernel spans into this device's span table.
+  xla::ffi::Error UploadRuns(const LeafRun* runs, int64_t num_runs, int64_t buf_len,
+                             int64_t* total);
+  // n floats from `src` on mesh device `src_device` to `dst` on `dst_device`.
+  xla::ffi::Error PeerCopy(float* dst, int64_t dst_device, const float* src, int64_t src_device,
+                           int64_t n, const char* what);
+
+  std::unique_ptr<Stream> stream_;
+  int64_t self_;
+  StreamResources& res_;
+};
+
+}  // namespace coarse

@@ -1,0 +1,24 @@
+// StreamHostIo (see stream_host_io.h).
+#include "stream_host_io.h"
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+HostIo StreamHostIo(Stream& stream) {
+  return HostIo{[&stream](ffi::AnyBuffer src, void* dst, size_t bytes) {
+                  ffi::Error e = stream.Download(dst, src.untyped_data(), bytes,
+                                                 "reading the optimizer's scalars");
+                  // The host reads `dst` as soon as this returns.
+                  return e.failure() ? e : stream.Synchronize("optimizer scalars");
+                },
+                [&stream](const void* src, ffi::Result<ffi::AnyBuffer> dst, size_t bytes) {
+                  ffi::Error e = stream.Upload(dst->untyped_data(), src, bytes,
+                                               "writing the optimizer's step count");
+                  // XLA reads the result once the call returns (on a GPU, stream order
+                  // would do; the host stream's handler drains anyway): wait here as
+                  // the CUDA backend always did.
+                  return e.failure() ? e : stream.Synchronize("optimizer step count");
+                }};
+}
+
+}  // namespace coarse
