@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -146,6 +147,27 @@ def repeats_devices(mesh: Mesh) -> bool:
     return len(set(devices)) != len(devices)
 
 
+def _replicate_onto_repeating_mesh(x: jax.Array, sharding: NamedSharding) -> jax.Array:
+    """``x`` (replicated on the workers) replicated over ``sharding``'s mesh, which lists a
+    device twice (COARSE k:1).
+
+    jax refuses several buffers on one device in `make_array_from_single_device_arrays`,
+    and resharding out of or into such a mesh; it builds one from a single buffer
+    (``device_put``) on one process, and from a callback across processes (where a
+    ``device_put`` onto a global sharding would be a transfer between hosts). The
+    source is the replica on this process's first worker.
+    """
+    local = x.addressable_shards[0].data
+    if jax.process_count() == 1:
+        return jax.device_put(local, sharding)
+    if jnp.issubdtype(local.dtype, jax.dtypes.prng_key):
+        bits = jax.random.key_data(local)
+        impl = jax.random.key_impl(local)
+        placed = jax.make_array_from_callback(bits.shape, sharding, lambda idx: bits[idx])
+        return jax.random.wrap_key_data(placed, impl=impl)
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: local[idx])
+
+
 def place(tree: Any, mesh: Mesh, batch: bool) -> Any:
     """``tree`` (outputs on the workers) placed on the whole ``mesh``: replicated, or split
     over its batch axes (``batch``) where the mesh lists each device once.
@@ -164,10 +186,7 @@ def place(tree: Any, mesh: Mesh, batch: bool) -> Any:
         if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
             return x
         if repeats:
-            # jax builds an array over a mesh that lists a device twice only
-            # from one buffer (it refuses several on one device): the
-            # replica on this process's first worker.
-            return jax.device_put(x.addressable_shards[0].data, sharding)
+            return _replicate_onto_repeating_mesh(x, sharding)
         moved = from_local_shards(x, sharding)
         return moved if moved is not None else jax.device_put(x, sharding)
 
