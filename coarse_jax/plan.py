@@ -392,8 +392,7 @@ def check_dtype(name: str, dtype: Any, where: str) -> np.dtype:
     if dt is None or dt not in SUPPORTED_DTYPES:
         shown = dtype if dt is None else dt
         raise TypeError(
-            f"{where}: leaf {name} has dtype {getattr(shown, 'name', shown)}; "
-            f"{_dtype_fix(shown)}"
+            f"{where}: leaf {name} has dtype {getattr(shown, 'name', shown)}; {_dtype_fix(shown)}"
         )
     return dt
 
