@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -81,12 +82,13 @@ class Config:
       step_times_s: ``(T_FP, T_BP)`` in seconds, the forward and backward time
         of one step, for ``leading_bytes="auto"``; measure them with
         `coarse.measure_step_times`.
-      worker_compute: deprecated, no effect. It chose how the workers alone
-        ran the model when one XLA program spanned both tiers ("cond": a
-        ``lax.cond`` on the tier, "all": every device ran it). The proxies now
-        run no XLA program (their work is the runtime's service), so the model
-        runs on the workers only, whatever this says. Accepted ("auto",
-        "cond", "all") so existing code runs unchanged; drop it from new code.
+      worker_compute: deprecated, no effect; setting it warns
+        (`DeprecationWarning`). It chose how the workers alone ran the model
+        when one XLA program spanned both tiers ("cond": a ``lax.cond`` on the
+        tier, "all": every device ran it). The proxies now run no XLA program
+        (their work is the runtime's service), so the model runs on the
+        workers only, whatever this says. Accepted ("auto", "cond", "all")
+        for one more release. Fix: drop it.
       reprofile_every: with a ``profile``, `coarse.sync` profiles the links
         again every this many calls and re-plans; the step recompiles only if
         the plan changed. 0: never.
@@ -162,7 +164,7 @@ class Config:
     profile: Profile | None = dataclasses.field(default=None, compare=False, repr=False)
     step_times_s: tuple[float, float] | None = None
     reprofile_every: int = 0
-    worker_compute: str = "auto"
+    worker_compute: str | None = None  # deprecated: None is "not given" ("auto")
     max_steps_in_flight: int | None = None
     snapshot_every: int = 0
     snapshot_dir: str | None = None
@@ -228,10 +230,17 @@ class Config:
                 f"Config.mode: expected one of {_MODES}, got {self.mode!r} "
                 "(check $COARSE_JAX_MODE)."
             )
-        if self.worker_compute not in WORKER_COMPUTE:
-            raise ValueError(
-                f"Config.worker_compute: expected one of {WORKER_COMPUTE}, got "
-                f"{self.worker_compute!r}."
+        if self.worker_compute is not None:
+            if self.worker_compute not in WORKER_COMPUTE:
+                raise ValueError(
+                    f"Config.worker_compute: expected one of {WORKER_COMPUTE}, got "
+                    f"{self.worker_compute!r}."
+                )
+            warnings.warn(
+                "Config.worker_compute is deprecated and has no effect: a coarse.sync step's "
+                "program runs on the workers only. Fix: drop worker_compute=...",
+                DeprecationWarning,
+                stacklevel=3,
             )
         if isinstance(self.timeout_s, bool) or not 0 < self.timeout_s <= MAX_TIMEOUT_S:
             raise ValueError(
@@ -325,7 +334,8 @@ class Config:
         """``worker_compute`` with "auto" resolved for a model on ``platform``.
 
         Deprecated with ``worker_compute``, which no longer changes the step:
-        kept for code that reads it.
+        kept for one more release for code that reads it; calling it warns
+        (`DeprecationWarning`). Fix: drop the call.
 
         Args:
           platform: the devices' platform ("cpu", "gpu", ...).
@@ -337,11 +347,20 @@ class Config:
           otherwise; any other setting is returned as it is.
 
         Example:
-          >>> cfg = coarse.Config()
-          >>> cfg.worker_compute_on("cpu", convolutions=True), cfg.worker_compute_on("gpu")
+          >>> import warnings
+          >>> with warnings.catch_warnings():
+          ...     warnings.simplefilter("ignore", DeprecationWarning)
+          ...     cfg = coarse.Config()
+          ...     cfg.worker_compute_on("cpu", convolutions=True), cfg.worker_compute_on("gpu")
           ('all', 'cond')
         """
-        if self.worker_compute != "auto":
+        warnings.warn(
+            "Config.worker_compute_on is deprecated: worker_compute has no effect. Fix: drop "
+            "the call.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if self.worker_compute not in (None, "auto"):
             return self.worker_compute
         return "all" if convolutions and platform in CONVOLUTIONS_SLOW_IN_COND else "cond"
 

@@ -1,4 +1,4 @@
-"""`coarse.optim`: optimizers that run on the proxies (DESIGN.md section 7).
+"""`coarse.optim`: optimizers that run on the proxies (the parameter storage guide).
 
 ``coarse.optim.sgd / adam / adamw`` return a `ProxyOptimizer`, a frozen
 dataclass of hyperparameters that `coarse.value_and_update` hands to the

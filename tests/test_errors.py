@@ -285,7 +285,9 @@ def test_coarse_call_inside_on_workers_gives_the_right_result():
 
     @coarse.sync(mesh)
     def step(x, batch):
-        return coarse.on_workers(lambda v: coarse.all_reduce(v * batch.sum()))(x)
+        with pytest.warns(DeprecationWarning, match="on_workers is deprecated"):
+            inner = coarse.on_workers(lambda v: coarse.all_reduce(v * batch.sum()))
+        return inner(x)
 
     batch = jnp.arange(6.0).reshape(2, 3)  # worker sums 3 and 12
     np.testing.assert_allclose(step(jnp.ones(4), batch), np.full(4, 7.5))

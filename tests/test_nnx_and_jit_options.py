@@ -205,14 +205,14 @@ def test_state_a_step_does_not_change_stays_bitwise_the_same():
     np.testing.assert_array_equal(np.asarray(model.bn.var[...]), before[1])
 
 
-def test_on_workers_takes_nnx_modules_that_change_their_state():
-    """A module passed to coarse.on_workers may draw random numbers under the default "cond"."""
+def test_nnx_modules_that_change_their_state_draw_per_worker():
+    """A module that draws random numbers in a step: a mask per worker, the stream moves."""
     mesh = coarse.make_mesh(workers=2)
     drop = nnx.Dropout(0.5, rngs=nnx.Rngs(dropout=3))
 
     @coarse.sync(mesh, batch_outputs=0)
     def masks(drop, batch):
-        return (coarse.on_workers(lambda d, x: d(x))(drop, batch),)
+        return (drop(batch),)
 
     (out,) = masks(drop, jnp.ones((2, 64)))
     assert not np.array_equal(np.asarray(out[0]), np.asarray(out[1]))  # a mask per worker

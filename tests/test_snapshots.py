@@ -1,4 +1,4 @@
-"""Snapshots of the proxies' state (DESIGN.md section 8): in memory, on disk, restored.
+"""Snapshots of the proxies' state: in memory, on disk, restored.
 
 The disk tests run training in subprocesses that are killed with SIGKILL (no
 atexit, no flush) and restarted from the checkpoint directory; the oracle is

@@ -27,17 +27,14 @@ def _step(mesh, cfg, fun=mlp_loss, **kw):
     return step
 
 
-@pytest.mark.parametrize("worker_compute", ["cond", "all"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("workers", [1, 2, 4])
-def test_matches_per_worker_mean_f32(workers, mode, worker_compute):
+def test_matches_per_worker_mean_f32(workers, mode):
     mesh = coarse.make_mesh(workers=workers)
     # Odd sizes, a size-1 output layer: leaves of shape (1,) and (5, 1).
     params = mlp_init(jax.random.key(0), (7, 13, 5, 1))
     batch = make_batch(jax.random.key(1), 4 * workers, 7, 1)
-    cfg = coarse.Config(
-        mode=mode, shard_bytes=64, leading_bytes=7 * 13 * 4 + 13 * 4, worker_compute=worker_compute
-    )
+    cfg = coarse.Config(mode=mode, shard_bytes=64, leading_bytes=7 * 13 * 4 + 13 * 4)
     loss, grads = _step(mesh, cfg)(params, batch)
     want_loss, want_grads = per_worker_mean(mlp_loss, params, batch, workers)
     np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
@@ -151,24 +148,31 @@ def test_twenty_optax_steps_match_pmean_training():
 
 
 @pytest.mark.parametrize("worker_compute", ["cond", "all"])
-def test_on_workers_is_a_no_op_kept_for_old_steps(worker_compute):
+def test_on_workers_and_worker_compute_are_deprecated_no_ops(worker_compute):
     """The program spans the workers only, so on_workers returns its function and
-    worker_compute is accepted and ignored (deprecated)."""
+    worker_compute is accepted and ignored; both warn (DeprecationWarning), naming the fix."""
     mesh = coarse.make_mesh(workers=2)
     fn = lambda v: v * 2.0 + 1.0  # noqa: E731
-    assert coarse.on_workers(fn) is fn
+    with pytest.warns(DeprecationWarning, match="call the function directly"):
+        assert coarse.on_workers(fn) is fn
+    with pytest.warns(DeprecationWarning, match="drop worker_compute"):
+        cfg = coarse.Config(worker_compute=worker_compute)
+    with pytest.warns(DeprecationWarning, match="worker_compute_on is deprecated"):
+        assert cfg.worker_compute_on("cpu") == worker_compute
 
-    @coarse.sync(mesh, config=coarse.Config(worker_compute=worker_compute))
+    @coarse.sync(mesh, config=cfg)
     def step(x):
-        y = coarse.on_workers(fn)(x)
+        with pytest.warns(DeprecationWarning):
+            y = coarse.on_workers(fn)(x)
         return jax.lax.psum(y, "data")  # the program's devices: the workers
 
     x = np.arange(2 * 3, dtype=np.float32).reshape(2, 3)
     np.testing.assert_allclose(step(x), (x * 2.0 + 1.0).sum(0, keepdims=True))
+    assert "cond[" not in str(jax.make_jaxpr(step)(x))
 
 
 def test_worker_compute_is_checked():
-    with pytest.raises(ValueError, match="worker_compute"):
+    with pytest.raises(ValueError, match="worker_compute"):  # checked before it warns
         coarse.Config(worker_compute="proxies")
 
 
@@ -208,8 +212,7 @@ def test_tuple_argnums_match_jax_value_and_grad(mode, argnums):
     assert_replicated(got)
 
 
-@pytest.mark.parametrize("worker_compute", ["cond", "all"])
-def test_logits_as_aux_give_the_global_accuracy(worker_compute):
+def test_logits_as_aux_give_the_global_accuracy():
     """Flax's `return loss, logits`: accuracy through coarse.all_reduce is the global one."""
     workers = 4
     mesh = coarse.make_mesh(workers=workers)
@@ -225,7 +228,7 @@ def test_logits_as_aux_give_the_global_accuracy(worker_compute):
         onehot = jax.nn.one_hot(batch["label"], 5)
         return -jnp.mean(jnp.sum(onehot * jax.nn.log_softmax(logits), -1)), logits
 
-    @coarse.sync(mesh, config=coarse.Config(worker_compute=worker_compute), batch_outputs=2)
+    @coarse.sync(mesh, batch_outputs=2)
     def step(params, batch):
         (loss, logits), _ = coarse.value_and_grad(loss_fn, has_aux=True)(params, batch)
         correct = jnp.mean((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32))
@@ -264,20 +267,12 @@ def _conv_loss(params, batch):
     return jnp.mean((h.reshape(h.shape[0], -1) @ params["w"] - batch["y"]) ** 2)
 
 
-@pytest.mark.parametrize(
-    "worker_compute,model",
-    [("auto", "mlp"), ("auto", "conv"), ("all", "mlp"), ("cond", "mlp"), ("cond", "conv")],
-)
-def test_worker_compute_no_longer_changes_the_program(worker_compute, model):
+@pytest.mark.parametrize("model", ["mlp", "conv"])
+def test_the_model_runs_once_per_worker_never_in_a_cond(model):
     """The proxies run no program, so the model runs once per worker, never inside a
-    cond on the tier, whatever worker_compute says (accepted, deprecated)."""
-    assert coarse.Config().worker_compute == "auto"
-    assert coarse.Config().worker_compute_on("cpu") == "all"
-    assert coarse.Config().worker_compute_on("cpu", convolutions=False) == "cond"
-    assert coarse.Config().worker_compute_on("gpu") == "cond"
-    assert coarse.Config(worker_compute="cond").worker_compute_on("cpu") == "cond"
+    cond on the tier."""
     mesh = coarse.make_mesh(workers=2)
-    cfg = coarse.Config(worker_compute=worker_compute)
+    cfg = coarse.Config()
     loss_fn = mlp_loss if model == "mlp" else _conv_loss
 
     @coarse.sync(mesh, config=cfg)

@@ -1,4 +1,4 @@
-"""coarse.value_and_update: the proxies run the optimizer (DESIGN.md section 7).
+"""coarse.value_and_update: the proxies run the optimizer.
 
 The oracle is plain optax under lax.pmean over the same workers (its own
 optax chain, written out here, not coarse's `ProxyOptimizer.optax`), on the

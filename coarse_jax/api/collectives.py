@@ -1,7 +1,8 @@
-"""`coarse.all_reduce` (a tree that already exists) and `coarse.on_workers`."""
+"""`coarse.all_reduce` (a tree that already exists) and `coarse.on_workers` (deprecated)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -14,13 +15,14 @@ from coarse_jax.config import Config
 
 
 def on_workers(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Returns ``fn`` itself: deprecated, the step's program runs on the workers alone.
+    """Returns ``fn`` itself, with a `DeprecationWarning`: the step's program runs on the
+    workers alone.
 
     The proxies run no XLA program (their work is the runtime's service), so
     every computation of a `coarse.sync` step runs on the workers only, and
-    ``on_workers`` has nothing left to do. It is kept so existing steps run
-    unchanged; drop it from new code. A coarse call inside ``fn`` works as
-    anywhere else in the step.
+    ``on_workers`` has nothing left to do. It stays for one release so
+    existing steps run unchanged. Fix: call ``fn`` directly. A coarse call
+    inside ``fn`` works as anywhere else in the step.
 
     Args:
       fn: a function of the step.
@@ -29,13 +31,19 @@ def on_workers(fn: Callable[..., Any]) -> Callable[..., Any]:
       ``fn``.
 
     Example:
-      >>> @coarse.sync(mesh)
-      ... def evaluate(w, x):
-      ...     pred = coarse.on_workers(lambda w, x: x @ w)(w, x)     # the same as x @ w
-      ...     return coarse.all_reduce(jnp.mean(pred))
-      >>> float(evaluate(jnp.ones((3,)), jnp.ones((8, 3))))
-      3.0
+      >>> import warnings
+      >>> with warnings.catch_warnings(record=True) as caught:
+      ...     warnings.simplefilter("always")
+      ...     f = coarse.on_workers(jnp.sin)
+      >>> f is jnp.sin, caught[0].category.__name__
+      (True, 'DeprecationWarning')
     """
+    warnings.warn(
+        "coarse.on_workers is deprecated and does nothing: a coarse.sync step's program runs "
+        "on the workers only. Fix: call the function directly (drop coarse.on_workers).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return fn
 
 

@@ -1,4 +1,4 @@
-"""Snapshots on disk: orbax-checkpoint checkpoints of what the proxies hold (DESIGN.md section 8).
+"""Snapshots on disk: orbax-checkpoint checkpoints of what the proxies hold.
 
 The proxies take snapshots in their own memory (ffi/runtime/param_store.h);
 this module writes them to ``Config.snapshot_dir`` from a background thread
@@ -88,7 +88,7 @@ def read_latest(directory: str) -> tuple[int, dict[str, Any]]:
 class SnapshotWriter:
     """Writes snapshots of a step's stores from a daemon thread, paced by CheckFreq's rule.
 
-    The rule (DESIGN.md section 8): a snapshot is complete on disk before the
+    The rule (the snapshots guide): a snapshot is complete on disk before the
     one after it is taken. The proxies take a snapshot at the start of the
     update after a commit whose count is a multiple of ``snapshot_every``;
     `pace` runs before each call is dispatched and, while a write is in

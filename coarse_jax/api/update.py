@@ -1,4 +1,4 @@
-"""`coarse.value_and_update`: the proxies as parameter storage (DESIGN.md section 7).
+"""`coarse.value_and_update`: the proxies as parameter storage.
 
 The workers compute the loss and push gradients from inside the backward
 pass exactly as in `coarse.value_and_grad`; each proxy reduce-scatters,

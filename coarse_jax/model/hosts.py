@@ -3,8 +3,8 @@
 On a ``("host", "tier", "data")`` mesh each host first synchronizes on its
 own, exactly as on one host (`predict_plan_sync_s` of the host's plan), then
 the hosts exchange their results through XLA collectives over "host"
-(coarse_jax/api/_hosts.py): the proxy leaves' p chunks among the proxies,
-the leading leaves' among the workers, in f32. Every byte of the host's
+(coarse_jax/api/_hosts.py) in the workers' program (the proxies run no XLA
+program): the synced leaves in p chunks, worker k carrying chunk k, in f32. Every byte of the host's
 result leaves through the host's one network link and every other host's
 comes in through it, so its NIC carries ``(hosts - 1)`` times the host's f32
 result each way (two hosts: a psum; more: an all-gather), whichever tier

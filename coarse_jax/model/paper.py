@@ -61,7 +61,8 @@ def t_sync_proxy(m: float, p: int, bw_proxy_gbps: float) -> float:
 
     Args:
       m: Bytes synchronized by the proxies.
-      p: Number of proxies (= number of workers).
+      p: Number of proxies in the ring (the workers at the paper's COARSE 1:1;
+        fewer at COARSE k:1, ``make_mesh(proxies=q)``).
       bw_proxy_gbps: Proxy-to-proxy bandwidth in GB/s.
 
     Returns:

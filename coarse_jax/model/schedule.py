@@ -103,6 +103,6 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
     lead_bytes = sum(plan.leaves[t].nbytes for t in plan.leading_leaves)
     if plan.leading_leaves:
         # The workers keep the result: no hand-over to the proxies, which
-        # run no program (DESIGN.md section 12).
+        # run no program (docs/guides/design.md, "The proxies as a service").
         done = max(done, ring_s(lead_bytes, "ww", p))
     return done

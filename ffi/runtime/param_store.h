@@ -8,7 +8,7 @@
 // updates exactly those elements, so each of the q proxies stores 1/q of the master and
 // state, and the ring's all-gather then circulates parameters, not gradients.
 //
-// Never silently wrong (DESIGN.md section 7):
+// Never silently wrong (docs/guides/parameter_storage.md):
 //   * one session at a time holds the store (Enter); it is the next one to
 //     update only after the previous one closed, committed or not;
 //   * double-buffered: an update reads the committed buffer and writes the
@@ -112,7 +112,7 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
   float* buf(int64_t proxy, int which, int32_t slot);
   void MarkApplied();
 
-  // Snapshots (DESIGN.md section 8): a third copy of master and state per
+  // Snapshots (docs/guides/snapshots.md): a third copy of master and state per
   // proxy, of the committed version at a step boundary. A commit whose count
   // is a multiple of snapshot_every makes one due; each proxy copies its part
   // at the start of its next update (while the workers are still in their

@@ -1,4 +1,4 @@
-// The proxies as a runtime service (DESIGN.md section 12).
+// The proxies as a runtime service (docs/guides/design.md, "The proxies as a service").
 //
 // The step's XLA program spans the workers only. A proxy's part of a session
 // (receiving pushes, sums, the rings, the optimizer, its snapshot copy) runs
