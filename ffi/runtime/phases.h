@@ -93,8 +93,11 @@ xla::ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& updat
 xla::ffi::Error ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& update);
 
 // With ProxyUpdate::from_worker: waits until proxy k's local worker has set
-// the store up and posted this step's scalars, and takes them (once).
-xla::ffi::Error AwaitUpdateInputs(Call& call, ProxyUpdate& update);
+// the store up and posted this step's scalars, and takes them (once); then
+// the proxy's device waits for that worker's work (Device::Acquire): on a
+// device with streams the worker's writes to the store (the seeded master,
+// the snapshot copy) are still in its stream when the scalars are posted.
+xla::ffi::Error AwaitUpdateInputs(Call& call, Device& dev, ProxyUpdate& update);
 // Worker k's part of proxy k's update (coarse_proxy_ring on a worker, the
 // proxies being a service): BeginUpdate as proxy k with the params the step
 // got, then Session::PostUpdateInputs.

@@ -72,16 +72,42 @@ ffi::Error StreamDevice::PeerCopy(float* dst, int64_t dst_device, const float* s
 ffi::Error StreamDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst,
                                 int64_t dst_device, int64_t dst_len) {
   if (num_runs == 0 || dst_len == 0) return ffi::Error::Success();
-  if (dst_device != self_ && dst_len > res_.staging_len())
-    return ffi::Error::Internal("coarse_jax: a piece exceeds the staging buffer");
+  if (dst_device == self_) {
+    int64_t total = 0;
+    ffi::Error e = UploadRuns(runs, num_runs, dst_len, &total);
+    if (e.failure()) return e;
+    return stream_->Pack(res_.spans(self_), num_runs, total, dst);
+  }
+  // A peer's storage: pack here, then one peer copy of what the runs cover,
+  // [lo, hi) of `dst`. A push's runs tile a whole piece; worker k seeding
+  // proxy k's master (BeginUpdate) gathers one run of a longer buffer, whose
+  // other elements must stay as they are: only the window is staged and
+  // copied (copying all of dst_len from staging overran the staging buffer).
+  int64_t lo = runs[0].buf_off, hi = lo, covered = 0;
+  for (int64_t r = 0; r < num_runs; ++r) {
+    lo = std::min(lo, runs[r].buf_off);
+    hi = std::max(hi, runs[r].buf_off + runs[r].len);
+    covered += runs[r].len;
+  }
+  if (lo < 0 || hi > dst_len)
+    return ffi::Error::Internal("coarse_jax: a run falls outside its buffer");
+  if (covered != hi - lo)
+    return ffi::Error::Internal(
+        "coarse_jax: runs gathered into a peer's buffer must tile one range without gaps or "
+        "overlaps (got " +
+        std::to_string(covered) + " elements over a range of " + std::to_string(hi - lo) + ")");
+  if (hi - lo > res_.staging_len())
+    return ffi::Error::Internal("coarse_jax: a gather of " + std::to_string(hi - lo) +
+                                " elements into a peer exceeds the staging buffer (" +
+                                std::to_string(res_.staging_len()) + ")");
+  std::vector<LeafRun> shifted(runs, runs + num_runs);
+  for (LeafRun& r : shifted) r.buf_off -= lo;
   int64_t total = 0;
-  ffi::Error e = UploadRuns(runs, num_runs, dst_len, &total);
+  ffi::Error e = UploadRuns(shifted.data(), num_runs, hi - lo, &total);
+  if (e.success()) e = stream_->Pack(res_.spans(self_), num_runs, total, res_.staging(self_));
   if (e.failure()) return e;
-  // A peer's storage: pack here, then one peer copy of the whole piece.
-  float* target = dst_device == self_ ? dst : res_.staging(self_);
-  e = stream_->Pack(res_.spans(self_), num_runs, total, target);
-  if (e.failure() || target == dst) return e;
-  return PeerCopy(dst, dst_device, target, self_, dst_len, "push: peer copy to the proxy");
+  return PeerCopy(dst + lo, dst_device, res_.staging(self_), self_, hi - lo,
+                  "push: peer copy to the proxy");
 }
 
 ffi::Error StreamDevice::Scatter(const float* src, int64_t src_device, int64_t src_len,

@@ -238,7 +238,7 @@ class PieceReducer {
       return ffi::Error::Success();
     }
     if (update) {
-      ffi::Error err = AwaitUpdateInputs(call_, *update_);
+      ffi::Error err = AwaitUpdateInputs(call_, dev_, *update_);
       if (err.failure()) return err;
       TraceScope opt(session_, w_ + k_, "optimizer", s);
       err = ApplyOptimizer(call_, dev_, *update_, s, Own(s));
@@ -379,7 +379,7 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
   }
   const bool clip = update && update->spec->clip_norm > 0;
   auto global_norm = [&] {
-    ffi::Error err = AwaitUpdateInputs(call, *update);
+    ffi::Error err = AwaitUpdateInputs(call, dev, *update);
     if (err.failure()) return err;
     TraceScope norm(*call.session, call.device(), "global norm");
     return ClipByGlobalNorm(call, dev, *update);
@@ -420,7 +420,7 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
     // A proxy that owns nothing to update never waited for its worker's
     // setup: wait now, so the store is held by this session (Enter, by
     // worker k) before it counts as applied in it.
-    ffi::Error err = AwaitUpdateInputs(call, *update);
+    ffi::Error err = AwaitUpdateInputs(call, dev, *update);
     if (err.failure()) return err;
     update->store->MarkApplied();
   }

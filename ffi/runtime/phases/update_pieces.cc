@@ -68,7 +68,7 @@ ffi::Error BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update) {
   return ffi::Error::Success();
 }
 
-ffi::Error AwaitUpdateInputs(Call& call, ProxyUpdate& u) {
+ffi::Error AwaitUpdateInputs(Call& call, Device& dev, ProxyUpdate& u) {
   if (!u.from_worker || u.inputs) return ffi::Error::Success();
   Session& session = *call.session;
   const int64_t k = call.who.index;
@@ -84,7 +84,9 @@ ffi::Error AwaitUpdateInputs(Call& call, ProxyUpdate& u) {
   u.bc1 = sc[1];
   u.bc2 = sc[2];
   u.inputs = true;
-  return ffi::Error::Success();
+  // The worker's BeginUpdate enqueued the store's seeding and snapshot copy
+  // and published them before posting: order this device's work after them.
+  return dev.Acquire(call.plan().group_leader(k));
 }
 
 ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
