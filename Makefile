@@ -13,7 +13,7 @@ BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "jax==0.10.2" "jaxlib==0
 XLA_CPU := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
 .PHONY: demo test bench install clean lint types imports check format fuzz wheel test-newest \
-	test-isa bench-versions docs
+	test-isa test-streams bench-versions docs
 
 # The newest end of the supported range: Python 3.12 (pyenv's, else PATH's)
 # with the newest jax the package's metadata allows, installed from the wheel.
@@ -42,6 +42,23 @@ demo: $(STAMP)
 # package, with its compiled extension, is imported rather than ./coarse_jax.
 test: $(STAMP)
 	$(VENV)/bin/pytest -q tests
+
+# The core of the suite on the stream-semantics CPU backend (issue 36): each
+# device its own memory and one in-order stream, events between them, the
+# CUDA backend's orchestration; seeded random delays (COARSE_JAX_STREAM_CHAOS)
+# so a missing event wait or host synchronization reads data not there yet.
+# Then the same training under both backends, compared bitwise.
+STREAMS_CORE = test_matches_per_worker_mean_f32 or test_leading_bytes_split or \
+  test_half_precision_params or test_dtypes_and_ops or test_crossing_routes_fig10 or \
+  test_adam_across_workers_routes_and_leading or test_params_that_are_not_what or \
+  test_snapshot_and_restore_round_trip or test_value_and_update_matches_optax_under_pmean or \
+  test_value_and_grad_and_all_reduce_match_float64
+test-streams: $(STAMP)
+	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
+	  $(VENV)/bin/pytest -q tests/test_value_and_grad.py tests/test_all_reduce.py \
+	  tests/test_value_and_update.py tests/test_snapshots.py tests/test_shared_proxies.py \
+	  -k "$(STREAMS_CORE)"
+	$(VENV)/bin/pytest -q tests/test_streams_backend.py
 
 # The tests whose tolerances depend on rounding (pytest marker "rounding"),
 # again under other codegen: XLA:CPU compiles for the host's CPU, so another
