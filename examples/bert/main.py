@@ -2,11 +2,12 @@
 
 Run: ``python examples/bert/main.py [--impl both] [--steps N]``.
 
-Flags: --impl {coarse,pmean,both} (default both), --steps, --workers, --workdir,
---data-dir (a local dataset; nothing is ever downloaded), --plot (loss.png),
---worker-compute {cond,all}, --noise-floor (also train pmean with the worker sum
-reversed, the distance two valid all-reduce orders drift apart, and compare the
-step-0 gradients), --sync-timing-calls N (also time the gradient sync alone).
+Flags: --impl {coarse,pmean,both} (default both), --steps, --workers,
+--proxies (COARSE k:1), --workdir, --data-dir (a local dataset; nothing is
+ever downloaded), --plot (loss.png), --noise-floor (also train pmean with the
+worker sum reversed, the distance two valid all-reduce orders drift apart,
+and compare the step-0 gradients), --sync-timing-calls N (also time the
+gradient sync alone), --optimizer {workers,proxy} (where coarse's SGD runs).
 With --impl both the exit status is 1 if the two loss curves differ by a
 relative 1e-4 or more at any step. See `train.train_and_evaluate`.
 """
@@ -27,5 +28,14 @@ import train
 from common import cli
 from configs import default
 
+
+def main() -> int:
+    """Parses the flags into the default config, trains, and returns the exit status."""
+    flags = cli.parse_flags("bert", __doc__.splitlines()[0], default.get_config())
+    config = cli.apply_flags(default.get_config(), flags)
+    summary = train.train_and_evaluate(config, flags.workdir)
+    return cli.exit_status(config, summary)
+
+
 if __name__ == "__main__":
-    cli.main("bert", __doc__.splitlines()[0], default.get_config, train.train_and_evaluate)
+    sys.exit(main())

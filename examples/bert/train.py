@@ -6,7 +6,7 @@ loss is cross-entropy on the masked positions only. By default the tokens are
 synthetic and deterministic: walks of a fixed random Markov chain whose rows
 put most of their mass on a few successors, so a masked token is predictable
 from its neighbours. With ``config.data_dir`` they come from a local ``.npy``
-file. Both runs share the initial parameters and the batches (see `common.trainer`).
+file. Both runs share the initial parameters and the batches (see `common.compare`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from common import trainer
+from common import compare
 
 Batch = dict[str, Any]
 MASK_ID = 0
@@ -169,7 +169,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
       workdir: directory for ``metrics.jsonl`` (and ``loss.png``), created if missing.
 
     Returns:
-      `common.trainer.run_comparison`'s summary; ``eval`` holds the masked-token accuracy.
+      `common.compare.run_comparison`'s summary; ``eval`` holds the masked-token accuracy.
     """
     model = build_model(config)
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, config.seq_len), jnp.int32))
@@ -181,7 +181,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
         w = test["weights"]
         return float(((pred == test["targets"]) * w).sum() / w.sum())
 
-    return trainer.run_comparison(
+    return compare.run_comparison(
         config,
         workdir,
         name="bert",

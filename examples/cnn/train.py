@@ -4,7 +4,7 @@ MNIST-sized inputs (28x28x1, 10 classes). By default the data are synthetic
 and deterministic: Gaussian images labelled by a fixed random teacher (a
 linear map of the 7x7-pooled image plus noise), so the loss goes down. With
 ``config.data_dir`` the images come from a local ``mnist.npz`` instead.
-Both runs share the initial parameters and the batches (see `common.trainer`).
+Both runs share the initial parameters and the batches (see `common.compare`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import trainer
+from common import classifier, compare, data
 
 Batch = dict[str, Any]
 
@@ -79,6 +79,27 @@ def load_mnist(data_dir: str, n_train: int, eval_size: int, seed: int) -> tuple[
     )
 
 
+def teacher_images(config: Any, n_train: int) -> tuple[Batch, Batch]:
+    """``n_train`` training and ``eval_size`` test images labelled by a fixed random teacher.
+
+    Gaussian images of ``config.image_shape``; the label is the argmax of a
+    random linear map of the 4x4-pooled image plus ``config.label_noise``, so
+    the loss can go down. Deterministic in ``config.seed``.
+    """
+    rng = np.random.default_rng(config.seed)
+    h, w, c = config.image_shape
+    pooled = (h // 4) * (w // 4) * c
+    teacher = rng.normal(size=(pooled, config.num_classes)) / np.sqrt(pooled)
+
+    def sample(n: int) -> Batch:
+        x = rng.normal(size=(n, h, w, c)).astype(np.float32)
+        feats = x.reshape(n, h // 4, 4, w // 4, 4, c).mean((2, 4)).reshape(n, -1) * 4.0
+        logits = feats @ teacher + config.label_noise * rng.normal(size=(n, config.num_classes))
+        return {"x": x, "y": logits.argmax(-1).astype(np.int32)}
+
+    return sample(n_train), sample(config.eval_size)
+
+
 # ----------------------------------------------------------------------------- training
 
 
@@ -90,7 +111,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
       workdir: directory for ``metrics.jsonl`` (and ``loss.png``), created if missing.
 
     Returns:
-      `common.trainer.run_comparison`'s summary; ``eval`` holds the test accuracy.
+      `common.compare.run_comparison`'s summary; ``eval`` holds the test accuracy.
     """
     model = CNN(
         features=config.features,
@@ -99,14 +120,14 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
         activation=config.activation,
     )
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, *config.image_shape)))
-    train, test = trainer.load_or_synthesize(config, load_mnist, trainer.teacher_images)
-    return trainer.run_comparison(
+    train, test = data.load_or_synthesize(config, load_mnist, teacher_images)
+    return compare.run_comparison(
         config,
         workdir,
         name="cnn",
         apply_fn=model.apply,
         params=params,
-        make_loss=trainer.classification_loss,
+        make_loss=classifier.classification_loss,
         train_data=train,
-        evaluate=trainer.accuracy(model.apply, test),
+        evaluate=classifier.accuracy(model.apply, test),
     )

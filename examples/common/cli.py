@@ -1,8 +1,9 @@
-"""The command line every example's ``main.py`` shares.
+"""The command line of the comparison examples (demo, cnn, resnet18, bert).
 
-``main.py`` sets ``XLA_FLAGS`` (8 CPU devices) before anything imports jax,
-puts ``examples/`` on ``sys.path`` and calls `main` with its config (a
-`common.config.BaseConfig`) and ``train.train_and_evaluate``.
+Each ``main.py`` reads top to bottom: `parse_flags`, `apply_flags` to its
+default config, ``train.train_and_evaluate``, then `exit_status`. Every flag
+sets one field of a `common.config.BaseConfig`, except ``--workdir``. This
+module imports no jax, so ``main.py`` can set ``XLA_FLAGS`` first.
 """
 
 from __future__ import annotations
@@ -10,17 +11,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
-from collections.abc import Callable
 from typing import Any
 
-MATCH_RTOL = 1e-4  # same as trainer.MATCH_RTOL; repeated so this module needs no jax import
+MATCH_RTOL = 1e-4  # the demo's rule: curves must agree to a relative 1e-4 at every step
 
 
-def parse_args(
+def parse_flags(
     name: str, description: str, defaults: Any, data_dir: bool = True
 ) -> argparse.Namespace:
-    """The shared flags; ``data_dir=False`` leaves out ``--data-dir`` (synthetic data only)."""
+    """The shared flags, with ``defaults``' values; ``data_dir=False`` leaves out ``--data-dir``
+    (the example has synthetic data only)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--impl",
@@ -59,14 +59,6 @@ def parse_args(
         "--plot", action="store_true", help="write loss.png with the loss curves into the workdir"
     )
     parser.add_argument(
-        "--worker-compute",
-        choices=("auto", "cond", "all"),
-        default=defaults.worker_compute,
-        help="coarse.Config.worker_compute: deprecated, no effect (the proxies run no "
-        "XLA program, so the model runs on the workers only); kept so old command "
-        "lines still work",
-    )
-    parser.add_argument(
         "--noise-floor",
         action="store_true",
         help="with --impl both, also train pmean with the gradients summed in "
@@ -88,45 +80,38 @@ def parse_args(
         "'proxy' (coarse.optim.sgd through coarse.value_and_update: the proxies hold the "
         "optimizer state)",
     )
-    args = parser.parse_args()
-    if args.noise_floor and args.impl != "both":
+    flags = parser.parse_args()
+    if flags.noise_floor and flags.impl != "both":
         parser.error("--noise-floor needs --impl both")
-    if args.sync_timing_calls < 0:
+    if flags.sync_timing_calls < 0:
         parser.error("--sync-timing-calls must be >= 0")
-    return args
+    return flags
 
 
-def main(
-    name: str,
-    description: str,
-    get_config: Callable[[], Any],
-    train_and_evaluate: Callable[[Any, str], dict[str, Any]],
-    *,
-    data_dir: bool = True,
-) -> None:
-    """Parses the flags, trains, and exits non-zero if the two loss curves differ.
-
-    With ``--impl both`` the exit status is 1 when the curves differ by a
-    relative ``1e-4`` or more at any step (the demo's rule). ``data_dir=False``:
-    the example has synthetic data only, so there is no ``--data-dir``.
-    """
-    args = parse_args(name, description, get_config(), data_dir)
-    config = dataclasses.replace(
-        get_config(),
-        steps=args.steps,
-        workers=args.workers,
-        proxies=args.proxies,
-        impl=args.impl,
-        data_dir=getattr(args, "data_dir", None),
-        plot=args.plot,
-        worker_compute=args.worker_compute,
-        noise_floor=args.noise_floor,
-        sync_timing_calls=args.sync_timing_calls,
-        optimizer=args.optimizer,
+def apply_flags(config: Any, flags: argparse.Namespace) -> Any:
+    """``config`` with the fields the flags set replaced by their values."""
+    return dataclasses.replace(
+        config,
+        steps=flags.steps,
+        workers=flags.workers,
+        proxies=flags.proxies,
+        impl=flags.impl,
+        data_dir=getattr(flags, "data_dir", None),
+        plot=flags.plot,
+        noise_floor=flags.noise_floor,
+        sync_timing_calls=flags.sync_timing_calls,
+        optimizer=flags.optimizer,
     )
-    summary = train_and_evaluate(config, args.workdir)
-    if args.impl != "both":
-        sys.exit(0)
+
+
+def exit_status(config: Any, summary: dict[str, Any]) -> int:
+    """0, or 1 when both implementations ran and their loss curves differ.
+
+    With ``impl`` "both" it prints whether the curves agree to a relative
+    `MATCH_RTOL` at every step, and returns 1 if they do not.
+    """
+    if config.impl != "both":
+        return 0
     ok = summary["max_rel_loss_diff"] < MATCH_RTOL
     print(f"loss curves match (relative diff < 1e-4): {ok}")
-    sys.exit(0 if ok else 1)
+    return 0 if ok else 1

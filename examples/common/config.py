@@ -2,10 +2,9 @@
 
 Each ``examples/<name>/configs/default.py`` subclasses `BaseConfig`, overrides
 the defaults it needs and adds its model's and data's fields; its docstring
-documents only those. `common.cli` sets ``steps``, ``workers``, ``impl``,
-``data_dir``, ``plot``, ``worker_compute``, ``noise_floor`` and
-``sync_timing_calls`` from the flags; `common.trainer.run_comparison` reads
-the rest.
+documents only those. `common.cli` sets ``steps``, ``workers``, ``proxies``,
+``impl``, ``data_dir``, ``plot``, ``noise_floor``, ``sync_timing_calls`` and
+``optimizer`` from the flags; `common.compare.run_comparison` reads the rest.
 """
 
 from __future__ import annotations
@@ -38,13 +37,10 @@ class BaseConfig:
       leading_modules: how many of the first top-level modules in flatten
         (sorted-name) order are reduced among the workers (coarse dual sync);
         their size becomes `Config.leading_bytes`.
-      worker_compute: coarse `Config.worker_compute` (--worker-compute):
-        deprecated, no effect (the proxies run no XLA program, so the model
-        runs on the workers only); kept so old command lines still work.
       impl: "coarse", "pmean" or "both" (--impl).
       noise_floor: with "both", also train pmean with the gradients summed in
         the reverse worker order and compare step-0 gradients (--noise-floor;
-        see `common.trainer.run_comparison`).
+        see `common.compare.run_comparison`).
       data_dir: a local dataset, in the format the example's config describes
         (--data-dir); None: synthetic data. Nothing is ever downloaded.
       plot: write ``loss.png`` into the workdir (--plot).
@@ -68,7 +64,6 @@ class BaseConfig:
     seed: int = 0
     shard_bytes: int = 64 << 10
     leading_modules: int = 1
-    worker_compute: str = "auto"
     impl: str = "both"
     noise_floor: bool = False
     data_dir: str | None = None

@@ -1,17 +1,13 @@
-"""What Flax's two MNIST examples share: the data (Flax's input_pipeline.py) and main.py.
+"""The data of Flax's two MNIST examples (the role of Flax's ``input_pipeline.py``).
 
 `get_datasets` reads Keras' ``mnist.npz`` from ``config.data_dir`` (never
-downloads) or makes synthetic MNIST-like data; `main` is both examples'
-command line (Flax's uses absl flags and ml_collections; argparse here, same
-roles). Lines that differ from Flax's main.py are marked ``# coarse:``.
+downloads) or makes synthetic MNIST-like data. Their command line is
+`common.mnist_cli`.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -56,39 +52,3 @@ def get_datasets(config) -> tuple[Dataset, Dataset]:
         return {"image": images[..., None], "label": labels}
 
     return sample(config.train_size), sample(config.test_size)
-
-
-def main(
-    name: str,
-    description: str,
-    get_config: Callable[[], Any],
-    train_and_evaluate: Callable[[Any, str], Any],
-) -> None:
-    """Parses the flags into the config and trains (``main.py`` of ``examples/<name>``)."""
-    config = get_config()
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--workdir", default=os.path.join("out", name))
-    parser.add_argument("--steps", type=int, default=config.num_steps)
-    parser.add_argument("--data-dir", default=None, help="holds mnist.npz; synthetic if omitted")
-    parser.add_argument("--workers", type=int, default=config.workers)  # coarse
-    parser.add_argument(  # coarse
-        "--proxies",
-        type=int,
-        default=config.proxies,
-        help="coarse's proxies, dividing --workers (COARSE k:1); default one per worker",
-    )
-    parser.add_argument("--impl", choices=("flax", "coarse", "both"), default="both")  # coarse
-    parser.add_argument(  # coarse
-        "--state-on-mesh",
-        action="store_true",
-        help="place the train state on the coarse mesh, replicated, before training "
-        "(as jax's and flax's sharding guides place state)",
-    )
-    args = parser.parse_args()
-    config.num_steps = args.steps
-    config.data_dir = args.data_dir
-    config.workers = args.workers  # coarse
-    config.proxies = args.proxies  # coarse
-    config.impl = args.impl  # coarse
-    config.state_on_mesh = args.state_on_mesh  # coarse
-    train_and_evaluate(config, args.workdir)

@@ -24,11 +24,14 @@ import train
 from common import cli
 from configs import default
 
+
+def main() -> int:
+    """Parses the flags into the default config, trains, and returns the exit status."""
+    flags = cli.parse_flags("demo", __doc__.splitlines()[0], default.get_config(), data_dir=False)
+    config = cli.apply_flags(default.get_config(), flags)
+    summary = train.train_and_evaluate(config, flags.workdir)
+    return cli.exit_status(config, summary)
+
+
 if __name__ == "__main__":
-    cli.main(
-        "demo",
-        __doc__.splitlines()[0],
-        default.get_config,
-        train.train_and_evaluate,
-        data_dir=False,
-    )
+    sys.exit(main())

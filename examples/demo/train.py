@@ -4,7 +4,7 @@ Both runs start from the same parameters, see the same synthetic batches and
 use the same optax optimizer, so their loss curves must agree to float32
 rounding. The demo also times the gradient synchronization alone for both
 implementations (``sync_timing_calls``). The comparison, timing and metrics
-are `common.trainer.run_comparison`'s, as in the other examples.
+are `common.compare.run_comparison`'s, as in the other examples.
 
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set before jax
 is imported (``main.py`` does that) so that the CPU offers 2 * workers devices.
@@ -25,7 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import trainer
+from common import classifier, compare, data
 
 Batch = dict[str, Any]
 
@@ -75,19 +75,19 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
       workdir: directory for ``metrics.jsonl`` (and ``loss.png``), created if missing.
 
     Returns:
-      `common.trainer.run_comparison`'s summary; ``eval`` holds the test
+      `common.compare.run_comparison`'s summary; ``eval`` holds the test
       accuracy, ``median_sync_s`` the sync-only times.
     """
     model = MLP(hidden=config.hidden, num_classes=config.num_classes)
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, config.input_dim)))
-    train, test = trainer.load_or_synthesize(config, None, teacher_vectors)
-    return trainer.run_comparison(
+    train, test = data.load_or_synthesize(config, None, teacher_vectors)
+    return compare.run_comparison(
         config,
         workdir,
         name="demo",
         apply_fn=model.apply,
         params=params,
-        make_loss=trainer.classification_loss,
+        make_loss=classifier.classification_loss,
         train_data=train,
-        evaluate=trainer.accuracy(model.apply, test),
+        evaluate=classifier.accuracy(model.apply, test),
     )

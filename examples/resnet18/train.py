@@ -4,7 +4,7 @@ CIFAR-sized inputs (32x32x3, 10 classes). By default the data are synthetic
 and deterministic: Gaussian noise plus a randomly shifted, fixed random
 template of the image's class (`template_images`). With ``config.data_dir`` the
 images come from local CIFAR-10 python pickles instead. Both runs share the
-initial parameters and the batches (see `common.trainer`).
+initial parameters and the batches (see `common.compare`).
 
 Normalization is GroupNorm, not BatchNorm. BatchNorm's running statistics
 are a second, non-differentiated state collection ("batch_stats") that every
@@ -30,7 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import trainer
+from common import classifier, compare, data
 
 Batch = dict[str, Any]
 
@@ -142,8 +142,8 @@ def template_images(config: Any, n_train: int) -> tuple[Batch, Batch]:
     ``config.template_scale`` times class y's template, rolled by a random
     (circular) shift. The task is translation invariant on purpose: a
     ResNet's global average pool discards position, so a teacher that reads
-    fixed pixel positions (`common.trainer.teacher_images`, used by the cnn
-    example) is one it cannot learn in 200 steps (the loss stayed at ln 10).
+    fixed pixel positions (the cnn example's ``teacher_images``) is one it
+    cannot learn in 200 steps (the loss stayed at ln 10).
     Deterministic in ``config.seed``.
     """
     rng = np.random.default_rng(config.seed)
@@ -174,7 +174,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
       workdir: directory for ``metrics.jsonl`` (and ``loss.png``), created if missing.
 
     Returns:
-      `common.trainer.run_comparison`'s summary; ``eval`` holds the test accuracy.
+      `common.compare.run_comparison`'s summary; ``eval`` holds the test accuracy.
     """
     model = ResNet(
         stage_sizes=config.stage_sizes,
@@ -184,14 +184,14 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
         activation=config.activation,
     )
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, *config.image_shape)))
-    train, test = trainer.load_or_synthesize(config, load_cifar10, template_images)
-    return trainer.run_comparison(
+    train, test = data.load_or_synthesize(config, load_cifar10, template_images)
+    return compare.run_comparison(
         config,
         workdir,
         name="resnet18",
         apply_fn=model.apply,
         params=params,
-        make_loss=trainer.classification_loss,
+        make_loss=classifier.classification_loss,
         train_data=train,
-        evaluate=trainer.accuracy(model.apply, test, chunk=128),
+        evaluate=classifier.accuracy(model.apply, test, chunk=128),
     )
