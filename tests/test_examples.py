@@ -55,8 +55,8 @@ def test_example_noise_floor(tmp_path):
     (diffs,) = [r for r in records if "noise_rel_loss_diff" in r]
     # Two valid float32 orders of the same 4-term sum: rounding-level, not zero-by-accident.
     assert diffs["noise_rel_loss_diff"] < 1e-5
-    # Step-0 mean gradients agree to float32 rounding (the conv-in-lax.cond of
-    # worker_compute="cond" compiles convolutions differently: a few 1e-6).
+    # Step-0 mean gradients agree to float32 rounding (two orders of one sum:
+    # a few 1e-6 at most).
     assert 0 < diffs["step0_grad_diff"]["pmean-reversed"] < 1e-6
     assert diffs["step0_grad_diff"]["coarse"] < 1e-5
 

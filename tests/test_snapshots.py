@@ -370,7 +370,7 @@ def test_a_snapshot_taken_by_a_step_in_flight_is_written_not_overwritten(tmp_pat
         p, _ = step(p, make_batch(jax.random.key(300 + i), 8, 8, 4))
     step.wait_snapshots()
     store = next(iter(step._stores.values()))
-    taken = int(store.module().store_snapshot_serial(store.id))
+    taken = store.runtime.snapshot_serial()
     on_disk = sorted(int(d) for d in os.listdir(tmp_path))
     assert step.stats()["snapshots_written"] == taken == len(on_disk), (taken, on_disk)
     assert on_disk[-1] == 16, on_disk  # the exit-time flush: the last commit's

@@ -139,9 +139,10 @@ def exchange_widths(plan: Plan) -> list[int]:
     return out
 
 
-def plan_key_32(plan: Plan) -> int:
-    """The plan's key as the proxies compare it across hosts (ffi/proxy_ring.cc)."""
-    return int(plan.ffi_attrs()["plan_key"]) & 0x7FFFFFFF
+def plan_key_32(call: _ffi.CallSite) -> int:
+    """The call site's plan key as the proxies compare it across hosts (ffi/proxy_ring.cc),
+    read from the attributes the site already holds (computed once per call site)."""
+    return int(call.plan_attrs["plan_key"]) & 0x7FFFFFFF
 
 
 def ring_across_hosts(
@@ -159,7 +160,7 @@ def ring_across_hosts(
     hosts = lax.axis_size(HOST)
     width = max(1, *exchange_widths(plan))
     token, chunks = _ffi.proxy_ring_to_hosts(call, me, pushed, update, width)
-    key = _vary(jnp.int32(plan_key_32(plan)), _EVERYWHERE)
+    key = _vary(jnp.int32(plan_key_32(call)), _EVERYWHERE)
     keys = _vary(lax.all_gather(key, HOST, to="invarying"), _EVERYWHERE)
     summed = _vary(_sum_over_hosts(chunks, hosts, plan.mean), _EVERYWHERE)
     return _ffi.proxy_ring_from_hosts(call, me, token, update, summed, keys)
@@ -192,7 +193,7 @@ def across_hosts(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> li
             mine,
             group,
             site=call.site,
-            timeout_ms=int(plan.ffi_attrs()["timeout_ms"]),
+            timeout_ms=int(call.plan_attrs["timeout_ms"]),
             chunk_size=chunk,
             inter_host=inter_host,
         )

@@ -21,6 +21,7 @@ import numpy as np
 import optax
 
 from coarse_jax import _ffi
+from coarse_jax._ffi.store import RuntimeStore
 from coarse_jax.api import _context, _hosts
 from coarse_jax.api._phases import finish as finish_sync
 from coarse_jax.config import Config
@@ -43,12 +44,15 @@ class Store:
     plan: Plan
     platform: str
 
-    def module(self) -> Any:
-        return _ffi.runtime_module(self.platform)
+    @property
+    def runtime(self) -> RuntimeStore:
+        """The runtime's store this site updates (its typed face)."""
+        return RuntimeStore(self.id, self.platform)
 
     def slot_leaves(self, leaves: list[int], values: list[list[bytes]]) -> list[list[np.ndarray]]:
-        """The runtime's export (plan leaf ids, [slot][leaf] f32 bytes, as `store_export`
-        returns them) as [slot][params leaf] arrays in the params' flatten order."""
+        """The runtime's export (plan leaf ids, [slot][leaf] f32 bytes, as
+        `RuntimeStore.export` returns them) as [slot][params leaf] arrays in the params'
+        flatten order."""
         order = [self.plan.sync_order[s] for s in leaves]  # params leaf of each
         out = []
         for slot in values:
@@ -142,7 +146,7 @@ def register(
         ctx.stores[index] = store
         # The runtime's copy (master, state, snapshots) lives as long as the
         # step that owns this record.
-        weakref.finalize(store, store.module().store_drop, store.id)
+        weakref.finalize(store, store.runtime.drop)
     store.optimizer, store.plan, store.dtypes = optimizer, plan, dtypes
     decay = optimizer.decay_mask(params)
     flags = np.zeros(len(plan.leaves), np.int64)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -121,7 +122,9 @@ def value_and_grad(
         return vg_pytrees(*args, **kwargs)
 
     def vg_pytrees(*args: Any, **kwargs: Any) -> Any:
-        return synced_value_and_grad(fun, nums, single, has_aux, config, args, kwargs)
+        return synced_value_and_grad(
+            fun, args, kwargs, nums=nums, single=single, has_aux=has_aux, config=config
+        )
 
     return vg
 
@@ -184,24 +187,34 @@ def _output_shape(
     return jax.eval_shape(call, *[x for x, t in zip(flat, traced, strict=True) if t])
 
 
-def synced_value_and_grad(
+@dataclasses.dataclass(frozen=True)
+class _Sync:
+    """One traced value_and_grad / value_and_update: what both paths share."""
+
+    where: str
+    cfg: Config
+    plan: Any  # the sync's Plan: gradient leaves (flatten order), then the loss
+    n_grad: int
+    grads_def: Any  # the gradients' tree structure
+    aux_def: Any  # aux's tree structure (None without aux)
+    nums: tuple[int, ...]
+    has_aux: bool
+
+
+def _prepare(
+    ctx: _context.SyncContext,
     fun: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
     nums: tuple[int, ...],
     single: bool,
     has_aux: bool,
     config: Config | None,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    update: ProxyOptimizer | None = None,
-) -> Any:
-    """`value_and_grad` of pytree arguments; with ``update``, `coarse.value_and_update`'s.
-
-    With ``update`` (``nums == (0,)``) the proxies turn the mean gradients
-    into new parameters (`coarse_jax.api.update`) and what comes back in
-    place of the gradients is the updated params, in the params' dtypes.
-    """
+    update: ProxyOptimizer | None,
+) -> _Sync:
+    """Checks the differentiated leaves and the loss, and plans the sync."""
     where = "coarse.value_and_update" if update is not None else "coarse.value_and_grad"
-    ctx = _context.current(where)
     cfg = config or ctx.config
     if update is not None:
         cfg = _update.check_config(cfg)
@@ -231,99 +244,193 @@ def synced_value_and_grad(
         for path, _ in jax.tree_util.tree_flatten_with_path(grads_shape)[0]
     ] + ["loss"]
     plan = ctx.plan(shapes, cfg, groups=groups, names=names, where=where)
-    n_grad = len(jax.tree.leaves(grads_shape))
-    aux_def = jax.tree.structure(aux_shape)
-    call = ctx.call_site(plan, where, pulls_pushed=update is None) if cfg.mode == "ffi" else None
+    return _Sync(
+        where=where,
+        cfg=cfg,
+        plan=plan,
+        n_grad=len(jax.tree.leaves(grads_shape)),
+        grads_def=jax.tree.structure(grads_shape),
+        aux_def=jax.tree.structure(aux_shape),
+        nums=nums,
+        has_aux=has_aux,
+    )
+
+
+def _vjp(
+    sync: _Sync,
+    fun: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    wrap: Callable[[list[jax.Array], jax.Array | None], tuple[list[jax.Array], Any]] | None = None,
+    first_token: bool = False,
+) -> tuple[Any, Any, Any]:
+    """(loss, vjp function, aux) of ``fun`` at the differentiated arguments, on one worker.
+
+    ``wrap(leaves, token)``, the ffi path's push hooks: given the
+    differentiated leaves (flatten order) and the token chain's start, returns
+    the leaves to differentiate through and the chain's end, which is tied to
+    the loss (adds 0) so its cotangent exists. ``first_token``: the token is
+    differentiated too (`coarse.value_and_update`, whose gradients are not
+    returned: its cotangent, the last push's token, orders what follows).
+    """
+    diff = [_ffi.vary(args[i]) for i in sync.nums]  # varying: no implicit psum in the vjp
+    diff_leaves, diff_def = jax.tree.flatten(tuple(diff))
+
+    def f(*all_args: jax.Array) -> Any:
+        first_tok, leaves = (
+            (all_args[0], list(all_args[1:])) if first_token else (None, list(all_args))
+        )
+        tok = None
+        if wrap is not None:
+            leaves, tok = wrap(leaves, first_tok)
+        fun_args = list(args)
+        for i, v in zip(sync.nums, jax.tree.unflatten(diff_def, leaves), strict=True):
+            fun_args[i] = v
+        out = fun(*fun_args, **kwargs)
+        if tok is None:
+            return out
+        if sync.has_aux:
+            return out[0] + 0.0 * tok.astype(out[0].dtype), out[1]
+        return out + 0.0 * tok.astype(out.dtype)
+
+    primals = [_ffi.token(), *diff_leaves] if first_token else diff_leaves
+    if sync.has_aux:
+        loss, vjp_fn, aux = jax.vjp(f, *primals, has_aux=True)
+        return loss, vjp_fn, aux
+    loss, vjp_fn = jax.vjp(f, *primals)
+    return loss, vjp_fn, None
+
+
+def _result(sync: _Sync, leaves: list[jax.Array], aux: Any) -> Any:
+    """``(loss, grads)`` or ``((loss, aux), grads)`` from the synced leaves."""
+    grads = jax.tree.unflatten(sync.grads_def, leaves[: sync.n_grad])
+    (loss,) = leaves[sync.n_grad :]
+    if sync.has_aux:
+        return (loss, aux), grads
+    return loss, grads
+
+
+def _reference(
+    ctx: _context.SyncContext,
+    sync: _Sync,
+    fun: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    update: ProxyOptimizer | None,
+) -> Any:
+    """mode="reference": the same values through pure JAX collectives (and optax)."""
+    loss, vjp_fn, aux = _vjp(sync, fun, args, kwargs)
+    grads = list(vjp_fn(jnp.ones_like(loss)))
+    leaves = _ffi.vary([*grads, loss])
+    if update is not None:  # the mean in f32, as the proxies keep it
+        leaves = [x.astype(jnp.float32) if t < sync.n_grad else x for t, x in enumerate(leaves)]
+    leaves = reference.all_reduce(leaves, ctx.workers)
+    if update is not None:
+        leaves[: sync.n_grad] = _update.reference_update(
+            ctx, update, args[0], leaves[: sync.n_grad]
+        )
+    return _result(sync, leaves, aux)
+
+
+def _ffi_sync(
+    ctx: _context.SyncContext,
+    sync: _Sync,
+    fun: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    update: ProxyOptimizer | None,
+) -> Any:
+    """mode="ffi": each bucket pushed from inside the backward pass, the proxies' ring
+    (with the optimizer for `coarse.value_and_update`), the pull."""
+    plan, n_grad = sync.plan, sync.n_grad
+    call = ctx.call_site(plan, sync.where, pulls_pushed=update is None)
     site = None
-    if update is not None and call is not None:
+    if update is not None:
         site = _update.register(ctx, call, plan, update, args[0], n_grad)
         call = site.call  # with the optimizer's attributes, on every call of the site
-
     # value_and_update: the gradients are not returned, only pushed; the
     # chain's first token is differentiated too, so its cotangent (the last
     # push's token) comes out of the vjp and orders the ring after the pushes.
     lean = site is not None
 
-    def on_worker(*a: Any) -> Any:
-        diff = [_ffi.vary(a[i]) for i in nums]  # varying: no implicit psum in the vjp
-        diff_leaves, diff_def = jax.tree.flatten(tuple(diff))
+    def hooks(leaves: list[jax.Array], first_tok: jax.Array | None) -> tuple[list[jax.Array], Any]:
+        # Chained in reverse plan order here, so that in the backward pass
+        # the token runs in plan order.
+        tok = first_tok if first_tok is not None else _ffi.token()
+        for b in reversed(plan.buckets):
+            ids = bucket_leaves(plan, b)
+            if ids[0] < n_grad:
+                hook = _push_hook(call, b, keep=not lean)
+                tok, *hooked = hook(tok, *[leaves[t] for t in ids])
+                for t, v in zip(ids, hooked, strict=True):
+                    leaves[t] = v
+        return leaves, tok
 
-        def f(*all_args: jax.Array) -> Any:
-            first_tok, diff_args = (all_args[0], all_args[1:]) if lean else (None, all_args)
-            leaves = list(diff_args)
-            tok = None
-            if call is not None:
-                # Hooks chained in reverse plan order here, so that in the
-                # backward pass the token runs in plan order.
-                tok = first_tok if first_tok is not None else _ffi.token()
-                for b in reversed(plan.buckets):
-                    ids = bucket_leaves(plan, b)
-                    if ids[0] < n_grad:
-                        hook = _push_hook(call, b, keep=not lean)
-                        tok, *hooked = hook(tok, *[leaves[t] for t in ids])
-                        for t, v in zip(ids, hooked, strict=True):
-                            leaves[t] = v
-            fun_args = list(a)
-            for i, v in zip(nums, jax.tree.unflatten(diff_def, leaves), strict=True):
-                fun_args[i] = v
-            out = fun(*fun_args, **kwargs)
-            if tok is None:
-                return out
-            # Tie the chain's end to the loss (adds 0) so its cotangent,
-            # the backward pass's first push, exists.
-            if has_aux:
-                return out[0] + 0.0 * tok.astype(out[0].dtype), out[1]
-            return out + 0.0 * tok.astype(out.dtype)
-
-        primals = [_ffi.token(), *diff_leaves] if lean else diff_leaves
-        if has_aux:
-            loss, vjp_fn, aux = jax.vjp(f, *primals, has_aux=True)
-        else:
-            (loss, vjp_fn), aux = jax.vjp(f, *primals), None
-        head = [loss]
-        seed = jnp.ones_like(loss)
-        if call is not None:
-            # The loss is known after the forward pass: push it now (it
-            # comes first in plan order), passing it through so its push
-            # cannot be dropped; the backward pass's pushes follow it in
-            # the token chain through the seed.
-            me, tok = _ffi.who(), _ffi.token()
-            for b in plan.buckets:
-                ids = bucket_leaves(plan, b)
-                if ids[0] >= n_grad:
-                    pushed, tok = _ffi.push(
-                        call, me, tok, [head[t - n_grad] for t in ids], b, passthrough=True
-                    )
-                    for t, v in zip(ids, pushed, strict=True):
-                        head[t - n_grad] = v
-            seed = seed + 0.0 * tok.astype(seed.dtype)
-        grads = list(vjp_fn(seed))
-        if lean:  # the pushes' last token in place of the gradients
-            grads = grads[:1]
-        return _ffi.vary(grads + head + jax.tree.leaves(aux))
-
-    leaves = on_worker(*args)
-    n_sync = 1 + len(plan.leaves) - n_grad if lean else len(plan.leaves)
-    leaves, aux_leaves = leaves[:n_sync], leaves[n_sync:]
-    if call is None:  # mode="reference"
-        if update is not None:  # the mean in f32, as the proxies keep it
-            leaves = [x.astype(jnp.float32) if t < n_grad else x for t, x in enumerate(leaves)]
-        leaves = reference.all_reduce(leaves, ctx.workers)
-        if update is not None:
-            leaves[:n_grad] = _update.reference_update(ctx, update, args[0], leaves[:n_grad])
+    loss, vjp_fn, aux = _vjp(sync, fun, args, kwargs, wrap=hooks, first_token=lean)
+    # The loss is known after the forward pass: push it now (it comes first
+    # in plan order), passing it through so its push cannot be dropped; the
+    # backward pass's pushes follow it in the token chain through the seed.
+    head = [loss]
+    me, tok = _ffi.who(), _ffi.token()
+    for b in plan.buckets:
+        ids = bucket_leaves(plan, b)
+        if ids[0] >= n_grad:
+            pushed, tok = _ffi.push(
+                call, me, tok, [head[t - n_grad] for t in ids], b, passthrough=True
+            )
+            for t, v in zip(ids, pushed, strict=True):
+                head[t - n_grad] = v
+    seed = jnp.ones_like(loss) + 0.0 * tok.astype(loss.dtype)
+    grads = list(vjp_fn(seed))
+    if site is not None:
+        # The pushes' last token stands for the gradients. The pull writes the
+        # new params over the old ones (donated, or copied by XLA): nothing the
+        # size of the gradients stays alive.
+        last_push, *head_leaves = _ffi.vary([grads[0], *head])
+        params = list(jax.tree.leaves(args[0]))
+        leaves = _update.finish(site, params + head_leaves, [last_push], params)
     else:
-        if site is not None:
-            # The pull writes the new params over the old ones (donated, or
-            # copied by XLA): nothing the size of the gradients stays alive.
-            last_push, *head_leaves = leaves
-            params = list(jax.tree.leaves(args[0]))
-            leaves = _update.finish(site, params + head_leaves, [last_push], params)
-        else:
-            # The pushed values (pass-through outputs) order the rest after the pushes.
-            pushed = [leaves[t] for t in plan.proxy_leaves]
-            leaves = finish(plan, call, leaves, pushed, in_place=True)
-    grads = jax.tree.unflatten(jax.tree.structure(grads_shape), leaves[:n_grad])
-    (loss,) = leaves[n_grad:]
-    if has_aux:
-        return (loss, jax.tree.unflatten(aux_def, aux_leaves)), grads
-    return loss, grads
+        leaves = _ffi.vary(grads + head)
+        # The pushed values (pass-through outputs) order the rest after the pushes.
+        pushed = [leaves[t] for t in plan.proxy_leaves]
+        leaves = finish(plan, call, leaves, pushed, in_place=True)
+    return _result(sync, leaves, _ffi.vary(aux) if aux is not None else None)
+
+
+def synced_value_and_grad(
+    fun: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    nums: tuple[int, ...],
+    single: bool,
+    has_aux: bool,
+    config: Config | None,
+    update: ProxyOptimizer | None = None,
+) -> Any:
+    """`value_and_grad` of pytree arguments; with ``update``, `coarse.value_and_update`'s.
+
+    With ``update`` (``nums == (0,)``) the proxies turn the mean gradients
+    into new parameters (`coarse_jax.api.update`) and what comes back in
+    place of the gradients is the updated params, in the params' dtypes.
+    The ffi path (`_ffi_sync`) and the reference path (`_reference`) share
+    the checks, the plan (`_prepare`) and the forward/backward (`_vjp`).
+    """
+    where = "coarse.value_and_update" if update is not None else "coarse.value_and_grad"
+    ctx = _context.current(where)
+    sync = _prepare(
+        ctx,
+        fun,
+        args,
+        kwargs,
+        nums=nums,
+        single=single,
+        has_aux=has_aux,
+        config=config,
+        update=update,
+    )
+    path = _ffi_sync if sync.cfg.mode == "ffi" else _reference
+    return path(ctx, sync, fun, args, kwargs, update=update)

@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from coarse_jax.mesh import num_proxies
 from coarse_jax.plan import Plan
 
 TIERS = ("worker", "proxy")
@@ -162,7 +161,7 @@ def arena_bytes(plan: Plan) -> list[int]:
 def optimizer_bytes(store: Any) -> int:
     """The largest per-proxy bytes of a value_and_update store (measured or, before its
     first step, computed: 1/q of the parameters, master plus slots, two buffers)."""
-    measured = store.module().store_bytes(store.id)
+    measured = store.runtime.proxy_bytes()
     if measured:
         return int(max(measured))
     n = sum(int(np.prod(s)) for s in store.shapes)
@@ -210,30 +209,55 @@ def memory_report(step: Any, *args: Any, **kwargs: Any) -> MemoryReport:
       >>> report.worker.optimizer_bytes
       0
     """
-    compiled_memory, plans, proxy_args, proxy_outputs = step._memory_analysis(*args, **kwargs)
-    arena = [0] * num_proxies(step.mesh)
+    if not hasattr(step, "memory_report"):
+        raise TypeError(
+            f"coarse.memory_report: step must be a coarse.sync step, got {type(step).__name__}. "
+            "Fix: decorate the train step with @coarse.sync(mesh)."
+        )
+    return step.memory_report(*args, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory:
+    """What a compiled step says of itself for `memory_report` (`SyncedStep.memory_report`)."""
+
+    compiled: Any  # XLA's memory analysis of the workers' program
+    plans: list[Plan]  # the synchronizations it makes
+    proxies: int  # q
+    stores: list[Any]  # its value_and_update stores (`coarse_jax.api._update.Store`)
+    proxy_argument_bytes: int  # the user's arrays on a proxy's device (placed on the mesh)
+    proxy_output_bytes: int  # the outputs that follow them there
+
+
+def tally(parts: StepMemory) -> MemoryReport:
+    """Per tier, the bytes of one device while the step runs."""
+    arena = [0] * parts.proxies
     scratch = 0
-    for plan in plans:
+    for plan in parts.plans:
         for k, b in enumerate(arena_bytes(plan)):
             arena[k] += b
         scratch += sum(plan.leaves[i].size for i in plan.leading_leaves) * 4
-    opt = sum(optimizer_bytes(s) for s in step._stores.values())
-    m = compiled_memory
-
-    def tier(name: str, runtime: int, optimizer: int) -> TierMemory:
-        return TierMemory(
-            name,
-            int(m.argument_size_in_bytes),
-            int(m.output_size_in_bytes),
-            int(m.alias_size_in_bytes),
-            int(m.temp_size_in_bytes),
-            runtime,
-            optimizer,
-        )
-
-    worker = tier("worker", scratch, 0)
+    opt = sum(optimizer_bytes(s) for s in parts.stores)
+    m = parts.compiled
+    worker = TierMemory(
+        "worker",
+        int(m.argument_size_in_bytes),
+        int(m.output_size_in_bytes),
+        int(m.alias_size_in_bytes),
+        int(m.temp_size_in_bytes),
+        scratch,
+        0,
+    )
     # A proxy runs no XLA program (the runtime's service): no temporaries.
     # Its device holds the user's arrays placed on the whole mesh, and the
     # step's outputs that follow them there (coarse.sync's placement).
-    proxy = TierMemory("proxy", proxy_args, proxy_outputs, 0, 0, max(arena, default=0), opt)
+    proxy = TierMemory(
+        "proxy",
+        parts.proxy_argument_bytes,
+        parts.proxy_output_bytes,
+        0,
+        0,
+        max(arena, default=0),
+        opt,
+    )
     return MemoryReport(worker, proxy)

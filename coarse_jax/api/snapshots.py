@@ -146,9 +146,9 @@ class SnapshotWriter:
             # other counts than the other hosts' (their in-memory restore
             # must agree); there the loop's pacing alone keeps the rule.
             if jax.process_count() == 1:
-                store.module().store_attach_writer(store.id)
+                store.runtime.attach_writer()
             self._offered[store.id] = 0
-        serial = int(store.module().store_snapshot_serial(store.id))
+        serial = store.runtime.snapshot_serial()
         if serial > self._offered[store.id]:
             self._offered[store.id] = serial
             with self._lock:
@@ -168,7 +168,7 @@ class SnapshotWriter:
         wait_steps()
         for store in stores:
             self.offer(store)  # a snapshot the finished calls took
-        if any(store.module().store_snapshot_due(store.id) for store in stores):
+        if any(store.runtime.snapshot_due() for store in stores):
             self.flush()
         self.waited_s += time.perf_counter() - began
 
@@ -209,7 +209,7 @@ class SnapshotWriter:
                 self._queue.task_done()
 
     def _write(self, store: Store, taken: float) -> None:
-        got = store.module().store_export(store.id, snapshot=True, for_writer=True)
+        got = store.runtime.export(snapshot=True, for_writer=True)
         if got is None:
             return
         count, leaves, values = got

@@ -109,7 +109,14 @@ def value_and_update(
                 "params."
             )
         return synced_value_and_grad(
-            fun, (0,), True, has_aux, config, args, kwargs, update=optimizer
+            fun,
+            args,
+            kwargs,
+            nums=(0,),
+            single=True,
+            has_aux=has_aux,
+            config=config,
+            update=optimizer,
         )
 
     return vu
@@ -152,7 +159,7 @@ class StoreAccess:
         """
         store = self.store(index, what)
         wait()
-        got = store.module().store_export(store.id)
+        got = store.runtime.export()
         if got is None:
             raise RuntimeError(
                 f"{self._name}.{what}: the proxies hold no state yet (no step has finished). "
@@ -184,7 +191,7 @@ class StoreAccess:
             flat = [np.asarray(x, np.float32).ravel() for x in tree]
             values.append([flat[store.plan.sync_order[s]].tobytes() for s in ids])
         wait()
-        store.module().store_load(store.id, store.name, count, ids, values)
+        store.runtime.load(store.name, count, ids, values)
 
 
 def to_jax(tree_leaves: list[np.ndarray], treedef: Any) -> Any:

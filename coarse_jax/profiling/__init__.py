@@ -10,7 +10,8 @@
   the command line in `coarse_jax.bench.cli`.
 """
 
-from coarse_jax.profiling.data import Decision, Profile
+from coarse_jax.profiling.data import Profile
+from coarse_jax.profiling.decision import Decision
 from coarse_jax.profiling.measure import measure_step_times, profile, robust_time
 from coarse_jax.profiling.topology import Topology
 

@@ -49,7 +49,8 @@ from jax.sharding import PartitionSpec as P
 from coarse_jax import _ffi
 from coarse_jax.mesh import DATA, check_mesh, has_hosts, local_proxy, proxy_devices
 from coarse_jax.profiling import routing
-from coarse_jax.profiling.data import DECISION_KINDS, Decision, Profile
+from coarse_jax.profiling.data import Profile
+from coarse_jax.profiling.decision import DECISION_KINDS, Decision
 from coarse_jax.profiling.topology import Topology
 
 DEFAULT_SIZES = tuple(4**k for k in range(5, 13))  # 1 KiB, 4 KiB, .., 16 MiB

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from coarse_jax.profiling.data import Decision
+from coarse_jax.profiling.decision import Decision
 
 if TYPE_CHECKING:
     from coarse_jax.profiling.data import Profile

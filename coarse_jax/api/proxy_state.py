@@ -1,0 +1,365 @@
+"""The proxies' state of a `coarse.sync` step: what `coarse.value_and_update` keeps there.
+
+`ProxyState` gives `SyncedStep` its methods that reach the proxies' master
+parameters, optimizer state and snapshots (`optimizer_state`,
+`master_params`, `load_optimizer_state`, `reset_optimizer`, `snapshot`,
+`wait_snapshots`, `restore`), through the typed face of the runtime's store
+(`coarse_jax._ffi.store.RuntimeStore`, via `coarse_jax.api._update.Store`).
+The step itself (layout, compile, dispatch) lives in `coarse_jax.api.sync`:
+this module is the service's side of the seam.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from coarse_jax.api._update import Store
+from coarse_jax.api.snapshots import SnapshotWriter, read_latest, slot_names
+from coarse_jax.api.update import StoreAccess, to_jax
+from coarse_jax.config import Config
+
+
+class ProxyState:
+    """The proxies' state methods of `SyncedStep` (a base class: it reads the step's stores,
+    config and in-flight calls, which the step owns)."""
+
+    _name: str
+    _config: Config
+    _stores: dict[int, Store]
+    _access: StoreAccess
+    _pending_load: Callable[[], None] | None
+    _writer: SnapshotWriter | None
+    _ref_state: dict[int, Any]
+    _ref_optimizers: dict[int, Any]
+    restored_count: int | None
+
+    def _wait_all(self) -> None:
+        raise NotImplementedError  # the step's: blocks until its calls in flight finish
+
+    def optimizer_state(self, index: int | None = None) -> Any:
+        """The optax state of the optimizer the proxies run, as they hold it now.
+
+        Waits for the calls in flight.
+
+        Args:
+          index: which `coarse.value_and_update` call of the step (needed
+            when there are several).
+
+        Returns:
+          The same pytree as ``optimizer.optax().init(params)``
+          (``optax.adamw(...)`` etc.), leaves in f32.
+
+        Raises:
+          RuntimeError: the step has no `coarse.value_and_update`, or no step
+            has finished yet.
+          ValueError: ``index`` is missing while the step has several such
+            calls, or names none of them.
+
+        Example:
+          >>> opt = coarse.optim.sgd(0.1)
+          >>> @coarse.sync(mesh)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
+          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> state = step.optimizer_state()    # optax.sgd(0.1)'s state
+          >>> jax.tree.leaves(step.optimizer_state()) == []
+          True
+        """
+        if self._config.mode == "reference":
+            return self._ref_held(index, "optimizer_state")[1]
+        store, count, slots = self._access.export(index, "optimizer_state", self._wait_all)
+        master = to_jax(slots[0], store.treedef)
+        moments = [to_jax(x, store.treedef) for x in slots[1:]]
+        return store.optimizer.optax_state(master, count, moments)
+
+    def master_params(self, index: int | None = None) -> Any:
+        """The f32 master parameters the proxies hold. Waits for the calls in flight.
+
+        Args:
+          index: which `coarse.value_and_update` call of the step (needed
+            when there are several).
+
+        Returns:
+          The params' tree with f32 leaves, as the proxies hold them after
+          the latest finished step.
+
+        Raises:
+          RuntimeError: the step has no `coarse.value_and_update`, or no step
+            has finished yet.
+          ValueError: ``index`` is missing while the step has several such
+            calls, or names none of them.
+
+        Example:
+          >>> opt = coarse.optim.sgd(0.1)
+          >>> @coarse.sync(mesh)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
+          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> master = step.master_params()
+          >>> master["w"].dtype, bool(jnp.all(master["w"] == params["w"]))
+          (dtype('float32'), True)
+        """
+        if self._config.mode == "reference":
+            return self._ref_held(index, "master_params")[0]
+        _, _, slots = self._access.export(index, "master_params", self._wait_all)
+        return to_jax(slots[0], self._access.store(index, "master_params").treedef)
+
+    def load_optimizer_state(self, params: Any, opt_state: Any, index: int | None = None) -> None:
+        """Makes the proxies continue from ``params`` and an optax ``opt_state``.
+
+        The next call must pass ``params``. Before the step's first call the
+        load waits for it (the step is traced then).
+
+        Args:
+          params: the parameters to continue from (the params' tree).
+          opt_state: a state of ``optimizer.optax()``, from plain optax
+            training or from `optimizer_state`.
+          index: which `coarse.value_and_update` call of the step (needed
+            when there are several).
+
+        Raises:
+          RuntimeError: the step has no `coarse.value_and_update`.
+          ValueError: ``params`` or ``opt_state`` do not have the structure
+            and shapes of the step's params and optimizer.
+
+        Example:
+          >>> opt = coarse.optim.adam(1e-2)
+          >>> @coarse.sync(mesh)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
+          >>> params = {"w": jnp.ones((3,))}
+          >>> opt_state = opt.optax().init(params)          # e.g. from optax training
+          >>> step.load_optimizer_state(params, opt_state)  # applied at the first call
+          >>> params, loss = step(params, jnp.ones((8, 3)))
+          >>> int(step.optimizer_state()[0].count)
+          1
+        """
+
+        if self._config.mode == "reference":
+            master = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+            self._ref_state = {**self._ref_state, index or 0: (master, opt_state)}
+            return
+
+        def load() -> None:
+            store = self._access.store(index, "load_optimizer_state")
+            count, slots = store.optimizer.from_optax_state(opt_state)
+            self._access.load(store, params, count, slots, self._wait_all)
+
+        self._load_when_traced(load)
+
+    def _load_when_traced(self, load: Callable[[], None]) -> None:
+        if self._access_ready():
+            load()
+        else:
+            self._pending_load = load
+
+    def snapshot(self, index: int | None = None) -> int:
+        """Takes a snapshot of the proxies' state now; returns its optimizer step count.
+
+        Waits for the calls in flight, then copies the committed version in
+        the proxies' memory; with ``Config.snapshot_dir`` it is also queued for
+        writing (`wait_snapshots` waits for the disk).
+
+        Args:
+          index: which `coarse.value_and_update` call of the step (needed
+            when there are several).
+
+        Returns:
+          The optimizer step count of the snapshot.
+
+        Raises:
+          NotImplementedError: the step runs in ``mode="reference"``.
+          RuntimeError: the step has no `coarse.value_and_update` (or has not
+            run).
+
+        Example:
+          >>> opt = coarse.optim.sgd(0.1)
+          >>> @coarse.sync(mesh)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
+          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> step.snapshot()
+          1
+        """
+        self._refuse_reference("snapshot")
+        store = self._access.store(index, "snapshot")
+        self._wait_all()
+        if self._writer is not None:  # the previous one on disk first (CheckFreq's rule)
+            self._writer.offer(store)
+            self._writer.wait_before_taking()
+        count = store.runtime.snapshot_now()
+        if self._writer is not None:
+            self._writer.offer(store)
+        return count
+
+    def wait_snapshots(self) -> None:
+        """Blocks until the proxies' newest snapshot is written to ``Config.snapshot_dir``.
+
+        Waits for the calls in flight first (a snapshot is taken when a step
+        starts), takes a snapshot that is due and not yet taken (after the
+        step whose count is a multiple of ``snapshot_every``: the next step
+        would take it), then waits for the writer thread. A clean interpreter
+        exit does the same by itself. Across processes only process 0 writes
+        (every host holds the same state): elsewhere this returns at once.
+        Without ``Config.snapshot_dir`` it returns at once.
+
+        Raises:
+          RuntimeError: writing a snapshot failed (the writer's error is its
+            cause).
+
+        Example:
+          >>> import tempfile
+          >>> cfg = coarse.Config(snapshot_every=1, snapshot_dir=tempfile.mkdtemp())
+          >>> @coarse.sync(mesh, config=cfg)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, coarse.optim.sgd(0.1))(params, batch)[::-1]
+          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> step.wait_snapshots()
+          >>> step.stats()["snapshot_on_disk"]
+          1
+        """
+        if self._writer is not None:
+            self._wait_all()
+            for store in self._stores.values():
+                self._writer.offer(store)
+                if store.runtime.snapshot_due():
+                    self._writer.wait_before_taking()
+                    store.runtime.snapshot_now()
+                    self._writer.offer(store)
+            self._writer.flush()
+
+    def restore(self, directory: str | None = None, index: int | None = None) -> Any:
+        """Rolls the proxies back and returns the params the workers continue from.
+
+        Without ``directory``: to the newest in-memory snapshot (after a NaN
+        loss, say). With one: to the newest complete checkpoint there, also in
+        a fresh process before the step's first call. The returned params are
+        the f32 master, in the params' dtypes once the step has run (f32
+        before); pass them to the next call. ``self.restored_count`` is the
+        optimizer step count restored (the data position to resume from).
+
+        Args:
+          directory: a ``Config.snapshot_dir`` to load the newest complete
+            checkpoint from; None rolls back to the newest in-memory snapshot.
+          index: which `coarse.value_and_update` call of the step (needed
+            when there are several).
+
+        Returns:
+          The params to pass to the next call.
+
+        Raises:
+          NotImplementedError: the step runs in ``mode="reference"``.
+          RuntimeError: the proxies hold no complete snapshot (without
+            ``directory``), or the step has no `coarse.value_and_update`.
+          FileNotFoundError: ``directory`` holds no complete checkpoint.
+
+        Example:
+          >>> opt = coarse.optim.sgd(0.1)
+          >>> @coarse.sync(mesh)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
+          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> step.snapshot()
+          1
+          >>> params, loss = step(params, jnp.ones((8, 3)))     # step 2
+          >>> params = step.restore()                           # back to step 1
+          >>> step.restored_count
+          1
+        """
+        self._refuse_reference("restore")
+        if directory is None:
+            store = self._access.store(index, "restore")
+            self._wait_all()
+            got = store.runtime.export(snapshot=True)
+            if got is None:
+                raise RuntimeError(
+                    f"coarse.sync({self._name}).restore: the proxies hold no complete snapshot. "
+                    "Set Config(snapshot_every=K) or call step.snapshot() first."
+                )
+            count, leaves, values = got
+            store.runtime.load(store.name, *got)
+            master = store.slot_leaves(leaves, values[:1])[0]
+            params = jax.tree.unflatten(
+                store.treedef,
+                [jnp.asarray(x, dtype=d) for x, d in zip(master, store.dtypes, strict=True)],
+            )
+            self.restored_count = int(count)
+            return params
+        count, tree = read_latest(directory)
+        params = jax.tree.map(jnp.asarray, tree["params"])
+
+        def load() -> None:
+            store = self._access.store(index, "restore")
+            moments = [tree["opt_state"][name] for name in slot_names(store)]
+            self._access.load(store, params, int(tree["step"]), moments, self._wait_all)
+
+        self._load_when_traced(load)
+        self.restored_count = int(count)
+        if self._access_ready():
+            store = self._access.store(index, "restore")
+            params = jax.tree.unflatten(
+                store.treedef,
+                [x.astype(d) for x, d in zip(jax.tree.leaves(params), store.dtypes, strict=True)],
+            )
+        return params
+
+    def reset_optimizer(self, index: int | None = None) -> None:
+        """Forgets the proxies' state: the next call seeds it from the params it gets.
+
+        Use it to continue from params the step did not return (another
+        run's, say) with a fresh optimizer state.
+
+        Args:
+          index: which `coarse.value_and_update` call of the step (needed
+            when there are several).
+
+        Example:
+          >>> opt = coarse.optim.sgd(0.1)
+          >>> @coarse.sync(mesh)
+          ... def step(params, batch):
+          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
+          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> step.reset_optimizer()
+          >>> params, loss = step({"w": jnp.zeros((3,))}, jnp.ones((8, 3)))  # other params: fine
+        """
+        self._pending_load = None
+        if self._config.mode == "reference":
+            self._ref_state = {k: v for k, v in self._ref_state.items() if k != (index or 0)}
+            return
+        if not self._access_ready():
+            return
+        store = self._access.store(index, "reset_optimizer")
+        self._wait_all()
+        store.runtime.reset()
+
+    def _refuse_reference(self, what: str) -> None:
+        if self._config.mode == "reference":
+            raise NotImplementedError(
+                f"coarse.sync({self._name}).{what}: snapshots are taken by the runtime on the "
+                "proxies, which Config(mode='reference') does not use. Fix: mode='ffi', or "
+                "save step.optimizer_state() and step.master_params() yourself."
+            )
+
+    def _ref_held(self, index: int | None, what: str) -> Any:
+        """mode="reference": the (master, optax state) of value_and_update call ``index``."""
+        i = index or 0
+        if i not in self._ref_state:
+            raise RuntimeError(
+                f"coarse.sync({self._name}).{what}: no state for value_and_update call {i} "
+                "(the step has none, or has not run yet): call it once first."
+            )
+        return self._ref_state[i]
+
+    def _access_ready(self) -> bool:
+        return bool(self._stores)
