@@ -34,7 +34,30 @@ inline nanobind::dict MemoryLimitsDict() {
   return d;
 }
 
+// Python's acknowledgement that it handled a SIGINT (runtime/interrupt.h): a
+// pending call, which CPython runs on its main thread only after the pending
+// signals (so after the KeyboardInterrupt that the default handler raises).
+// It checks the signals itself first, so that a flag the interpreter loop has
+// not looked at yet raises its KeyboardInterrupt here (returning -1 with it
+// set, as a pending call reports an exception) before the step is abandoned.
+inline int AcknowledgeInterruptFromPython(void* count) {
+  const int raised = PyErr_CheckSignals();
+  AcknowledgeInterrupt(static_cast<int64_t>(reinterpret_cast<intptr_t>(count)));
+  return raised;
+}
+
+// The AckRequester: asks for that pending call (no GIL needed). False while
+// Python is not running (before initialization, or finalizing past its exit
+// hooks) or its queue of pending calls is full; the runtime then asks again,
+// and lets the SIGINT take effect after kInterruptGrace regardless.
+inline bool RequestInterruptAcknowledgement(int64_t count) {
+  if (!Py_IsInitialized()) return false;
+  return Py_AddPendingCall(&AcknowledgeInterruptFromPython,
+                           reinterpret_cast<void*>(static_cast<intptr_t>(count))) == 0;
+}
+
 inline void DefineRuntimeFunctions(nanobind::module_& m) {
+  SetInterruptAckRequester(&RequestInterruptAcknowledgement);
   namespace nb = nanobind;
   m.def(
       "set_memory_limits",
@@ -188,7 +211,7 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       },
       "The timeline spans recorded since the last call (Config(trace=True)): tuples (device, "
       "workers, name, piece, bytes, step, site, iteration, begin_ns, end_ns); forgets them.");
-  m.def("interrupt_count", &InterruptCount, "SIGINTs the hook has seen (testing).");
+  m.def("interrupt_count", &InterruptsSeen, "SIGINTs the hook has seen (testing).");
   m.def(
       "interrupt_state",
       []() { return nb::capsule(OwnInterruptState(), "coarse_jax.interrupt_state"); },

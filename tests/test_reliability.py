@@ -220,8 +220,9 @@ def test_ctrl_c_stops_a_stalled_step_at_once(tmp_path):
     """Ctrl-C while a step waits 60 s for a lost push: the process stops within seconds."""
     elapsed, rc, out = _stall_and_interrupt(tmp_path, 60.0, "default")
     assert elapsed < 10, out
-    assert rc == 3 or "interrupted (Ctrl-C / SIGINT)" in out, out
-    assert "KEYBOARDINTERRUPT" in out or "KeyboardInterrupt" in out, out
+    # KeyboardInterrupt, never the abandoned step's error first (the runtime
+    # waits for Python to take the SIGINT: ffi/runtime/interrupt.h).
+    assert rc == 3 and "KEYBOARDINTERRUPT" in out, out
 
 
 @pytest.mark.timeout(120)
