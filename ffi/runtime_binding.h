@@ -213,6 +213,20 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       "workers, name, piece, bytes, step, site, iteration, begin_ns, end_ns); forgets them.");
   m.def("interrupt_count", &InterruptsSeen, "SIGINTs the hook has seen (testing).");
   m.def(
+      "take_interrupts",
+      []() {
+        // On Python's main thread: a SIGINT counted here has set Python's
+        // flag (the hook counts after), so once PyErr_CheckSignals returns,
+        // each has raised its KeyboardInterrupt, here or before.
+        const int64_t seen = InterruptsSeen();
+        const int raised = PyErr_CheckSignals();
+        AcknowledgeInterrupt(seen);
+        if (raised != 0) throw nanobind::python_error();
+      },
+      "Python's main thread only: runs Python's pending signal handlers (a Ctrl-C not yet "
+      "raised raises KeyboardInterrupt here), then lets the SIGINTs seen so far stop the "
+      "runtime's waits (runtime/interrupt.h), without waiting for the pending call.");
+  m.def(
       "interrupt_state",
       []() { return nb::capsule(OwnInterruptState(), "coarse_jax.interrupt_state"); },
       "This module's interrupt state, for use_interrupt_state of the other module.");

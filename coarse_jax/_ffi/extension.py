@@ -9,6 +9,7 @@ plus a few host functions (virtual-clock spans, testing hooks).
 from __future__ import annotations
 
 import signal
+import threading
 from typing import Any
 
 import jax
@@ -191,8 +192,11 @@ def arm_interrupt_hook() -> bool:
     Ctrl-C only when ``Config.timeout_s`` expires. The extension chains a
     SIGINT hook to the current handler (one ``sigaction`` query when already
     installed, re-installed if Python replaced the handler since); a waiting
-    device that sees a SIGINT abandons the step within about 0.1 s with an
-    error saying it was interrupted, and Python raises KeyboardInterrupt.
+    device that sees a SIGINT abandons the step with an error saying it was
+    interrupted, once Python's main thread has taken the SIGINT (raised its
+    KeyboardInterrupt), or after 1 s if it cannot. So the KeyboardInterrupt
+    always comes first: the abandoned step's JaxRuntimeError never leaves the
+    loop before it (ffi/runtime/interrupt.h).
 
     Only while Python's SIGINT handler is the default one
     (``signal.default_int_handler``, which raises KeyboardInterrupt): a
@@ -214,6 +218,10 @@ def arm_interrupt_hook() -> bool:
         aborts = signal.getsignal(signal.SIGINT) is signal.default_int_handler
     except (ValueError, AttributeError):  # pragma: no cover - no SIGINT on this platform
         return False
+    if threading.current_thread() is threading.main_thread():
+        # Between steps Python has taken every SIGINT (a pending one raises
+        # KeyboardInterrupt here): the steps they abandon may stop at once.
+        _coarse_cpu.take_interrupts()
     armed = bool(_coarse_cpu.arm_interrupt_hook(aborts))
     if _coarse_cuda is not None:
         _coarse_cuda.arm_interrupt_hook(aborts)  # reads the CPU module's state: no second hook
