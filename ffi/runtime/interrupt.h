@@ -29,6 +29,9 @@
 // requester, as in the C++ self-tests; the interpreter exiting; a main thread
 // stuck in C++ that never checks signals), the SIGINT takes effect
 // kInterruptGrace after a wait first saw it, as a fallback.
+// A step's dispatch acknowledges too (take_interrupts, from
+// coarse_jax._ffi.arm_interrupt_hook on the main thread, after running
+// Python's pending signal handlers), without waiting for the pending call.
 //
 // Python may replace the process's SIGINT handler at any time (signal.signal):
 // ArmInterruptHook() re-installs the hook, chained to the new handler, when it
