@@ -47,7 +47,8 @@ test: $(STAMP)
 # device its own memory and one in-order stream, events between them, the
 # CUDA backend's orchestration; seeded random delays (COARSE_JAX_STREAM_CHAOS)
 # so a missing event wait or host synchronization reads data not there yet.
-# Then the same training under both backends, compared bitwise.
+# mode="reference" cases are left out: they never reach the runtime. Then the
+# same training under both backends, compared bitwise.
 STREAMS_CORE = test_matches_per_worker_mean_f32 or test_leading_bytes_split or \
   test_half_precision_params or test_dtypes_and_ops or test_crossing_routes_fig10 or \
   test_adam_across_workers_routes_and_leading or test_params_that_are_not_what or \
@@ -57,7 +58,9 @@ test-streams: $(STAMP)
 	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
 	  $(VENV)/bin/pytest -q tests/test_value_and_grad.py tests/test_all_reduce.py \
 	  tests/test_value_and_update.py tests/test_snapshots.py tests/test_shared_proxies.py \
-	  -k "$(STREAMS_CORE)"
+	  -k "($(STREAMS_CORE)) and not reference"
+	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
+	  $(VENV)/bin/pytest -q tests/test_fuzz.py tests/test_arguments.py
 	$(VENV)/bin/pytest -q tests/test_streams_backend.py
 
 # The tests whose tolerances depend on rounding (pytest marker "rounding"),
