@@ -252,7 +252,12 @@ def test_float64_under_x64_is_told_to_cast(tmp_path):
     env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,  # import the installed package, not ./coarse_jax
     )
     assert "ERR" in out.stdout and "dtype float64" in out.stdout, out.stdout + out.stderr
     assert "astype(jnp.float32)" in out.stdout
