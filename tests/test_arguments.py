@@ -46,12 +46,15 @@ def test_tier_is_bound_inside_a_step(proxies, mode):
     @coarse.sync(mesh, config=coarse.Config(mode=mode))
     def step(w, batch):
         total = coarse.all_reduce(jnp.sum(batch))
+        # 0, varying over both axes: newer jax reduces over an axis tuple only a value
+        # that varies over all of them or none, as it would on the public mesh.
+        both = lax.axis_index("tier") + 0 * lax.axis_index("data")
         return (
             lax.axis_index("tier"),
             lax.psum(w, "tier"),
-            lax.pmax(lax.axis_index("data"), ("tier", "data")),
+            lax.pmax(lax.axis_index("data") + both, ("tier", "data")),
             lax.psum(1, ("tier", "data")),
-            lax.pmax(total, ("tier", "data")),
+            lax.pmax(total + both, ("tier", "data")),
         )
 
     tier, w, last, count, total = step(jnp.arange(3.0), jnp.ones((8, 2)))
