@@ -73,9 +73,9 @@ SCRIPT = textwrap.dedent(
 def _run(tmp_path: Path, name: str, env: dict[str, str]) -> dict[str, np.ndarray]:
     path = tmp_path / f"{name}.npz"
     full = dict(os.environ, **env)
-    full["PYTHONPATH"] = os.pathsep.join(
-        [str(TESTS), str(TESTS.parent), full.get("PYTHONPATH", "")]
-    )
+    # tests/ for the helpers; never the repository root, whose ./coarse_jax has no
+    # compiled extension (the installed package is the one under test).
+    full["PYTHONPATH"] = os.pathsep.join([str(TESTS), full.get("PYTHONPATH", "")])
     full["XLA_FLAGS"] = full.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     full["JAX_PLATFORMS"] = "cpu"
     proc = subprocess.run(
@@ -84,6 +84,7 @@ def _run(tmp_path: Path, name: str, env: dict[str, str]) -> dict[str, np.ndarray
         capture_output=True,
         text=True,
         timeout=600,
+        cwd=tmp_path,  # import the installed package, not ./coarse_jax
     )
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     with np.load(path) as f:
@@ -103,7 +104,7 @@ def test_streams_with_chaos_give_the_default_backends_bits(tmp_path, seed):
         np.testing.assert_array_equal(streams[key], plain[key], err_msg=key)
 
 
-def test_an_unknown_backend_names_the_variable_and_the_choices():
+def test_an_unknown_backend_names_the_variable_and_the_choices(tmp_path):
     env = dict(os.environ, COARSE_JAX_BACKEND="gpu", JAX_PLATFORMS="cpu")
     proc = subprocess.run(
         [sys.executable, "-c", "import coarse_jax"],
@@ -111,6 +112,7 @@ def test_an_unknown_backend_names_the_variable_and_the_choices():
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=tmp_path,  # import the installed package, not ./coarse_jax
     )
     assert proc.returncode != 0
     assert "COARSE_JAX_BACKEND is 'gpu'" in proc.stderr
