@@ -56,8 +56,9 @@ def from_local_shards(x: jax.Array, sharding: NamedSharding) -> jax.Array | None
     twice (a COARSE k:1 mesh, whose tier-1 row repeats each shared proxy: jax
     can only replicate over it).
     """
-    devices = list(sharding.mesh.devices.flat)
-    if len(set(devices)) != len(devices):
+    mesh = sharding.mesh
+    assert isinstance(mesh, Mesh), "placement targets a concrete mesh"
+    if repeats_devices(mesh):
         return None
     shards = [(s, _span(s.index, x.shape)) for s in x.addressable_shards]
     buffers = []

@@ -89,6 +89,8 @@ class SyncedStep(ProxyState):
     ) -> None:
         functools.update_wrapper(self, fn)
         self.mesh = mesh
+        # The workers over all hosts: a batch's leading axis is split over them.
+        self._all_workers = mesh.shape[DATA] * (mesh.shape["host"] if has_hosts(mesh) else 1)
         self._fn = fn
         self._name: str = getattr(fn, "__name__", "step")
         self._arguments = _arguments.Arguments(
@@ -270,7 +272,7 @@ class SyncedStep(ProxyState):
             x.size * x.dtype.itemsize for x in jax.tree.leaves((replicated, new_state))
         )
         if not _placement.repeats_devices(self.mesh):
-            p = self.mesh.shape[DATA] * (self.mesh.shape["host"] if has_hosts(self.mesh) else 1)
+            p = self._all_workers
             out_bytes += sum(x.size * x.dtype.itemsize // p for x in jax.tree.leaves(per_example))
         return parts(arg_bytes, out_bytes)
 
@@ -395,8 +397,7 @@ class SyncedStep(ProxyState):
     ) -> tuple[Layout, tuple[Any, ...], Any]:
         """(the call's layout, all its arguments in order, the state of its NNX arguments)."""
         layout, full, graph_state = self._arguments.layout(args, kwargs)
-        p = self.mesh.shape[DATA] * (self.mesh.shape["host"] if has_hosts(self.mesh) else 1)
-        _arguments.check_batch(full, layout, p, self._name)
+        _arguments.check_batch(full, layout, self._all_workers, self._name)
         self._check_structure(layout)
         return layout, full, graph_state
 
