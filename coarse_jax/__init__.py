@@ -22,11 +22,13 @@ Example:
 
 from coarse_jax import kernels, model, optim, reference
 from coarse_jax._ffi import (
+    CudaSupport,
     has_cuda_support,
     memory_stats,
     set_memory_limits,
     virtual_sync_seconds,
 )
+from coarse_jax._version import __version__ as __version__
 from coarse_jax.api import (
     MemoryReport,
     SyncedStep,
@@ -46,6 +48,7 @@ from coarse_jax.profiling import Profile, Topology, measure_step_times, profile
 
 __all__ = [
     "Config",
+    "CudaSupport",
     "MemoryReport",
     "Plan",
     "Profile",
@@ -72,4 +75,3 @@ __all__ = [
     "value_and_update",
     "virtual_sync_seconds",
 ]
-__version__ = "0.1.0"

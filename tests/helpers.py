@@ -89,11 +89,12 @@ def gpu_or_skip():
         gpus = []
     if not gpus:
         pytest.skip("no GPU visible to jax")
-    if not coarse_jax.has_cuda_support():
-        pytest.fail("a GPU is visible but coarse_jax was built without its CUDA extension")
-    from coarse_jax import _coarse_cuda
+    support = coarse_jax.has_cuda_support()
+    if not support:
+        pytest.fail(f"a GPU is visible but coarse_jax cannot use it: {support.reason}")
+    from coarse_jax._ffi import cuda_module  # from a source build or the CUDA wheel
 
-    return gpus[0], _coarse_cuda
+    return gpus[0], cuda_module()
 
 
 def pmean_optax_step(workers: int, tx, loss_fn=None):

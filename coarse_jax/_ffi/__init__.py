@@ -25,6 +25,7 @@ from coarse_jax._ffi.calls import (
     who,
     worker_ring,
 )
+from coarse_jax._ffi.cuda_support import CudaSupport
 from coarse_jax._ffi.extension import (
     CUDA_TARGETS,
     arm_interrupt_hook,
@@ -46,6 +47,7 @@ __all__ = [
     "CUDA_TARGETS",
     "Bucket",
     "CallSite",
+    "CudaSupport",
     "RingUpdate",
     "arm_interrupt_hook",
     "check_gpu_target",

@@ -1,19 +1,26 @@
 """The compiled extensions: loading, registration of their FFI targets, platform checks.
 
-``coarse_jax._coarse_cpu`` always builds; ``coarse_jax._coarse_cuda`` builds
-when nvcc is found at install time. Each exposes ``registrations()`` (target
-name -> capsule), registered here for "cpu" and "CUDA" under the same names,
-plus a few host functions (virtual-clock spans, testing hooks).
+``coarse_jax._coarse_cpu`` always builds. ``_coarse_cuda`` comes from a build
+from source that found nvcc (``coarse_jax._coarse_cuda``) or from the CUDA
+wheel (``coarse_jax_cuda13._coarse_cuda``, ``pip install "coarse_jax[cuda13]"``).
+Each exposes ``registrations()`` (target name -> capsule), registered here for
+"cpu" and "CUDA" under the same names, plus a few host functions
+(virtual-clock spans, testing hooks). Importing either needs no GPU and no
+driver; `has_cuda_support` says whether CUDA can run.
 """
 
 from __future__ import annotations
 
+import importlib
 import signal
 import threading
 from typing import Any
 
 import jax
 import numpy as np
+
+from coarse_jax._ffi.cuda_support import CudaSupport, probe
+from coarse_jax._version import __version__
 
 # The modules, or None where not built (typed Any: nanobind ships no stubs here).
 _coarse_cpu: Any = None
@@ -30,11 +37,43 @@ else:
     for _name, _capsule in _coarse_cpu.registrations().items():
         jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
-try:
-    import coarse_jax._coarse_cuda as _cuda_extension
-except ImportError:  # built without nvcc (COARSE_JAX_ENABLE_CUDA=AUTO found none, or OFF)
-    pass
-else:
+# Where _coarse_cuda came from, and why the CUDA wheel's failed to import.
+_CUDA_MODULE: str | None = None
+_CUDA_IMPORT_ERROR: str | None = None
+
+
+def _import_cuda_extension() -> Any:
+    """The CUDA module from a source build, else from the CUDA wheel, else None."""
+    global _CUDA_MODULE, _CUDA_IMPORT_ERROR
+    try:  # built from source with nvcc (COARSE_JAX_ENABLE_CUDA=AUTO found one, or ON)
+        module = importlib.import_module("coarse_jax._coarse_cuda")
+    except ImportError:
+        pass
+    else:
+        _CUDA_MODULE = "coarse_jax._coarse_cuda"
+        return module
+    try:
+        wheel = importlib.import_module("coarse_jax_cuda13")
+    except ImportError:  # no CUDA wheel: the CPU extension only
+        return None
+    try:
+        wheel.preload_cuda_runtime()  # NVIDIA's libcudart.so.13, wherever its wheel lies
+        module = importlib.import_module("coarse_jax_cuda13._coarse_cuda")
+    except (ImportError, OSError) as err:
+        _CUDA_IMPORT_ERROR = str(err)
+        return None
+    if getattr(wheel, "__version__", None) != __version__:
+        _CUDA_IMPORT_ERROR = (
+            f"coarse-jax-cuda13 {getattr(wheel, '__version__', '?')} beside coarse_jax "
+            f"{__version__}; the two must be the same version"
+        )
+        return None
+    _CUDA_MODULE = "coarse_jax_cuda13._coarse_cuda"
+    return module
+
+
+_cuda_extension = _import_cuda_extension()
+if _cuda_extension is not None:
     _coarse_cuda = _cuda_extension
     # Registering for "CUDA" needs no GPU: a jaxlib without the CUDA plugin
     # keeps the targets until a plugin appears, and a GPU-less host never asks.
@@ -50,25 +89,32 @@ else:
 CUDA_TARGETS = frozenset(_coarse_cuda.registrations()) if _coarse_cuda is not None else frozenset()
 
 
-def has_cuda_support() -> bool:
-    """True when the CUDA extension ``coarse_jax._coarse_cuda`` was built.
+def has_cuda_support() -> CudaSupport:
+    """Whether coarse_jax can run on NVIDIA GPUs here, and if not, why.
 
-    It builds when nvcc is found at install time (CMake option
-    ``COARSE_JAX_ENABLE_CUDA``, default AUTO) and holds the GPU runtime of
-    ``coarse.sync`` (push, rings, pull over peer copies) and the kernels of
-    `coarse_jax.kernels`. Whether a GPU is present is jax's business
-    (``jax.devices("gpu")``).
+    Three things must hold, checked in order: the CUDA extension is installed
+    (``pip install "coarse_jax[cuda13]"``, or a build from source that found
+    nvcc); NVIDIA's driver (``libcuda.so.1``, CUDA 13: 580 or newer) loads;
+    and it sees a GPU. The extension holds the GPU runtime of ``coarse.sync``
+    (push, rings, pull over peer copies) and the kernels of
+    `coarse_jax.kernels`. Whether jax itself runs on the GPU is jax's business
+    (``jax.devices("gpu")``, ``pip install "jax[cuda13]"``).
 
     Returns:
-      Whether ``coarse_jax._coarse_cuda`` imported. Without it a step on GPU
-      devices fails at trace time with the fix in the message.
+      A `CudaSupport`, true when all three hold; its ``reason`` starts with
+      ``"ready"``, ``"not installed"``, ``"no driver"`` or ``"no GPU"`` and
+      says what to do. Without the extension a step on GPU devices fails at
+      trace time with the fix in the message.
 
     Example:
       >>> import coarse_jax as coarse
-      >>> coarse.has_cuda_support() in (True, False)   # False for the CPU-only wheels
+      >>> support = coarse.has_cuda_support()
+      >>> bool(support) == support.available
+      True
+      >>> str(support).split(":")[0] in ("ready", "not installed", "no driver", "no GPU")
       True
     """
-    return _coarse_cuda is not None
+    return probe(_CUDA_MODULE, _CUDA_IMPORT_ERROR)
 
 
 def virtual_sync_seconds() -> list[float]:
@@ -107,13 +153,14 @@ def check_gpu_target(target: str, platform: str, fallback: str = "") -> None:
     """
     if platform not in ("gpu", "cuda"):
         return
-    if not has_cuda_support():
+    if _coarse_cuda is None:
         raise RuntimeError(
             f"coarse_jax: {target} is asked to run on a GPU, but coarse_jax was built without its "
-            "CUDA extension (coarse_jax._coarse_cuda: the wheels hold the CPU extension only, "
-            "and a build from source finds nvcc or skips it). "
-            "Reinstall on a host with the CUDA toolkit (or after `pip install coarse_jax[cuda]`), "
-            f"e.g. `COARSE_JAX_ENABLE_CUDA=ON pip install --no-build-isolation .`.{fallback}"
+            f"CUDA extension ({probe(_CUDA_MODULE, _CUDA_IMPORT_ERROR).reason}). "
+            "Install the CUDA wheel beside it: `pip install --find-links dist "
+            "'coarse_jax[cuda13]'` (Python 3.12+), or rebuild from source on a host with nvcc "
+            "(or after `pip install coarse_jax[cuda]`): "
+            f"`COARSE_JAX_ENABLE_CUDA=ON pip install --no-build-isolation .`.{fallback}"
         )
     if target not in CUDA_TARGETS:
         raise NotImplementedError(
@@ -155,7 +202,7 @@ def cpu_module() -> Any:
 
 
 def cuda_module() -> Any | None:
-    """The CUDA extension module (``coarse_jax._coarse_cuda``), or None when it was not built."""
+    """The CUDA extension module (from a source build or the CUDA wheel), or None without one."""
     return _coarse_cuda
 
 
