@@ -8,6 +8,11 @@ On one process the mesh is ``("tier", "data")``. After
 ``("host", "tier", "data")``: each process (host) holds its own workers and
 proxies, and the runtime works within a host; only XLA collectives over
 "host" cross hosts (`coarse_jax.api._hosts`).
+
+With ``make_mesh(..., proxies_on="host")`` the proxies are host memory, not
+jax devices, and the mesh holds the workers only: ``("tier", "data",
+"proxies_on_host=q")`` of shape ``(1, p, 1)``, whose last axis records q in
+its name (`host_proxies_axis`; `make_mesh` says why there).
 """
 
 from __future__ import annotations
@@ -30,6 +35,48 @@ HOST_AXES = (HOST, TIER, DATA)
 # varies over are these: "data" (and "host" across hosts), never "tier".
 PROGRAM_AXES = (DATA,)
 PROGRAM_HOST_AXES = (HOST, DATA)
+# Where the proxies live (make_mesh's proxies_on): jax devices on tier 1
+# (the default), or host memory beside the workers.
+PROXIES_ON = ("devices", "host")
+# A host-proxy mesh's last axis (size 1) is named HOST_PROXIES + "=q".
+HOST_PROXIES = "proxies_on_host"
+
+
+def host_proxies_axis(proxies: int) -> str:
+    """The name of a host-proxy mesh's last axis, which records q: ``"proxies_on_host=q"``.
+
+    Example:
+      >>> from coarse_jax.mesh import host_proxies_axis
+      >>> host_proxies_axis(2)
+      'proxies_on_host=2'
+    """
+    return f"{HOST_PROXIES}={proxies}"
+
+
+def _host_proxies_in(names: Sequence[object]) -> int | None:
+    """q from a host-proxy mesh's axis names (their last), else None."""
+    head, _, q = str(names[-1]).partition("=") if names else ("", "", "")
+    return int(q) if head == HOST_PROXIES and q.isdigit() and int(q) > 0 else None
+
+
+def proxies_on(mesh: Mesh) -> str:
+    """Where ``mesh``'s proxies live: ``"devices"`` (tier 1 of the mesh) or ``"host"``.
+
+    Example:
+      >>> from coarse_jax.mesh import proxies_on
+      >>> proxies_on(coarse.make_mesh(workers=4))
+      'devices'
+      >>> proxies_on(coarse.make_mesh(workers=8, proxies=2, proxies_on="host"))
+      'host'
+    """
+    return "host" if _host_proxies_in(mesh.axis_names) is not None else "devices"
+
+
+def _two_tier(mesh: Mesh) -> np.ndarray:
+    """``mesh``'s devices as ``(tier, data)`` (``(host, tier, data)``): a host-proxy mesh
+    without its last axis of size 1."""
+    devices = np.asarray(mesh.devices)
+    return devices[..., 0] if proxies_on(mesh) == "host" else devices
 
 
 def traced_axes() -> tuple[str, ...]:
@@ -48,16 +95,19 @@ def workers_mesh(mesh: Mesh) -> Mesh:
     ``("tier", "data")``, ``(hosts, 1, p)`` across hosts. So inside a step
     ``lax.axis_index("tier")`` is 0, ``lax.psum(x, "tier")`` is ``x`` and
     ``lax.pmax(x, ("tier", "data"))`` reduces over the workers, as they read
-    on the public mesh's workers; ``P("data")`` splits over the workers.
+    on the public mesh's workers; ``P("data")`` splits over the workers. A
+    host-proxy mesh's workers' mesh drops its last axis (which only records
+    q): the same program as with device proxies.
 
     Example:
       >>> from coarse_jax.mesh import workers_mesh
       >>> dict(workers_mesh(coarse.make_mesh(workers=4)).shape)
       {'tier': 1, 'data': 4}
     """
+    devices = _two_tier(mesh)
     if has_hosts(mesh):
-        return Mesh(mesh.devices[:, :1, :], HOST_AXES)
-    return Mesh(mesh.devices[:1], AXES)
+        return Mesh(devices[:, :1, :], HOST_AXES)
+    return Mesh(devices[:1], AXES)
 
 
 def has_hosts(mesh: Mesh) -> bool:
@@ -71,7 +121,7 @@ def batch_axes(mesh: Mesh) -> str | tuple[str, str]:
 
 
 def local_mesh(mesh: Mesh) -> Mesh:
-    """This process's ``("tier", "data")`` part of ``mesh`` (the mesh itself on one host)."""
+    """This process's part of ``mesh`` without the "host" axis (the mesh itself on one host)."""
     if not has_hosts(mesh):
         return mesh
     rows = [h for h in range(mesh.devices.shape[0]) if _is_local(mesh.devices[h])]
@@ -81,7 +131,7 @@ def local_mesh(mesh: Mesh) -> Mesh:
             f"'host' axis, owns {len(rows)} of {mesh.devices.shape[0]}. Build the mesh with "
             "coarse.make_mesh(workers=p_local) after jax.distributed.initialize."
         )
-    return Mesh(mesh.devices[rows[0]], AXES)
+    return Mesh(mesh.devices[rows[0]], tuple(mesh.axis_names)[1:])
 
 
 def _is_local(devices: np.ndarray) -> bool:
@@ -102,6 +152,7 @@ def make_mesh(
     proxies: int | None = None,
     *,
     devices: Sequence[jax.Device] | None = None,
+    proxies_on: str = "devices",
 ) -> Mesh:
     """Builds the ``("tier", "data")`` mesh of ``workers`` workers and ``proxies`` proxies.
 
@@ -123,6 +174,18 @@ def make_mesh(
     (`coarse.sync` splits the batch over the workers) or use
     ``NamedSharding(coarse_jax.mesh.workers_mesh(mesh), P("data"))``.
 
+    **Proxies in host memory** (``proxies_on="host"``): the q proxies are
+    the runtime's host memory and CPU threads, not jax devices, so every
+    device can be a worker. The mesh holds the p workers only: ``("tier",
+    "data", "proxies_on_host=q")`` of shape ``(1, p, 1)``, read by
+    ``P("data")`` and every coarse call as a two-tier mesh is. Its last axis
+    records q in its name because jax keeps one ``Mesh`` object per devices
+    and axis names (subclasses included): a plain ``("tier", "data")`` mesh
+    of the workers would be the object `workers_mesh` makes of a
+    device-proxy mesh, and the host meshes of one set of workers at every q
+    one object. This version runs host proxies with CPU workers on one
+    process (else NotImplementedError).
+
     With several processes (after ``jax.distributed.initialize``) and no
     ``devices``, the mesh is ``("host", "tier", "data")`` of shape
     ``(process_count, 2, workers)``: ``workers`` and ``proxies`` are then per
@@ -137,18 +200,27 @@ def make_mesh(
       workers: number of workers p; default: as many as the devices hold
         beside the proxies: half of them at 1:1, else the largest multiple of
         ``proxies`` that fits beside them (all but the proxies with
-        ``devices``).
+        ``devices``); with ``proxies_on="host"`` all of them (the largest
+        multiple of ``proxies`` that fits).
       proxies: number of proxies q, dividing p; default: p (one per worker).
-      devices: the p + q devices to use, workers first.
+      devices: the p + q devices to use, workers first (with
+        ``proxies_on="host"``: the p workers).
+      proxies_on: where the proxies live: ``"devices"`` (the default: each
+        proxy a jax device, on the mesh's tier 1) or ``"host"`` (host memory
+        beside the workers; the mesh holds the workers only).
 
     Returns:
       A ``jax.sharding.Mesh`` of shape ``(2, p)`` with axes ``("tier", "data")``
       (``(process_count, 2, p)`` with axes ``("host", "tier", "data")`` across
-      processes).
+      processes); with ``proxies_on="host"`` of shape ``(1, p, 1)`` with axes
+      ``("tier", "data", "proxies_on_host=q")``.
 
     Raises:
-      ValueError: ``proxies`` does not divide ``workers``, or the devices are
-        too few, repeated, or do not match ``workers + proxies``.
+      ValueError: ``proxies`` does not divide ``workers``, the devices are
+        too few, repeated, or do not match ``workers + proxies``, or
+        ``proxies_on`` is neither ``"devices"`` nor ``"host"``.
+      NotImplementedError: ``proxies_on="host"`` with GPU workers or several
+        processes (not built yet).
 
     Example:
       >>> mesh = coarse.make_mesh(workers=4)   # 8 devices
@@ -161,9 +233,15 @@ def make_mesh(
       [[0, 1, 2, 3], [4, 4, 5, 5]]
       >>> coarse.make_mesh(devices=jax.devices()[:4]).devices.shape   # 2 workers
       (2, 2)
+      >>> on_host = coarse.make_mesh(workers=8, proxies=2, proxies_on="host")   # 8 devices
+      >>> dict(on_host.shape)
+      {'tier': 1, 'data': 8, 'proxies_on_host=2': 1}
     """
     _check_count("workers", workers)
     _check_count("proxies", proxies)
+    _check_proxies_on(proxies_on)
+    if proxies_on == "host":
+        return _make_host_proxy_mesh(workers, proxies, devices)
     if devices is None and jax.process_count() > 1:
         return _make_host_mesh(workers, proxies)
     pool = list(jax.devices()) if devices is None else list(devices)
@@ -187,6 +265,25 @@ def make_mesh(
 def _check_count(name: str, value: object) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"make_mesh: {name} must be a positive int, got {value!r}.")
+
+
+def _check_proxies_on(value: object) -> None:
+    if not isinstance(value, str) or value not in PROXIES_ON:
+        raise ValueError(
+            f"make_mesh: proxies_on must be 'devices' (each proxy a jax device, on the mesh's "
+            f"tier 1) or 'host' (the proxies in host memory; the mesh holds the workers only), "
+            f"got {value!r}."
+        )
+
+
+def _check_ratio(workers: int, q: int) -> None:
+    if q > workers or workers % q:
+        divisors = [d for d in range(1, workers + 1) if workers % d == 0]
+        raise ValueError(
+            f"make_mesh: proxies must divide workers: each proxy serves an equal group of "
+            f"workers (COARSE k:1, k = workers / proxies); got workers={workers}, "
+            f"proxies={q}. Fix: proxies in {divisors}."
+        )
 
 
 def _resolve_counts(
@@ -215,19 +312,63 @@ def _resolve_counts(
                 "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax."
             )
     q = workers if proxies is None else proxies
-    if q > workers or workers % q:
-        divisors = [d for d in range(1, workers + 1) if workers % d == 0]
-        raise ValueError(
-            f"make_mesh: proxies must divide workers: each proxy serves an equal group of "
-            f"workers (COARSE k:1, k = workers / proxies); got workers={workers}, "
-            f"proxies={q}. Fix: proxies in {divisors}."
-        )
+    _check_ratio(workers, q)
     if exact and n != workers + q:
         raise ValueError(
             f"make_mesh: workers={workers}, proxies={q} needs exactly {workers + q} devices "
             f"(the workers, then the proxies), got {n}."
         )
     return workers, q
+
+
+def _make_host_proxy_mesh(
+    workers: int | None, proxies: int | None, devices: Sequence[jax.Device] | None
+) -> Mesh:
+    """``proxies_on="host"``: ``("tier", "data", "proxies_on_host=q")``, the p workers only."""
+    if devices is None and jax.process_count() > 1:
+        raise NotImplementedError(
+            "make_mesh: proxies_on='host' across processes (after jax.distributed.initialize) "
+            "is not built yet: host proxies run on one process in this version. Fix: "
+            "proxies_on='devices' (the default) across processes, or one process."
+        )
+    pool = list(jax.devices()) if devices is None else list(devices)
+    if len(set(pool)) != len(pool):
+        raise ValueError(
+            "make_mesh: devices must be distinct (with proxies_on='host' they are the p "
+            "workers, each its own device); got a device twice."
+        )
+    exact = devices is not None
+    n = len(pool)
+    if workers is None:
+        workers = n if proxies is None or exact else n // proxies * proxies
+        if workers < 1:
+            raise ValueError(
+                f"make_mesh: proxies={proxies} with proxies_on='host' needs at least {proxies} "
+                f"workers (proxies divides workers), found {n} devices."
+            )
+    q = workers if proxies is None else proxies
+    _check_ratio(workers, q)
+    if exact and n != workers:
+        raise ValueError(
+            f"make_mesh: with proxies_on='host', devices are the workers only: workers="
+            f"{workers} needs exactly {workers} devices, got {n}."
+        )
+    if n < workers:
+        raise ValueError(
+            f"make_mesh: workers={workers} needs {workers} devices (proxies_on='host': the "
+            f"proxies take none), only {n} available. On CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={workers} before importing jax."
+        )
+    chosen = pool[:workers]
+    platform = chosen[0].platform
+    if platform != "cpu":
+        raise NotImplementedError(
+            f"make_mesh: proxies_on='host' with {platform} workers is not built yet (pinned "
+            "host memory and copies between the GPUs and the host); host proxies run with CPU "
+            "workers in this version. Fix: proxies_on='devices' (the default) on GPUs."
+        )
+    grid = np.array(chosen, dtype=object).reshape(1, workers, 1)
+    return Mesh(grid, (*AXES, host_proxies_axis(q)))
 
 
 def local_proxy(worker: int, workers: int, proxies: int) -> int:
@@ -272,16 +413,22 @@ def _make_host_mesh(workers: int | None, proxies: int | None) -> Mesh:
 
 
 def proxy_devices(mesh: Mesh) -> list[jax.Device]:
-    """The q distinct proxies of ``mesh`` (one host's ``("tier", "data")`` mesh), in order.
+    """The q distinct proxies of ``mesh`` (one host's mesh), in order; none on a host-proxy
+    mesh (its proxies are host memory, `proxies_on`).
 
     Proxy j is ``mesh.devices[1, j * k]`` (k = p / q): the tier-1 row repeats
     each proxy once per worker of its group (`make_mesh`).
     """
+    if proxies_on(mesh) == "host":
+        return []
     return _distinct_in_order(list(np.asarray(mesh.devices)[1]))
 
 
 def num_proxies(mesh: Mesh) -> int:
-    """q: the number of distinct proxies per host of a coarse mesh."""
+    """q: the number of distinct proxies per host of a coarse mesh (devices or host memory)."""
+    on_host = _host_proxies_in(mesh.axis_names)
+    if on_host is not None:
+        return on_host
     return len(proxy_devices(local_mesh(mesh)))
 
 
@@ -302,20 +449,47 @@ def _check_proxy_row(devices: np.ndarray, where: str) -> None:
         )
 
 
+def _check_host_proxy_mesh(mesh: Mesh, q: int, where: str) -> None:
+    """Raises unless ``mesh`` is ``("tier", "data", "proxies_on_host=q")`` of shape ``(1, p, 1)``
+    (with "host" first across processes), q dividing p."""
+    base = tuple(mesh.axis_names)[:-1]
+    ok = base in (AXES, HOST_AXES) and mesh.shape[TIER] == 1 and mesh.devices.shape[-1] == 1
+    if not ok:
+        raise ValueError(
+            f"{where}: a mesh with proxies in host memory must have axes ('tier', 'data', "
+            f"'{host_proxies_axis(q)}') of shape (1, p, 1), got axes {tuple(mesh.axis_names)} "
+            f"of shape {mesh.devices.shape}. Build it with "
+            f"coarse.make_mesh(workers=p, proxies={q}, proxies_on='host')."
+        )
+    p = int(mesh.shape[DATA])
+    if p % q:
+        raise ValueError(
+            f"{where}: the mesh's proxies in host memory ({q}) must divide its workers ({p}). "
+            f"Build it with coarse.make_mesh(workers={p}, proxies=q, proxies_on='host'), q "
+            f"in {[d for d in range(1, p + 1) if p % d == 0]}."
+        )
+
+
 def check_mesh(mesh: object, where: str) -> Mesh:
-    """Raises a clear error unless ``mesh`` is a coarse two-tier mesh (one host or several)."""
+    """Raises a clear error unless ``mesh`` is a coarse mesh: two tiers of devices (one host or
+    several), or the workers with their proxies in host memory (`make_mesh`)."""
     if not isinstance(mesh, Mesh):
         raise TypeError(
             f"{where}: mesh must be a jax.sharding.Mesh from coarse.make_mesh(), got "
             f"{type(mesh).__name__}."
         )
+    on_host = _host_proxies_in(mesh.axis_names)
+    if on_host is not None:
+        _check_host_proxy_mesh(mesh, on_host, where)
+        return mesh
     names = tuple(mesh.axis_names)
     if names not in (AXES, HOST_AXES) or mesh.shape[TIER] != 2:
         raise ValueError(
             f"{where}: mesh must have axes ('tier', 'data') with tier of size 2 (workers, "
             f"proxies), or ('host', 'tier', 'data') across processes, got axes "
             f"{tuple(mesh.axis_names)} of shape {mesh.devices.shape}. "
-            "Build it with coarse.make_mesh(workers=p)."
+            "Build it with coarse.make_mesh(workers=p), or for proxies in host memory (a mesh "
+            "of the workers only) coarse.make_mesh(workers=p, proxies=q, proxies_on='host')."
         )
     if names == HOST_AXES:
         _check_proxy_row(np.asarray(local_mesh(mesh).devices), where)  # one row per process

@@ -26,7 +26,15 @@ import numpy as np
 from jax import lax
 
 from coarse_jax._ffi.primitive import custom_call
-from coarse_jax.mesh import DATA, HOST, PROGRAM_AXES, proxy_devices
+from coarse_jax.mesh import (
+    DATA,
+    HOST,
+    PROGRAM_AXES,
+    num_proxies,
+    proxies_on,
+    proxy_devices,
+    workers_mesh,
+)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -111,15 +119,18 @@ def device_ordinals(mesh: jax.sharding.Mesh) -> np.ndarray:
 
     The CUDA handlers learn which device calls them from the GPU ordinal XLA
     runs them on (the (tier, data) operand lives in GPU memory), and place
-    the runtime's buffers on the right GPUs; CPU handlers ignore it.
+    the runtime's buffers on the right GPUs; the CPU handlers name the
+    streams backend's device streams by it. A proxy in host memory
+    (``make_mesh(..., proxies_on="host")``) is no device: proxy k's ordinal
+    is ``-1 - k`` (ffi/runtime/storage.h, IsHostOrdinal).
     """
     # A shared proxy (COARSE k:1) is listed once per worker of its group: it
     # counts once, as proxy j (proxy_devices).
-    devices = [*np.asarray(mesh.devices)[0], *proxy_devices(mesh)]
-    return np.array(
-        [d.local_hardware_id if d.local_hardware_id is not None else d.id for d in devices],
-        dtype=np.int64,
-    )
+    devices = [*workers_mesh(mesh).devices.flat, *proxy_devices(mesh)]
+    ordinals = [d.local_hardware_id if d.local_hardware_id is not None else d.id for d in devices]
+    if proxies_on(mesh) == "host":
+        ordinals += [-1 - k for k in range(num_proxies(mesh))]
+    return np.array(ordinals, dtype=np.int64)
 
 
 def _result(x: jax.Array, varying: bool) -> Any:
