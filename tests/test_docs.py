@@ -1,10 +1,12 @@
 """The documentation runs: README.md, the guides and the docstrings' examples.
 
 * Every ```python block of a page (README.md, docs/index.md, docs/guides/*.md)
-  runs: a page's blocks, in order, as one script (later blocks use earlier
-  names), in a fresh interpreter, from a temporary directory (the blocks write
+  runs, in a fresh interpreter, from a temporary directory (the blocks write
   files, and the installed package is imported rather than ./coarse_jax), on 8
-  virtual CPU devices. What cannot run here is fenced otherwise: shell
+  virtual CPU devices. README.md's blocks run each alone, as a user pastes
+  them one by one, and each must print something; a guide's blocks run in
+  order as one script (later blocks use earlier names). What cannot run here
+  is fenced otherwise: shell
   commands as ```bash, program output as ```text, and Python that cannot run
   alone (several processes, a fragment of a step shown above it) as a MyST
   ```{code-block} python directive, which is highlighted like Python but not
@@ -114,8 +116,26 @@ def _run_python(args: list[str], cwd) -> subprocess.CompletedProcess:
     )
 
 
+README = ROOT / "README.md"
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("page", [p for p in PAGES if _blocks(p)], ids=lambda p: p.stem)
+@pytest.mark.parametrize("index", range(len(_blocks(README))), ids=lambda i: f"block{i + 1}")
+def test_readme_block_runs_alone_and_prints(index, tmp_path):
+    script = tmp_path / f"readme_block_{index + 1}.py"
+    script.write_text(_blocks(README)[index])
+    run = _run_python([str(script)], tmp_path)
+    assert run.returncode == 0, (
+        f"README.md, python block {index + 1}, run alone, failed:\n"
+        f"{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    )
+    assert run.stdout.strip(), f"README.md, python block {index + 1} printed nothing"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "page", [p for p in PAGES if p != README and _blocks(p)], ids=lambda p: p.stem
+)
 def test_page_python_blocks_run(page, tmp_path):
     # Named after the page but not after a module it imports (a "flax.py"
     # would shadow flax).

@@ -12,6 +12,7 @@
 
 #include "cpu/cpu_backend_choice.h"
 #include "cpu/host_kernels.h"
+#include "runtime/storage.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -100,13 +101,19 @@ Registry& TheRegistry() {
   return *r;
 }
 
+// A proxy in host memory has no device: its stream is named by its index.
+std::string QueueName(int kind, int64_t ordinal) {
+  if (kind == 0) return "worker stream " + std::to_string(ordinal);
+  if (IsHostOrdinal(ordinal))
+    return "host proxy stream " + std::to_string(HostProxyOfOrdinal(ordinal));
+  return "proxy stream " + std::to_string(ordinal);
+}
+
 HostQueue& QueueFor(int kind, int64_t ordinal) {
   Registry& r = TheRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
   HostQueue*& q = r.queues[{kind, ordinal}];
-  if (q == nullptr)
-    q = new HostQueue((kind == 0 ? "worker stream " : "proxy stream ") + std::to_string(ordinal),
-                      StreamChaosSeed());
+  if (q == nullptr) q = new HostQueue(QueueName(kind, ordinal), StreamChaosSeed());
   return *q;
 }
 

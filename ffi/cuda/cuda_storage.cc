@@ -38,6 +38,13 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
         std::to_string(ordinals_.size()) + " for " + std::to_string(devices) + " devices";
     return;
   }
+  for (int64_t o : ordinals_)
+    if (IsHostOrdinal(o)) {
+      error_ =
+          "coarse_jax: proxies in host memory (make_mesh(..., proxies_on='host')) are not built "
+          "for GPU workers yet; use proxies_on='devices'";
+      return;
+    }
   EnablePeerAccess();
   const StagingSizes sizes = StagingSizesOf(plan);
   staging_len_ = sizes.staging_len;

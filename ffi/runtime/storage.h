@@ -20,6 +20,13 @@
 
 namespace coarse {
 
+// A mesh device's ordinal (the "ordinals" attribute) is the platform's
+// device number, except for a proxy in host memory
+// (make_mesh(..., proxies_on="host")): it is no device, and proxy k's
+// ordinal is -1 - k. Its storage is host memory on every platform.
+inline bool IsHostOrdinal(int64_t ordinal) { return ordinal < 0; }
+inline int64_t HostProxyOfOrdinal(int64_t ordinal) { return -1 - ordinal; }
+
 class Storage {
  public:
   virtual ~Storage() = default;
@@ -103,7 +110,8 @@ class StoragePool {
                                                       int64_t device, int64_t nelems) = 0;
   virtual ~StoragePool() = default;
   // `ordinals`: the platform's device number of every mesh device (worker i
-  // at i, proxy k at p + k); empty where the platform does not need it.
+  // at i, proxy k at p + k; IsHostOrdinal for a proxy in host memory);
+  // empty where the platform does not need it.
   virtual std::unique_ptr<Storage> Take(const Plan& plan, const std::vector<int64_t>& ordinals) = 0;
   virtual void Give(const Plan& plan, const std::vector<int64_t>& ordinals,
                     std::unique_ptr<Storage> storage) = 0;
