@@ -2,6 +2,9 @@
 # Builds coarse_jax with its CUDA extension on a GPU host and runs the GPU
 # tests and kernel benchmarks. Used with the device tool (one call); works on
 # any host with a GPU, nvcc, jax[cuda], nanobind and scikit-build-core.
+# COARSE_GPU_FROM_WHEEL=1 installs the wheels instead: coarse_jax[cuda13] from
+# $REPO/dist (`make wheel`'s output, carried to the host; Python 3.12+), offline
+# (--no-index: jax[cuda13], flax, optax... must be installed already), no nvcc.
 # Results go to $OUT (default ./out/gpu): test log, kernels_gpu.md/.json.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,15 +13,24 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 COARSE_TEST_GPU=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-nvcc --version | tail -1
 $PY -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
 
-echo "== build (COARSE_JAX_ENABLE_CUDA=ON)"
 SECONDS=0
-COARSE_JAX_ENABLE_CUDA=ON $PY -m pip install --no-build-isolation --no-deps --no-index -q \
-  --config-settings=build-dir=/tmp/coarse-build "$REPO" > "$OUT/build.log" 2>&1 \
-  || { tail -40 "$OUT/build.log"; exit 1; }
-echo "built in ${SECONDS}s"
+if [ "${COARSE_GPU_FROM_WHEEL:-0}" = 1 ]; then
+  echo "== install coarse_jax[cuda13] from $REPO/dist"
+  ls "$REPO"/dist/coarse_jax_cuda13-*.whl || { echo "no CUDA wheel in $REPO/dist: run make wheel"; exit 1; }
+  $PY -m pip install --no-index -q --find-links "$REPO/dist" "coarse_jax[cuda13]" \
+    > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  echo "installed in ${SECONDS}s"
+else
+  nvcc --version | tail -1
+  echo "== build (COARSE_JAX_ENABLE_CUDA=ON)"
+  COARSE_JAX_ENABLE_CUDA=ON $PY -m pip install --no-build-isolation --no-deps --no-index -q \
+    --config-settings=build-dir=/tmp/coarse-build "$REPO" > "$OUT/build.log" 2>&1 \
+    || { tail -40 "$OUT/build.log"; exit 1; }
+  echo "built in ${SECONDS}s"
+fi
+(cd /tmp && $PY -c "import coarse_jax as c; print('has_cuda_support:', c.has_cuda_support())")
 
 cd /tmp  # import the installed package, not the source tree
 echo "== GPU tests"
