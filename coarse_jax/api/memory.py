@@ -9,7 +9,10 @@ holds is the runtime's own, allocated by the runtime on the proxy's device:
 the session storage (one f32 slot per client and piece, `Plan`) and, under
 `coarse.value_and_update`, its share of the f32 master parameters and
 optimizer state, both buffers (double buffering, so a failed step keeps the
-previous version), plus the snapshot copy when snapshots are on. The workers
+previous version), plus the snapshot copy when snapshots are on. With the
+proxies in host memory (``make_mesh(..., proxies_on="host")``) all of that
+is host memory and the devices hold the workers' part alone
+(``MemoryReport.proxies_on``). The workers
 hold only the leading layers' scratch besides XLA's buffers. That is the
 paper's memory argument: parameter storage moves to the proxies, and the
 workers' memory is what the forward and backward passes need.
@@ -93,6 +96,10 @@ class MemoryReport:
     Attributes:
       worker: a worker's bytes, as a `TierMemory`.
       proxy: a proxy's bytes, as a `TierMemory`.
+      proxies_on: where the proxies live (``coarse.make_mesh``'s
+        ``proxies_on``): ``"devices"``, the proxy row is one proxy device's
+        memory; ``"host"``, it is one proxy's host memory, on no device (its
+        XLA parts are 0), and the devices hold the worker row alone.
 
     Example:
       >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh)
@@ -103,6 +110,7 @@ class MemoryReport:
 
     worker: TierMemory
     proxy: TierMemory
+    proxies_on: str = "devices"
 
     @property
     def worker_bytes(self) -> int:
@@ -111,7 +119,8 @@ class MemoryReport:
 
     @property
     def proxy_bytes(self) -> int:
-        """The peak bytes on a proxy, XLA's buffers plus the runtime's."""
+        """The peak bytes on a proxy, XLA's buffers plus the runtime's (host memory with
+        ``proxies_on="host"``)."""
         return self.proxy.total_bytes
 
     def table(self) -> str:
@@ -130,7 +139,8 @@ class MemoryReport:
           proxy           1.0        0.0        0.0        0.0        0.0        0.0        1.0
         """
         cols = ("args", "outputs", "aliased", "temp", "runtime", "optimizer", "total")
-        lines = [f"{'tier':<8}" + "".join(f"{c:>11}" for c in cols) + "   (MiB per device)"]
+        unit = "(MiB per device)" if self.proxies_on != "host" else "(MiB per device; proxy: host)"
+        lines = [f"{'tier':<8}" + "".join(f"{c:>11}" for c in cols) + "   " + unit]
         for t in (self.worker, self.proxy):
             vals = (
                 t.xla_argument_bytes,
@@ -227,6 +237,7 @@ class StepMemory:
     stores: list[Any]  # its value_and_update stores (`coarse_jax.api._update.Store`)
     proxy_argument_bytes: int  # the user's arrays on a proxy's device (placed on the mesh)
     proxy_output_bytes: int  # the outputs that follow them there
+    proxies_on: str = "devices"  # the mesh's (coarse_jax.mesh.proxies_on)
 
 
 def tally(parts: StepMemory) -> MemoryReport:
@@ -250,14 +261,16 @@ def tally(parts: StepMemory) -> MemoryReport:
     )
     # A proxy runs no XLA program (the runtime's service): no temporaries.
     # Its device holds the user's arrays placed on the whole mesh, and the
-    # step's outputs that follow them there (coarse.sync's placement).
+    # step's outputs that follow them there (coarse.sync's placement); a
+    # proxy in host memory has no device, so none of XLA's buffers.
+    on_device = parts.proxies_on != "host"
     proxy = TierMemory(
         "proxy",
-        parts.proxy_argument_bytes,
-        parts.proxy_output_bytes,
+        parts.proxy_argument_bytes if on_device else 0,
+        parts.proxy_output_bytes if on_device else 0,
         0,
         0,
         max(arena, default=0),
         opt,
     )
-    return MemoryReport(worker, proxy)
+    return MemoryReport(worker, proxy, parts.proxies_on)

@@ -47,7 +47,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
-from coarse_jax.mesh import DATA, check_mesh, has_hosts, local_proxy, proxy_devices
+from coarse_jax.mesh import DATA, check_mesh, has_hosts, local_proxy, proxies_on, proxy_devices
 from coarse_jax.profiling import routing
 from coarse_jax.profiling.data import Profile
 from coarse_jax.profiling.decision import DECISION_KINDS, Decision
@@ -194,7 +194,8 @@ def profile(
       ValueError: bad sizes, reps or budget_s, or a topology for another
         number of workers or proxies, or not a coarse mesh (or one whose
         proxies share the workers' devices).
-      NotImplementedError: the mesh spans hosts (profile each host's part).
+      NotImplementedError: the mesh spans hosts (profile each host's part), or
+        its proxies are in host memory (``proxies_on="host"``).
 
     Example:
       >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")   # exact, nothing sleeps
@@ -209,6 +210,13 @@ def profile(
       ((0, 1), (0, 1), (1, 0), (1, 0))
     """
     mesh = check_mesh(mesh, "coarse.profile")
+    if proxies_on(mesh) == "host":
+        raise NotImplementedError(
+            "coarse.profile: the mesh's proxies are in host memory (proxies_on='host'); the "
+            "profiler times the links between devices and does not time the host link yet. "
+            "Fix: give the routes directly (Config(routes=..., latency_threshold_bytes=...)), "
+            "or profile a mesh of device proxies (proxies_on='devices')."
+        )
     if has_hosts(mesh):
         raise NotImplementedError(
             "coarse.profile: the mesh spans hosts ('host' axis); the profiler times the links "
