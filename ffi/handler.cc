@@ -74,7 +74,6 @@ ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller,
 
 ffi::Error StartProxyService(const Call& call, const ffi::Dictionary& attrs,
                              const MakeProxyDevice& make_proxy_device) {
-  if (!make_proxy_device || call.who.tier != kWorker) return ffi::Error::Success();
   if (call.session->proxies_started()) return ffi::Error::Success();
   auto job = ReadProxyJob(attrs, call.plan());
   if (job.has_error()) return job.error();

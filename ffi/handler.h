@@ -46,8 +46,7 @@ xla::ffi::Error EndCall(Call& call, Device& device, xla::ffi::Error status,
 
 // A worker's call starts the session's proxy jobs (runtime/service.h) the
 // first time any worker calls into the session; later calls do nothing.
-// `make_proxy_device` makes the device a job runs on; null: the platform
-// has no service (the proxies' calls run in the program).
+// `make_proxy_device` makes the device a job runs on.
 xla::ffi::Error StartProxyService(const Call& call, const xla::ffi::Dictionary& attrs,
                                   const MakeProxyDevice& make_proxy_device);
 
@@ -57,7 +56,7 @@ xla::ffi::Error StartProxyService(const Call& call, const xla::ffi::Dictionary& 
 template <typename MakeDevice, typename Body>
 xla::ffi::Error RunCall(xla::ffi::RunId run_id, const Caller& caller,
                         const xla::ffi::Dictionary& attrs, MakeDevice&& make_device, Body&& body,
-                        const MakeProxyDevice& make_proxy_device = nullptr) {
+                        const MakeProxyDevice& make_proxy_device) {
   auto begun = BeginCall(run_id, caller, attrs);
   if (begun.has_error()) return begun.error();
   Call call = std::move(begun.value());

@@ -1,7 +1,7 @@
 // coarse_push's XLA translation: checks the bucket's leaves against the plan,
 // copies them to the aliased outputs (attribute passthrough=1, for backward
-// hooks) unless XLA aliased them, zeroes the token result, and on a worker
-// runs PushPieces (runtime/phases/push_pieces.cc) over the bucket. Operands:
+// hooks) unless XLA aliased them, zeroes the token result, and runs
+// PushPieces (runtime/phases/push_pieces.cc) over the bucket. Operands:
 // the bucket's leaves; results: [the same leaves,] then the token; attributes
 // first_leaf, first_piece, num_pieces, passthrough besides the plan's.
 #include <string>
@@ -61,7 +61,6 @@ ffi::Error PushBody(Call& call, Device& dev, ffi::RemainingArgs leaves, ffi::Rem
   ffi::Result<ffi::AnyBuffer> token = outs.get<ffi::AnyBuffer>(outs.size() - 1).value();
   ffi::Error e = dev.ZeroBytes(token->untyped_data(), token->size_bytes());
   if (e.failure()) return e;
-  if (call.who.tier != kWorker) return ffi::Error::Success();  // proxies push nothing
   return PushPieces(
       call, dev, first_piece.value(), num_pieces.value(),
       [&](int64_t leaf) {

@@ -1,5 +1,5 @@
-// coarse_worker_ring's XLA translation: lays the leading leaves (operands on
-// a worker, results on every device) end to end as runs of the f32 scratch,
+// coarse_worker_ring's XLA translation: lays the leading leaves (operands and
+// results) end to end as runs of the f32 scratch,
 // checked against the plan, runs ReduceLeading
 // (runtime/phases/reduce_leading.cc) and zeroes the token result.
 #include <vector>
@@ -36,9 +36,10 @@ ffi::Error WorkerRingBody(Call& call, Device& dev, ffi::RemainingArgs leaves,
     return ffi::Error::InvalidArgument(
         "coarse_worker_ring: expected one operand per leading leaf and a token result");
   std::vector<ffi::AnyBuffer> ins, results;
-  if (call.who.tier == kWorker)
-    for (int64_t a = 0; a < L; ++a) ins.push_back(leaves.get<ffi::AnyBuffer>(a).value());
-  for (int64_t a = 0; a < L; ++a) results.push_back(*outs.get<ffi::AnyBuffer>(a).value());
+  for (int64_t a = 0; a < L; ++a) {
+    ins.push_back(leaves.get<ffi::AnyBuffer>(a).value());
+    results.push_back(*outs.get<ffi::AnyBuffer>(a).value());
+  }
   auto in_runs = LeadingRuns(plan, ins);
   if (in_runs.has_error()) return in_runs.error();
   auto out_runs = LeadingRuns(plan, results);

@@ -117,3 +117,39 @@ def test_an_unknown_backend_names_the_variable_and_the_choices(tmp_path):
     assert proc.returncode != 0
     assert "COARSE_JAX_BACKEND is 'gpu'" in proc.stderr
     assert "'cpu'" in proc.stderr and "'streams'" in proc.stderr
+
+
+def test_a_chaos_seed_on_the_default_backend_warns_once_naming_the_fix(tmp_path):
+    # The extension loaded on its own (the backend is read when it loads).
+    from coarse_jax import _coarse_cpu
+
+    script = (
+        "import importlib.util, sys, warnings\n"
+        "spec = importlib.util.spec_from_file_location('_coarse_cpu', sys.argv[1])\n"
+        "cpu = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(cpu)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    print(cpu.backend(), cpu.backend())\n"
+        "for w in caught:\n"
+        "    print(w.category.__name__, w.message)\n"
+    )
+    for backend, warns in [("cpu", True), ("", True), ("streams", False)]:
+        env = dict(os.environ, COARSE_JAX_BACKEND=backend, COARSE_JAX_STREAM_CHAOS="5")
+        proc = subprocess.run(
+            [sys.executable, "-c", script, _coarse_cpu.__file__],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[0] == ("streams streams" if backend == "streams" else "cpu cpu")
+        if warns:
+            assert len(lines) == 2, lines  # once, though backend() was called twice
+            assert lines[1].startswith("UserWarning coarse_jax: COARSE_JAX_STREAM_CHAOS=5 ")
+            assert "Set COARSE_JAX_BACKEND=streams" in lines[1]
+        else:
+            assert len(lines) == 1, lines

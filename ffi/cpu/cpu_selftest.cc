@@ -1,22 +1,34 @@
-// Sync self-test members on the CPU backend (see cpu_selftest.h): a
-// CpuDevice, host buffers, memcpy loads and stores.
+// The sync self-test's CPU platform (see cpu_selftest.h).
 #include "cpu/cpu_selftest.h"
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
-#include "cpu/cpu_device.h"
+#include "cpu/cpu_devices.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
 
 namespace {
 
-class CpuMember final : public SelfTestMember {
+// A worker's buffers are host memory (XLA:CPU's are too): the step's
+// operands are written before its first call, as XLA writes them, and its
+// results read after the last call returned. With the streams backend every
+// call drains the worker's stream as it returns, as the handlers do
+// (handlers_cpu.cc RunCpuCall).
+class CpuWorker final : public SelfTestWorker {
  public:
-  Device& device() override { return dev_; }
+  explicit CpuWorker(const Call& call) {
+    auto dev = MakeCpuDevice(call, &queue_);
+    if (dev.has_error()) throw std::runtime_error(std::string(dev.error().message()));
+    dev_ = std::move(dev.value());
+  }
+  ~CpuWorker() override { CallReturns(); }  // no task of a failed step outlives the buffers
+  Device& device() override { return *dev_; }
   float* Buffer(int64_t n) override {
     buffers_.emplace_back(new float[std::max<int64_t>(n, 1)]);
     return buffers_.back().get();
@@ -29,16 +41,25 @@ class CpuMember final : public SelfTestMember {
     std::memcpy(host, buffer, n * sizeof(float));
     return ffi::Error::Success();
   }
+  void CallReturns() override {
+    if (queue_ != nullptr) queue_->Drain();
+  }
 
  private:
-  CpuDevice dev_;
+  HostQueue* queue_ = nullptr;
+  std::unique_ptr<Device> dev_;
   std::vector<std::unique_ptr<float[]>> buffers_;
 };
 
 }  // namespace
 
-MakeMember CpuSelfTestMembers() {
-  return [](int64_t, Session&) { return std::unique_ptr<SelfTestMember>(new CpuMember); };
+SelfTestPlatform CpuSelfTestPlatform() {
+  SelfTestPlatform platform;
+  platform.make_worker = [](const Call& call) {
+    return std::unique_ptr<SelfTestWorker>(new CpuWorker(call));
+  };
+  platform.make_proxy_device = CpuProxies();
+  return platform;
 }
 
 }  // namespace coarse

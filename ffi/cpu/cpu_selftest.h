@@ -1,12 +1,13 @@
-// Sync self-test members on the CPU backend: host buffers and memcpy (see
-// runtime/sync_selftest.h). The mirror image of cuda/cuda_selftest.h.
+// The sync self-test (runtime/sync_selftest.h) on the CPU module's backend:
+// the workers' and the proxies' devices as the handlers and the service make
+// them (cpu_devices.h), plain or with stream semantics; host buffers. The
+// mirror image of cuda/cuda_selftest.h.
 #pragma once
 
 #include "runtime/sync_selftest.h"
 
 namespace coarse {
 
-// Members on the CPU backend (host memory, memcpy).
-MakeMember CpuSelfTestMembers();
+SelfTestPlatform CpuSelfTestPlatform();
 
 }  // namespace coarse

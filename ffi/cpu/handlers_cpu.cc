@@ -11,6 +11,7 @@
 
 #include "cpu/cpu_backend_choice.h"
 #include "cpu/cpu_device.h"
+#include "cpu/cpu_devices.h"
 #include "cpu/host_stream.h"
 #include "handler.h"
 #include "host_gather.h"
@@ -24,31 +25,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// The device `call` runs on. With the streams backend: a StreamDevice on the
-// stream of the caller's device (a worker's, standing for XLA's stream, or
-// the one the runtime owns for a proxy), which `queue` then names.
-ffi::ErrorOr<std::unique_ptr<Device>> MakeDevice(const Call& call, HostQueue** queue) {
-  if (ActiveCpuBackend() != CpuBackend::kStreams) return std::unique_ptr<Device>(new CpuDevice);
-  auto* res = dynamic_cast<StreamResources*>(&call.session->storage());
-  if (res == nullptr)
-    return ffi::Unexpected(ffi::Error::Internal(
-        "coarse_jax: the streams backend got a session whose storage has no streams' resources "
-        "(the storage pool was installed for the plain CPU backend)"));
-  const std::vector<int64_t>& ordinals = call.session->ordinals();
-  const int64_t ordinal = ordinals.empty() ? call.device() : ordinals[call.device()];
-  HostQueue& q = call.who.tier == kWorker ? WorkerQueue(ordinal) : ProxyQueue(ordinal);
-  if (queue != nullptr) *queue = &q;
-  return std::unique_ptr<Device>(
-      new StreamDevice(std::make_unique<HostStream>(q), call.device(), *res));
-}
-
-// The proxies' jobs run on the same backend (runtime/service.h).
-const MakeProxyDevice& CpuProxies() {
-  static const MakeProxyDevice make = [](const Call& call) { return MakeDevice(call, nullptr); };
-  return make;
-}
-
-// RunCall (handler.h) on this module's backend. XLA:CPU runs the next
+// RunCall (handler.h) on this module's backend (cpu_devices.h). XLA:CPU runs the next
 // operation as soon as a custom call returns, so with the streams backend
 // the call drains its device's stream before it returns: the one place it
 // differs from a GPU, where XLA's next kernel waits in stream order instead.
@@ -59,8 +36,9 @@ ffi::Error RunCpuCall(ffi::RunId run_id, ffi::AnyBuffer& who, const ffi::Diction
                       Body&& body) {
   HostQueue* queue = nullptr;
   ffi::Error e = RunCall(
-      run_id, Caller{&who, {}}, attrs, [&](const Call& call) { return MakeDevice(call, &queue); },
-      std::forward<Body>(body), CpuProxies());
+      run_id, Caller{&who, {}}, attrs,
+      [&](const Call& call) { return MakeCpuDevice(call, &queue); }, std::forward<Body>(body),
+      CpuProxies());
   if (queue != nullptr) queue->Drain();
   return e;
 }

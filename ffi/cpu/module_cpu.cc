@@ -76,10 +76,25 @@ NB_MODULE(_coarse_cpu, m) {
       "backend",
       []() {
         if (!backend_error.empty()) throw std::invalid_argument(backend_error);
+        // A chaos seed only acts on the streams backend: say so once rather
+        // than let a run believe it was adversarially scheduled.
+        static bool warned = false;
+        if (!warned && coarse::ActiveCpuBackend() == coarse::CpuBackend::kCpu &&
+            coarse::StreamChaosSeed().has_value()) {
+          warned = true;
+          const std::string msg =
+              "coarse_jax: COARSE_JAX_STREAM_CHAOS=" + std::to_string(*coarse::StreamChaosSeed()) +
+              " is ignored: its random delays act on the stream-semantics backend only, and "
+              "COARSE_JAX_BACKEND is 'cpu' (or unset). Set COARSE_JAX_BACKEND=streams to use "
+              "it, or unset COARSE_JAX_STREAM_CHAOS.";
+          if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) throw nb::python_error();
+        }
         return std::string(coarse::CpuBackendName(coarse::ActiveCpuBackend()));
       },
       "The device backend the sessions run on: 'cpu' or 'streams' (COARSE_JAX_BACKEND, read "
-      "when the module loaded). ValueError if the variable's value was not understood.");
+      "when the module loaded). ValueError if the variable's value was not understood; the "
+      "first call warns (UserWarning) if COARSE_JAX_STREAM_CHAOS is set while the backend is "
+      "'cpu', where it has no effect.");
   m.def("live_hand_outs", &coarse::LiveHandOuts,
         "Testing: in-host hand-outs of the inter-host step open now (runtime/hand_out.h).");
   m.def("inject_dropped_push", &coarse::InjectDroppedPush, nb::arg("worker"),
@@ -90,12 +105,12 @@ NB_MODULE(_coarse_cpu, m) {
   m.def(
       "sync_selftest",
       [](coarse::SelfTestValues values, int64_t leading_elems, int64_t piece,
-         const std::string& route, int64_t steps) {
-        return coarse::RunSyncSelfTest(values, leading_elems, piece, route, steps, {},
-                                       coarse::CpuSelfTestMembers());
+         const std::string& route, int64_t proxies, std::optional<coarse::SelfTestParams> params,
+         float lr, float momentum, bool in_place) {
+        return coarse::RunSyncSelfTest(values, leading_elems, piece, route, proxies, params, lr,
+                                       momentum, in_place, coarse::CpuSelfTestPlatform());
       },
-      nb::arg("values"), nb::arg("leading_elems"), nb::arg("piece"), nb::arg("route"),
-      nb::arg("steps"), COARSE_SELFTEST_DOC);
+      COARSE_SELFTEST_ARGS, COARSE_SELFTEST_DOC " Runs on this module's backend (backend()).");
   m.def("live_sessions", &coarse::LiveSessions,
         "Number of synchronization sessions the runtime holds right now.");
   m.def("take_virtual_spans", &coarse::TakeVirtualSpans,

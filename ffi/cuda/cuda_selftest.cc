@@ -1,11 +1,13 @@
-// Sync self-test members on one GPU (see cuda_selftest.h): a StreamDevice on
-// its own non-blocking stream, cudaMalloc'd buffers.
+// The sync self-test's CUDA platform (see cuda_selftest.h).
 #include "cuda/cuda_selftest.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_storage.h"
@@ -18,16 +20,26 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-class CudaMember final : public SelfTestMember {
+CudaStorage& StorageOf(const Call& call) {
+  auto& storage = static_cast<CudaStorage&>(call.session->storage());
+  if (!storage.error().empty()) throw std::runtime_error(storage.error());
+  return storage;
+}
+
+// A worker: a stream of its own (standing for XLA's stream of its GPU) and
+// cudaMalloc'd buffers (its operands and results).
+class CudaWorker final : public SelfTestWorker {
  public:
-  CudaMember(int ordinal, int64_t device, CudaStorage& storage) {
+  CudaWorker(int ordinal, const Call& call) {
+    CudaStorage& storage = StorageOf(call);
     cudaSetDevice(ordinal);
-    cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess)
+      throw std::runtime_error("sync self-test: cudaStreamCreateWithFlags failed");
     dev_ = std::make_unique<StreamDevice>(
-        std::make_unique<CudaStream>(stream_, ordinal, storage.ordinals()), device, storage);
+        std::make_unique<CudaStream>(stream_, ordinal, storage.ordinals()), call.device(), storage);
   }
-  ~CudaMember() override {
-    cudaStreamSynchronize(stream_);
+  ~CudaWorker() override {
+    cudaStreamSynchronize(stream_);  // no copy of a failed step outlives the buffers
     for (void* b : buffers_) cudaFree(b);
     cudaStreamDestroy(stream_);
   }
@@ -35,7 +47,8 @@ class CudaMember final : public SelfTestMember {
   float* Buffer(int64_t n) override {
     void* b = nullptr;
     if (cudaMalloc(&b, std::max<int64_t>(n, 1) * sizeof(float)) != cudaSuccess)
-      throw std::runtime_error("sync self-test: cudaMalloc failed");
+      throw std::runtime_error("sync self-test: cudaMalloc of " + std::to_string(n) +
+                               " floats failed");
     buffers_.push_back(b);
     return static_cast<float*>(b);
   }
@@ -57,14 +70,47 @@ class CudaMember final : public SelfTestMember {
   std::vector<void*> buffers_;
 };
 
+// Proxy k's stream on GPU `ordinal`: one per proxy, owned by the runtime
+// like the service's (handlers_cuda.cc ProxyStream), created on first use
+// and never destroyed. The service proper keeps one per GPU; here all the
+// proxies share one GPU, and a stream each keeps them racing.
+ffi::ErrorOr<cudaStream_t> SelfTestProxyStream(int ordinal, int64_t k) {
+  static std::mutex mu;
+  static auto* streams = new std::map<std::pair<int, int64_t>, cudaStream_t>;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = streams->find({ordinal, k});
+  if (it != streams->end()) return it->second;
+  cudaStream_t stream = nullptr;
+  ffi::Error e = Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                       "creating the self-test's stream of proxy " + std::to_string(k));
+  if (e.failure()) return ffi::Unexpected(e);
+  (*streams)[{ordinal, k}] = stream;
+  return stream;
+}
+
 }  // namespace
 
-MakeMember CudaSelfTestMembers(int ordinal) {
-  return [ordinal](int64_t device, Session& session) {
-    auto& storage = static_cast<CudaStorage&>(session.storage());
-    if (!storage.error().empty()) throw std::runtime_error(storage.error());
-    return std::unique_ptr<SelfTestMember>(new CudaMember(ordinal, device, storage));
+SelfTestPlatform CudaSelfTestPlatform(int ordinal, int64_t workers, int64_t proxies) {
+  SelfTestPlatform platform;
+  // SyncSelfTest checks the counts; a bad one never reaches the storage.
+  platform.ordinals.assign(std::max<int64_t>(0, workers + (proxies == 0 ? workers : proxies)),
+                           ordinal);
+  platform.make_worker = [ordinal](const Call& call) {
+    return std::unique_ptr<SelfTestWorker>(new CudaWorker(ordinal, call));
   };
+  platform.make_proxy_device =
+      [ordinal](const Call& call) -> ffi::ErrorOr<std::unique_ptr<Device>> {
+    auto& storage = static_cast<CudaStorage&>(call.session->storage());
+    if (!storage.error().empty()) return ffi::Unexpected(ffi::Error::Internal(storage.error()));
+    ffi::Error e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
+    if (e.failure()) return ffi::Unexpected(e);
+    auto stream = SelfTestProxyStream(ordinal, call.who.index);
+    if (stream.has_error()) return ffi::Unexpected(stream.error());
+    return std::unique_ptr<Device>(
+        new StreamDevice(std::make_unique<CudaStream>(stream.value(), ordinal, storage.ordinals()),
+                         call.device(), storage));
+  };
+  return platform;
 }
 
 }  // namespace coarse::cuda

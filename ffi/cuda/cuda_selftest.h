@@ -1,12 +1,14 @@
-// Sync self-test members on one GPU: each member its own non-blocking stream
-// and buffers (see sync_selftest.h).
+// The sync self-test (runtime/sync_selftest.h) on one GPU: every worker and
+// every proxy its own non-blocking stream there, so the members' events,
+// staging buffers and peer-copy calls race as they would across GPUs. The
+// mirror image of cpu/cpu_selftest.h.
 #pragma once
 
 #include "runtime/sync_selftest.h"
 
 namespace coarse::cuda {
 
-// Members on GPU `ordinal`, every mesh device mapped to it.
-MakeMember CudaSelfTestMembers(int ordinal);
+// Every mesh device of p workers and q proxies mapped to GPU `ordinal`.
+SelfTestPlatform CudaSelfTestPlatform(int ordinal, int64_t workers, int64_t proxies);
 
 }  // namespace coarse::cuda

@@ -55,13 +55,15 @@ NB_MODULE(_coarse_cuda, m) {
   m.def(
       "sync_selftest",
       [](coarse::SelfTestValues values, int64_t leading_elems, int64_t piece,
-         const std::string& route, int64_t steps, int ordinal) {
-        return coarse::RunSyncSelfTest(values, leading_elems, piece, route, steps,
-                                       std::vector<int64_t>(2 * values.shape(0), ordinal),
-                                       coarse::cuda::CudaSelfTestMembers(ordinal));
+         const std::string& route, int64_t proxies, std::optional<coarse::SelfTestParams> params,
+         float lr, float momentum, bool in_place, int ordinal) {
+        const int64_t workers = static_cast<int64_t>(values.shape(1));
+        return coarse::RunSyncSelfTest(
+            values, leading_elems, piece, route, proxies, params, lr, momentum, in_place,
+            coarse::cuda::CudaSelfTestPlatform(ordinal, workers, proxies));
       },
-      nb::arg("values"), nb::arg("leading_elems"), nb::arg("piece"), nb::arg("route"),
-      nb::arg("steps"), nb::arg("ordinal") = 0, COARSE_SELFTEST_DOC);
+      COARSE_SELFTEST_ARGS, nb::arg("ordinal") = 0,
+      COARSE_SELFTEST_DOC " Every worker and proxy gets a stream of its own on GPU `ordinal`.");
   m.def("live_sessions", &coarse::LiveSessions,
         "Number of synchronization sessions the CUDA runtime holds right now.");
   // No SIGINT hook here when the CPU module is loaded: extension.py hands

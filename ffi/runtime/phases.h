@@ -1,8 +1,9 @@
 // The protocol's phases: what the four sync custom calls do, written once
 // against the device backend (device.h) and free of XLA buffers. The handler
 // files (ffi/push.cc, proxy_ring.cc, worker_ring.cc, pull.cc) translate XLA's
-// operands into these calls; the self-test (sync_selftest.h) drives them
-// directly. One file each in runtime/phases/.
+// operands into these calls on the workers, the service (service.h) runs the
+// proxies' part; the self-test (sync_selftest.h) drives both without XLA.
+// One file each in runtime/phases/.
 #pragma once
 
 #include <cstdint>
@@ -108,10 +109,10 @@ xla::ffi::Error BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update
 // update to close; phases/update_pieces.cc).
 xla::ffi::ErrorOr<int64_t> OptimizerCount(Call& call, ParamStore& store);
 
-// coarse_worker_ring: workers gather `in_runs` (the leading leaves) into their
-// scratch and ring-reduce it; every device scatters the result into
-// `out_runs` chunk by chunk as the ring finishes it (a proxy from its
-// worker's scratch, following the worker's progress) (phases/reduce_leading.cc).
+// coarse_worker_ring: a worker gathers `in_runs` (the leading leaves) into
+// its scratch, ring-reduces it with the other workers, and scatters the
+// result into `out_runs` chunk by chunk as the ring finishes it
+// (phases/reduce_leading.cc).
 xla::ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
                               const std::vector<LeafRun>& out_runs);
 // Worker `who` runs both rings over the workers' scratch. `values_ready`:
@@ -148,7 +149,7 @@ inline bool PushesInPlace(const Session& session, const Device& dev, bool in_pla
   return in_place && GatherPull(session, dev);
 }
 
-// coarse_pull: every device writes the reduced proxy pieces into its leaves
+// coarse_pull: a worker writes the reduced proxy pieces into its leaves
 // (phases/pull_pieces.cc). With `pushed` (in-place pushes, PushesInPlace) a
 // worker first checks that its pushed leaves are where it pushed them from.
 xla::ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 namespace coarse {
 
@@ -33,10 +34,9 @@ void FinishPlan(Plan* plan) {
 
   // Port ranks: pairs (s, w) in ascending order, counted per proxy.
   plan->proxy_port_rank.assign(S * p, 0);
-  plan->proxy_port_transfers.assign(q, 0);
+  std::vector<int64_t> served(q, 0);  // (s, w) pairs proxy k serves so far
   for (int64_t s = 0; s < S; ++s)
-    for (int64_t w = 0; w < p; ++w)
-      plan->proxy_port_rank[s * p + w] = plan->proxy_port_transfers[plan->dest(s, w)]++;
+    for (int64_t w = 0; w < p; ++w) plan->proxy_port_rank[s * p + w] = served[plan->dest(s, w)]++;
 
   // Proxy storage layout.
   plan->contributors.assign(q * S, {});

@@ -69,10 +69,8 @@ struct Plan {
   // Emulated serial-bus ports (emulator.h, ReserveInOrder): transfers book a
   // port in the plan's global order. A worker pushes, and pulls, piece s as
   // its s-th transfer on its port; a proxy serves (s, worker) pairs in
-  // ascending order, pushes in and pulls out alike; the leading layers'
-  // hand-over comes after all pushes on both ends.
-  std::vector<int64_t> proxy_port_rank;       // [piece * p + worker]
-  std::vector<int64_t> proxy_port_transfers;  // [k]: pushes into proxy k
+  // ascending order, pushes in and pulls out alike.
+  std::vector<int64_t> proxy_port_rank;  // [piece * p + worker]
 
   int64_t num_pieces() const { return static_cast<int64_t>(piece_nelems.size()); }
   int64_t devices() const { return workers + proxies; }     // mesh devices the runtime numbers
@@ -97,7 +95,8 @@ struct Plan {
 
 // Derives what follows from the routes and segments (shard numbering, DENSE
 // holders, contributors, the proxies' storage layout). GetPlan
-// (ffi/plan_attrs.h) calls it; so does a self-test that builds a Plan by hand.
+// (ffi/plan_attrs.h) calls it; so does the self-test (sync_selftest.h), which
+// builds a Plan by hand.
 void FinishPlan(Plan* plan);
 
 }  // namespace coarse

@@ -10,7 +10,7 @@ namespace ffi = xla::ffi;
 namespace {
 
 // Records that member `m` completed step g of ring r (at time `at`, default
-// now) and wakes its successor and watcher.
+// now) and wakes its successor.
 void NoteStep(Session& session, const RingMember& m, int r, int32_t g,
               std::optional<Clock::time_point> at = std::nullopt) {
   if (m.step_times[r])
@@ -18,7 +18,6 @@ void NoteStep(Session& session, const RingMember& m, int r, int32_t g,
                              std::memory_order_release);
   m.progress[r]->store(g, std::memory_order_release);
   session.Notify(m.successor_device[r]);
-  if (m.watcher_device >= 0) session.Notify(m.watcher_device);
 }
 
 // Steps [from, to) of both rings. The completion of step `to` - 1 is

@@ -47,9 +47,6 @@ struct RingMember {
   // time. Ranges arrive in ring step order and cover [0, n) once. Only for
   // members whose reduce-scatter result is final (announce = true).
   std::function<xla::ffi::Error(int64_t lo, int64_t hi)> on_final;
-  // Also woken after each step (-1: none): a device following this member's
-  // progress (the final chunks, see RingChunk) besides its successor.
-  int64_t watcher_device = -1;
 };
 
 // The chunk [*lo, *hi) of `own` that the member at `position` in ring r

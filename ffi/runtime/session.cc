@@ -192,7 +192,6 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
   pushed_ = Counters<uint8_t>(p * S, 0);
   proxy_progress_ = Counters<int32_t>(q * S * 2, -1);
   worker_progress_ = Counters<int32_t>(p * 2, -1);
-  leading_ready_ = Counters<int32_t>(p, 0);
   pushed_runs_.reset(new PushedRuns[p * S]);
   pushes_of_ = Counters<int32_t>(S, 0);
   mailboxes_.reset(new Mailbox[D]);
@@ -205,7 +204,6 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
     emulator_ = std::make_unique<Emulator>(plan_->topology);
     if (plan_->topology.virtual_clock) clock_ = Counters<int64_t>(D, 0);
     push_ready_ = Counters<int64_t>(p * S, kNever);
-    leading_ready_at_ = Counters<int64_t>(p, kNever);
     proxy_steps_ = Counters<int64_t>(q * S * 2 * (RingSteps(q) + 1), kNever);
     worker_steps_ = Counters<int64_t>(p * 2 * (RingSteps(p) + 1), kNever);
   }
@@ -275,16 +273,6 @@ Clock::time_point Session::ReducedAt(int64_t proxy, int64_t piece) const {
   const int32_t last = RingSteps(q());
   return AtTicks(std::max(proxy_step_times(proxy, piece, 0)[last].load(std::memory_order_acquire),
                           proxy_step_times(proxy, piece, 1)[last].load(std::memory_order_acquire)));
-}
-
-void Session::NoteLeadingReady(int64_t worker) {
-  if (leading_ready_at_)
-    leading_ready_at_[worker].store(Ticks(Now(worker)), std::memory_order_release);
-}
-
-Clock::time_point Session::LeadingReadyAt(int64_t worker) const {
-  if (!leading_ready_at_) return Clock::time_point::min();
-  return AtTicks(leading_ready_at_[worker].load(std::memory_order_acquire));
 }
 
 bool Session::IsReduced(int64_t proxy, int64_t piece) {

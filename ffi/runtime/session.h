@@ -112,7 +112,6 @@ class Session {
   std::atomic<int32_t>& worker_progress(int64_t worker, int ring) {
     return worker_progress_[worker * 2 + ring];
   }
-  std::atomic<int32_t>& leading_ready(int64_t worker) { return leading_ready_[worker]; }
 
   // Piece `piece` is reduced on proxy `proxy`: both its rings are complete
   // there (or it was marked so without a ring, see MarkReduced).
@@ -148,9 +147,6 @@ class Session {
   Clock::time_point PushReady(int64_t worker, int64_t piece) const;
   // Piece `piece` became reduced on proxy `proxy` (see IsReduced).
   Clock::time_point ReducedAt(int64_t proxy, int64_t piece) const;
-  // Worker `worker` handed over the reduced leading layers (leading_ready).
-  void NoteLeadingReady(int64_t worker);
-  Clock::time_point LeadingReadyAt(int64_t worker) const;
   // Per ring member, RingSteps(p) + 1 times: when its progress reached g
   // (ring.h). Null without a topology.
   std::atomic<int64_t>* proxy_step_times(int64_t proxy, int64_t piece, int ring) const;
@@ -258,17 +254,15 @@ class Session {
   std::vector<int64_t> ordinals_;
   std::unique_ptr<Storage> storage_;
   std::unique_ptr<std::atomic<int32_t>[]> first_call_;
-  std::unique_ptr<std::atomic<int32_t>[]> arrived_, proxy_progress_, worker_progress_,
-      leading_ready_;
+  std::unique_ptr<std::atomic<int32_t>[]> arrived_, proxy_progress_, worker_progress_;
   std::unique_ptr<std::atomic<uint8_t>[]> pushed_;     // [worker * S + piece]
   std::unique_ptr<PushedRuns[]> pushed_runs_;          // [worker * S + piece]
   std::unique_ptr<std::atomic<int32_t>[]> pushes_of_;  // [piece]
   std::unique_ptr<Mailbox[]> mailboxes_;
   std::unique_ptr<Emulator> emulator_;  // null without a topology
   // Emulated sessions only; Clock::duration counts (see the accessors above).
-  std::unique_ptr<std::atomic<int64_t>[]> clock_;             // [device], virtual clock only
-  std::unique_ptr<std::atomic<int64_t>[]> push_ready_;        // [worker * S + piece]
-  std::unique_ptr<std::atomic<int64_t>[]> leading_ready_at_;  // [worker]
+  std::unique_ptr<std::atomic<int64_t>[]> clock_;       // [device], virtual clock only
+  std::unique_ptr<std::atomic<int64_t>[]> push_ready_;  // [worker * S + piece]
   // Ring step times, RingSteps(p) + 1 per (member, ring); see *_step_times.
   std::unique_ptr<std::atomic<int64_t>[]> proxy_steps_;   // [(proxy*S + piece)*2 + ring][g]
   std::unique_ptr<std::atomic<int64_t>[]> worker_steps_;  // [worker*2 + ring][g]

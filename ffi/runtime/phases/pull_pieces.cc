@@ -1,12 +1,11 @@
-// PullPieces (coarse_pull): every device writes the reduced proxy-synced leaves.
+// PullPieces (coarse_pull): a worker writes the reduced proxy-synced leaves.
 //
 // A worker waits, piece by piece in global order, until the proxy it routed
 // the piece to has finished both rings for it (on CPU, GatherPull in
 // phases.h: until every proxy has reduced its chunks, read from each in place), then narrows the
 // f32 sum into its output leaves (the ring already applied the 1/p scale), reassembling shards and
 // unbatching small tensors in the same pass (on CUDA: a peer copy of the piece, then one unpack
-// kernel). A proxy does the same from its own storage. Same code, same f32 input: both tiers end
-// bitwise equal.
+// kernel). Same code, same f32 input: every worker ends bitwise equal.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -110,24 +109,21 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
   Session& session = *call.session;
   const int64_t p = plan.workers, me = call.who.index;
   const bool gather = GatherPull(session, dev);
-  if (pushed && call.who.tier == kWorker) {
+  if (pushed) {
     ffi::Error err = CheckPushedInPlace(call, *pushed);
     if (err.failure()) return err;
   }
   std::vector<LeafRun> runs;
   TraceScope all(session, call.device(), "pull");
   for (int64_t s = 0; s < plan.num_pieces(); ++s) {
-    TraceScope piece(session, call.device(), "pull piece", s,
-                     call.who.tier == kWorker ? plan.piece_nbytes[s] : 0);
+    TraceScope piece(session, call.device(), "pull piece", s, plan.piece_nbytes[s]);
     if (gather && plan.piece_holder[s] < 0) {
       ffi::Error err = PullOwnedChunks(call, dev, s, leaf_of, runs);
       if (err.failure()) return err;
       continue;
     }
     // Without the all-gather (GatherPull) a DENSE piece is only on its holder.
-    const int64_t k = gather                     ? plan.piece_holder[s]
-                      : call.who.tier == kWorker ? plan.dest(s, me)
-                                                 : me;
+    const int64_t k = gather ? plan.piece_holder[s] : plan.dest(s, me);
     ffi::Error err;
     {
       TraceScope wait(session, call.device(), "wait for the reduced piece", s);
@@ -138,14 +134,13 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
     if (err.failure()) return err;
     err = dev.Acquire(p + k);
     if (err.failure()) return err;
-    // A proxy reads its own storage: no transfer. A worker's pull is booked
-    // from the moment the piece was reduced, not from when the worker got
-    // here: pulls are pipelined like pushes (the link and the ports still
-    // serialize them). The copy below happens inside the transfer window.
-    const int64_t self = call.who.device(p);
+    // The pull is booked from the moment the piece was reduced, not from
+    // when the worker got here: pulls are pipelined like pushes (the link
+    // and the ports still serialize them). The copy below happens inside the
+    // transfer window.
     const Clock::time_point reduced = session.ReducedAt(k, s);
     Clock::time_point arrival = reduced;
-    if (call.who.tier == kWorker && session.emulated()) {
+    if (session.emulated()) {
       auto t = session.ReserveInOrder(call.who, p + k, me, plan.piece_nbytes[s], reduced,
                                       plan.proxy_port_rank[s * p + me], s,
                                       "the pull of " + plan.DescribePiece(s));
@@ -157,7 +152,7 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
     err = dev.Scatter(session.arena(k) + plan.slot(k, s, 0), p + k, plan.piece_nelems[s],
                       runs.data(), static_cast<int64_t>(runs.size()));
     if (err.failure()) return err;
-    session.AdvanceTo(self, arrival);
+    session.AdvanceTo(me, arrival);
   }
   return ffi::Error::Success();
 }

@@ -1,0 +1,33 @@
+// MakeCpuDevice and CpuProxies (see cpu_devices.h).
+#include "cpu/cpu_devices.h"
+
+#include <vector>
+
+#include "cpu/cpu_backend_choice.h"
+#include "cpu/cpu_device.h"
+#include "runtime/stream_device.h"
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue** queue) {
+  if (ActiveCpuBackend() != CpuBackend::kStreams) return std::unique_ptr<Device>(new CpuDevice);
+  auto* res = dynamic_cast<StreamResources*>(&call.session->storage());
+  if (res == nullptr)
+    return ffi::Unexpected(ffi::Error::Internal(
+        "coarse_jax: the streams backend got a session whose storage has no streams' resources "
+        "(the storage pool was installed for the plain CPU backend)"));
+  const std::vector<int64_t>& ordinals = call.session->ordinals();
+  const int64_t ordinal = ordinals.empty() ? call.device() : ordinals[call.device()];
+  HostQueue& q = call.who.tier == kWorker ? WorkerQueue(ordinal) : ProxyQueue(ordinal);
+  if (queue != nullptr) *queue = &q;
+  return std::unique_ptr<Device>(
+      new StreamDevice(std::make_unique<HostStream>(q), call.device(), *res));
+}
+
+const MakeProxyDevice& CpuProxies() {
+  static const MakeProxyDevice make = [](const Call& call) { return MakeCpuDevice(call, nullptr); };
+  return make;
+}
+
+}  // namespace coarse
