@@ -1,7 +1,9 @@
 """The public API: `sync`, `value_and_grad`, `value_and_update`, `all_reduce`, `on_workers`.
 
 * `sync.py`: `coarse.sync` and the `SyncedStep` it returns (compiles per config, checks
-  arguments, re-profiles).
+  arguments, dispatches, re-profiles); `_program.py` builds its program,
+  `_in_flight.py` bounds its calls in flight, `proxy_state.py` reaches the
+  proxies' state.
 * `grad.py`: `coarse.value_and_grad`, pushing gradients from the backward pass.
 * `update.py`: `coarse.value_and_update`, the optimizer on the proxies, and the
   step's access to their state (`_update.py`: stores and the ring's operands).

@@ -134,6 +134,32 @@ class Layout:
         return fn(*args[: self.n_pos], **kwargs)
 
 
+def check_structure(
+    first: tuple[tuple[str, Signature], ...], now: tuple[tuple[str, Signature], ...], step: str
+) -> None:
+    """The non-batch arguments have the ``first`` call's structure and shapes (a step whose
+    proxies hold state laid out for them), else a ValueError naming what changed."""
+    if now == first:
+        return
+    was, got = dict(first), dict(now)
+    diffs = [
+        f"{what}: {describe_change(was[what], got[what])}"
+        for what in was
+        if what in got and was[what] != got[what]
+    ]
+    gone = [what for what in was if what not in got]
+    new = [what for what in got if what not in was]
+    if gone or new:
+        diffs.append(f"arguments {gone or ''} -> {new or ''}")
+    raise ValueError(
+        f"coarse.sync({step}): the step's arguments changed structure or shapes "
+        f"({'; '.join(diffs)[:600]}), but its proxies hold master parameters and optimizer "
+        "state laid out for the first call's (coarse.value_and_update). Fix: keep the "
+        "state's structure fixed during training, or decorate a new function with "
+        "coarse.sync for the new tree."
+    )
+
+
 def _label(i: int, n_pos: int, kwnames: tuple[str, ...]) -> str:
     return f"argument {i}" if i < n_pos else f"keyword argument {kwnames[i - n_pos]!r}"
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from coarse_jax.mesh import batch_axes, workers_mesh
+from coarse_jax.mesh import batch_axes, local_mesh, proxy_devices, workers_mesh
 
 
 def _span(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
@@ -192,3 +192,25 @@ def place(tree: Any, mesh: Mesh, batch: bool) -> Any:
         return moved if moved is not None else jax.device_put(x, sharding)
 
     return jax.tree.map(put, tree)
+
+
+def bytes_on_a_proxy(mesh: Mesh, args: Any, outputs: Any, workers: int) -> tuple[int, int]:
+    """The bytes of ``args`` and of the step's ``outputs`` (replicated, per-example, NNX
+    state: shapes) that one proxy's device holds, where they follow the mesh (`home`)."""
+    proxy = proxy_devices(local_mesh(mesh))[0]
+    arg_bytes = sum(
+        s.data.nbytes
+        for x in jax.tree.leaves(args)
+        if isinstance(x, jax.Array)
+        for s in x.addressable_shards
+        if s.device == proxy
+    )
+    replicated, per_example, new_state = outputs
+    # jax keeps one buffer per mesh position: a shared proxy's device (k:1), k of them.
+    copies = list(local_mesh(mesh).devices.flat).count(proxy)
+    out_bytes = copies * sum(
+        x.size * x.dtype.itemsize for x in jax.tree.leaves((replicated, new_state))
+    )
+    if not repeats_devices(mesh):
+        out_bytes += sum(x.size * x.dtype.itemsize // workers for x in jax.tree.leaves(per_example))
+    return arg_bytes, out_bytes

@@ -3,14 +3,36 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from jax.sharding import Mesh
 
 from coarse_jax.config import Config
+from coarse_jax.mesh import DATA, has_hosts, num_proxies
+from coarse_jax.plan import plan as make_plan
 from coarse_jax.profiling import profile
 
 # Fields the profile decides; every other field of the step's Config is kept.
 _FROM_PROFILE = ("routes", "latency_threshold_bytes", "shard_bytes", "profile")
+
+
+def check_reprofile(mesh: Mesh, outer_trace: bool, step: str) -> None:
+    """A step with ``Config(reprofile_every=N)`` can re-plan: it runs as its own program
+    (``outer_trace`` is false), on one host."""
+    if outer_trace:
+        raise TypeError(
+            f"coarse.sync({step}): Config(reprofile_every=...) cannot re-plan a step "
+            "that an outer jax transformation (jax.jit, say) compiled into its own program. "
+            "Fix: call the coarse.sync step directly (it is jitted already; pass "
+            "donate_argnums / static_argnums to coarse.sync), or set reprofile_every=0."
+        )
+    if has_hosts(mesh):
+        raise NotImplementedError(
+            f"coarse.sync({step}): Config(reprofile_every=...) re-plans from this "
+            "process's own measurements, so the processes of a mesh across hosts could "
+            "disagree on the plan. Fix: set reprofile_every=0 and pass the same Config on "
+            "every process."
+        )
 
 
 def reprofiled(mesh: Mesh, config: Config) -> Config:
@@ -32,3 +54,17 @@ def reprofiled(mesh: Mesh, config: Config) -> Config:
         if f.name not in _FROM_PROFILE
     }
     return Config.from_profile(fresh, **kept)
+
+
+def changes_plans(
+    mesh: Mesh, plans: list[tuple[Any, dict[str, Any]]], old: Config, new: Config
+) -> bool:
+    """Whether ``new`` plans any of the step's ``plans`` ((tree, keyword arguments) each, as
+    its traces built them with ``old``) differently: a threshold that moved between two
+    piece sizes routes nothing else, and needs no recompile."""
+    p, q = mesh.shape[DATA], num_proxies(mesh)
+
+    def keys(cfg: Config) -> list[int]:
+        return [make_plan(t, p, cfg, proxies=q, **kw).ffi_attrs()["plan_key"] for t, kw in plans]
+
+    return keys(new) != keys(old)

@@ -178,6 +178,17 @@ class SnapshotWriter:
         self.flush()
         self.waited_s += time.perf_counter() - began
 
+    @staticmethod
+    def idle_stats() -> dict[str, Any]:
+        """`stats` of a step without a writer (no ``Config.snapshot_dir``, or not process 0)."""
+        return {
+            "snapshot_on_disk": None,
+            "snapshots_in_flight": 0,
+            "snapshots_written": 0,
+            "snapshot_wait_s": 0.0,
+            "snapshot_write_s": None,
+        }
+
     def stats(self) -> dict[str, Any]:
         """The figures `SyncedStep.stats` reports (see there)."""
         return {

@@ -2,48 +2,36 @@
 
 The proxies run no XLA program: their part of each step is the runtime's
 service (ffi/runtime/service.h), started by the workers' custom calls.
+
+`SyncedStep` dispatches the calls; the jobs it hands out: the arguments'
+layout (`_arguments`), the program (`_program`), the calls in flight
+(`_in_flight`), and the proxies' state (`proxy_state`).
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import functools
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax import lax
 from jax.sharding import Mesh
-from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
 from coarse_jax.api import _arguments, _arrival, _context, _nnx, _outputs, _placement, _uniform
 from coarse_jax.api._arguments import Layout
+from coarse_jax.api._in_flight import InFlight
+from coarse_jax.api._program import compile_program
 from coarse_jax.api._update import Store
-from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.memory import MemoryReport, StepMemory, tally
 from coarse_jax.api.proxy_state import ProxyState
-from coarse_jax.api.reprofile import reprofiled
+from coarse_jax.api.reprofile import changes_plans, check_reprofile, reprofiled
 from coarse_jax.api.snapshots import SnapshotWriter, flush_at_exit
 from coarse_jax.api.timeline import Timeline
 from coarse_jax.api.update import StoreAccess
 from coarse_jax.config import Config
-from coarse_jax.mesh import (
-    DATA,
-    batch_axes,
-    check_mesh,
-    has_hosts,
-    local_mesh,
-    num_proxies,
-    proxy_devices,
-    workers_mesh,
-)
-from coarse_jax.plan import plan as make_plan
-
-# Config.max_steps_in_flight=None per platform (0: unbounded).
-DEFAULT_MAX_IN_FLIGHT = {"cpu": 2}
+from coarse_jax.mesh import DATA, check_mesh, has_hosts, num_proxies
 
 
 class SyncedStep(ProxyState):
@@ -118,10 +106,7 @@ class SyncedStep(ProxyState):
         self._calls = 0
         self._reprofiles = 0
         self._arrival = _arrival.Arrival(self._name)  # across hosts only
-        # One output leaf of each call not known to be finished, oldest first.
-        self._in_flight: collections.deque[jax.Array] = collections.deque()
-        # One output of the latest call, for _wait_all (steps with stores, or tracing).
-        self._last_out: jax.Array | None = None
+        self._in_flight = InFlight(mesh.devices.flat[0].platform)  # Config.max_steps_in_flight
         # The proxies' optimizer stores, per value_and_update call of the step.
         self._stores: dict[int, Store] = {}
         self._access = StoreAccess(self._stores, f"coarse.sync({self._name})")
@@ -174,17 +159,7 @@ class SyncedStep(ProxyState):
           >>> stats["calls"], stats["compiled"], stats["snapshots_written"]
           (1, 1, 0)
         """
-        writer = (
-            self._writer.stats()
-            if self._writer is not None
-            else {
-                "snapshot_on_disk": None,
-                "snapshots_in_flight": 0,
-                "snapshots_written": 0,
-                "snapshot_wait_s": 0.0,
-                "snapshot_write_s": None,
-            }
-        )
+        writer = SnapshotWriter.idle_stats() if self._writer is None else self._writer.stats()
         return {
             "calls": self._calls,
             "reprofiles": self._reprofiles,
@@ -247,59 +222,30 @@ class SyncedStep(ProxyState):
         jitted: Any = self._compile(cfg, layout)
         compiled = jitted.lower(*dyn, self._ref_state).compile()
         plans = list(self._traced_plans)
-        on_mesh = _placement.home(self.mesh, full)
-        parts = functools.partial(
-            StepMemory,
+        arg_bytes = out_bytes = 0
+        if _placement.home(self.mesh, full) is not None:  # outputs follow onto the mesh
+            outputs = jax.eval_shape(jitted, *dyn, self._ref_state)[:3]
+            arg_bytes, out_bytes = _placement.bytes_on_a_proxy(
+                self.mesh, full, outputs, self._all_workers
+            )
+        return StepMemory(
             compiled.memory_analysis(),
             plans,
             num_proxies(self.mesh),
             list(self._stores.values()),
+            arg_bytes,
+            out_bytes,
         )
-        if on_mesh is None:
-            return parts(0, 0)
-        proxy = proxy_devices(local_mesh(self.mesh))[0]
-        arg_bytes = sum(
-            s.data.nbytes
-            for x in jax.tree.leaves(full)
-            if isinstance(x, jax.Array)
-            for s in x.addressable_shards
-            if s.device == proxy
-        )
-        replicated, per_example, new_state, _ = jax.eval_shape(jitted, *dyn, self._ref_state)
-        # jax keeps one buffer per mesh position: a shared proxy's device (k:1), k of them.
-        copies = list(local_mesh(self.mesh).devices.flat).count(proxy)
-        out_bytes = copies * sum(
-            x.size * x.dtype.itemsize for x in jax.tree.leaves((replicated, new_state))
-        )
-        if not _placement.repeats_devices(self.mesh):
-            p = self._all_workers
-            out_bytes += sum(x.size * x.dtype.itemsize // p for x in jax.tree.leaves(per_example))
-        return parts(arg_bytes, out_bytes)
 
     def _wait_all(self) -> None:
         """Blocks until every call dispatched so far finished (errors are the caller's)."""
-        for x in [*self._in_flight, self._last_out]:
-            if x is not None and not x.is_deleted():
-                with contextlib.suppress(Exception):
-                    x.block_until_ready()
+        self._in_flight.wait_all()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         layout, full, graph_state = self._layout(args, kwargs)
         cfg = self._config
-        if layout.outer_trace and cfg.reprofile_every:
-            raise TypeError(
-                f"coarse.sync({self._name}): Config(reprofile_every=...) cannot re-plan a step "
-                "that an outer jax transformation (jax.jit, say) compiled into its own program. "
-                "Fix: call the coarse.sync step directly (it is jitted already; pass "
-                "donate_argnums / static_argnums to coarse.sync), or set reprofile_every=0."
-            )
-        if cfg.reprofile_every and has_hosts(self.mesh):
-            raise NotImplementedError(
-                f"coarse.sync({self._name}): Config(reprofile_every=...) re-plans from this "
-                "process's own measurements, so the processes of a mesh across hosts could "
-                "disagree on the plan. Fix: set reprofile_every=0 and pass the same Config on "
-                "every process."
-            )
+        if cfg.reprofile_every:
+            check_reprofile(self.mesh, layout.outer_trace, self._name)
         key = (layout, cfg)
         new = key not in self._compiled
         if new:
@@ -343,7 +289,9 @@ class SyncedStep(ProxyState):
                 self._writer.offer(store)
         replicated, per_example, new_state = results
         if not layout.outer_trace:
-            self._bound_in_flight(cfg, results)  # an NNX step may return nothing else
+            # An NNX step may return nothing else; wait_all waits for steps whose
+            # proxies hold state, or that trace.
+            self._in_flight.bound(cfg, results, keep_last=bool(self._stores) or cfg.trace)
         if on_mesh is not None:  # outputs follow arguments the user put on the whole mesh
             replicated, new_state = _placement.place((replicated, new_state), on_mesh, False)
             per_example = _placement.place(per_example, on_mesh, True)
@@ -359,39 +307,6 @@ class SyncedStep(ProxyState):
         if cfg.reprofile_every and self._calls % cfg.reprofile_every == 0:
             self._reprofile()
 
-    def _max_in_flight(self, cfg: Config) -> int:
-        if cfg.max_steps_in_flight is not None:
-            return cfg.max_steps_in_flight
-        return DEFAULT_MAX_IN_FLIGHT.get(self.mesh.devices.flat[0].platform, 0)
-
-    def _bound_in_flight(self, cfg: Config, out: Any) -> None:
-        """Waits for the oldest calls until at most ``max_steps_in_flight`` are unfinished.
-
-        See `Config.max_steps_in_flight`: XLA:CPU can starve a run queued
-        behind many others. One output leaf stands for its call: a program's
-        outputs are ready when every device finished it.
-        """
-        limit = self._max_in_flight(cfg)
-        leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
-        smallest = min(leaves, key=lambda x: x.size) if leaves else None
-        if smallest is not None and (self._stores or cfg.trace):
-            # Only steps whose proxies hold state, or that trace, wait for it
-            # (_wait_all): kept by every step, it would keep each one's last
-            # output alive.
-            self._last_out = smallest
-        if limit == 0:
-            return
-        if smallest is not None:
-            self._in_flight.append(smallest)
-        while len(self._in_flight) > limit:
-            oldest = self._in_flight.popleft()
-            if oldest.is_deleted():  # donated to a later call: that call waits for it
-                continue
-            # Waiting only bounds the queue: a failed call raises where the
-            # caller reads its outputs, not again at a later call.
-            with contextlib.suppress(Exception):
-                oldest.block_until_ready()
-
     def _layout(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Layout, tuple[Any, ...], Any]:
@@ -406,129 +321,47 @@ class SyncedStep(ProxyState):
         retraces), unless the proxies hold state laid out for the first one."""
         if self._first_structure is None:
             self._first_structure = layout.structure
-            return
-        if layout.structure == self._first_structure or not self._stores:
-            return
-        first = dict(self._first_structure)
-        now = dict(layout.structure)
-        diffs = [
-            f"{what}: {_arguments.describe_change(first[what], now[what])}"
-            for what in first
-            if what in now and first[what] != now[what]
-        ]
-        gone = [what for what in first if what not in now]
-        new = [what for what in now if what not in first]
-        if gone or new:
-            diffs.append(f"arguments {gone or ''} -> {new or ''}")
-        raise ValueError(
-            f"coarse.sync({self._name}): the step's arguments changed structure or shapes "
-            f"({'; '.join(diffs)[:600]}), but its proxies hold master parameters and optimizer "
-            "state laid out for the first call's (coarse.value_and_update). Fix: keep the "
-            "state's structure fixed during training, or decorate a new function with "
-            "coarse.sync for the new tree."
-        )
+        elif self._stores:
+            _arguments.check_structure(self._first_structure, layout.structure, self._name)
 
     def _compile(self, cfg: Config, layout: Layout) -> Callable[..., Any]:
         if cfg.mode == "ffi":
             _ffi.check_platform(self.mesh)
-        passed = [i for i in layout.dynamic() if i not in layout.graph]
-        static = dict(layout.static)
-
-        # The compiled program must not keep the step alive (the step holds the
-        # program): a cycle would keep the proxies' state, gigabytes for a big
-        # model, until Python's cycle collector happens to run. The body looks
-        # the step up when it is traced, which is while the step is called.
-        weak = weakref.ref(self)
-
-        def body(*dyn_and_ref: Any) -> Any:
-            self = weak()
-            assert self is not None, "a coarse.sync step was traced after it was freed"
-            # The last input: mode="reference" value_and_update state ({} otherwise).
-            *dyn, ref_in = dyn_and_ref
-            args: list[Any] = [None] * layout.n
-            for i, v in static.items():
-                args[i] = v
-            for i, v in zip(passed, dyn, strict=False):
-                args[i] = v
-            nodes: tuple[Any, ...] = ()
-            if layout.graph:
-                nodes = _nnx.merge(layout.graphdef, dyn[-1])
-                for i, node in zip(layout.graph, nodes, strict=True):
-                    args[i] = node
-            ctx = _context.SyncContext(
-                self.mesh,
-                cfg,
-                self._plans,
-                stores=self._stores,
-                step_name=self._name,
-                site_names=self._site_names,
-                ref_in=dict(ref_in),
-                ref_optimizers=self._ref_optimizers,
-            )
-            self._traced_plans = ctx.built
-            _context.stack().append(ctx)
-            try:
-                restore_rngs = _nnx.fold_rngs_by_worker(nodes) if nodes else None
-                out = layout.call(self._fn, args)
-                new_state = None
-                if nodes:
-                    assert restore_rngs is not None
-                    restore_rngs()
-                    new_state = _nnx.consistent_state(nodes, all_reduce, ctx.workers)
-            finally:
-                _context.stack().pop()
-            out = _outputs.collapse_tier(out)
-            if new_state is not None:
-                new_state = _outputs.collapse_tier(new_state)
-            replicated, per_example = _outputs.split(out, self._batch_outputs, self._name)
-            _outputs.check_replicated(replicated, self._name, self._batch_outputs)
-            if layout.outer_trace:
-                # Counted where it runs: an outer jit traces this body once.
-                jax.debug.callback(
-                    functools.partial(_count_on_first_device, weak), lax.axis_index(DATA)
-                )
-            return replicated, per_example, new_state, ctx.ref_out
-
-        split = P(batch_axes(self.mesh))  # "data", or ("host", "data") across hosts
-        in_specs = [split if i in layout.batch else P() for i in passed]
-        donate = [k for k, i in enumerate(passed) if i in layout.donate]
-        if layout.graph:
-            in_specs.append(P())
-            if set(layout.graph) & set(layout.donate):
-                donate.append(len(passed))
-        in_specs.append(P())  # the reference-mode update state, replaced every call
-        donate.append(len(in_specs) - 1)
-        # The program spans the workers only: the proxies are the runtime's
-        # service (ffi/runtime/service.h), driven by the workers' custom calls.
-        mapped = jax.shard_map(
-            body,
-            mesh=workers_mesh(self.mesh),
-            in_specs=tuple(in_specs),
-            out_specs=(P(), split, P(), P()),
+        return compile_program(
+            weakref.ref(self),
+            self.mesh,
+            self._fn,
+            cfg,
+            layout,
+            name=self._name,
+            batch_outputs=self._batch_outputs,
         )
-        return jax.jit(mapped, donate_argnums=tuple(donate))
 
-    def _plan_keys(self, cfg: Config) -> list[int]:
-        p, q = self.mesh.shape[DATA], num_proxies(self.mesh)
-        return [
-            make_plan(t, p, cfg, proxies=q, **kw).ffi_attrs()["plan_key"] for t, kw in self._plans
-        ]
+    def _trace_context(self, cfg: Config, ref_in: dict[int, Any]) -> _context.SyncContext:
+        """The context of one trace of the step's program (`compile_program`'s body)."""
+        ctx = _context.SyncContext(
+            self.mesh,
+            cfg,
+            self._plans,
+            stores=self._stores,
+            step_name=self._name,
+            site_names=self._site_names,
+            ref_in=ref_in,
+            ref_optimizers=self._ref_optimizers,
+        )
+        self._traced_plans = ctx.built
+        return ctx
+
+    def _count_outer_call(self) -> None:
+        self._calls += 1
 
     def _reprofile(self) -> None:
         new = reprofiled(self.mesh, self._config)
         self._reprofiles += 1
-        # Switch (and recompile) only if some plan of this step changes: a
-        # threshold that moved between two piece sizes routes nothing else.
-        if self._plan_keys(new) != self._plan_keys(self._config):
+        # Switch (and recompile) only if some plan of this step changes.
+        if changes_plans(self.mesh, self._plans, self._config, new):
             self._plans.clear()
             self._config = new
-
-
-def _count_on_first_device(weak: weakref.ref[SyncedStep], data: Any) -> None:
-    """Counts a call of a step run under an outer jit (once, on worker 0)."""
-    step = weak()
-    if step is not None and int(data) == 0:
-        step._calls += 1
 
 
 SyncOptions = dict[str, Any]

@@ -1,0 +1,71 @@
+"""The calls of a `coarse.sync` step dispatched and not yet seen finished.
+
+`Config.max_steps_in_flight` bounds them: XLA:CPU can starve a run queued
+behind many others. One output leaf stands for its call: a program's outputs
+are ready when every device finished it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from typing import Any
+
+import jax
+
+from coarse_jax.config import Config
+
+# Config.max_steps_in_flight=None per platform (0: unbounded).
+DEFAULT_MAX_IN_FLIGHT = {"cpu": 2}
+
+
+class InFlight:
+    """One output leaf per call not known to be finished, oldest first, and the latest call's."""
+
+    def __init__(self, platform: str) -> None:
+        self._platform = platform
+        self._queue: collections.deque[jax.Array] = collections.deque()
+        # One output of the latest call, for wait_all (steps with stores, or tracing).
+        self._last: jax.Array | None = None
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def limit(self, cfg: Config) -> int:
+        """The most calls left unfinished (0: unbounded)."""
+        if cfg.max_steps_in_flight is not None:
+            return cfg.max_steps_in_flight
+        return DEFAULT_MAX_IN_FLIGHT.get(self._platform, 0)
+
+    def bound(self, cfg: Config, out: Any, keep_last: bool) -> None:
+        """Adds the call that returned ``out``, then waits for the oldest calls until at most
+        ``cfg``'s limit are unfinished.
+
+        ``keep_last``: `wait_all` waits for this call too. Only steps whose
+        proxies hold state, or that trace, ask for it: kept by every step, it
+        would keep each one's last output alive.
+        """
+        limit = self.limit(cfg)
+        leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
+        smallest = min(leaves, key=lambda x: x.size) if leaves else None
+        if smallest is not None and keep_last:
+            self._last = smallest
+        if limit == 0:
+            return
+        if smallest is not None:
+            self._queue.append(smallest)
+        while len(self._queue) > limit:
+            oldest = self._queue.popleft()
+            if oldest.is_deleted():  # donated to a later call: that call waits for it
+                continue
+            # Waiting only bounds the queue: a failed call raises where the
+            # caller reads its outputs, not again at a later call.
+            with contextlib.suppress(Exception):
+                oldest.block_until_ready()
+
+    def wait_all(self) -> None:
+        """Blocks until every call dispatched so far finished (errors are the caller's)."""
+        for x in [*self._queue, self._last]:
+            if x is not None and not x.is_deleted():
+                with contextlib.suppress(Exception):
+                    x.block_until_ready()

@@ -1,0 +1,126 @@
+"""The program of a `coarse.sync` step: ``jit(shard_map(body))`` over the workers.
+
+The body rebuilds the call's arguments from its layout, runs the user's
+function under the step's `SyncContext`, averages the NNX state the workers
+changed, and splits the outputs into replicated and per-example ones. The
+proxies run no XLA program: their part is the runtime's service, driven by
+the workers' custom calls.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import jax
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from coarse_jax.api import _context, _nnx, _outputs
+from coarse_jax.api._arguments import Layout
+from coarse_jax.api.collectives import all_reduce
+from coarse_jax.config import Config
+from coarse_jax.mesh import DATA, batch_axes, workers_mesh
+
+
+class Traced(Protocol):
+    """What the body asks of its step while it is traced."""
+
+    def _trace_context(self, cfg: Config, ref_in: dict[int, Any]) -> _context.SyncContext:
+        """A new context for one trace (the step keeps the plans it builds)."""
+        ...
+
+    def _count_outer_call(self) -> None:
+        """Counts one call of the step run under an outer jit."""
+        ...
+
+
+def compile_program(
+    step: weakref.ref[Traced],
+    mesh: Mesh,
+    fn: Callable[..., Any],
+    cfg: Config,
+    layout: Layout,
+    *,
+    name: str,
+    batch_outputs: tuple[int, ...],
+) -> Callable[..., Any]:
+    """The jitted program of ``layout``'s calls, given the passed arguments (the NNX state
+    last) and the reference-mode update state; it returns (replicated, per-example, new
+    NNX state, new reference-mode update state).
+
+    The program holds the step only weakly (the step holds the program): a
+    cycle would keep the proxies' state, gigabytes for a big model, until
+    Python's cycle collector happens to run. The body looks the step up when
+    it is traced, which is while the step is called.
+    """
+    passed = [i for i in layout.dynamic() if i not in layout.graph]
+    static = dict(layout.static)
+
+    def body(*dyn_and_ref: Any) -> Any:
+        owner = step()
+        assert owner is not None, "a coarse.sync step was traced after it was freed"
+        # The last input: mode="reference" value_and_update state ({} otherwise).
+        *dyn, ref_in = dyn_and_ref
+        args: list[Any] = [None] * layout.n
+        for i, v in static.items():
+            args[i] = v
+        for i, v in zip(passed, dyn, strict=False):
+            args[i] = v
+        nodes: tuple[Any, ...] = ()
+        if layout.graph:
+            nodes = _nnx.merge(layout.graphdef, dyn[-1])
+            for i, node in zip(layout.graph, nodes, strict=True):
+                args[i] = node
+        ctx = owner._trace_context(cfg, dict(ref_in))
+        _context.stack().append(ctx)
+        try:
+            restore_rngs = _nnx.fold_rngs_by_worker(nodes) if nodes else None
+            out = layout.call(fn, args)
+            new_state = None
+            if nodes:
+                assert restore_rngs is not None
+                restore_rngs()
+                new_state = _nnx.consistent_state(nodes, all_reduce, ctx.workers)
+        finally:
+            _context.stack().pop()
+        out = _outputs.collapse_tier(out)
+        if new_state is not None:
+            new_state = _outputs.collapse_tier(new_state)
+        replicated, per_example = _outputs.split(out, batch_outputs, name)
+        _outputs.check_replicated(replicated, name, batch_outputs)
+        if layout.outer_trace:
+            # Counted where it runs: an outer jit traces this body once.
+            jax.debug.callback(
+                functools.partial(_count_on_first_device, step), lax.axis_index(DATA)
+            )
+        return replicated, per_example, new_state, ctx.ref_out
+
+    split = P(batch_axes(mesh))  # "data", or ("host", "data") across hosts
+    in_specs = [split if i in layout.batch else P() for i in passed]
+    donate = [k for k, i in enumerate(passed) if i in layout.donate]
+    if layout.graph:
+        in_specs.append(P())
+        if set(layout.graph) & set(layout.donate):
+            donate.append(len(passed))
+    in_specs.append(P())  # the reference-mode update state, replaced every call
+    donate.append(len(in_specs) - 1)
+    # The program spans the workers only: the proxies are the runtime's
+    # service (ffi/runtime/service.h), driven by the workers' custom calls.
+    mapped = jax.shard_map(
+        body,
+        mesh=workers_mesh(mesh),
+        in_specs=tuple(in_specs),
+        out_specs=(P(), split, P(), P()),
+    )
+    return jax.jit(mapped, donate_argnums=tuple(donate))
+
+
+def _count_on_first_device(step: weakref.ref[Traced], data: Any) -> None:
+    """Counts a call of a step run under an outer jit (once, on worker 0)."""
+    owner = step()
+    if owner is not None and int(data) == 0:
+        owner._count_outer_call()
