@@ -183,8 +183,9 @@ def make_mesh(
     and axis names (subclasses included): a plain ``("tier", "data")`` mesh
     of the workers would be the object `workers_mesh` makes of a
     device-proxy mesh, and the host meshes of one set of workers at every q
-    one object. This version runs host proxies with CPU workers on one
-    process (else NotImplementedError).
+    one object. Across processes it is ``("host", "tier", "data",
+    "proxies_on_host=q")``, each process's first p devices its workers. This
+    version runs host proxies with CPU workers (else NotImplementedError).
 
     With several processes (after ``jax.distributed.initialize``) and no
     ``devices``, the mesh is ``("host", "tier", "data")`` of shape
@@ -219,8 +220,8 @@ def make_mesh(
       ValueError: ``proxies`` does not divide ``workers``, the devices are
         too few, repeated, or do not match ``workers + proxies``, or
         ``proxies_on`` is neither ``"devices"`` nor ``"host"``.
-      NotImplementedError: ``proxies_on="host"`` with GPU workers or several
-        processes (not built yet).
+      NotImplementedError: ``proxies_on="host"`` with GPU workers (not built
+        yet).
 
     Example:
       >>> mesh = coarse.make_mesh(workers=4)   # 8 devices
@@ -324,28 +325,20 @@ def _resolve_counts(
 def _make_host_proxy_mesh(
     workers: int | None, proxies: int | None, devices: Sequence[jax.Device] | None
 ) -> Mesh:
-    """``proxies_on="host"``: ``("tier", "data", "proxies_on_host=q")``, the p workers only."""
-    if devices is None and jax.process_count() > 1:
-        raise NotImplementedError(
-            "make_mesh: proxies_on='host' across processes (after jax.distributed.initialize) "
-            "is not built yet: host proxies run on one process in this version. Fix: "
-            "proxies_on='devices' (the default) across processes, or one process."
-        )
-    pool = list(jax.devices()) if devices is None else list(devices)
-    if len(set(pool)) != len(pool):
+    """``proxies_on="host"``: ``("tier", "data", "proxies_on_host=q")`` of the p workers only
+    (``("host", ...)`` first across processes: per process its first p devices)."""
+    across = devices is None and jax.process_count() > 1
+    pools = (
+        _devices_by_process() if across else [list(jax.devices() if devices is None else devices)]
+    )
+    if len(set(pools[0])) != len(pools[0]):
         raise ValueError(
             "make_mesh: devices must be distinct (with proxies_on='host' they are the p "
             "workers, each its own device); got a device twice."
         )
-    exact = devices is not None
-    n = len(pool)
-    if workers is None:
-        workers = n if proxies is None or exact else n // proxies * proxies
-        if workers < 1:
-            raise ValueError(
-                f"make_mesh: proxies={proxies} with proxies_on='host' needs at least {proxies} "
-                f"workers (proxies divides workers), found {n} devices."
-            )
+    exact, n = devices is not None, min(len(pool) for pool in pools)
+    if workers is None:  # all (at least q) devices; a multiple of q
+        workers = n if proxies is None or exact else max(1, n // proxies) * proxies
     q = workers if proxies is None else proxies
     _check_ratio(workers, q)
     if exact and n != workers:
@@ -355,20 +348,20 @@ def _make_host_proxy_mesh(
         )
     if n < workers:
         raise ValueError(
-            f"make_mesh: workers={workers} needs {workers} devices (proxies_on='host': the "
-            f"proxies take none), only {n} available. On CPU set "
+            f"make_mesh: workers={workers} needs {workers} devices{' per process' * across} "
+            f"(proxies_on='host': the proxies take none), only {n} available. On CPU set "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={workers} before importing jax."
         )
-    chosen = pool[:workers]
-    platform = chosen[0].platform
-    if platform != "cpu":
+    if pools[0][0].platform != "cpu":
         raise NotImplementedError(
-            f"make_mesh: proxies_on='host' with {platform} workers is not built yet (pinned "
-            "host memory and copies between the GPUs and the host); host proxies run with CPU "
-            "workers in this version. Fix: proxies_on='devices' (the default) on GPUs."
+            f"make_mesh: proxies_on='host' with {pools[0][0].platform} workers is not built yet "
+            "(pinned host memory and copies between the GPUs and the host); host proxies run "
+            "with CPU workers in this version. Fix: proxies_on='devices' (the default) on GPUs."
         )
-    grid = np.array(chosen, dtype=object).reshape(1, workers, 1)
-    return Mesh(grid, (*AXES, host_proxies_axis(q)))
+    grids = [np.array(pool[:workers], dtype=object).reshape(1, workers, 1) for pool in pools]
+    if across:
+        return Mesh(np.stack(grids), (*HOST_AXES, host_proxies_axis(q)))
+    return Mesh(grids[0], (*AXES, host_proxies_axis(q)))
 
 
 def local_proxy(worker: int, workers: int, proxies: int) -> int:
@@ -394,12 +387,16 @@ def _distinct_in_order(row: Sequence[jax.Device]) -> list[jax.Device]:
     return [d for i, d in enumerate(row) if i == 0 or row[i - 1] != d]
 
 
-def _make_host_mesh(workers: int | None, proxies: int | None) -> Mesh:
-    """``("host", "tier", "data")``: per process its workers, then their proxies."""
-    hosts = jax.process_count()
-    by_process: list[list[jax.Device]] = [[] for _ in range(hosts)]
+def _devices_by_process() -> list[list[jax.Device]]:
+    by_process: list[list[jax.Device]] = [[] for _ in range(jax.process_count())]
     for d in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
         by_process[d.process_index].append(d)
+    return by_process
+
+
+def _make_host_mesh(workers: int | None, proxies: int | None) -> Mesh:
+    """``("host", "tier", "data")``: per process its workers, then their proxies."""
+    by_process = _devices_by_process()
     fewest = min(len(devs) for devs in by_process)
     p, q = _resolve_counts(workers, proxies, fewest, exact=False)
     if fewest < p + q:
@@ -461,6 +458,8 @@ def _check_host_proxy_mesh(mesh: Mesh, q: int, where: str) -> None:
             f"of shape {mesh.devices.shape}. Build it with "
             f"coarse.make_mesh(workers=p, proxies={q}, proxies_on='host')."
         )
+    if has_hosts(mesh):
+        local_mesh(mesh)  # each process owns one row
     p = int(mesh.shape[DATA])
     if p % q:
         raise ValueError(

@@ -44,6 +44,8 @@ from coarse_jax.mesh import workers_mesh
 P_LOCAL = 4
 # COARSE_TEST_PROXIES=q: q proxies per host, each shared by P_LOCAL / q workers.
 Q_LOCAL = int(os.environ.get("COARSE_TEST_PROXIES", P_LOCAL))
+# COARSE_TEST_PROXIES_ON=host: the proxies in host memory (make_mesh's proxies_on).
+PROXIES_ON = os.environ.get("COARSE_TEST_PROXIES_ON", "devices")
 
 
 def result(name, value):
@@ -165,7 +167,7 @@ def scenario_sync(mesh):
 
 def worker_mesh(mesh):
     """The workers of every host as one ("host", "data") mesh (the pmean baseline's)."""
-    return jax.sharding.Mesh(mesh.devices[:, 0, :], ("host", "data"))
+    return jax.sharding.Mesh(workers_mesh(mesh).devices[:, 0, :], ("host", "data"))
 
 
 def pmean_optax_step(wmesh, tx):
@@ -425,9 +427,13 @@ def scenario_dropped(mesh):
 
 def main():
     assert initialize(), "run me with python -m coarse_jax.launch"
-    mesh = coarse.make_mesh(workers=P_LOCAL, proxies=Q_LOCAL)
-    assert mesh.axis_names == ("host", "tier", "data"), mesh
-    assert mesh.devices.shape == (jax.process_count(), 2, P_LOCAL), mesh.devices.shape
+    mesh = coarse.make_mesh(workers=P_LOCAL, proxies=Q_LOCAL, proxies_on=PROXIES_ON)
+    if PROXIES_ON == "host":  # the workers only; the last axis records q
+        assert mesh.axis_names == ("host", "tier", "data", f"proxies_on_host={Q_LOCAL}"), mesh
+        assert mesh.devices.shape == (jax.process_count(), 1, P_LOCAL, 1), mesh.devices.shape
+    else:
+        assert mesh.axis_names == ("host", "tier", "data"), mesh
+        assert mesh.devices.shape == (jax.process_count(), 2, P_LOCAL), mesh.devices.shape
     scenarios = {
         "sync": scenario_sync,
         "optax": scenario_optax,

@@ -48,11 +48,14 @@ def _launch(tmp_path, *args, processes=2, devices=8, limit=LIMIT_S, env=None):
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
 
-def _scenario(tmp_path, name, *args, processes=2, proxies=None):
+def _scenario(tmp_path, name, *args, processes=2, proxies=None, proxies_on=None):
     """Runs scenario ``name`` of the script; every process must exit 0 and report it ok.
-    ``proxies``: per host (default one per worker). Returns the RESULT lines by (name,
-    process)."""
-    env = None if proxies is None else {"COARSE_TEST_PROXIES": str(proxies)}
+    ``proxies``: per host (default one per worker); ``proxies_on``: make_mesh's (default
+    "devices"). Returns the RESULT lines by (name, process)."""
+    env = {} if proxies is None else {"COARSE_TEST_PROXIES": str(proxies)}
+    if proxies_on is not None:
+        env["COARSE_TEST_PROXIES_ON"] = proxies_on
+    env = env or None
     code, output, _ = _launch(tmp_path, SCRIPT, name, *args, processes=processes, env=env)
     assert code == 0, output[-6000:]
     r = _results(output)
@@ -72,10 +75,16 @@ def _results(output):
 
 # 2 hosts sum by psum over "host", 3 by gather-then-add in host order; one proxy
 # shared by the 4 workers of each host (COARSE 4:1).
-@pytest.mark.parametrize("processes, proxies", [(2, None), (3, None), (2, 1)])
+# Last: 2 proxies per host in host memory (proxies_on="host"), shared by 2 workers each.
+@pytest.mark.parametrize(
+    "processes, proxies, proxies_on",
+    [(2, None, None), (3, None, None), (2, 1, None), (2, 2, "host")],
+)
 @pytest.mark.timeout(LIMIT_S + 20)
-def test_grads_and_all_reduce_equal_float64_mean_over_all_hosts(tmp_path, processes, proxies):
-    r = _scenario(tmp_path, "sync", processes=processes, proxies=proxies)
+def test_grads_and_all_reduce_equal_float64_mean_over_all_hosts(
+    tmp_path, processes, proxies, proxies_on
+):
+    r = _scenario(tmp_path, "sync", processes=processes, proxies=proxies, proxies_on=proxies_on)
     # Bitwise the same results in every process, for every mode / split.
     assert all(r[("digests", i)] == r[("digests", 0)] for i in range(processes))
     assert set(r[("digests", 0)]) == {"ffi/0", "ffi/416", "reference/0", "reference/416"}
@@ -89,14 +98,19 @@ def test_twenty_optax_steps_match_pmean_over_all_workers(tmp_path):
 
 
 # 2 hosts sum by psum over "host", 3 by gather-then-add in host order; 2 proxies per
-# host, each shared by 2 workers (COARSE 2:1).
-@pytest.mark.parametrize("processes, proxies", [(2, None), (3, None), (2, 2)])
+# host, each shared by 2 workers (COARSE 2:1); last, those 2 in host memory.
+@pytest.mark.parametrize(
+    "processes, proxies, proxies_on",
+    [(2, None, None), (3, None, None), (2, 2, None), (2, 2, "host")],
+)
 @pytest.mark.timeout(LIMIT_S + 20)
-def test_value_and_update_across_hosts_matches_pmean_and_optax(tmp_path, processes, proxies):
+def test_value_and_update_across_hosts_matches_pmean_and_optax(
+    tmp_path, processes, proxies, proxies_on
+):
     """The proxies of every host update from the mean over all workers (checked in
     each process against lax.pmean + optax: losses, params, optimizer state), every
     host ends bitwise equal, and hosts with different plans are refused, naming them."""
-    r = _scenario(tmp_path, "update", processes=processes, proxies=proxies)
+    r = _scenario(tmp_path, "update", processes=processes, proxies=proxies, proxies_on=proxies_on)
     assert all(r[("update_digests", i)] == r[("update_digests", 0)] for i in range(processes))
     assert len(r[("update_digests", 0)]) == 6
     for i in range(processes):

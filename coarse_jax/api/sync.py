@@ -31,7 +31,7 @@ from coarse_jax.api.snapshots import SnapshotWriter, flush_at_exit
 from coarse_jax.api.timeline import Timeline
 from coarse_jax.api.update import StoreAccess
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA, check_mesh, has_hosts, num_proxies
+from coarse_jax.mesh import DATA, check_mesh, has_hosts, num_proxies, proxies_on
 
 
 class SyncedStep(ProxyState):
@@ -235,6 +235,7 @@ class SyncedStep(ProxyState):
             list(self._stores.values()),
             arg_bytes,
             out_bytes,
+            proxies_on(self.mesh),
         )
 
     def _wait_all(self) -> None:

@@ -1,0 +1,294 @@
+"""Proxies in host memory: ``make_mesh(workers=p, proxies=q, proxies_on="host")``.
+
+The jax mesh holds the p workers only, so all 8 CPU devices can be workers.
+Oracles share no code with coarse_jax: float64 numpy sums and means of what
+each worker holds, and optax under ``lax.pmean`` over the same p workers
+(`helpers.pmean_optax_step`). Beside them, the same step with device proxies
+(same p, q and plan, so the same order of operations) gives bitwise the same
+bits: where the proxies live changes the memory, not the arithmetic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import (
+    assert_replicated,
+    assert_tree_close,
+    coarse_update_step,
+    make_batch,
+    mlp_init,
+    mlp_loss,
+    pmean_optax_step,
+)
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import coarse_jax as coarse
+from coarse_jax.mesh import num_proxies, proxies_on, proxy_devices, workers_mesh
+
+SIZES = (8, 16, 16, 4)
+# (p, q): 1:1, 2:1, 4:1 on 4 workers, and all 8 devices as workers (1:1, 4:1).
+RATIOS = [(4, 4), (4, 2), (4, 1), (8, 8), (8, 2)]
+
+
+def _host(p: int, q: int) -> Mesh:
+    return coarse.make_mesh(workers=p, proxies=q, proxies_on="host")
+
+
+def _crossing(p: int, q: int) -> coarse.Config:
+    """Every worker's small pieces to the next group's proxy, large ones two groups on, and
+    tiny shards: every proxy serves pushes from other groups' workers, several per leaf."""
+    k = p // q
+    return coarse.Config(
+        shard_bytes=128,
+        latency_threshold_bytes=100,
+        routes=tuple(((i // k + 1) % q, (i // k + 2) % q) for i in range(p)),
+    )
+
+
+def _batches(n: int, per_worker: int, workers: int) -> list[dict]:
+    return [make_batch(jax.random.key(3000 + i), per_worker * workers, 8, 4) for i in range(n)]
+
+
+def _assert_bitwise(a, b) -> None:
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_the_mesh_holds_the_workers_only():
+    d = jax.devices()
+    mesh = _host(8, 2)  # every device a worker
+    assert mesh.axis_names == ("tier", "data", "proxies_on_host=2")
+    assert mesh.devices.shape == (1, 8, 1) and list(mesh.devices.flat) == d[:8]
+    assert proxies_on(mesh) == "host" and num_proxies(mesh) == 2 and proxy_devices(mesh) == []
+    assert workers_mesh(mesh) is Mesh(np.array(d[:8]).reshape(1, 8), ("tier", "data"))
+    # Each q its own mesh object (jax caches meshes by devices and axis names).
+    assert _host(8, 4) is not mesh and num_proxies(_host(8, 4)) == 4
+    assert num_proxies(coarse.make_mesh(proxies_on="host")) == 8  # defaults: all, 1:1
+    assert dict(coarse.make_mesh(proxies=4, proxies_on="host").shape)["data"] == 8
+    chosen = coarse.make_mesh(proxies=1, devices=[d[5], d[2]], proxies_on="host")
+    assert list(chosen.devices.flat) == [d[5], d[2]] and num_proxies(chosen) == 1
+    assert proxies_on(coarse.make_mesh(workers=4)) == "devices"
+    # Unlike a k:1 mesh of device proxies, jax can split an array over it.
+    x = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, P("data")))
+    assert len(x.sharding.device_set) == 8
+
+
+@pytest.mark.parametrize("bad", ["device", "HOST", "cpu", None, 1])
+def test_a_bad_proxies_on_is_refused_naming_the_argument(bad):
+    with pytest.raises(ValueError, match=r"proxies_on must be 'devices' .* or 'host' .*got "):
+        coarse.make_mesh(workers=4, proxies_on=bad)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"workers": 8, "proxies": 3}, r"proxies must divide workers.*\[1, 2, 4, 8\]"),
+        ({"workers": 9}, r"workers=9 needs 9 devices \(proxies_on='host': the proxies take none"),
+        ({"devices": jax.devices()[:3], "proxies": 2}, r"proxies must divide workers"),
+        ({"devices": jax.devices()[:4], "workers": 2}, r"devices are the workers only"),
+        ({"devices": [jax.devices()[0]] * 2}, r"devices must be distinct"),
+    ],
+)
+def test_make_mesh_refuses_bad_counts_on_the_host(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        coarse.make_mesh(proxies_on="host", **kwargs)
+
+
+def test_a_hand_made_host_mesh_must_have_its_shape():
+    d = np.array(jax.devices()[:4], dtype=object)
+    two_rows = Mesh(d.reshape(2, 2, 1), ("tier", "data", "proxies_on_host=2"))
+    with pytest.raises(ValueError, match=r"proxies in host memory must have axes .* \(1, p, 1\)"):
+        coarse.sync(two_rows)(lambda x: x)
+    odd = Mesh(d.reshape(1, 4, 1), ("tier", "data", "proxies_on_host=3"))
+    with pytest.raises(ValueError, match=r"\(3\) must divide its workers \(4\).*\[1, 2, 4\]"):
+        coarse.sync(odd)(lambda x: x)
+    # The workers' mesh of a device-proxy mesh is no coarse mesh: the fix names both kinds.
+    with pytest.raises(ValueError, match=r"proxies_on='host'"):
+        coarse.sync(workers_mesh(coarse.make_mesh(workers=4)))(lambda x: x)
+
+
+def test_the_profiler_says_it_does_not_time_the_host_link_yet():
+    with pytest.raises(NotImplementedError, match=r"proxies_on='host'.*Config\(routes="):
+        coarse.profile(_host(4, 2), sizes=[1024])
+
+
+@pytest.mark.parametrize("p, q", RATIOS)
+def test_all_reduce_and_value_and_grad_match_float64(p, q):
+    mesh = _host(p, q)
+    cfg = _crossing(p, q)
+    rng = np.random.default_rng(p * 10 + q)
+    values = {
+        "a": rng.standard_normal((p, 40)).astype(np.float32),
+        "b": rng.standard_normal((p, 7, 9)).astype(np.float32),
+        "h": rng.standard_normal((p, 33)).astype(jnp.bfloat16),
+    }
+
+    @coarse.sync(mesh, config=cfg)
+    def reduce(per_worker):
+        return coarse.all_reduce(jax.tree.map(lambda x: x[0], per_worker), op="sum")
+
+    summed = reduce(values)
+    for k, v in values.items():
+        want = v.astype(np.float64).sum(axis=0)
+        tol = (2.0**-7 if v.dtype == jnp.bfloat16 else 4 * p * 2.0**-24) * np.abs(want).max()
+        np.testing.assert_allclose(np.asarray(summed[k], np.float64), want, rtol=0, atol=tol + 1e-6)
+    assert_replicated(summed)
+
+    params = mlp_init(jax.random.key(p + q), SIZES)
+    batch = make_batch(jax.random.key(7), 4 * p, 8, 4)
+    # The first layer reduced among the workers (their ring), the rest by the proxies.
+    split = dataclasses.replace(cfg, leading_bytes=(8 * 16 + 16) * 4)
+
+    @coarse.sync(mesh, config=split)
+    def vg(params, batch):
+        return coarse.value_and_grad(mlp_loss)(params, batch)
+
+    loss, grads = vg(params, batch)
+    per = [
+        jax.value_and_grad(mlp_loss)(params, {k: v[4 * i : 4 * i + 4] for k, v in batch.items()})
+        for i in range(p)
+    ]
+    want = jax.tree.map(
+        lambda *g: np.mean([np.asarray(x, np.float64) for x in g], 0), *[g for _, g in per]
+    )
+    np.testing.assert_allclose(float(loss), np.mean([float(v) for v, _ in per]), rtol=1e-6)
+    assert_tree_close(grads, want, rtol=1e-6, atol_scale=1e-6)
+    assert_replicated(grads)
+
+
+ADAMW = coarse.optim.adamw(optax.linear_schedule(1e-2, 1e-3, 20), weight_decay=0.01, clip_norm=0.3)
+OPTIMIZERS = {
+    "sgd": (coarse.optim.sgd(0.05, momentum=0.9), optax.sgd(0.05, momentum=0.9)),
+    "adam": (coarse.optim.adam(1e-2), optax.adam(1e-2)),
+    "adamw": (
+        ADAMW,
+        optax.chain(
+            optax.clip_by_global_norm(0.3),
+            optax.adamw(optax.linear_schedule(1e-2, 1e-3, 20), weight_decay=0.01),
+        ),
+    ),
+}
+UPDATE_CASES = [("adamw", p, q) for p, q in RATIOS] + [("sgd", 4, 2), ("adam", 8, 8)]
+
+
+@pytest.mark.parametrize("name, p, q", UPDATE_CASES)
+def test_value_and_update_matches_optax_under_pmean(name, p, q):
+    opt, oracle = OPTIMIZERS[name]
+    params = mlp_init(jax.random.key(3), SIZES)
+    step = coarse_update_step(_host(p, q), opt, _crossing(p, q))
+    ref = pmean_optax_step(p, oracle)
+    got, want, state = params, params, oracle.init(params)
+    for batch in _batches(8, 2, p):
+        got, loss = step(got, batch)
+        want, state, want_loss = ref(want, state, batch)
+        np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
+    assert_tree_close(got, jax.device_get(want), rtol=1e-5, atol_scale=1e-5)
+    assert_replicated(got)
+    # Each host proxy holds 1/q of the master and the state: exported whole, it is optax's.
+    for a, b in zip(jax.tree.leaves(step.optimizer_state()), jax.tree.leaves(state), strict=True):
+        b = np.asarray(jax.device_get(b), np.float64)
+        np.testing.assert_allclose(
+            np.asarray(a, np.float64), b, rtol=1e-5, atol=1e-5 * (np.abs(b).max(initial=0) or 1)
+        )
+    assert_tree_close(step.master_params(), got, rtol=0, atol_scale=0)
+
+
+@pytest.mark.parametrize("q", [4, 2, 1])
+def test_bitwise_equal_to_device_proxies(q):
+    """Same p, q and plan: the same order of operations, so the same bits."""
+    params = mlp_init(jax.random.key(9), SIZES)
+    batches = _batches(5, 2, 4)
+    runs = []
+    for mesh in (_host(4, q), coarse.make_mesh(workers=4, proxies=q)):
+        step = coarse_update_step(mesh, ADAMW, _crossing(4, q))
+
+        @coarse.sync(mesh, config=_crossing(4, q))
+        def vg(params, batch):
+            return coarse.value_and_grad(mlp_loss)(params, batch)
+
+        p, losses = params, []
+        for batch in batches:
+            p, loss = step(p, batch)
+            losses.append(loss)
+        runs.append((p, losses, step.optimizer_state(), vg(params, batches[0])))
+    _assert_bitwise(runs[0], runs[1])
+
+
+def test_arrays_on_the_host_mesh_are_arguments():
+    mesh = _host(8, 2)
+    params = mlp_init(jax.random.key(11), SIZES)
+    batch = make_batch(jax.random.key(12), 16, 8, 4)
+
+    @coarse.sync(mesh)
+    def vg(params, batch):
+        return coarse.value_and_grad(mlp_loss)(params, batch)
+
+    want = jax.device_get(vg(params, batch))
+    placed = (
+        jax.device_put(params, NamedSharding(mesh, P())),
+        jax.device_put(batch, NamedSharding(mesh, P("data"))),
+    )
+    _assert_bitwise(jax.device_get(vg(*placed)), want)
+
+
+@pytest.mark.parametrize("p, q", [(4, 1), (8, 2)])
+def test_snapshot_and_restore_round_trip(p, q, tmp_path):
+    mesh = _host(p, q)
+    params = mlp_init(jax.random.key(2), SIZES)
+    batches = _batches(6, 4, p)
+    opt = coarse.optim.sgd(0.05, momentum=0.9)
+    cfg = coarse.Config(snapshot_every=5, snapshot_dir=str(tmp_path / "ck"))
+    step = coarse_update_step(mesh, opt, cfg)
+    w = params
+    for batch in batches[:3]:
+        w, _ = step(w, batch)
+    assert step.snapshot() == 3
+    state3 = step.optimizer_state()
+    for batch in batches[3:5]:
+        w, _ = step(w, batch)
+    w = step.restore()  # in memory: back to step 3
+    assert step.restored_count == 3
+    _assert_bitwise(step.optimizer_state(), state3)
+    again = w
+    for batch in batches[3:]:
+        again, _ = step(again, batch)
+    step.wait_snapshots()
+    # From disk, in a fresh step: the newest checkpoint (step 5's, taken when step 6 started).
+    fresh = coarse_update_step(mesh, opt, cfg)
+    restored = fresh.restore(str(tmp_path / "ck"))
+    assert fresh.restored_count == 5
+    for batch in batches[5:]:
+        restored, _ = fresh(restored, batch)
+    _assert_bitwise(restored, again)
+
+
+def test_memory_report_puts_the_proxies_bytes_in_host_memory():
+    params = mlp_init(jax.random.key(4), SIZES)
+    batch = make_batch(jax.random.key(5), 8, 8, 4)
+    reports = {}
+    for on in ("host", "devices"):
+        mesh = coarse.make_mesh(workers=4, proxies=2, proxies_on=on)
+        step = coarse_update_step(mesh, coarse.optim.adam(1e-2))
+        jax.block_until_ready(step(params, batch))
+        # State placed on the whole mesh: with device proxies their devices hold a copy.
+        on_mesh = jax.device_put(params, NamedSharding(mesh, P()))
+        reports[on] = coarse.memory_report(step, on_mesh, batch)
+    host, dev = reports["host"], reports["devices"]
+    assert (host.proxies_on, dev.proxies_on) == ("host", "devices")
+    assert dev.proxy.xla_argument_bytes > 0  # the copy on a proxy device
+    assert host.proxy.xla_bytes == 0  # a host proxy has no device: no XLA buffer
+    # The runtime's part is the same bytes, now host memory: 1/q of master + 2 moments, twice.
+    assert host.proxy.runtime_storage_bytes == dev.proxy.runtime_storage_bytes > 0
+    assert host.proxy.optimizer_bytes == dev.proxy.optimizer_bytes
+    n = sum(x.size for x in jax.tree.leaves(params))
+    ideal = 2 * 3 * 4 * n / 2
+    assert ideal <= host.proxy.optimizer_bytes <= 1.25 * ideal + 4096
+    assert host.worker == dev.worker  # the same workers' program
+    assert "proxy: host" in host.table() and "proxy: host" not in dev.table()
