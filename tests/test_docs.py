@@ -59,6 +59,7 @@ DOCTEST_MODULES = [
     "coarse_jax.model.schedule",
     "coarse_jax.profiling.data",
     "coarse_jax.profiling.measure",
+    "coarse_jax.profiling.rounds",
     "coarse_jax.profiling.topology",
     "coarse_jax._ffi.extension",
 ]

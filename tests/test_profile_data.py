@@ -93,6 +93,55 @@ def test_derived_latency_and_bandwidth(v100):
     assert 8.9 < v100.ww_bandwidth_gbps()[3, 0] < 9.0
 
 
+# (old accessor, link kind, figure): every figure of every kind, by its old name too.
+LINK_FIGURES = [
+    ("wp_latency_us", "wp", "latency_us"),
+    ("wp_bandwidth_gbps", "wp", "bandwidth_gbps"),
+    ("bidir_bandwidth_gbps", "wp", "bidir_bandwidth_gbps"),
+    ("wp_bandwidth_curve_gbps", "wp", "bandwidth_curve_gbps"),
+    ("pp_latency_us", "pp", "latency_us"),
+    ("pp_bandwidth_gbps", "pp", "bandwidth_gbps"),
+    ("pp_bidir_bandwidth_gbps", "pp", "bidir_bandwidth_gbps"),
+    ("pp_bandwidth_curve_gbps", "pp", "bandwidth_curve_gbps"),
+    ("ww_latency_us", "ww", "latency_us"),
+    ("ww_bandwidth_gbps", "ww", "bandwidth_gbps"),
+    ("ww_bandwidth_curve_gbps", "ww", "bandwidth_curve_gbps"),
+]
+
+
+@pytest.mark.parametrize("old, kind, what", LINK_FIGURES, ids=[f[0] for f in LINK_FIGURES])
+def test_link_figures_match_the_times_link_by_link(v100_2to1, old, kind, what):
+    prof = v100_2to1  # 4 workers, 2 proxies: "wp" [4, 2], "pp" [2, 2], "ww" [4, 2]
+    got = prof.link(kind, what)
+    np.testing.assert_array_equal(got, getattr(prof, old)())
+    oneway = getattr(prof, f"{kind}_oneway_s")
+    bidir = getattr(prof, f"{kind}_bidir_s", None)
+    for index in np.ndindex(oneway.shape[:2]):  # each link, from its own times
+        t, b = oneway[index], (None if bidir is None else bidir[index])
+        want = {
+            "latency_us": t[0] * 1e6,
+            "bandwidth_gbps": max(s / x for s, x in zip(prof.sizes, t, strict=True)) / 1e9,
+            "bidir_bandwidth_gbps": None
+            if b is None
+            else max(2 * s / x for s, x in zip(prof.sizes, b, strict=True)) / 1e9,
+            "bandwidth_curve_gbps": [s / x / 1e9 for s, x in zip(prof.sizes, t, strict=True)],
+        }[what]
+        np.testing.assert_allclose(got[index], want, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kind, what, match",
+    [
+        ("wq", "latency_us", r"expected kind in \('wp', 'pp', 'ww'\).*got \('wq'"),
+        ("wp", "latency", r"what in \('latency_us'.*got \('wp', 'latency'\)"),
+        ("ww", "bidir_bandwidth_gbps", r"workers' ring \('ww'\) is measured one way only"),
+    ],
+)
+def test_link_names_what_it_takes(v100, kind, what, match):
+    with pytest.raises(ValueError, match=match):
+        v100.link(kind, what)
+
+
 def test_lists_become_readonly_arrays(v100):
     d = v100.to_json_dict()
     prof = Profile(
@@ -469,7 +518,7 @@ def test_k_to_1_table_and_plot(v100_2to1, tmp_path):
 
 # ---------------------------------------------------------------- decisions from repeated rounds
 
-from coarse_jax.profiling import routing  # noqa: E402
+from coarse_jax.profiling import rounds  # noqa: E402
 from coarse_jax.profiling.data import Decision  # noqa: E402
 
 PAPER_V100_ROUTES = ((0, 1), (1, 2), (2, 3), (3, 0))
@@ -497,7 +546,7 @@ def _rounds(true_s: np.ndarray, rounds: int, noise_s: float, seed: int = 0) -> d
 
 def _decide(samples: dict, model_s, *, final: bool, exact: bool = False):
     p, q, _ = model_s.shape if model_s is not None else (4, 4, 0)
-    return routing.decide(
+    return rounds.decide(
         lambda i, k, j: samples[i, k, j],
         ROUND_SIZES,
         list(range(p)),
@@ -518,15 +567,15 @@ def _routes(decisions: dict) -> tuple:
 
 
 def test_median_ci_is_the_sign_tests_interval():
-    assert routing.median_ci(np.ones(7)) is None  # 99% needs 8 values
-    assert routing.median_ci(np.arange(8.0)) == (3.5, 0.0, 7.0)  # the whole range
+    assert rounds.median_ci(np.ones(7)) is None  # 99% needs 8 values
+    assert rounds.median_ci(np.arange(8.0)) == (3.5, 0.0, 7.0)  # the whole range
     # 20 values: P(Binomial(20, 1/2) <= 3) = 0.0013 <= 0.005 < P(<= 4) = 0.0059: x_(4), x_(17).
-    assert routing.median_ci(np.arange(20.0))[1:] == (3.0, 16.0)
+    assert rounds.median_ci(np.arange(20.0))[1:] == (3.0, 16.0)
     # Whatever the noise's shape, the interval holds the true median 99% of the time.
     rng = np.random.default_rng(3)
     hits = [
         lo <= 0 <= hi
-        for _, lo, hi in (routing.median_ci(rng.standard_cauchy(16)) for _ in range(3000))
+        for _, lo, hi in (rounds.median_ci(rng.standard_cauchy(16)) for _ in range(3000))
     ]
     assert np.mean(hits) >= 0.985
 

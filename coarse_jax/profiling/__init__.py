@@ -2,7 +2,10 @@
 
 * `measure.py`: `coarse.profile` (links through the runtime's own transport),
   `coarse.measure_step_times`, `robust_time`.
-* `data.py`: `coarse.Profile`, the measurements, saved as JSON.
+* `data.py`: `coarse.Profile`, the measurements (`file_format.py`: as JSON).
+* `links.py`: the kinds of link, the figures read from their times, and the
+  face of a `Profile` that `routing` and `report` read.
+* `decision.py`, `rounds.py`: routing decisions, made from repeated rounds.
 * `routing.py`: LatProxy / BwProxy per worker, the threshold S, the shard size S'.
 * `report.py`: `Profile.table()` and `Profile.plot()`.
 * `topology.py`: `coarse.Topology`, emulated interconnects and their clocks.

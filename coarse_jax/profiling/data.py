@@ -4,7 +4,8 @@ The paper's profiler (Section III-E, "Dynamic Partitioning") measures, for every
 client (worker), the latency and bandwidth to each proxy. `Profile` holds those
 measurements; `coarse_jax.profiling.routing` turns them into routes, the
 threshold S and the shard size S'; `coarse_jax.profiling.report` prints and
-plots them; `coarse_jax.profiling.measure` takes them.
+plots them; `coarse_jax.profiling.measure` takes them. The kinds of link and
+the figures read from their times are `coarse_jax.profiling.links`.
 
 Units: times are seconds, sizes bytes, latencies microseconds, bandwidths GB/s
 (1e9 bytes/s), as in `coarse.Topology`.
@@ -13,7 +14,6 @@ Units: times are seconds, sizes bytes, latencies microseconds, bandwidths GB/s
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 import os
@@ -22,30 +22,18 @@ from typing import Any
 import numpy as np
 
 from coarse_jax.mesh import local_proxy
-from coarse_jax.profiling.decision import DECISION_KINDS, Decision
-
-FORMAT = "coarse_jax.profile/1"
-
-# (field name, which links: "wp" worker -> proxy, "pp" proxy ring, "ww" worker ring).
-_ARRAY_FIELDS: tuple[tuple[str, str], ...] = (
-    ("wp_oneway_s", "wp"),
-    ("wp_bidir_s", "wp"),
-    ("pp_oneway_s", "pp"),
-    ("pp_bidir_s", "pp"),
-    ("ww_oneway_s", "ww"),
+from coarse_jax.profiling import file_format, report
+from coarse_jax.profiling.decision import Decision, checked_decisions
+from coarse_jax.profiling.file_format import FORMAT as FORMAT  # the tag, read by tests
+from coarse_jax.profiling.links import (
+    FIGURES,
+    LINK_KINDS,
+    TIME_FIELDS,
+    checked_layout,
+    checked_spread,
+    checked_times,
+    figure,
 )
-
-# What each kind's axes are, for the error messages.
-_AXES = {
-    "wp": "[worker, proxy, size]",
-    "pp": "[proxy, (next, prev), size]",
-    "ww": "[worker, (next, prev), size]",
-}
-
-
-def _shape(kind: str, p: int, q: int, s: int) -> tuple[int, int, int]:
-    """The shape of a ``kind`` array for p workers, q proxies and s sizes."""
-    return {"wp": (p, q, s), "pp": (q, 2, s), "ww": (p, 2, s)}[kind]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -138,59 +126,12 @@ class Profile:
     decisions: tuple[Decision, ...] | None = None
 
     def __post_init__(self) -> None:
-        p = self.workers
-        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
-            raise ValueError(f"Profile.workers: expected a positive int, got {p!r}.")
-        p = int(p)
+        p, q, sizes = checked_layout(self.workers, self.proxies, self.sizes)
         object.__setattr__(self, "workers", p)
-        q = self.proxies or p  # 0 / None: one proxy per worker (and older profiles)
-        if isinstance(q, bool) or not isinstance(q, (int, np.integer)) or not 1 <= q <= p or p % q:
-            raise ValueError(
-                f"Profile.proxies: expected a positive int dividing workers={p} (COARSE k:1, "
-                f"k = workers / proxies), or 0 for one proxy per worker; got {self.proxies!r}."
-            )
-        q = int(q)
         object.__setattr__(self, "proxies", q)
-        sizes = tuple(self.sizes)
-        if not sizes:
-            raise ValueError("Profile.sizes: expected at least one size (bytes), got none.")
-        for s in sizes:
-            if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1:
-                raise ValueError(
-                    f"Profile.sizes: expected positive ints (bytes), got {s!r} in {sizes!r}."
-                )
-        sizes = tuple(int(s) for s in sizes)
-        if any(b <= a for a, b in itertools.pairwise(sizes)):
-            raise ValueError(
-                f"Profile.sizes: expected strictly ascending sizes, got {sizes!r}; sort them "
-                "(and the time arrays' last axis with them) and drop duplicates."
-            )
         object.__setattr__(self, "sizes", sizes)
-        counts = f"workers={p}" if q == p else f"workers={p}, proxies={q}"
-        for name, kind in _ARRAY_FIELDS:
-            expected = _shape(kind, p, q, len(sizes))
-            try:
-                # Copy so the caller's buffer cannot change a frozen profile behind its back.
-                arr = np.array(getattr(self, name), dtype=np.float64, copy=True)
-            except (TypeError, ValueError) as e:
-                raise ValueError(
-                    f"Profile.{name}: expected a numeric array of shape {expected}, got "
-                    f"something numpy cannot read as one ({e})."
-                ) from None
-            if arr.shape != expected:
-                raise ValueError(
-                    f"Profile.{name}: expected shape {expected} {_AXES[kind]} for {counts} and "
-                    f"{len(sizes)} sizes, got {arr.shape}."
-                )
-            if not (np.isfinite(arr).all() and (arr > 0).all()):
-                bad = np.argwhere(~(np.isfinite(arr) & (arr > 0)))[0]
-                raise ValueError(
-                    f"Profile.{name}: expected finite times > 0 s, got "
-                    f"{arr[tuple(bad)]!r} at index {tuple(int(v) for v in bad)}; re-measure "
-                    "that link (a zero or negative time means the timer did not cover the "
-                    "transfer)."
-                )
-            arr.setflags(write=False)
+        for name, kind in TIME_FIELDS:
+            arr = checked_times(name, kind, getattr(self, name), p, q, len(sizes))
             object.__setattr__(self, name, arr)
         if self.topology is not None and not isinstance(self.topology, str):
             raise ValueError(
@@ -203,43 +144,10 @@ class Profile:
         if not isinstance(self.host, str):
             raise TypeError(f"Profile.host: expected free text (str), got {self.host!r}.")
         if self.wp_spread is not None:
-            spread = np.array(self.wp_spread, dtype=np.float64, copy=True)
-            want = _shape("wp", p, q, len(sizes))
-            if spread.shape != want or not (np.isfinite(spread).all() and (spread >= 0).all()):
-                raise ValueError(
-                    f"Profile.wp_spread: expected finite relative spreads >= 0 of shape {want} "
-                    f"{_AXES['wp']} for {counts}, or None; got shape {spread.shape}."
-                )
-            spread.setflags(write=False)
+            spread = checked_spread(self.wp_spread, p, q, len(sizes))
             object.__setattr__(self, "wp_spread", spread)
         if self.decisions is not None:
-            object.__setattr__(self, "decisions", self._check_decisions(self.decisions, p, q))
-
-    @staticmethod
-    def _check_decisions(decisions: Any, p: int, q: int) -> tuple[Decision, ...]:
-        """``decisions`` as Decisions: exactly one per worker and kind, proxies among the q."""
-        try:
-            out = tuple(d if isinstance(d, Decision) else Decision(**d) for d in decisions)
-        except TypeError as e:
-            raise ValueError(
-                "Profile.decisions: expected Decisions (or dicts of worker, kind, choice, basis, "
-                f"detail), or None; got {decisions!r} ({e})."
-            ) from None
-        want = {(i, kind) for i in range(p) for kind in DECISION_KINDS}
-        got = [(d.worker, d.kind) for d in out]
-        if sorted(got) != sorted(want):
-            raise ValueError(
-                f"Profile.decisions: expected one decision per worker 0..{p - 1} and kind "
-                f"{DECISION_KINDS}, got {sorted(got)}; pass decisions=None to route from the "
-                "times alone."
-            )
-        for d in out:
-            if d.kind != "threshold" and d.choice is not None and d.choice >= q:
-                raise ValueError(
-                    f"Profile.decisions: worker {d.worker}'s {d.kind} proxy must be in "
-                    f"0..{q - 1} (the profile's proxies), got {d.choice}."
-                )
-        return out
+            object.__setattr__(self, "decisions", checked_decisions(self.decisions, p, q))
 
     def decision(self, worker: int, kind: str) -> Decision | None:
         """The `Decision` of ``kind`` ("latency", "bandwidth", "threshold") for ``worker``.
@@ -277,7 +185,7 @@ class Profile:
         return (
             self._scalars() == other._scalars()
             and self.decisions == other.decisions
-            and all(np.array_equal(getattr(self, n), getattr(other, n)) for n, _ in _ARRAY_FIELDS)
+            and all(np.array_equal(getattr(self, n), getattr(other, n)) for n, _ in TIME_FIELDS)
         )
 
     __hash__ = None  # type: ignore[assignment]  # holds arrays; see the class docstring
@@ -311,7 +219,7 @@ class Profile:
             return False
         return all(
             np.allclose(getattr(self, n), getattr(other, n), rtol=rtol, atol=atol)
-            for n, _ in _ARRAY_FIELDS
+            for n, _ in TIME_FIELDS
         )
 
     # ---------------------------------------------------------------- derived
@@ -347,134 +255,92 @@ class Profile:
             )
         return local_proxy(int(worker), self.workers, self.proxies)
 
-    def _sizes_f(self) -> np.ndarray:
-        return np.asarray(self.sizes, dtype=np.float64)
+    def link(self, kind: str, what: str) -> np.ndarray:
+        """One figure of every link of one kind, read from the measured times.
 
-    def _peak_gbps(self, times: np.ndarray, bytes_per_transfer: float = 1.0) -> np.ndarray:
-        return (bytes_per_transfer * self._sizes_f() / times).max(axis=-1) / 1e9
+        Args:
+          kind: ``"wp"``, worker -> proxy (``[p, q]``); ``"pp"``, the proxies'
+            ring (``[q, 2]``: to the next, then to the previous neighbour); or
+            ``"ww"``, the workers' ring (``[p, 2]``).
+          what: ``"latency_us"``, the one-way time at the smallest size, in
+            microseconds; ``"bandwidth_gbps"``, the one-way peak over sizes of
+            size / time, GB/s; ``"bidir_bandwidth_gbps"``, the peak of 2 * size
+            / time with both directions moving at once (push and pull; "wp" and
+            "pp" only); ``"bandwidth_curve_gbps"``, size / time at every size
+            (one more axis, following ``sizes``).
+
+        Returns:
+          The figure per link, a new array.
+
+        Raises:
+          ValueError: an unknown ``kind`` or ``what``, or "bidir_bandwidth_gbps"
+            of the workers' ring (measured one way only).
+
+        Example:
+          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> lat = prof.link("wp", "latency_us")     # v100: local 3 us, remote 8 us (+ 1 KiB)
+          >>> bool(lat[0, 0] < lat[0, 1]), prof.link("pp", "bandwidth_curve_gbps").shape
+          (True, (4, 2, 2))
+        """
+        if kind not in LINK_KINDS or what not in FIGURES:
+            raise ValueError(
+                f"Profile.link: expected kind in {LINK_KINDS} and what in {FIGURES}, got "
+                f"({kind!r}, {what!r})."
+            )
+        if kind == "ww" and what == "bidir_bandwidth_gbps":
+            raise ValueError(
+                "Profile.link: the workers' ring ('ww') is measured one way only; ask for "
+                "'bandwidth_gbps', or for 'bidir_bandwidth_gbps' of 'wp' or 'pp'."
+            )
+        bidir = getattr(self, f"{kind}_bidir_s", None)
+        return figure(getattr(self, f"{kind}_oneway_s"), bidir, self.sizes, what)
+
+    # The figures by their names before `link`, each ``link(kind, what)``.
 
     def wp_bandwidth_curve_gbps(self) -> np.ndarray:
-        """``[p, q, S]`` one-way worker -> proxy bandwidth at each size, GB/s.
-
-        Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
-          >>> prof.wp_bandwidth_curve_gbps().shape
-          (4, 4, 2)
-        """
-        return self._sizes_f() / self.wp_oneway_s / 1e9
+        """``[p, q, S]`` ``link("wp", "bandwidth_curve_gbps")``."""
+        return self.link("wp", "bandwidth_curve_gbps")
 
     def pp_bandwidth_curve_gbps(self) -> np.ndarray:
-        """``[q, 2, S]`` one-way proxy -> ring neighbour bandwidth at each size, GB/s.
-
-        Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
-          >>> prof.pp_bandwidth_curve_gbps().shape
-          (4, 2, 2)
-        """
-        return self._sizes_f() / self.pp_oneway_s / 1e9
+        """``[q, 2, S]`` ``link("pp", "bandwidth_curve_gbps")``."""
+        return self.link("pp", "bandwidth_curve_gbps")
 
     def ww_bandwidth_curve_gbps(self) -> np.ndarray:
-        """``[p, 2, S]`` one-way worker -> ring neighbour bandwidth at each size, GB/s.
-
-        Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
-          >>> prof.ww_bandwidth_curve_gbps().shape
-          (4, 2, 2)
-        """
-        return self._sizes_f() / self.ww_oneway_s / 1e9
+        """``[p, 2, S]`` ``link("ww", "bandwidth_curve_gbps")``."""
+        return self.link("ww", "bandwidth_curve_gbps")
 
     def wp_latency_us(self) -> np.ndarray:
-        """``[p, q]`` worker -> proxy one-way time at the smallest size, microseconds.
-
-        Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
-          >>> lat = prof.wp_latency_us()          # v100: local 3 us, remote 8 us (+ 1 KiB)
-          >>> bool(lat[0, 0] < lat[0, 1])
-          True
-        """
-        return self.wp_oneway_s[..., 0] * 1e6
+        """``[p, q]`` ``link("wp", "latency_us")``."""
+        return self.link("wp", "latency_us")
 
     def wp_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, q]`` worker -> proxy one-way peak over sizes of size/time, GB/s.
-
-        Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
-          >>> bw = prof.wp_bandwidth_gbps()       # v100: local 9 GB/s, remote 16 GB/s
-          >>> bool(bw[0, 1] > bw[0, 0])
-          True
-        """
-        return self._peak_gbps(self.wp_oneway_s)
+        """``[p, q]`` ``link("wp", "bandwidth_gbps")``."""
+        return self.link("wp", "bandwidth_gbps")
 
     def bidir_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, q]`` worker <-> proxy peak of 2 * size / time (push and pull together), GB/s.
-
-        Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
-          >>> prof.bidir_bandwidth_gbps().shape
-          (4, 4)
-        """
-        return self._peak_gbps(self.wp_bidir_s, 2.0)
+        """``[p, q]`` ``link("wp", "bidir_bandwidth_gbps")``."""
+        return self.link("wp", "bidir_bandwidth_gbps")
 
     def pp_latency_us(self) -> np.ndarray:
-        """``[q, 2]`` proxy -> (next, previous) ring neighbour: time at the smallest size, us.
-
-        Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
-          >>> prof.pp_latency_us().shape
-          (4, 2)
-        """
-        return self.pp_oneway_s[..., 0] * 1e6
+        """``[q, 2]`` ``link("pp", "latency_us")``."""
+        return self.link("pp", "latency_us")
 
     def pp_bandwidth_gbps(self) -> np.ndarray:
-        """``[q, 2]`` proxy -> (next, previous) ring neighbour one-way peak bandwidth, GB/s.
-
-        Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
-          >>> prof.pp_bandwidth_gbps().shape
-          (4, 2)
-        """
-        return self._peak_gbps(self.pp_oneway_s)
+        """``[q, 2]`` ``link("pp", "bandwidth_gbps")``."""
+        return self.link("pp", "bandwidth_gbps")
 
     def pp_bidir_bandwidth_gbps(self) -> np.ndarray:
-        """``[q, 2]`` proxy <-> ring neighbour peak of 2 * size / time, GB/s.
-
-        Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
-          >>> prof.pp_bidir_bandwidth_gbps().shape
-          (4, 2)
-        """
-        return self._peak_gbps(self.pp_bidir_s, 2.0)
+        """``[q, 2]`` ``link("pp", "bidir_bandwidth_gbps")``."""
+        return self.link("pp", "bidir_bandwidth_gbps")
 
     def ww_latency_us(self) -> np.ndarray:
-        """``[p, 2]`` worker -> (next, previous) ring neighbour: time at the smallest size, us.
-
-        Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
-          >>> prof.ww_latency_us().shape
-          (4, 2)
-        """
-        return self.ww_oneway_s[..., 0] * 1e6
+        """``[p, 2]`` ``link("ww", "latency_us")``."""
+        return self.link("ww", "latency_us")
 
     def ww_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, 2]`` worker -> (next, previous) ring neighbour one-way peak bandwidth, GB/s.
-
-        Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
-          >>> prof.ww_bandwidth_gbps().shape
-          (4, 2)
-        """
-        return self._peak_gbps(self.ww_oneway_s)
+        """``[p, 2]`` ``link("ww", "bandwidth_gbps")``."""
+        return self.link("ww", "bandwidth_gbps")
 
     # ---------------------------------------------------------------- JSON
 
@@ -491,22 +357,7 @@ class Profile:
           >>> d["format"], d["workers"], d["proxies"], d["sizes"]
           ('coarse_jax.profile/1', 4, 4, [1024, 1048576])
         """
-        out: dict[str, Any] = {
-            "format": FORMAT,
-            "workers": self.workers,
-            "proxies": self.proxies,
-            "sizes": list(self.sizes),
-            "topology": self.topology,
-            "time_scale": self.time_scale,
-            "host": self.host,
-        }
-        for name, _ in _ARRAY_FIELDS:
-            out[name] = getattr(self, name).tolist()
-        if self.wp_spread is not None:
-            out["wp_spread"] = self.wp_spread.tolist()
-        if self.decisions is not None:
-            out["decisions"] = [dataclasses.asdict(d) for d in self.decisions]
-        return out
+        return file_format.to_json(self)
 
     @staticmethod
     def from_json_dict(data: Any, source: str = "profile") -> Profile:
@@ -532,37 +383,9 @@ class Profile:
           >>> coarse.Profile.from_json_dict(prof.to_json_dict()) == prof
           True
         """
-        if not isinstance(data, dict):
-            # A file holding the wrong JSON is bad content, like a wrong "format": one error type.
-            raise ValueError(
-                f'{source}: expected a JSON object with "format": {FORMAT!r}, got a '
-                f"{type(data).__name__}; was it written by Profile.save?"
-            )
-        fmt = data.get("format")
-        if fmt != FORMAT:
-            raise ValueError(
-                f'{source}: expected "format": {FORMAT!r}, got {fmt!r}; write it with '
-                "Profile.save (or re-run the profiler with this version of coarse_jax)."
-            )
-        required = ["workers", "sizes"] + [n for n, _ in _ARRAY_FIELDS]
-        missing = [k for k in required if k not in data]
-        if missing:
-            raise ValueError(
-                f"{source}: missing field(s) {missing} of {FORMAT!r}; the file is truncated or "
-                "was not written by Profile.save."
-            )
+        fields = file_format.from_json(data, source)
         try:
-            return Profile(
-                workers=data["workers"],
-                sizes=tuple(data["sizes"]),
-                **{n: data[n] for n, _ in _ARRAY_FIELDS},
-                topology=data.get("topology"),
-                time_scale=data.get("time_scale", 1.0),
-                host=data.get("host", ""),
-                wp_spread=data.get("wp_spread"),
-                proxies=data.get("proxies", 0),  # absent: an older, 1:1 profile
-                decisions=data.get("decisions"),  # absent: route from the times alone
-            )
+            return Profile(**fields)
         except ValueError as e:
             raise ValueError(f"{source}: {e}") from None
 
@@ -613,14 +436,8 @@ class Profile:
         """
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(
-                f"Profile.load({os.fspath(path)!r}): expected JSON written by Profile.save, "
-                f"got invalid JSON ({e})."
-            ) from None
-        return Profile.from_json_dict(data, source=f"Profile.load({os.fspath(path)!r})")
+        where = f"Profile.load({os.fspath(path)!r})"
+        return Profile.from_json_dict(file_format.parse(text, where), source=where)
 
     # ---------------------------------------------------------------- reports
 
@@ -642,8 +459,6 @@ class Profile:
           Profile v100: 4 workers on cpu, 8 devices; sizes 1KiB..1MiB (2 sizes)
           ...
         """
-        from coarse_jax.profiling import report  # report reads routes, which read profiles
-
         return report.table(self)
 
     def plot(self, path: str | os.PathLike[str]) -> None:
@@ -666,6 +481,4 @@ class Profile:
           >>> os.path.getsize(path) > 0
           True
         """
-        from coarse_jax.profiling import report
-
         report.plot(self, path)

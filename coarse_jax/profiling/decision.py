@@ -1,13 +1,14 @@
 """`Decision`: one routing decision of a measured profile, and what it rests on.
 
-Its own module, below both `coarse_jax.profiling.data` (the `Profile` that
-stores decisions) and `coarse_jax.profiling.routing` (which makes them), so
-neither imports the other for it.
+Its own module, at the bottom of `coarse_jax.profiling`: `data` (the
+`Profile` that stores decisions, checked by `checked_decisions`), `rounds`
+(which makes them) and `routing` (which follows them) all read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,7 @@ class Decision:
     `coarse.profile` decides, per worker, its latency proxy, its bandwidth
     proxy and the threshold between them (the size where their transfer
     times cross), from repeated, interleaved measurements
-    (`coarse_jax.profiling.routing`). A decision the measurements make clear
+    (`coarse_jax.profiling.rounds`). A decision the measurements make clear
     by the stated margin is ``"measured"``; one they leave unclear within the
     time budget keeps the model's choice for the emulated topology
     (``"model"``: the choice its own link formula gives) or, on the host's
@@ -69,3 +70,30 @@ class Decision:
             object.__setattr__(self, name, int(v))
         if not isinstance(self.detail, str):
             raise ValueError(f"Decision.detail: expected text (str), got {self.detail!r}.")
+
+
+def checked_decisions(decisions: Any, p: int, q: int) -> tuple[Decision, ...]:
+    """A profile's ``decisions`` as Decisions: exactly one per worker and kind, proxies among
+    the q."""
+    try:
+        out = tuple(d if isinstance(d, Decision) else Decision(**d) for d in decisions)
+    except TypeError as e:
+        raise ValueError(
+            "Profile.decisions: expected Decisions (or dicts of worker, kind, choice, basis, "
+            f"detail), or None; got {decisions!r} ({e})."
+        ) from None
+    want = {(i, kind) for i in range(p) for kind in DECISION_KINDS}
+    got = [(d.worker, d.kind) for d in out]
+    if sorted(got) != sorted(want):
+        raise ValueError(
+            f"Profile.decisions: expected one decision per worker 0..{p - 1} and kind "
+            f"{DECISION_KINDS}, got {sorted(got)}; pass decisions=None to route from the "
+            "times alone."
+        )
+    for d in out:
+        if d.kind != "threshold" and d.choice is not None and d.choice >= q:
+            raise ValueError(
+                f"Profile.decisions: worker {d.worker}'s {d.kind} proxy must be in "
+                f"0..{q - 1} (the profile's proxies), got {d.choice}."
+            )
+    return out

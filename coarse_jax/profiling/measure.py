@@ -16,12 +16,12 @@ it measures the host's real copies.
 Routing decisions do not follow noise: after that first pass, the links of
 every decision still open (each worker's latency proxy, bandwidth proxy and
 threshold) are measured again, round after round, interleaved in a shuffled
-order, until each decision is clear by `routing.DECISION_MARGIN` (5%) at
-`routing.DECISION_CONFIDENCE` (99%), or the time budget (``budget_s``) is
+order, until each decision is clear by `rounds.DECISION_MARGIN` (5%) at
+`rounds.DECISION_CONFIDENCE` (99%), or the time budget (``budget_s``) is
 spent; a decision still unclear then keeps the model's choice for the
 emulated topology (or, on the host's own devices, the local proxy), and the
 `Profile` says so (`Profile.decisions`, `Profile.table()`). See
-`coarse_jax.profiling.routing` for the rule.
+`coarse_jax.profiling.rounds` for the rule.
 
 CLI::
 
@@ -48,9 +48,9 @@ from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
 from coarse_jax.mesh import DATA, check_mesh, has_hosts, local_proxy, proxies_on, proxy_devices
-from coarse_jax.profiling import routing
 from coarse_jax.profiling.data import Profile
 from coarse_jax.profiling.decision import DECISION_KINDS, Decision
+from coarse_jax.profiling.rounds import decide as decide_rounds
 from coarse_jax.profiling.topology import Topology
 
 DEFAULT_SIZES = tuple(4**k for k in range(5, 13))  # 1 KiB, 4 KiB, .., 16 MiB
@@ -178,7 +178,7 @@ def profile(
         yet clear (at most `MAX_ROUNDS` rounds). Each round measures those
         links once more, in a shuffled order; a decision is clear when the
         99% confidence interval of its paired per-round ratios clears a 5%
-        margin (`coarse_jax.profiling.routing`). One still unclear when the
+        margin (`coarse_jax.profiling.rounds`). One still unclear when the
         budget is spent keeps the model's choice for ``topology`` (or the
         local proxy on the host's own devices), and ``Profile.decisions``
         and ``Profile.table()`` say so. 0 decides from the first pass alone
@@ -310,7 +310,7 @@ def profile(
              for i in range(p)]
         )  # fmt: skip
     decide = functools.partial(
-        routing.decide,
+        decide_rounds,
         lambda i, k, j: samples[i, k, j],
         sizes,
         [local_proxy(i, p, q) for i in range(p)],

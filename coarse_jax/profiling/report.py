@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from coarse_jax.profiling.routing import (
-    DECISION_CONFIDENCE,
-    DECISION_MARGIN,
-    ROUTE_TIE_RTOL,
-    routes_from_profile,
-    threshold_bytes,
-)
-
-if TYPE_CHECKING:
-    from coarse_jax.profiling.data import Profile
+from coarse_jax.profiling.links import LinkProfile, fmt_bytes
+from coarse_jax.profiling.rounds import DECISION_CONFIDENCE, DECISION_MARGIN
+from coarse_jax.profiling.routing import ROUTE_TIE_RTOL, routes_from_profile, threshold_bytes
 
 
-def title(profile: Profile) -> str:
+def title(profile: LinkProfile) -> str:
     """One line naming what was measured: topology, workers (proxies at k:1), time scale, host."""
     topo = profile.topology if profile.topology is not None else "host devices"
     proxies = f", {profile.proxies} proxies" if profile.proxies != profile.workers else ""
@@ -29,7 +21,7 @@ def title(profile: Profile) -> str:
     return f"{topo}: {profile.workers} workers{proxies}{extra}{host}"
 
 
-def table(profile: Profile) -> str:
+def table(profile: LinkProfile) -> str:
     """A readable text summary: latency (us) / peak bandwidth (GB/s) of every link.
 
     One row per worker with its link to each of the q proxies (``*`` marks
@@ -43,10 +35,10 @@ def table(profile: Profile) -> str:
     decision that is not ``measured``.
     """
     p, q = profile.workers, profile.proxies
-    lat, bw = profile.wp_latency_us(), profile.wp_bandwidth_gbps()
-    bidir = profile.bidir_bandwidth_gbps()
+    lat, bw = profile.link("wp", "latency_us"), profile.link("wp", "bandwidth_gbps")
+    bidir = profile.link("wp", "bidir_bandwidth_gbps")
     routes = routes_from_profile(profile)
-    span = f"{_fmt_bytes(profile.sizes[0])}..{_fmt_bytes(profile.sizes[-1])}"
+    span = f"{fmt_bytes(profile.sizes[0])}..{fmt_bytes(profile.sizes[-1])}"
     lines = [
         f"Profile {title(profile)}; sizes {span} ({len(profile.sizes)} sizes)",
         "worker -> proxy: latency us / peak bandwidth GB/s (one way; bidir = push+pull peak)",
@@ -60,17 +52,18 @@ def table(profile: Profile) -> str:
             mark = "*" if k == local else " "
             row.append(f"{lat[i, k]:7.2f}/{bw[i, k]:8.3f}{mark:>1} ")
         th = threshold_bytes(profile, i)
-        th_s = "-" if th is None else f"{th} B ({_fmt_bytes(th)})"
+        th_s = "-" if th is None else f"{th} B ({fmt_bytes(th)})"
         lines.append(
             f"worker {i:<3}"
             + "  ".join(f"{c:>18}" for c in row)
             + f"  {routes[i][0]:>4}/{routes[i][1]:<4}     {th_s}"
         )
         lines.append(" bidir    " + "  ".join(f"{'':7} {bidir[i, k]:8.3f}  " for k in range(q)))
-    for label, dev, n, lat_m, bw_m in (
-        ("proxy ring", "proxy", q, profile.pp_latency_us(), profile.pp_bandwidth_gbps()),
-        ("worker ring", "worker", p, profile.ww_latency_us(), profile.ww_bandwidth_gbps()),
+    for label, dev, n, kind in (
+        ("proxy ring", "proxy", q, "pp"),
+        ("worker ring", "worker", p, "ww"),
     ):
+        lat_m, bw_m = profile.link(kind, "latency_us"), profile.link(kind, "bandwidth_gbps")
         lines.append(f"{label}: latency us / peak bandwidth GB/s to next, previous neighbour")
         for k in range(n):
             lines.append(
@@ -90,13 +83,13 @@ def table(profile: Profile) -> str:
             "measurement spread (median repetition over the fastest, worker -> proxy): "
             f"median {100 * float(np.median(profile.wp_spread)):.1f}%, max "
             f"{100 * float(profile.wp_spread.max()):.1f}% (worker {worst[0]} -> proxy {worst[1]}, "
-            f"{_fmt_bytes(profile.sizes[worst[2]])}); {tie}"
+            f"{fmt_bytes(profile.sizes[worst[2]])}); {tie}"
         )
     lines.extend(_decision_lines(profile))
     return "\n".join(lines)
 
 
-def _decision_lines(profile: Profile) -> list[str]:
+def _decision_lines(profile: LinkProfile) -> list[str]:
     """What each routing decision rests on, and the evidence where it is not the measurements."""
     if profile.decisions is None:
         return ["routing decisions: from the times alone (this profile records none)"]
@@ -127,7 +120,7 @@ def _decision_lines(profile: Profile) -> list[str]:
     return lines
 
 
-def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
+def plot(profile: LinkProfile, path: str | os.PathLike[str]) -> None:
     """Write a PNG of bandwidth (GB/s) against transfer size (log x) to ``path``.
 
     One subplot per worker (a line per each of the q proxies, the local one
@@ -154,7 +147,7 @@ def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False).reshape(-1)
     sizes = np.asarray(profile.sizes)
-    wp = profile.wp_bandwidth_curve_gbps()
+    wp = profile.link("wp", "bandwidth_curve_gbps")
     routes = routes_from_profile(profile)
     for i in range(p):
         ax = axes[i]
@@ -180,8 +173,8 @@ def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
             ax.axvline(th, color="grey", linewidth=0.8, linestyle=":", label="threshold")
         ax.set_title(f"worker {i} -> proxies")
     for ax, name, curve, dev, ring in (
-        (axes[p], "proxy ring", profile.pp_bandwidth_curve_gbps(), "proxy", q),
-        (axes[p + 1], "worker ring", profile.ww_bandwidth_curve_gbps(), "worker", p),
+        (axes[p], "proxy ring", profile.link("pp", "bandwidth_curve_gbps"), "proxy", q),
+        (axes[p + 1], "worker ring", profile.link("ww", "bandwidth_curve_gbps"), "worker", p),
     ):
         for k in range(ring):
             ax.plot(
@@ -208,10 +201,3 @@ def plot(profile: Profile, path: str | os.PathLike[str]) -> None:
         ax.set_visible(False)
     fig.suptitle(f"COARSE link profile: {title(profile)}")
     fig.savefig(path, format="png", dpi=100)
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:g}{unit}"
-    return f"{n:g}B"
