@@ -201,7 +201,7 @@ class ProxyOptimizer:
         return [bool(m) for m in leaves]
 
     def ffi_attrs(self) -> dict[str, Any]:
-        """The hyperparameters as the runtime reads them (ffi/optimizer_attrs.h).
+        """The hyperparameters as the runtime reads them (ffi/xla/optimizer_attrs.h).
 
         Returns:
           A dict from attribute name to a numpy scalar.

@@ -210,7 +210,7 @@ class RingUpdate:
       params: the step's params, one per proxy leaf in sync order (the loss's
         place holds the loss: it is not updated).
       scalars: f32[3] (learning rate, 1 - b1^t, 1 - b2^t) of this step.
-      attrs: the optimizer's and its store's attributes (ffi/optimizer_attrs.h).
+      attrs: the optimizer's and its store's attributes (ffi/xla/optimizer_attrs.h).
     """
 
     params: Sequence[jax.Array]

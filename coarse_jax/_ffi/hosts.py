@@ -5,7 +5,7 @@ host's p workers holds one chunk of the global result: worker k chunk k of
 the synced leaves end to end. This call gives every worker of the host every
 chunk through the process's shared
 memory and writes them straight into the synced leaves, in their dtypes
-(ffi/host_gather.cc, ffi/runtime/hand_out.h): one pass over the tree per
+(ffi/xla/host_gather.cc, ffi/runtime/hand_out.h): one pass over the tree per
 worker, where an XLA all_gather within the host would go through gloo's
 sockets on CPU and then need slicing into leaves.
 """
@@ -56,7 +56,7 @@ def host_gather(
       chunk_size: elements of a chunk that count.
       inter_host: on emulated links, the inter-host link's attributes
         (``hosts`` and `coarse.Topology.inter_host_attrs`): after the hand-out
-        every worker waits for the host's network link (ffi/host_gather.cc).
+        every worker waits for the host's network link (ffi/xla/host_gather.cc).
 
     Returns:
       The leaves holding the global values.

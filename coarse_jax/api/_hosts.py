@@ -121,7 +121,7 @@ def exchange_widths(plan: Plan) -> list[int]:
     belongs to that proxy whole; a ring piece's two halves are each cut into
     q chunks (the ring of the q proxies), and proxy k owns chunk (its ring
     position + 1) % q of each. At COARSE k:1 proxy j's chunks travel through
-    its group's first worker (ffi/proxy_ring.cc); the others carry zeros.
+    its group's first worker (ffi/xla/proxy_ring.cc); the others carry zeros.
     """
     q = plan.proxies
     out = [0] * q
@@ -140,7 +140,7 @@ def exchange_widths(plan: Plan) -> list[int]:
 
 
 def plan_key_32(call: _ffi.CallSite) -> int:
-    """The call site's plan key as the proxies compare it across hosts (ffi/proxy_ring.cc),
+    """The call site's plan key as the proxies compare it across hosts (ffi/xla/proxy_ring.cc),
     read from the attributes the site already holds (computed once per call site)."""
     return int(call.plan_attrs["plan_key"]) & 0x7FFFFFFF
 

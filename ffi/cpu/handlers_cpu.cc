@@ -1,10 +1,10 @@
 // The CPU bindings of coarse_push / coarse_proxy_ring / coarse_worker_ring /
 // coarse_pull / coarse_probe: the caller is named by the (tier, data)
-// operand, and each call's translation (sync_ops.h, probe.h) runs inside
-// RunCall (handler.h) on a CpuDevice, or with COARSE_JAX_BACKEND=streams
+// operand, and each call's translation (xla/sync_ops.h, xla/probe.h) runs inside
+// RunCall (xla/handler.h) on a CpuDevice, or with COARSE_JAX_BACKEND=streams
 // (cpu_backend_choice.h) on a StreamDevice over the caller's host stream
 // (host_stream.h), the CUDA backend's orchestration. coarse_host_gather
-// (host_gather.h, CPU only) runs outside any session, on a CpuDevice. The
+// (xla/host_gather.h, CPU only) runs outside any session, on a CpuDevice. The
 // CUDA twin: cuda/handlers_cuda.cc.
 #include <cstring>
 #include <memory>
@@ -13,19 +13,19 @@
 #include "cpu/cpu_device.h"
 #include "cpu/cpu_devices.h"
 #include "cpu/host_stream.h"
-#include "handler.h"
-#include "host_gather.h"
-#include "probe.h"
 #include "runtime/stream_device.h"
-#include "stream_host_io.h"
-#include "sync_ops.h"
+#include "xla/handler.h"
+#include "xla/host_gather.h"
+#include "xla/probe.h"
+#include "xla/stream_host_io.h"
+#include "xla/sync_ops.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
 
 namespace {
 
-// RunCall (handler.h) on this module's backend (cpu_devices.h). XLA:CPU runs the next
+// RunCall (xla/handler.h) on this module's backend (cpu_devices.h). XLA:CPU runs the next
 // operation as soon as a custom call returns, so with the streams backend
 // the call drains its device's stream before it returns: the one place it
 // differs from a GPU, where XLA's next kernel waits in stream order instead.
@@ -168,7 +168,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HostGather, HostGatherImpl,
                                   .Arg<ffi::AnyBuffer>()       // f32[width] this device's chunk
                                   .RemainingArgs()             // the synced leaves (aliased)
                                   .RemainingRets()             // the same leaves, global values
-                                  .Attrs<ffi::Dictionary>());  // see host_gather.h
+                                  .Attrs<ffi::Dictionary>());  // see xla/host_gather.h
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Probe, ProbeImpl,
                               ffi::Ffi::Bind()

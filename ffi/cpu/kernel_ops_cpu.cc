@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "cpu/cpu_backend.h"
-#include "kernel_ops.h"
 #include "runtime/dtype.h"
+#include "xla/kernel_ops.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

@@ -1,6 +1,6 @@
 // coarse_jax._coarse_cpu: the CPU handlers (registrations()) and the testing
 // hooks (sync_selftest, inject_dropped_push, live_sessions, take_virtual_spans), the
-// memory limits and the Ctrl-C hook (runtime_binding.h).
+// memory limits and the Ctrl-C hook (xla/runtime_binding.h).
 // The CUDA twin: cuda/module_cuda.cc.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -12,13 +12,13 @@
 #include "cpu/cpu_backend_choice.h"
 #include "cpu/cpu_selftest.h"
 #include "cpu/cpu_storage.h"
-#include "encapsulate.h"
 #include "runtime/hand_out.h"
 #include "runtime/interrupt.h"
 #include "runtime/session.h"
-#include "runtime_binding.h"
-#include "selftest_binding.h"
+#include "xla/encapsulate.h"
 #include "xla/ffi/api/ffi.h"
+#include "xla/runtime_binding.h"
+#include "xla/selftest_binding.h"
 
 namespace nb = nanobind;
 
@@ -32,7 +32,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(OptCount);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Pack);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Unpack);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Reduce);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(HostGather);  // host_gather.cc
+XLA_FFI_DECLARE_HANDLER_SYMBOL(HostGather);  // xla/host_gather.cc
 }  // namespace coarse
 
 NB_MODULE(_coarse_cpu, m) {

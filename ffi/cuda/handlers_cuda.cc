@@ -1,6 +1,6 @@
 // The CUDA bindings of coarse_push / coarse_proxy_ring / coarse_worker_ring /
-// coarse_pull: the same translation and protocol as on CPU (sync_ops.h,
-// runtime/phases.h) inside RunCall (handler.h), run on a StreamDevice
+// coarse_pull: the same translation and protocol as on CPU (xla/sync_ops.h,
+// runtime/phases.h) inside RunCall (xla/handler.h), run on a StreamDevice
 // (runtime/stream_device.h) over a CudaStream on XLA's stream. The caller is named by its device
 // ordinal (the (tier, data) operand is on the GPU, so the host cannot read it), looked up in the
 // "ordinals" attribute the Python side adds for the mesh. The proxies' part
@@ -15,10 +15,10 @@
 #include "cuda/cuda_storage.h"
 #include "cuda/cuda_stream.h"
 #include "cuda/cuda_util.h"
-#include "handler.h"
 #include "runtime/stream_device.h"
-#include "stream_host_io.h"
-#include "sync_ops.h"
+#include "xla/handler.h"
+#include "xla/stream_host_io.h"
+#include "xla/sync_ops.h"
 
 namespace coarse::cuda {
 namespace ffi = xla::ffi;

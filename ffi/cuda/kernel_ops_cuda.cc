@@ -7,8 +7,8 @@
 
 #include "coarse_kernels.h"
 #include "cuda/cuda_util.h"
-#include "kernel_ops.h"
 #include "xla/ffi/api/ffi.h"
+#include "xla/kernel_ops.h"
 
 namespace coarse::cuda {
 namespace ffi = xla::ffi;

@@ -1,6 +1,6 @@
 // coarse_jax._coarse_cuda: the CUDA handlers (registrations()), the kernel
 // benchmark, the testing hooks (sync_selftest, live_sessions), the memory
-// limits and the Ctrl-C hook (runtime_binding.h). The CPU
+// limits and the Ctrl-C hook (xla/runtime_binding.h). The CPU
 // twin: cpu/module_cpu.cc.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
@@ -9,12 +9,12 @@
 #include "cuda/cuda_selftest.h"
 #include "cuda/cuda_storage.h"
 #include "cuda/kernel_bench.h"
-#include "encapsulate.h"
 #include "runtime/interrupt.h"
 #include "runtime/session.h"
-#include "runtime_binding.h"
-#include "selftest_binding.h"
+#include "xla/encapsulate.h"
 #include "xla/ffi/api/ffi.h"
+#include "xla/runtime_binding.h"
+#include "xla/selftest_binding.h"
 
 namespace nb = nanobind;
 

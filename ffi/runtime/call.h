@@ -5,7 +5,7 @@
 // of the storage (AcquireStorage). Last: on an error the session is poisoned,
 // so peers stop waiting for this device at once instead of timing out; the
 // last call of the step on its device publishes its work and leaves the
-// session (FinishCall). The handlers (ffi/handler.h) wrap these around the
+// session (FinishCall). The handlers (ffi/xla/handler.h) wrap these around the
 // XLA translation; the self-test (sync_selftest.h) calls them directly.
 #pragma once
 

@@ -26,7 +26,7 @@
 //   cost no sleep. Host work (copies, additions) takes no simulated time.
 // The Emulator does the same arithmetic for both: it only sees time points.
 // The emu_* attributes that describe a Topology are read by the handlers
-// (ffi/plan_attrs.h).
+// (ffi/xla/plan_attrs.h).
 #pragma once
 
 #include <chrono>

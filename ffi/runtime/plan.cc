@@ -1,5 +1,5 @@
 // FinishPlan and Plan::DescribePiece (see plan.h); the attributes are parsed
-// in ffi/plan_attrs.cc.
+// in ffi/xla/plan_attrs.cc.
 #include "runtime/plan.h"
 
 #include <algorithm>

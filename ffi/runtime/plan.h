@@ -5,7 +5,7 @@
 // decisions to every custom call as FFI attributes (plain int64 arrays), so a
 // compiled program carries its own plan and nothing is registered out of band.
 // The handlers parse a plan once per process (cached by `plan_key`,
-// ffi/plan_attrs.h); the runtime only reads the parsed Plan.
+// ffi/xla/plan_attrs.h); the runtime only reads the parsed Plan.
 #pragma once
 
 #include <cstdint>
@@ -95,7 +95,7 @@ struct Plan {
 
 // Derives what follows from the routes and segments (shard numbering, DENSE
 // holders, contributors, the proxies' storage layout). GetPlan
-// (ffi/plan_attrs.h) calls it; so does the self-test (sync_selftest.h), which
+// (ffi/xla/plan_attrs.h) calls it; so does the self-test (sync_selftest.h), which
 // builds a Plan by hand.
 void FinishPlan(Plan* plan);
 

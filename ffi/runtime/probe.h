@@ -11,7 +11,7 @@
 // at once. With a virtual clock (emulator.h) nothing sleeps: a repetition
 // starts at the simulated time the barrier opened (the latest source's clock)
 // and lasts until the booked arrival, so the result is exact. The probe runs
-// on CPU devices only: its buffers are host memory. ffi/probe.cc reads the
+// on CPU devices only: its buffers are host memory. ffi/xla/probe.cc reads the
 // call's operands into a ProbeRequest.
 #pragma once
 

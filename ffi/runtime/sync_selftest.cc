@@ -62,7 +62,7 @@ struct Run {
 };
 
 // Worker w's part of one step: its calls in program order, each begun as
-// RunCall (ffi/handler.h) begins it (the proxies' jobs the first time any
+// RunCall (ffi/xla/handler.h) begins it (the proxies' jobs the first time any
 // worker calls, the storage's previous users on the first call) and ended
 // as the platform's handler ends it. `grad`: its gradient row; `params`:
 // the params this step gets (optimizer only); `out`: its results.

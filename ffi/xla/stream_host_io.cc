@@ -1,5 +1,5 @@
-// StreamHostIo (see stream_host_io.h).
-#include "stream_host_io.h"
+// StreamHostIo (see xla/stream_host_io.h).
+#include "xla/stream_host_io.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

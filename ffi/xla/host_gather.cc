@@ -4,7 +4,7 @@
 // f32. Every worker of the host offers its chunk (runtime/hand_out.h) and
 // writes every chunk into its results, the leaves in their own dtypes
 // (Device::Scatter narrows from f32), so no XLA copy follows.
-#include "host_gather.h"
+#include "xla/host_gather.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "handler.h"
 #include "runtime/dtype.h"
 #include "runtime/emulator.h"
 #include "runtime/hand_out.h"
 #include "runtime/leaf_runs.h"
+#include "xla/handler.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

@@ -3,7 +3,7 @@
 // call zeroes the token result, whose operands (the pushes' outputs) order
 // its pull after its pushes.
 //
-// In a value_and_update (attribute opt_store, optimizer_attrs.h) the
+// In a value_and_update (attribute opt_store, xla/optimizer_attrs.h) the
 // operands after the first opt_num_deps are the step's params (one per
 // proxy leaf, sync order; the loss's place holds the loss) and f32[3]
 // (lr, bc1, bc2) for this step: worker k sets the store up for proxy k with
@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "optimizer_attrs.h"
 #include "runtime/phases.h"
-#include "sync_ops.h"
+#include "xla/optimizer_attrs.h"
+#include "xla/sync_ops.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "runtime/phases.h"
-#include "sync_ops.h"
+#include "xla/sync_ops.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

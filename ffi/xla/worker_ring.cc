@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "runtime/phases.h"
-#include "sync_ops.h"
+#include "xla/sync_ops.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

@@ -1,4 +1,4 @@
-// coarse_host_gather (host_gather.cc): the in-host hand-out of the inter-host
+// coarse_host_gather (xla/host_gather.cc): the in-host hand-out of the inter-host
 // step, written into the synced leaves. Bound for CPU in cpu/handlers_cpu.cc.
 #pragma once
 
@@ -12,7 +12,7 @@ namespace coarse {
 // leaves. Attributes: workers (p), site, timeout_ms, chunk (the elements of
 // a chunk that count); on emulated links also hosts,
 // emu_host_s_per_byte, emu_host_latency_s, emu_virtual (the inter-host link,
-// charged after the hand-out; host_gather.cc).
+// charged after the hand-out; xla/host_gather.cc).
 xla::ffi::Error HostGatherBody(xla::ffi::RunId run_id, xla::ffi::AnyBuffer who,
                                xla::ffi::AnyBuffer chunk, xla::ffi::RemainingRets outs,
                                const xla::ffi::Dictionary& attrs, Device& dev);

@@ -3,11 +3,11 @@
 // int32[4] device pairs, the payload) into a ProbeRequest and runs the probe
 // (runtime/probe.h) into the float32[reps] result. CPU only:
 // cpu/handlers_cpu.cc binds it.
-#include "probe.h"
+#include "xla/probe.h"
 
-#include "handler.h"
-#include "plan_attrs.h"
 #include "runtime/probe.h"
+#include "xla/handler.h"
+#include "xla/plan_attrs.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

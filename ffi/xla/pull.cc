@@ -4,7 +4,7 @@
 // the pushes in place, are the pushed leaves, checked to be where they were
 // pushed from (PushesInPlace, runtime/phases.h).
 #include "runtime/phases.h"
-#include "sync_ops.h"
+#include "xla/sync_ops.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

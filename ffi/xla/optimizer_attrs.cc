@@ -1,9 +1,9 @@
-// ReadStore / ReadOptimizer (see optimizer_attrs.h).
-#include "optimizer_attrs.h"
+// ReadStore / ReadOptimizer (see xla/optimizer_attrs.h).
+#include "xla/optimizer_attrs.h"
 
 #include <string>
 
-#include "plan_attrs.h"
+#include "xla/plan_attrs.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

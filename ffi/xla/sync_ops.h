@@ -1,8 +1,8 @@
-// The XLA translation of the four sync custom calls, one file each (push.cc,
-// proxy_ring.cc, worker_ring.cc, pull.cc): read the call's operands, results
+// The XLA translation of the four sync custom calls, one file each (xla/push.cc,
+// xla/proxy_ring.cc, xla/worker_ring.cc, xla/pull.cc): read the call's operands, results
 // and attributes, check them against the plan, and run the call's phase
 // (runtime/phases.h). Platform-neutral: cpu/handlers_cpu.cc and
-// cuda/handlers_cuda.cc bind them to XLA, inside RunCall (handler.h).
+// cuda/handlers_cuda.cc bind them to XLA, inside RunCall (xla/handler.h).
 #pragma once
 
 #include <cstddef>
@@ -30,7 +30,7 @@ struct HostIo {
 
 // coarse_proxy_ring: operands the pushes' outputs (dependencies only) and,
 // in a value_and_update, the params and the step's scalars; across hosts
-// also the exchanged chunks (proxy_ring.cc). Results: the token [, chunks].
+// also the exchanged chunks (xla/proxy_ring.cc). Results: the token [, chunks].
 xla::ffi::Error ProxyRingBody(Call& call, Device& dev, xla::ffi::RemainingArgs args,
                               xla::ffi::RemainingRets outs, const xla::ffi::Dictionary& attrs,
                               const HostIo& io);

@@ -15,12 +15,12 @@
 #include <stdexcept>
 #include <string>
 
-#include "plan_attrs.h"
 #include "runtime/interrupt.h"
 #include "runtime/param_store.h"
 #include "runtime/session.h"
 #include "runtime/storage.h"
 #include "runtime/trace.h"
+#include "xla/plan_attrs.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

@@ -6,7 +6,7 @@
 // poison it (runtime/call.h).
 //
 // The protocol of each call is written once (runtime/phases.h) and
-// translated from XLA buffers once (sync_ops.h); cpu/handlers_cpu.cc and
+// translated from XLA buffers once (xla/sync_ops.h); cpu/handlers_cpu.cc and
 // cuda/handlers_cuda.cc bind it to XLA for each platform through RunCall.
 #pragma once
 
@@ -33,7 +33,7 @@ struct Caller {
 // Reads the int32[2] (tier, data index) operand.
 xla::ffi::ErrorOr<Who> ReadWho(xla::ffi::AnyBuffer who, int64_t workers, int64_t proxies);
 
-// Attributes read here besides the plan's (see plan_attrs.h): site (int64,
+// Attributes read here besides the plan's (see xla/plan_attrs.h): site (int64,
 // which coarse sync of the program), last (int64 0/1, this call ends the step
 // on its device), ordinals (int64[2p], the platform's device number of every
 // mesh device; optional on CPU).

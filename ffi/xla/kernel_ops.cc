@@ -1,6 +1,6 @@
 // CheckReduceOperands: coarse_reduce's operand check, shared by the CPU and
-// CUDA handlers (see kernel_ops.h).
-#include "kernel_ops.h"
+// CUDA handlers (see xla/kernel_ops.h).
+#include "xla/kernel_ops.h"
 
 #include <string>
 

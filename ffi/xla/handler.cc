@@ -1,12 +1,12 @@
 // BeginCall / EndCall / ReadWho: the attributes and the (tier, data) operand
-// every sync handler reads (see handler.h).
-#include "handler.h"
+// every sync handler reads (see xla/handler.h).
+#include "xla/handler.h"
 
 #include <string>
 #include <vector>
 
-#include "plan_attrs.h"
-#include "sync_ops.h"
+#include "xla/plan_attrs.h"
+#include "xla/sync_ops.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

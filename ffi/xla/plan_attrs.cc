@@ -1,6 +1,6 @@
 // GetPlan and ParseTopology: the plan's and the topology's attributes, checked
-// and parsed into runtime types (see plan_attrs.h).
-#include "plan_attrs.h"
+// and parsed into runtime types (see xla/plan_attrs.h).
+#include "xla/plan_attrs.h"
 
 #include <algorithm>
 #include <list>

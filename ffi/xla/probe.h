@@ -1,4 +1,4 @@
-// coarse_probe's XLA translation (probe.cc), bound on CPU by
+// coarse_probe's XLA translation (xla/probe.cc), bound on CPU by
 // cpu/handlers_cpu.cc. The probe itself: runtime/probe.h.
 #pragma once
 
