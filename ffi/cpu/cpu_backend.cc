@@ -186,10 +186,10 @@ OptBuffers Advance(const OptBuffers& b, int64_t done) {
 
 }  // namespace
 
-void OptimizerF32(const OptScalars& o, const OptBuffers& given, int64_t n) {
+void OptimizerF32(const OptScalars& o, const OptBuffers& given, int64_t n, bool vectorized) {
   OptBuffers b = given;
 #if defined(COARSE_ADAM_AVX2)
-  if (o.kind != OptKind::kSgd && HasAvx2()) {
+  if (vectorized && o.kind != OptKind::kSgd && HasAvx2()) {
     const int64_t done = AdamAvx2(o, b, n);
     b = Advance(b, done);
     n -= done;
@@ -206,6 +206,12 @@ void OptimizerF32(const OptScalars& o, const OptBuffers& given, int64_t n) {
     if (slots > 0) b.s_out[0][i] = s0;
     if (slots > 1) b.s_out[1][i] = s1;
   }
+}
+
+COARSE_VECTOR_CLONES
+void TriadF32(float* __restrict a, const float* __restrict b, const float* __restrict c, float s,
+              int64_t n) {
+  for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
 }
 
 double SumSquaresF32(const float* x, int64_t n) {

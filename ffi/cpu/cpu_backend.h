@@ -28,8 +28,13 @@ void AddF32(float* __restrict acc, const float* __restrict x, int64_t n);
 void AddScaleF32(float* __restrict acc, const float* __restrict x, float scale, int64_t n);
 // x[i] *= scale
 void ScaleF32(float* x, float scale, int64_t n);
-// The proxy optimizer over n elements (Device::ApplyOptimizer).
-void OptimizerF32(const OptScalars& o, const OptBuffers& b, int64_t n);
+// The proxy optimizer over n elements (Device::ApplyOptimizer). Adam and
+// AdamW run 8 elements at a time with AVX2 where the CPU has it, the same
+// bits as the scalar loop (`vectorized` false: the scalar loop alone).
+void OptimizerF32(const OptScalars& o, const OptBuffers& b, int64_t n, bool vectorized = true);
+// a[i] = b[i] + s * c[i]: STREAM's triad (host_bench.h).
+void TriadF32(float* __restrict a, const float* __restrict b, const float* __restrict c, float s,
+              int64_t n);
 // sum x[i]^2, accumulated in f64 in index order.
 double SumSquaresF32(const float* x, int64_t n);
 // Device::FirstMismatch.

@@ -1,6 +1,7 @@
 // coarse_jax._coarse_cpu: the CPU handlers (registrations()) and the testing
 // hooks (sync_selftest, inject_dropped_push, live_sessions, take_virtual_spans), the
-// memory limits and the Ctrl-C hook (xla/runtime_binding.h).
+// memory limits and the Ctrl-C hook (xla/runtime_binding.h), and the host
+// optimizer's benchmark (HostOptimizerBench, cpu/host_bench.h).
 // The CUDA twin: cuda/module_cuda.cc.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -12,6 +13,7 @@
 #include "cpu/cpu_backend_choice.h"
 #include "cpu/cpu_selftest.h"
 #include "cpu/cpu_storage.h"
+#include "cpu/host_bench.h"
 #include "runtime/hand_out.h"
 #include "runtime/interrupt.h"
 #include "runtime/session.h"
@@ -111,6 +113,15 @@ NB_MODULE(_coarse_cpu, m) {
                                        momentum, in_place, coarse::CpuSelfTestPlatform());
       },
       COARSE_SELFTEST_ARGS, COARSE_SELFTEST_DOC " Runs on this module's backend (backend()).");
+  nb::class_<coarse::HostOptimizerBench>(
+      m, "HostOptimizerBench",
+      "Benchmarks: the host optimizer and a STREAM triad over n f32 elements in page-aligned "
+      "memory (ffi/cpu/host_bench.h): 32 bytes per element per optimizer pass, 12 per triad.")
+      .def(nb::init<int64_t>(), nb::arg("n"))
+      .def("adam", &coarse::HostOptimizerBench::Adam, nb::arg("adamw"), nb::arg("vectorized"),
+           "One Adam (adamw: AdamW) pass; vectorized: the AVX2 loop where the CPU has it.")
+      .def("triad", &coarse::HostOptimizerBench::Triad, "One pass of a[i] = b[i] + s * c[i].")
+      .def_prop_ro("n", &coarse::HostOptimizerBench::n);
   m.def("live_sessions", &coarse::LiveSessions,
         "Number of synchronization sessions the runtime holds right now.");
   m.def("take_virtual_spans", &coarse::TakeVirtualSpans,

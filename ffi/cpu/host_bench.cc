@@ -1,0 +1,63 @@
+// HostOptimizerBench (see host_bench.h).
+#include "cpu/host_bench.h"
+
+#include <sys/mman.h>
+
+#include <cmath>
+#include <new>
+
+#include "cpu/cpu_backend.h"
+
+namespace coarse {
+
+HostOptimizerBench::HostOptimizerBench(int64_t n) : n_(n < 8 ? 8 : n) {
+  for (float*& a : arrays_) {
+    void* p = mmap(nullptr, static_cast<size_t>(n_) * sizeof(float), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    a = static_cast<float*>(p);
+  }
+  for (int64_t i = 0; i < n_; ++i) {  // touches every page before a timed pass
+    const float g = 1e-2f * std::sin(0.1f * static_cast<float>(i));
+    arrays_[0][i] = g;
+    arrays_[1][i] = arrays_[2][i] = std::cos(0.3f * static_cast<float>(i));
+    arrays_[3][i] = arrays_[4][i] = 0.5f * g;
+    arrays_[5][i] = arrays_[6][i] = 0.3f * g * g;
+    arrays_[7][i] = 0.0f;
+  }
+}
+
+HostOptimizerBench::~HostOptimizerBench() {
+  for (float* a : arrays_)
+    if (a != nullptr) munmap(a, static_cast<size_t>(n_) * sizeof(float));
+}
+
+void HostOptimizerBench::Adam(bool adamw, bool vectorized) {
+  OptScalars o;
+  o.kind = adamw ? OptKind::kAdamW : OptKind::kAdam;
+  o.decay = adamw ? 1 : 0;
+  o.lr = 1e-3f;
+  o.b1 = 0.9f;
+  o.one_minus_b1 = 0.1f;
+  o.b2 = 0.999f;
+  o.one_minus_b2 = 1e-3f;
+  o.bc1 = 0.1f;
+  o.bc2 = 1e-3f;
+  o.eps = 1e-8f;
+  o.weight_decay = 1e-2f;
+  const int in = parity_, out = 1 - parity_;
+  OptBuffers b{};
+  b.grad_io = arrays_[0];
+  b.w_in = arrays_[1 + in];
+  b.w_out = arrays_[1 + out];
+  b.s_in[0] = arrays_[3 + in];
+  b.s_out[0] = arrays_[3 + out];
+  b.s_in[1] = arrays_[5 + in];
+  b.s_out[1] = arrays_[5 + out];
+  cpu::OptimizerF32(o, b, n_, vectorized);
+  parity_ = out;
+}
+
+void HostOptimizerBench::Triad() { cpu::TriadF32(arrays_[7], arrays_[1], arrays_[3], 0.5f, n_); }
+
+}  // namespace coarse
