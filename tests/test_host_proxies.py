@@ -292,3 +292,24 @@ def test_memory_report_puts_the_proxies_bytes_in_host_memory():
     assert ideal <= host.proxy.optimizer_bytes <= 1.25 * ideal + 4096
     assert host.worker == dev.worker  # the same workers' program
     assert "proxy: host" in host.table() and "proxy: host" not in dev.table()
+
+
+def test_a_lost_push_names_the_host_proxy_and_leaves_the_state():
+    from coarse_jax import _ffi
+
+    params = mlp_init(jax.random.key(8), SIZES)
+    batches = _batches(3, 2, 4)
+    # Worker 3 pushes everything to proxy 0, which serves workers 0 and 1.
+    cfg = coarse.Config(timeout_s=1.0, routes=((0, 0), (0, 0), (1, 1), (0, 0)))
+    step = coarse_update_step(_host(4, 2), coarse.optim.adam(1e-2), cfg)
+    w, _ = step(params, batches[0])
+    before = step.optimizer_state()
+    _ffi.inject_dropped_push(3)
+    with pytest.raises(
+        Exception,
+        match=r"proxy 0 \(in host memory, serving workers 0\.\.1\) timed out .* "
+        r"worker\(s\) 3 to push .*\(2 of 3 arrived\)",
+    ):
+        jax.block_until_ready(step(w, batches[1]))
+    _assert_bitwise(step.optimizer_state(), before)
+    jax.block_until_ready(step(w, batches[2]))  # the step goes on from the previous version

@@ -8,6 +8,25 @@
 namespace coarse {
 namespace ffi = xla::ffi;
 
+// How errors name a device (session.h). A proxy in host memory has no mesh
+// coordinates: it is named by its number and the workers it serves.
+std::string Who::Describe() const {
+  if (tier == kProxy && on_host) {
+    const int64_t lo = index * group, hi = lo + group - 1;
+    return "proxy " + std::to_string(index) + " (in host memory, serving worker" +
+           (group > 1 ? "s " + std::to_string(lo) + ".." + std::to_string(hi)
+                      : " " + std::to_string(lo)) +
+           ")";
+  }
+  const std::string head = std::string(tier == kWorker ? "worker " : "proxy ") +
+                           std::to_string(index) +
+                           " (tier=" + std::to_string(static_cast<int>(tier));
+  if (tier == kWorker || group <= 1) return head + ", data=" + std::to_string(index) + ")";
+  return head + ", data=" + std::to_string(index * group) + ".." +
+         std::to_string(index * group + group - 1) + ", shared by workers " +
+         std::to_string(index * group) + ".." + std::to_string(index * group + group - 1) + ")";
+}
+
 ffi::Error AcquireStorage(Call& call, Device& device) {
   if (call.plan().emulated && !device.SupportsEmulation())
     return ffi::Error::InvalidArgument(

@@ -163,16 +163,6 @@ static Registry& TheRegistry() {
   return *registry;
 }
 
-std::string Who::Describe() const {
-  const std::string head = std::string(tier == kWorker ? "worker " : "proxy ") +
-                           std::to_string(index) +
-                           " (tier=" + std::to_string(static_cast<int>(tier));
-  if (tier == kWorker || group <= 1) return head + ", data=" + std::to_string(index) + ")";
-  return head + ", data=" + std::to_string(index * group) + ".." +
-         std::to_string(index * group + group - 1) + ", shared by workers " +
-         std::to_string(index * group) + ".." + std::to_string(index * group + group - 1) + ")";
-}
-
 Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site, int64_t iteration,
                  int64_t step, int64_t interrupts_at_start, std::vector<int64_t> ordinals)
     : plan_(std::move(plan)),

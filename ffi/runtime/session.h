@@ -53,6 +53,8 @@ struct Who {
   // A proxy's group size k (COARSE k:1): the mesh repeats proxy j on "data"
   // positions j*k .. j*k + k - 1, next to its workers (coarse_jax/mesh.py).
   int64_t group = 1;
+  // A proxy in host memory (IsHostOrdinal): it has no mesh coordinates.
+  bool on_host = false;
   int64_t device(int64_t p) const { return tier == kWorker ? index : p + index; }
   std::string Describe() const;
 };
@@ -75,7 +77,10 @@ class Session {
   int64_t q() const { return plan_->proxies; }
   int64_t devices() const { return plan_->devices(); }
   // How the runtime names proxy k (Who::Describe).
-  Who proxy(int64_t k) const { return Who{kProxy, k, plan_->group_size()}; }
+  Who proxy(int64_t k) const {
+    const bool on_host = !ordinals_.empty() && IsHostOrdinal(ordinals_[plan_->workers + k]);
+    return Who{kProxy, k, plan_->group_size(), on_host};
+  }
 
   // Storage (from this module's pool; see storage.h).
   float* arena(int64_t proxy) { return storage_->arena(proxy); }
