@@ -30,6 +30,7 @@ class CpuDevice final : public Device {
   xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) override;
   xla::ffi::Error Publish() override { return xla::ffi::Error::Success(); }
   xla::ffi::Error Acquire(int64_t) override { return xla::ffi::Error::Success(); }
+  xla::ffi::Error SynchronizeHost(const char*) override { return xla::ffi::Error::Success(); }
   bool SupportsEmulation() const override { return true; }
   bool ReadsPeersInPlace() const override { return true; }
 };

@@ -113,6 +113,9 @@ class Device {
   // See the top of this file.
   virtual xla::ffi::Error Publish() = 0;
   virtual xla::ffi::Error Acquire(int64_t device) = 0;
+  // Waits on the host until this device has done everything enqueued so far:
+  // before the host reads or frees host memory the device's work touches.
+  virtual xla::ffi::Error SynchronizeHost(const char* what) = 0;
 
   // Whether this backend can run an emulated topology (host-timed links).
   virtual bool SupportsEmulation() const = 0;

@@ -85,6 +85,9 @@ ffi::Error RunProxyAcrossHosts(Call& call, Device& dev, ProxyUpdate& update) {
   const int64_t n = static_cast<int64_t>(chunks.size());
   ffi::Error err =
       ReducePieces(call, dev, &update, HostsStage{HostsStage::kToHosts, chunks.data(), n});
+  // The chunks are host memory that worker k reads once they are posted: on
+  // a device with streams the copies into them must have run first.
+  if (err.success()) err = dev.SynchronizeHost("the chunks for the other hosts");
   if (err.failure()) return err;
   session.PostHostChunks(k, 1);
   err = session.Wait(
@@ -117,6 +120,13 @@ void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob
       update.from_worker = true;
       status = job.across_hosts ? RunProxyAcrossHosts(call, dev, update)
                                 : ReducePieces(call, dev, &update);
+      // Across hosts the device's copies touch the session's host chunks:
+      // done before the job leaves (the session may end as soon as it has),
+      // whether or not the job failed.
+      if (job.across_hosts) {
+        ffi::Error synced = dev.SynchronizeHost("the chunks of the other hosts");
+        if (status.success()) status = std::move(synced);
+      }
     } else {
       status = ReducePieces(call, dev, nullptr, {}, job.in_place);
     }

@@ -43,6 +43,7 @@ class StreamDevice final : public Device {
   xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) override;
   xla::ffi::Error Publish() override;
   xla::ffi::Error Acquire(int64_t device) override;
+  xla::ffi::Error SynchronizeHost(const char* what) override { return stream_->Synchronize(what); }
   // Emulated links are timed on the host around operations that finish when
   // they return (CpuDevice); here they return when enqueued.
   bool SupportsEmulation() const override { return false; }
