@@ -6,9 +6,11 @@ caches hold):
 
 * ``coarse_*``: one pass of the CPU backend's optimizer, what a proxy runs on
   its share of the parameters (``_coarse_cpu.HostOptimizerBench``): the AVX2
-  loop and the scalar one, each counted as 32 bytes per element (reads the
-  gradient, the master weight and two moments; writes the weight twice, the
-  master's other buffer and the gradient's place, and two moments).
+  loop and the scalar one on one thread, and the AVX2 loop split over the
+  bounded host pool (``_pool``, as a proxy runs a large share), each counted
+  as 32 bytes per element (reads the gradient, the master weight and two
+  moments; writes the weight twice, the master's other buffer and the
+  gradient's place, and two moments).
 * ``triad``: a STREAM triad ``a = b + s * c`` over the same page-aligned
   memory, 12 bytes per element (STREAM's count): this machine's memory
   bandwidth for one thread.
@@ -36,6 +38,7 @@ from coarse_jax import _ffi
 
 N = int(os.environ.get("COARSE_BENCH_HOST_N", 1 << 22))
 BYTES = {"coarse_adamw_avx2": 32, "coarse_adamw_scalar": 32, "coarse_adam_avx2": 32}
+BYTES |= {"coarse_adamw_avx2_pool": 32}
 BYTES |= {"triad": 12, "optax_adamw_jit": 28}
 RESULTS: dict[str, float] = {}  # impl -> median seconds
 
@@ -50,7 +53,8 @@ def host_bench():
 def _print_summary() -> None:
     if not RESULTS:
         return
-    print(f"\nhost optimizer, {N} f32 elements, one thread ({os.cpu_count()} CPUs):")
+    threads = _ffi.cpu_module().host_threads()
+    print(f"\nhost optimizer, {N} f32 elements, one thread unless _pool ({threads} threads):")
     for impl, t in RESULTS.items():
         print(f"  {impl:<22} {t * 1e3:8.2f} ms  {BYTES[impl] * N / t / 1e9:6.2f} GB/s")
     gbs = {k: BYTES[k] * N / t / 1e9 for k, t in RESULTS.items()}
@@ -59,6 +63,9 @@ def _print_summary() -> None:
     if "coarse_adamw_avx2" in RESULTS and "optax_adamw_jit" in RESULTS:
         speedup = RESULTS["optax_adamw_jit"] / RESULTS["coarse_adamw_avx2"]
         print(f"  adamw elements/s, coarse / optax jit: {speedup:.2f}")
+    if "coarse_adamw_avx2_pool" in gbs and "triad" in gbs:
+        pool = gbs["coarse_adamw_avx2_pool"] / gbs["triad"]
+        print(f"  adamw on the pool / one thread's triad bandwidth: {pool:.2f}")
     if "coarse_adamw_avx2" in RESULTS and "coarse_adamw_scalar" in RESULTS:
         vec = RESULTS["coarse_adamw_scalar"] / RESULTS["coarse_adamw_avx2"]
         print(f"  adamw, AVX2 / scalar: {vec:.2f}")
@@ -72,16 +79,18 @@ def _record(benchmark, impl: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "impl, adamw, vectorized",
+    "impl, adamw, vectorized, parallel",
     [
-        ("coarse_adamw_avx2", True, True),
-        ("coarse_adamw_scalar", True, False),
-        ("coarse_adam_avx2", False, True),
+        ("coarse_adamw_avx2", True, True, False),
+        ("coarse_adamw_scalar", True, False, False),
+        ("coarse_adam_avx2", False, True, False),
+        ("coarse_adamw_avx2_pool", True, True, True),
     ],
 )
-def test_coarse_host_optimizer(benchmark, host_bench, impl, adamw, vectorized):
-    host_bench.adam(adamw, vectorized)  # warm up
-    benchmark.pedantic(host_bench.adam, args=(adamw, vectorized), rounds=10, warmup_rounds=1)
+def test_coarse_host_optimizer(benchmark, host_bench, impl, adamw, vectorized, parallel):
+    args = (adamw, vectorized, parallel)
+    host_bench.adam(*args)  # warm up
+    benchmark.pedantic(host_bench.adam, args=args, rounds=10, warmup_rounds=1)
     _record(benchmark, impl)
 
 

@@ -313,3 +313,30 @@ def test_a_lost_push_names_the_host_proxy_and_leaves_the_state():
         jax.block_until_ready(step(w, batches[1]))
     _assert_bitwise(step.optimizer_state(), before)
     jax.block_until_ready(step(w, batches[2]))  # the step goes on from the previous version
+
+
+def test_a_large_share_on_the_host_pool_matches_optax():
+    """A proxy's share of 2^20 elements: its optimizer runs split over the bounded host pool
+    (ffi/cpu/host_pool.h), the same updates as one thread's."""
+
+    def loss(params, batch):
+        return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+
+    params = {"w": jax.random.normal(jax.random.key(1), (1024, 1024)) * 0.03}
+    batch = {
+        "x": jax.random.normal(jax.random.key(2), (4, 1024)),
+        "y": jax.random.normal(jax.random.key(3), (4, 1024)),
+    }
+    tx = optax.adamw(1e-2, weight_decay=0.01)
+    step = coarse_update_step(
+        _host(2, 1),
+        coarse.optim.adamw(1e-2, weight_decay=0.01),
+        coarse.Config(shard_bytes=1 << 23),
+        loss,
+    )
+    ref = pmean_optax_step(2, tx, loss)
+    got, want, state = params, params, tx.init(params)
+    for _ in range(2):
+        got, _ = step(got, batch)
+        want, state, _ = ref(want, state, batch)
+    assert_tree_close(got, jax.device_get(want), rtol=1e-5, atol_scale=1e-5)

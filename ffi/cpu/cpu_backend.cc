@@ -171,8 +171,9 @@ bool HasAvx2() {
 }
 #endif
 
-// The first `done` elements' buffers skipped.
-OptBuffers Advance(const OptBuffers& b, int64_t done) {
+}  // namespace
+
+OptBuffers AdvanceBuffers(const OptBuffers& b, int64_t done) {
   OptBuffers r = b;
   r.grad_io += done;
   r.w_in += done;
@@ -184,14 +185,12 @@ OptBuffers Advance(const OptBuffers& b, int64_t done) {
   return r;
 }
 
-}  // namespace
-
 void OptimizerF32(const OptScalars& o, const OptBuffers& given, int64_t n, bool vectorized) {
   OptBuffers b = given;
 #if defined(COARSE_ADAM_AVX2)
   if (vectorized && o.kind != OptKind::kSgd && HasAvx2()) {
     const int64_t done = AdamAvx2(o, b, n);
-    b = Advance(b, done);
+    b = AdvanceBuffers(b, done);
     n -= done;
   }
 #endif

@@ -32,6 +32,8 @@ void ScaleF32(float* x, float scale, int64_t n);
 // AdamW run 8 elements at a time with AVX2 where the CPU has it, the same
 // bits as the scalar loop (`vectorized` false: the scalar loop alone).
 void OptimizerF32(const OptScalars& o, const OptBuffers& b, int64_t n, bool vectorized = true);
+// `b` with its first `done` elements skipped.
+OptBuffers AdvanceBuffers(const OptBuffers& b, int64_t done);
 // a[i] = b[i] + s * c[i]: STREAM's triad (host_bench.h).
 void TriadF32(float* __restrict a, const float* __restrict b, const float* __restrict c, float s,
               int64_t n);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/host_pool.h"
 #include "runtime/leaf_runs.h"
 
 namespace coarse {
@@ -108,7 +109,11 @@ ffi::Error CpuDevice::Scale(float* x, int64_t n, float scale) {
 }
 
 ffi::Error CpuDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
-  cpu::OptimizerF32(o, b, n);
+  // A large share (a host proxy's of a big model) on the bounded host pool:
+  // element-wise, so the same bits however it is split.
+  cpu::ParallelFor(n, cpu::kParallelMinElems, [&](int64_t lo, int64_t hi) {
+    cpu::OptimizerF32(o, cpu::AdvanceBuffers(b, lo), hi - lo);
+  });
   return ffi::Error::Success();
 }
 

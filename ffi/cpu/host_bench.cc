@@ -7,6 +7,7 @@
 #include <new>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/host_pool.h"
 
 namespace coarse {
 
@@ -32,7 +33,7 @@ HostOptimizerBench::~HostOptimizerBench() {
     if (a != nullptr) munmap(a, static_cast<size_t>(n_) * sizeof(float));
 }
 
-void HostOptimizerBench::Adam(bool adamw, bool vectorized) {
+void HostOptimizerBench::Adam(bool adamw, bool vectorized, bool parallel) {
   OptScalars o;
   o.kind = adamw ? OptKind::kAdamW : OptKind::kAdam;
   o.decay = adamw ? 1 : 0;
@@ -54,7 +55,12 @@ void HostOptimizerBench::Adam(bool adamw, bool vectorized) {
   b.s_out[0] = arrays_[3 + out];
   b.s_in[1] = arrays_[5 + in];
   b.s_out[1] = arrays_[5 + out];
-  cpu::OptimizerF32(o, b, n_, vectorized);
+  if (parallel)  // as CpuDevice::ApplyOptimizer runs it
+    cpu::ParallelFor(n_, cpu::kParallelMinElems, [&](int64_t lo, int64_t hi) {
+      cpu::OptimizerF32(o, cpu::AdvanceBuffers(b, lo), hi - lo, vectorized);
+    });
+  else
+    cpu::OptimizerF32(o, b, n_, vectorized);
   parity_ = out;
 }
 

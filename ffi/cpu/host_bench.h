@@ -22,9 +22,10 @@ class HostOptimizerBench {
   HostOptimizerBench& operator=(const HostOptimizerBench&) = delete;
 
   // One optimizer pass (adamw: with weight decay); `vectorized`: the AVX2
-  // loop where the CPU has it, else the scalar one. The output becomes the
-  // next pass's input (the state moves on, as a training loop's does).
-  void Adam(bool adamw, bool vectorized);
+  // loop where the CPU has it, else the scalar one; `parallel`: split over
+  // the bounded host pool (host_pool.h), as a proxy runs it. The output
+  // becomes the next pass's input (the state moves on, as in training).
+  void Adam(bool adamw, bool vectorized, bool parallel);
   // One triad pass.
   void Triad();
   int64_t n() const { return n_; }

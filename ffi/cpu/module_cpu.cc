@@ -14,6 +14,7 @@
 #include "cpu/cpu_selftest.h"
 #include "cpu/cpu_storage.h"
 #include "cpu/host_bench.h"
+#include "cpu/host_pool.h"
 #include "runtime/hand_out.h"
 #include "runtime/interrupt.h"
 #include "runtime/session.h"
@@ -119,9 +120,14 @@ NB_MODULE(_coarse_cpu, m) {
       "memory (ffi/cpu/host_bench.h): 32 bytes per element per optimizer pass, 12 per triad.")
       .def(nb::init<int64_t>(), nb::arg("n"))
       .def("adam", &coarse::HostOptimizerBench::Adam, nb::arg("adamw"), nb::arg("vectorized"),
-           "One Adam (adamw: AdamW) pass; vectorized: the AVX2 loop where the CPU has it.")
+           nb::arg("parallel") = false,
+           "One Adam (adamw: AdamW) pass; vectorized: the AVX2 loop where the CPU has it; "
+           "parallel: on the bounded host pool, as a proxy runs it.")
       .def("triad", &coarse::HostOptimizerBench::Triad, "One pass of a[i] = b[i] + s * c[i].")
       .def_prop_ro("n", &coarse::HostOptimizerBench::n);
+  m.def("host_threads", &coarse::cpu::HostThreads,
+        "The threads a proxy's optimizer may use on the host, its own included "
+        "(min(hardware threads, COARSE_JAX_HOST_THREADS or 8)).");
   m.def("live_sessions", &coarse::LiveSessions,
         "Number of synchronization sessions the runtime holds right now.");
   m.def("take_virtual_spans", &coarse::TakeVirtualSpans,
