@@ -63,7 +63,8 @@ test-streams: $(STAMP)
 	  tests/test_value_and_update.py tests/test_snapshots.py tests/test_shared_proxies.py \
 	  -k "($(STREAMS_CORE)) and not reference"
 	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
-	  $(VENV)/bin/pytest -q tests/test_fuzz.py tests/test_arguments.py tests/test_sync_selftest.py
+	  $(VENV)/bin/pytest -q tests/test_fuzz.py tests/test_arguments.py tests/test_sync_selftest.py \
+	  tests/test_host_proxies.py
 	$(VENV)/bin/pytest -q tests/test_streams_backend.py
 
 # The tests whose tolerances depend on rounding (pytest marker "rounding"),
