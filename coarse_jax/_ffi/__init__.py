@@ -5,6 +5,8 @@
 * `coarse_jax._ffi.calls`: push, proxy ring, worker ring, pull, each taking an
   explicit `CallSite` (plan, site, device ordinals).
 * `coarse_jax._ffi.hosts`: the in-host hand-out of the inter-host step.
+* `coarse_jax._ffi.layout`: what the runtime derives from a plan (storage,
+  exchange widths, optimizer state, the hosts' plan key), read from C++.
 
 Nothing here reads the API's state (`coarse_jax.api`): arrows point down.
 """
@@ -42,12 +44,14 @@ from coarse_jax._ffi.extension import (
     virtual_sync_seconds,
 )
 from coarse_jax._ffi.hosts import host_gather
+from coarse_jax._ffi.layout import PlanLayout, host_plan_key, plan_layout
 
 __all__ = [
     "CUDA_TARGETS",
     "Bucket",
     "CallSite",
     "CudaSupport",
+    "PlanLayout",
     "RingUpdate",
     "arm_interrupt_hook",
     "check_gpu_target",
@@ -57,10 +61,12 @@ __all__ = [
     "device_ordinals",
     "has_cuda_support",
     "host_gather",
+    "host_plan_key",
     "inject_dropped_push",
     "live_sessions",
     "memory_stats",
     "opt_count",
+    "plan_layout",
     "proxy_ring",
     "proxy_ring_from_hosts",
     "proxy_ring_to_hosts",

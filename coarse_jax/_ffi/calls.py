@@ -294,7 +294,7 @@ def proxy_ring_from_hosts(
 ) -> jax.Array:
     """Across hosts, the ring's second half: the global ``chunks`` back in, update, all-gather.
 
-    ``plan_keys``: int32[hosts], every host's `plan_key_32`; a proxy refuses
+    ``plan_keys``: int32[hosts], every host's `host_plan_key`; a proxy refuses
     to go on if they differ (the chunks would not line up).
     """
     operands, attrs = _ring_operands(call, me, [after], update)

@@ -113,38 +113,6 @@ def _host_sum(leaves: list[jax.Array], chunk: int, hosts: int, mean: bool) -> ja
     return _sum_over_hosts(mine, hosts, mean)
 
 
-def exchange_widths(plan: Plan) -> list[int]:
-    """Elements each proxy owns after the reduce-scatter of every piece of ``plan``.
-
-    Mirrors ExchangeRanges (ffi/runtime/param_store.cc), which checks the
-    buffer is wide enough: a DENSE piece (every worker routed to one proxy)
-    belongs to that proxy whole; a ring piece's two halves are each cut into
-    q chunks (the ring of the q proxies), and proxy k owns chunk (its ring
-    position + 1) % q of each. At COARSE k:1 proxy j's chunks travel through
-    its group's first worker (ffi/xla/proxy_ring.cc); the others carry zeros.
-    """
-    q = plan.proxies
-    out = [0] * q
-    for piece in plan.pieces:
-        n = piece.nelems
-        if all(d == piece.dest[0] for d in piece.dest):
-            out[piece.dest[0]] += n
-            continue
-        half = (0, n // 2, n)
-        for k in range(q):
-            for r in range(2):
-                size = half[r + 1] - half[r]
-                c = ((k if r == 0 else (q - k) % q) + 1) % q
-                out[k] += (c + 1) * size // q - c * size // q
-    return out
-
-
-def plan_key_32(call: _ffi.CallSite) -> int:
-    """The call site's plan key as the proxies compare it across hosts (ffi/xla/proxy_ring.cc),
-    read from the attributes the site already holds (computed once per call site)."""
-    return int(call.plan_attrs["plan_key"]) & 0x7FFFFFFF
-
-
 def ring_across_hosts(
     plan: Plan,
     call: _ffi.CallSite,
@@ -158,9 +126,10 @@ def ring_across_hosts(
     result (with ``update``: the new parameters).
     """
     hosts = lax.axis_size(HOST)
-    width = max(1, *exchange_widths(plan))
+    # What each proxy owns after the reduce-scatter: the runtime's ExchangeRanges.
+    width = max(1, *_ffi.plan_layout(call.plan_attrs).exchange_nelems)
     token, chunks = _ffi.proxy_ring_to_hosts(call, me, pushed, update, width)
-    key = _vary(jnp.int32(plan_key_32(call)), _EVERYWHERE)
+    key = _vary(jnp.int32(_ffi.host_plan_key(call.plan_attrs["plan_key"])), _EVERYWHERE)
     keys = _vary(lax.all_gather(key, HOST, to="invarying"), _EVERYWHERE)
     summed = _vary(_sum_over_hosts(chunks, hosts, plan.mean), _EVERYWHERE)
     return _ffi.proxy_ring_from_hosts(call, me, token, update, summed, keys)

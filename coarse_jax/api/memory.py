@@ -32,8 +32,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
-
+from coarse_jax import _ffi
 from coarse_jax.plan import Plan
 
 TIERS = ("worker", "proxy")
@@ -156,27 +155,23 @@ class MemoryReport:
 
 
 def arena_bytes(plan: Plan) -> list[int]:
-    """Each proxy's session storage for ``plan`` (ffi/runtime/plan.cc's layout)."""
-    q = plan.proxies
-    out = [0] * q
-    for piece in plan.pieces:
-        clients = [0] * q
-        for k in piece.dest:
-            clients[k] += 1
-        for k in range(q):
-            out[k] += max(1, clients[k]) * piece.nelems * 4
-    return out
+    """Each proxy's session storage for ``plan``, as the runtime lays it out (read from it)."""
+    return [4 * n for n in _ffi.plan_layout(plan.ffi_attrs()).arena_nelems]
 
 
 def optimizer_bytes(store: Any) -> int:
-    """The largest per-proxy bytes of a value_and_update store (measured or, before its
-    first step, computed: 1/q of the parameters, master plus slots, two buffers)."""
+    """The largest per-proxy bytes of a value_and_update store: measured, or before its first
+    step the runtime's layout of it (what each proxy owns of the parameters, master plus
+    slots, two buffers)."""
     measured = store.runtime.proxy_bytes()
     if measured:
         return int(max(measured))
-    n = sum(int(np.prod(s)) for s in store.shapes)
-    per_proxy = -(-n // store.plan.proxies)
-    return 2 * (1 + store.optimizer.slots) * per_proxy * 4
+    layout = _ffi.plan_layout(
+        store.plan.ffi_attrs(),
+        param_leaves=store.updated_sync_ids(),
+        optimizer=store.optimizer.ffi_attrs(),
+    )
+    return 4 * max(layout.state_floats)
 
 
 def memory_report(step: Any, *args: Any, **kwargs: Any) -> MemoryReport:

@@ -145,7 +145,7 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
     for (int64_t k = 0; k < q; ++k) {
       owned_[k] = OwnedRanges(plan, spec, k);
       for (const OwnedRange& r : owned_[k]) owned_nelems_[k] += r.hi - r.lo;
-      const int64_t floats = 2 * (1 + spec.slots()) * std::max<int64_t>(1, owned_nelems_[k]);
+      const int64_t floats = StateFloats(spec.slots(), owned_nelems_[k]);
       auto b = TheStoragePool().NewStateBuffer(session.ordinals(), p + k, floats);
       if (!b) {
         buffers_.clear();

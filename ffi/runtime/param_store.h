@@ -60,6 +60,13 @@ struct OptimizerSpec {
   }
 };
 
+// The floats a proxy's state takes for `owned` elements: the master and
+// `slots` state values each, in two buffers (a failed step keeps the previous
+// version), at least one element.
+inline int64_t StateFloats(int32_t slots, int64_t owned) {
+  return 2 * (1 + static_cast<int64_t>(slots)) * (owned > 1 ? owned : 1);
+}
+
 // Elements [lo, hi) of piece `piece`, stored at `off` in the owner's buffers.
 struct OwnedRange {
   int64_t piece, lo, hi, off;
@@ -69,7 +76,7 @@ struct OwnedRange {
 std::vector<OwnedRange> OwnedRanges(const Plan& plan, const OptimizerSpec& spec, int64_t k);
 // The same for every piece (parameters or not): what proxy k hands to the
 // sum over hosts between its reduce-scatter and all-gather
-// (coarse_jax/api/_hosts.py exchange_widths computes the sizes from the plan).
+// (coarse_jax/_ffi/layout.py reads their sizes through plan_layout).
 std::vector<OwnedRange> ExchangeRanges(const Plan& plan, int64_t k);
 
 // State in host memory, per parameter leaf (sync order): what export returns

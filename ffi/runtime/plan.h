@@ -93,6 +93,11 @@ struct Plan {
   std::string DescribePiece(int64_t piece) const;
 };
 
+// The 32-bit key by which the hosts of a mesh check that they run one plan
+// (coarse_proxy_ring's keys operand is int32[hosts]). Python reads it through
+// the extension (host_plan_key), never computing it again.
+inline int32_t HostPlanKey(int64_t key) { return static_cast<int32_t>(key & 0x7fffffff); }
+
 // Derives what follows from the routes and segments (shard numbering, DENSE
 // holders, contributors, the proxies' storage layout). GetPlan
 // (ffi/xla/plan_attrs.h) calls it; so does the self-test (sync_selftest.h), which

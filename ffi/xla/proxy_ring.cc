@@ -36,7 +36,7 @@ ffi::Error CheckSamePlan(const Plan& plan, ffi::AnyBuffer keys, const HostIo& io
   std::vector<int32_t> got(hosts);
   ffi::Error e = io.read(keys, got.data(), got.size() * sizeof(int32_t));
   if (e.failure()) return e;
-  const int32_t mine = static_cast<int32_t>(plan.key & 0x7fffffff);
+  const int32_t mine = HostPlanKey(plan.key);
   std::string differ;
   for (int64_t h = 0; h < hosts; ++h)
     if (got[h] != mine) differ += (differ.empty() ? "" : ", ") + std::to_string(h);
@@ -93,11 +93,11 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
     }
     std::vector<float>& mine = session.host_chunks(k);  // sized by proxy k before stage 1
     if (static_cast<int64_t>(chunks.value().element_count()) < static_cast<int64_t>(mine.size()))
-      return ffi::Error::Internal(
-          "coarse_jax: coarse_proxy_ring stage 2: proxy " + std::to_string(k) + " owns " +
-          std::to_string(mine.size()) + " elements but the summed chunks hold " +
-          std::to_string(chunks.value().element_count()) +
-          " (coarse_jax/api/_hosts.py exchange_widths disagrees with ExchangeRanges)");
+      return ffi::Error::Internal("coarse_jax: coarse_proxy_ring stage 2: proxy " +
+                                  std::to_string(k) + " owns " + std::to_string(mine.size()) +
+                                  " elements but the summed chunks hold " +
+                                  std::to_string(chunks.value().element_count()) +
+                                  " (the step was built from another plan than the one that runs)");
     e = io.read(chunks.value(), mine.data(), mine.size() * sizeof(float));
     if (e.failure()) return e;
     session.PostHostChunks(k, 2);
@@ -164,8 +164,8 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
         "coarse_jax: coarse_proxy_ring across hosts: proxy " + std::to_string(k) + " owns " +
         std::to_string(n) + " elements after the reduce-scatter but the exchange buffer has " +
         std::to_string(width) +
-        " (coarse_jax/api/_hosts.py exchange_widths disagrees with ExchangeRanges in "
-        "ffi/runtime/param_store.cc)");
+        " (the step was built from another plan than the one that runs: coarse_jax reads "
+        "the width from ExchangeRanges, ffi/runtime/param_store.cc)");
   e = dev.CopyBytes(dst, mine.data(), static_cast<size_t>(n) * sizeof(float));
   if (e.failure() || width == n) return e;
   return dev.ZeroBytes(dst + n, static_cast<size_t>(width - n) * sizeof(float));

@@ -1,6 +1,7 @@
 // The nanobind functions both modules define over their own runtime state:
 // memory limits and statistics (set_memory_limits, memory_stats) and the
-// Ctrl-C hook (arm_interrupt_hook, interrupt_state, use_interrupt_state).
+// Ctrl-C hook (arm_interrupt_hook, interrupt_state, use_interrupt_state);
+// and the layouts the runtime derives from a plan (plan_layout, host_plan_key).
 // coarse_jax/_ffi/extension.py wraps them (coarse.set_memory_limits,
 // coarse.memory_stats).
 #pragma once
@@ -10,6 +11,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -211,6 +213,76 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       },
       "The timeline spans recorded since the last call (Config(trace=True)): tuples (device, "
       "workers, name, piece, bytes, step, site, iteration, begin_ns, end_ns); forgets them.");
+  // What the runtime derives from a plan (FinishPlan, ExchangeRanges,
+  // OwnedRanges, StateFloats, HostPlanKey), for coarse_jax/_ffi/layout.py:
+  // Python reads these sizes and keys here instead of computing them again.
+  m.def("host_plan_key", &HostPlanKey, nb::arg("plan_key"),
+        "The 32-bit plan key the hosts of a mesh compare (coarse_proxy_ring's keys operand).");
+  m.def(
+      "plan_layout",
+      [](int64_t workers, int64_t proxies, std::vector<int64_t> piece_nelems,
+         std::vector<int64_t> piece_dest, std::vector<int64_t> segments,
+         std::optional<std::vector<int64_t>> leaf_flags, int64_t opt_kind, double momentum) {
+        const int64_t p = workers, q = proxies, S = static_cast<int64_t>(piece_nelems.size());
+        auto bad = [](const std::string& what) { throw std::invalid_argument(what); };
+        if (p < 1 || q < 1 || p % q != 0)
+          bad("plan_layout: workers must be >= 1 and divisible by proxies >= 1");
+        if (static_cast<int64_t>(piece_dest.size()) != S * p)
+          bad("plan_layout: piece_dest must hold pieces x workers entries");
+        if (segments.size() % 5 != 0) bad("plan_layout: segments must be 5-tuples");
+        Plan plan;
+        plan.workers = p;
+        plan.proxies = q;
+        plan.piece_nelems = piece_nelems;
+        for (int64_t d : piece_dest) {
+          if (d < 0 || d >= q) bad("plan_layout: piece_dest names a proxy outside [0, q)");
+          plan.piece_dest.push_back(static_cast<int32_t>(d));
+        }
+        // As ffi/xla/plan_attrs.cc lays them out: sorted by piece, each piece's first.
+        plan.piece_seg_begin.assign(S + 1, 0);
+        for (size_t g = 0; g < segments.size() / 5; ++g) {
+          const int64_t* v = &segments[5 * g];
+          if (v[3] < 0 || v[3] >= S || (g > 0 && v[3] < plan.segments.back().piece))
+            bad("plan_layout: segments must name pieces in [0, S), sorted");
+          plan.segments.push_back(Segment{v[0], v[1], v[2], v[3], v[4]});
+          plan.piece_seg_begin[v[3] + 1] = static_cast<int64_t>(g) + 1;
+        }
+        for (int64_t s = 1; s <= S; ++s)
+          plan.piece_seg_begin[s] = std::max(plan.piece_seg_begin[s], plan.piece_seg_begin[s - 1]);
+        for (int64_t s = 0; s < S; ++s)
+          if (plan.piece_seg_begin[s + 1] == plan.piece_seg_begin[s])
+            bad("plan_layout: every piece needs a segment");
+        FinishPlan(&plan);
+        nb::dict out;
+        std::vector<int64_t> exchange(q, 0), state;
+        for (int64_t k = 0; k < q; ++k)
+          for (const OwnedRange& r : ExchangeRanges(plan, k)) exchange[k] += r.hi - r.lo;
+        if (leaf_flags) {  // a value_and_update store: its optimizer state per proxy
+          OptimizerSpec spec;
+          spec.kind = static_cast<OptKind>(opt_kind);
+          spec.momentum = static_cast<float>(momentum);
+          spec.leaf_flags.assign(leaf_flags->begin(), leaf_flags->end());
+          for (const Segment& g : plan.segments)
+            if (g.leaf < 0 || g.leaf >= static_cast<int64_t>(spec.leaf_flags.size()))
+              bad("plan_layout: leaf_flags must cover every leaf the segments name");
+          for (int64_t k = 0; k < q; ++k) {
+            int64_t owned = 0;
+            for (const OwnedRange& r : OwnedRanges(plan, spec, k)) owned += r.hi - r.lo;
+            state.push_back(StateFloats(spec.slots(), owned));
+          }
+        }
+        out["arena_nelems"] = plan.arena_nelems;
+        out["exchange_nelems"] = exchange;
+        out["state_floats"] = state;
+        return out;
+      },
+      nb::arg("workers"), nb::arg("proxies"), nb::arg("piece_nelems"), nb::arg("piece_dest"),
+      nb::arg("segments"), nb::arg("leaf_flags").none() = nb::none(), nb::arg("opt_kind") = 0,
+      nb::arg("momentum") = 0.0,
+      "The runtime's layout of a plan (the attributes of coarse_jax.plan.Plan.ffi_attrs): "
+      "arena_nelems (each proxy's session storage, f32), exchange_nelems (what each proxy hands "
+      "to the sum over hosts) and, given leaf_flags (bit 0: a parameter leaf, sync order), "
+      "state_floats (each proxy's optimizer state, both buffers).");
   m.def("interrupt_count", &InterruptsSeen, "SIGINTs the hook has seen (testing).");
   m.def(
       "take_interrupts",

@@ -278,8 +278,8 @@ class PieceReducer {
           "coarse_jax: coarse_proxy_ring across hosts: proxy " + std::to_string(k_) + " owns " +
           std::to_string(n) + " elements after the reduce-scatter but the exchange buffer has " +
           std::to_string(hosts.width) +
-          " (coarse_jax/api/_hosts.py exchange_widths disagrees with ExchangeRanges in "
-          "ffi/runtime/param_store.cc)");
+          " (the step was built from another plan than the one that runs: coarse_jax reads "
+          "the width from ExchangeRanges, ffi/runtime/param_store.cc)");
     TraceScope span(session_, w_ + k_, to_hosts ? "to the other hosts" : "from the other hosts", -1,
                     n * 4);
     for (const OwnedRange& r : ranges) {
