@@ -13,7 +13,7 @@ BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "jax==0.10.2" "jaxlib==0
 XLA_CPU := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
 .PHONY: demo test bench install clean lint types imports check format fuzz wheel wheel-newest \
-	test-newest test-py313 test-isa test-streams bench-versions docs
+	test-newest test-py313 test-cuda-wheel test-isa test-streams bench-versions docs
 
 # The newest end of the supported range: Python 3.12 (pyenv's, else the first
 # of python3.12, python3.13, python3.14 on PATH) with the newest jax the
@@ -65,6 +65,8 @@ test-streams: $(STAMP)
 	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
 	  $(VENV)/bin/pytest -q tests/test_fuzz.py tests/test_arguments.py tests/test_sync_selftest.py \
 	  tests/test_host_proxies.py
+	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
+	  $(VENV)/bin/pytest -q tests/test_multihost.py -k test_twenty_optax_steps
 	$(VENV)/bin/pytest -q tests/test_streams_backend.py
 
 # The tests whose tolerances depend on rounding (pytest marker "rounding"),
@@ -143,6 +145,41 @@ test-newest: $(NEWEST_STAMP)
 		sys.version.split()[0], 'jax', jax.__version__)"
 	$(NEWEST)/bin/pytest -q tests
 
+# The CUDA wheel as a user gets it: a fresh venv with no build tools,
+# `pip install "coarse_jax[cuda13]"` from dist/, then has_cuda_support() must
+# find the extension (installed); on a host with no driver it says "no driver".
+CUDA_VENV := .venv-cuda13
+test-cuda-wheel: $(WHEEL_DIR)/.cuda13
+	rm -rf $(CUDA_VENV)
+	$(PYTHON_NEWEST) -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/python -m pip install -q --find-links $(WHEEL_DIR) "coarse_jax[cuda13]"
+	! $(CUDA_VENV)/bin/python -m pip list 2>/dev/null | grep -iE "^(cmake|ninja|scikit-build|nanobind|nvidia-cuda-nvcc) "
+	cd /tmp && $(CURDIR)/$(CUDA_VENV)/bin/python -c "import coarse_jax as c; s = c.has_cuda_support(); \
+		print('has_cuda_support:', bool(s), '-', s); assert s.module, s"
+
+# The public API on Python 3.13 from the same abi3 wheel, in a fresh venv with
+# no build tools and the newest jax pip resolves there: one test or file per
+# entry point (sync + value_and_grad, all_reduce, value_and_update + adam, an
+# NNX step, has_cuda_support), not the whole suite: CI has 45 minutes, and
+# test-newest runs it all on 3.12 from the same wheel. 39 tests, 85 s on the
+# 2-core machine at load 10-14 (the five files whole took 12 min there).
+PYTHON_313 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13.*/bin/python3.13) \
+	$(shell command -v python3.13 2>/dev/null))
+PY313 := .venv-py313
+PY313_TESTS := tests/test_cuda_support.py tests/test_value_and_grad.py::test_matches_per_worker_mean_f32 \
+	tests/test_all_reduce.py tests/test_nnx_and_jit_options.py::test_nnx_step_matches_nnx_jit_on_one_device \
+	"tests/test_value_and_update.py::test_hundred_steps_match_optax_under_pmean[adam-ffi]"
+
+test-py313: $(WHEEL_DIR)/.abi3
+	@[ -n "$(PYTHON_313)" ] || { echo "make: no Python 3.13 found (pyenv's or python3.13 on" \
+		"PATH); name one: make $@ PYTHON_313=/path/to/python3.13"; exit 1; }
+	rm -rf $(PY313)
+	$(PYTHON_313) -m venv $(PY313)
+	$(PY313)/bin/python -m pip install -q "$$(ls $(WHEEL_DIR)/coarse_jax-*-abi3-*.whl)[test]"
+	$(PY313)/bin/python -c "import sys, jax; print('test-py313: Python', \
+		sys.version.split()[0], 'jax', jax.__version__)"
+	$(PY313)/bin/pytest -q $(PY313_TESTS) -k "not two_thousand_small_leaves"
+
 # The figures a jax upgrade could lose (1 KiB all_reduce vs psum, ResNet-50
 # tree vs pmean), under jax 0.10.2 and under the newest (from the wheel).
 bench-versions: $(STAMP) $(NEWEST_STAMP)
@@ -189,7 +226,7 @@ bench: $(STAMP)
 # The checks .ci/run makes before the tests; each fails the build on its own.
 #   lint:  ruff's rules and formatting (Python), clang-format (C++/CUDA);
 #   types: mypy on the package;  imports: the layer contract in .importlinter.
-PY_TREE := coarse_jax tests benchmarks examples
+PY_TREE := coarse_jax tests benchmarks examples cuda_plugin
 CLANG_FORMAT := CLANG_FORMAT=$(CURDIR)/$(VENV)/bin/clang-format bash tools/check_format.sh
 
 lint: $(STAMP)
@@ -234,5 +271,5 @@ format: $(STAMP)
 	$(CLANG_FORMAT) --fix
 
 clean:
-	rm -rf build dist $(VENV) $(NEWEST) $(BUILD312) .pytest_cache .benchmarks docs/_build \
+	rm -rf build dist $(VENV) $(NEWEST) $(BUILD312) $(PY313) $(CUDA_VENV) .pytest_cache .benchmarks docs/_build \
 		docs/api/generated
