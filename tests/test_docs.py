@@ -41,6 +41,7 @@ PAGE_IDS = [str(p.relative_to(ROOT)) for p in PAGES]
 DOCTEST_MODULES = [
     "coarse_jax",
     "coarse_jax.api.sync",
+    "coarse_jax.api.proxy_state",
     "coarse_jax.api.grad",
     "coarse_jax.api.update",
     "coarse_jax.api.memory",

@@ -189,8 +189,13 @@ def _output_shape(
 
 @dataclasses.dataclass(frozen=True)
 class _Sync:
-    """One traced value_and_grad / value_and_update: what both paths share."""
+    """One traced value_and_grad / value_and_update: the call and what both paths share."""
 
+    ctx: _context.SyncContext
+    fun: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    update: ProxyOptimizer | None  # value_and_update's optimizer
     where: str
     cfg: Config
     plan: Any  # the sync's Plan: gradient leaves (flatten order), then the loss
@@ -201,66 +206,8 @@ class _Sync:
     has_aux: bool
 
 
-def _prepare(
-    ctx: _context.SyncContext,
-    fun: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    nums: tuple[int, ...],
-    single: bool,
-    has_aux: bool,
-    config: Config | None,
-    update: ProxyOptimizer | None,
-) -> _Sync:
-    """Checks the differentiated leaves and the loss, and plans the sync."""
-    where = "coarse.value_and_update" if update is not None else "coarse.value_and_grad"
-    cfg = config or ctx.config
-    if update is not None:
-        cfg = _update.check_config(cfg)
-    for i in nums:
-        for path, leaf in jax.tree_util.tree_flatten_with_path(args[i])[0]:
-            check_dtype(
-                f"{jax.tree_util.keystr(path) or '<root>'} of argument {i}",
-                jnp.result_type(leaf),
-                where,
-            )
-    out_shape = _output_shape(fun, nums, args, kwargs)
-    loss_shape, aux_shape = out_shape if has_aux else (out_shape, None)
-    if getattr(loss_shape, "shape", None) != () or not jnp.issubdtype(
-        loss_shape.dtype, jnp.floating
-    ):
-        raise TypeError(f"{where}: fun must return a float scalar loss, got {loss_shape}.")
-    diff_shapes = tuple(jax.eval_shape(lambda x: x, args[i]) for i in nums)
-    grads_shape = diff_shapes[0] if single else diff_shapes
-    # Sync tree: gradients first in flatten order (so the leading split
-    # takes the first layers), then the loss (pushed first: the sync
-    # order is the reverse). Group 1 keeps the loss out of gradient
-    # pieces. Aux is not synchronized: each worker keeps its own.
-    shapes = (grads_shape, loss_shape)
-    groups = (jax.tree.map(lambda _: 0, grads_shape), 1)
-    names = [
-        ("params" if update is not None else "grads") + jax.tree_util.keystr(path)
-        for path, _ in jax.tree_util.tree_flatten_with_path(grads_shape)[0]
-    ] + ["loss"]
-    plan = ctx.plan(shapes, cfg, groups=groups, names=names, where=where)
-    return _Sync(
-        where=where,
-        cfg=cfg,
-        plan=plan,
-        n_grad=len(jax.tree.leaves(grads_shape)),
-        grads_def=jax.tree.structure(grads_shape),
-        aux_def=jax.tree.structure(aux_shape),
-        nums=nums,
-        has_aux=has_aux,
-    )
-
-
 def _vjp(
     sync: _Sync,
-    fun: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
     *,
     wrap: Callable[[list[jax.Array], jax.Array | None], tuple[list[jax.Array], Any]] | None = None,
     first_token: bool = False,
@@ -274,6 +221,7 @@ def _vjp(
     differentiated too (`coarse.value_and_update`, whose gradients are not
     returned: its cotangent, the last push's token, orders what follows).
     """
+    fun, args, kwargs = sync.fun, sync.args, sync.kwargs
     diff = [_ffi.vary(args[i]) for i in sync.nums]  # varying: no implicit psum in the vjp
     diff_leaves, diff_def = jax.tree.flatten(tuple(diff))
 
@@ -311,17 +259,10 @@ def _result(sync: _Sync, leaves: list[jax.Array], aux: Any) -> Any:
     return loss, grads
 
 
-def _reference(
-    ctx: _context.SyncContext,
-    sync: _Sync,
-    fun: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    update: ProxyOptimizer | None,
-) -> Any:
+def _reference(sync: _Sync) -> Any:
     """mode="reference": the same values through pure JAX collectives (and optax)."""
-    loss, vjp_fn, aux = _vjp(sync, fun, args, kwargs)
+    ctx, update = sync.ctx, sync.update
+    loss, vjp_fn, aux = _vjp(sync)
     grads = list(vjp_fn(jnp.ones_like(loss)))
     leaves = _ffi.vary([*grads, loss])
     if update is not None:  # the mean in f32, as the proxies keep it
@@ -329,22 +270,15 @@ def _reference(
     leaves = reference.all_reduce(leaves, ctx.workers)
     if update is not None:
         leaves[: sync.n_grad] = _update.reference_update(
-            ctx, update, args[0], leaves[: sync.n_grad]
+            ctx, update, sync.args[0], leaves[: sync.n_grad]
         )
     return _result(sync, leaves, aux)
 
 
-def _ffi_sync(
-    ctx: _context.SyncContext,
-    sync: _Sync,
-    fun: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    update: ProxyOptimizer | None,
-) -> Any:
+def _ffi_sync(sync: _Sync) -> Any:
     """mode="ffi": each bucket pushed from inside the backward pass, the proxies' ring
     (with the optimizer for `coarse.value_and_update`), the pull."""
+    ctx, args, update = sync.ctx, sync.args, sync.update
     plan, n_grad = sync.plan, sync.n_grad
     call = ctx.call_site(plan, sync.where, pulls_pushed=update is None)
     site = None
@@ -369,7 +303,7 @@ def _ffi_sync(
                     leaves[t] = v
         return leaves, tok
 
-    loss, vjp_fn, aux = _vjp(sync, fun, args, kwargs, wrap=hooks, first_token=lean)
+    loss, vjp_fn, aux = _vjp(sync, wrap=hooks, first_token=lean)
     # The loss is known after the forward pass: push it now (it comes first
     # in plan order), passing it through so its push cannot be dropped; the
     # backward pass's pushes follow it in the token chain through the seed.
@@ -416,21 +350,55 @@ def synced_value_and_grad(
     With ``update`` (``nums == (0,)``) the proxies turn the mean gradients
     into new parameters (`coarse_jax.api.update`) and what comes back in
     place of the gradients is the updated params, in the params' dtypes.
-    The ffi path (`_ffi_sync`) and the reference path (`_reference`) share
-    the checks, the plan (`_prepare`) and the forward/backward (`_vjp`).
+    It checks the differentiated leaves and the loss and plans the sync;
+    then the ffi path (`_ffi_sync`) or the reference path (`_reference`)
+    runs it, both through the same forward/backward (`_vjp`).
     """
     where = "coarse.value_and_update" if update is not None else "coarse.value_and_grad"
     ctx = _context.current(where)
-    sync = _prepare(
-        ctx,
-        fun,
-        args,
-        kwargs,
-        nums=nums,
-        single=single,
-        has_aux=has_aux,
-        config=config,
+    cfg = config or ctx.config
+    if update is not None:
+        cfg = _update.check_config(cfg)
+    for i in nums:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(args[i])[0]:
+            check_dtype(
+                f"{jax.tree_util.keystr(path) or '<root>'} of argument {i}",
+                jnp.result_type(leaf),
+                where,
+            )
+    out_shape = _output_shape(fun, nums, args, kwargs)
+    loss_shape, aux_shape = out_shape if has_aux else (out_shape, None)
+    if getattr(loss_shape, "shape", None) != () or not jnp.issubdtype(
+        loss_shape.dtype, jnp.floating
+    ):
+        raise TypeError(f"{where}: fun must return a float scalar loss, got {loss_shape}.")
+    diff_shapes = tuple(jax.eval_shape(lambda x: x, args[i]) for i in nums)
+    grads_shape = diff_shapes[0] if single else diff_shapes
+    # Sync tree: gradients first in flatten order (so the leading split
+    # takes the first layers), then the loss (pushed first: the sync
+    # order is the reverse). Group 1 keeps the loss out of gradient
+    # pieces. Aux is not synchronized: each worker keeps its own.
+    shapes = (grads_shape, loss_shape)
+    groups = (jax.tree.map(lambda _: 0, grads_shape), 1)
+    names = [
+        ("params" if update is not None else "grads") + jax.tree_util.keystr(path)
+        for path, _ in jax.tree_util.tree_flatten_with_path(grads_shape)[0]
+    ] + ["loss"]
+    plan = ctx.plan(shapes, cfg, groups=groups, names=names, where=where)
+    sync = _Sync(
+        ctx=ctx,
+        fun=fun,
+        args=args,
+        kwargs=kwargs,
         update=update,
+        where=where,
+        cfg=cfg,
+        plan=plan,
+        n_grad=len(jax.tree.leaves(grads_shape)),
+        grads_def=jax.tree.structure(grads_shape),
+        aux_def=jax.tree.structure(aux_shape),
+        nums=nums,
+        has_aux=has_aux,
     )
-    path = _ffi_sync if sync.cfg.mode == "ffi" else _reference
-    return path(ctx, sync, fun, args, kwargs, update=update)
+    run = _ffi_sync if cfg.mode == "ffi" else _reference
+    return run(sync)

@@ -61,13 +61,10 @@ class ProxyState:
 
         Example:
           >>> opt = coarse.optim.sgd(0.1)
-          >>> @coarse.sync(mesh)
-          ... def step(params, batch):
-          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
-          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
-          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
-          >>> state = step.optimizer_state()    # optax.sgd(0.1)'s state
-          >>> jax.tree.leaves(step.optimizer_state()) == []
+          >>> loss = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          >>> step = coarse.sync(lambda p, b: coarse.value_and_update(loss, opt)(p, b)[::-1], mesh)
+          >>> params, _ = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> jax.tree.leaves(step.optimizer_state()) == []    # optax.sgd(0.1)'s: empty
           True
         """
         if self._config.mode == "reference":
@@ -89,21 +86,17 @@ class ProxyState:
           the latest finished step.
 
         Raises:
-          RuntimeError: the step has no `coarse.value_and_update`, or no step
-            has finished yet.
-          ValueError: ``index`` is missing while the step has several such
-            calls, or names none of them.
+          RuntimeError: as `optimizer_state` (no `coarse.value_and_update`, or
+            no step finished yet).
+          ValueError: as `optimizer_state` (``index`` missing or unknown).
 
         Example:
           >>> opt = coarse.optim.sgd(0.1)
-          >>> @coarse.sync(mesh)
-          ... def step(params, batch):
-          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
-          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
-          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
-          >>> master = step.master_params()
-          >>> master["w"].dtype, bool(jnp.all(master["w"] == params["w"]))
-          (dtype('float32'), True)
+          >>> loss = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          >>> step = coarse.sync(lambda p, b: coarse.value_and_update(loss, opt)(p, b)[::-1], mesh)
+          >>> params, _ = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> bool(jnp.all(step.master_params()["w"] == params["w"]))    # f32, as returned
+          True
         """
         if self._config.mode == "reference":
             return self._ref_held(index, "master_params")[0]
@@ -181,11 +174,9 @@ class ProxyState:
 
         Example:
           >>> opt = coarse.optim.sgd(0.1)
-          >>> @coarse.sync(mesh)
-          ... def step(params, batch):
-          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
-          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
-          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> loss = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          >>> step = coarse.sync(lambda p, b: coarse.value_and_update(loss, opt)(p, b)[::-1], mesh)
+          >>> params, _ = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
           >>> step.snapshot()
           1
         """
@@ -264,14 +255,11 @@ class ProxyState:
 
         Example:
           >>> opt = coarse.optim.sgd(0.1)
-          >>> @coarse.sync(mesh)
-          ... def step(params, batch):
-          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
-          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
-          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
-          >>> step.snapshot()
-          1
-          >>> params, loss = step(params, jnp.ones((8, 3)))     # step 2
+          >>> loss = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          >>> step = coarse.sync(lambda p, b: coarse.value_and_update(loss, opt)(p, b)[::-1], mesh)
+          >>> params, _ = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> count = step.snapshot()                           # step 1
+          >>> params, _ = step(params, jnp.ones((8, 3)))        # step 2
           >>> params = step.restore()                           # back to step 1
           >>> step.restored_count
           1
@@ -325,13 +313,11 @@ class ProxyState:
 
         Example:
           >>> opt = coarse.optim.sgd(0.1)
-          >>> @coarse.sync(mesh)
-          ... def step(params, batch):
-          ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
-          ...     return coarse.value_and_update(f, opt)(params, batch)[::-1]
-          >>> params, loss = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
-          >>> step.reset_optimizer()
-          >>> params, loss = step({"w": jnp.zeros((3,))}, jnp.ones((8, 3)))  # other params: fine
+          >>> loss = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
+          >>> step = coarse.sync(lambda p, b: coarse.value_and_update(loss, opt)(p, b)[::-1], mesh)
+          >>> params, _ = step({"w": jnp.ones((3,))}, jnp.ones((8, 3)))
+          >>> step.reset_optimizer(index=0)
+          >>> params, _ = step({"w": jnp.zeros((3,))}, jnp.ones((8, 3)))  # other params: fine
         """
         self._pending_load = None
         if self._config.mode == "reference":
