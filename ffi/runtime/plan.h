@@ -1,7 +1,7 @@
 // The synchronization plan as the runtime sees it: pieces, segments, routes and
 // the storage layout every proxy uses for them.
 //
-// The Python planner (coarse_jax/plan.py) decides everything; it hands the
+// The Python planner (coarse_jax/plan/) decides everything; it hands the
 // decisions to every custom call as FFI attributes (plain int64 arrays), so a
 // compiled program carries its own plan and nothing is registered out of band.
 // The handlers parse a plan once per process (cached by `plan_key`,

@@ -1,6 +1,6 @@
 // The plan and the emulated topology, read from a custom call's attributes.
 //
-// The Python planner (coarse_jax/plan.py) hands its decisions to every
+// The Python planner (coarse_jax/plan/) hands its decisions to every
 // custom call as FFI attributes (plain int64 / float64 arrays), so a compiled
 // program carries its own plan. This is the only code that reads them; the
 // runtime sees the parsed Plan (runtime/plan.h) and Topology
