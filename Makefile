@@ -50,8 +50,9 @@ test: $(STAMP)
 # device its own memory and one in-order stream, events between them, the
 # CUDA backend's orchestration; seeded random delays (COARSE_JAX_STREAM_CHAOS)
 # so a missing event wait or host synchronization reads data not there yet.
-# mode="reference" cases are left out: they never reach the runtime. Then the
-# same training under both backends, compared bitwise.
+# mode="reference" cases are left out: they never reach the runtime. The same
+# training under both backends, compared bitwise, is tests/test_streams_backend.py
+# (its own subprocesses pick the backends), which `make test` runs.
 STREAMS_CORE = test_matches_per_worker_mean_f32 or test_leading_bytes_split or \
   test_half_precision_params or test_dtypes_and_ops or test_crossing_routes_fig10 or \
   test_adam_across_workers_routes_and_leading or test_params_that_are_not_what or \
@@ -67,7 +68,6 @@ test-streams: $(STAMP)
 	  tests/test_host_proxies.py
 	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
 	  $(VENV)/bin/pytest -q tests/test_multihost.py -k test_twenty_optax_steps
-	$(VENV)/bin/pytest -q tests/test_streams_backend.py
 
 # The tests whose tolerances depend on rounding (pytest marker "rounding"),
 # again under other codegen: XLA:CPU compiles for the host's CPU, so another
@@ -130,7 +130,7 @@ wheel: $(WHEEL_DIR)/.cp311 $(WHEEL_DIR)/.abi3 $(WHEEL_DIR)/.cuda13
 wheel-newest: $(WHEEL_DIR)/.abi3 $(WHEEL_DIR)/.cuda13
 	ls $(WHEEL_DIR)
 
-# The whole suite at the newest end: a fresh Python 3.12 venv with no build
+# The suite at the newest end: a fresh Python 3.12 venv with no build
 # tools, the abi3 wheel installed from dist/ and the newest jax pip resolves
 # within the package's range.
 $(NEWEST_STAMP): $(WHEEL_DIR)/.abi3
@@ -140,10 +140,12 @@ $(NEWEST_STAMP): $(WHEEL_DIR)/.abi3
 	$(NEWEST)/bin/python -m pip install -q "$$(ls $(WHEEL_DIR)/coarse_jax-*-abi3-*.whl)[test]"
 	touch $@
 
+# Less the tests marked "once" (tests/conftest.py ONCE): the slowest, whose
+# path a faster test covers here; `make test` runs them at the oldest jax.
 test-newest: $(NEWEST_STAMP)
 	$(NEWEST)/bin/python -c "import sys, jax; print('test-newest: Python', \
 		sys.version.split()[0], 'jax', jax.__version__)"
-	$(NEWEST)/bin/pytest -q tests
+	$(NEWEST)/bin/pytest -q -m "not once" tests
 
 # The CUDA wheel as a user gets it: a fresh venv with no build tools,
 # `pip install "coarse_jax[cuda13]"` from dist/, then has_cuda_support() must
