@@ -178,9 +178,17 @@ def test_streams_backend_with_chaos_matches_cpu_bitwise(tmp_path: Path):
         if name == "cpu":
             full.pop("COARSE_JAX_STREAM_CHAOS", None)
         subprocess.run(
-            [sys.executable, str(script), cpu.__file__, str(tmp_path / "in.npz"),
-             str(tmp_path / f"{name}.npz")],
-            env=full, check=True, timeout=600, cwd=tmp_path,
+            [
+                sys.executable,
+                str(script),
+                cpu.__file__,
+                str(tmp_path / "in.npz"),
+                str(tmp_path / f"{name}.npz"),
+            ],
+            env=full,
+            check=True,
+            timeout=600,
+            cwd=tmp_path,
         )
         runs[name] = dict(np.load(tmp_path / f"{name}.npz"))
     assert str(runs["cpu"]["backend"]) == "cpu"

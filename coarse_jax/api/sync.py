@@ -66,31 +66,18 @@ class SyncedStep(ProxyState):
         fn: Callable[..., Any],
         mesh: Mesh,
         config: Config | None,
-        batch_argnums: int | Sequence[int] | None,
-        static_argnums: int | Sequence[int] | None = None,
-        donate_argnums: int | Sequence[int] | None = None,
         batch_outputs: int | Sequence[int] | None = None,
-        *,
-        batch_argnames: str | Sequence[str] | None = None,
-        static_argnames: str | Sequence[str] | None = None,
-        donate_argnames: str | Sequence[str] | None = None,
+        **argument_options: Any,
     ) -> None:
+        # argument_options: `coarse.sync`'s *_argnums / *_argnames, for
+        # `_arguments.Arguments` (which checks them and names the option).
         functools.update_wrapper(self, fn)
         self.mesh = mesh
         # The workers over all hosts: a batch's leading axis is split over them.
         self._all_workers = mesh.shape[DATA] * (mesh.shape["host"] if has_hosts(mesh) else 1)
         self._fn = fn
         self._name: str = getattr(fn, "__name__", "step")
-        self._arguments = _arguments.Arguments(
-            fn,
-            self._name,
-            batch_argnums=batch_argnums,
-            batch_argnames=batch_argnames,
-            static_argnums=static_argnums,
-            static_argnames=static_argnames,
-            donate_argnums=donate_argnums,
-            donate_argnames=donate_argnames,
-        )
+        self._arguments = _arguments.Arguments(fn, self._name, **argument_options)
         self._batch_outputs = tuple(
             sorted(set(_arguments.indices(batch_outputs, "batch_outputs", self._name)))
         )
@@ -467,14 +454,12 @@ def sync(
       >>> float(loss)
       1.0
     """
-    options: SyncOptions = {
-        "config": config,
+    arguments: SyncOptions = {
         "batch_argnums": batch_argnums,
-        "static_argnums": static_argnums,
-        "donate_argnums": donate_argnums,
-        "batch_outputs": batch_outputs,
         "batch_argnames": batch_argnames,
+        "static_argnums": static_argnums,
         "static_argnames": static_argnames,
+        "donate_argnums": donate_argnums,
         "donate_argnames": donate_argnames,
     }
     if isinstance(fn, Mesh) and mesh is None:
@@ -484,6 +469,6 @@ def sync(
     checked = check_mesh(mesh, "coarse.sync")
 
     def decorate(f: Callable[..., Any]) -> SyncedStep:
-        return SyncedStep(f, checked, **options)
+        return SyncedStep(f, checked, config, batch_outputs, **arguments)
 
     return decorate if fn is None else decorate(fn)
