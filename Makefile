@@ -140,12 +140,14 @@ $(NEWEST_STAMP): $(WHEEL_DIR)/.abi3
 	$(NEWEST)/bin/python -m pip install -q "$$(ls $(WHEEL_DIR)/coarse_jax-*-abi3-*.whl)[test]"
 	touch $@
 
-# Less the tests marked "once" (tests/conftest.py ONCE): the slowest, whose
-# path a faster test covers here; `make test` runs them at the oldest jax.
+# --at-newest (tests/conftest.py): less the tests marked "once" (the slowest,
+# whose path a faster test covers here), and of each parametrized test the
+# cases enough that every value of every parameter runs once, not every
+# combination; `make test` runs all of it at the oldest jax.
 test-newest: $(NEWEST_STAMP)
 	$(NEWEST)/bin/python -c "import sys, jax; print('test-newest: Python', \
 		sys.version.split()[0], 'jax', jax.__version__)"
-	$(NEWEST)/bin/pytest -q -m "not once" tests
+	$(NEWEST)/bin/pytest -q --at-newest tests
 
 # The CUDA wheel as a user gets it: a fresh venv with no build tools,
 # `pip install "coarse_jax[cuda13]"` from dist/, then has_cuda_support() must

@@ -26,7 +26,7 @@ from coarse_jax.mesh import HOST_AXES
 
 HERE = pathlib.Path(__file__).parent
 SCRIPT = HERE / "multihost_script.py"
-LIMIT_S = 100
+LIMIT_S = 150  # a hang detector: quiet, a scenario takes 10-45 s; loaded (load 15), up to 97 s
 
 
 def _launch(tmp_path, *args, processes=2, devices=8, limit=LIMIT_S, env=None):

@@ -9,12 +9,21 @@ coordination service (about 0.4 ms on one machine), bounded by
 error naming it. This checks arrival at dispatch only: a process that dies
 while a step runs is caught by the collective library and the coordination
 service's heartbeats instead.
+
+A call that compiles a new program also compares the processes' plans
+(`Arrival.same_plans`) before it runs: the hosts sum chunks laid out by the
+plan, so different plans (another ``Config`` or parameter tree on one process)
+must be refused on every process alike. Refused inside the program instead,
+one process could stop short of an inter-host collective that another is
+already in, which would then wait out the collective library's own limit.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
+from typing import Any
 
 import jax
 
@@ -45,8 +54,7 @@ class Arrival:
         self._step = step
         self._id = next(_instances)
 
-    def wait(self, call: int, timeout_s: float) -> None:
-        """Returns once every process dispatches call ``call``; raises after ``timeout_s``."""
+    def _client(self) -> Any:
         client = _client()
         if client is None:
             raise RuntimeError(
@@ -54,9 +62,19 @@ class Arrival:
                 "initialized in this process. Fix: call jax.distributed.initialize(...) (or "
                 "coarse_jax.launch.initialize()) before coarse.make_mesh."
             )
-        barrier = f"coarse_jax/{self._id}/{self._step}/{call}"
+        return client
+
+    def wait(self, call: int, timeout_s: float, programs: int = 1) -> None:
+        """Returns once every process dispatches call ``call``; raises after ``timeout_s``.
+
+        ``programs``: how many programs of the step this process has compiled.
+        It names the barrier, so a process that compiles a new program (other
+        shapes) where another does not meets nobody, and both raise.
+        """
+        client = self._client()
+        barrier = f"coarse_jax/{self._id}/{self._step}/{call}/{programs}"
         try:
-            client.wait_at_barrier(barrier, max(1, int(timeout_s * 1000)))  # type: ignore[attr-defined]
+            client.wait_at_barrier(barrier, max(1, int(timeout_s * 1000)))
         except Exception as err:  # jaxlib's JaxRuntimeError
             text = str(err)
             if "DEADLINE_EXCEEDED" not in text and "timed out" not in text.lower():
@@ -67,6 +85,32 @@ class Arrival:
             raise RuntimeError(
                 f"coarse.sync({self._step}): {who} of {jax.process_count()} did not arrive at call "
                 f"{call} within timeout_s={timeout_s:g} s (this is process "
-                f"{jax.process_index()}). Every process must run every step: check that "
-                f"{who} is alive and runs the same steps (its log says why not)."
+                f"{jax.process_index()}, with {programs} compiled program(s) of this step). "
+                f"Every process must run every step, with the same shapes: check that {who} "
+                "is alive and runs the same steps on the same shapes (its log says why not)."
             ) from err
+
+    def same_plans(self, call: int, plan_keys: list[int], timeout_s: float) -> None:
+        """Raises ValueError, on every process alike, unless every process's new program
+        for call ``call`` has the same plans (``plan_keys``, `Plan.ffi_attrs`'s)."""
+        client = self._client()
+        me, n = jax.process_index(), jax.process_count()
+        digest = hashlib.sha256(",".join(map(str, plan_keys)).encode()).hexdigest()[:32]
+        base = f"coarse_jax/{self._id}/{self._step}/{call}/plans"
+        client.key_value_set(f"{base}/{me}", digest)
+        ms = max(1, int(timeout_s * 1000))
+        differ = [
+            h
+            for h in range(n)
+            if h != me and client.blocking_key_value_get(f"{base}/{h}", ms) != digest
+        ]
+        if differ:
+            raise ValueError(
+                f"coarse.sync({self._step}): the hosts of this mesh synchronize with different "
+                f"plans (the plan of host(s) {', '.join(map(str, differ))} differs from this "
+                f"host's, process {me}), so the chunks they sum would not line up; no process "
+                "ran the step. Fix: pass the same coarse.Config (routes, shard_bytes, "
+                "latency_threshold_bytes, timeout_s, topology) and the same parameter tree on "
+                "every process; a Config.from_profile measured on each host separately "
+                "differs, so profile once and share it."
+            )

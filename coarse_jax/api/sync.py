@@ -247,17 +247,25 @@ class SyncedStep(ProxyState):
         # Ctrl-C abandons a step stalled in the runtime (unless the program
         # installed its own SIGINT handler); checked per call, about 2.5 us.
         _ffi.arm_interrupt_hook()
-        if has_hosts(self.mesh) and jax.process_count() > 1 and not layout.outer_trace:
+        across = has_hosts(self.mesh) and jax.process_count() > 1 and not layout.outer_trace
+        if across:
             # Every process must dispatch this call: a host that never comes
             # fails the others here, naming it, instead of a hang in the
             # inter-host collective.
-            self._arrival.wait(self._calls, cfg.timeout_s)
+            self._arrival.wait(self._calls, cfg.timeout_s, programs=len(self._compiled))
         jitted: Any = self._compiled[key]
         if new and cfg.mode == "ffi":
             # Before anything runs: a coarse call that only some devices would
             # run (inside a cond on a mesh axis) is a TypeError, not a hang.
             # jit caches the trace, so the call below does not trace again.
             _uniform.check(jitted.trace(*dyn, self._ref_state).jaxpr, self._site_names, self._name)
+            if across:  # the trace just built this program's plans
+                keys = [int(plan.ffi_attrs()["plan_key"]) for plan in self._traced_plans]
+                try:
+                    self._arrival.same_plans(self._calls, keys, cfg.timeout_s)
+                except ValueError:
+                    del self._compiled[key]  # checked again, on every process, next call
+                    raise
         if self._pending_load is not None:
             if not self._stores:  # trace now: the stores come from the trace
                 jitted.trace(*dyn, self._ref_state)

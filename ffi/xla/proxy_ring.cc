@@ -28,6 +28,11 @@ namespace ffi = xla::ffi;
 namespace {
 
 // Every host must run the same plan: the chunks they sum are laid out by it.
+// coarse.sync compares the processes' plans before a new program runs
+// (coarse_jax/api/_arrival.py), on every process alike; this check is the
+// one left for a step called inside the user's own jit (no such meeting).
+// Refused here, a process may stop short of an inter-host collective that
+// another is in, which then waits out the collective library's own limit.
 ffi::Error CheckSamePlan(const Plan& plan, ffi::AnyBuffer keys, const HostIo& io) {
   const int64_t hosts = static_cast<int64_t>(keys.element_count());
   if (keys.element_type() != ffi::DataType::S32 || hosts < 1)
