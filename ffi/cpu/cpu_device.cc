@@ -144,4 +144,13 @@ ffi::Error CpuDevice::CopyBytes(void* dst, const void* src, size_t bytes) {
   return ffi::Error::Success();
 }
 
+// One address space: host memory is this device's memory.
+ffi::Error CpuDevice::CopyToHost(void* host, const void* own, size_t bytes) {
+  return CopyBytes(host, own, bytes);
+}
+
+ffi::Error CpuDevice::CopyFromHost(void* own, const void* host, size_t bytes) {
+  return CopyBytes(own, host, bytes);
+}
+
 }  // namespace coarse

@@ -28,6 +28,8 @@ class CpuDevice final : public Device {
                                             xla::ffi::DataType dtype) override;
   xla::ffi::Error ZeroBytes(void* dst, size_t bytes) override;
   xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) override;
+  xla::ffi::Error CopyToHost(void* host, const void* own, size_t bytes) override;
+  xla::ffi::Error CopyFromHost(void* own, const void* host, size_t bytes) override;
   xla::ffi::Error Publish() override { return xla::ffi::Error::Success(); }
   xla::ffi::Error Acquire(int64_t) override { return xla::ffi::Error::Success(); }
   xla::ffi::Error SynchronizeHost(const char*) override { return xla::ffi::Error::Success(); }

@@ -6,12 +6,14 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "cpu/cpu_backend_choice.h"
 #include "cpu/host_kernels.h"
+#include "runtime/host_memory.h"
 #include "runtime/storage.h"
 
 namespace coarse {
@@ -174,13 +176,28 @@ ffi::Error HostStream::FirstMismatch(const float* master, const float* given, in
   return ffi::Error::Success();
 }
 
-ffi::Error HostStream::Memset(void* dst, size_t bytes, const char*) {
+// A device's Copy or Memset on the runtime's host memory is the CUDA
+// backend's error (a device-to-device copy of a host pointer): refused here
+// too, so that CPU runs catch it (runtime/host_memory.h).
+static ffi::Error NotHostMemory(const void* p, size_t bytes, const char* what) {
+  if (!IsHostMemory(p, bytes)) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string("coarse_jax: ") + what +
+                              ": a device copy or memset touched the runtime's host memory "
+                              "(use Device::CopyToHost/CopyFromHost, runtime/device.h)");
+}
+
+ffi::Error HostStream::Memset(void* dst, size_t bytes, const char* what) {
+  ffi::Error e = NotHostMemory(dst, bytes, what);
+  if (e.failure()) return e;
   q_.Enqueue([=] { std::memset(dst, 0, bytes); });
   return ffi::Error::Success();
 }
 
 ffi::Error HostStream::Copy(void* dst, int64_t, const void* src, int64_t, size_t bytes,
-                            const char*) {
+                            const char* what) {
+  ffi::Error e = NotHostMemory(dst, bytes, what);
+  if (e.success()) e = NotHostMemory(src, bytes, what);
+  if (e.failure()) return e;
   // One address space: a peer copy is a memcpy, but on this stream, in its
   // order, as cudaMemcpyPeerAsync on the caller's stream.
   q_.Enqueue([=] { std::memcpy(dst, src, bytes); });

@@ -109,6 +109,13 @@ class Device {
   // pass-through outputs).
   virtual xla::ffi::Error ZeroBytes(void* dst, size_t bytes) = 0;
   virtual xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) = 0;
+  // Between this device's memory and plain host memory (a std::vector of the
+  // session's, such as the chunks across hosts): on a GPU a host-to-device or
+  // device-to-host copy, never a device-to-device one. Enqueued like the rest:
+  // the host reads `host` after SynchronizeHost, and keeps `host` alive until
+  // then (ToDevice may read it only when its copy runs).
+  virtual xla::ffi::Error CopyToHost(void* host, const void* own, size_t bytes) = 0;
+  virtual xla::ffi::Error CopyFromHost(void* own, const void* host, size_t bytes) = 0;
 
   // See the top of this file.
   virtual xla::ffi::Error Publish() = 0;

@@ -79,7 +79,7 @@ ffi::Error RunProxyAcrossHosts(Call& call, Device& dev, ProxyUpdate& update) {
   Session& session = *call.session;
   const int64_t k = call.who.index;
   const std::vector<OwnedRange> ranges = ExchangeRanges(call.plan(), k);
-  std::vector<float>& chunks = session.host_chunks(k);
+  HostVector<float>& chunks = session.host_chunks(k);
   chunks.assign(ranges.empty() ? 0 : ranges.back().off + (ranges.back().hi - ranges.back().lo),
                 0.0f);
   const int64_t n = static_cast<int64_t>(chunks.size());

@@ -188,7 +188,7 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
   norm_parts_.reset(new double[q]());
   update_posted_ = Counters<int32_t>(q, 0);
   update_scalars_.reset(new float[3 * q]());
-  host_chunks_.reset(new std::vector<float>[q]);
+  host_chunks_.reset(new HostVector<float>[q]);
   host_stage_ = Counters<int32_t>(q, 0);
   if (plan_->emulated) {
     emulator_ = std::make_unique<Emulator>(plan_->topology);

@@ -35,6 +35,7 @@
 
 #include "runtime/device.h"
 #include "runtime/emulator.h"
+#include "runtime/host_memory.h"
 #include "runtime/plan.h"
 #include "runtime/storage.h"
 #include "xla/ffi/api/ffi.h"
@@ -225,7 +226,7 @@ class Session {
   // The buffer is proxy k's (host memory; only proxy k resizes it, before it
   // posts stage 1); stage 1: the proxy exported them, 2: the worker put the
   // global chunks back.
-  std::vector<float>& host_chunks(int64_t proxy) { return host_chunks_[proxy]; }
+  HostVector<float>& host_chunks(int64_t proxy) { return host_chunks_[proxy]; }
   void PostHostChunks(int64_t proxy, int32_t stage);
   bool HostChunksAt(int64_t proxy, int32_t stage) const {
     return host_stage_[proxy].load(std::memory_order_acquire) >= stage;
@@ -284,7 +285,7 @@ class Session {
   std::atomic<bool> proxies_started_{false};
   std::unique_ptr<std::atomic<int32_t>[]> update_posted_;  // [proxy]
   std::unique_ptr<float[]> update_scalars_;                // [proxy * 3]
-  std::unique_ptr<std::vector<float>[]> host_chunks_;      // [proxy]
+  std::unique_ptr<HostVector<float>[]> host_chunks_;       // [proxy]
   std::unique_ptr<std::atomic<int32_t>[]> host_stage_;     // [proxy]
   std::atomic<int64_t> norm_posted_{0};
 

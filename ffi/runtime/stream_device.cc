@@ -194,6 +194,16 @@ ffi::Error StreamDevice::CopyBytes(void* dst, const void* src, size_t bytes) {
   return stream_->Copy(dst, self_, src, self_, bytes, "copying a pass-through result");
 }
 
+ffi::Error StreamDevice::CopyToHost(void* host, const void* own, size_t bytes) {
+  if (bytes == 0) return ffi::Error::Success();
+  return stream_->Download(host, own, bytes, "copying to host memory");
+}
+
+ffi::Error StreamDevice::CopyFromHost(void* own, const void* host, size_t bytes) {
+  if (bytes == 0) return ffi::Error::Success();
+  return stream_->Upload(own, host, bytes, "copying from host memory");
+}
+
 ffi::Error StreamDevice::Publish() { return stream_->Record(res_.event(self_)); }
 
 ffi::Error StreamDevice::Acquire(int64_t device) {

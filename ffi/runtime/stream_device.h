@@ -41,6 +41,8 @@ class StreamDevice final : public Device {
                                             xla::ffi::DataType dtype) override;
   xla::ffi::Error ZeroBytes(void* dst, size_t bytes) override;
   xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) override;
+  xla::ffi::Error CopyToHost(void* host, const void* own, size_t bytes) override;
+  xla::ffi::Error CopyFromHost(void* own, const void* host, size_t bytes) override;
   xla::ffi::Error Publish() override;
   xla::ffi::Error Acquire(int64_t device) override;
   xla::ffi::Error SynchronizeHost(const char* what) override { return stream_->Synchronize(what); }

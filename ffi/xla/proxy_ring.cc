@@ -96,7 +96,7 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
       session.Poison(std::string(e.message()));
       return e;
     }
-    std::vector<float>& mine = session.host_chunks(k);  // sized by proxy k before stage 1
+    HostVector<float>& mine = session.host_chunks(k);  // sized by proxy k before stage 1
     if (static_cast<int64_t>(chunks.value().element_count()) < static_cast<int64_t>(mine.size()))
       return ffi::Error::Internal("coarse_jax: coarse_proxy_ring stage 2: proxy " +
                                   std::to_string(k) + " owns " + std::to_string(mine.size()) +
@@ -162,7 +162,7 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
                " to reduce-scatter every piece within the host (its chunks for the other hosts)";
       });
   if (e.failure()) return e;
-  const std::vector<float>& mine = session.host_chunks(k);
+  const HostVector<float>& mine = session.host_chunks(k);
   const int64_t n = static_cast<int64_t>(mine.size());
   if (n > width)
     return ffi::Error::Internal(
@@ -171,7 +171,8 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
         std::to_string(width) +
         " (the step was built from another plan than the one that runs: coarse_jax reads "
         "the width from ExchangeRanges, ffi/runtime/param_store.cc)");
-  e = dev.CopyBytes(dst, mine.data(), static_cast<size_t>(n) * sizeof(float));
+  // `mine` is host memory (the session's), `dst` XLA's buffer on this device.
+  e = dev.CopyFromHost(dst, mine.data(), static_cast<size_t>(n) * sizeof(float));
   if (e.failure() || width == n) return e;
   return dev.ZeroBytes(dst + n, static_cast<size_t>(width - n) * sizeof(float));
 }

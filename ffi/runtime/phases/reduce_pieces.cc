@@ -286,11 +286,12 @@ class PieceReducer {
       float* own = Own(r.piece) + r.lo;
       float* x = hosts.chunks + r.off;
       const size_t bytes = static_cast<size_t>(r.hi - r.lo) * sizeof(float);
-      ffi::Error err = to_hosts ? dev_.CopyBytes(x, own, bytes) : dev_.CopyBytes(own, x, bytes);
+      // `x` is host memory (the session's chunks), `own` this proxy's storage.
+      ffi::Error err = to_hosts ? dev_.CopyToHost(x, own, bytes) : dev_.CopyFromHost(own, x, bytes);
       if (err.failure()) return err;
     }
-    if (to_hosts && hosts.width > n)
-      return dev_.ZeroBytes(hosts.chunks + n, static_cast<size_t>(hosts.width - n) * sizeof(float));
+    if (to_hosts && hosts.width > n)  // host memory: the host zeroes it
+      std::fill(hosts.chunks + n, hosts.chunks + hosts.width, 0.0f);
     return ffi::Error::Success();
   }
 
