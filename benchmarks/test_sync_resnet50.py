@@ -9,7 +9,11 @@ gradient tree (~25.6M parameters, ~97.5 MiB) over 4 workers:
   collectives over the same 8 devices);
 * ``coarse_ffi_2to1``: ``coarse_ffi`` with 2 proxies, each shared by 2 workers
   (COARSE(2:1), ``make_mesh(workers=4, proxies=2)``, 6 devices);
-* ``pmean``: ``jit(shard_map(pmean))`` over a 4-device ``("data",)`` mesh.
+* ``pmean``: ``jit(shard_map(pmean))`` over a 4-device ``("data",)`` mesh;
+* ``coarse_host`` / ``coarse_host_p8``: ``coarse_ffi`` with the proxies in host
+  memory (``make_mesh(..., proxies_on="host")``, issue 38): 4 workers on 4
+  devices, and 8 workers on all 8 devices (8 host proxies), against ``pmean``
+  and ``pmean_p8`` (8 devices) on the same devices.
 
 The tree is passed as a batch argument with a leading axis of one slice per
 worker, so each worker reduces its own values as it would after a backward
@@ -38,7 +42,8 @@ import coarse_jax as coarse
 from coarse_jax.bench.shapes import RESNET50_SHAPES  # the 161 leaves, written out
 from coarse_jax.mesh import workers_mesh
 
-WORKERS = 4
+WORKERS = 4  # the default; the *_p8 cases run 8
+MAX_WORKERS = 8
 ROUNDS = 30
 
 
@@ -50,21 +55,24 @@ def test_shapes_are_resnet50() -> None:
 
 @pytest.fixture(scope="module")
 def per_worker_grads() -> collections.OrderedDict[str, np.ndarray]:
-    """One float32 gradient tree per worker, stacked on a leading axis of size 4.
+    """One float32 gradient tree per worker, stacked on a leading axis of size 8 (a case
+    of p workers takes the first p).
 
     An OrderedDict keeps network order when flattened (a dict would be sorted
     by name), which is the order coarse pushes in reverse.
     """
     rng = np.random.default_rng(0)
     return collections.OrderedDict(
-        (name, rng.standard_normal((WORKERS, *shape), dtype=np.float32))
+        (name, rng.standard_normal((MAX_WORKERS, *shape), dtype=np.float32))
         for name, shape in RESNET50_SHAPES
     )
 
 
-def coarse_sync(mode: str, proxies: int = WORKERS) -> tuple[Callable[[Any], Any], NamedSharding]:
+def coarse_sync(
+    mode: str, proxies: int = WORKERS, workers: int = WORKERS, proxies_on: str = "devices"
+) -> tuple[Callable[[Any], Any], NamedSharding]:
     """``coarse.all_reduce`` of the per-worker tree inside a `coarse.sync` step."""
-    mesh = coarse.make_mesh(workers=WORKERS, proxies=proxies)
+    mesh = coarse.make_mesh(workers=workers, proxies=proxies, proxies_on=proxies_on)
 
     @coarse.sync(mesh, config=coarse.Config(mode=mode))
     def sync_grads(per_worker: Any) -> Any:
@@ -76,9 +84,9 @@ def coarse_sync(mode: str, proxies: int = WORKERS) -> tuple[Callable[[Any], Any]
     return sync_grads, NamedSharding(workers_mesh(mesh), P("data"))
 
 
-def pmean_sync() -> tuple[Callable[[Any], Any], NamedSharding]:
-    """``lax.pmean`` of the per-worker tree over a 4-device data mesh."""
-    mesh = jax.make_mesh((WORKERS,), ("data",), devices=jax.devices()[:WORKERS])
+def pmean_sync(workers: int = WORKERS) -> tuple[Callable[[Any], Any], NamedSharding]:
+    """``lax.pmean`` of the per-worker tree over a ``workers``-device data mesh."""
+    mesh = jax.make_mesh((workers,), ("data",), devices=jax.devices()[:workers])
 
     def sync_grads(per_worker: Any) -> Any:
         return lax.pmean(jax.tree.map(lambda x: x[0], per_worker), "data")
@@ -91,8 +99,15 @@ IMPLS: dict[str, Callable[[], tuple[Callable[[Any], Any], NamedSharding]]] = {
     "coarse_ffi": lambda: coarse_sync("ffi"),
     "coarse_reference": lambda: coarse_sync("reference"),
     "coarse_ffi_2to1": lambda: coarse_sync("ffi", proxies=WORKERS // 2),
+    "coarse_host": lambda: coarse_sync("ffi", proxies_on="host"),
     "pmean": pmean_sync,
+    "coarse_host_p8": lambda: coarse_sync("ffi", 8, 8, "host"),
+    "pmean_p8": lambda: pmean_sync(8),
 }
+
+
+def workers_of(impl: str) -> int:
+    return 8 if impl.endswith("_p8") else WORKERS
 
 
 @pytest.mark.parametrize("impl", list(IMPLS))
@@ -104,13 +119,15 @@ def test_sync_resnet50(
 ) -> None:
     """Times one all-reduce of the ResNet-50 gradient tree."""
     fn, sharding = IMPLS[impl]()
-    tree = jax.block_until_ready(jax.device_put(per_worker_grads, sharding))
+    workers = workers_of(impl)
+    mine = {name: x[:workers] for name, x in per_worker_grads.items()}
+    tree = jax.block_until_ready(jax.device_put(mine, sharding))
 
     # Compile, warm up, and check the result once, all outside the timed calls.
     out = jax.block_until_ready(fn(tree))
     for name in ("stem/conv/kernel", "stage4/block2/conv2/kernel", "head/dense/bias"):
         np.testing.assert_allclose(
-            np.asarray(out[name]), per_worker_grads[name].mean(axis=0), rtol=1e-5, atol=1e-6
+            np.asarray(out[name]), mine[name].mean(axis=0), rtol=1e-5, atol=1e-6
         )
     del out
     jax.block_until_ready(fn(tree))
@@ -119,10 +136,15 @@ def test_sync_resnet50(
         lambda: jax.block_until_ready(fn(tree)), rounds=ROUNDS, iterations=1, warmup_rounds=1
     )
 
-    nbytes = sum(x.nbytes // WORKERS for x in per_worker_grads.values())
+    nbytes = sum(x.nbytes // workers for x in mine.values())
     median_s = benchmark.stats.stats.median
-    busbw_gbs = nbytes / median_s * 2 * (WORKERS - 1) / WORKERS / 1e9
+    busbw_gbs = nbytes / median_s * 2 * (workers - 1) / workers / 1e9
     benchmark.extra_info.update(
         {"bytes": nbytes, "time_per_call_s": median_s, "busbw_GBps": busbw_gbs}
     )
-    sync_results[impl] = {"bytes": nbytes, "median_s": median_s, "busbw_gbs": busbw_gbs}
+    sync_results[impl] = {
+        "bytes": nbytes,
+        "median_s": median_s,
+        "busbw_gbs": busbw_gbs,
+        "workers": workers,
+    }

@@ -1,5 +1,5 @@
 // The in-host hand-out of the inter-host step (coarse_jax/api/_hosts.py): the
-// devices of one host, 2p of them, each offer one chunk and each receive every
+// workers of one host, p of them, each offer one chunk and each receive every
 // chunk, through shared memory of the process (one memcpy per chunk).
 //
 // Across hosts every device of a host holds one chunk of the global result
