@@ -30,9 +30,12 @@ TRIES = int(os.environ.get("COARSE_INTERRUPT_TRIES", "2"))
 
 _LOOP_SCRIPT = textwrap.dedent(
     """
-    import signal, sys
+    import faulthandler, signal, sys
     import jax, jax.numpy as jnp
     import coarse_jax as coarse
+
+    # The test asks for every thread's stack (SIGUSR1) if the process does not exit.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     workers, proxies, caught = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "caught"
     # Python's own default, even where this process was started with SIGINT
@@ -104,7 +107,17 @@ def _interrupt_loop(tmp_path, workers, proxies, mode, delay):
         else:
             pytest.fail(f"the loop ended by itself ({proc.returncode}): {proc.stderr.read()}")  # type: ignore[union-attr]
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            # Where it waits: every thread's Python stack, then the failure.
+            proc.send_signal(signal.SIGUSR1)
+            try:
+                out, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            pytest.fail(f"no exit within 60 s of the SIGINT; its stacks then:\n{err[-8000:]}")
         return proc.returncode, line + out, err
     finally:
         if proc.poll() is None:

@@ -11,6 +11,7 @@ driver; `has_cuda_support` says whether CUDA can run.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import signal
 import threading
@@ -83,6 +84,19 @@ if _cuda_extension is not None:
     # which the CUDA module's waits read.
     if _coarse_cpu is not None:
         _coarse_cuda.use_interrupt_state(_coarse_cpu.interrupt_state())
+
+
+def _set_exiting() -> None:
+    # After a Ctrl-C, a step XLA ran after the SIGINT could otherwise hold the
+    # exit for up to timeout_s (ffi/runtime/interrupt.h SetExiting). Registered
+    # at import, so it runs after the snapshot writers' flush (registered
+    # later; atexit runs last-in first-out) and before jax's own clean-up.
+    for module in (_coarse_cpu, _coarse_cuda):
+        if module is not None:
+            module.set_exiting()
+
+
+atexit.register(_set_exiting)
 
 # Custom calls the CUDA extension implements (coarse_probe, the profiler's
 # transfers, is CPU-only).

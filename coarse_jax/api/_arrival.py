@@ -99,11 +99,21 @@ class Arrival:
         base = f"coarse_jax/{self._id}/{self._step}/{call}/plans"
         client.key_value_set(f"{base}/{me}", digest)
         ms = max(1, int(timeout_s * 1000))
-        differ = [
-            h
-            for h in range(n)
-            if h != me and client.blocking_key_value_get(f"{base}/{h}", ms) != digest
-        ]
+        differ = []
+        for h in range(n):
+            if h == me:
+                continue
+            try:
+                theirs = client.blocking_key_value_get(f"{base}/{h}", ms)
+            except Exception as err:  # jaxlib's JaxRuntimeError
+                raise RuntimeError(
+                    f"coarse.sync({self._step}): process {h} of {n} did not say which plans "
+                    f"its new program for call {call} has within timeout_s={timeout_s:g} s "
+                    f"(this is process {me}). Every process must run every step on the same "
+                    f"shapes: check that process {h} is alive (its log says why not)."
+                ) from err
+            if theirs != digest:
+                differ.append(h)
         if differ:
             raise ValueError(
                 f"coarse.sync({self._step}): the hosts of this mesh synchronize with different "

@@ -113,6 +113,16 @@ void SetInterruptAborts(bool aborts) {
   g_state.load(std::memory_order_acquire)->aborts.store(aborts, std::memory_order_release);
 }
 
+namespace {
+std::atomic<bool> g_exiting{false};
+}  // namespace
+
+void SetExiting() { g_exiting.store(true, std::memory_order_release); }
+
+bool ExitingAfterInterrupt() {
+  return g_exiting.load(std::memory_order_acquire) && InterruptsSeen() > 0;
+}
+
 bool InterruptAborts() {
   return g_state.load(std::memory_order_acquire)->aborts.load(std::memory_order_acquire);
 }

@@ -107,4 +107,13 @@ void SetInterruptAckRequester(AckRequester requester);
 void SetInterruptAborts(bool aborts);
 bool InterruptAborts();
 
+// The interpreter is exiting (Python's atexit, coarse_jax/_ffi/extension.py).
+// After a Ctrl-C, a step that XLA ran after the SIGINT (a loop running ahead
+// dispatched it before) is not interrupted by it, and where its inputs failed
+// on some devices its other devices would wait for them until timeout_s,
+// while jax's own exit waits for the step: the process would not exit for up
+// to timeout_s. So once exiting, any SIGINT seen stops every wait.
+void SetExiting();
+bool ExitingAfterInterrupt();
+
 }  // namespace coarse

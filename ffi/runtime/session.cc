@@ -339,7 +339,7 @@ ffi::Error Session::GaveUp(const Who& who, const std::string& doing) {
 }
 
 bool Session::Interrupted() const {
-  return InterruptAborts() && InterruptCount() != interrupts_at_start_;
+  return InterruptAborts() && (InterruptCount() != interrupts_at_start_ || ExitingAfterInterrupt());
 }
 
 ffi::Error Session::StopInterrupted(const Who& who, const std::string& doing) {

@@ -284,6 +284,8 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       "to the sum over hosts) and, given leaf_flags (bit 0: a parameter leaf, sync order), "
       "state_floats (each proxy's optimizer state, both buffers).");
   m.def("interrupt_count", &InterruptsSeen, "SIGINTs the hook has seen (testing).");
+  m.def("set_exiting", &SetExiting,
+        "The interpreter is exiting: after a SIGINT every wait stops (runtime/interrupt.h).");
   m.def(
       "take_interrupts",
       []() {
