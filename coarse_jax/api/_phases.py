@@ -15,13 +15,7 @@ import jax.numpy as jnp
 
 from coarse_jax import _ffi
 from coarse_jax.api import _hosts
-from coarse_jax.plan import BucketPlan, Plan
-
-
-def bucket_leaves(plan: Plan, bucket: BucketPlan) -> list[int]:
-    """Tree indices of a bucket's leaves, in the order the push takes them."""
-    first = bucket.first_leaf
-    return [plan.sync_order[s] for s in range(first, first + bucket.num_leaves)]
+from coarse_jax.plan import Plan
 
 
 def push_in_order(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> jax.Array:
@@ -29,7 +23,7 @@ def push_in_order(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> j
     me, tok = _ffi.who(), _ffi.token()
     for b in plan.buckets:
         _, tok = _ffi.push(
-            call, me, tok, [leaves[t] for t in bucket_leaves(plan, b)], b, passthrough=False
+            call, me, tok, [leaves[t] for t in plan.bucket_leaves(b)], b, passthrough=False
         )
     return tok
 

@@ -23,7 +23,6 @@ import optax
 from coarse_jax import _ffi
 from coarse_jax._ffi.store import RuntimeStore
 from coarse_jax.api import _context, _hosts
-from coarse_jax.api._phases import finish as finish_sync
 from coarse_jax.config import Config
 from coarse_jax.optim import ProxyOptimizer
 from coarse_jax.plan import Plan
@@ -76,6 +75,15 @@ class Site:
     call: _ffi.CallSite
     attrs: dict[str, Any]
     n_params: int
+
+    def ring_update(self, params: list[jax.Array], leaves: list[jax.Array]) -> _ffi.RingUpdate:
+        """The ring's optimizer operands: this step's count and scalars, and the proxies'
+        leaves (the params in place of their gradients, then the pushed loss)."""
+        plan, call = self.store.plan, self.call
+        count = _ffi.opt_count(call, _ffi.who(), self.attrs)
+        scalars = self.store.optimizer.scalars(count)
+        ops = [params[t] if t < self.n_params else leaves[t] for t in plan.proxy_leaves]
+        return _ffi.RingUpdate(ops, scalars, self.attrs)
 
 
 def check_config(cfg: Config) -> Config:
@@ -167,15 +175,3 @@ def register(
     # starts the proxies' jobs (ffi/runtime/service.h), which run the optimizer.
     call = dataclasses.replace(call, site_attrs=attrs)
     return Site(store, call, attrs, n_params)
-
-
-def finish(
-    site: Site, leaves: list[jax.Array], pushed: list[jax.Array], params: list[jax.Array]
-) -> list[jax.Array]:
-    """Ring with the optimizer and pull: the new params (tree order), then the mean loss."""
-    plan, call = site.store.plan, site.call
-    count = _ffi.opt_count(call, _ffi.who(), site.attrs)
-    scalars = site.store.optimizer.scalars(count)
-    ops = [params[t] if t < site.n_params else leaves[t] for t in plan.proxy_leaves]
-    update = _ffi.RingUpdate(ops, scalars, site.attrs)
-    return finish_sync(plan, call, leaves, pushed, in_place=True, update=update)

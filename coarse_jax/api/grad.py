@@ -13,7 +13,7 @@ import numpy as np
 
 from coarse_jax import _ffi, reference
 from coarse_jax.api import _context, _nnx, _update
-from coarse_jax.api._phases import bucket_leaves, finish
+from coarse_jax.api._phases import finish
 from coarse_jax.config import Config
 from coarse_jax.optim import ProxyOptimizer
 from coarse_jax.plan import BucketPlan, check_dtype
@@ -204,6 +204,8 @@ class _Sync:
     aux_def: Any  # aux's tree structure (None without aux)
     nums: tuple[int, ...]
     has_aux: bool
+    call: _ffi.CallSite | None = None  # the ffi path's call site (the optimizer's attributes too)
+    site: _update.Site | None = None  # the ffi path's value_and_update site
 
 
 def _vjp(
@@ -278,13 +280,8 @@ def _reference(sync: _Sync) -> Any:
 def _ffi_sync(sync: _Sync) -> Any:
     """mode="ffi": each bucket pushed from inside the backward pass, the proxies' ring
     (with the optimizer for `coarse.value_and_update`), the pull."""
-    ctx, args, update = sync.ctx, sync.args, sync.update
-    plan, n_grad = sync.plan, sync.n_grad
-    call = ctx.call_site(plan, sync.where, pulls_pushed=update is None)
-    site = None
-    if update is not None:
-        site = _update.register(ctx, call, plan, update, args[0], n_grad)
-        call = site.call  # with the optimizer's attributes, on every call of the site
+    plan, n_grad, call, site = sync.plan, sync.n_grad, sync.call, sync.site
+    assert call is not None
     # value_and_update: the gradients are not returned, only pushed; the
     # chain's first token is differentiated too, so its cotangent (the last
     # push's token) comes out of the vjp and orders the ring after the pushes.
@@ -295,7 +292,7 @@ def _ffi_sync(sync: _Sync) -> Any:
         # the token runs in plan order.
         tok = first_tok if first_tok is not None else _ffi.token()
         for b in reversed(plan.buckets):
-            ids = bucket_leaves(plan, b)
+            ids = plan.bucket_leaves(b)
             if ids[0] < n_grad:
                 hook = _push_hook(call, b, keep=not lean)
                 tok, *hooked = hook(tok, *[leaves[t] for t in ids])
@@ -310,7 +307,7 @@ def _ffi_sync(sync: _Sync) -> Any:
     head = [loss]
     me, tok = _ffi.who(), _ffi.token()
     for b in plan.buckets:
-        ids = bucket_leaves(plan, b)
+        ids = plan.bucket_leaves(b)
         if ids[0] >= n_grad:
             pushed, tok = _ffi.push(
                 call, me, tok, [head[t - n_grad] for t in ids], b, passthrough=True
@@ -319,18 +316,20 @@ def _ffi_sync(sync: _Sync) -> Any:
                 head[t - n_grad] = v
     seed = jnp.ones_like(loss) + 0.0 * tok.astype(loss.dtype)
     grads = list(vjp_fn(seed))
+    update = None
     if site is not None:
         # The pushes' last token stands for the gradients. The pull writes the
         # new params over the old ones (donated, or copied by XLA): nothing the
         # size of the gradients stays alive.
         last_push, *head_leaves = _ffi.vary([grads[0], *head])
-        params = list(jax.tree.leaves(args[0]))
-        leaves = _update.finish(site, params + head_leaves, [last_push], params)
+        params = list(jax.tree.leaves(sync.args[0]))
+        leaves, pushed = params + head_leaves, [last_push]
+        update = site.ring_update(params, leaves)
     else:
         leaves = _ffi.vary(grads + head)
         # The pushed values (pass-through outputs) order the rest after the pushes.
         pushed = [leaves[t] for t in plan.proxy_leaves]
-        leaves = finish(plan, call, leaves, pushed, in_place=True)
+    leaves = finish(plan, call, leaves, pushed, in_place=True, update=update)
     return _result(sync, leaves, _ffi.vary(aux) if aux is not None else None)
 
 
@@ -385,6 +384,13 @@ def synced_value_and_grad(
         for path, _ in jax.tree_util.tree_flatten_with_path(grads_shape)[0]
     ] + ["loss"]
     plan = ctx.plan(shapes, cfg, groups=groups, names=names, where=where)
+    n_grad = len(jax.tree.leaves(grads_shape))
+    call = site = None
+    if cfg.mode == "ffi":
+        call = ctx.call_site(plan, where, pulls_pushed=update is None)
+        if update is not None:
+            site = _update.register(ctx, call, plan, update, args[0], n_grad)
+            call = site.call  # with the optimizer's attributes, on every call of the site
     sync = _Sync(
         ctx=ctx,
         fun=fun,
@@ -394,11 +400,13 @@ def synced_value_and_grad(
         where=where,
         cfg=cfg,
         plan=plan,
-        n_grad=len(jax.tree.leaves(grads_shape)),
+        n_grad=n_grad,
         grads_def=jax.tree.structure(grads_shape),
         aux_def=jax.tree.structure(aux_shape),
         nums=nums,
         has_aux=has_aux,
+        call=call,
+        site=site,
     )
     run = _ffi_sync if cfg.mode == "ffi" else _reference
     return run(sync)

@@ -158,6 +158,11 @@ class Plan:
         """Tree indices of the proxy-synced leaves, in sync order."""
         return self.sync_order[: self.num_proxy_leaves]
 
+    def bucket_leaves(self, bucket: BucketPlan) -> list[int]:
+        """Tree indices of ``bucket``'s leaves, in the order its push takes them."""
+        first = bucket.first_leaf
+        return [self.sync_order[s] for s in range(first, first + bucket.num_leaves)]
+
     @property
     def leading_leaves(self) -> tuple[int, ...]:
         """Tree indices of the worker-synced (leading) leaves, in sync order."""
