@@ -21,7 +21,9 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 
 # Trains an MLP with value_and_grad + optax, value_and_update (adamw with
-# clipping and a schedule) at 1:1 and value_and_update (adam) on a 2:1 mesh,
+# clipping and a schedule) at 1:1 and value_and_update (adam) on 2:1 and 4:1
+# meshes (the CPU backend sums a proxy's clients in one pass, the streams
+# backend one client per pass: the same bits),
 # and all_reduce; saves every result and the active backend's name.
 SCRIPT = textwrap.dedent(
     """
@@ -39,6 +41,7 @@ SCRIPT = textwrap.dedent(
         ("adamw", coarse.make_mesh(workers=4),
          coarse.optim.adamw(sched, weight_decay=0.05, clip_norm=0.3)),
         ("k2", coarse.make_mesh(workers=4, proxies=2), coarse.optim.adam(1e-2)),
+        ("k4", coarse.make_mesh(workers=4, proxies=1), coarse.optim.adam(1e-2)),
     ]
     for name, mesh, opt in cases:
         step = coarse_update_step(mesh, opt, coarse.Config(shard_bytes=256))

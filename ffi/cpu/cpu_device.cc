@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "cpu/cpu_backend.h"
 #include "cpu/host_pool.h"
@@ -27,8 +28,20 @@ ffi::Error CpuDevice::Scatter(const float* src, int64_t, int64_t, const LeafRun*
 
 ffi::Error CpuDevice::SumSlots(float* own, int64_t n, int64_t slots) {
   if (slots == 0) std::memset(own, 0, n * sizeof(float));
-  for (int64_t j = 1; j < slots; ++j) cpu::AddF32(own, own + j * n, n);
-  return ffi::Error::Success();
+  if (slots <= 1) return ffi::Error::Success();
+  // One pass over every slot (each read once, `own` written once), block by
+  // block, in slot order: the same bits as adding one slot per pass, which
+  // read and wrote `own` again for every slot after the second.
+  constexpr int64_t kInline = 16;
+  const float* inline_srcs[kInline];
+  std::vector<const float*> more;
+  const float** srcs = inline_srcs;
+  if (slots > kInline) {
+    more.resize(slots);
+    srcs = more.data();
+  }
+  for (int64_t j = 0; j < slots; ++j) srcs[j] = own + j * n;
+  return SumInRingOrder(own, srcs, slots, n, 1.0f);
 }
 
 ffi::Error CpuDevice::AddFrom(float* own, const float* peer, int64_t, int64_t n, float scale) {
