@@ -26,8 +26,9 @@ ffi::Error CpuDevice::Scatter(const float* src, int64_t, int64_t, const LeafRun*
   return ffi::Error::Success();
 }
 
-ffi::Error CpuDevice::SumSlots(float* own, int64_t n, int64_t slots) {
+ffi::Error CpuDevice::SumSlots(float* own, int64_t n, int64_t slots, float scale) {
   if (slots == 0) std::memset(own, 0, n * sizeof(float));
+  if (slots == 1 && scale != 1.0f) cpu::ScaleF32(own, scale, n);
   if (slots <= 1) return ffi::Error::Success();
   // One pass over every slot (each read once, `own` written once), block by
   // block, in slot order: the same bits as adding one slot per pass, which
@@ -41,7 +42,7 @@ ffi::Error CpuDevice::SumSlots(float* own, int64_t n, int64_t slots) {
     srcs = more.data();
   }
   for (int64_t j = 0; j < slots; ++j) srcs[j] = own + j * n;
-  return SumInRingOrder(own, srcs, slots, n, 1.0f);
+  return SumInRingOrder(own, srcs, slots, n, scale);
 }
 
 ffi::Error CpuDevice::AddFrom(float* own, const float* peer, int64_t, int64_t n, float scale) {

@@ -67,9 +67,10 @@ class Device {
   virtual xla::ffi::Error Scatter(const float* src, int64_t src_device, int64_t src_len,
                                   const LeafRun* runs, int64_t num_runs) = 0;
 
-  // Local storage: own[i] = sum_j own[j * n + i] over `slots` consecutive
-  // slots (zeros if slots == 0), in slot order.
-  virtual xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots) = 0;
+  // Local storage: own[i] = (sum_j own[j * n + i]) * scale over `slots`
+  // consecutive slots (zeros if slots == 0), in slot order; the scale is the
+  // same multiply as a Scale after the sum (the same bits), without its pass.
+  virtual xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots, float scale) = 0;
   // own[i] = (own[i] + peer[i]) * scale, `peer` storage of `peer_device`.
   virtual xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
                                   float scale) = 0;

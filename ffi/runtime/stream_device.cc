@@ -128,15 +128,17 @@ ffi::Error StreamDevice::Scatter(const float* src, int64_t src_device, int64_t s
   return stream_->Unpack(from, res_.spans(self_), num_runs, total);
 }
 
-ffi::Error StreamDevice::SumSlots(float* own, int64_t n, int64_t slots) {
-  if (n == 0 || slots == 1) return ffi::Error::Success();
+ffi::Error StreamDevice::SumSlots(float* own, int64_t n, int64_t slots, float scale) {
+  if (n == 0) return ffi::Error::Success();
   if (slots == 0) return stream_->Memset(own, n * sizeof(float), "zeroing a slot");
-  // Slot order, as on CPU: ((s0 + s1) + s2) + ..., in launches of up to 8 inputs.
+  if (slots == 1) return scale != 1.0f ? Scale(own, n, scale) : ffi::Error::Success();
+  // Slot order, as on CPU: ((s0 + s1) + s2) + ..., in launches of up to 8
+  // inputs; the last launch scales.
   for (int64_t j = 1; j < slots;) {
     const float* in[kernels::kMaxReduceInputs] = {own};
     int count = 1;
     for (; count < kernels::kMaxReduceInputs && j < slots; ++count, ++j) in[count] = own + j * n;
-    ffi::Error e = stream_->Reduce(in, count, own, n, 1.0f);
+    ffi::Error e = stream_->Reduce(in, count, own, n, j == slots ? scale : 1.0f);
     if (e.failure()) return e;
   }
   return ffi::Error::Success();

@@ -90,15 +90,15 @@ class PieceReducer {
     }
     const int64_t n = plan_.piece_nelems[s];
     float* own = Own(s);
+    // DENSE: every client pushed here, so this sum is the mean (scaled in the
+    // same pass).
+    const bool dense = plan_.piece_holder[s] == k_;
     {
       TraceScope sum(session_, w_ + k_, "sum pushes", s);
-      err = dev_.SumSlots(own, n, static_cast<int64_t>(from.size()));
+      err =
+          dev_.SumSlots(own, n, static_cast<int64_t>(from.size()), dense ? MeanScale(plan_) : 1.0f);
     }
-    if (err.failure()) return err;
-    if (plan_.piece_holder[s] == k_) {  // DENSE: every client pushed here, the sum is done
-      if (MeanScale(plan_) != 1.0f) err = dev_.Scale(own, n, MeanScale(plan_));
-      return err;
-    }
+    if (err.failure() || dense) return err;
     if (gather_pull_) return OneShotReduceScatter(s, announce);
     const RingMember m = Member(s);
     TraceScope ring(session_, w_ + k_, "reduce-scatter", s, RingBytes(s));
