@@ -219,21 +219,30 @@ double SumSquaresF32(const float* x, int64_t n) {
   return acc;
 }
 
-int64_t FirstMismatchF32(const float* master, const float* given, int64_t n, ffi::DataType dtype) {
-  float rounded[256];
+int64_t FirstMismatchIn(const float* master, const void* params, int64_t n, ffi::DataType dtype) {
+  // In the params' own dtype, read where they are (no widened copy): f32
+  // compares with the master as it is, 16-bit dtypes with the master rounded
+  // to them (widening is exact and one-to-one, so this is the comparison of
+  // both widened). Bitwise: a NaN the step returned must come back as the
+  // same NaN.
+  if (dtype == ffi::DataType::F32) {
+    const float* given = static_cast<const float*>(params);
+    for (int64_t i = 0; i < n; i += 256) {
+      const int64_t m = n - i < 256 ? n - i : 256;
+      if (std::memcmp(master + i, given + i, m * sizeof(float)) != 0)
+        for (int64_t j = 0; j < m; ++j)
+          if (std::memcmp(master + i + j, given + i + j, sizeof(float)) != 0) return i + j;
+    }
+    return -1;
+  }
+  const uint16_t* given = static_cast<const uint16_t*>(params);
+  uint16_t narrow[256];
   for (int64_t i = 0; i < n; i += 256) {
     const int64_t m = n - i < 256 ? n - i : 256;
-    if (dtype == ffi::DataType::F32) {
-      std::memcpy(rounded, master + i, m * sizeof(float));
-    } else {
-      uint16_t narrow[256];
-      NarrowFromF32(dtype, master + i, narrow, m);
-      WidenToF32(dtype, narrow, rounded, m);
-    }
-    // Bitwise: a NaN the step returned must come back as the same NaN.
-    if (std::memcmp(rounded, given + i, m * sizeof(float)) != 0)
+    NarrowFromF32(dtype, master + i, narrow, m);
+    if (std::memcmp(narrow, given + i, m * sizeof(uint16_t)) != 0)
       for (int64_t j = 0; j < m; ++j)
-        if (std::memcmp(rounded + j, given + i + j, sizeof(float)) != 0) return i + j;
+        if (narrow[j] != given[i + j]) return i + j;
   }
   return -1;
 }

@@ -39,8 +39,9 @@ void TriadF32(float* __restrict a, const float* __restrict b, const float* __res
               int64_t n);
 // sum x[i]^2, accumulated in f64 in index order.
 double SumSquaresF32(const float* x, int64_t n);
-// Device::FirstMismatch.
-int64_t FirstMismatchF32(const float* master, const float* given, int64_t n,
-                         xla::ffi::DataType dtype);
+// Device::FirstMismatch: the first i < n where params[i] (n elements of
+// `dtype`) differs bitwise from master[i] rounded to `dtype`; -1 if none.
+int64_t FirstMismatchIn(const float* master, const void* params, int64_t n,
+                        xla::ffi::DataType dtype);
 
 }  // namespace coarse::cpu

@@ -135,15 +135,17 @@ ffi::ErrorOr<double> CpuDevice::SumSquares(const float* x, int64_t n) {
   return cpu::SumSquaresF32(x, n);
 }
 
-ffi::ErrorOr<Mismatch> CpuDevice::FirstMismatch(const float* master, const float* given, int64_t n,
-                                                ffi::DataType dtype) {
+ffi::ErrorOr<Mismatch> CpuDevice::FirstMismatch(const float* master, const LeafRun& run, float*,
+                                                int64_t, int64_t) {
+  // One address space: the params are read where they are.
+  const float* held = master + run.buf_off;
   Mismatch m;
-  m.index = cpu::FirstMismatchF32(master, given, n, dtype);
+  m.index = cpu::FirstMismatchIn(held, run.leaf, run.len, run.dtype);
   if (m.index >= 0) {
-    m.given = given[m.index];
+    cpu::WidenToF32(run.dtype, ElementPtr(run.leaf, run.dtype, m.index), &m.given, 1);
     float narrow = 0;  // room for one element of any supported dtype
-    cpu::NarrowFromF32(dtype, master + m.index, &narrow, 1);
-    cpu::WidenToF32(dtype, &narrow, &m.held, 1);
+    cpu::NarrowFromF32(run.dtype, held + m.index, &narrow, 1);
+    cpu::WidenToF32(run.dtype, &narrow, &m.held, 1);
   }
   return m;
 }

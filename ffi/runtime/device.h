@@ -100,11 +100,17 @@ class Device {
   // sum x[i]^2 in f64 over local storage (global-norm clipping). Blocks the
   // host until the value exists (on CUDA: a device-to-host copy).
   virtual xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) = 0;
-  // The first i < n where `given[i]` (parameters widened to f32) differs
-  // bitwise from `master[i]` rounded to `dtype` and widened back (index -1 if
-  // none), with both values. Local; blocks the host like SumSquares.
-  virtual xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const float* given,
-                                                    int64_t n, xla::ffi::DataType dtype) = 0;
+  // The first i < run.len where the params `run` (a leaf's elements, in its
+  // dtype) differ bitwise from master[run.buf_off + i] rounded to the run's
+  // dtype (index -1 if none), with both values widened to f32. `master` and
+  // `scratch` are storage of mesh device `scratch_device` (this one or a
+  // peer, as Gather's `dst`); `scratch` (`scratch_len` floats, written at
+  // run.buf_off) may receive the run widened first; a backend that
+  // ReadsPeersInPlace() compares in place and writes nothing. Blocks the host
+  // like SumSquares.
+  virtual xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun& run,
+                                                    float* scratch, int64_t scratch_device,
+                                                    int64_t scratch_len) = 0;
 
   // Plain local bytes: result buffers the protocol fills (tokens, un-aliased
   // pass-through outputs).

@@ -235,8 +235,16 @@ ffi::ErrorOr<double> StreamDevice::SumSquares(const float* x, int64_t n) {
   return out;
 }
 
-ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master, const float* given,
-                                                   int64_t n, ffi::DataType dtype) {
+ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master_base, const LeafRun& run,
+                                                   float* scratch, int64_t scratch_device,
+                                                   int64_t scratch_len) {
+  // Widened beside the master first (Gather), then compared there.
+  ffi::Error g = Gather(&run, 1, scratch, scratch_device, scratch_len);
+  if (g.failure()) return ffi::Unexpected(g);
+  const float* master = master_base + run.buf_off;
+  const float* given = scratch + run.buf_off;
+  const int64_t n = run.len;
+  const ffi::DataType dtype = run.dtype;
   kernels::DType t;
   if (!ToKernelDType(dtype, &t))
     return ffi::Unexpected(ffi::Error::InvalidArgument("coarse_jax: unsupported params dtype"));

@@ -125,9 +125,9 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
     }
     case ParamStore::Seed::kNone: break;
   }
-  // The params this step got must be what the store returned: widen them
-  // into the buffer this step writes anyway, compare with the committed
-  // master rounded to the params' dtype.
+  // The params this step got must be what the store returned: compared with
+  // the committed master rounded to the params' dtype, where they are (CPU)
+  // or widened into the buffer this step writes anyway (streams, CUDA).
   float* given = store.buf(k, 1, 0);
   const float* master = store.buf(k, 0, 0);
   for (const OwnedRange& r : store.owned(k)) {
@@ -136,9 +136,7 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
           const LeafRef x = u.params(leaf);
           const int64_t off = r.off + (piece_off - r.lo);
           LeafRun run{ElementPtr(x.data, x.dtype, leaf_off), x.dtype, len, off};
-          ffi::Error e = dev.Gather(&run, 1, given, p + k, n);
-          if (e.failure()) return e;
-          auto bad = dev.FirstMismatch(master + off, given + off, len, x.dtype);
+          auto bad = dev.FirstMismatch(master, run, given, p + k, n);
           if (bad.has_error()) return bad.error();
           if (bad.value().index < 0) return ffi::Error::Success();
           const int64_t i = bad.value().index;
