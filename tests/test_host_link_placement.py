@@ -61,3 +61,22 @@ def test_cli_puts_coarse_host_beside_the_others(tmp_path):
     # 2:1 on one root complex: a proxy device's port takes 2 n at 50 GB/s, each worker's
     # share of the root complex n at 25 GB/s: the same time.
     assert "pcie5: both placements take" in out, out
+
+
+def test_cli_profiles_a_host_proxy_mesh(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, "-m", "coarse_jax.profiling", "--emulate", "pcie4", "--workers", "2",
+         "--proxies", "1", "--proxies-on", "host", "--max-size", str(1 << 16), "--reps", "2",
+         "--clock", "virtual", "--no-placements"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert out.startswith("Profile pcie4+host: 2 workers, 1 proxies"), out[:300]
+    assert "\ncoarse " in out and "COARSE-host" not in out
