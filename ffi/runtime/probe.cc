@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -97,7 +98,8 @@ namespace {
 
 // One source identity's part: device `me` times its transfers (if the pairs
 // name it as a source) into out[0, reps).
-ffi::Error RunSource(const ProbeRequest& r, ProbeSession& session, int64_t me, float* out) {
+ffi::Error RunSource(const ProbeRequest& r, ProbeSession& session, int64_t me, float* out,
+                     const std::string& who) {
   const int64_t p = r.workers;
   const int32_t* pairs = r.pairs;
   const int64_t nbytes = r.nbytes;
@@ -112,9 +114,9 @@ ffi::Error RunSource(const ProbeRequest& r, ProbeSession& session, int64_t me, f
     Clock::time_point clock{};  // simulated time of this source (virtual clock)
     for (size_t rep = 0; rep < reps; ++rep) {
       if (!session.Barrier(r.timeout, &clock)) {
-        return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
-                          "coarse_probe: " + r.who.Describe() +
-                              " timed out waiting for the other source of the probe");
+        return ffi::Error(
+            ffi::ErrorCode::kDeadlineExceeded,
+            "coarse_probe: " + who + " timed out waiting for the other source of the probe");
       }
       if (virtual_clock) {
         const Clock::time_point arrival =
@@ -164,12 +166,15 @@ ffi::Error RunProbe(const ProbeRequest& r) {
   if (r.host_proxies) {
     float* second = r.times + r.reps;
     if (me < r.proxies) {
-      host_proxy = std::thread([&, second] { hosted = RunSource(r, *session, p + me, second); });
+      const std::string who =
+          "host proxy " + std::to_string(me) + " (run by " + r.who.Describe() + ")";
+      host_proxy =
+          std::thread([&, second, who] { hosted = RunSource(r, *session, p + me, second, who); });
     } else {
       std::fill(second, second + r.reps, 0.0f);
     }
   }
-  status = RunSource(r, *session, me, r.times);
+  status = RunSource(r, *session, me, r.times, r.who.Describe());
   if (host_proxy.joinable()) host_proxy.join();
   if (status.success()) status = hosted;
   if (session->Leave()) {
