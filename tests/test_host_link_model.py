@@ -139,3 +139,15 @@ def test_plan_refuses_a_topology_for_the_other_placement():
     assert coarse.plan(tree, host_mesh, host).proxies == 2
     with pytest.raises(ValueError, match=r"proxies_on='devices'\)"):
         coarse.plan(tree, coarse.make_mesh(workers=4, proxies=2), host)
+
+
+@pytest.mark.parametrize("proxies", [1, 2, 4])
+@pytest.mark.parametrize("scheme", schemes.SCHEMES)
+def test_bound_is_under_the_schedule_on_host_proxies(scheme, proxies):
+    topo = coarse.Topology.preset("pcie5", 4, proxies=proxies, proxies_on="host")
+    plan = _plan(scheme, topo, nbytes=3 * MIB + 4096, latency_threshold_bytes=1 << 16)
+    bound, schedule = link_bound(plan, topo), predict_plan_sync_s(plan, topo)
+    assert 0 < bound.seconds <= schedule * (1 + 1e-12)
+    if scheme != "allreduce":
+        # Each worker's host link carries its bytes up and down at 25 GB/s (50 shared by two).
+        assert bound.busy_s["worker 0 out port"] == pytest.approx((3 * MIB + 4096) / 25e9)
