@@ -62,6 +62,8 @@ DOCTEST_MODULES = [
     "coarse_jax.profiling.measure",
     "coarse_jax.profiling.rounds",
     "coarse_jax.profiling.topology",
+    "coarse_jax.profiling.host_link",
+    "coarse_jax.bench.placement",
     "coarse_jax._ffi.extension",
 ]
 

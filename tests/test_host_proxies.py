@@ -114,11 +114,6 @@ def test_a_hand_made_host_mesh_must_have_its_shape():
         coarse.sync(workers_mesh(coarse.make_mesh(workers=4)))(lambda x: x)
 
 
-def test_the_profiler_says_it_does_not_time_the_host_link_yet():
-    with pytest.raises(NotImplementedError, match=r"proxies_on='host'.*Config\(routes="):
-        coarse.profile(_host(4, 2), sizes=[1024])
-
-
 @pytest.mark.parametrize("p, q", RATIOS)
 def test_all_reduce_and_value_and_grad_match_float64(p, q):
     mesh = _host(p, q)

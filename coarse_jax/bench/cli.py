@@ -5,7 +5,10 @@ The schemes: DENSE, AllReduce and COARSE.
 Prints the measured link matrices, each worker's routing table, the
 threshold S and shard size S', the dual-sync split m the paper's model
 picks, and predicted vs measured sync time of a ResNet-50-shaped gradient
-tree for the three schemes.
+tree for the three schemes. On an emulated board (``--emulate``) it also
+puts COARSE with proxies in host memory (COARSE-host) beside COARSE with
+proxy devices, AllReduce and DENSE, and names the placement the board
+favours (`coarse_jax.bench.placement`).
 """
 
 from __future__ import annotations
@@ -29,9 +32,20 @@ def _parse() -> argparse.Namespace:
     )
     parser.add_argument(
         "--emulate",
-        choices=["t4", "v100", "p100"],
+        choices=["t4", "v100", "p100", "pcie3", "pcie4", "pcie5"],
         default=None,
         help="emulate this interconnect (default: the host's real devices)",
+    )
+    parser.add_argument(
+        "--proxies-on",
+        choices=["devices", "host"],
+        default="devices",
+        help="where the profiled mesh's proxies live (make_mesh(proxies_on=...))",
+    )
+    parser.add_argument(
+        "--no-placements",
+        action="store_true",
+        help="skip COARSE-host beside COARSE-devices (with --emulate)",
     )
     parser.add_argument(
         "--profile-time-scale",
@@ -85,15 +99,16 @@ def main() -> None:
     from coarse_jax.profiling.routing import shard_bytes_from_profile, threshold_bytes
 
     p = args.workers
-    mesh = coarse.make_mesh(workers=p, proxies=args.proxies)
+    mesh = coarse.make_mesh(workers=p, proxies=args.proxies, proxies_on=args.proxies_on)
     q = args.proxies or p
     probe_topo = sync_topo = None
     if args.emulate:
+        where = {"proxies": q, "proxies_on": args.proxies_on, "clock": args.clock}
         probe_topo = coarse.Topology.preset(
-            args.emulate, p, proxies=q, time_scale=args.profile_time_scale, clock=args.clock
+            args.emulate, p, time_scale=args.profile_time_scale, **where
         )
         sync_topo = coarse.Topology.preset(
-            args.emulate, p, proxies=q, time_scale=args.sync_time_scale, clock=args.clock
+            args.emulate, p, time_scale=args.sync_time_scale, **where
         )
     sizes = [s for s in DEFAULT_SIZES if s <= args.max_size]
     prof = coarse.profile(mesh, topology=probe_topo, sizes=sizes, reps=args.reps)
@@ -162,3 +177,20 @@ def main() -> None:
             else float("nan")
         )
         print(f"{scheme:<10} {measured * 1e3:>12.1f} {predicted * 1e3:>13.1f}")
+    if args.emulate and not args.no_placements:
+        from coarse_jax.bench import placement
+
+        rows = placement.compare_placements(
+            tree,
+            args.emulate,
+            p,
+            q,
+            time_scale=args.sync_time_scale,
+            profile_time_scale=args.profile_time_scale,
+            clock=args.clock,
+            sizes=sizes,
+            reps=args.reps,
+        )
+        print(f"\nproxies as devices or in host memory ({args.emulate}, {p} workers, {q} proxies):")
+        print(placement.table(rows, label))
+        print(placement.favoured(rows, args.emulate))

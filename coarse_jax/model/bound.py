@@ -10,7 +10,9 @@ resource is busy, plus the latency a byte cannot avoid on its way:
   port its pulls (every piece, over the link to the proxy it is routed to);
   each proxy's in port the pushes it receives, its out port the pulls it
   serves. DENSE: proxy 0's in port carries p·n, its out port p·n. At
-  COARSE k:1 a proxy's ports carry its k clients' pushes and pulls.
+  COARSE k:1 a proxy's ports carry its k clients' pushes and pulls. A host
+  proxy (``Topology(proxies_on="host")``) has no port: only the workers'
+  host links count, each at its root-complex share.
 * ring links: a ring of m members (q proxies, or p workers) over m bytes (two rings in opposite
   directions, halves of the bytes) moves (p-1)/p·m over each directed link
   between neighbours (with p = 2 the one link per direction carries both
@@ -95,6 +97,7 @@ def link_bound(plan: Any, topology: Any) -> LinkBound:
             f"{topology.proxies} proxies, the plan {p} and {q}; use "
             f"coarse.Topology.preset(name, workers={p}, proxies={q})."
         )
+    host_proxies = getattr(topology, "proxies_on", "devices") == "host"
     busy: dict[str, float] = {}
     latency: dict[str, float] = {}
 
@@ -110,9 +113,10 @@ def link_bound(plan: Any, topology: Any) -> LinkBound:
         for i, k in enumerate(pc.dest):
             t, lat = wp(i, k, pc.nbytes)
             add(f"worker {i} out port", t, lat)  # push
-            add(f"proxy {k} in port", t, lat)
-            add(f"proxy {k} out port", t, lat)  # pull
-            add(f"worker {i} in port", t, lat)
+            add(f"worker {i} in port", t, lat)  # pull
+            if not host_proxies:
+                add(f"proxy {k} in port", t, lat)
+                add(f"proxy {k} out port", t, lat)
         if any(d != pc.dest[0] for d in pc.dest):  # held by several proxies: their ring
             per_link = _ring_link_bytes(q, pc.nbytes)
             for k in range(q):

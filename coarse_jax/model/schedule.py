@@ -24,6 +24,12 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
     * pulls: each worker takes its pieces in order from its proxy once reduced;
     * leading layers: the worker ring (same two rings on worker links).
 
+    With host proxies (``Topology(proxies_on="host")``) a worker<->proxy
+    transfer runs over the worker's host link at its root-complex share
+    (`coarse.Topology.effective_worker_proxy_gbps`) and books only the
+    worker's port: host memory has no serial-bus port, so k clients of one
+    host proxy do not queue on it.
+
     Host costs (copies, additions, thread wake-ups) are not modelled: the
     runtime does them inside the emulated transfers' windows where it can
     (ffi/runtime/ring.cc), so they show only when they outlast a transfer;
@@ -50,6 +56,7 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
       True
     """
     p, q = plan.workers, plan.proxies
+    host_proxies = getattr(topology, "proxies_on", "devices") == "host"
     link_free: dict[tuple[int, int], float] = {}
     port_in = [0.0] * (p + q)
     port_out = [0.0] * (p + q)
@@ -67,11 +74,15 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
         busy = nbytes * s_per_byte
         start = max(ready, link_free.get((src, dst), 0.0))
         serial_bus = src_w != dst_w
-        if serial_bus:
-            start = max(start, port_out[src], port_in[dst])
+        # The ports booked: both devices', or with host proxies the worker's only.
+        outs = [src] if serial_bus and (src_w or not host_proxies) else []
+        ins = [dst] if serial_bus and (dst_w or not host_proxies) else []
+        start = max([start] + [port_out[d] for d in outs] + [port_in[d] for d in ins])
         link_free[(src, dst)] = start + busy
-        if serial_bus:
-            port_out[src] = port_in[dst] = start + busy
+        for d in outs:
+            port_out[d] = start + busy
+        for d in ins:
+            port_in[d] = start + busy
         return start + busy + latency
 
     def ring_s(nbytes: float, kind: str, n: int) -> float:

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from coarse_jax.config import Config
-from coarse_jax.mesh import num_proxies
+from coarse_jax.mesh import num_proxies, proxies_on
 from coarse_jax.model.paper import best_split
 from coarse_jax.plan.dtypes import check_dtype
 from coarse_jax.plan.types import BucketPlan, LeafPlan, PiecePlan, Plan
@@ -99,6 +99,13 @@ def plan(
         proxies = num_proxies(mesh_or_workers)
     routes = config.routes_for(workers, proxies)
     topo = config.topology
+    placement = None if isinstance(mesh_or_workers, int) else proxies_on(mesh_or_workers)
+    if topo is not None and placement is not None and topo.proxies_on != placement:
+        raise ValueError(
+            f"Config.topology: describes proxies on {topo.proxies_on!r}, the mesh's are on "
+            f"{placement!r}. Fix: coarse.Topology.preset(name, workers={workers}, "
+            f"proxies={proxies}, proxies_on={placement!r})."
+        )
     if topo is not None and (topo.workers, topo.proxies) != (workers, proxies):
         raise ValueError(
             f"Config.topology: describes {topo.workers} workers and {topo.proxies} proxies, the "

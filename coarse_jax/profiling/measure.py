@@ -47,7 +47,15 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
-from coarse_jax.mesh import DATA, check_mesh, has_hosts, local_proxy, proxies_on, proxy_devices
+from coarse_jax.mesh import (
+    DATA,
+    check_mesh,
+    has_hosts,
+    local_proxy,
+    num_proxies,
+    proxies_on,
+    proxy_devices,
+)
 from coarse_jax.profiling.data import Profile
 from coarse_jax.profiling.decision import DECISION_KINDS, Decision
 from coarse_jax.profiling.rounds import decide as decide_rounds
@@ -67,8 +75,12 @@ def _probe_mesh(mesh: Mesh) -> Mesh:
     (it times worker-proxy links). jax runs no program on a mesh that lists a
     device twice, and a k:1 mesh lists each proxy k times: the probe's mesh
     lists every device once, in the runtime's numbering (worker i is device
-    i, proxy j device p + j).
+    i, proxy j device p + j). Host proxies are no devices: the probe's mesh
+    is the p workers, and worker k < q also stands for host proxy k
+    (ffi/runtime/probe.h).
     """
+    if proxies_on(mesh) == "host":
+        return Mesh(np.asarray(mesh.devices).reshape(-1), (_PROBE_AXIS,))
     devices = [*np.asarray(mesh.devices)[0], *proxy_devices(mesh)]
     if len(set(devices)) != len(devices):
         raise ValueError(
@@ -82,12 +94,15 @@ def _probe_mesh(mesh: Mesh) -> Mesh:
 
 def _probe_program(
     probe_mesh: Mesh, p: int, q: int, nbytes: int, reps: int, topology: Topology | None
-) -> Callable[[jax.Array], jax.Array]:
+) -> Callable[[jax.Array], np.ndarray]:
     """jit(shard_map): every device runs coarse_probe; returns seconds [p + q, reps].
 
     The payload (``nbytes`` per device) is made once and kept: a program that
-    made it would fill ``(p + q) * nbytes`` bytes on every call.
+    made it would fill ``(p + q) * nbytes`` bytes on every call. With host
+    proxies (a probe mesh of the p workers) each worker returns its times and
+    those of the host proxy it stands for.
     """
+    host = probe_mesh.size == p < p + q
     attrs = {
         "workers": np.int64(p),
         "proxies": np.int64(q),
@@ -96,6 +111,9 @@ def _probe_program(
     }
     if topology is not None:
         attrs.update(topology.ffi_attrs())
+    if host:
+        attrs["host_proxies"] = np.int64(1)
+    per_device = 2 * reps if host else reps
 
     def body(pairs: jax.Array, payload: jax.Array) -> jax.Array:
         # The calling device's (tier, index): worker (0, i) for i < p, proxy (1, j) at p + j.
@@ -104,7 +122,7 @@ def _probe_program(
         me = jnp.stack([is_proxy, d - p * is_proxy])
         times = jax.ffi.ffi_call(
             "coarse_probe",
-            jax.ShapeDtypeStruct((reps,), jnp.float32, manual_axis_type=None),
+            jax.ShapeDtypeStruct((per_device,), jnp.float32, manual_axis_type=None),
             has_side_effect=True,
             vmap_method="broadcast_all",
         )(me, _ffi.vary(pairs, (_PROBE_AXIS,)), payload.reshape(-1), **attrs)
@@ -120,10 +138,18 @@ def _probe_program(
         )
     )
     payload = jax.jit(
-        lambda: jnp.zeros((p + q, nbytes), jnp.uint8),
+        lambda: jnp.zeros((probe_mesh.size, nbytes), jnp.uint8),
         out_shardings=NamedSharding(probe_mesh, P(_PROBE_AXIS)),
     )()
-    return lambda pairs: fn(pairs, payload)
+
+    def run(pairs: jax.Array) -> np.ndarray:
+        times = np.asarray(fn(pairs, payload))
+        if not host:
+            return times.reshape(p + q, reps)
+        both = times.reshape(p, 2, reps)  # worker k's, then host proxy k's (k < q)
+        return np.concatenate([both[:, 0], both[:q, 1]])
+
+    return run
 
 
 def robust_time(times: np.ndarray) -> tuple[float, float]:
@@ -190,12 +216,17 @@ def profile(
       A `coarse.Profile` (``table()``, ``plot(path)``, ``save(path)``);
       `coarse.Config.from_profile` turns it into routes, threshold and shard size.
 
+    With proxies in host memory (``make_mesh(..., proxies_on="host")``) the
+    worker<->proxy links are the workers' host links: give a host-link
+    topology (``Topology.preset(name, p, proxies=q, proxies_on="host")``) to
+    measure the emulated link; without one the probe times the host's own
+    copies, which on CPU devices are memory-to-memory copies.
+
     Raises:
       ValueError: bad sizes, reps or budget_s, or a topology for another
-        number of workers or proxies, or not a coarse mesh (or one whose
-        proxies share the workers' devices).
-      NotImplementedError: the mesh spans hosts (profile each host's part), or
-        its proxies are in host memory (``proxies_on="host"``).
+        number of workers or proxies or another placement, or not a coarse
+        mesh (or one whose proxies share the workers' devices).
+      NotImplementedError: the mesh spans hosts (profile each host's part).
 
     Example:
       >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")   # exact, nothing sleeps
@@ -208,15 +239,15 @@ def profile(
       >>> prof = coarse.profile(shared, topology=topo, sizes=[1 << 10, 1 << 16, 1 << 22])
       >>> coarse.Config.from_profile(prof, topology=topo).routes   # local i // 2, then the other
       ((0, 1), (0, 1), (1, 0), (1, 0))
+      >>> host = coarse.make_mesh(workers=4, proxies=2, proxies_on="host")
+      >>> topo = coarse.Topology.preset("pcie4", 4, proxies=2, proxies_on="host", clock="virtual")
+      >>> prof = coarse.profile(host, topology=topo, sizes=[1 << 10, 1 << 22])
+      >>> us = float(prof.wp_oneway_s[0, 1, -1]) * 1e6    # 4 MiB at 12.5 GB/s (Gen4 shared) + 2 us
+      >>> round(us, 1), round(topo.transfer_s("wp", 0, 1, 1 << 22) * 1e6, 1)
+      (337.5, 337.5)
     """
     mesh = check_mesh(mesh, "coarse.profile")
-    if proxies_on(mesh) == "host":
-        raise NotImplementedError(
-            "coarse.profile: the mesh's proxies are in host memory (proxies_on='host'); the "
-            "profiler times the links between devices and does not time the host link yet. "
-            "Fix: give the routes directly (Config(routes=..., latency_threshold_bytes=...)), "
-            "or profile a mesh of device proxies (proxies_on='devices')."
-        )
+    placement = proxies_on(mesh)
     if has_hosts(mesh):
         raise NotImplementedError(
             "coarse.profile: the mesh spans hosts ('host' axis); the profiler times the links "
@@ -226,13 +257,19 @@ def profile(
         )
     _ffi.check_platform(mesh)
     p = mesh.shape[DATA]
-    q = len(proxy_devices(mesh))
+    q = num_proxies(mesh)
     if topology is not None and (topology.workers, topology.proxies) != (p, q):
         raise ValueError(
             f"coarse.profile: topology describes {topology.workers} workers and "
             f"{topology.proxies} proxies, the mesh has {p} workers and {q} proxies. Fix: "
             f"coarse.Topology.preset(name, {p}, proxies={q}), or a Topology of {p}x{q} "
             "worker_proxy matrices."
+        )
+    if topology is not None and topology.proxies_on != placement:
+        raise ValueError(
+            f"coarse.profile: topology describes proxies on {topology.proxies_on!r}, the mesh's "
+            f"are on {placement!r}. Fix: coarse.Topology.preset(name, {p}, proxies={q}, "
+            f"proxies_on={placement!r})."
         )
     probe_mesh = _probe_mesh(mesh)
     # The probe's transfers are host memcpys: no CUDA version yet.
@@ -269,7 +306,7 @@ def profile(
     def measure(j: int, *pairs: tuple[int, int]) -> tuple[float, float]:
         """(seconds, relative spread) of one transfer of sizes[j], or of two at once."""
         flat = [v for pair in pairs for v in pair] + [-1, -1] * (2 - len(pairs))
-        times = np.asarray(programs[j](jnp.asarray(flat, jnp.int32))).reshape(p + q, reps)
+        times = programs[j](jnp.asarray(flat, jnp.int32))
         per_pair = [robust_time(times[src, 1:]) for src, _ in pairs]  # [0]: warm-up
         slowest = max(per_pair)  # both directions done
         return slowest[0], max(spread for _, spread in per_pair)

@@ -32,16 +32,25 @@ host's own synchronization ended, ``bytes`` being what its NIC must carry
 each way, (hosts - 1) times the host's f32 chunks. The collective's own
 bytes still move for real (gloo, NCCL); its wall time overlaps the emulated
 transfer. The virtual clock does not time the inter-host step.
+
+Proxies in host memory (``make_mesh(..., proxies_on="host")``,
+``Topology(proxies_on="host")``): the worker<->proxy links are each worker's
+host link (PCIe to the CPU), shared with the other workers on its root
+complex (``root_complex_gbps``, ``root_complex_workers``), and a host proxy
+has no serial-bus port of its own; both clocks emulate it. The figures and
+what is modelled: `coarse_jax.profiling.host_link`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
 
 from coarse_jax.mesh import local_proxy
+from coarse_jax.profiling import host_link
 
 Matrix = tuple[tuple[float, ...], ...]
 CLOCKS = ("real", "virtual")
@@ -86,12 +95,25 @@ class Topology:
         "virtual" (simulated time, exact and repeatable; see the module docstring).
       proxies: q, dividing p (COARSE k:1, `coarse.make_mesh`); 0 (the
         default) means p.
+      proxies_on: "devices" (the default) or "host", as the mesh's
+        (``coarse.make_mesh(..., proxies_on=...)``). With "host",
+        ``worker_proxy_*`` are the workers' host links (the same to every
+        host proxy, as every host proxy is reached over the one link), a host
+        proxy has no port of its own, and the links share a root complex.
+      root_complex_gbps: with host proxies, the aggregate bandwidth per
+        direction of one root complex, shared by its workers' host links:
+        each runs at ``min(link, root_complex_gbps / workers on it)``
+        (`effective_worker_proxy_gbps`). ``math.inf`` (the default): no cap.
+      root_complex_workers: workers per root complex, consecutive (worker i
+        on root complex ``i // root_complex_workers``); 0 (the default): all.
 
     Raises:
       ValueError: ``workers`` is not a positive int, ``proxies`` does not
         divide it, a matrix has the wrong shape, a
         bandwidth is not positive, a latency is negative, ``time_scale`` is not
-        positive, or ``clock`` is neither "real" nor "virtual".
+        positive, ``clock`` is neither "real" nor "virtual", ``proxies_on``
+        is neither "devices" nor "host", or a root complex is given with
+        device proxies.
 
     Example:
       >>> topo = coarse.Topology.preset("v100", workers=4)
@@ -121,6 +143,9 @@ class Topology:
     inter_host_gbps: float = 12.5
     inter_host_us: float = 5.0
     proxies: int = 0
+    proxies_on: str = "devices"
+    root_complex_gbps: float = math.inf
+    root_complex_workers: int = 0
 
     def __post_init__(self) -> None:
         p = self.workers
@@ -135,7 +160,9 @@ class Topology:
         object.__setattr__(self, "proxies", q)
         shapes = {"worker_proxy": (p, q), "proxy_proxy": (q, q), "worker_worker": (p, p)}
         for field in dataclasses.fields(self):
-            if field.name.endswith(("_gbps", "_us")) and not field.name.startswith("inter_host"):
+            if field.name.endswith(("_gbps", "_us")) and not field.name.startswith(
+                ("inter_host", "root_complex")
+            ):
                 shape = shapes[field.name.rsplit("_", 1)[0]]
                 m = _matrix(getattr(self, field.name), shape, field.name)
                 arr = np.asarray(m)
@@ -166,6 +193,10 @@ class Topology:
             )
         if not self.time_scale > 0:
             raise ValueError(f"Topology.time_scale: expected > 0, got {self.time_scale!r}.")
+        host_link.check_placement(
+            self.proxies_on, self.root_complex_gbps, self.root_complex_workers
+        )
+        object.__setattr__(self, "root_complex_gbps", float(self.root_complex_gbps))
         if self.clock not in CLOCKS:
             raise ValueError(
                 f"Topology.clock: expected one of {CLOCKS}, got {self.clock!r}; "
@@ -178,10 +209,11 @@ class Topology:
         workers: int,
         *,
         proxies: int | None = None,
+        proxies_on: str = "devices",
         time_scale: float = 1.0,
         clock: str = "real",
     ) -> Topology:
-        """An interconnect from the paper (Section III-E, Fig. 8), for ``workers`` workers.
+        """An interconnect from the paper (Section III-E, Fig. 8) or a PCIe generation.
 
         A worker's *local* proxy is the one of its group (proxy ``i // k``,
         k = workers / proxies, as `coarse.make_mesh` pairs them); every other
@@ -191,6 +223,9 @@ class Topology:
         * ``"v100"``: AWS p3 PCIe "anti-locality": local 9 GB/s (3 us), remote
           16 GB/s (8 us): small tensors go local, large ones remote.
         * ``"p100"``: SDSC PCIe: local 25 GB/s (3 us), remote 18 GB/s (8 us).
+        * ``"pcie3"``, ``"pcie4"``, ``"pcie5"``: an x16 link of that PCIe
+          generation, 12.5, 25 and 50 GB/s, 2 us, between every worker and
+          proxy device and between workers (peer to peer, 8 us).
 
         The paper gives worker<->proxy bandwidths only; the rest are this
         project's assumptions, the same in every preset so that presets differ
@@ -199,34 +234,52 @@ class Topology:
         AllReduce runs) 9 GB/s, 8 us; across hosts, each host's network link
         100 Gb/s (12.5 GB/s), 5 us (``inter_host_gbps``, ``inter_host_us``).
 
+        With ``proxies_on="host"`` (a mesh of ``make_mesh(...,
+        proxies_on="host")``) the proxies are host memory: each worker
+        reaches every proxy over its host link, the preset's PCIe generation
+        (the paper's boards are Gen3: pcie3), two workers share one root
+        complex of one x16 link's bandwidth, and proxy<->proxy copies run in
+        host memory (20 GB/s, 1 us); the worker<->worker links stay the
+        preset's. Figures and sources: `coarse_jax.profiling.host_link`.
+
         Args:
-          name: "t4", "v100" or "p100".
+          name: "t4", "v100", "p100", "pcie3", "pcie4" or "pcie5".
           workers: p.
           proxies: q, dividing p; default p (COARSE 1:1).
+          proxies_on: "devices" (proxy devices) or "host" (proxies in host memory).
           time_scale: multiplies every emulated duration.
           clock: "real" or "virtual" (see the module docstring).
 
         Returns:
-          A `Topology` named after the preset.
+          A `Topology` named after the preset ("v100+host" with host proxies).
 
         Raises:
-          ValueError: an unknown preset name.
+          ValueError: an unknown preset name or placement, or ``proxies``
+            not dividing ``workers``.
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, time_scale=300, clock="virtual")
           >>> topo.worker_proxy_gbps[0][0], topo.worker_proxy_gbps[0][1]   # local, remote
           (9.0, 16.0)
+          >>> host = coarse.Topology.preset("pcie4", 4, proxies=2, proxies_on="host")
+          >>> host.name, host.worker_proxy_gbps[0], host.root_complex_gbps
+          ('pcie4+host', (25.0, 25.0), 25.0)
+          >>> host.effective_worker_proxy_gbps()[0]     # two workers share the root complex
+          (12.5, 12.5)
         """
-        presets = {
+        boards = {
             "t4": ((12.0, 5.0), (12.0, 5.0)),
             "v100": ((9.0, 3.0), (16.0, 8.0)),
             "p100": ((25.0, 3.0), (18.0, 8.0)),
         }
-        if name not in presets:
+        names = sorted(boards) + sorted(host_link.PCIE)
+        if name not in names:
+            raise ValueError(f"Topology.preset: name must be one of {names}, got {name!r}.")
+        if proxies_on not in host_link.PLACEMENTS:
             raise ValueError(
-                f"Topology.preset: name must be one of {sorted(presets)}, got {name!r}."
+                f"Topology.preset: proxies_on must be one of {host_link.PLACEMENTS}, got "
+                f"{proxies_on!r}; pass the mesh's (coarse_jax.mesh.proxies_on(mesh))."
             )
-        (local_bw, local_us), (remote_bw, remote_us) = presets[name]
         p = workers
         q = p if proxies is None else proxies
         if isinstance(q, bool) or not isinstance(q, int) or q < 1 or p % q:
@@ -234,25 +287,65 @@ class Topology:
                 f"Topology.preset: proxies must be a positive int dividing workers={p}, got "
                 f"{proxies!r}."
             )
+        gen = host_link.BOARD_PCIE.get(name, name)
+        pcie_bw, pcie_us = host_link.PCIE[gen]
+        (local_bw, local_us), (remote_bw, remote_us) = boards.get(
+            name, ((pcie_bw, pcie_us), (pcie_bw, pcie_us))
+        )
+        ww_bw, ww_us = (9.0, 8.0) if name in boards else (pcie_bw, 8.0)
+        pp_bw, pp_us = 24.0, 2.0
+        extra: dict[str, Any] = {}
+        if proxies_on == "host":
+            local_bw = remote_bw = pcie_bw
+            local_us = remote_us = pcie_us
+            pp_bw, pp_us = host_link.HOST_MEMORY
+            extra = {
+                "proxies_on": "host",
+                "root_complex_gbps": pcie_bw,
+                "root_complex_workers": host_link.ROOT_COMPLEX_WORKERS,
+            }
         return Topology(
-            name=name,
+            name=name + ("+host" if proxies_on == "host" else ""),
             workers=p,
             worker_proxy_gbps=_local_remote(p, q, local_bw, remote_bw),
             worker_proxy_us=_local_remote(p, q, local_us, remote_us),
-            proxy_proxy_gbps=_local_remote(q, q, 24.0, 24.0),
-            proxy_proxy_us=_local_remote(q, q, 2.0, 2.0),
-            worker_worker_gbps=_local_remote(p, p, 9.0, 9.0),
-            worker_worker_us=_local_remote(p, p, 8.0, 8.0),
+            proxy_proxy_gbps=_local_remote(q, q, pp_bw, pp_bw),
+            proxy_proxy_us=_local_remote(q, q, pp_us, pp_us),
+            worker_worker_gbps=_local_remote(p, p, ww_bw, ww_bw),
+            worker_worker_us=_local_remote(p, p, ww_us, ww_us),
             time_scale=time_scale,
             clock=clock,
             proxies=q,
+            **extra,
+        )
+
+    def effective_worker_proxy_gbps(self) -> Matrix:
+        """``worker_proxy_gbps`` as transfers see it: with host proxies, the root complex shared.
+
+        Returns:
+          The p x q matrix: ``worker_proxy_gbps`` with device proxies; with
+          host proxies entry (i, k) is ``min(worker_proxy_gbps[i][k],
+          root_complex_gbps / n)``, n the workers on worker i's root complex.
+
+        Example:
+          >>> topo = coarse.Topology.preset("pcie3", 3, proxies=1, proxies_on="host")
+          >>> topo.effective_worker_proxy_gbps()      # workers 0, 1 share; worker 2 alone
+          ((6.25,), (6.25,), (12.5,))
+        """
+        if self.proxies_on != "host":
+            return self.worker_proxy_gbps
+        sharing = host_link.group_sizes(self.workers, self.root_complex_workers)
+        return tuple(
+            tuple(host_link.shared_gbps(bw, self.root_complex_gbps, sharing[i]) for bw in row)
+            for i, row in enumerate(self.worker_proxy_gbps)
         )
 
     def link(self, kind: str, a: int, b: int) -> tuple[float, float]:
         """``(seconds per byte, latency seconds)`` of one link, time_scale applied.
 
         Args:
-          kind: "wp" (indexed [worker][proxy], both directions), "pp" or "ww".
+          kind: "wp" (indexed [worker][proxy], both directions; with host
+            proxies the worker's host link, its root complex shared), "pp" or "ww".
           a: the first index (worker, or sending proxy / worker).
           b: the second index (proxy, or receiving proxy / worker).
 
@@ -268,7 +361,7 @@ class Topology:
           (12.0, 5.0)
         """
         bw, us = {
-            "wp": (self.worker_proxy_gbps, self.worker_proxy_us),
+            "wp": (self.effective_worker_proxy_gbps(), self.worker_proxy_us),
             "pp": (self.proxy_proxy_gbps, self.proxy_proxy_us),
             "ww": (self.worker_worker_gbps, self.worker_worker_us),
         }[kind]
@@ -289,6 +382,9 @@ class Topology:
         Example:
           >>> round(coarse.Topology.preset("v100", 4).transfer_s("wp", 0, 1, 16e9), 6)
           1.000008
+          >>> host = coarse.Topology.preset("pcie5", 4, proxies_on="host")   # the host link:
+          >>> round(host.transfer_s("wp", 0, 3, 25e9), 6)     # 50 GB/s shared by two, 2 us
+          1.000002
         """
         s_per_byte, latency = self.link(kind, src, dst)
         return latency + nbytes * s_per_byte
@@ -329,6 +425,10 @@ class Topology:
     def ffi_attrs(self) -> dict[str, Any]:
         """The topology as FFI attributes: seconds per byte and seconds, scaled, and the clock.
 
+        With host proxies the worker<->proxy rates are the shared ones
+        (`effective_worker_proxy_gbps`) and ``emu_host_proxies`` is 1: the
+        runtime books only the worker's port of such a transfer.
+
         Returns:
           A dict from attribute name to a numpy array (per link) or scalar.
 
@@ -336,6 +436,9 @@ class Topology:
           >>> attrs = coarse.Topology.preset("v100", 4, clock="virtual").ffi_attrs()
           >>> attrs["emu_wp_latency_s"].shape, int(attrs["emu_virtual"])
           ((16,), 1)
+          >>> host = coarse.Topology.preset("pcie4", 4, proxies=2, proxies_on="host").ffi_attrs()
+          >>> round(1 / float(host["emu_wp_s_per_byte"][0]) / 1e9, 6), int(host["emu_host_proxies"])
+          (12.5, 1)
         """
         scale = self.time_scale
 
@@ -345,8 +448,8 @@ class Topology:
         def lat(m: Matrix) -> np.ndarray:
             return (scale * np.asarray(m, np.float64) * 1e-6).reshape(-1)
 
-        return {
-            "emu_wp_s_per_byte": rate(self.worker_proxy_gbps),
+        attrs = {
+            "emu_wp_s_per_byte": rate(self.effective_worker_proxy_gbps()),
             "emu_wp_latency_s": lat(self.worker_proxy_us),
             "emu_pp_s_per_byte": rate(self.proxy_proxy_gbps),
             "emu_pp_latency_s": lat(self.proxy_proxy_us),
@@ -354,3 +457,7 @@ class Topology:
             "emu_ww_latency_s": lat(self.worker_worker_us),
             "emu_virtual": np.int64(self.clock == "virtual"),
         }
+        if self.proxies_on == "host":
+            # Host proxies have no serial-bus port: only the worker's is booked.
+            attrs["emu_host_proxies"] = np.int64(1)
+        return attrs

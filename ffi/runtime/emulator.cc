@@ -115,13 +115,18 @@ Clock::time_point Emulator::BookLocked(int64_t src, int64_t dst, double bytes,
   int64_t a, b;
   const LinkTable& t = Table(src, dst, &a, &b);
   const bool serial_bus = (src < p_) != (dst < p_);
+  // The ports booked: both devices', or with host proxies the worker's only.
+  const bool book_out = serial_bus && (src < p_ || !topo_.host_proxies);
+  const bool book_in = serial_bus && (dst < p_ || !topo_.host_proxies);
   const Clock::duration busy = Seconds(bytes * t.s_per_byte[a * t.cols + b]);
   const Clock::duration latency = Seconds(t.latency_s[a * t.cols + b]);
   Clock::time_point& link = link_free_[src * devices_ + dst];
   Clock::time_point start = std::max(not_before, link);
-  if (serial_bus) start = std::max({start, port_out_free_[src], port_in_free_[dst]});
+  if (book_out) start = std::max(start, port_out_free_[src]);
+  if (book_in) start = std::max(start, port_in_free_[dst]);
   link = start + busy;
-  if (serial_bus) port_out_free_[src] = port_in_free_[dst] = start + busy;
+  if (book_out) port_out_free_[src] = start + busy;
+  if (book_in) port_in_free_[dst] = start + busy;
   return start + busy + latency;
 }
 

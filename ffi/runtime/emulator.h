@@ -13,6 +13,11 @@
 // books the worker's and the proxy's serial-bus port (one transfer in, one
 // out at a time), so clients crowding one proxy (DENSE) queue as on
 // hardware. Durations arrive already multiplied by the topology's time_scale.
+// Proxies in host memory (attribute emu_host_proxies, coarse.Topology
+// proxies_on="host") have no serial-bus port: a worker<->host proxy transfer
+// books the link and the worker's port only (its host link, whose rate the
+// topology gives already shared with the root complex), so k workers reach
+// one host proxy at once.
 //
 // Two clocks (coarse.Topology(clock=...)):
 // * "real": times are the host's steady clock and a receiver sleeps until
@@ -62,6 +67,7 @@ struct Topology {
   int64_t workers = 0;         // p
   int64_t proxies = 0;         // q
   bool virtual_clock = false;  // attribute emu_virtual (see above)
+  bool host_proxies = false;   // attribute emu_host_proxies: proxies have no port
   // wp is p x q, indexed [worker][proxy] for both directions; pp q x q; ww p x p.
   LinkTable wp, pp, ww;
 };

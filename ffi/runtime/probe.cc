@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -39,8 +40,9 @@ void WaitPrecisely(Clock::time_point t) {
 
 class ProbeSession {
  public:
-  ProbeSession(int64_t devices, int64_t nbytes, int sources, const Topology* topo)
-      : devices_(devices), sources_(sources), buffers_(devices) {
+  // `callers`: the calls that leave; `devices`: the buffers (p + q).
+  ProbeSession(int64_t callers, int64_t devices, int64_t nbytes, int sources, const Topology* topo)
+      : callers_(callers), sources_(sources), buffers_(devices) {
     for (auto& b : buffers_) b.reset(new char[std::max<int64_t>(1, nbytes)]);
     if (topo) emulator_ = std::make_unique<Emulator>(*topo);
   }
@@ -71,11 +73,11 @@ class ProbeSession {
     return true;
   }
 
-  // True for the last device to leave.
-  bool Leave() { return ++left_ == devices_; }
+  // True for the last caller to leave.
+  bool Leave() { return ++left_ == callers_; }
 
  private:
-  int64_t devices_;
+  int64_t callers_;
   int sources_;
   std::vector<std::unique_ptr<char[]>> buffers_;
   std::unique_ptr<Emulator> emulator_;
@@ -92,61 +94,89 @@ std::map<std::pair<int64_t, int64_t>, std::shared_ptr<ProbeSession>> g_sessions;
 
 }  // namespace
 
+namespace {
+
+// One source identity's part: device `me` times its transfers (if the pairs
+// name it as a source) into out[0, reps).
+ffi::Error RunSource(const ProbeRequest& r, ProbeSession& session, int64_t me, float* out,
+                     const std::string& who) {
+  const int64_t p = r.workers;
+  const int32_t* pairs = r.pairs;
+  const int64_t nbytes = r.nbytes;
+  const bool virtual_clock = r.topology && r.topology->virtual_clock;
+  const size_t reps = r.reps;
+  std::fill(out, out + reps, 0.0f);
+  for (int pair = 0; pair < 2; ++pair) {
+    if (pairs[2 * pair] != me) continue;
+    const int64_t dst = pairs[2 * pair + 1];
+    if (dst < 0 || dst >= p + r.proxies || dst == me)
+      return ffi::Error::InvalidArgument("coarse_probe: bad destination device");
+    Clock::time_point clock{};  // simulated time of this source (virtual clock)
+    for (size_t rep = 0; rep < reps; ++rep) {
+      if (!session.Barrier(r.timeout, &clock)) {
+        return ffi::Error(
+            ffi::ErrorCode::kDeadlineExceeded,
+            "coarse_probe: " + who + " timed out waiting for the other source of the probe");
+      }
+      if (virtual_clock) {
+        const Clock::time_point arrival =
+            session.Reserve(me, dst, static_cast<double>(nbytes), clock);
+        std::memcpy(session.buffer(dst), r.payload, nbytes);
+        out[rep] = std::chrono::duration<float>(arrival - clock).count();
+        clock = arrival;
+      } else if (r.topology) {
+        // Emulated link, real clock: the copy first, then the link's own time (see the top).
+        std::memcpy(session.buffer(dst), r.payload, nbytes);
+        const Clock::time_point start = Clock::now();
+        WaitPrecisely(session.Reserve(me, dst, static_cast<double>(nbytes), start));
+        out[rep] = std::chrono::duration<float>(Clock::now() - start).count();
+      } else {
+        // The host's own link: the copy is the transfer.
+        const Clock::time_point start = Clock::now();
+        std::memcpy(session.buffer(dst), r.payload, nbytes);
+        out[rep] = std::chrono::duration<float>(Clock::now() - start).count();
+      }
+    }
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
 ffi::Error RunProbe(const ProbeRequest& r) {
   const int64_t p = r.workers;
   const int32_t* pairs = r.pairs;
   const int sources = (pairs[0] >= 0) + (pairs[2] >= 0);
   const int64_t me = r.who.device(p);
-  const int64_t nbytes = r.nbytes;
-  const bool virtual_clock = r.topology && r.topology->virtual_clock;
+  // With host proxies only the p workers call; otherwise every device does.
+  const int64_t callers = r.host_proxies ? p : p + r.proxies;
 
   std::shared_ptr<ProbeSession> session;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto& slot = g_sessions[{r.run_id, r.site}];
-    if (!slot) slot = std::make_shared<ProbeSession>(p + r.proxies, nbytes, sources, r.topology);
+    if (!slot)
+      slot = std::make_shared<ProbeSession>(callers, p + r.proxies, r.nbytes, sources, r.topology);
     session = slot;
   }
 
-  float* out = r.times;
-  const size_t reps = r.reps;
-  std::fill(out, out + reps, 0.0f);
   ffi::Error status = ffi::Error::Success();
-  for (int pair = 0; pair < 2; ++pair) {
-    if (pairs[2 * pair] != me) continue;
-    const int64_t dst = pairs[2 * pair + 1];
-    if (dst < 0 || dst >= p + r.proxies || dst == me) {
-      status = ffi::Error::InvalidArgument("coarse_probe: bad destination device");
-      break;
-    }
-    Clock::time_point clock{};  // simulated time of this source (virtual clock)
-    for (size_t rep = 0; rep < reps; ++rep) {
-      if (!session->Barrier(r.timeout, &clock)) {
-        status = ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
-                            "coarse_probe: " + r.who.Describe() +
-                                " timed out waiting for the other source of the probe");
-        break;
-      }
-      if (virtual_clock) {
-        const Clock::time_point arrival =
-            session->Reserve(me, dst, static_cast<double>(nbytes), clock);
-        std::memcpy(session->buffer(dst), r.payload, nbytes);
-        out[rep] = std::chrono::duration<float>(arrival - clock).count();
-        clock = arrival;
-      } else if (r.topology) {
-        // Emulated link, real clock: the copy first, then the link's own time (see the top).
-        std::memcpy(session->buffer(dst), r.payload, nbytes);
-        const Clock::time_point start = Clock::now();
-        WaitPrecisely(session->Reserve(me, dst, static_cast<double>(nbytes), start));
-        out[rep] = std::chrono::duration<float>(Clock::now() - start).count();
-      } else {
-        // The host's own link: the copy is the transfer.
-        const Clock::time_point start = Clock::now();
-        std::memcpy(session->buffer(dst), r.payload, nbytes);
-        out[rep] = std::chrono::duration<float>(Clock::now() - start).count();
-      }
+  ffi::Error hosted = ffi::Error::Success();
+  std::thread host_proxy;
+  if (r.host_proxies) {
+    float* second = r.times + r.reps;
+    if (me < r.proxies) {
+      const std::string who =
+          "host proxy " + std::to_string(me) + " (run by " + r.who.Describe() + ")";
+      host_proxy =
+          std::thread([&, second, who] { hosted = RunSource(r, *session, p + me, second, who); });
+    } else {
+      std::fill(second, second + r.reps, 0.0f);
     }
   }
+  status = RunSource(r, *session, me, r.times, r.who.Describe());
+  if (host_proxy.joinable()) host_proxy.join();
+  if (status.success()) status = hosted;
   if (session->Leave()) {
     std::lock_guard<std::mutex> lock(g_mu);
     g_sessions.erase({r.run_id, r.site});

@@ -202,6 +202,12 @@ ffi::ErrorOr<bool> ParseTopology(const ffi::Dictionary& attrs, int64_t workers, 
     if (v.has_error()) return ffi::Unexpected(v.error());
     out->virtual_clock = v.value() != 0;
   }
+  out->host_proxies = false;
+  if (attrs.contains("emu_host_proxies")) {
+    auto h = attrs.get<int64_t>("emu_host_proxies");
+    if (h.has_error()) return ffi::Unexpected(h.error());
+    out->host_proxies = h.value() != 0;
+  }
   return true;
 }
 

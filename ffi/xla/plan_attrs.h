@@ -53,7 +53,8 @@ int64_t CachedPlans();
 xla::ffi::ErrorOr<int64_t> ReadProxies(const xla::ffi::Dictionary& attrs, int64_t workers);
 
 // Parses the emu_* attributes (float64 [p*p] tables emu_{wp,pp,ww}_s_per_byte
-// and emu_{wp,pp,ww}_latency_s, optional int64 emu_virtual); returns false
+// and emu_{wp,pp,ww}_latency_s, optional int64 emu_virtual and
+// emu_host_proxies); returns false
 // when the call has none.
 xla::ffi::ErrorOr<bool> ParseTopology(const xla::ffi::Dictionary& attrs, int64_t workers,
                                       int64_t proxies, Topology* out);

@@ -1,5 +1,5 @@
 // coarse_probe's XLA translation: reads the attributes (workers, site,
-// timeout_ms, the emu_* topology) and the operands (the (tier, data) index,
+// timeout_ms, the emu_* topology, optional host_proxies) and the operands (the (tier, data) index,
 // int32[4] device pairs, the payload) into a ProbeRequest and runs the probe
 // (runtime/probe.h) into the float32[reps] result. CPU only:
 // cpu/handlers_cpu.cc binds it.
@@ -47,6 +47,18 @@ ffi::Error ProbeBody(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyBuffer p
   request.timeout = std::chrono::milliseconds(timeout_ms.value());
   request.times = static_cast<float*>(times->untyped_data());
   request.reps = times->element_count();
+  if (attrs.contains("host_proxies")) {
+    auto host = attrs.get<int64_t>("host_proxies");
+    if (host.has_error()) return host.error();
+    request.host_proxies = host.value() != 0;
+  }
+  if (request.host_proxies) {
+    // The worker's times, then those of the host proxy it stands for (probe.h).
+    if (request.reps % 2 != 0 || who.value().device(p) >= p)
+      return ffi::Error::InvalidArgument(
+          "coarse_probe: with host_proxies only workers call, with float32[2 * reps] times");
+    request.reps /= 2;
+  }
   return RunProbe(request);
 }
 
