@@ -8,9 +8,9 @@ own host link (n at 12.5 GB/s, two per root complex); at 1:1 each client has its
 device at 25 GB/s, but its host link is still shared (12.5 GB/s).
 """
 
+import os
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -42,20 +42,27 @@ def test_placements_side_by_side_match_the_model(proxies, winner):
     assert placement.favoured(predicted_only, "pcie4").endswith("(predicted)")
 
 
-def test_cli_puts_coarse_host_beside_the_others(tmp_path):
-    root = Path(__file__).resolve().parent.parent
+def _cli(tmp_path, *args: str) -> str:
+    """``python -m coarse_jax.profiling ARGS``'s output: the installed package
+    (cwd=tmp_path, not ./coarse_jax, which a clean clone builds no extension into)."""
     result = subprocess.run(
-        [sys.executable, "-m", "coarse_jax.profiling", "--emulate", "pcie5", "--workers", "2",
-         "--proxies", "1", "--max-size", str(1 << 16), "--reps", "2", "--clock", "virtual"],
+        [sys.executable, "-m", "coarse_jax.profiling", *args],
         cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"},
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout
+    return result.stdout
+
+
+def test_cli_puts_coarse_host_beside_the_others(tmp_path):
+    out = _cli(
+        tmp_path, "--emulate", "pcie5", "--workers", "2", "--proxies", "1",
+        "--max-size", str(1 << 16), "--reps", "2", "--clock", "virtual",
+    )  # fmt: skip
     for scheme in ("DENSE", "AllReduce", "COARSE-devices", "COARSE-host"):
         assert f"\n{scheme} " in out, out
     # 2:1 on one root complex: a proxy device's port takes 2 n at 50 GB/s, each worker's
@@ -64,19 +71,10 @@ def test_cli_puts_coarse_host_beside_the_others(tmp_path):
 
 
 def test_cli_profiles_a_host_proxy_mesh(tmp_path):
-    root = Path(__file__).resolve().parent.parent
-    result = subprocess.run(
-        [sys.executable, "-m", "coarse_jax.profiling", "--emulate", "pcie4", "--workers", "2",
-         "--proxies", "1", "--proxies-on", "host", "--max-size", str(1 << 16), "--reps", "2",
-         "--clock", "virtual", "--no-placements"],
-        cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    out = _cli(
+        tmp_path, "--emulate", "pcie4", "--workers", "2", "--proxies", "1",
+        "--proxies-on", "host", "--max-size", str(1 << 16), "--reps", "2",
+        "--clock", "virtual", "--no-placements",
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout
     assert out.startswith("Profile pcie4+host: 2 workers, 1 proxies"), out[:300]
     assert "\ncoarse " in out and "COARSE-host" not in out

@@ -78,12 +78,12 @@ def compile_program(
         ctx = owner._trace_context(cfg, dict(ref_in))
         _context.stack().append(ctx)
         try:
-            restore_rngs = _nnx.fold_rngs_by_worker(nodes) if nodes else None
+            put_rngs_back = _nnx.fold_rngs_by_worker(nodes) if nodes else None
             out = layout.call(fn, args)
             new_state = None
             if nodes:
-                assert restore_rngs is not None
-                restore_rngs()
+                assert put_rngs_back is not None
+                put_rngs_back()
                 new_state = _nnx.consistent_state(nodes, all_reduce, ctx.workers)
         finally:
             _context.stack().pop()

@@ -27,7 +27,7 @@ from coarse_jax.config import Config
 from coarse_jax.optim import ProxyOptimizer
 from coarse_jax.plan import Plan
 
-_store_ids = itertools.count(1)
+_serials = itertools.count(1)
 
 
 @dataclasses.dataclass
@@ -150,7 +150,7 @@ def register(
     if store is None:
         name = f"{ctx.step_name} update {index}"
         platform = ctx.mesh.devices.flat[0].platform
-        store = Store(next(_store_ids), name, optimizer, treedef, shapes, dtypes, plan, platform)
+        store = Store(next(_serials), name, optimizer, treedef, shapes, dtypes, plan, platform)
         ctx.stores[index] = store
         # The runtime's copy (master, state, snapshots) lives as long as the
         # step that owns this record.
