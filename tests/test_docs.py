@@ -50,6 +50,7 @@ DOCTEST_MODULES = [
     "coarse_jax.mesh",
     "coarse_jax.plan.types",
     "coarse_jax.plan.planner",
+    "coarse_jax.plan.traffic",
     "coarse_jax.optim",
     "coarse_jax.kernels",
     "coarse_jax.reference",
@@ -65,6 +66,7 @@ DOCTEST_MODULES = [
     "coarse_jax.profiling.host_link",
     "coarse_jax.bench.placement",
     "coarse_jax._ffi.extension",
+    "coarse_jax._ffi.traffic",
 ]
 
 # Modules whose docstring examples run but whose failures do not count

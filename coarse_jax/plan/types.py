@@ -251,6 +251,8 @@ class Plan:
           ---...
           1 leaves, 0.00 MiB: 0.00 MiB via 4 proxies in 1 pieces (1 pushes per worker), ...
           shard 4194304 B, latency threshold 2097152 B, routes (lat, bw) per worker: ...
+          CPU bytes per sync, value_and_grad: 0.00 MiB read / 0.00 MiB written (2.00x / ...
+          CPU bytes per sync, value_and_update (adam): ...
         """
         p = self.workers
         pieces_of: dict[int, list[PiecePlan]] = {}
@@ -299,5 +301,12 @@ class Plan:
             f"shard {self.config.shard_bytes} B, latency threshold "
             f"{self.config.latency_threshold_bytes} B, routes (lat, bw) per worker: "
             + " ".join(f"w{i}:{lat},{bw}" for i, (lat, bw) in enumerate(routes))
+        )
+        from coarse_jax.plan.traffic import cpu_traffic  # traffic reads this module's Plan
+
+        rows.append("CPU bytes per sync, value_and_grad: " + cpu_traffic(self).line())
+        rows.append(
+            "CPU bytes per sync, value_and_update (adam): "
+            + cpu_traffic(self, optimizer_slots=2).line()
         )
         return "\n".join(rows)

@@ -7,15 +7,37 @@
 #include <vector>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/cpu_traffic.h"
 #include "cpu/host_pool.h"
 #include "runtime/leaf_runs.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
 
+namespace {
+
+constexpr int64_t kF32 = sizeof(float);
+
+// The bytes `runs` hold in their leaves' dtypes, and as f32.
+struct RunBytes {
+  int64_t leaf = 0, f32 = 0;
+};
+RunBytes BytesOf(const LeafRun* runs, int64_t num_runs) {
+  RunBytes b;
+  for (int64_t r = 0; r < num_runs; ++r) {
+    b.leaf += runs[r].len * xla::ffi::ByteWidth(runs[r].dtype);
+    b.f32 += runs[r].len * kF32;
+  }
+  return b;
+}
+
+}  // namespace
+
 ffi::Error CpuDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t, int64_t) {
   for (int64_t r = 0; r < num_runs; ++r)
     cpu::WidenToF32(runs[r].dtype, runs[r].leaf, dst + runs[r].buf_off, runs[r].len);
+  const RunBytes b = BytesOf(runs, num_runs);
+  cpu::CountTraffic(cpu::TrafficOp::kGather, b.leaf, b.f32);
   return ffi::Error::Success();
 }
 
@@ -23,12 +45,20 @@ ffi::Error CpuDevice::Scatter(const float* src, int64_t, int64_t, const LeafRun*
                               int64_t num_runs) {
   for (int64_t r = 0; r < num_runs; ++r)
     cpu::NarrowFromF32(runs[r].dtype, src + runs[r].buf_off, runs[r].leaf, runs[r].len);
+  const RunBytes b = BytesOf(runs, num_runs);
+  cpu::CountTraffic(cpu::TrafficOp::kScatter, b.f32, b.leaf);
   return ffi::Error::Success();
 }
 
 ffi::Error CpuDevice::SumSlots(float* own, int64_t n, int64_t slots, float scale) {
-  if (slots == 0) std::memset(own, 0, n * sizeof(float));
-  if (slots == 1 && scale != 1.0f) cpu::ScaleF32(own, scale, n);
+  if (slots == 0) {
+    std::memset(own, 0, n * sizeof(float));
+    cpu::CountTraffic(cpu::TrafficOp::kSum, 0, n * kF32);
+  }
+  if (slots == 1 && scale != 1.0f) {
+    cpu::ScaleF32(own, scale, n);
+    cpu::CountTraffic(cpu::TrafficOp::kScale, n * kF32, n * kF32);
+  }
   if (slots <= 1) return ffi::Error::Success();
   // One pass over every slot (each read once, `own` written once), block by
   // block, in slot order: the same bits as adding one slot per pass, which
@@ -50,11 +80,13 @@ ffi::Error CpuDevice::AddFrom(float* own, const float* peer, int64_t, int64_t n,
     cpu::AddScaleF32(own, peer, scale, n);
   else
     cpu::AddF32(own, peer, n);
+  cpu::CountTraffic(cpu::TrafficOp::kRingStep, 2 * n * kF32, n * kF32);
   return ffi::Error::Success();
 }
 
 ffi::Error CpuDevice::CopyFrom(float* own, const float* peer, int64_t, int64_t n) {
   std::memcpy(own, peer, n * sizeof(float));
+  cpu::CountTraffic(cpu::TrafficOp::kRingStep, n * kF32, n * kF32);
   return ffi::Error::Success();
 }
 
@@ -71,6 +103,7 @@ ffi::Error CpuDevice::SumInRingOrder(float* dst, const float* const* srcs, int64
     if (scale != 1.0f) cpu::ScaleF32(acc, scale, m);
     std::memcpy(dst + i0, acc, m * sizeof(float));
   }
+  cpu::CountTraffic(cpu::TrafficOp::kSum, num * n * kF32, n * kF32);
   return ffi::Error::Success();
 }
 
@@ -96,6 +129,15 @@ void WidenRuns(const PushedRuns& runs, int64_t a, int64_t b, float* target, bool
 ffi::Error CpuDevice::SumPushesInRingOrder(
     float* dst, int64_t lo, int64_t hi, const std::vector<std::vector<const PushedRuns*>>& groups,
     float scale) {
+  // Each client's runs of [lo, hi) are read once (in their dtype), `dst` written once.
+  int64_t read = 0;
+  for (const auto& g : groups)
+    for (const PushedRuns* runs : g)
+      for (const LeafRun& r : *runs) {
+        const int64_t a = std::max(lo, r.buf_off), b = std::min(hi, r.buf_off + r.len);
+        if (b > a) read += (b - a) * xla::ffi::ByteWidth(r.dtype);
+      }
+  cpu::CountTraffic(cpu::TrafficOp::kSum, read, (hi - lo) * kF32);
   // Block by block through stack buffers, like SumInRingOrder.
   constexpr int64_t kBlock = 2048;
   float acc[kBlock], tmp[kBlock];
@@ -119,6 +161,7 @@ ffi::Error CpuDevice::SumPushesInRingOrder(
 
 ffi::Error CpuDevice::Scale(float* x, int64_t n, float scale) {
   cpu::ScaleF32(x, scale, n);
+  cpu::CountTraffic(cpu::TrafficOp::kScale, n * kF32, n * kF32);
   return ffi::Error::Success();
 }
 
@@ -128,10 +171,15 @@ ffi::Error CpuDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, i
   cpu::ParallelFor(n, cpu::kParallelMinElems, [&](int64_t lo, int64_t hi) {
     cpu::OptimizerF32(o, cpu::AdvanceBuffers(b, lo), hi - lo);
   });
+  // The gradient, the master and each state slot read; the master, the
+  // gradient's buffer (the updated params, for the pull) and each slot written.
+  const int64_t slots = OptSlots(o.kind, o.momentum);
+  cpu::CountTraffic(cpu::TrafficOp::kOptimizer, (2 + slots) * n * kF32, (2 + slots) * n * kF32);
   return ffi::Error::Success();
 }
 
 ffi::ErrorOr<double> CpuDevice::SumSquares(const float* x, int64_t n) {
+  cpu::CountTraffic(cpu::TrafficOp::kCheck, n * kF32, 0);
   return cpu::SumSquaresF32(x, n);
 }
 
@@ -141,6 +189,9 @@ ffi::ErrorOr<Mismatch> CpuDevice::FirstMismatch(const float* master, const LeafR
   const float* held = master + run.buf_off;
   Mismatch m;
   m.index = cpu::FirstMismatchIn(held, run.leaf, run.len, run.dtype);
+  // Read up to the first mismatch (all of it when none): the master and the params.
+  const int64_t compared = m.index >= 0 ? m.index + 1 : run.len;
+  cpu::CountTraffic(cpu::TrafficOp::kCheck, compared * (kF32 + xla::ffi::ByteWidth(run.dtype)), 0);
   if (m.index >= 0) {
     cpu::WidenToF32(run.dtype, ElementPtr(run.leaf, run.dtype, m.index), &m.given, 1);
     float narrow = 0;  // room for one element of any supported dtype
@@ -152,11 +203,16 @@ ffi::ErrorOr<Mismatch> CpuDevice::FirstMismatch(const float* master, const LeafR
 
 ffi::Error CpuDevice::ZeroBytes(void* dst, size_t bytes) {
   std::memset(dst, 0, bytes);
+  cpu::CountTraffic(cpu::TrafficOp::kBytes, 0, static_cast<int64_t>(bytes));
   return ffi::Error::Success();
 }
 
 ffi::Error CpuDevice::CopyBytes(void* dst, const void* src, size_t bytes) {
-  if (dst != src) std::memcpy(dst, src, bytes);
+  if (dst != src) {
+    std::memcpy(dst, src, bytes);
+    cpu::CountTraffic(cpu::TrafficOp::kBytes, static_cast<int64_t>(bytes),
+                      static_cast<int64_t>(bytes));
+  }
   return ffi::Error::Success();
 }
 

@@ -13,6 +13,7 @@
 #include "cpu/cpu_backend_choice.h"
 #include "cpu/cpu_selftest.h"
 #include "cpu/cpu_storage.h"
+#include "cpu/cpu_traffic.h"
 #include "cpu/host_bench.h"
 #include "cpu/host_pool.h"
 #include "runtime/hand_out.h"
@@ -128,6 +129,19 @@ NB_MODULE(_coarse_cpu, m) {
   m.def("host_threads", &coarse::cpu::HostThreads,
         "The threads a proxy's optimizer may use on the host, its own included "
         "(min(hardware threads, COARSE_JAX_HOST_THREADS or 8)).");
+  m.def(
+      "traffic",
+      [] {
+        nb::dict out;
+        const std::vector<coarse::cpu::TrafficCount> counts = coarse::cpu::Traffic();
+        for (size_t i = 0; i < counts.size(); ++i)
+          out[coarse::cpu::TrafficOpName(static_cast<coarse::cpu::TrafficOp>(i))] =
+              nb::make_tuple(counts[i].read, counts[i].written);
+        return out;
+      },
+      "Bytes (read, written) by the CPU backend's device operations, per kind of operation, "
+      "since the process started, over every session (ffi/cpu/cpu_traffic.h): take the "
+      "difference around a sync.");
   m.def("live_sessions", &coarse::LiveSessions,
         "Number of synchronization sessions the runtime holds right now.");
   m.def("take_virtual_spans", &coarse::TakeVirtualSpans,

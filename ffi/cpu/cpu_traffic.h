@@ -1,0 +1,40 @@
+// Bytes the CPU backend's device operations read and write (issue 39: the
+// bytes per path, counted where they are moved, not read off the code).
+// Every CpuDevice operation adds what its loop touches to its own counter:
+// a sum of k sources over n floats reads 4kn bytes and writes 4n; widening a
+// bf16 run reads 2 bytes an element and writes 4. Relaxed atomics, one add
+// per operation (an operation covers a piece or a run, never one element),
+// so counting costs nothing measurable. The counters cover every session of
+// the process since it started; a reader takes their difference around one
+// sync (coarse_jax._ffi.traffic).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+namespace coarse::cpu {
+
+// One counter per kind of operation; TrafficOpName gives its name.
+enum class TrafficOp : int {
+  kGather,     // leaves widened into f32 storage (a copying push, the worker ring's scratch)
+  kScatter,    // f32 storage narrowed into leaves (a pull, the worker ring's outputs)
+  kSum,        // the proxies' sums (in place from the pushes, or over slots)
+  kRingStep,   // one peer's chunk added or copied (the worker ring, emulated schedules)
+  kScale,      // a separate scaling pass
+  kOptimizer,  // the proxies' optimizer
+  kCheck,      // the params check and the global norm's sum of squares
+  kBytes,      // plain byte copies and zero fills (tokens, pass-through outputs, host chunks)
+  kCount
+};
+const char* TrafficOpName(TrafficOp op);
+
+struct TrafficCount {
+  int64_t read = 0, written = 0;  // bytes
+};
+
+void CountTraffic(TrafficOp op, int64_t read, int64_t written);
+// Indexed by TrafficOp.
+std::vector<TrafficCount> Traffic();
+
+}  // namespace coarse::cpu
