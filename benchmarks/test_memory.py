@@ -19,8 +19,9 @@ batch, from per-sequence compute times measured here and the emulated "v100"
 preset's links. With device proxies COARSE spends 4 extra devices (the
 proxies) to get the batch; with the proxies in host memory (``proxies_on="host"``,
 issue 38) it uses the same 4 devices as pmean, and only the workers' memory
-counts against the budget. The prediction is made for device proxies only
-(the model has no host link yet).
+counts against the budget. The prediction is made for device proxies only:
+the "v100" preset is a board of peer links; host proxies sit on a board's
+PCIe host links, which `benchmarks/test_emulated_pcie.py` compares.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def test_bert_base_batch_that_fits(benchmark):
         )
         lines.append(rep.table())
         if rep.proxies_on == "host":
-            continue  # the model has no host link yet (issue 38, item 5)
+            continue  # another board: see the module docstring
         t_base = fixed_s + BASE_BATCH * per_seq_s + allreduce_s
         t_big = fixed_s + b * per_seq_s + coarse_s
         gain = (b / t_big) / (BASE_BATCH / t_base) - 1
