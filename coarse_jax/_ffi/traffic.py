@@ -3,12 +3,14 @@
 Every device operation of the CPU backend adds the bytes its loop reads and
 writes to a process-wide counter of its kind (``ffi/cpu/cpu_traffic.h``):
 
-* ``gather``: leaves widened into f32 storage (a copying push, the worker
-  ring's scratch);
-* ``scatter``: f32 storage narrowed into leaves (a pull, the worker ring's
-  outputs);
-* ``sum``: the proxies' sums (in place from the pushes, or over their slots);
-* ``ring_step``: one peer's chunk added or copied (the worker ring);
+* ``gather``: leaves widened into f32 storage (a copying push; the worker
+  ring's scratch on emulated links);
+* ``scatter``: f32 storage narrowed into leaves (a pull, the leading
+  layers' outputs);
+* ``sum``: the proxies' sums (in place from the pushes, or over their
+  slots) and the workers' one-pass sums of the leading layers;
+* ``ring_step``: one peer's chunk added or copied (the rings on emulated
+  links);
 * ``scale``: a separate scaling pass;
 * ``optimizer``: the proxies' optimizer;
 * ``check``: the params check and the global norm's sum of squares;

@@ -18,8 +18,11 @@ against which ``tests/test_traffic.py`` holds it, byte for byte:
   reduce-scatter (both ``sum``); the optimizer reads and writes the
   gradient, the master and each state slot once (``optimizer``); the params
   check reads the master and the params (``check``); the pull (``scatter``);
-* the leading layers' worker ring: widen into scratch (``gather``), 2(p-1)
-  ring steps (``ring_step``), narrow into the outputs (``scatter``).
+* the leading layers (the workers' reduction): each worker sums the ring's
+  chunks it would own straight from every worker's leaves, in the ring's
+  order (``sum``), then narrows every owner's chunks into its outputs
+  (``scatter``). Emulated links run the ring itself (widen into scratch,
+  2(p-1) ring steps, narrow), as GPUs do.
 
 Counted in the leaves' own dtypes where the runtime reads or writes leaves,
 in f32 where it touches its storage. Emulated links and the streams
@@ -173,10 +176,7 @@ def cpu_traffic(
     ring_bytes = sum(leaf.nbytes for leaf in ring)
     ring_f32 = sum(math.prod(leaf.shape) for leaf in ring) * F32
     if ring and p > 1:
-        add("gather", p * ring_bytes, p * ring_f32)
-        # Reduce-scatter: p - 1 steps, each adds a peer's chunk (1/p) to one's
-        # own; all-gather: p - 1 steps, each copies one.
-        add("ring_step", 3 * (p - 1) * ring_f32, 2 * (p - 1) * ring_f32)
+        add("sum", p * ring_bytes, ring_f32)
         add("scatter", p * ring_f32, p * ring_bytes)
 
     total = plan.total_bytes

@@ -17,10 +17,10 @@ namespace coarse::cpu {
 
 // One counter per kind of operation; TrafficOpName gives its name.
 enum class TrafficOp : int {
-  kGather,     // leaves widened into f32 storage (a copying push, the worker ring's scratch)
-  kScatter,    // f32 storage narrowed into leaves (a pull, the worker ring's outputs)
-  kSum,        // the proxies' sums (in place from the pushes, or over slots)
-  kRingStep,   // one peer's chunk added or copied (the worker ring, emulated schedules)
+  kGather,     // leaves widened into f32 storage (a copying push, a ring's scratch)
+  kScatter,    // f32 storage narrowed into leaves (a pull, the leading layers' outputs)
+  kSum,        // the one-pass sums (the proxies', the leading layers')
+  kRingStep,   // one peer's chunk added or copied (the rings on emulated links)
   kScale,      // a separate scaling pass
   kOptimizer,  // the proxies' optimizer
   kCheck,      // the params check and the global norm's sum of squares

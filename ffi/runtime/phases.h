@@ -134,6 +134,18 @@ inline bool GatherPull(const Session& session, const Device& dev) {
   return !session.emulated() && dev.ReadsPeersInPlace();
 }
 
+// Whether the workers reduce their leading layers in one pass instead of
+// the ring (phases/reduce_leading.cc), where devices share memory
+// (GatherPull): each worker publishes where its leading leaves lie, sums the
+// ring's chunks it would own straight from every worker's leaves, in the
+// ring's order (the ring's bits), and once all have, narrows every owner's
+// chunks into its outputs. p R + p W of widening and 3(p - 1) R + 2(p - 1) W
+// of ring steps become p R + 1 W of sums (in units of the leading layers' f32
+// bytes; the pulls' p R + p W stay).
+inline bool OneShotLeading(const Session& session, const Device& dev) {
+  return session.plan().workers > 1 && GatherPull(session, dev);
+}
+
 // Whether the proxies read the workers' pushes in place instead of a copy
 // (the fused push): with GatherPull, when the three calls of the sync say
 // `in_place` (attribute push_in_place), which the Python side sets only when

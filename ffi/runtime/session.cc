@@ -183,6 +183,7 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
   proxy_progress_ = Counters<int32_t>(q * S * 2, -1);
   worker_progress_ = Counters<int32_t>(p * 2, -1);
   pushed_runs_.reset(new PushedRuns[p * S]);
+  leading_runs_.reset(new PushedRuns[p]);
   pushes_of_ = Counters<int32_t>(S, 0);
   mailboxes_.reset(new Mailbox[D]);
   norm_parts_.reset(new double[q]());

@@ -118,6 +118,10 @@ class Session {
   std::atomic<int32_t>& worker_progress(int64_t worker, int ring) {
     return worker_progress_[worker * 2 + ring];
   }
+  // A worker's leading leaves when the workers reduce them in one pass
+  // (OneShotLeading, phases.h): written before its worker_progress(w, 0)
+  // reaches 0, read after.
+  PushedRuns& leading_runs(int64_t worker) { return leading_runs_[worker]; }
 
   // Piece `piece` is reduced on proxy `proxy`: both its rings are complete
   // there (or it was marked so without a ring, see MarkReduced).
@@ -263,6 +267,7 @@ class Session {
   std::unique_ptr<std::atomic<int32_t>[]> arrived_, proxy_progress_, worker_progress_;
   std::unique_ptr<std::atomic<uint8_t>[]> pushed_;     // [worker * S + piece]
   std::unique_ptr<PushedRuns[]> pushed_runs_;          // [worker * S + piece]
+  std::unique_ptr<PushedRuns[]> leading_runs_;         // [worker]
   std::unique_ptr<std::atomic<int32_t>[]> pushes_of_;  // [piece]
   std::unique_ptr<Mailbox[]> mailboxes_;
   std::unique_ptr<Emulator> emulator_;  // null without a topology

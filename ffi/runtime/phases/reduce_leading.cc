@@ -32,6 +32,68 @@ ffi::Error ScatterRange(Device& dev, const float* src, int64_t src_device,
   return dev.Scatter(src + lo, src_device, hi - lo, runs.data(), static_cast<int64_t>(runs.size()));
 }
 
+// OneShotLeading (phases.h): the workers' reduction in one pass over
+// shared memory. worker_progress(w, 0) is the protocol: 0 once worker w has
+// published its leaves, 1 once it has summed its chunks into its scratch.
+// No worker writes its outputs (which may alias its leaves, which the
+// others read) before every worker has summed.
+ffi::Error OneShotReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
+                                const std::vector<LeafRun>& out_runs) {
+  Session& session = *call.session;
+  const Plan& plan = call.plan();
+  const int64_t p = plan.workers, me = call.who.index, n = plan.leading_nelems;
+  PushedRuns& mine = session.leading_runs(me);
+  mine = in_runs;
+  std::sort(mine.begin(), mine.end(),
+            [](const LeafRun& a, const LeafRun& b) { return a.buf_off < b.buf_off; });
+  auto reach = [&](int32_t stage, const char* doing) {
+    session.worker_progress(me, 0).store(stage, std::memory_order_release);
+    for (int64_t w = 0; w < p; ++w)
+      if (w != me) session.Notify(w);
+    for (int64_t w = 0; w < p; ++w) {
+      ffi::Error err = session.Wait(
+          call.who, Session::Waits::kPeer,
+          [&] { return session.worker_progress(w, 0).load(std::memory_order_acquire) >= stage; },
+          [&] {
+            return "worker " + std::to_string(w) + " to " + doing + " its leading layers (" +
+                   std::to_string(n) + " elements, first tensor '" +
+                   plan.leaf_names[plan.num_proxy_leaves] + "')";
+          });
+      if (err.failure()) return err;
+      err = dev.Acquire(w);
+      if (err.failure()) return err;
+    }
+    return ffi::Error::Success();
+  };
+  ffi::Error err = reach(0, "publish");
+  if (err.failure()) return err;
+  float* scratch = session.scratch(me);
+  std::vector<int64_t> order(p);
+  std::vector<std::vector<const PushedRuns*>> groups(p);
+  for (int r = 0; r < 2; ++r) {
+    int64_t lo, hi;
+    const int64_t c = OwnedChunk(r, me, p, n, &lo, &hi);
+    if (hi <= lo) continue;
+    RingAddOrder(r, c, p, order.data());
+    for (int64_t t = 0; t < p; ++t) groups[t] = {&session.leading_runs(order[t])};
+    err = dev.SumPushesInRingOrder(scratch + lo, lo, hi, groups, MeanScale(plan));
+    if (err.failure()) return err;
+  }
+  err = dev.Publish();
+  if (err.failure()) return err;
+  err = reach(1, "sum its chunks of");
+  if (err.failure()) return err;
+  for (int64_t w = 0; w < p; ++w)
+    for (int r = 0; r < 2; ++r) {
+      int64_t lo, hi;
+      OwnedChunk(r, w, p, n, &lo, &hi);
+      if (hi <= lo) continue;
+      err = ScatterRange(dev, session.scratch(w), w, out_runs, lo, hi);
+      if (err.failure()) return err;
+    }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who,
@@ -73,6 +135,7 @@ ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who,
 ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
                          const std::vector<LeafRun>& out_runs) {
   TraceScope all(*call.session, call.device(), "worker ring", -1, call.plan().leading_nbytes);
+  if (OneShotLeading(*call.session, dev)) return OneShotReduceLeading(call, dev, in_runs, out_runs);
   const Plan& plan = call.plan();
   Session& session = *call.session;
   const int64_t me = call.who.index;

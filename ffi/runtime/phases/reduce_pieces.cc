@@ -192,10 +192,7 @@ class PieceReducer {
       int64_t lo, hi;
       const int64_t c = OwnedChunk(r, k_, q_, n, &lo, &hi);
       if (hi <= lo) continue;
-      for (int64_t t = 0; t < q_; ++t) {
-        const int64_t pos = (c + t) % q_;
-        order[t] = r == 0 ? pos : (q_ - pos) % q_;
-      }
+      RingAddOrder(r, c, q_, order.data());
       ffi::Error err = sum(lo, hi, order.data());
       if (err.failure()) return err;
     }
