@@ -66,6 +66,18 @@ class Config:
         to this size, so a step pays per-piece, not per-tensor, latency.
       latency_threshold_bytes: pieces smaller than this go to a worker's
         latency proxy, the rest to its bandwidth proxy.
+      xla_below_bytes: a `coarse.all_reduce` or `coarse.value_and_grad`
+        whose whole tree (per worker, the loss included) is at most this many
+        bytes is reduced by XLA inside the step's program (a ``psum`` over the
+        workers accumulated in f32, as ``mode="reference"``), not by the
+        proxies: for a small tree the lowest latency there is, since XLA's
+        collective needs no runtime thread to wake (on this project's 2-core
+        CPU host a 1 KiB sync took 2-4x ``lax.psum``'s time through the
+        proxies). Decided at trace time; `Plan.summary` says so. The result
+        is XLA's reduction, bitwise reproducible run to run but not the
+        proxies' bits. Emulated links (``topology``) do not time it.
+        `coarse.value_and_update` always goes through the proxies (they hold
+        the optimizer). 0 (default): never.
       routes: one ``(latency_proxy, bandwidth_proxy)`` pair per worker, proxies
         named by their number 0..q-1 (at 1:1 their index on the "data" axis).
         ``None``: every worker uses its local proxy (``i // k`` with k = p / q
@@ -156,6 +168,7 @@ class Config:
 
     shard_bytes: int = 4 << 20
     latency_threshold_bytes: int = 2 << 20
+    xla_below_bytes: int = 0
     routes: tuple[tuple[int, int], ...] | None = None
     leading_bytes: int | Literal["auto"] = 0
     mode: str = dataclasses.field(default_factory=_default_mode)
@@ -175,6 +188,7 @@ class Config:
         for name in (
             "shard_bytes",
             "latency_threshold_bytes",
+            "xla_below_bytes",
             "leading_bytes",
             "reprofile_every",
             "snapshot_every",

@@ -93,6 +93,9 @@ def check_config(cfg: Config) -> Config:
     # there to avoid. Every parameter goes through the proxies.
     if cfg.leading_bytes != 0:
         cfg = dataclasses.replace(cfg, leading_bytes=0)
+    # Nor by XLA: the proxies hold the optimizer (Config.xla_below_bytes).
+    if cfg.xla_below_bytes != 0:
+        cfg = dataclasses.replace(cfg, xla_below_bytes=0)
     return cfg
 
 

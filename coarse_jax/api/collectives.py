@@ -87,10 +87,11 @@ def all_reduce(tree: Any, op: str = "mean", *, config: Config | None = None) -> 
     cfg = config or ctx.config
     plan = ctx.plan(jax.eval_shape(lambda t: t, tree), cfg, mean=mean, where="coarse.all_reduce")
     leaves, treedef = jax.tree.flatten(tree)
-    runs = cfg.mode != "reference" and bool(leaves)
+    xla = cfg.mode == "reference" or plan.xla  # plan.xla: Config.xla_below_bytes
+    runs = not xla and bool(leaves)
     # A site only for a synchronization that runs (mode="ffi", leaves to reduce).
     call = ctx.call_site(plan, "coarse.all_reduce", pulls_pushed=True) if runs else None
     if call is None:
-        return reference.all_reduce(tree, ctx.workers, mean) if cfg.mode == "reference" else tree
+        return reference.all_reduce(tree, ctx.workers, mean) if xla else tree
     last = push_in_order(plan, call, leaves)
     return jax.tree.unflatten(treedef, finish(plan, call, leaves, [last], in_place=False))

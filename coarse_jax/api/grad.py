@@ -262,7 +262,8 @@ def _result(sync: _Sync, leaves: list[jax.Array], aux: Any) -> Any:
 
 
 def _reference(sync: _Sync) -> Any:
-    """mode="reference": the same values through pure JAX collectives (and optax)."""
+    """mode="reference", or a tree within Config.xla_below_bytes: the same values through
+    pure JAX collectives (and optax)."""
     ctx, update = sync.ctx, sync.update
     loss, vjp_fn, aux = _vjp(sync)
     grads = list(vjp_fn(jnp.ones_like(loss)))
@@ -386,7 +387,8 @@ def synced_value_and_grad(
     plan = ctx.plan(shapes, cfg, groups=groups, names=names, where=where)
     n_grad = len(jax.tree.leaves(grads_shape))
     call = site = None
-    if cfg.mode == "ffi":
+    ffi = cfg.mode == "ffi" and not plan.xla  # plan.xla: Config.xla_below_bytes
+    if ffi:
         call = ctx.call_site(plan, where, pulls_pushed=update is None)
         if update is not None:
             site = _update.register(ctx, call, plan, update, args[0], n_grad)
@@ -408,5 +410,5 @@ def synced_value_and_grad(
         call=call,
         site=site,
     )
-    run = _ffi_sync if cfg.mode == "ffi" else _reference
+    run = _ffi_sync if ffi else _reference
     return run(sync)

@@ -208,7 +208,7 @@ class SyncedStep(ProxyState):
         dyn = _placement.abstract_off_workers(dyn, self.mesh)
         jitted: Any = self._compile(cfg, layout)
         compiled = jitted.lower(*dyn, self._ref_state).compile()
-        plans = list(self._traced_plans)
+        plans = [p for p in self._traced_plans if not p.xla]  # XLA's own: no runtime storage
         arg_bytes = out_bytes = 0
         if _placement.home(self.mesh, full) is not None:  # outputs follow onto the mesh
             outputs = jax.eval_shape(jitted, *dyn, self._ref_state)[:3]

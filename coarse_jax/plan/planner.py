@@ -204,4 +204,5 @@ def plan(
         buckets=tuple(buckets),
         mean=mean,
         proxies=proxies,
+        xla=0 < sum(leaf.nbytes for leaf in leaves) <= config.xla_below_bytes,
     )

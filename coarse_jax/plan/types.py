@@ -127,6 +127,9 @@ class Plan:
         size and destination proxy per worker).
       buckets: the pushes: runs of consecutive proxy leaves pushed together.
       mean: whether the runtime scales sums by 1/p.
+      xla: the whole tree is at most ``Config.xla_below_bytes``: XLA reduces
+        it inside the step's program (a psum over the workers), not the
+        proxies; the pieces and buckets are what the proxies would have done.
       proxies: the number of proxies q (each serves p / q workers); 0 when
         built by hand means p.
 
@@ -148,6 +151,7 @@ class Plan:
     buckets: tuple[BucketPlan, ...]
     mean: bool = True
     proxies: int = 0
+    xla: bool = False
 
     def __post_init__(self) -> None:
         if not self.proxies:
@@ -289,6 +293,12 @@ class Plan:
             rows.append(f"... {len(self.sync_order) - max_rows} more leaves")
         routes = self.config.routes_for(p, self.proxies)
         rows.append("-" * len(header))
+        if self.xla:
+            rows.append(
+                f"the whole tree ({self.total_bytes} B) is at most Config.xla_below_bytes "
+                f"({self.config.xla_below_bytes} B): XLA reduces it in the step's program (a psum "
+                "over the workers); no proxy takes part (coarse.value_and_update excepted)"
+            )
         rows.append(
             f"{len(self.leaves)} leaves, {self.total_bytes / 2**20:.2f} MiB: "
             f"{self.proxy_bytes / 2**20:.2f} MiB via {self.proxies} proxies in "
