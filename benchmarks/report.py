@@ -7,6 +7,8 @@ Usage::
 
 Reads ``--benchmark-json`` output of any of the suites in this directory:
 
+* ``test_goals.py`` records each of issue 39's goals (``extra_info["goal"]``):
+  they get a table of their own after the others;
 * ``test_sync_suite.py`` records impl, workers, tree, bytes, median and bus
   bandwidth in ``extra_info``, which is used as is;
 * ``test_sync_resnet50.py`` (param ``impl``) and ``test_emulated_v100.py``
@@ -128,7 +130,7 @@ def load(paths: list[Path]) -> tuple[list[Row], dict[str, Any]]:
             merged = {k: v for k, v in data.items() if k != "benchmarks"}
         benches.extend(data.get("benchmarks", []))
     merged["benchmarks"] = benches
-    rows = [parse(b) for b in benches]
+    rows = [parse(b) for b in benches if not _goal(b)]
     pmean = {(r.suite, r.tree, r.workers): r.median_s for r in rows if r.impl == "pmean"}
     for r in rows:
         base = pmean.get((r.suite, r.tree, r.workers))
@@ -143,6 +145,30 @@ def load(paths: list[Path]) -> tuple[list[Row], dict[str, Any]]:
         )
     )
     return rows, merged
+
+
+def _goal(bench: dict[str, Any]) -> dict[str, Any] | None:
+    """A goal of test_goals.py (its ``extra_info["goal"]``), or None."""
+    return (bench.get("extra_info") or {}).get("goal")
+
+
+def goals_markdown(benches: list[dict[str, Any]]) -> str:
+    """Issue 39's goals measured by test_goals.py: one row each, "" if none ran."""
+    goals = [g for g in map(_goal, benches) if g]
+    if not goals:
+        return ""
+    lines = [
+        "",
+        "| goal | coarse / baseline (median of runs) | runs: lowest-highest | at most | | load |",
+        "|---|---:|---|---:|---|---:|",
+    ]
+    for g in goals:
+        met = "met" if g["ratio"] <= g["limit"] else "missed"
+        lines.append(
+            f"| {g['goal']} | {g['ratio']:.2f}x | {g['runs']}: {g['lo']:.2f}-{g['hi']:.2f} | "
+            f"{g['limit']}x | {met} | {g['load']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def markdown(rows: list[Row]) -> str:
@@ -219,13 +245,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json-out", type=Path, help="write the merged JSON here")
     args = parser.parse_args(argv)
     rows, merged = load(args.json)
-    if not rows:
+    if not rows and not goals_markdown(merged["benchmarks"]):
         raise SystemExit("report.py: no benchmarks in the given JSON.")
-    table = markdown(rows)
+    table = markdown(rows) + goals_markdown(merged["benchmarks"])
     print(table, end="")
     if args.markdown:
         args.markdown.write_text(table)
-    if args.plot:
+    if args.plot and rows:
         plot(rows, args.plot)
     if args.json_out:
         args.json_out.write_text(json.dumps(merged, indent=1))
