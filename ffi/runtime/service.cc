@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "runtime/phases.h"
+#include "runtime/wakeups.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -26,10 +27,12 @@ class Pool {
     // Every queued job needs a thread of its own: an idle one if there are
     // more idle threads than jobs waiting, else a new one.
     if (idle_ >= static_cast<int64_t>(queue_.size())) {
+      CountWakeup(Wakeup::kNotifySleeper);
       cv_.notify_one();
       return;
     }
     ++threads_;
+    CountWakeup(Wakeup::kThreadStart);
     std::thread([this] { Loop(); }).detach();
   }
 
@@ -45,7 +48,16 @@ class Pool {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       ++idle_;
-      const bool got = cv_.wait_for(lock, kIdle, [&] { return !queue_.empty(); });
+      bool got = !queue_.empty();
+      if (!got) {
+        CountWakeup(Wakeup::kPark);
+        const auto t0 = std::chrono::steady_clock::now();
+        got = cv_.wait_for(lock, kIdle, [&] { return !queue_.empty(); });
+        AddParkedNs(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - t0)
+                        .count());
+        if (got) CountWakeup(Wakeup::kWokeWithWork);
+      }
       --idle_;
       if (!got) {
         --threads_;

@@ -15,6 +15,7 @@
 #include "runtime/interrupt.h"
 #include "runtime/param_store.h"
 #include "runtime/ring.h"
+#include "runtime/wakeups.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -298,10 +299,25 @@ bool Session::TakeFirstCall(int64_t device) {
 
 void Session::Notify(int64_t device) {
   Mailbox& m = mailboxes_[device];
+  bool sleeper;
   {
     std::lock_guard<std::mutex> lock(m.mu);
+    sleeper = m.parked > 0;
   }  // pairs with the waiter's check
+  CountWakeup(sleeper ? Wakeup::kNotifySleeper : Wakeup::kNotifyNoSleeper);
   m.cv.notify_all();
+}
+
+void Session::Park(Mailbox& m, std::unique_lock<std::mutex>& lock,
+                   std::chrono::steady_clock::time_point until) {
+  CountWakeup(Wakeup::kPark);
+  const auto t0 = std::chrono::steady_clock::now();
+  ++m.parked;
+  m.cv.wait_until(lock, until);
+  --m.parked;
+  AddParkedNs(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
 }
 
 void Session::Poison(const std::string& error) {
@@ -358,9 +374,12 @@ ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>
   const auto timeout = WaitLimit(kind);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock<std::mutex> lock(m.mu);
-  bool interrupt_seen = false;
+  bool interrupt_seen = false, parked = false;
   while (true) {
-    if (ready()) return ffi::Error::Success();
+    if (ready()) {
+      if (parked) CountWakeup(Wakeup::kWokeWithWork);
+      return ffi::Error::Success();
+    }
     if (poisoned()) return GaveUp(who, "waiting for " + what());
     if (Interrupted()) {
       // A wait on a peer stops one slice later than a wait on a push, so
@@ -386,7 +405,8 @@ ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>
     }
     // Short slices, so that a Ctrl-C is noticed (interrupt.h); a peer's
     // progress still wakes the wait at once (Notify).
-    m.cv.wait_until(lock, std::min(deadline, now + kInterruptPoll));
+    Park(m, lock, std::min(deadline, now + kInterruptPoll));
+    parked = true;
   }
 }
 
@@ -399,7 +419,7 @@ void Session::AwaitProxiesLeft(const Who& worker) {
   const auto deadline = std::chrono::steady_clock::now() + WaitLimit(Waits::kPeer);
   std::unique_lock<std::mutex> lock(m.mu);
   while (!ProxiesFinished() && std::chrono::steady_clock::now() < deadline)
-    m.cv.wait_until(lock, deadline);  // a proxy's Finish notifies every worker
+    Park(m, lock, deadline);  // a proxy's Finish notifies every worker
 }
 
 void Session::Finish(int64_t device) {

@@ -252,7 +252,12 @@ class Session {
   struct Mailbox {
     std::mutex mu;
     std::condition_variable cv;
+    int parked = 0;  // waiters asleep on cv now (guarded by mu)
   };
+  // Sleeps on `m.cv` until `until` or a notify, counted as parked
+  // (wakeups.h) while it sleeps; `lock` holds m.mu.
+  static void Park(Mailbox& m, std::unique_lock<std::mutex>& lock,
+                   std::chrono::steady_clock::time_point until);
 
   std::shared_ptr<const Plan> plan_;
   int64_t run_id_, site_, iteration_, step_;

@@ -22,6 +22,7 @@
 #include "runtime/session.h"
 #include "runtime/storage.h"
 #include "runtime/trace.h"
+#include "runtime/wakeups.h"
 #include "xla/plan_attrs.h"
 
 namespace coarse {
@@ -283,6 +284,23 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       "arena_nelems (each proxy's session storage, f32), exchange_nelems (what each proxy hands "
       "to the sum over hosts) and, given leaf_flags (bit 0: a parameter leaf, sync order), "
       "state_floats (each proxy's optimizer state, both buffers).");
+  m.def(
+      "wakeup_stats",
+      []() {
+        const WakeupStats w = TheWakeupStats();
+        nb::dict d;
+        d["thread_starts"] = w.thread_starts;
+        d["parks"] = w.parks;
+        d["woke_with_work"] = w.woke_with_work;
+        d["spin_found"] = w.spin_found;
+        d["notify_sleeper"] = w.notify_sleeper;
+        d["notify_no_sleeper"] = w.notify_no_sleeper;
+        d["parked_ns"] = w.parked_ns;
+        return d;
+      },
+      "This module's thread starts, parks and wake-ups since the last reset "
+      "(runtime/wakeups.h). See coarse_jax._ffi.wakeups.");
+  m.def("reset_wakeup_stats", &ResetWakeupStats, "Zeroes wakeup_stats().");
   m.def("interrupt_count", &InterruptsSeen, "SIGINTs the hook has seen (testing).");
   m.def("set_exiting", &SetExiting,
         "The interpreter is exiting: after a SIGINT every wait stops (runtime/interrupt.h).");

@@ -1,0 +1,48 @@
+"""The runtime's wake-up counters (ffi/runtime/wakeups.h, coarse_jax._ffi.wakeups)."""
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import coarse_jax as coarse
+from coarse_jax._ffi import wakeups
+
+WORKERS = 4
+
+
+def _synced_step():
+    mesh = coarse.make_mesh(workers=WORKERS)
+    step = coarse.sync(lambda x: coarse.all_reduce(x, op="sum"), mesh)
+    x = np.arange(WORKERS * 256, dtype=np.float32) % 7
+    xc = jax.device_put(x, NamedSharding(mesh, P("data")))
+    return step, xc, x.reshape(WORKERS, -1).sum(0)
+
+
+def test_reset_zeroes_and_subtraction():
+    wakeups.reset_wakeup_stats()
+    zero = wakeups.wakeup_stats()
+    assert zero == wakeups.WakeupStats()
+    a = wakeups.WakeupStats(parks=5, parked_ns=10, thread_starts=1)
+    b = wakeups.WakeupStats(parks=2, parked_ns=4)
+    assert a - b == wakeups.WakeupStats(parks=3, parked_ns=6, thread_starts=1)
+    assert (a - b).per(3)["parks"] == 1.0
+
+
+def test_syncs_move_the_counters():
+    step, xc, want = _synced_step()
+    jax.block_until_ready(step(xc))  # compile
+    syncs = 10
+    before = wakeups.wakeup_stats()
+    for _ in range(syncs):
+        out = step(xc)
+        np.testing.assert_allclose(np.asarray(out), want)
+    d = wakeups.wakeup_stats() - before
+    # Every sync's proxies post progress that the workers (or peers) wait on:
+    # at least one notify per proxy per sync, counted either way.
+    assert d.notify_sleeper + d.notify_no_sleeper >= syncs * WORKERS
+    # A park ends with work or without (timeout slice, spurious wake-up): never
+    # more wake-ups with work than parks, and time parked only when parked.
+    assert 0 <= d.woke_with_work <= d.parks
+    assert (d.parked_ns > 0) == (d.parks > 0)
+    assert d.spin_found >= 0 and d.thread_starts >= 0
