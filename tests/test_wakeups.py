@@ -1,5 +1,7 @@
 """The runtime's wake-up counters (ffi/runtime/wakeups.h, coarse_jax._ffi.wakeups)."""
 
+import time
+
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
@@ -46,3 +48,26 @@ def test_syncs_move_the_counters():
     assert 0 <= d.woke_with_work <= d.parks
     assert (d.parked_ns > 0) == (d.parks > 0)
     assert d.spin_found >= 0 and d.thread_starts >= 0
+
+
+def test_no_thread_starts_after_warm_up():
+    """20 steps after the first start no thread, even when idle threads exit fast.
+
+    With a 1 ms idle time and a pause between steps, every thread the pool did
+    not reserve exits between steps: without the session's reservation (2 per
+    proxy) each step would start its q proxies' threads anew.
+    """
+    step, xc, want = _synced_step()
+    old = wakeups.set_service_idle_ms(1)
+    try:
+        for _ in range(3):  # compile, reserve
+            jax.block_until_ready(step(xc))
+        assert wakeups.service_threads() >= 2 * WORKERS
+        before = wakeups.wakeup_stats()
+        for _ in range(20):
+            time.sleep(0.005)  # longer than the idle time
+            np.testing.assert_allclose(np.asarray(step(xc)), want)
+        d = wakeups.wakeup_stats() - before
+    finally:
+        wakeups.set_service_idle_ms(old)
+    assert d.thread_starts == 0, d

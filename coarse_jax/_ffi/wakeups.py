@@ -29,7 +29,8 @@ class WakeupStats:
         parking (no sleep, no wake-up needed).
       notify_sleeper: state changes that woke a parked waiter.
       notify_no_sleeper: state changes that found no waiter parked.
-      parked_ns: nanoseconds spent parked, summed over threads.
+      parked_ns: nanoseconds the sessions' waits spent parked, summed over
+        threads (a service thread's idle time between jobs is not counted).
     """
 
     thread_starts: int = 0
@@ -68,3 +69,18 @@ def reset_wakeup_stats() -> None:
     cpu_module()
     for module in _modules():
         module.reset_wakeup_stats()
+
+
+def set_service_idle_ms(ms: int) -> int:
+    """Testing: how long a service thread beyond the pool's reservation waits idle
+    before it exits (30000 by default); returns the previous value.
+
+    The pool keeps the threads a session reserved (2 per proxy) for good, so a
+    steady run starts none after its first step whatever this is.
+    """
+    return int(cpu_module().set_service_idle_ms(int(ms)))
+
+
+def service_threads() -> int:
+    """The threads the CPU runtime's service pool holds now."""
+    return int(cpu_module().service_threads())

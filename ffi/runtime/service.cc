@@ -1,6 +1,7 @@
 // The proxies' jobs and the thread pool that runs them (see service.h).
 #include "runtime/service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -16,9 +17,9 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// A cached pool: idle threads wait for jobs for kIdle, then exit; a job with
-// no idle thread to take it starts a new one. Never destroyed (threads may
-// still wait on it while the process exits).
+// A cached pool: idle threads beyond the reservation wait for jobs for the
+// idle time, then exit; a job with no idle thread to take it starts a new
+// one. Never destroyed (threads may still wait on it while the process exits).
 class Pool {
  public:
   void Submit(std::function<void()> job) {
@@ -31,9 +32,20 @@ class Pool {
       cv_.notify_one();
       return;
     }
-    ++threads_;
-    CountWakeup(Wakeup::kThreadStart);
-    std::thread([this] { Loop(); }).detach();
+    StartLocked();
+  }
+
+  void Reserve(int64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    reserved_ = std::max(reserved_, n);
+    while (threads_ < reserved_) StartLocked();
+  }
+
+  int64_t SetIdleMs(int64_t ms) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t old = idle_ms_;
+    idle_ms_ = std::max<int64_t>(ms, 1);  // each thread's next idle wait uses it
+    return old;
   }
 
   ServiceStats Stats() {
@@ -42,7 +54,11 @@ class Pool {
   }
 
  private:
-  static constexpr auto kIdle = std::chrono::seconds(30);
+  void StartLocked() {
+    ++threads_;
+    CountWakeup(Wakeup::kThreadStart);
+    std::thread([this] { Loop(); }).detach();
+  }
 
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -50,16 +66,16 @@ class Pool {
       ++idle_;
       bool got = !queue_.empty();
       if (!got) {
+        // Counted as a park, but its time is idle time between jobs, not
+        // a sync's: not added to the time parked.
         CountWakeup(Wakeup::kPark);
-        const auto t0 = std::chrono::steady_clock::now();
-        got = cv_.wait_for(lock, kIdle, [&] { return !queue_.empty(); });
-        AddParkedNs(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::steady_clock::now() - t0)
-                        .count());
+        got = cv_.wait_for(lock, std::chrono::milliseconds(idle_ms_),
+                           [&] { return !queue_.empty(); });
         if (got) CountWakeup(Wakeup::kWokeWithWork);
       }
       --idle_;
       if (!got) {
+        if (threads_ <= reserved_) continue;  // a reserved thread stays
         --threads_;
         return;
       }
@@ -76,7 +92,8 @@ class Pool {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
-  int64_t idle_ = 0, threads_ = 0, running_ = 0;
+  int64_t idle_ = 0, threads_ = 0, running_ = 0, reserved_ = 0;
+  int64_t idle_ms_ = 30000;
 };
 
 Pool& ThePool() {
@@ -151,6 +168,7 @@ void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob
 
 void StartProxies(const std::shared_ptr<Session>& session, ProxyJob job, MakeProxyDevice make) {
   if (!session->TakeProxyStart()) return;
+  ReserveServiceThreads(2 * session->q());  // a no-op after the first step
   auto shared = std::make_shared<const ProxyJob>(std::move(job));
   auto maker = std::make_shared<const MakeProxyDevice>(std::move(make));
   for (int64_t k = 0; k < session->q(); ++k)
@@ -158,5 +176,9 @@ void StartProxies(const std::shared_ptr<Session>& session, ProxyJob job, MakePro
 }
 
 ServiceStats TheServiceStats() { return ThePool().Stats(); }
+
+void ReserveServiceThreads(int64_t n) { ThePool().Reserve(n); }
+
+int64_t SetServiceIdleMs(int64_t ms) { return ThePool().SetIdleMs(ms); }
 
 }  // namespace coarse

@@ -21,7 +21,8 @@ enum class Wakeup : int {
 };
 
 void CountWakeup(Wakeup what, int64_t n = 1);
-// Nanoseconds a wait spent parked (summed over threads).
+// Nanoseconds a session's wait spent parked (summed over threads; not the
+// service threads' idle time between jobs).
 void AddParkedNs(int64_t ns);
 
 struct WakeupStats {

@@ -19,6 +19,7 @@
 
 #include "runtime/interrupt.h"
 #include "runtime/param_store.h"
+#include "runtime/service.h"
 #include "runtime/session.h"
 #include "runtime/storage.h"
 #include "runtime/trace.h"
@@ -301,6 +302,12 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       "This module's thread starts, parks and wake-ups since the last reset "
       "(runtime/wakeups.h). See coarse_jax._ffi.wakeups.");
   m.def("reset_wakeup_stats", &ResetWakeupStats, "Zeroes wakeup_stats().");
+  m.def("set_service_idle_ms", &SetServiceIdleMs, nb::arg("ms"),
+        "Testing: how long a service thread beyond the reservation waits idle before it exits "
+        "(default 30000, at least 1); returns the previous value (runtime/service.h).");
+  m.def(
+      "service_threads", []() { return TheServiceStats().threads; },
+      "Threads the proxies' service pool holds now (runtime/service.h).");
   m.def("interrupt_count", &InterruptsSeen, "SIGINTs the hook has seen (testing).");
   m.def("set_exiting", &SetExiting,
         "The interpreter is exiting: after a SIGINT every wait stops (runtime/interrupt.h).");
