@@ -1,11 +1,12 @@
 """A sync's fixed cost broken down: thread starts, parks, wake-ups, time parked.
 
 Runs a 1 KiB ``coarse.all_reduce`` (one f32 leaf per worker, p = 4, the
-latency-bound end of the sweep) ``STEPS`` times after a warm-up and reads the
-runtime's wake-up counters (``coarse_jax._ffi.wakeups``) around the timed
-steps. Prints them per sync next to the median step time and ``lax.psum``'s,
-measured in the same run, interleaved (one psum call after each coarse call),
-and the machine's load average.
+latency-bound end of the sweep) ``STEPS`` times after a warm-up, with this
+host's spin budget and with a 20 us one, and reads the runtime's wake-up
+counters (``coarse_jax._ffi.wakeups``) around each call. Prints them per sync
+next to the median step time and ``lax.psum``'s, measured in the same run,
+interleaved (each round: one coarse call per budget, then one psum call), and
+the machine's load average.
 """
 
 from __future__ import annotations
@@ -42,42 +43,47 @@ def test_wakeups_per_sync(benchmark):
     for _ in range(20):  # compile, warm the pools
         jax.block_until_ready(step(xc))
         jax.block_until_ready(psum(xs))
-    out: dict[str, object] = {}
+    # The waits' spin budget: this host's default (none on <= 2 hardware
+    # threads), and a 20 us spin for comparison, interleaved with psum.
+    budgets = {"default spin": -1, "spin 20 us": 20_000}
+    deltas = {name: wakeups.WakeupStats() for name in budgets}
+    times: dict[str, list[float]] = {name: [] for name in [*budgets, "psum"]}
 
     def measure():
-        t_coarse, t_psum = [], []
-        before = wakeups.wakeup_stats()
         for _ in range(STEPS):
-            t0 = time.perf_counter()
-            jax.block_until_ready(step(xc))
-            t_coarse.append(time.perf_counter() - t0)
+            for name, ns in budgets.items():
+                wakeups.set_wait_spin_ns(ns)
+                before = wakeups.wakeup_stats()
+                t0 = time.perf_counter()
+                jax.block_until_ready(step(xc))
+                times[name].append(time.perf_counter() - t0)
+                deltas[name] = deltas[name] + (wakeups.wakeup_stats() - before)
             t0 = time.perf_counter()
             jax.block_until_ready(psum(xs))
-            t_psum.append(time.perf_counter() - t0)
-        out["delta"] = wakeups.wakeup_stats() - before
-        out["coarse"] = float(np.median(t_coarse))
-        out["psum"] = float(np.median(t_psum))
+            times["psum"].append(time.perf_counter() - t0)
+        wakeups.set_wait_spin_ns(-1)
 
     benchmark.pedantic(measure, rounds=1, iterations=1)
-    delta = out["delta"]
-    assert isinstance(delta, wakeups.WakeupStats)
-    per = delta.per(STEPS)
-    tc, tp = float(out["coarse"]), float(out["psum"])  # type: ignore[arg-type]
-    benchmark.extra_info.update({"coarse_median_s": tc, "psum_median_s": tp, **per})
+    med = {name: float(np.median(t)) for name, t in times.items()}
     load = os.getloadavg()
-    print(
-        "\n".join(
-            [
-                "",
-                f"wake-ups per sync, 1 KiB all_reduce, p = {WORKERS}, {STEPS} syncs "
-                f"(load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cpus):",
-                f"  step {tc * 1e6:.0f} us median, psum {tp * 1e6:.0f} us ({tc / tp:.2f}x)",
-                f"  threads started {per['thread_starts']:.2f}, parks {per['parks']:.2f}, "
-                f"woke with work {per['woke_with_work']:.2f}, spin found {per['spin_found']:.2f}",
-                f"  notifies: to a sleeper {per['notify_sleeper']:.2f}, to none "
-                f"{per['notify_no_sleeper']:.2f}; parked {per['parked_ns'] / 1e3:.0f} us "
-                "(summed over threads)",
-            ]
-        )
-    )
-    assert delta.parks >= 0 and delta.thread_starts >= 0
+    lines = [
+        "",
+        f"wake-ups per sync, 1 KiB all_reduce, p = {WORKERS}, {STEPS} syncs each, interleaved "
+        f"(load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cpus; default spin "
+        f"{wakeups.set_wait_spin_ns(-1)} ns):",
+        f"  psum {med['psum'] * 1e6:.0f} us median",
+    ]
+    for name in budgets:
+        per = deltas[name].per(STEPS)
+        benchmark.extra_info[name] = {"median_s": med[name], **per}
+        lines += [
+            f"  {name}: step {med[name] * 1e6:.0f} us median ({med[name] / med['psum']:.2f}x "
+            f"psum); threads started {per['thread_starts']:.2f}, parks {per['parks']:.2f}, "
+            f"woke with work {per['woke_with_work']:.2f}, spin found {per['spin_found']:.2f}, "
+            f"notifies to a sleeper {per['notify_sleeper']:.2f} / to none "
+            f"{per['notify_no_sleeper']:.2f}, parked {per['parked_ns'] / 1e3:.0f} us",
+        ]
+    benchmark.extra_info["psum_median_s"] = med["psum"]
+    print("\n".join(lines))
+    for name in budgets:
+        assert deltas[name].thread_starts == 0, (name, deltas[name])

@@ -1,14 +1,17 @@
 """The runtime's wake-up counters (ffi/runtime/wakeups.h, coarse_jax._ffi.wakeups)."""
 
+import os
 import time
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
 from coarse_jax._ffi import wakeups
+from coarse_jax._ffi.extension import cpu_module
 
 WORKERS = 4
 
@@ -71,3 +74,31 @@ def test_no_thread_starts_after_warm_up():
     finally:
         wakeups.set_service_idle_ms(old)
     assert d.thread_starts == 0, d
+
+
+@pytest.mark.parametrize("spin_ns", [0, 2_000, 50_000])
+def test_no_lost_wake_up_under_seeded_delays(spin_ns):
+    """Many threads, two per mailbox, meet at barriers with seeded random delays
+    around each arrival, its notifies and each wait's park; a lost wake-up
+    would leave a waiter asleep until its timeout (runtime/wakeup_selftest.h).
+    """
+    cpu = cpu_module()
+    for seed in range(10):
+        r = cpu.wakeup_selftest(threads=8, rounds=200, seed=seed, timeout_ms=2000, spin_ns=spin_ns)
+        assert r["lost"] == 0, (seed, r)
+        assert r["waits"] == 8 * 200, (seed, r)
+        assert r["max_wait_ms"] < 1000, (seed, r)  # well before the timeout
+
+
+def test_spin_budget_is_settable_and_restorable():
+    old = wakeups.set_wait_spin_ns(1234)
+    try:
+        assert wakeups.set_wait_spin_ns(-1) == 1234
+        default = wakeups.set_wait_spin_ns(-1)
+        # On a host of at most 2 hardware threads the waits never spin.
+        if (os.cpu_count() or 1) <= 2:
+            assert default == 0
+        else:
+            assert 0 < default <= 50_000
+    finally:
+        wakeups.set_wait_spin_ns(old)

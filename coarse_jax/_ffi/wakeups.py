@@ -49,6 +49,14 @@ class WakeupStats:
             }
         )
 
+    def __add__(self, other: WakeupStats) -> WakeupStats:
+        return WakeupStats(
+            **{
+                f.name: getattr(self, f.name) + getattr(other, f.name)
+                for f in dataclasses.fields(self)
+            }
+        )
+
     def per(self, n: int) -> dict[str, float]:
         """Each count divided by `n` (per sync, given the syncs they span)."""
         return {f.name: getattr(self, f.name) / n for f in dataclasses.fields(self)}
@@ -84,3 +92,13 @@ def set_service_idle_ms(ms: int) -> int:
 def service_threads() -> int:
     """The threads the CPU runtime's service pool holds now."""
     return int(cpu_module().service_threads())
+
+
+def set_wait_spin_ns(ns: int) -> int:
+    """How long the runtime's waits spin before they park, in ns; returns the previous value.
+
+    The default depends on the host's hardware threads: none up to 2 (a wait
+    only yields once, so it never holds a core that a device thread needs),
+    then 2 us per thread beyond 2, at most 50 us. A negative value restores it.
+    """
+    return int(cpu_module().set_wait_spin_ns(int(ns)))

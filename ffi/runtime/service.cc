@@ -2,6 +2,7 @@
 #include "runtime/service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -9,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "runtime/mailbox.h"
 #include "runtime/phases.h"
 #include "runtime/wakeups.h"
 
@@ -25,9 +27,16 @@ class Pool {
   void Submit(std::function<void()> job) {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(job));
+    queued_.store(static_cast<int64_t>(queue_.size()), std::memory_order_release);
     // Every queued job needs a thread of its own: an idle one if there are
-    // more idle threads than jobs waiting, else a new one.
+    // more idle threads than jobs waiting, else a new one. A spinning idle
+    // thread sees queued_; a parked one needs the notify (parked_ is read
+    // under mu_, where a thread registers before it sleeps: mailbox.h).
     if (idle_ >= static_cast<int64_t>(queue_.size())) {
+      if (parked_ == 0) {
+        CountWakeup(Wakeup::kNotifyNoSleeper);
+        return;
+      }
       CountWakeup(Wakeup::kNotifySleeper);
       cv_.notify_one();
       return;
@@ -60,17 +69,32 @@ class Pool {
     std::thread([this] { Loop(); }).detach();
   }
 
+  // Waits for a job: spins for the mailboxes' budget (mailbox.h; on a host
+  // of at most 2 hardware threads it yields once), then parks until a job
+  // comes or the idle time passes.
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       ++idle_;
       bool got = !queue_.empty();
       if (!got) {
+        lock.unlock();
+        got = SpinFor([&] { return queued_.load(std::memory_order_acquire) > 0; });
+        lock.lock();
+        got = got && !queue_.empty();  // another idle thread may have taken it
+        if (got) CountWakeup(Wakeup::kSpinFound);
+      }
+      if (!got) {
         // Counted as a park, but its time is idle time between jobs, not
         // a sync's: not added to the time parked.
         CountWakeup(Wakeup::kPark);
-        got = cv_.wait_for(lock, std::chrono::milliseconds(idle_ms_),
-                           [&] { return !queue_.empty(); });
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(idle_ms_);
+        while (queue_.empty() && std::chrono::steady_clock::now() < until) {
+          ++parked_;
+          cv_.wait_until(lock, until);
+          --parked_;
+        }
+        got = !queue_.empty();
         if (got) CountWakeup(Wakeup::kWokeWithWork);
       }
       --idle_;
@@ -81,6 +105,7 @@ class Pool {
       }
       std::function<void()> job = std::move(queue_.front());
       queue_.pop_front();
+      queued_.store(static_cast<int64_t>(queue_.size()), std::memory_order_release);
       ++running_;
       lock.unlock();
       job();
@@ -93,6 +118,8 @@ class Pool {
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   int64_t idle_ = 0, threads_ = 0, running_ = 0, reserved_ = 0;
+  int64_t parked_ = 0;              // idle threads asleep on cv_
+  std::atomic<int64_t> queued_{0};  // queue_.size(), for the spinning threads
   int64_t idle_ms_ = 30000;
 };
 

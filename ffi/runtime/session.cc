@@ -15,7 +15,6 @@
 #include "runtime/interrupt.h"
 #include "runtime/param_store.h"
 #include "runtime/ring.h"
-#include "runtime/wakeups.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -297,28 +296,7 @@ bool Session::TakeFirstCall(int64_t device) {
   return first_call_[device].exchange(1, std::memory_order_acq_rel) == 0;
 }
 
-void Session::Notify(int64_t device) {
-  Mailbox& m = mailboxes_[device];
-  bool sleeper;
-  {
-    std::lock_guard<std::mutex> lock(m.mu);
-    sleeper = m.parked > 0;
-  }  // pairs with the waiter's check
-  CountWakeup(sleeper ? Wakeup::kNotifySleeper : Wakeup::kNotifyNoSleeper);
-  m.cv.notify_all();
-}
-
-void Session::Park(Mailbox& m, std::unique_lock<std::mutex>& lock,
-                   std::chrono::steady_clock::time_point until) {
-  CountWakeup(Wakeup::kPark);
-  const auto t0 = std::chrono::steady_clock::now();
-  ++m.parked;
-  m.cv.wait_until(lock, until);
-  --m.parked;
-  AddParkedNs(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-          .count());
-}
+void Session::Notify(int64_t device) { mailboxes_[device].Notify(); }
 
 void Session::Poison(const std::string& error) {
   {
@@ -373,22 +351,17 @@ ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>
   Mailbox& m = mailboxes_[who.device(p())];
   const auto timeout = WaitLimit(kind);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_lock<std::mutex> lock(m.mu);
-  bool interrupt_seen = false, parked = false;
+  const auto woken = [&] { return ready() || poisoned(); };
+  bool interrupt_seen = false;
   while (true) {
-    if (ready()) {
-      if (parked) CountWakeup(Wakeup::kWokeWithWork);
-      return ffi::Error::Success();
-    }
+    if (ready()) return ffi::Error::Success();
     if (poisoned()) return GaveUp(who, "waiting for " + what());
     if (Interrupted()) {
       // A wait on a peer stops one slice later than a wait on a push, so
       // that the error names the root of a stall (the missing push), as
       // with timeouts (Waits).
-      if (kind == Waits::kPush || interrupt_seen) {
-        lock.unlock();
+      if (kind == Waits::kPush || interrupt_seen)
         return StopInterrupted(who, "waiting for " + what());
-      }
       interrupt_seen = true;
     }
     const auto now = std::chrono::steady_clock::now();
@@ -399,14 +372,12 @@ ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>
                         DescribeStep() + " waiting for " + what() +
                         ". Every device of the mesh must run the same coarse.sync step; "
                         "raise Config(timeout_s=...) if the step is just slow.";
-      lock.unlock();
       Poison(msg);
       return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, msg);
     }
     // Short slices, so that a Ctrl-C is noticed (interrupt.h); a peer's
     // progress still wakes the wait at once (Notify).
-    Park(m, lock, std::min(deadline, now + kInterruptPoll));
-    parked = true;
+    m.Await(woken, std::min(deadline, now + kInterruptPoll));
   }
 }
 
@@ -415,11 +386,9 @@ bool Session::ProxiesFinished() const {
 }
 
 void Session::AwaitProxiesLeft(const Who& worker) {
-  Mailbox& m = mailboxes_[worker.device(p())];
   const auto deadline = std::chrono::steady_clock::now() + WaitLimit(Waits::kPeer);
-  std::unique_lock<std::mutex> lock(m.mu);
-  while (!ProxiesFinished() && std::chrono::steady_clock::now() < deadline)
-    Park(m, lock, deadline);  // a proxy's Finish notifies every worker
+  // A proxy's Finish notifies every worker.
+  mailboxes_[worker.device(p())].Await([&] { return ProxiesFinished(); }, deadline);
 }
 
 void Session::Finish(int64_t device) {
