@@ -81,7 +81,10 @@ def test_wakeups_per_sync(benchmark):
             f"psum); threads started {per['thread_starts']:.2f}, parks {per['parks']:.2f}, "
             f"woke with work {per['woke_with_work']:.2f}, spin found {per['spin_found']:.2f}, "
             f"notifies to a sleeper {per['notify_sleeper']:.2f} / to none "
-            f"{per['notify_no_sleeper']:.2f}, parked {per['parked_ns'] / 1e3:.0f} us",
+            f"{per['notify_no_sleeper']:.2f}, parked {per['parked_ns'] / 1e3:.0f} us; proxies' "
+            f"jobs {per['jobs_started']:.2f}, started after a push {per['jobs_late']:.2f}, "
+            f"queued to started {per['job_start_ns'] / max(per['jobs_started'], 1e-9) / 1e3:.0f} "
+            "us each",
         ]
     benchmark.extra_info["psum_median_s"] = med["psum"]
     print("\n".join(lines))

@@ -51,6 +51,10 @@ def test_syncs_move_the_counters():
     assert 0 <= d.woke_with_work <= d.parks
     assert (d.parked_ns > 0) == (d.parks > 0)
     assert d.spin_found >= 0 and d.thread_starts >= 0
+    # One job per proxy per sync (1:1, so q = p), each timed from its queuing.
+    assert d.jobs_started == syncs * WORKERS
+    assert 0 <= d.jobs_late <= d.jobs_started
+    assert d.job_start_ns > 0
 
 
 def test_no_thread_starts_after_warm_up():

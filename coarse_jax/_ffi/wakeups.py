@@ -29,8 +29,13 @@ class WakeupStats:
         parking (no sleep, no wake-up needed).
       notify_sleeper: state changes that woke a parked waiter.
       notify_no_sleeper: state changes that found no waiter parked.
+      jobs_started: proxies' jobs started on the service threads (q per sync).
+      jobs_late: of those, jobs that started after a push of their sync had
+        already arrived: not ready before the sync's first push.
       parked_ns: nanoseconds the sessions' waits spent parked, summed over
         threads (a service thread's idle time between jobs is not counted).
+      job_start_ns: nanoseconds from the first worker call queuing a proxy's
+        job to the job starting, summed over jobs.
     """
 
     thread_starts: int = 0
@@ -39,7 +44,10 @@ class WakeupStats:
     spin_found: int = 0
     notify_sleeper: int = 0
     notify_no_sleeper: int = 0
+    jobs_started: int = 0
+    jobs_late: int = 0
     parked_ns: int = 0
+    job_start_ns: int = 0
 
     def __sub__(self, other: WakeupStats) -> WakeupStats:
         return WakeupStats(

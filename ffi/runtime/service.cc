@@ -159,6 +159,23 @@ ffi::Error RunProxyAcrossHosts(Call& call, Device& dev, ProxyUpdate& update) {
 
 // Proxy k's part of the session: what its coarse_proxy_ring call did when
 // the proxies ran the workers' program, then leaving the session.
+// Counts a proxy's job starting, `submitted` when the first worker call
+// queued it, and whether it starts late: a push of its session is already
+// there (the job was not ready before the first push).
+void CountJobStart(Session& session, int64_t k, std::chrono::steady_clock::time_point submitted) {
+  CountWakeup(Wakeup::kJobStarted);
+  AddJobStartNs(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now() - submitted)
+                    .count());
+  for (int64_t s = 0; s < session.plan().num_pieces(); ++s) {
+    if (session.arrived(k, s).load(std::memory_order_acquire) > 0 ||
+        session.pushes_of(s).load(std::memory_order_acquire) > 0) {
+      CountWakeup(Wakeup::kJobLate);
+      return;
+    }
+  }
+}
+
 void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob& job,
               const MakeProxyDevice& make) {
   Call call{session, session->proxy(k)};
@@ -199,7 +216,10 @@ void StartProxies(const std::shared_ptr<Session>& session, ProxyJob job, MakePro
   auto shared = std::make_shared<const ProxyJob>(std::move(job));
   auto maker = std::make_shared<const MakeProxyDevice>(std::move(make));
   for (int64_t k = 0; k < session->q(); ++k)
-    ThePool().Submit([session, k, shared, maker] { RunProxy(session, k, *shared, *maker); });
+    ThePool().Submit([session, k, shared, maker, submitted = std::chrono::steady_clock::now()] {
+      CountJobStart(*session, k, submitted);
+      RunProxy(session, k, *shared, *maker);
+    });
 }
 
 ServiceStats TheServiceStats() { return ThePool().Stats(); }

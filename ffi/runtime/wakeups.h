@@ -17,17 +17,21 @@ enum class Wakeup : int {
   kSpinFound,        // a wait's condition held while it spun, before parking
   kNotifySleeper,    // a notify found a parked waiter to wake
   kNotifyNoSleeper,  // a notify found none parked (nothing to wake)
+  kJobStarted,       // a proxy's job began to run on a service thread
+  kJobLate,          // ... after a push of its session had already arrived
   kCount,
 };
 
 void CountWakeup(Wakeup what, int64_t n = 1);
+// Nanoseconds from a proxy's job being submitted to its start.
+void AddJobStartNs(int64_t ns);
 // Nanoseconds a session's wait spent parked (summed over threads; not the
 // service threads' idle time between jobs).
 void AddParkedNs(int64_t ns);
 
 struct WakeupStats {
   int64_t thread_starts = 0, parks = 0, woke_with_work = 0, spin_found = 0, notify_sleeper = 0,
-          notify_no_sleeper = 0, parked_ns = 0;
+          notify_no_sleeper = 0, jobs_started = 0, jobs_late = 0, parked_ns = 0, job_start_ns = 0;
 };
 WakeupStats TheWakeupStats();
 void ResetWakeupStats();

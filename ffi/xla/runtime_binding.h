@@ -298,7 +298,10 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
         d["spin_found"] = w.spin_found;
         d["notify_sleeper"] = w.notify_sleeper;
         d["notify_no_sleeper"] = w.notify_no_sleeper;
+        d["jobs_started"] = w.jobs_started;
+        d["jobs_late"] = w.jobs_late;
         d["parked_ns"] = w.parked_ns;
+        d["job_start_ns"] = w.job_start_ns;
         return d;
       },
       "This module's thread starts, parks and wake-ups since the last reset "
