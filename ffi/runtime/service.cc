@@ -85,17 +85,19 @@ class Pool {
         if (got) CountWakeup(Wakeup::kSpinFound);
       }
       if (!got) {
-        // Counted as a park, but its time is idle time between jobs, not
-        // a sync's: not added to the time parked.
-        CountWakeup(Wakeup::kPark);
+        // Each sleep counts as a park, but its time is idle time between
+        // jobs, not a sync's: not added to the time parked.
         const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(idle_ms_);
+        bool slept = false;
         while (queue_.empty() && std::chrono::steady_clock::now() < until) {
+          CountWakeup(Wakeup::kPark);
           ++parked_;
           cv_.wait_until(lock, until);
           --parked_;
+          slept = true;
         }
         got = !queue_.empty();
-        if (got) CountWakeup(Wakeup::kWokeWithWork);
+        if (got && slept) CountWakeup(Wakeup::kWokeWithWork);
       }
       --idle_;
       if (!got) {
