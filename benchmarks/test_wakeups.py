@@ -6,7 +6,9 @@ host's spin budget and with a 20 us one, and reads the runtime's wake-up
 counters (``coarse_jax._ffi.wakeups``) around each call. Prints them per sync
 next to the median step time and ``lax.psum``'s, measured in the same run,
 interleaved (each round: one coarse call per budget, then one psum call), and
-the machine's load average.
+the machine's load average. Counts fall in the call during which they happen:
+a service thread that parks after one call has returned wakes in the next, so
+a call's wake-ups with work can exceed its parks.
 """
 
 from __future__ import annotations
