@@ -10,6 +10,8 @@
 #include <mutex>
 #include <thread>
 
+#include "runtime/wakeups.h"
+
 namespace coarse::cpu {
 namespace {
 
@@ -46,7 +48,10 @@ struct Job {
 class Pool {
  public:
   explicit Pool(int threads) {
-    for (int t = 0; t < threads; ++t) std::thread([this] { Loop(); }).detach();
+    for (int t = 0; t < threads; ++t) {
+      CountWakeup(Wakeup::kThreadStart);
+      std::thread([this] { Loop(); }).detach();
+    }
   }
   void Offer(const std::shared_ptr<Job>& job, int64_t helpers) {
     std::lock_guard<std::mutex> lock(mu_);

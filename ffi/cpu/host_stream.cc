@@ -15,6 +15,7 @@
 #include "cpu/host_kernels.h"
 #include "runtime/host_memory.h"
 #include "runtime/storage.h"
+#include "runtime/wakeups.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -27,6 +28,7 @@ HostQueue::HostQueue(std::string name, std::optional<uint64_t> chaos_seed)
     host_rng_.seed(*chaos_seed ^ salt);
     stream_rng_.seed(*chaos_seed ^ (salt * 0x9e3779b97f4a7c15ull));
   }
+  CountWakeup(Wakeup::kThreadStart);
   std::thread([this] { Loop(); }).detach();
 }
 

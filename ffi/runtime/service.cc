@@ -1,6 +1,8 @@
 // The proxies' jobs and the thread pool that runs them (see service.h).
 #include "runtime/service.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -8,29 +10,51 @@
 #include <thread>
 #include <utility>
 
+#include "runtime/mailbox.h"
 #include "runtime/phases.h"
+#include "runtime/wakeups.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
 
 namespace {
 
-// A cached pool: idle threads wait for jobs for kIdle, then exit; a job with
-// no idle thread to take it starts a new one. Never destroyed (threads may
-// still wait on it while the process exits).
+// A cached pool: idle threads beyond the reservation wait for jobs for the
+// idle time, then exit; a job with no idle thread to take it starts a new
+// one. Never destroyed (threads may still wait on it while the process exits).
 class Pool {
  public:
   void Submit(std::function<void()> job) {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(job));
+    queued_.store(static_cast<int64_t>(queue_.size()), std::memory_order_release);
     // Every queued job needs a thread of its own: an idle one if there are
-    // more idle threads than jobs waiting, else a new one.
+    // more idle threads than jobs waiting, else a new one. A spinning idle
+    // thread sees queued_; a parked one needs the notify (parked_ is read
+    // under mu_, where a thread registers before it sleeps: mailbox.h).
     if (idle_ >= static_cast<int64_t>(queue_.size())) {
+      if (parked_ == 0) {
+        CountWakeup(Wakeup::kNotifyNoSleeper);
+        return;
+      }
+      CountWakeup(Wakeup::kNotifySleeper);
       cv_.notify_one();
       return;
     }
-    ++threads_;
-    std::thread([this] { Loop(); }).detach();
+    StartLocked();
+  }
+
+  void Reserve(int64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    reserved_ = std::max(reserved_, n);
+    while (threads_ < reserved_) StartLocked();
+  }
+
+  int64_t SetIdleMs(int64_t ms) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t old = idle_ms_;
+    idle_ms_ = std::max<int64_t>(ms, 1);  // each thread's next idle wait uses it
+    return old;
   }
 
   ServiceStats Stats() {
@@ -39,20 +63,51 @@ class Pool {
   }
 
  private:
-  static constexpr auto kIdle = std::chrono::seconds(30);
+  void StartLocked() {
+    ++threads_;
+    CountWakeup(Wakeup::kThreadStart);
+    std::thread([this] { Loop(); }).detach();
+  }
 
+  // Waits for a job: spins for the mailboxes' budget (mailbox.h; on a host
+  // of at most 2 hardware threads it yields once), then parks until a job
+  // comes or the idle time passes.
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       ++idle_;
-      const bool got = cv_.wait_for(lock, kIdle, [&] { return !queue_.empty(); });
+      bool got = !queue_.empty();
+      if (!got) {
+        lock.unlock();
+        got = SpinFor([&] { return queued_.load(std::memory_order_acquire) > 0; });
+        lock.lock();
+        got = got && !queue_.empty();  // another idle thread may have taken it
+        if (got) CountWakeup(Wakeup::kSpinFound);
+      }
+      if (!got) {
+        // Each sleep counts as a park, but its time is idle time between
+        // jobs, not a sync's: not added to the time parked.
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(idle_ms_);
+        bool slept = false;
+        while (queue_.empty() && std::chrono::steady_clock::now() < until) {
+          CountWakeup(Wakeup::kPark);
+          ++parked_;
+          cv_.wait_until(lock, until);
+          --parked_;
+          slept = true;
+        }
+        got = !queue_.empty();
+        if (got && slept) CountWakeup(Wakeup::kWokeWithWork);
+      }
       --idle_;
       if (!got) {
+        if (threads_ <= reserved_) continue;  // a reserved thread stays
         --threads_;
         return;
       }
       std::function<void()> job = std::move(queue_.front());
       queue_.pop_front();
+      queued_.store(static_cast<int64_t>(queue_.size()), std::memory_order_release);
       ++running_;
       lock.unlock();
       job();
@@ -64,7 +119,10 @@ class Pool {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
-  int64_t idle_ = 0, threads_ = 0, running_ = 0;
+  int64_t idle_ = 0, threads_ = 0, running_ = 0, reserved_ = 0;
+  int64_t parked_ = 0;              // idle threads asleep on cv_
+  std::atomic<int64_t> queued_{0};  // queue_.size(), for the spinning threads
+  int64_t idle_ms_ = 30000;
 };
 
 Pool& ThePool() {
@@ -103,6 +161,23 @@ ffi::Error RunProxyAcrossHosts(Call& call, Device& dev, ProxyUpdate& update) {
 
 // Proxy k's part of the session: what its coarse_proxy_ring call did when
 // the proxies ran the workers' program, then leaving the session.
+// Counts a proxy's job starting, `submitted` when the first worker call
+// queued it, and whether it starts late: a push of its session is already
+// there (the job was not ready before the first push).
+void CountJobStart(Session& session, int64_t k, std::chrono::steady_clock::time_point submitted) {
+  CountWakeup(Wakeup::kJobStarted);
+  AddJobStartNs(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now() - submitted)
+                    .count());
+  for (int64_t s = 0; s < session.plan().num_pieces(); ++s) {
+    if (session.arrived(k, s).load(std::memory_order_acquire) > 0 ||
+        session.pushes_of(s).load(std::memory_order_acquire) > 0) {
+      CountWakeup(Wakeup::kJobLate);
+      return;
+    }
+  }
+}
+
 void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob& job,
               const MakeProxyDevice& make) {
   Call call{session, session->proxy(k)};
@@ -139,12 +214,20 @@ void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob
 
 void StartProxies(const std::shared_ptr<Session>& session, ProxyJob job, MakeProxyDevice make) {
   if (!session->TakeProxyStart()) return;
+  ReserveServiceThreads(2 * session->q());  // a no-op after the first step
   auto shared = std::make_shared<const ProxyJob>(std::move(job));
   auto maker = std::make_shared<const MakeProxyDevice>(std::move(make));
   for (int64_t k = 0; k < session->q(); ++k)
-    ThePool().Submit([session, k, shared, maker] { RunProxy(session, k, *shared, *maker); });
+    ThePool().Submit([session, k, shared, maker, submitted = std::chrono::steady_clock::now()] {
+      CountJobStart(*session, k, submitted);
+      RunProxy(session, k, *shared, *maker);
+    });
 }
 
 ServiceStats TheServiceStats() { return ThePool().Stats(); }
+
+void ReserveServiceThreads(int64_t n) { ThePool().Reserve(n); }
+
+int64_t SetServiceIdleMs(int64_t ms) { return ThePool().SetIdleMs(ms); }
 
 }  // namespace coarse

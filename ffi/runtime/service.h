@@ -19,6 +19,10 @@
 // start in either order on different workers, and a proxy's job of one site
 // must never wait behind its job of the other). Every wait a job makes has the
 // session's deadline, so no job outlives its session by more than timeout_s.
+// No thread starts on the hot path: StartProxies first reserves 2q threads
+// (a site's q jobs, plus q of a step whose jobs are still returning to the
+// pool, or of a second site), started once and kept for good; only threads
+// beyond the largest reservation exit, after the idle time.
 #pragma once
 
 #include <cstdint>
@@ -56,5 +60,12 @@ struct ServiceStats {
   int64_t running = 0, threads = 0;
 };
 ServiceStats TheServiceStats();
+
+// Keeps at least `n` threads in the pool from now on (starting the missing
+// ones now): the pool's reservation is the largest `n` ever asked for.
+void ReserveServiceThreads(int64_t n);
+// How long a thread beyond the reservation waits idle for a job before it
+// exits (30 s by default); returns the previous value. Testing.
+int64_t SetServiceIdleMs(int64_t ms);
 
 }  // namespace coarse

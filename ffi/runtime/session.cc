@@ -297,13 +297,7 @@ bool Session::TakeFirstCall(int64_t device) {
   return first_call_[device].exchange(1, std::memory_order_acq_rel) == 0;
 }
 
-void Session::Notify(int64_t device) {
-  Mailbox& m = mailboxes_[device];
-  {
-    std::lock_guard<std::mutex> lock(m.mu);
-  }  // pairs with the waiter's check
-  m.cv.notify_all();
-}
+void Session::Notify(int64_t device) { mailboxes_[device].Notify(); }
 
 void Session::Poison(const std::string& error) {
   {
@@ -358,7 +352,7 @@ ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>
   Mailbox& m = mailboxes_[who.device(p())];
   const auto timeout = WaitLimit(kind);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_lock<std::mutex> lock(m.mu);
+  const auto woken = [&] { return ready() || poisoned(); };
   bool interrupt_seen = false;
   while (true) {
     if (ready()) return ffi::Error::Success();
@@ -367,10 +361,8 @@ ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>
       // A wait on a peer stops one slice later than a wait on a push, so
       // that the error names the root of a stall (the missing push), as
       // with timeouts (Waits).
-      if (kind == Waits::kPush || interrupt_seen) {
-        lock.unlock();
+      if (kind == Waits::kPush || interrupt_seen)
         return StopInterrupted(who, "waiting for " + what());
-      }
       interrupt_seen = true;
     }
     const auto now = std::chrono::steady_clock::now();
@@ -381,13 +373,12 @@ ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>
                         DescribeStep() + " waiting for " + what() +
                         ". Every device of the mesh must run the same coarse.sync step; "
                         "raise Config(timeout_s=...) if the step is just slow.";
-      lock.unlock();
       Poison(msg);
       return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, msg);
     }
     // Short slices, so that a Ctrl-C is noticed (interrupt.h); a peer's
     // progress still wakes the wait at once (Notify).
-    m.cv.wait_until(lock, std::min(deadline, now + kInterruptPoll));
+    m.Await(woken, std::min(deadline, now + kInterruptPoll));
   }
 }
 
@@ -396,11 +387,9 @@ bool Session::ProxiesFinished() const {
 }
 
 void Session::AwaitProxiesLeft(const Who& worker) {
-  Mailbox& m = mailboxes_[worker.device(p())];
   const auto deadline = std::chrono::steady_clock::now() + WaitLimit(Waits::kPeer);
-  std::unique_lock<std::mutex> lock(m.mu);
-  while (!ProxiesFinished() && std::chrono::steady_clock::now() < deadline)
-    m.cv.wait_until(lock, deadline);  // a proxy's Finish notifies every worker
+  // A proxy's Finish notifies every worker.
+  mailboxes_[worker.device(p())].Await([&] { return ProxiesFinished(); }, deadline);
 }
 
 void Session::Finish(int64_t device) {

@@ -18,9 +18,9 @@
 // program, and every wait has a deadline.
 //
 // Devices are numbered worker i -> i, proxy k -> p + k (k < q, Plan::proxies). Each device has a
-// mailbox (mutex + condition variable); whoever advances state a device may
-// be waiting for pokes that device's mailbox, so no wait polls and no wake-up
-// is broadcast to everyone.
+// mailbox (mailbox.h: a wait spins briefly, then parks on a condition
+// variable); whoever advances state a device may be waiting for pokes that
+// device's mailbox, so no wait polls and no wake-up is broadcast to everyone.
 #pragma once
 
 #include <atomic>
@@ -36,6 +36,7 @@
 #include "runtime/device.h"
 #include "runtime/emulator.h"
 #include "runtime/host_memory.h"
+#include "runtime/mailbox.h"
 #include "runtime/plan.h"
 #include "runtime/storage.h"
 #include "xla/ffi/api/ffi.h"
@@ -252,11 +253,6 @@ class Session {
   bool Interrupted() const;
   // Poisons the session with the interrupt error of `who`, stopped `doing`.
   xla::ffi::Error StopInterrupted(const Who& who, const std::string& doing);
-
-  struct Mailbox {
-    std::mutex mu;
-    std::condition_variable cv;
-  };
 
   std::shared_ptr<const Plan> plan_;
   int64_t run_id_, site_, iteration_, step_;

@@ -18,10 +18,14 @@
 #include <string>
 
 #include "runtime/interrupt.h"
+#include "runtime/mailbox.h"
 #include "runtime/param_store.h"
+#include "runtime/service.h"
 #include "runtime/session.h"
 #include "runtime/storage.h"
 #include "runtime/trace.h"
+#include "runtime/wakeup_selftest.h"
+#include "runtime/wakeups.h"
 #include "xla/plan_attrs.h"
 
 namespace coarse {
@@ -283,6 +287,54 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       "arena_nelems (each proxy's session storage, f32), exchange_nelems (what each proxy hands "
       "to the sum over hosts) and, given leaf_flags (bit 0: a parameter leaf, sync order), "
       "state_floats (each proxy's optimizer state, both buffers).");
+  m.def(
+      "wakeup_stats",
+      []() {
+        const WakeupStats w = TheWakeupStats();
+        nb::dict d;
+        d["thread_starts"] = w.thread_starts;
+        d["parks"] = w.parks;
+        d["woke_with_work"] = w.woke_with_work;
+        d["spin_found"] = w.spin_found;
+        d["notify_sleeper"] = w.notify_sleeper;
+        d["notify_no_sleeper"] = w.notify_no_sleeper;
+        d["jobs_started"] = w.jobs_started;
+        d["jobs_late"] = w.jobs_late;
+        d["parked_ns"] = w.parked_ns;
+        d["job_start_ns"] = w.job_start_ns;
+        return d;
+      },
+      "This module's thread starts, parks and wake-ups since the last reset "
+      "(runtime/wakeups.h). See coarse_jax._ffi.wakeups.");
+  m.def("reset_wakeup_stats", &ResetWakeupStats, "Zeroes wakeup_stats().");
+  m.def("set_service_idle_ms", &SetServiceIdleMs, nb::arg("ms"),
+        "Testing: how long a service thread beyond the reservation waits idle before it exits "
+        "(default 30000, at least 1); returns the previous value (runtime/service.h).");
+  m.def("set_wait_spin_ns", &SetSpinNs, nb::arg("ns"),
+        "How long the runtime's waits spin before they park (runtime/mailbox.h); a negative "
+        "value restores the default for this host's cores. Returns the previous value.");
+  m.def(
+      "wakeup_selftest",
+      [](int64_t threads, int64_t rounds, uint64_t seed, int64_t timeout_ms, int64_t spin_ns) {
+        WakeupSelfTestResult r;
+        {
+          nb::gil_scoped_release release;
+          r = RunWakeupSelfTest(threads, rounds, seed, timeout_ms, spin_ns);
+        }
+        nb::dict d;
+        d["waits"] = r.waits;
+        d["lost"] = r.lost;
+        d["max_wait_ms"] = r.max_wait_ms;
+        return d;
+      },
+      nb::arg("threads"), nb::arg("rounds"), nb::arg("seed"), nb::arg("timeout_ms"),
+      nb::arg("spin_ns"),
+      "Testing: the mailboxes' stress test (runtime/wakeup_selftest.h): `threads` threads meet "
+      "at `rounds` barriers with seeded delays; returns waits, lost (waits that timed out) and "
+      "max_wait_ms.");
+  m.def(
+      "service_threads", []() { return TheServiceStats().threads; },
+      "Threads the proxies' service pool holds now (runtime/service.h).");
   m.def("interrupt_count", &InterruptsSeen, "SIGINTs the hook has seen (testing).");
   m.def("set_exiting", &SetExiting,
         "The interpreter is exiting: after a SIGINT every wait stops (runtime/interrupt.h).");

@@ -1,0 +1,94 @@
+"""A sync's fixed cost broken down: thread starts, parks, wake-ups, time parked.
+
+Runs a 1 KiB ``coarse.all_reduce`` (one f32 leaf per worker, p = 4, the
+latency-bound end of the sweep) ``STEPS`` times after a warm-up, with this
+host's spin budget and with a 20 us one, and reads the runtime's wake-up
+counters (``coarse_jax._ffi.wakeups``) around each call. Prints them per sync
+next to the median step time and ``lax.psum``'s, measured in the same run,
+interleaved (each round: one coarse call per budget, then one psum call), and
+the machine's load average. Counts fall in the call during which they happen:
+a service thread that parks after one call has returned wakes in the next, so
+a call's wake-ups with work can exceed its parks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import coarse_jax as coarse
+from coarse_jax._ffi import wakeups
+
+WORKERS = 4
+STEPS = 200
+NBYTES = 1 << 10
+
+
+@pytest.mark.benchmark(group="wakeups")
+def test_wakeups_per_sync(benchmark):
+    mesh = coarse.make_mesh(workers=WORKERS)
+    flat = jax.sharding.Mesh(np.array(jax.devices()[:WORKERS]), ("data",))
+    psum = jax.jit(
+        jax.shard_map(lambda x: lax.psum(x, "data"), mesh=flat, in_specs=P("data"), out_specs=P())
+    )
+    step = coarse.sync(lambda x: coarse.all_reduce(x, op="sum"), mesh)
+    x = np.arange(WORKERS * NBYTES // 4, dtype=np.float32) % 7
+    xc = jax.device_put(x, NamedSharding(mesh, P("data")))
+    xs = jax.device_put(x, NamedSharding(flat, P("data")))
+    for _ in range(20):  # compile, warm the pools
+        jax.block_until_ready(step(xc))
+        jax.block_until_ready(psum(xs))
+    # The waits' spin budget: this host's default (none on <= 2 hardware
+    # threads), and a 20 us spin for comparison, interleaved with psum.
+    budgets = {"default spin": -1, "spin 20 us": 20_000}
+    deltas = {name: wakeups.WakeupStats() for name in budgets}
+    times: dict[str, list[float]] = {name: [] for name in [*budgets, "psum"]}
+
+    def measure():
+        for _ in range(STEPS):
+            for name, ns in budgets.items():
+                wakeups.set_wait_spin_ns(ns)
+                before = wakeups.wakeup_stats()
+                t0 = time.perf_counter()
+                jax.block_until_ready(step(xc))
+                times[name].append(time.perf_counter() - t0)
+                deltas[name] = deltas[name] + (wakeups.wakeup_stats() - before)
+            t0 = time.perf_counter()
+            jax.block_until_ready(psum(xs))
+            times["psum"].append(time.perf_counter() - t0)
+        wakeups.set_wait_spin_ns(-1)
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    med = {name: float(np.median(t)) for name, t in times.items()}
+    load = os.getloadavg()
+    lines = [
+        "",
+        f"wake-ups per sync, 1 KiB all_reduce, p = {WORKERS}, {STEPS} syncs each, interleaved "
+        f"(load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cpus; default spin "
+        f"{wakeups.set_wait_spin_ns(-1)} ns):",
+        f"  psum {med['psum'] * 1e6:.0f} us median",
+    ]
+    for name in budgets:
+        per = deltas[name].per(STEPS)
+        benchmark.extra_info[name] = {"median_s": med[name], **per}
+        lines += [
+            f"  {name}: step {med[name] * 1e6:.0f} us median ({med[name] / med['psum']:.2f}x "
+            f"psum); threads started {per['thread_starts']:.2f}, parks {per['parks']:.2f}, "
+            f"woke with work {per['woke_with_work']:.2f}, spin found {per['spin_found']:.2f}, "
+            f"notifies to a sleeper {per['notify_sleeper']:.2f} / to none "
+            f"{per['notify_no_sleeper']:.2f}, parked {per['parked_ns'] / 1e3:.0f} us; proxies' "
+            f"jobs {per['jobs_started']:.2f}, started after a push {per['jobs_late']:.2f}, "
+            f"queued to started {per['job_start_ns'] / max(per['jobs_started'], 1e-9) / 1e3:.0f} "
+            "us each",
+        ]
+    benchmark.extra_info["psum_median_s"] = med["psum"]
+    print("\n".join(lines))
+    for name in budgets:
+        assert deltas[name].thread_starts == 0, (name, deltas[name])
