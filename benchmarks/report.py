@@ -155,10 +155,12 @@ def _goal(bench: dict[str, Any]) -> dict[str, Any] | None:
 def goals_markdown(benches: list[dict[str, Any]]) -> str:
     """Issue 39's goals measured by test_goals.py: one row each, "" if none ran."""
     goals = [g for g in map(_goal, benches) if g]
-    if not goals:
-        return ""
+    return "\n".join(["", *goal_rows(goals)]) + "\n" if goals else ""
+
+
+def goal_rows(goals: list[dict[str, Any]]) -> list[str]:
+    """The goals as markdown table lines (a header, then one row each)."""
     lines = [
-        "",
         "| goal | coarse / baseline (median of runs) | runs: lowest-highest | at most | | load |",
         "|---|---:|---|---:|---|---:|",
     ]
@@ -168,7 +170,7 @@ def goals_markdown(benches: list[dict[str, Any]]) -> str:
             f"| {g['goal']} | {g['ratio']:.2f}x | {g['runs']}: {g['lo']:.2f}-{g['hi']:.2f} | "
             f"{g['limit']}x | {met} | {g['load']:.1f} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def markdown(rows: list[Row]) -> str:

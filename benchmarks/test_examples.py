@@ -24,10 +24,13 @@ STEPS = {"demo": 150, "cnn": 60, "resnet18": 40, "bert": 60}
 _ROWS: dict[str, tuple[float, float]] = {}
 
 
-def _median_steps(name: str, workdir: pathlib.Path) -> dict[str, float]:
+def median_steps(
+    name: str, workdir: pathlib.Path, steps: int | None = None, extra: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """{impl: median step seconds} of one ``--impl both`` run of an example (its STEPS)."""
     script = [sys.executable, str(EXAMPLES / name / "main.py"), "--workdir", str(workdir)]
     proc = subprocess.run(
-        [*script, "--impl", "both", "--steps", str(STEPS[name])],
+        [*script, "--impl", "both", "--steps", str(steps or STEPS[name]), *extra],
         cwd=workdir,  # the installed coarse_jax, not the source tree
         capture_output=True,
         text=True,
@@ -45,7 +48,7 @@ def _median_steps(name: str, workdir: pathlib.Path) -> dict[str, float]:
 
 @pytest.mark.parametrize("name", list(STEPS))
 def test_example_step(benchmark: Any, name: str, tmp_path: pathlib.Path) -> None:
-    medians = benchmark.pedantic(lambda: _median_steps(name, tmp_path), rounds=1, iterations=1)
+    medians = benchmark.pedantic(lambda: median_steps(name, tmp_path), rounds=1, iterations=1)
     coarse_s, pmean_s = medians["coarse"], medians["pmean"]
     benchmark.extra_info.update(
         {"coarse_median_step_s": coarse_s, "pmean_median_step_s": pmean_s, "steps": STEPS[name]}

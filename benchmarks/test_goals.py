@@ -25,11 +25,8 @@ Run: ``make bench`` (it writes ``out/bench/goals.md``), or
 from __future__ import annotations
 
 import collections
-import json
 import os
 import pathlib
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +37,9 @@ import pytest
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from report import goal_rows
+from test_examples import median_steps
+from test_sweep import median_call_s as _median_call_s
 from test_sync_resnet50 import RESNET50_SHAPES, coarse_sync, pmean_sync
 
 import coarse_jax as coarse
@@ -48,18 +48,8 @@ from coarse_jax.mesh import workers_mesh
 WORKERS = 4
 RUNS = 5
 EXAMPLE_RUNS = 3
-EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 BANDWIDTH_SIZES = (1 << 16, 1 << 20, 1 << 24, 1 << 28)
 _ROWS: list[dict[str, Any]] = []
-
-
-def _median_call_s(fn: Callable[[Any], Any], x: Any, calls: int) -> float:
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 def _interleaved(pairs: list[tuple[Callable[[Any], Any], Any]], calls: int) -> list[float]:
@@ -169,21 +159,7 @@ def test_resnet50_goal(benchmark: Any) -> None:
 
 
 def _example_ratio(name: str, steps: int, extra: list[str], workdir: pathlib.Path) -> float:
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / name / "main.py"), "--workdir", str(workdir),
-         "--impl", "both", "--steps", str(steps), *extra],
-        cwd=workdir,  # the installed coarse_jax, not the source tree
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    medians = {}
-    for line in (workdir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record.get("summary"):
-            medians[record["impl"]] = float(record["median_step_s"])
+    medians = median_steps(name, workdir, steps, tuple(extra))
     return medians["coarse"] / medians["pmean"]
 
 
@@ -281,15 +257,8 @@ def test_goals_table() -> None:
         "",
         f"issue 39's goals, {WORKERS} workers, {os.cpu_count()} cores, load average now "
         f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min):",
-        "| goal | coarse / baseline (median of runs) | runs: lowest-highest | at most | | load |",
-        "|---|---:|---|---:|---|---:|",
+        *goal_rows(_ROWS),
     ]
-    for r in _ROWS:
-        met = "met" if r["ratio"] <= r["limit"] else "missed"
-        lines.append(
-            f"| {r['goal']} | {r['ratio']:.2f}x | {r['runs']}: {r['lo']:.2f}-{r['hi']:.2f} "
-            f"| {r['limit']}x | {met} | {r['load']:.1f} |"
-        )
     text = "\n".join(lines)
     print(text)
     out = os.environ.get("COARSE_BENCH_OUT")

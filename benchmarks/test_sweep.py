@@ -29,6 +29,11 @@ SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB per worker
 def _median_s(fn, x, calls: int) -> float:
     jax.block_until_ready(fn(x))  # compile
     jax.block_until_ready(fn(x))
+    return median_call_s(fn, x, calls)
+
+
+def median_call_s(fn, x, calls: int) -> float:
+    """The median seconds of ``calls`` calls of ``fn(x)``, each waited for."""
     times = []
     for _ in range(calls):
         t0 = time.perf_counter()

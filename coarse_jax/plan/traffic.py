@@ -37,6 +37,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from coarse_jax._ffi.traffic import Traffic
+
 F32 = 4
 
 
@@ -66,8 +68,8 @@ class _Plan(Protocol):
     def total_bytes(self) -> int: ...
 
 
-@dataclasses.dataclass(frozen=True)
-class SyncTraffic:
+@dataclasses.dataclass
+class SyncTraffic(Traffic):
     """Bytes one sync moves on the CPU backend, per operation, and the minimum.
 
     Attributes:
@@ -77,18 +79,7 @@ class SyncTraffic:
       minimum: ``(p·B, p·B)``: a shared-memory reduction's least traffic.
     """
 
-    by_op: dict[str, tuple[int, int]]
-    minimum: tuple[int, int]
-
-    @property
-    def read(self) -> int:
-        """Bytes read, all operations."""
-        return sum(r for r, _ in self.by_op.values())
-
-    @property
-    def written(self) -> int:
-        """Bytes written, all operations."""
-        return sum(w for _, w in self.by_op.values())
+    minimum: tuple[int, int] = (0, 0)
 
     def line(self) -> str:
         """One line: the totals as multiples of the minimum, then each op's."""
