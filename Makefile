@@ -223,7 +223,7 @@ bench: $(STAMP)
 		--benchmark-json=$(BENCH_OUT)/parts/resnet50_v100.json
 	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_memory.py \
 		--benchmark-json=$(BENCH_OUT)/parts/memory.json
-	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_snapshots.py \
+	export COARSE_BENCH_SNAPSHOT_HOST=0 && $(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_snapshots.py \
 		--benchmark-json=$(BENCH_OUT)/parts/snapshots.json
 	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_goals.py \
 		--benchmark-json=$(BENCH_OUT)/parts/goals.json
