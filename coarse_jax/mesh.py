@@ -357,9 +357,9 @@ def _make_host_proxy_mesh(
             f"make_mesh: proxies_on='host' with {pools[0][0].platform} workers is not enabled "
             "yet: the GPU data path (pinned proxy storage, pushes as device-to-host copies, "
             "pulls gated by cuStreamWaitValue32) is built but has never run on a GPU, and the "
-            "optimizer's snapshot copy of a host proxy's store is still a peer copy; host "
-            "proxies run with CPU workers in this version. Fix: proxies_on='devices' (the "
-            "default) on GPUs."
+            "optimizer's store of a host proxy is still zeroed by a GPU memset; host proxies "
+            "run with CPU workers in this version. Fix: proxies_on='devices' (the default) on "
+            "GPUs."
         )
     grids = [np.array(pool[:workers], dtype=object).reshape(1, workers, 1) for pool in pools]
     if across:

@@ -11,6 +11,7 @@
 
 #include "coarse_kernels.h"
 #include "cuda/cuda_util.h"
+#include "runtime/storage.h"
 
 namespace coarse::cuda {
 namespace ffi = xla::ffi;
@@ -68,6 +69,11 @@ ffi::Error CudaStream::Copy(void* dst, int64_t dst_device, const void* src, int6
       src_device >= static_cast<int64_t>(ordinals_.size()))
     return ffi::Error::Internal(std::string("coarse_jax: ") + what +
                                 ": the stream has no ordinal for a mesh device");
+  // A proxy in host memory has no GPU: its pinned, mapped storage (worker k
+  // copying proxy k's optimizer store into its snapshot) shares the GPUs'
+  // address space (UVA), and the driver infers the direction.
+  if (IsHostOrdinal(ordinals_[dst_device]) || IsHostOrdinal(ordinals_[src_device]))
+    return Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), what);
   return Check(cudaMemcpyPeerAsync(dst, static_cast<int>(ordinals_[dst_device]), src,
                                    static_cast<int>(ordinals_[src_device]), bytes, stream_),
                what);
