@@ -220,8 +220,8 @@ def make_mesh(
       ValueError: ``proxies`` does not divide ``workers``, the devices are
         too few, repeated, or do not match ``workers + proxies``, or
         ``proxies_on`` is neither ``"devices"`` nor ``"host"``.
-      NotImplementedError: ``proxies_on="host"`` with GPU workers (not built
-        yet).
+      NotImplementedError: ``proxies_on="host"`` with GPU workers (built,
+        not yet run on a GPU: see docs/guides/host_proxies.md).
 
     Example:
       >>> mesh = coarse.make_mesh(workers=4)   # 8 devices
@@ -354,9 +354,12 @@ def _make_host_proxy_mesh(
         )
     if pools[0][0].platform != "cpu":
         raise NotImplementedError(
-            f"make_mesh: proxies_on='host' with {pools[0][0].platform} workers is not built yet "
-            "(pinned host memory and copies between the GPUs and the host); host proxies run "
-            "with CPU workers in this version. Fix: proxies_on='devices' (the default) on GPUs."
+            f"make_mesh: proxies_on='host' with {pools[0][0].platform} workers is not enabled "
+            "yet: the GPU data path (pinned proxy storage, pushes as device-to-host copies, "
+            "pulls gated by cuStreamWaitValue32) is built but has never run on a GPU, and the "
+            "optimizer's store of a host proxy is still zeroed by a GPU memset; host proxies "
+            "run with CPU workers in this version. Fix: proxies_on='devices' (the default) on "
+            "GPUs."
         )
     grids = [np.array(pool[:workers], dtype=object).reshape(1, workers, 1) for pool in pools]
     if across:

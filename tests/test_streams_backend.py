@@ -23,7 +23,9 @@ TESTS = Path(__file__).resolve().parent
 # Trains an MLP with value_and_grad + optax, value_and_update (adamw with
 # clipping and a schedule) at 1:1 and value_and_update (adam) on 2:1 and 4:1
 # meshes (the CPU backend sums a proxy's clients in one pass, the streams
-# backend one client per pass: the same bits),
+# backend one client per pass: the same bits), the same with proxies in host
+# memory (on the streams backend the GPU data path: pushes as device-to-host
+# copies waited for by the proxy's job, pulls gated by its ready flags),
 # and all_reduce; saves every result and the active backend's name.
 SCRIPT = textwrap.dedent(
     """
@@ -42,6 +44,10 @@ SCRIPT = textwrap.dedent(
          coarse.optim.adamw(sched, weight_decay=0.05, clip_norm=0.3)),
         ("k2", coarse.make_mesh(workers=4, proxies=2), coarse.optim.adam(1e-2)),
         ("k4", coarse.make_mesh(workers=4, proxies=1), coarse.optim.adam(1e-2)),
+        ("host", coarse.make_mesh(workers=4, proxies=4, proxies_on="host"),
+         coarse.optim.adamw(sched, weight_decay=0.05, clip_norm=0.3)),
+        ("host_k2", coarse.make_mesh(workers=4, proxies=2, proxies_on="host"),
+         coarse.optim.adam(1e-2)),
     ]
     for name, mesh, opt in cases:
         step = coarse_update_step(mesh, opt, coarse.Config(shard_bytes=256))
@@ -52,22 +58,25 @@ SCRIPT = textwrap.dedent(
         for j, leaf in enumerate(jax.tree.leaves(p)):
             out[f"{name}_p{j}"] = np.asarray(leaf)
 
-    mesh = coarse.make_mesh(workers=4)
     tx = optax.sgd(0.05)
+    for name, mesh in [
+        ("grad", coarse.make_mesh(workers=4)),
+        ("grad_host", coarse.make_mesh(workers=4, proxies=2, proxies_on="host")),
+    ]:
 
-    @coarse.sync(mesh, config=coarse.Config(shard_bytes=256, leading_bytes=512))
-    def grad_step(params, batch):
-        loss, grads = coarse.value_and_grad(mlp_loss)(params, batch)
-        return loss, grads, coarse.all_reduce(jax.tree.leaves(batch)[0][:1], op="sum")
+        @coarse.sync(mesh, config=coarse.Config(shard_bytes=256, leading_bytes=512))
+        def grad_step(params, batch):
+            loss, grads = coarse.value_and_grad(mlp_loss)(params, batch)
+            return loss, grads, coarse.all_reduce(jax.tree.leaves(batch)[0][:1], op="sum")
 
-    p = params
-    for i, b in enumerate(batches):
-        loss, grads, red = grad_step(p, b)
-        p = optax.apply_updates(p, tx.update(grads, tx.init(p))[0])
-        out[f"grad_loss{i}"] = np.asarray(loss)
-        out[f"red{i}"] = np.asarray(red)
-    for j, leaf in enumerate(jax.tree.leaves(p)):
-        out[f"grad_p{j}"] = np.asarray(leaf)
+        p = params
+        for i, b in enumerate(batches):
+            loss, grads, red = grad_step(p, b)
+            p = optax.apply_updates(p, tx.update(grads, tx.init(p))[0])
+            out[f"{name}_loss{i}"] = np.asarray(loss)
+            out[f"{name}_red{i}"] = np.asarray(red)
+        for j, leaf in enumerate(jax.tree.leaves(p)):
+            out[f"{name}_p{j}"] = np.asarray(leaf)
     np.savez(sys.argv[1], **out)
     """
 )
@@ -156,3 +165,18 @@ def test_a_chaos_seed_on_the_default_backend_warns_once_naming_the_fix(tmp_path)
             assert "Set COARSE_JAX_BACKEND=streams" in lines[1]
         else:
             assert len(lines) == 1, lines
+
+
+def test_a_stream_waits_for_the_hosts_flag_and_gives_up_naming_it():
+    # Stream::WaitValue on the host streams, outside a session (in this
+    # process: the check makes its own stream, whatever the backend): the
+    # upload after the wait copies what the host wrote before the flag, 30 ms
+    # after the enqueue; a flag never written fails the stream, naming it.
+    from coarse_jax import _coarse_cpu
+
+    err, copied = _coarse_cpu.check_flag_wait(timeout_ms=5000, delay_ms=30, write=True)
+    assert (err, copied) == ("", 42.0)
+    err, copied = _coarse_cpu.check_flag_wait(timeout_ms=50, delay_ms=0, write=False)
+    assert "the check's flag" in err and "flag check stream" in err, err
+    assert "timed out after 50 ms" in err and "reach 7 (it holds 0)" in err, err
+    assert copied == 0.0  # it gave up and went on: the upload copied the unwritten value

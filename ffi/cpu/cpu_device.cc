@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_traffic.h"
 #include "cpu/host_pool.h"
 #include "runtime/leaf_runs.h"
+#include "runtime/stream.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -223,6 +226,20 @@ ffi::Error CpuDevice::CopyToHost(void* host, const void* own, size_t bytes) {
 
 ffi::Error CpuDevice::CopyFromHost(void* own, const void* host, size_t bytes) {
   return CopyBytes(own, host, bytes);
+}
+
+// No backend's storage gives the CPU backend flags (Storage::ready_flags):
+// this serves the self-test and any future caller, waiting on the host.
+ffi::Error CpuDevice::WaitFlag(const uint32_t* flag, uint32_t value,
+                               std::chrono::milliseconds timeout, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!FlagReached(ReadFlag(flag), value)) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      return ffi::Error::Internal(what + ": timed out after " + std::to_string(timeout.count()) +
+                                  " ms waiting for its flag to reach " + std::to_string(value));
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  return ffi::Error::Success();
 }
 
 }  // namespace coarse

@@ -32,6 +32,8 @@ class CpuDevice final : public Device {
   xla::ffi::Error CopyFromHost(void* own, const void* host, size_t bytes) override;
   xla::ffi::Error Publish() override { return xla::ffi::Error::Success(); }
   xla::ffi::Error Acquire(int64_t) override { return xla::ffi::Error::Success(); }
+  xla::ffi::Error WaitFlag(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
+                           const std::string& what) override;
   xla::ffi::Error SynchronizeHost(const char*) override { return xla::ffi::Error::Success(); }
   bool SupportsEmulation() const override { return true; }
   bool ReadsPeersInPlace() const override { return true; }

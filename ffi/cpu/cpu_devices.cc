@@ -5,6 +5,7 @@
 
 #include "cpu/cpu_backend_choice.h"
 #include "cpu/cpu_device.h"
+#include "runtime/host_proxy_device.h"
 #include "runtime/stream_device.h"
 
 namespace coarse {
@@ -21,6 +22,14 @@ ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue*
   const int64_t ordinal = ordinals.empty() ? call.device() : ordinals[call.device()];
   HostQueue& q = call.who.tier == kWorker ? WorkerQueue(ordinal) : ProxyQueue(ordinal);
   if (queue != nullptr) *queue = &q;
+  if (call.who.tier == kProxy && res->in_host_memory(call.device())) {
+    // A proxy in host memory: the host's loops in its job's thread, as with
+    // GPU workers (host_proxy_device.h); its stream only serves host waits.
+    Session& s = *call.session;
+    return std::unique_ptr<Device>(
+        new HostProxyDevice(std::make_unique<CpuDevice>(), std::make_unique<HostStream>(q), *res,
+                            s.p(), call.who.Describe() + s.DescribeStep(), s.PeerWaitLimit()));
+  }
   return std::unique_ptr<Device>(
       new StreamDevice(std::make_unique<HostStream>(q), call.device(), *res));
 }

@@ -13,11 +13,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <list>
 #include <memory>
 #include <new>
 #include <vector>
 
 #include "cpu/host_stream.h"
+#include "runtime/host_memory.h"
 #include "runtime/storage.h"
 #include "runtime/stream.h"
 
@@ -115,10 +117,14 @@ class HostStateBuffer : public StateBuffer {
 // A HostStorage plus the StreamResources of the streams backend. Each
 // device's extras are its own allocation; the arenas and scratch stay one
 // mapping (a peer's memory is reached only through the stream's copies, so
-// where it sits does not matter).
+// where it sits does not matter). A proxy in host memory is what it is on a
+// GPU machine: its arena is the runtime's registered host memory (page
+// aligned, as cudaHostAlloc's; a device Copy or Memset there is refused,
+// runtime/host_memory.h), reached by the workers' Download / UploadPinned,
+// and it has a page of ready flags (Storage::ready_flags).
 class HostStreamStorage final : public Storage, public StreamResources {
  public:
-  explicit HostStreamStorage(const Plan& plan) : base_(plan) {
+  HostStreamStorage(const Plan& plan, const std::vector<int64_t>& ordinals) : base_(plan) {
     const StagingSizes sizes = StagingSizesOf(plan);
     staging_len_ = sizes.staging_len;
     max_runs_ = sizes.max_runs;
@@ -127,14 +133,29 @@ class HostStreamStorage final : public Storage, public StreamResources {
       spans_.emplace_back(new kernels::Span[max_runs_]());
       scalars_.emplace_back(new double[kScalarSlots]());
       events_.emplace_back(new HostEvent);
+      on_host_.push_back(d < static_cast<int64_t>(ordinals.size()) && d >= plan.workers &&
+                         IsHostOrdinal(ordinals[d]));
+    }
+    const int64_t S = std::max<int64_t>(1, plan.num_pieces());
+    for (int64_t k = 0; k < plan.proxies; ++k) {
+      flags_.push_back(nullptr);
+      if (!on_host_[plan.workers + k]) continue;
+      NoteHostMemory(arena(k), std::max<int64_t>(1, plan.arena_nelems[k]) * sizeof(float));
+      noted_.push_back(arena(k));
+      flag_pages_.emplace_back(S);
+      flags_.back() = flag_pages_.back().data();
     }
   }
   // Work queued on a stream may still read or write this set.
-  ~HostStreamStorage() override { DrainAllHostQueues(); }
+  ~HostStreamStorage() override {
+    DrainAllHostQueues();
+    for (const void* p : noted_) ForgetHostMemory(p);
+  }
 
   float* arena(int64_t proxy) override { return base_.arena(proxy); }
   float* scratch(int64_t worker) override { return base_.scratch(worker); }
   int64_t bytes() const override { return base_.bytes(); }
+  uint32_t* ready_flags(int64_t proxy) override { return flags_[proxy]; }
 
   float* staging(int64_t device) override { return staging_[device].get(); }
   int64_t staging_len() const override { return staging_len_; }
@@ -142,6 +163,7 @@ class HostStreamStorage final : public Storage, public StreamResources {
   int64_t max_runs() const override { return max_runs_; }
   double* scalars(int64_t device) override { return scalars_[device].get(); }
   StreamEvent event(int64_t device) override { return events_[device].get(); }
+  bool in_host_memory(int64_t device) const override { return on_host_[device]; }
 
  private:
   HostStorage base_;
@@ -150,6 +172,11 @@ class HostStreamStorage final : public Storage, public StreamResources {
   std::vector<std::unique_ptr<kernels::Span[]>> spans_;
   std::vector<std::unique_ptr<double[]>> scalars_;
   std::vector<std::unique_ptr<HostEvent>> events_;
+  std::vector<bool> on_host_;
+  std::vector<const void*> noted_;  // the host proxies' arenas, registered
+  // The flags: registered host memory too (a list: its elements never move).
+  std::list<HostVector<uint32_t>> flag_pages_;
+  std::vector<uint32_t*> flags_;
 };
 
 class HostPool : public StoragePool {
@@ -165,16 +192,19 @@ class HostPool : public StoragePool {
     }
   }
 
-  std::unique_ptr<Storage> Take(const Plan& plan, const std::vector<int64_t>&) override {
-    if (auto set = spares_.Take(plan.key, {})) return set;
-    if (streams_) return std::make_unique<HostStreamStorage>(plan);
+  std::unique_ptr<Storage> Take(const Plan& plan, const std::vector<int64_t>& ordinals) override {
+    // Streams: host proxies' sets differ from device proxies' (registered
+    // arenas, flags), so the ordinals are part of the key.
+    if (auto set = spares_.Take(plan.key, streams_ ? ordinals : std::vector<int64_t>{})) return set;
+    if (streams_) return std::make_unique<HostStreamStorage>(plan, ordinals);
     return std::make_unique<HostStorage>(plan);
   }
 
   // Two sets of one plan may be spare at once: the next step's session can
   // be created while the last thread of the previous one still releases.
-  void Give(const Plan& plan, const std::vector<int64_t>&, std::unique_ptr<Storage> set) override {
-    spares_.Give(plan.key, {}, std::move(set));
+  void Give(const Plan& plan, const std::vector<int64_t>& ordinals,
+            std::unique_ptr<Storage> set) override {
+    spares_.Give(plan.key, streams_ ? ordinals : std::vector<int64_t>{}, std::move(set));
   }
 
   SpareSets& spares() override { return spares_; }

@@ -1,6 +1,7 @@
 // HostQueue, HostStream and the streams of the mesh's devices (see host_stream.h).
 #include "cpu/host_stream.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -50,6 +51,23 @@ uint64_t HostQueue::Enqueue(std::function<void()> task, bool record) {
 void HostQueue::WaitFor(uint64_t ticket) {
   std::unique_lock<std::mutex> lock(mu_);
   done_cv_.wait(lock, [&] { return done_ >= ticket; });
+}
+
+bool HostQueue::WaitUntil(uint64_t ticket, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return done_cv_.wait_until(lock, deadline, [&] { return done_ >= ticket; });
+}
+
+void HostQueue::SetError(const std::string& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_.empty()) error_ = error;
+}
+
+std::string HostQueue::TakeError() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string e;
+  e.swap(error_);
+  return e;
 }
 
 void HostQueue::Drain() {
@@ -218,7 +236,28 @@ ffi::Error HostStream::Download(void* dst, const void* src, size_t bytes, const 
   return ffi::Error::Success();
 }
 
+ffi::Error HostStream::UploadPinned(void* dst, const void* src, size_t bytes, const char* what) {
+  // Only the runtime's pinned host memory (a host proxy's storage) may be
+  // read late: anything else may be gone by then (use Upload).
+  if (!IsHostMemory(src, bytes))
+    return ffi::Error::Internal(std::string("coarse_jax: ") + what +
+                                ": a pinned upload from memory that is not the runtime's "
+                                "registered host memory (runtime/host_memory.h)");
+  q_.Enqueue([=] { std::memcpy(dst, src, bytes); });
+  return ffi::Error::Success();
+}
+
+// A WaitValue that timed out on this stream fails the next call that
+// reports the stream's state.
+static ffi::Error StreamError(HostQueue& q) {
+  std::string e = q.TakeError();
+  if (e.empty()) return ffi::Error::Success();
+  return ffi::Error::Internal(e);
+}
+
 ffi::Error HostStream::Record(StreamEvent event) {
+  ffi::Error err = StreamError(q_);
+  if (err.failure()) return err;
   auto* e = static_cast<HostEvent*>(event);
   // The marker task does nothing: the event is done when the stream reaches it.
   const uint64_t ticket = q_.Enqueue([] {}, /*record=*/true);
@@ -245,6 +284,47 @@ ffi::Error HostStream::Wait(StreamEvent event, int64_t) {
 
 ffi::Error HostStream::Synchronize(const char*) {
   q_.Drain();
+  return StreamError(q_);
+}
+
+ffi::Error HostStream::HostWait(StreamEvent event, std::chrono::milliseconds timeout,
+                                const std::string& what) {
+  auto* e = static_cast<HostEvent*>(event);
+  HostQueue* queue;
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);  // what the event marks now
+    queue = e->queue;
+    ticket = e->ticket;
+  }
+  if (queue == nullptr) return ffi::Error::Success();  // never recorded
+  if (queue->WaitUntil(ticket, std::chrono::steady_clock::now() + timeout))
+    return ffi::Error::Success();
+  return ffi::Error::Internal(what + ": timed out after " + std::to_string(timeout.count()) +
+                              " ms waiting on the host for an event of " + queue->name());
+}
+
+ffi::Error HostStream::WaitValue(const uint32_t* flag, uint32_t value,
+                                 std::chrono::milliseconds timeout, const std::string& what) {
+  HostQueue* q = &q_;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  q_.Enqueue([=] {
+    // Polls as the GPU's front end polls the flag's memory, backing off to
+    // 50 us between reads.
+    std::chrono::microseconds nap(1);
+    uint32_t now = ReadFlag(flag);
+    while (!FlagReached(now, value)) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        q->SetError(what + ": " + q->name() + " timed out after " +
+                    std::to_string(timeout.count()) + " ms waiting for its flag to reach " +
+                    std::to_string(value) + " (it holds " + std::to_string(now) + ")");
+        return;
+      }
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(50));
+      now = ReadFlag(flag);
+    }
+  });
   return ffi::Error::Success();
 }
 

@@ -5,12 +5,16 @@
 // marks a point of one stream; waiting for it blocks the waiting stream's
 // thread, never the host. Synchronize is the only host wait.
 //
+// A WaitValue blocks the waiting stream's thread too (polling the flag, as
+// cuStreamWaitValue32 polls memory), never the caller's.
+//
 // With COARSE_JAX_STREAM_CHAOS=<seed> every stream sleeps or yields at
 // random (seeded per stream) before its operations and its event records,
 // and the host yields at random after enqueuing: a missing Acquire or host
 // synchronization then reads data that is not there yet.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -37,8 +41,15 @@ class HostQueue {
   uint64_t Enqueue(std::function<void()> task, bool record = false);
   // Blocks the calling thread until every task up to `ticket` has run.
   void WaitFor(uint64_t ticket);
+  // WaitFor, at most until `deadline`; false if it passed first.
+  bool WaitUntil(uint64_t ticket, std::chrono::steady_clock::time_point deadline);
   // WaitFor(the last ticket given out so far).
   void Drain();
+  // The stream's error (a WaitValue that timed out), set by its thread;
+  // TakeError returns it once ("" if none).
+  void SetError(const std::string& error);
+  std::string TakeError();
+  const std::string& name() const { return name_; }
 
  private:
   void Loop();
@@ -53,6 +64,7 @@ class HostQueue {
   };
   std::deque<Task> queue_;
   uint64_t enqueued_ = 0, done_ = 0;
+  std::string error_;
   bool chaos_ = false;
   std::mt19937_64 host_rng_;    // under mu_: the enqueuers' yields
   std::mt19937_64 stream_rng_;  // the stream's thread only
@@ -95,9 +107,14 @@ class HostStream final : public Stream {
                        size_t bytes, const char* what) override;
   xla::ffi::Error Upload(void* dst, const void* src, size_t bytes, const char* what) override;
   xla::ffi::Error Download(void* dst, const void* src, size_t bytes, const char* what) override;
+  xla::ffi::Error UploadPinned(void* dst, const void* src, size_t bytes, const char* what) override;
   xla::ffi::Error Record(StreamEvent event) override;
   xla::ffi::Error Wait(StreamEvent event, int64_t device) override;
   xla::ffi::Error Synchronize(const char* what) override;
+  xla::ffi::Error HostWait(StreamEvent event, std::chrono::milliseconds timeout,
+                           const std::string& what) override;
+  xla::ffi::Error WaitValue(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
+                            const std::string& what) override;
 
   HostQueue& queue() { return q_; }
 

@@ -4,6 +4,7 @@
 // optimizer's benchmark (HostOptimizerBench, cpu/host_bench.h).
 // The CUDA twin: cuda/module_cuda.cc.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -16,6 +17,7 @@
 #include "cpu/cpu_traffic.h"
 #include "cpu/host_bench.h"
 #include "cpu/host_pool.h"
+#include "cpu/host_stream_check.h"
 #include "runtime/hand_out.h"
 #include "runtime/interrupt.h"
 #include "runtime/session.h"
@@ -105,6 +107,16 @@ NB_MODULE(_coarse_cpu, m) {
         "Testing: the next session created loses the first push of `worker` (its proxy must "
         "time out, not hang); that session consumes the hook even if its mesh has no such "
         "worker.");
+  m.def(
+      "check_flag_wait",
+      [](int64_t timeout_ms, int64_t delay_ms, bool write) {
+        const coarse::FlagWaitResult r = coarse::CheckFlagWait(timeout_ms, delay_ms, write);
+        return std::make_pair(r.error, r.copied);
+      },
+      nb::arg("timeout_ms"), nb::arg("delay_ms"), nb::arg("write"),
+      "Testing: a host stream waits for a host-written flag (Stream::WaitValue) before an "
+      "upload from pinned memory; returns (the stream's error or '', the value the upload "
+      "copied: 42 if it ran after the host's write). ffi/cpu/host_stream_check.h.");
   coarse::DefineRuntimeFunctions(m);
   m.def(
       "sync_selftest",

@@ -3,7 +3,10 @@
 #include "cuda/cuda_storage.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
+
+#include "runtime/host_memory.h"
 
 namespace coarse::cuda {
 
@@ -38,24 +41,34 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
         std::to_string(ordinals_.size()) + " for " + std::to_string(devices) + " devices";
     return;
   }
-  for (int64_t o : ordinals_)
-    if (IsHostOrdinal(o)) {
-      error_ =
-          "coarse_jax: proxies in host memory (make_mesh(..., proxies_on='host')) are not built "
-          "for GPU workers yet; use proxies_on='devices'";
-      return;
-    }
   EnablePeerAccess();
   const StagingSizes sizes = StagingSizesOf(plan);
   staging_len_ = sizes.staging_len;
   max_runs_ = sizes.max_runs;
-  for (int64_t k = 0; k < q; ++k)
-    arenas_.push_back(static_cast<float*>(
-        Alloc(p + k, std::max<int64_t>(1, plan.arena_nelems[k]) * sizeof(float), "proxy arena")));
+  // A proxy in host memory (IsHostOrdinal): its arena and its ready flags in
+  // pinned host memory, mapped for the workers' streams (the flags'
+  // cuStreamWaitValue32), and nothing on a GPU: it runs on the host
+  // (runtime/host_proxy_device.h).
+  const int64_t S = std::max<int64_t>(1, plan.num_pieces());
+  for (int64_t k = 0; k < q; ++k) {
+    const size_t arena_bytes = std::max<int64_t>(1, plan.arena_nelems[k]) * sizeof(float);
+    const bool host = in_host_memory(p + k);
+    arenas_.push_back(static_cast<float*>(host ? HostAlloc(arena_bytes, "host proxy arena")
+                                               : Alloc(p + k, arena_bytes, "proxy arena")));
+    flags_.push_back(host ? static_cast<uint32_t*>(HostAlloc(S * sizeof(uint32_t), "ready flags"))
+                          : nullptr);
+  }
   for (int64_t w = 0; w < p; ++w)
     scratch_.push_back(static_cast<float*>(
         Alloc(w, std::max<int64_t>(1, plan.leading_nelems) * sizeof(float), "worker scratch")));
   for (int64_t d = 0; d < devices; ++d) {
+    if (in_host_memory(d)) {  // no stream of its own: no staging, span table, scalars, event
+      staging_.push_back(nullptr);
+      spans_.push_back(nullptr);
+      scalars_.push_back(nullptr);
+      events_.push_back(nullptr);
+      continue;
+    }
     staging_.push_back(
         static_cast<float*>(Alloc(d, (staging_len_ + 4) * sizeof(float), "staging")));
     spans_.push_back(
@@ -72,13 +85,32 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
   }
 }
 
+void* CudaStorage::HostAlloc(size_t bytes, const char* what) {
+  if (!error_.empty()) return nullptr;
+  // Page-aligned, pinned for every GPU (portable), mapped into their address
+  // space; zeroed, so the flags start below every session's value.
+  void* ptr = nullptr;
+  const cudaError_t err = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    error_ = "coarse_jax: cudaHostAlloc of " + std::to_string(bytes) + " bytes (" + what +
+             ") failed: " + cudaGetErrorString(err);
+    return nullptr;
+  }
+  std::memset(ptr, 0, bytes);
+  NoteHostMemory(ptr, bytes);
+  host_allocations_.push_back(ptr);
+  bytes_ += static_cast<int64_t>(bytes);
+  return ptr;
+}
+
 void CudaStorage::EnablePeerAccess() {
   // Lets cudaMemcpyPeerAsync go GPU to GPU (NVLink / PCIe P2P) instead of
   // through host memory. A context-wide switch, set once per pair; where the
   // hardware cannot, peer copies still work, staged by the driver.
   for (int64_t a : ordinals_)
     for (int64_t b : ordinals_) {
-      if (a == b) continue;
+      if (a == b || IsHostOrdinal(a) || IsHostOrdinal(b)) continue;
       int can = 0;
       if (cudaDeviceCanAccessPeer(&can, static_cast<int>(a), static_cast<int>(b)) != cudaSuccess ||
           !can)
@@ -122,6 +154,10 @@ CudaStorage::~CudaStorage() {
   }
   for (size_t d = 0; d < events_.size(); ++d)
     if (events_[d] != nullptr) cudaEventDestroy(events_[d]);
+  for (void* ptr : host_allocations_) {
+    ForgetHostMemory(ptr);
+    cudaFreeHost(ptr);  // waits for the GPUs' copies from it, as cudaFree
+  }
 }
 
 namespace {
@@ -168,11 +204,60 @@ class CudaStateBuffer final : public StateBuffer {
   float* data_ = nullptr;
 };
 
+// A proxy in host memory's master weights and optimizer state: pinned host
+// memory (its optimizer runs on the host), mapped for the workers' streams
+// (worker k seeds and checks it, ParamStore).
+class PinnedStateBuffer final : public StateBuffer {
+ public:
+  explicit PinnedStateBuffer(int64_t nelems) : nelems_(nelems) {}
+  ~PinnedStateBuffer() override {
+    if (data_ == nullptr) return;
+    ForgetHostMemory(data_);
+    cudaFreeHost(data_);
+  }
+  bool Allocate() {
+    if (cudaHostAlloc(reinterpret_cast<void**>(&data_), Bytes(),
+                      cudaHostAllocPortable | cudaHostAllocMapped) != cudaSuccess) {
+      cudaGetLastError();
+      data_ = nullptr;
+      return false;
+    }
+    NoteHostMemory(data_, Bytes());
+    return true;
+  }
+  float* data() override { return data_; }
+  int64_t nelems() const override { return nelems_; }
+  bool ToHost(float* dst, int64_t off, int64_t n) override {
+    std::memcpy(dst, data_ + off, n * sizeof(float));
+    return true;
+  }
+  bool FromHost(const float* src, int64_t off, int64_t n) override {
+    std::memcpy(data_ + off, src, n * sizeof(float));
+    return true;
+  }
+  bool CopyWithin(StateBuffer& src, int64_t src_off, int64_t dst_off, int64_t n) override {
+    std::memcpy(data_ + dst_off, src.data() + src_off, n * sizeof(float));
+    return true;
+  }
+
+ private:
+  size_t Bytes() const {
+    return static_cast<size_t>(std::max<int64_t>(1, nelems_)) * sizeof(float);
+  }
+  int64_t nelems_;
+  float* data_ = nullptr;
+};
+
 class CudaPool final : public StoragePool {
  public:
   std::unique_ptr<StateBuffer> NewStateBuffer(const std::vector<int64_t>& ordinals, int64_t device,
                                               int64_t nelems) override {
     if (device >= static_cast<int64_t>(ordinals.size())) return nullptr;
+    if (IsHostOrdinal(ordinals[device])) {
+      auto b = std::make_unique<PinnedStateBuffer>(nelems);
+      if (!b->Allocate()) return nullptr;
+      return b;
+    }
     auto b = std::make_unique<CudaStateBuffer>(static_cast<int>(ordinals[device]), nelems);
     if (!b->Allocate()) return nullptr;
     return b;

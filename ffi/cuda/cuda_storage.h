@@ -1,7 +1,8 @@
 // GPU storage for one session: each buffer on the GPU of the mesh device it
 // belongs to (arenas on proxies, scratch on workers), plus per-device staging
 // for peer copies, span tables and scalars, and one event per device
-// (Publish/Acquire): the StreamResources of runtime/stream_device.h.
+// (Publish/Acquire): the StreamResources of runtime/stream_device.h. A proxy
+// in host memory's arena and ready flags are pinned host memory instead.
 // Allocated with cudaMalloc on first use of a plan and then reused by later
 // steps through the pool (cuda_storage.cc), so the hot path allocates nothing.
 #pragma once
@@ -40,9 +41,14 @@ class CudaStorage final : public Storage, public StreamResources {
   int64_t max_runs() const override { return max_runs_; }
   double* scalars(int64_t device) override { return scalars_[device]; }
   StreamEvent event(int64_t device) override { return events_[device]; }
+  bool in_host_memory(int64_t device) const override {
+    return device < static_cast<int64_t>(ordinals_.size()) && IsHostOrdinal(ordinals_[device]);
+  }
+  uint32_t* ready_flags(int64_t proxy) override { return flags_[proxy]; }
 
  private:
   void* Alloc(int64_t device, size_t bytes, const char* what);
+  void* HostAlloc(size_t bytes, const char* what);
   void EnablePeerAccess();
 
   std::vector<int64_t> ordinals_;
@@ -51,6 +57,8 @@ class CudaStorage final : public Storage, public StreamResources {
   std::vector<double*> scalars_;
   std::vector<cudaEvent_t> events_;
   std::vector<std::pair<int, void*>> allocations_;  // (ordinal, pointer)
+  std::vector<void*> host_allocations_;             // cudaHostAlloc'd, registered
+  std::vector<uint32_t*> flags_;                    // per proxy; null on a GPU
   int64_t staging_len_ = 0, max_runs_ = 0;
   int64_t bytes_ = 0;  // allocated, on all GPUs together
   std::string error_;

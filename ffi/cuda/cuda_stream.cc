@@ -1,10 +1,17 @@
 // CudaStream (see cuda_stream.h).
 #include "cuda/cuda_stream.h"
 
+#include <cuda.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "coarse_kernels.h"
 #include "cuda/cuda_util.h"
+#include "runtime/storage.h"
 
 namespace coarse::cuda {
 namespace ffi = xla::ffi;
@@ -62,6 +69,11 @@ ffi::Error CudaStream::Copy(void* dst, int64_t dst_device, const void* src, int6
       src_device >= static_cast<int64_t>(ordinals_.size()))
     return ffi::Error::Internal(std::string("coarse_jax: ") + what +
                                 ": the stream has no ordinal for a mesh device");
+  // A proxy in host memory has no GPU: its pinned, mapped storage (worker k
+  // copying proxy k's optimizer store into its snapshot) shares the GPUs'
+  // address space (UVA), and the driver infers the direction.
+  if (IsHostOrdinal(ordinals_[dst_device]) || IsHostOrdinal(ordinals_[src_device]))
+    return Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), what);
   return Check(cudaMemcpyPeerAsync(dst, static_cast<int>(ordinals_[dst_device]), src,
                                    static_cast<int>(ordinals_[src_device]), bytes, stream_),
                what);
@@ -90,6 +102,79 @@ ffi::Error CudaStream::Wait(StreamEvent event, int64_t device) {
 
 ffi::Error CudaStream::Synchronize(const char* what) {
   return Check(cudaStreamSynchronize(stream_), what);
+}
+
+ffi::Error CudaStream::UploadPinned(void* dst, const void* src, size_t bytes, const char* what) {
+  return Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), what);
+}
+
+ffi::Error CudaStream::HostWait(StreamEvent event, std::chrono::milliseconds timeout,
+                                const std::string& what) {
+  auto ev = static_cast<cudaEvent_t>(event);
+  if (ev == nullptr) return ffi::Error::Success();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::chrono::microseconds nap(1);
+  for (;;) {
+    const cudaError_t err = cudaEventQuery(ev);  // cudaSuccess if never recorded
+    if (err == cudaSuccess) return ffi::Error::Success();
+    if (err != cudaErrorNotReady) return Check(err, what);
+    if (std::chrono::steady_clock::now() >= deadline)
+      return ffi::Error::Internal(what + ": timed out after " + std::to_string(timeout.count()) +
+                                  " ms waiting on the host for a GPU's event");
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(50));
+  }
+}
+
+namespace {
+
+using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+// The driver's cuStreamWaitValue32, looked up once; null (with `why`) if
+// this driver has none.
+WaitValue32Fn TheWaitValue32(std::string* why) {
+  static std::once_flag once;
+  static WaitValue32Fn fn = nullptr;
+  static std::string error;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000,
+                                                       cudaEnableDefault, &status);
+#else
+    cudaError_t err = cudaGetDriverEntryPoint("cuStreamWaitValue32", &p, cudaEnableDefault, &status);
+#endif
+    if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || p == nullptr) {
+      cudaGetLastError();
+      error =
+          "the driver has no cuStreamWaitValue32 (" + std::string(cudaGetErrorString(err)) + ")";
+      return;
+    }
+    fn = reinterpret_cast<WaitValue32Fn>(p);
+  });
+  if (fn == nullptr) *why = error;
+  return fn;
+}
+
+}  // namespace
+
+ffi::Error CudaStream::WaitValue(const uint32_t* flag, uint32_t value, std::chrono::milliseconds,
+                                 const std::string& what) {
+  std::string why;
+  WaitValue32Fn wait = TheWaitValue32(&why);
+  if (wait == nullptr) return ffi::Error::Internal(what + ": " + why);
+  void* device_flag = nullptr;
+  ffi::Error e = Check(cudaHostGetDevicePointer(&device_flag, const_cast<uint32_t*>(flag), 0),
+                       what + ": the flag's device address");
+  if (e.failure()) return e;
+  const CUresult r =
+      wait(reinterpret_cast<CUstream>(stream_), reinterpret_cast<CUdeviceptr>(device_flag), value,
+           CU_STREAM_WAIT_VALUE_GEQ);
+  if (r != CUDA_SUCCESS)
+    return ffi::Error::Internal(what + ": cuStreamWaitValue32 failed (CUresult " +
+                                std::to_string(static_cast<int>(r)) + ")");
+  return ffi::Error::Success();
 }
 
 }  // namespace coarse::cuda

@@ -37,6 +37,18 @@ class CudaStream final : public Stream {
   xla::ffi::Error Record(StreamEvent event) override;
   xla::ffi::Error Wait(StreamEvent event, int64_t device) override;
   xla::ffi::Error Synchronize(const char* what) override;
+  // cudaMemcpyAsync from pinned host memory.
+  xla::ffi::Error UploadPinned(void* dst, const void* src, size_t bytes, const char* what) override;
+  // cudaEventQuery in a loop (backing off to 50 us) until the deadline:
+  // cudaEventSynchronize has no timeout.
+  xla::ffi::Error HostWait(StreamEvent event, std::chrono::milliseconds timeout,
+                           const std::string& what) override;
+  // cuStreamWaitValue32(GEQ) on the flag's device address (pinned, mapped:
+  // cudaHostGetDevicePointer), from the driver's entry point
+  // (cudaGetDriverEntryPointByVersion, so the module still needs only
+  // cudart). The GPU's wait has no timeout: `timeout` is not used.
+  xla::ffi::Error WaitValue(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
+                            const std::string& what) override;
 
  private:
   cudaStream_t stream_;

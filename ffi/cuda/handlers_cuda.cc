@@ -12,9 +12,11 @@
 #include <memory>
 #include <mutex>
 
+#include "cpu/cpu_device.h"
 #include "cuda/cuda_storage.h"
 #include "cuda/cuda_stream.h"
 #include "cuda/cuda_util.h"
+#include "runtime/host_proxy_device.h"
 #include "runtime/stream_device.h"
 #include "xla/handler.h"
 #include "xla/stream_host_io.h"
@@ -64,6 +66,16 @@ const MakeProxyDevice& CudaProxies() {
       [](const Call& call) -> ffi::ErrorOr<std::unique_ptr<Device>> {
     auto& storage = static_cast<CudaStorage&>(call.session->storage());
     if (!storage.error().empty()) return ffi::Unexpected(ffi::Error::Internal(storage.error()));
+    if (storage.in_host_memory(call.device())) {
+      // A proxy in host memory: the CPU backend's loops in this job's thread
+      // over its pinned storage; a CUDA stream object only for its host
+      // waits on the workers' events (runtime/host_proxy_device.h).
+      Session& s = *call.session;
+      return std::unique_ptr<Device>(new HostProxyDevice(
+          std::make_unique<CpuDevice>(),
+          std::make_unique<CudaStream>(nullptr, storage.ordinal(0), storage.ordinals()), storage,
+          s.p(), call.who.Describe() + s.DescribeStep(), s.PeerWaitLimit()));
+    }
     const int ordinal = static_cast<int>(storage.ordinal(call.device()));
     ffi::Error e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
     if (e.failure()) return ffi::Unexpected(e);

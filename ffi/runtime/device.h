@@ -15,8 +15,10 @@
 // waits on the host for GPU work, only for other handlers' host progress.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/optimizer_math.h"
@@ -127,6 +129,13 @@ class Device {
   // See the top of this file.
   virtual xla::ffi::Error Publish() = 0;
   virtual xla::ffi::Error Acquire(int64_t device) = 0;
+  // Work this device does after this call waits until the host-written
+  // `*flag` reaches `value` (Stream::WaitValue): a worker's pull of a piece
+  // a proxy in host memory makes final (Session::ready_flag). A device that
+  // runs its work as it is called (CPU) waits here, on the host. Either way
+  // at most `timeout`, after which the error names `what`.
+  virtual xla::ffi::Error WaitFlag(const uint32_t* flag, uint32_t value,
+                                   std::chrono::milliseconds timeout, const std::string& what) = 0;
   // Waits on the host until this device has done everything enqueued so far:
   // before the host reads or frees host memory the device's work touches.
   virtual xla::ffi::Error SynchronizeHost(const char* what) = 0;

@@ -12,6 +12,7 @@
 
 #include "runtime/mailbox.h"
 #include "runtime/phases.h"
+#include "runtime/stream.h"
 #include "runtime/wakeups.h"
 
 namespace coarse {
@@ -159,8 +160,14 @@ ffi::Error RunProxyAcrossHosts(Call& call, Device& dev, ProxyUpdate& update) {
   return ReducePieces(call, dev, &update, HostsStage{HostsStage::kFromHosts, chunks.data(), n});
 }
 
-// Proxy k's part of the session: what its coarse_proxy_ring call did when
-// the proxies ran the workers' program, then leaving the session.
+// A failed proxy in host memory releases the workers' streams waiting on
+// its ready flags (Stream::WaitValue: on CUDA they would wait forever); the
+// step fails on the host, with the job's error, all the same.
+void ReleaseFlags(Session& session, int64_t k) {
+  for (int64_t s = 0; s < session.plan().num_pieces(); ++s)
+    if (uint32_t* flag = session.ready_flag(k, s)) WriteFlag(flag, session.ready_value());
+}
+
 // Counts a proxy's job starting, `submitted` when the first worker call
 // queued it, and whether it starts late: a push of its session is already
 // there (the job was not ready before the first push).
@@ -178,11 +185,14 @@ void CountJobStart(Session& session, int64_t k, std::chrono::steady_clock::time_
   }
 }
 
+// Proxy k's part of the session: what its coarse_proxy_ring call did when
+// the proxies ran the workers' program, then leaving the session.
 void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob& job,
               const MakeProxyDevice& make) {
   Call call{session, session->proxy(k)};
   auto device = make(call);
   if (device.has_error()) {
+    ReleaseFlags(*session, k);
     session->Poison(std::string(device.error().message()));
     session->Finish(call.device());
     return;
@@ -206,6 +216,7 @@ void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob
       status = ReducePieces(call, dev, nullptr, {}, job.in_place);
     }
   }
+  if (status.failure()) ReleaseFlags(*session, k);
   // Poisons the session on failure; either way the proxy leaves it.
   (void)FinishCall(call, dev, std::move(status), /*last=*/true);
 }

@@ -176,6 +176,7 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
                 S = plan_->num_pieces();
   dropped_push_worker_.store(g_dropped_push_worker.exchange(-1), std::memory_order_relaxed);
   storage_ = TheStoragePool().Take(*plan_, ordinals_);
+  ready_value_ = storage_ ? storage_->NextUse() : 0;
   first_call_ = Counters<int32_t>(D, 0);
   finished_ = Counters<int32_t>(D, 0);
   arrived_ = Counters<int32_t>(q * S, 0);

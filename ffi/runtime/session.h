@@ -88,6 +88,16 @@ class Session {
   float* arena(int64_t proxy) { return storage_->arena(proxy); }
   float* scratch(int64_t worker) { return storage_->scratch(worker); }
   Storage& storage() { return *storage_; }
+  // Proxy `proxy`'s ready flag of `piece`, or null (Storage::ready_flags),
+  // and the value that says "final in this session".
+  uint32_t* ready_flag(int64_t proxy, int64_t piece) {
+    uint32_t* flags = storage_->ready_flags(proxy);
+    return flags ? flags + piece : nullptr;
+  }
+  uint32_t ready_value() const { return ready_value_; }
+  // How long a wait on a peer may last (Wait's limit for Waits::kPeer): for
+  // the waits that are not on the host's counters (Stream::HostWait, WaitValue).
+  std::chrono::milliseconds PeerWaitLimit() const { return WaitLimit(Waits::kPeer); }
 
   // True exactly once per mesh device: its first call of this session, which
   // must first wait (Device::Acquire) for every device's work of the session
@@ -257,6 +267,7 @@ class Session {
   std::shared_ptr<const Plan> plan_;
   int64_t run_id_, site_, iteration_, step_;
   int64_t interrupts_at_start_;  // InterruptCount() when the run opened its first session
+  uint32_t ready_value_ = 0;     // Storage::NextUse of this session's set
   std::vector<int64_t> ordinals_;
   std::unique_ptr<Storage> storage_;
   std::unique_ptr<std::atomic<int32_t>[]> first_call_;

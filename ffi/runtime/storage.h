@@ -33,6 +33,18 @@ class Storage {
   virtual float* arena(int64_t proxy) = 0;     // plan.arena_nelems[proxy] floats
   virtual float* scratch(int64_t worker) = 0;  // plan.leading_nelems floats
   virtual int64_t bytes() const = 0;           // what the set holds, all devices together
+  // On a platform with device streams, a proxy in host memory's ready flags,
+  // one per piece in its pinned memory: the proxy writes the session's
+  // value (NextUse) once the piece is final there, the workers' streams wait
+  // for it before they pull (Stream::WaitValue). Null where the pull waits
+  // on the host instead (CPU, device proxies).
+  virtual uint32_t* ready_flags(int64_t /*proxy*/) { return nullptr; }
+  // A new value for the flags, one per session that takes the set (from 1,
+  // growing): the last session's value never satisfies the next one's wait.
+  uint32_t NextUse() { return ++uses_; }
+
+ private:
+  uint32_t uses_ = 0;
 };
 
 // What a pool may keep between steps. Spare sets are kept most recently

@@ -13,8 +13,10 @@
 // only touches a peer's memory through Copy, as a GPU must.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/span.h"
 #include "runtime/device.h"
@@ -56,8 +58,16 @@ class Stream {
                                size_t bytes, const char* what) = 0;
   // Host -> this device. `src` may die as soon as the call returns.
   virtual xla::ffi::Error Upload(void* dst, const void* src, size_t bytes, const char* what) = 0;
-  // This device -> host. `dst` holds the bytes only after Synchronize.
+  // This device -> host. `dst` holds the bytes only after Synchronize, or
+  // once the host has waited (HostWait) for an event recorded after it.
   virtual xla::ffi::Error Download(void* dst, const void* src, size_t bytes, const char* what) = 0;
+  // Pinned host memory (a proxy in host memory's storage) -> this device,
+  // read when the stream reaches the copy (cudaMemcpyAsync from pinned
+  // memory), not when it is enqueued as Upload's `src` is: the host keeps
+  // `src` alive and unwritten until then (WaitValue orders it after the
+  // host's writes).
+  virtual xla::ffi::Error UploadPinned(void* dst, const void* src, size_t bytes,
+                                       const char* what) = 0;
 
   // The event now marks everything enqueued so far on this stream.
   virtual xla::ffi::Error Record(StreamEvent event) = 0;
@@ -66,7 +76,35 @@ class Stream {
   virtual xla::ffi::Error Wait(StreamEvent event, int64_t device) = 0;
   // The host waits until everything enqueued so far is done.
   virtual xla::ffi::Error Synchronize(const char* what) = 0;
+
+  // The host (the caller's thread) waits until what `event` marks now is
+  // done, at most `timeout`: a proxy in host memory's job before it reads
+  // what a worker's stream copied into its storage. On timeout the error
+  // names `what`. `event` may be any stream's (nothing, if never recorded).
+  virtual xla::ffi::Error HostWait(StreamEvent event, std::chrono::milliseconds timeout,
+                                   const std::string& what) = 0;
+  // Work enqueued after this waits until the 32-bit flag in pinned host
+  // memory, written by the host (WriteFlag), has reached `value`
+  // (FlagReached: wrap-around safe). The host does not wait. On the host
+  // streams the stream gives up after `timeout` and its next Record or
+  // Synchronize fails naming `what`; cuStreamWaitValue32 has no timeout, so
+  // whoever writes the flag must write it on failure too (the proxies' jobs
+  // release their flags when they fail).
+  virtual xla::ffi::Error WaitValue(const uint32_t* flag, uint32_t value,
+                                    std::chrono::milliseconds timeout, const std::string& what) = 0;
 };
+
+// The flags WaitValue reads: a counter that only grows (a storage set's use
+// count, Storage::NextUse), so a flag reused by the next step needs no reset.
+inline bool FlagReached(uint32_t now, uint32_t value) {
+  return static_cast<int32_t>(now - value) >= 0;
+}
+// The host's write: everything the host wrote before it (the proxy's sums)
+// is visible to whoever sees the value.
+inline void WriteFlag(uint32_t* flag, uint32_t value) {
+  __atomic_store_n(flag, value, __ATOMIC_RELEASE);
+}
+inline uint32_t ReadFlag(const uint32_t* flag) { return __atomic_load_n(flag, __ATOMIC_ACQUIRE); }
 
 // What a StreamDevice needs of the session's storage besides the arenas and
 // scratch: per mesh device, a staging buffer for peer copies, a span table,
@@ -83,6 +121,10 @@ class StreamResources {
   static constexpr int64_t kScalarSlots = kernels::kSumSquaresBlocks + 2;
   virtual double* scalars(int64_t device) = 0;
   virtual StreamEvent event(int64_t device) = 0;
+  // Whether mesh device `device` is a proxy in host memory (IsHostOrdinal):
+  // its storage is pinned host memory, reached by device-to-host and
+  // host-to-device copies instead of peer copies (StreamDevice::PeerCopy).
+  virtual bool in_host_memory(int64_t device) const = 0;
 };
 
 // A staging buffer holds the largest piece, or the workers' leading layers;

@@ -65,8 +65,10 @@ ffi::Error StreamDevice::UploadRuns(const LeafRun* runs, int64_t num_runs, int64
 ffi::Error StreamDevice::PeerCopy(float* dst, int64_t dst_device, const float* src,
                                   int64_t src_device, int64_t n, const char* what) {
   if (n <= 0) return ffi::Error::Success();
-  return stream_->Copy(dst, dst_device, src, src_device, static_cast<size_t>(n) * sizeof(float),
-                       what);
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  if (res_.in_host_memory(dst_device)) return stream_->Download(dst, src, bytes, what);
+  if (res_.in_host_memory(src_device)) return stream_->UploadPinned(dst, src, bytes, what);
+  return stream_->Copy(dst, dst_device, src, src_device, bytes, what);
 }
 
 ffi::Error StreamDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst,
@@ -164,7 +166,13 @@ ffi::Error StreamDevice::AddFrom(float* own, const float* peer, int64_t peer_dev
 }
 
 ffi::Error StreamDevice::CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) {
-  return PeerCopy(own, self_, peer, peer_device, n, "ring: peer copy");
+  // Not PeerCopy: besides the workers' ring, worker k copies proxy k's store
+  // into its snapshot (ParamStore::CopySnapshot), both in the proxy's memory,
+  // with `own` not this device's: for a proxy in host memory a host-to-host
+  // copy on this stream (on CUDA with UVA, as host memory is mapped).
+  if (n <= 0) return ffi::Error::Success();
+  return stream_->Copy(own, self_, peer, peer_device, static_cast<size_t>(n) * sizeof(float),
+                       "ring: peer copy");
 }
 
 ffi::Error StreamDevice::SumInRingOrder(float*, const float* const*, int64_t, int64_t, float) {
@@ -209,7 +217,9 @@ ffi::Error StreamDevice::CopyFromHost(void* own, const void* host, size_t bytes)
 ffi::Error StreamDevice::Publish() { return stream_->Record(res_.event(self_)); }
 
 ffi::Error StreamDevice::Acquire(int64_t device) {
-  if (device == self_) return ffi::Error::Success();
+  // A proxy in host memory enqueues nothing (HostProxyDevice): what it
+  // wrote is there once its counters or flags say so.
+  if (device == self_ || res_.in_host_memory(device)) return ffi::Error::Success();
   return stream_->Wait(res_.event(device), device);
 }
 

@@ -6,7 +6,10 @@
 // a kernel must read or write it), which event a stream waits for (Publish
 // records this device's event, Acquire waits for a peer's) and where the host
 // synchronizes (SumSquares, FirstMismatch: their results are read on the
-// host). No other call blocks the host.
+// host). No other call blocks the host. A proxy in host memory
+// (StreamResources::in_host_memory) is reached by device-to-host and
+// host-to-device copies instead of peer copies (PeerCopy decides); it runs
+// on a HostProxyDevice (runtime/host_proxy_device.h), not on this.
 #pragma once
 
 #include <memory>
@@ -45,6 +48,10 @@ class StreamDevice final : public Device {
   xla::ffi::Error CopyFromHost(void* own, const void* host, size_t bytes) override;
   xla::ffi::Error Publish() override;
   xla::ffi::Error Acquire(int64_t device) override;
+  xla::ffi::Error WaitFlag(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
+                           const std::string& what) override {
+    return stream_->WaitValue(flag, value, timeout, what);
+  }
   xla::ffi::Error SynchronizeHost(const char* what) override { return stream_->Synchronize(what); }
   // Emulated links are timed on the host around operations that finish when
   // they return (CpuDevice); here they return when enqueued.
@@ -57,7 +64,12 @@ class StreamDevice final : public Device {
   // Uploads `runs` as kernel spans into this device's span table.
   xla::ffi::Error UploadRuns(const LeafRun* runs, int64_t num_runs, int64_t buf_len,
                              int64_t* total);
-  // n floats from `src` on mesh device `src_device` to `dst` on `dst_device`.
+  // n floats from `src` on mesh device `src_device` to `dst` on `dst_device`:
+  // the one place that picks the transport. To a proxy in host memory (a
+  // push, or seeding its master) a Download, which the caller's Publish
+  // then marks for the proxy's host wait (HostProxyDevice::Acquire); from
+  // one (a pull) an UploadPinned, after the caller's WaitFlag; else a peer
+  // Copy.
   xla::ffi::Error PeerCopy(float* dst, int64_t dst_device, const float* src, int64_t src_device,
                            int64_t n, const char* what);
 

@@ -125,6 +125,21 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
     // Without the all-gather (GatherPull) a DENSE piece is only on its holder.
     const int64_t k = gather ? plan.piece_holder[s] : plan.dest(s, me);
     ffi::Error err;
+    if (const uint32_t* flag = gather ? nullptr : session.ready_flag(k, s)) {
+      // A proxy in host memory with device streams (Storage::ready_flags):
+      // this device's stream waits for the proxy's flag of s, then copies
+      // the piece in (Scatter: an UploadPinned); this thread goes on at once.
+      err = dev.WaitFlag(flag, session.ready_value(), session.PeerWaitLimit(),
+                         "coarse_jax: " + call.who.Describe() + session.DescribeStep() +
+                             ": the pull's wait for proxy " + std::to_string(k) +
+                             " (in host memory) to make " + plan.DescribePiece(s) + " final");
+      if (err.failure()) return err;
+      RunsOfPiece(plan, s, leaf_of, runs);
+      err = dev.Scatter(session.arena(k) + plan.slot(k, s, 0), p + k, plan.piece_nelems[s],
+                        runs.data(), static_cast<int64_t>(runs.size()));
+      if (err.failure()) return err;
+      continue;
+    }
     {
       TraceScope wait(session, call.device(), "wait for the reduced piece", s);
       err = session.Wait(

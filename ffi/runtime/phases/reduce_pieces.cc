@@ -25,6 +25,7 @@
 
 #include "runtime/phases.h"
 #include "runtime/ring.h"
+#include "runtime/stream.h"
 #include "runtime/trace.h"
 
 namespace coarse {
@@ -208,7 +209,16 @@ class PieceReducer {
   // pieces), then the all-gather (or, for a DENSE piece, the copy from its
   // holder / the holder's announcement). `announce`: the reduce-scatter did
   // not announce the owned chunks (they changed since, or were replaced).
+  // Then, for a proxy in host memory, its ready flag of s: the piece is
+  // final here, and the workers' streams that wait for it may copy it back.
   ffi::Error Finish(int64_t s, bool update, bool announce) {
+    ffi::Error err = FinishPiece(s, update, announce);
+    if (err.failure()) return err;
+    if (uint32_t* flag = session_.ready_flag(k_, s)) WriteFlag(flag, session_.ready_value());
+    return err;
+  }
+
+  ffi::Error FinishPiece(int64_t s, bool update, bool announce) {
     const int64_t n = plan_.piece_nelems[s];
     // Every pull reads the holder's copy in place: nothing to copy.
     if (copies_from_holder(s) && gather_pull_) return ffi::Error::Success();

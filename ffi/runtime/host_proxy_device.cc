@@ -1,0 +1,28 @@
+// HostProxyDevice (see host_proxy_device.h).
+#include "runtime/host_proxy_device.h"
+
+#include <utility>
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+HostProxyDevice::HostProxyDevice(std::unique_ptr<Device> host, std::unique_ptr<Stream> waits,
+                                 StreamResources& resources, int64_t workers, std::string who,
+                                 std::chrono::milliseconds timeout)
+    : host_(std::move(host)),
+      waits_(std::move(waits)),
+      res_(resources),
+      workers_(workers),
+      who_(std::move(who)),
+      timeout_(timeout) {}
+
+ffi::Error HostProxyDevice::Acquire(int64_t device) {
+  // Another proxy in host memory wrote its storage on the host before its
+  // counters said so; a worker's writes are copies on its stream.
+  if (device >= workers_) return ffi::Error::Success();
+  return waits_->HostWait(res_.event(device), timeout_,
+                          "coarse_jax: " + who_ + ": worker " + std::to_string(device) +
+                              "'s stream to finish its device-to-host copies into this proxy");
+}
+
+}  // namespace coarse

@@ -1,0 +1,112 @@
+// A proxy in host memory on a platform with device streams (the streams
+// backend, CUDA): what it is on a GPU machine. Its storage is pinned host
+// memory; its sums and optimizer run on the host, in the proxy's job thread,
+// on `host` (the CPU backend's device: loops, one-pass sums); the workers
+// reach it by copies on their own streams (StreamDevice::PeerCopy).
+//
+// Ordering, with nothing enqueued on its side:
+//  * a worker's push is a device-to-host copy on the worker's stream, then
+//    that worker's event (Publish); before the proxy reads a worker's data
+//    it waits on the host for that event (Acquire -> Stream::HostWait);
+//  * what the proxy makes final is announced by its ready flags
+//    (Session::ready_flag), which the workers' streams wait for before they
+//    copy it back (Device::WaitFlag): no worker's host thread waits on it.
+// A worker's event is recorded, after its pull's flag waits, only once the
+// proxies have left the session (FinishCall), so a host wait here never
+// waits behind a flag this proxy has still to write.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "runtime/device.h"
+#include "runtime/stream.h"
+
+namespace coarse {
+
+class HostProxyDevice final : public Device {
+ public:
+  // `waits`: a stream of this platform, used only for HostWait; `workers`:
+  // mesh devices below it are workers; `who`: how errors name this proxy
+  // and the step; `timeout`: a host wait's limit.
+  HostProxyDevice(std::unique_ptr<Device> host, std::unique_ptr<Stream> waits,
+                  StreamResources& resources, int64_t workers, std::string who,
+                  std::chrono::milliseconds timeout);
+
+  xla::ffi::Error Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
+                         int64_t dst_len) override {
+    return host_->Gather(runs, num_runs, dst, dst_device, dst_len);
+  }
+  xla::ffi::Error Scatter(const float* src, int64_t src_device, int64_t src_len,
+                          const LeafRun* runs, int64_t num_runs) override {
+    return host_->Scatter(src, src_device, src_len, runs, num_runs);
+  }
+  xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots, float scale) override {
+    return host_->SumSlots(own, n, slots, scale);
+  }
+  // Peers are host proxies too (the proxies' ring): host memory, read in place.
+  xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                          float scale) override {
+    return host_->AddFrom(own, peer, peer_device, n, scale);
+  }
+  xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) override {
+    return host_->CopyFrom(own, peer, peer_device, n);
+  }
+  xla::ffi::Error SumPushesInRingOrder(float* dst, int64_t lo, int64_t hi,
+                                       const std::vector<std::vector<const PushedRuns*>>& groups,
+                                       float scale) override {
+    return host_->SumPushesInRingOrder(dst, lo, hi, groups, scale);
+  }
+  xla::ffi::Error SumInRingOrder(float* dst, const float* const* srcs, int64_t num, int64_t n,
+                                 float scale) override {
+    return host_->SumInRingOrder(dst, srcs, num, n, scale);
+  }
+  xla::ffi::Error Scale(float* x, int64_t n, float scale) override {
+    return host_->Scale(x, n, scale);
+  }
+  xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override {
+    return host_->ApplyOptimizer(o, b, n);
+  }
+  xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override {
+    return host_->SumSquares(x, n);
+  }
+  xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun& run, float* scratch,
+                                            int64_t scratch_device, int64_t scratch_len) override {
+    return host_->FirstMismatch(master, run, scratch, scratch_device, scratch_len);
+  }
+  xla::ffi::Error ZeroBytes(void* dst, size_t bytes) override {
+    return host_->ZeroBytes(dst, bytes);
+  }
+  xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) override {
+    return host_->CopyBytes(dst, src, bytes);
+  }
+  xla::ffi::Error CopyToHost(void* host, const void* own, size_t bytes) override {
+    return host_->CopyToHost(host, own, bytes);
+  }
+  xla::ffi::Error CopyFromHost(void* own, const void* host, size_t bytes) override {
+    return host_->CopyFromHost(own, host, bytes);
+  }
+  // Its work is done when it returns; its flags announce it to the workers.
+  xla::ffi::Error Publish() override { return xla::ffi::Error::Success(); }
+  xla::ffi::Error Acquire(int64_t device) override;
+  xla::ffi::Error WaitFlag(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
+                           const std::string& what) override {
+    return host_->WaitFlag(flag, value, timeout, what);
+  }
+  xla::ffi::Error SynchronizeHost(const char*) override { return xla::ffi::Error::Success(); }
+  bool SupportsEmulation() const override { return false; }
+  // As the workers' StreamDevice: every device of a session must take the
+  // same path through the protocol (GatherPull, PushesInPlace: phases.h).
+  bool ReadsPeersInPlace() const override { return false; }
+
+ private:
+  std::unique_ptr<Device> host_;
+  std::unique_ptr<Stream> waits_;
+  StreamResources& res_;
+  int64_t workers_;
+  std::string who_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace coarse
