@@ -253,8 +253,10 @@ def test_snapshot_write_time(case, benchmark):
                     times.append(step.stats()["snapshot_write_s"])
             rows["coarse_jax writer"] = float(np.median(times))
             (store,) = step._stores.values()
-            count, leaves, values = store.module().store_export(store.id, snapshot=True)
-            tree = snapshots.to_trees(store, int(count), store.slot_leaves(leaves, values))
+            exported = store.runtime.export(snapshot=True)
+            assert exported is not None, "the step took snapshots"
+            count, leaves, values = exported
+            tree = snapshots.to_trees(store, count, store.slot_leaves(leaves, values))
             fresh = []
             for i in range(WRITES):
                 t0 = time.perf_counter()
