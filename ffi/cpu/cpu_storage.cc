@@ -77,7 +77,7 @@ class HostStorage : public Storage {
 
 // A mapping too (see HostStorage): master weights and optimizer state can be
 // gigabytes, and a freed store should go back to the system at once.
-class HostStateBuffer : public StateBuffer {
+class HostStateBuffer : public HostAddressedStateBuffer {
  public:
   HostStateBuffer(int64_t nelems, bool streams)
       : nelems_(std::max<int64_t>(1, nelems)), streams_(streams) {
@@ -94,18 +94,6 @@ class HostStateBuffer : public StateBuffer {
 
   float* data() override { return data_; }
   int64_t nelems() const override { return nelems_; }
-  bool ToHost(float* dst, int64_t off, int64_t n) override {
-    std::memcpy(dst, data_ + off, n * sizeof(float));
-    return true;
-  }
-  bool FromHost(const float* src, int64_t off, int64_t n) override {
-    std::memcpy(data_ + off, src, n * sizeof(float));
-    return true;
-  }
-  bool CopyWithin(StateBuffer& src, int64_t src_off, int64_t dst_off, int64_t n) override {
-    std::memcpy(data_ + dst_off, src.data() + src_off, n * sizeof(float));
-    return true;
-  }
 
  private:
   size_t Bytes() const { return static_cast<size_t>(nelems_) * sizeof(float); }

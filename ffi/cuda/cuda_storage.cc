@@ -207,7 +207,7 @@ class CudaStateBuffer final : public StateBuffer {
 // A proxy in host memory's master weights and optimizer state: pinned host
 // memory (its optimizer runs on the host), mapped for the workers' streams
 // (worker k seeds and checks it, ParamStore).
-class PinnedStateBuffer final : public StateBuffer {
+class PinnedStateBuffer final : public HostAddressedStateBuffer {
  public:
   explicit PinnedStateBuffer(int64_t nelems) : nelems_(nelems) {}
   ~PinnedStateBuffer() override {
@@ -227,18 +227,6 @@ class PinnedStateBuffer final : public StateBuffer {
   }
   float* data() override { return data_; }
   int64_t nelems() const override { return nelems_; }
-  bool ToHost(float* dst, int64_t off, int64_t n) override {
-    std::memcpy(dst, data_ + off, n * sizeof(float));
-    return true;
-  }
-  bool FromHost(const float* src, int64_t off, int64_t n) override {
-    std::memcpy(data_ + off, src, n * sizeof(float));
-    return true;
-  }
-  bool CopyWithin(StateBuffer& src, int64_t src_off, int64_t dst_off, int64_t n) override {
-    std::memcpy(data_ + dst_off, src.data() + src_off, n * sizeof(float));
-    return true;
-  }
 
  private:
   size_t Bytes() const {

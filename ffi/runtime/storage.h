@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -112,6 +113,24 @@ class StateBuffer {
   virtual bool FromHost(const float* src, int64_t off, int64_t n) = 0;
   // this[dst_off, +n) = src[src_off, +n), both on the same device, blocking.
   virtual bool CopyWithin(StateBuffer& src, int64_t src_off, int64_t dst_off, int64_t n) = 0;
+};
+
+// A StateBuffer in memory the host addresses directly (the CPU backend's
+// mappings, a host proxy's pinned memory): its copies are memcpy.
+class HostAddressedStateBuffer : public StateBuffer {
+ public:
+  bool ToHost(float* dst, int64_t off, int64_t n) override {
+    std::memcpy(dst, data() + off, n * sizeof(float));
+    return true;
+  }
+  bool FromHost(const float* src, int64_t off, int64_t n) override {
+    std::memcpy(data() + off, src, n * sizeof(float));
+    return true;
+  }
+  bool CopyWithin(StateBuffer& src, int64_t src_off, int64_t dst_off, int64_t n) override {
+    std::memcpy(data() + dst_off, src.data() + src_off, n * sizeof(float));
+    return true;
+  }
 };
 
 class StoragePool {
