@@ -1,6 +1,7 @@
-"""The baseline the benchmarks measure coarse against: a data-parallel step with
-``jax.value_and_grad`` + ``lax.pmean`` + an optax update, shared by test_memory.py and
-test_snapshots.py (imported from this folder, as pytest puts it on ``sys.path``)."""
+"""The baselines the benchmarks measure coarse against: a data-parallel step with
+``jax.value_and_grad`` + ``lax.pmean`` + an optax update (test_memory.py,
+test_snapshots.py), and ``lax.psum`` over the first devices (the all-reduce
+benchmarks); imported from this folder, as pytest puts it on ``sys.path``."""
 
 from __future__ import annotations
 
@@ -29,3 +30,13 @@ def pmean_optax_step(
         return optax.apply_updates(params, updates), opt_state, value
 
     return step
+
+
+def psum_over(workers: int) -> tuple[Callable[[Any], Any], jax.sharding.Mesh]:
+    """``(psum, mesh)``: a jitted ``lax.psum`` over a flat ("data",) mesh of the first
+    ``workers`` devices, its input split over "data" (place it on ``mesh``)."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:workers]), ("data",))
+    fn = jax.shard_map(
+        lambda x: jax.lax.psum(x, "data"), mesh=mesh, in_specs=P("data"), out_specs=P()
+    )
+    return jax.jit(fn), mesh

@@ -34,7 +34,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from jax import lax
+from baselines import psum_over
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from report import goal_rows
@@ -84,10 +84,7 @@ def _all_reduce_pair(
     nbytes: int, config: coarse.Config | None = None
 ) -> list[tuple[Callable[[Any], Any], Any]]:
     mesh = coarse.make_mesh(workers=WORKERS)
-    flat = jax.sharding.Mesh(np.array(jax.devices()[:WORKERS]), ("data",))
-    psum = jax.jit(
-        jax.shard_map(lambda v: lax.psum(v, "data"), mesh=flat, in_specs=P("data"), out_specs=P())
-    )
+    psum, flat = psum_over(WORKERS)
     step = coarse.sync(lambda v: coarse.all_reduce(v, op="sum"), mesh, config=config)
     x = np.arange(WORKERS * (nbytes // 4), dtype=np.float32) % 7
     # On the workers' devices, where psum's input is: an array on the whole

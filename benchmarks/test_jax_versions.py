@@ -19,7 +19,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from jax import lax
+from baselines import psum_over
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_sync_resnet50 import WORKERS, coarse_sync, pmean_sync
@@ -54,10 +54,7 @@ def _report(what: str, medians: dict[str, float], base: str) -> None:
 
 def test_one_kib_all_reduce_against_psum(benchmark):
     mesh = coarse.make_mesh(workers=WORKERS)
-    flat = jax.sharding.Mesh(np.array(jax.devices()[:WORKERS]), ("data",))
-    psum = jax.jit(
-        jax.shard_map(lambda x: lax.psum(x, "data"), mesh=flat, in_specs=P("data"), out_specs=P())
-    )
+    psum, flat = psum_over(WORKERS)
     step = coarse.sync(lambda x: coarse.all_reduce(x, op="sum"), mesh)
     x = np.arange(WORKERS * 256, dtype=np.float32) % 7  # 1 KiB per worker
     args = {

@@ -16,7 +16,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from jax import lax
+from baselines import psum_over
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -49,10 +49,7 @@ def _calls(nbytes: int) -> int:
 @pytest.mark.benchmark(group="sweep")
 def test_message_size_sweep(benchmark):
     mesh = coarse.make_mesh(workers=WORKERS)
-    flat = jax.sharding.Mesh(np.array(jax.devices()[:WORKERS]), ("data",))
-    psum = jax.jit(
-        jax.shard_map(lambda x: lax.psum(x, "data"), mesh=flat, in_specs=P("data"), out_specs=P())
-    )
+    psum, flat = psum_over(WORKERS)
     rows = []
 
     def measure():

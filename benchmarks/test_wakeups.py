@@ -19,7 +19,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from jax import lax
+from baselines import psum_over
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -35,10 +35,7 @@ NBYTES = 1 << 10
 @pytest.mark.benchmark(group="wakeups")
 def test_wakeups_per_sync(benchmark):
     mesh = coarse.make_mesh(workers=WORKERS)
-    flat = jax.sharding.Mesh(np.array(jax.devices()[:WORKERS]), ("data",))
-    psum = jax.jit(
-        jax.shard_map(lambda x: lax.psum(x, "data"), mesh=flat, in_specs=P("data"), out_specs=P())
-    )
+    psum, flat = psum_over(WORKERS)
     step = coarse.sync(lambda x: coarse.all_reduce(x, op="sum"), mesh)
     x = np.arange(WORKERS * NBYTES // 4, dtype=np.float32) % 7
     # On the workers' devices, as psum's: an input on the whole two-tier mesh
