@@ -113,18 +113,21 @@ ffi::Error CpuDevice::SumInRingOrder(float* dst, const float* const* srcs, int64
 namespace {
 
 // target[i - a] = (first) or += float(the pushed value of piece element i),
-// for i in [a, b) covered by `runs` (sorted by buf_off).
-void WidenRuns(const PushedRuns& runs, int64_t a, int64_t b, float* target, bool first) {
+// for i in [a, b) covered by `runs` (sorted by buf_off). Returns the bytes read.
+int64_t WidenRuns(const PushedRuns& runs, int64_t a, int64_t b, float* target, bool first) {
   auto it = std::upper_bound(runs.begin(), runs.end(), a,
                              [](int64_t x, const LeafRun& r) { return x < r.buf_off + r.len; });
   LeafRun part;  // buf_off from a: the offset in `target`
+  int64_t read = 0;
   for (; it != runs.end() && it->buf_off < b; ++it) {
     if (!ClipRun(*it, a, b, a, &part)) continue;
     if (first)
       cpu::WidenToF32(part.dtype, part.leaf, target + part.buf_off, part.len);
     else
       cpu::AddWidenedF32(part.dtype, part.leaf, target + part.buf_off, part.len);
+    read += part.len * xla::ffi::ByteWidth(part.dtype);
   }
+  return read;
 }
 
 }  // namespace
@@ -132,15 +135,9 @@ void WidenRuns(const PushedRuns& runs, int64_t a, int64_t b, float* target, bool
 ffi::Error CpuDevice::SumPushesInRingOrder(
     float* dst, int64_t lo, int64_t hi, const std::vector<std::vector<const PushedRuns*>>& groups,
     float scale) {
-  // Each client's runs of [lo, hi) are read once (in their dtype), `dst` written once.
+  // Each client's runs of [lo, hi) are read once (in their dtype, counted as
+  // they are widened), `dst` written once.
   int64_t read = 0;
-  for (const auto& g : groups)
-    for (const PushedRuns* runs : g)
-      for (const LeafRun& r : *runs) {
-        const int64_t a = std::max(lo, r.buf_off), b = std::min(hi, r.buf_off + r.len);
-        if (b > a) read += (b - a) * xla::ffi::ByteWidth(r.dtype);
-      }
-  cpu::CountTraffic(cpu::TrafficOp::kSum, read, (hi - lo) * kF32);
   // Block by block through stack buffers, like SumInRingOrder.
   constexpr int64_t kBlock = 2048;
   float acc[kBlock], tmp[kBlock];
@@ -153,12 +150,14 @@ ffi::Error CpuDevice::SumPushesInRingOrder(
       const bool direct = t > 0 && g.size() == 1;
       float* target = t == 0 || direct ? acc : tmp;
       if (!direct) std::memset(target, 0, m * sizeof(float));  // no client: zeros
-      for (size_t c = 0; c < g.size(); ++c) WidenRuns(*g[c], a, a + m, target, c == 0 && !direct);
+      for (size_t c = 0; c < g.size(); ++c)
+        read += WidenRuns(*g[c], a, a + m, target, c == 0 && !direct);
       if (t > 0 && !direct) cpu::AddF32(acc, tmp, m);
     }
     if (scale != 1.0f) cpu::ScaleF32(acc, scale, m);
     std::memcpy(dst + (a - lo), acc, m * sizeof(float));
   }
+  cpu::CountTraffic(cpu::TrafficOp::kSum, read, (hi - lo) * kF32);
   return ffi::Error::Success();
 }
 
