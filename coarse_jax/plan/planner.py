@@ -204,5 +204,4 @@ def plan(
         buckets=tuple(buckets),
         mean=mean,
         proxies=proxies,
-        xla=0 < sum(leaf.nbytes for leaf in leaves) <= config.xla_below_bytes,
     )

@@ -127,9 +127,6 @@ class Plan:
         size and destination proxy per worker).
       buckets: the pushes: runs of consecutive proxy leaves pushed together.
       mean: whether the runtime scales sums by 1/p.
-      xla: the whole tree is at most ``Config.xla_below_bytes``: XLA reduces
-        it inside the step's program (a psum over the workers), not the
-        proxies; the pieces and buckets are what the proxies would have done.
       proxies: the number of proxies q (each serves p / q workers); 0 when
         built by hand means p.
 
@@ -151,7 +148,6 @@ class Plan:
     buckets: tuple[BucketPlan, ...]
     mean: bool = True
     proxies: int = 0
-    xla: bool = False
 
     def __post_init__(self) -> None:
         if not self.proxies:
@@ -176,6 +172,13 @@ class Plan:
     def total_bytes(self) -> int:
         """Bytes of every leaf of the tree."""
         return sum(leaf.nbytes for leaf in self.leaves)
+
+    @property
+    def xla(self) -> bool:
+        """The whole tree is at most ``Config.xla_below_bytes``: XLA reduces it inside the
+        step's program (a psum over the workers), not the proxies; the pieces and buckets
+        are what the proxies would have done."""
+        return 0 < self.total_bytes <= self.config.xla_below_bytes
 
     @property
     def proxy_bytes(self) -> int:
