@@ -25,12 +25,19 @@ from coarse_jax.api import _nnx
 Signature = tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]
 
 _EMPTY = inspect.Parameter.empty
+_ROLES_KEPT = 64  # call shapes whose positions `Arguments.layout` remembers
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _shape_dtype(x: Any) -> tuple[tuple[int, ...], str]:
+    if isinstance(x, jax.Array):  # its dtype is already jax's (about 10x faster than below)
+        return x.shape, str(x.dtype)
+    return tuple(jnp.shape(x)), str(jnp.result_type(x))
 
 
 def signature_of(tree: Any) -> Signature:
     leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple((tuple(jnp.shape(x)), str(jnp.result_type(x))) for x in leaves)
+    return treedef, tuple(_shape_dtype(x) for x in leaves)
 
 
 def _by_path(sig: Signature) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -168,7 +175,8 @@ def check_batch(full: Sequence[Any], layout: Layout, p: int, step: str) -> None:
     """Every batch leaf has a leading axis divisible by the ``p`` workers."""
     for i in layout.batch:
         for x in jax.tree.leaves(full[i]):
-            if jnp.ndim(x) == 0 or jnp.shape(x)[0] % p:
+            shape = x.shape if isinstance(x, jax.Array) else jnp.shape(x)
+            if not shape or shape[0] % p:
                 raise ValueError(
                     f"coarse.sync({step}): batch {_label(i, layout.n_pos, layout.kwnames)} must "
                     f"have a leading axis divisible by the {p} workers, got a leaf of shape "
@@ -203,6 +211,8 @@ class Arguments:
         except (TypeError, ValueError):  # a builtin, say: keyword arguments by name only
             self._sig = None
         self._check_names()
+        # A call's shape (`layout`'s key) -> its (static, batch, donated, NNX) positions.
+        self._roles: dict[tuple[Any, ...], tuple[tuple[int, ...], ...]] = {}
 
     def _check_names(self) -> None:
         if self._sig is None:
@@ -293,6 +303,60 @@ class Arguments:
         n = len(full)
         if n == 0:
             raise TypeError(f"coarse.sync({step}): the step needs at least a batch argument.")
+        graph_at = _nnx.graph_positions(full)
+        # Which positions are static, batch and donated depends on the call's
+        # shape only (these keys), not its values: worked out once per shape,
+        # so a call in a training loop pays a dict lookup.
+        key = (n, n_pos, kwnames, filled, graph_at)
+        roles = self._roles.get(key)
+        if roles is None:
+            roles = self._work_out_roles(full, n_pos, kwnames, filled, graph_at)
+            if len(self._roles) < _ROLES_KEPT:
+                self._roles[key] = roles
+        static, batch, donate, graph = roles
+        for i in static:
+            try:
+                hash(full[i])
+            except TypeError:
+                raise TypeError(
+                    f"coarse.sync({step}): static argument {i} must be hashable (it is "
+                    f"part of the compiled program's key, as in jax.jit), got "
+                    f"{type(full[i]).__name__}. Fix: pass a hashable value (a tuple, not a "
+                    "list) or make it a regular argument."
+                ) from None
+        graphdef, graph_state = _nnx.split(tuple(full[i] for i in graph)) if graph else (None, None)
+        kept = [i for i in range(n) if i not in static and i not in batch and i not in graph]
+        structure = tuple((_label(i, n_pos, kwnames), signature_of(full[i])) for i in kept)
+        if graph:
+            what = f"the NNX state of argument(s) {list(graph)}"
+            structure += ((what, signature_of(graph_state)),)
+        outer = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(full))
+        layout = Layout(
+            n=n,
+            n_pos=n_pos,
+            kwnames=kwnames,
+            batch=batch,
+            static=tuple((i, full[i]) for i in static),
+            donate=donate,
+            graph=graph,
+            graphdef=graphdef,
+            outer_trace=outer,
+            structure=structure,
+        )
+        return layout, full, graph_state
+
+    def _work_out_roles(
+        self,
+        full: tuple[Any, ...],
+        n_pos: int,
+        kwnames: tuple[str, ...],
+        filled: tuple[int, ...],
+        graph_at: tuple[int, ...],
+    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """(static, batch, donated, NNX positions) of a call of this shape, sorted; raises
+        where the options contradict each other for it."""
+        step = self._step
+        n = len(full)
         static = _positions(self.static_argnums, n_pos, "static_argnums", step)
         static |= self._named(self.static_argnames, n_pos, kwnames)
         for j in filled:  # defaults a keyword skipped over: constants, as in the function
@@ -301,7 +365,7 @@ class Arguments:
             except TypeError:
                 continue
             static.add(j)
-        graph = tuple(i for i in _nnx.graph_positions(full) if i not in static)
+        graph = tuple(i for i in graph_at if i not in static)
         if self.batch_argnums or self.batch_argnames:
             batch = _positions(self.batch_argnums, n_pos, "batch_argnums", step)
             batch |= self._named(self.batch_argnames, n_pos, kwnames)
@@ -323,42 +387,13 @@ class Arguments:
                     f"{both}; a static argument is compiled in, not passed. Fix: name it in one "
                     "of them."
                 )
-        for i in static:
-            try:
-                hash(full[i])
-            except TypeError:
-                raise TypeError(
-                    f"coarse.sync({step}): static argument {i} must be hashable (it is "
-                    f"part of the compiled program's key, as in jax.jit), got "
-                    f"{type(full[i]).__name__}. Fix: pass a hashable value (a tuple, not a "
-                    "list) or make it a regular argument."
-                ) from None
         if set(graph) & batch:
             raise TypeError(
                 f"coarse.sync({step}): argument {sorted(set(graph) & batch)[0]} is an "
                 "NNX object but batch_argnums names it: the batch must be arrays. Fix: pass "
                 "batch_argnums for the batch's position."
             )
-        graphdef, graph_state = _nnx.split(tuple(full[i] for i in graph)) if graph else (None, None)
-        kept = [i for i in range(n) if i not in static and i not in batch | set(graph)]
-        structure = tuple((_label(i, n_pos, kwnames), signature_of(full[i])) for i in kept)
-        if graph:
-            what = f"the NNX state of argument(s) {list(graph)}"
-            structure += ((what, signature_of(graph_state)),)
-        outer = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(full))
-        layout = Layout(
-            n=n,
-            n_pos=n_pos,
-            kwnames=kwnames,
-            batch=tuple(sorted(batch)),
-            static=tuple((i, full[i]) for i in sorted(static)),
-            donate=tuple(sorted(donate)),
-            graph=graph,
-            graphdef=graphdef,
-            outer_trace=outer,
-            structure=structure,
-        )
-        return layout, full, graph_state
+        return tuple(sorted(static)), tuple(sorted(batch)), tuple(sorted(donate)), graph
 
     def _default_batch(
         self,

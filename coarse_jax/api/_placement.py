@@ -18,6 +18,9 @@ those bytes on the proxy tier. State kept on the workers' mesh
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import jax
@@ -78,12 +81,75 @@ def from_local_shards(x: jax.Array, sharding: NamedSharding) -> jax.Array | None
     return jax.make_array_from_single_device_arrays(x.shape, sharding, buffers)
 
 
-def _committed_elsewhere(x: Any, devices: set[jax.Device]) -> bool:
-    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
-        return False
-    if not x.committed:  # jax.jit moves an uncommitted array wherever it is needed
-        return False
-    return x.sharding.device_set != devices
+@dataclasses.dataclass(frozen=True)
+class _Sites:
+    """A mesh's device sets and the workers' shardings, computed once per mesh: the per-call
+    checks below compare sets instead of building a mesh (about 20 us each) every call."""
+
+    workers: frozenset[jax.Device]
+    # The whole mesh's devices where they are more than the workers' (device
+    # proxies): an argument committed there makes the outputs follow (`home`).
+    everything: frozenset[jax.Device] | None
+    batch: NamedSharding
+    replicated: NamedSharding
+
+
+@functools.lru_cache(maxsize=64)  # meshes are interned by jax: hashed by identity
+def _sites(mesh: Mesh) -> _Sites:
+    workers = workers_mesh(mesh)
+    on_workers = frozenset(workers.devices.flat)
+    everything = frozenset(mesh.devices.flat)
+    return _Sites(
+        workers=on_workers,
+        everything=None if everything == on_workers else everything,
+        batch=NamedSharding(workers, P(batch_axes(mesh))),
+        replicated=NamedSharding(workers, P()),
+    )
+
+
+def _committed_to(x: Any) -> AbstractSet[jax.Device] | None:
+    """The devices ``x`` is committed to, or None (not a concrete array, or uncommitted:
+    jax.jit moves an uncommitted array wherever it is needed)."""
+    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer) or not x.committed:
+        return None
+    return x.sharding.device_set
+
+
+def _committed_elsewhere(x: Any, devices: AbstractSet[jax.Device]) -> bool:
+    where = _committed_to(x)
+    return where is not None and where != devices
+
+
+def _move(x: Any, sharding: NamedSharding) -> Any:
+    moved = from_local_shards(x, sharding)
+    return moved if moved is not None else jax.device_put(x, sharding)
+
+
+def onto_workers(mesh: Mesh, trees: list[tuple[Any, bool]]) -> tuple[Mesh | None, list[Any]]:
+    """(`home` of the trees, each tree as `to_workers` gives it) in one look at each leaf:
+    what `coarse.sync` does with a call's arguments. ``trees``: (tree, whether it is the
+    batch). A tree with nothing to move is passed on as it is, not rebuilt."""
+    sites = _sites(mesh)
+    home_mesh = None
+    out = []
+    for tree, batch in trees:
+        moves = False
+        for x in jax.tree.leaves(tree):
+            where = _committed_to(x)
+            if where is None or where == sites.workers:
+                continue
+            moves = True
+            if where == sites.everything:
+                home_mesh = mesh
+        if moves:
+            sharding = sites.batch if batch else sites.replicated
+
+            def move(x: Any, sharding: NamedSharding = sharding) -> Any:
+                return _move(x, sharding) if _committed_elsewhere(x, sites.workers) else x
+
+            tree = jax.tree.map(move, tree)
+        out.append(tree)
+    return home_mesh, out
 
 
 def to_workers(tree: Any, mesh: Mesh, batch: bool) -> Any:
@@ -100,23 +166,13 @@ def to_workers(tree: Any, mesh: Mesh, batch: bool) -> Any:
     hosts no transfer between processes, and on a COARSE k:1 mesh no copy
     through jax.
     """
-    workers = workers_mesh(mesh)
-    devices = set(workers.devices.flat)
-    sharding = NamedSharding(workers, P(batch_axes(mesh)) if batch else P())
-
-    def move(x: Any) -> Any:
-        if not _committed_elsewhere(x, devices):
-            return x
-        moved = from_local_shards(x, sharding)
-        return moved if moved is not None else jax.device_put(x, sharding)
-
-    return jax.tree.map(move, tree)
+    return onto_workers(mesh, [(tree, batch)])[1][0]
 
 
 def abstract_off_workers(tree: Any, mesh: Mesh) -> Any:
     """``tree`` with arrays committed off the workers as shapes (what `to_workers` would move):
     for lowering the program without moving anything."""
-    devices = set(workers_mesh(mesh).devices.flat)
+    devices = _sites(mesh).workers
 
     def shape(x: Any) -> Any:
         if not _committed_elsewhere(x, devices):
@@ -129,17 +185,11 @@ def abstract_off_workers(tree: Any, mesh: Mesh) -> Any:
 def home(mesh: Mesh, args: Any) -> Mesh | None:
     """``mesh`` if some argument is committed to exactly its devices (more than the workers),
     else None: where the outputs go (`place`)."""
-    everything = set(mesh.devices.flat)
-    if everything == set(workers_mesh(mesh).devices.flat):
+    everything = _sites(mesh).everything
+    if everything is None:
         return None
-    for x in jax.tree.leaves(args):
-        if (
-            isinstance(x, jax.Array)
-            and not isinstance(x, jax.core.Tracer)
-            and x.committed
-            and x.sharding.device_set == everything
-        ):
-            return mesh
+    if any(_committed_to(x) == everything for x in jax.tree.leaves(args)):
+        return mesh
     return None
 
 

@@ -240,10 +240,13 @@ class SyncedStep(ProxyState):
             self._compiled[key] = self._compile(cfg, layout)
         graph_nodes = tuple(full[i] for i in layout.graph)
         passed = [i for i in layout.dynamic() if i not in layout.graph]
-        on_mesh = None if layout.outer_trace else _placement.home(self.mesh, full)
-        dyn = [_placement.to_workers(full[i], self.mesh, i in layout.batch) for i in passed]
+        trees = [(full[i], i in layout.batch) for i in passed]
         if layout.graph:
-            dyn.append(_placement.to_workers(graph_state, self.mesh, False))
+            trees.append((graph_state, False))
+        # on_mesh: where the outputs go (None: they stay on the workers).
+        on_mesh, dyn = _placement.onto_workers(self.mesh, trees)
+        if layout.outer_trace:  # inside the user's jit: its outputs are tracers
+            on_mesh = None
         # Ctrl-C abandons a step stalled in the runtime (unless the program
         # installed its own SIGINT handler); checked per call, about 2.5 us.
         _ffi.arm_interrupt_hook()
