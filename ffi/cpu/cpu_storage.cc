@@ -8,7 +8,6 @@
 // still reuses its storage.
 #include "cpu/cpu_storage.h"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,13 +19,15 @@
 
 #include "cpu/host_stream.h"
 #include "runtime/host_memory.h"
+#include "runtime/numa.h"
 #include "runtime/storage.h"
 #include "runtime/stream.h"
 
 namespace coarse {
 namespace {
 
-// One set's buffers in one anonymous mapping, each starting on its own page.
+// One set's buffers in one anonymous mapping (runtime/numa.h's HostPages),
+// each starting on its own page.
 // Not malloc: the sessions of a step are created (and freed) by whichever of
 // XLA's threads gets there first, and glibc keeps memory freed on a thread's
 // arena for later use rather than return it to the system, so a process that
@@ -51,16 +52,16 @@ class HostStorage : public Storage {
       mapped_ += round_up(scratch * static_cast<int64_t>(sizeof(float)));
       bytes_ += scratch * static_cast<int64_t>(sizeof(float));
     }
-    void* base = mmap(nullptr, static_cast<size_t>(mapped_), PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) throw std::bad_alloc();
-    base_ = static_cast<char*>(base);
+    // Node -1: a CPU worker is a virtual device with no PCI bus, so there is
+    // no node to prefer (runtime/numa.h); these are plain pages.
+    pages_ = numa::Allocate(static_cast<size_t>(mapped_), -1);
+    if (pages_.data() == nullptr) throw std::bad_alloc();
+    base_ = static_cast<char*>(pages_.data());
     for (int64_t k = 0; k < plan.proxies; ++k)
       arenas_.push_back(reinterpret_cast<float*>(base_ + arena_off[k]));
     for (int64_t w = 0; w < plan.workers; ++w)
       scratch_.push_back(reinterpret_cast<float*>(base_ + scratch_off[w]));
   }
-  ~HostStorage() override { munmap(base_, static_cast<size_t>(mapped_)); }
   HostStorage(const HostStorage&) = delete;
   HostStorage& operator=(const HostStorage&) = delete;
 
@@ -69,6 +70,7 @@ class HostStorage : public Storage {
   int64_t bytes() const override { return bytes_; }
 
  private:
+  numa::HostPages pages_;  // unmapped when the set is freed
   char* base_ = nullptr;
   int64_t mapped_ = 0;  // bytes mapped (page-rounded)
   int64_t bytes_ = 0;   // bytes the plan asks for
@@ -80,14 +82,15 @@ class HostStorage : public Storage {
 class HostStateBuffer : public HostAddressedStateBuffer {
  public:
   HostStateBuffer(int64_t nelems, bool streams)
-      : nelems_(std::max<int64_t>(1, nelems)), streams_(streams) {
-    void* base = mmap(nullptr, Bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) throw std::bad_alloc();
-    data_ = static_cast<float*>(base);
+      : nelems_(std::max<int64_t>(1, nelems)),
+        streams_(streams),
+        pages_(numa::Allocate(static_cast<size_t>(nelems_) * sizeof(float), -1)) {
+    if (pages_.data() == nullptr) throw std::bad_alloc();
+    data_ = static_cast<float*>(pages_.data());
   }
+  // Before pages_ is unmapped.
   ~HostStateBuffer() override {
     if (streams_) DrainAllHostQueues();  // a proxy's stream may still write it
-    munmap(data_, Bytes());
   }
   HostStateBuffer(const HostStateBuffer&) = delete;
   HostStateBuffer& operator=(const HostStateBuffer&) = delete;
@@ -96,9 +99,11 @@ class HostStateBuffer : public HostAddressedStateBuffer {
   int64_t nelems() const override { return nelems_; }
 
  private:
-  size_t Bytes() const { return static_cast<size_t>(nelems_) * sizeof(float); }
   int64_t nelems_;
   bool streams_;
+  // As HostStorage's, on no node in particular (the CUDA pool's twin,
+  // cuda_storage.cc, places a proxy's on its workers' node).
+  numa::HostPages pages_;
   float* data_ = nullptr;
 };
 

@@ -1,13 +1,18 @@
 // coarse_jax._coarse_cpu: the CPU handlers (registrations()) and the testing
-// hooks (sync_selftest, inject_dropped_push, live_sessions, take_virtual_spans), the
-// memory limits and the Ctrl-C hook (xla/runtime_binding.h), and the host
-// optimizer's benchmark (HostOptimizerBench, cpu/host_bench.h).
+// hooks (sync_selftest, inject_dropped_push, live_sessions, take_virtual_spans,
+// the NUMA helpers: numa_*, canonical_pci_bus_id), the memory limits and the
+// Ctrl-C hook (xla/runtime_binding.h), and the host optimizer's benchmark
+// (HostOptimizerBench, cpu/host_bench.h).
 // The CUDA twin: cuda/module_cuda.cc.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
+#include <unistd.h>
 
+#include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -20,6 +25,7 @@
 #include "cpu/host_stream_check.h"
 #include "runtime/hand_out.h"
 #include "runtime/interrupt.h"
+#include "runtime/numa.h"
 #include "runtime/session.h"
 #include "xla/encapsulate.h"
 #include "xla/ffi/api/ffi.h"
@@ -154,6 +160,46 @@ NB_MODULE(_coarse_cpu, m) {
       "Bytes (read, written) by the CPU backend's device operations, per kind of operation, "
       "since the process started, over every session (ffi/cpu/cpu_traffic.h): take the "
       "difference around a sync.");
+  m.def("numa_node_of_pci_bus", &coarse::numa::NumaNodeOfPciBus, nb::arg("pci_bus_id"),
+        nb::arg("sysfs_root") = "/sys",
+        "Testing: the NUMA node sysfs gives the PCI device, or -1 (ffi/runtime/numa.h).");
+  m.def("numa_node_count", &coarse::numa::NumaNodeCount, nb::arg("sysfs_root") = "/sys",
+        "Testing: the NUMA nodes sysfs lists, at least 1 (ffi/runtime/numa.h).");
+  m.def("canonical_pci_bus_id", &coarse::numa::CanonicalPciBusId, nb::arg("pci_bus_id"),
+        "Testing: a PCI bus id as sysfs names it ('0000:3b:00.0'), or ''.");
+  m.def(
+      "numa_allocate_check",
+      [](int64_t bytes, int node, std::optional<int> node_count) {
+        // What a proxy's storage gets from numa::Allocate, checked here where
+        // the memory is (Python sees no pointer): page-aligned, zeroed,
+        // writable over every byte.
+        coarse::numa::HostPages pages =
+            node_count
+                ? coarse::numa::AllocateOnNodes(static_cast<size_t>(bytes), node, *node_count)
+                : coarse::numa::Allocate(static_cast<size_t>(bytes), node);
+        nb::dict out;
+        auto* mem = static_cast<unsigned char*>(pages.data());
+        out["allocated"] = mem != nullptr;
+        if (mem == nullptr) return out;
+        const size_t n = pages.bytes();
+        bool zeroed = true, writable = true;
+        for (size_t i = 0; i < n; ++i) zeroed = zeroed && mem[i] == 0;
+        for (size_t i = 0; i < n; ++i) mem[i] = static_cast<unsigned char>(i * 7 + 1);
+        for (size_t i = 0; i < n; ++i)
+          writable = writable && mem[i] == static_cast<unsigned char>(i * 7 + 1);
+        out["page_aligned"] = reinterpret_cast<uintptr_t>(mem) % sysconf(_SC_PAGESIZE) == 0;
+        out["zeroed"] = zeroed;
+        out["writable"] = writable;
+        out["bytes"] = static_cast<int64_t>(n);
+        out["node"] = pages.requested_node();
+        out["bound"] = pages.bound();
+        out["why_not_bound"] = pages.why_not_bound();
+        out["describe"] = pages.Describe();
+        return out;
+      },
+      nb::arg("bytes"), nb::arg("node"), nb::arg("node_count") = nb::none(),
+      "Testing: allocates host pages as a proxy's storage (numa::Allocate; with node_count, as "
+      "on a machine with that many nodes) and reports how they came out.");
   m.def("live_sessions", &coarse::LiveSessions,
         "Number of synchronization sessions the runtime holds right now.");
   m.def("take_virtual_spans", &coarse::TakeVirtualSpans,

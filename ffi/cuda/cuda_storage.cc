@@ -5,8 +5,12 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/host_memory.h"
+#include "runtime/numa.h"
 
 namespace coarse::cuda {
 
@@ -28,6 +32,126 @@ class DeviceScope {
   int saved_ = 0;
   bool ok_ = false;
 };
+
+// The NUMA node of the GPU with `ordinal` (its PCI device's, from sysfs); -1
+// for no GPU or where the kernel does not say.
+int NumaNodeOfGpu(int64_t ordinal) {
+  if (IsHostOrdinal(ordinal)) return -1;
+  char bus[64] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), static_cast<int>(ordinal)) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return numa::NumaNodeOfPciBus(bus);
+}
+
+// Whether every GPU reaches registered host memory at its host address. The
+// kernels, copies and flag waits are given host addresses, which is what
+// cudaHostAlloc's mapped memory promises under UVA; for cudaHostRegister's
+// it holds only where this attribute says so (else the device address
+// differs: cudaHostGetDevicePointer).
+bool RegisteredMemoryAtHostAddress() {
+  static const bool ok = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    for (int d = 0; d < n; ++d) {
+      int v = 0;
+      if (cudaDeviceGetAttribute(&v, cudaDevAttrCanUseHostPointerForRegisteredMem, d) !=
+              cudaSuccess ||
+          v == 0) {
+        cudaGetLastError();
+        return false;
+      }
+    }
+    return true;
+  }();
+  return ok;
+}
+
+}  // namespace
+
+// Page-aligned host memory for a proxy in host memory, on the NUMA node of
+// the workers it serves (runtime/numa.h: preferred, or unbound where the
+// machine has one node or mbind is refused), then pinned and mapped for
+// every GPU: cudaHostRegister with portable | mapped, the flags the
+// cudaHostAlloc it replaces used. cudaHostAlloc cannot choose a node: it
+// places the pages wherever the calling thread runs. Zeroed.
+class PinnedPages {
+ public:
+  // `gpus`: the GPUs whose work may touch the pages (waited for before they
+  // are unpinned).
+  explicit PinnedPages(std::vector<int> gpus) : gpus_(std::move(gpus)) {}
+  ~PinnedPages() {
+    if (data_ == nullptr) return;
+    if (registered_) {
+      // The documentation does not say that cudaHostUnregister waits for the
+      // GPUs' copies from these pages, and munmap (pages_) must not take
+      // them from under one: wait for the GPUs first. This runs when a pool
+      // evicts a set or a store is dropped (as the cudaFree that waits for
+      // the GPU does), never per step.
+      for (int g : gpus_) {
+        DeviceScope scope(g);
+        if (scope.ok() && cudaDeviceSynchronize() != cudaSuccess) cudaGetLastError();
+      }
+      if (cudaHostUnregister(data_) != cudaSuccess) cudaGetLastError();
+    } else {
+      cudaFreeHost(data_);
+    }
+  }
+  PinnedPages(const PinnedPages&) = delete;
+  PinnedPages& operator=(const PinnedPages&) = delete;
+
+  // "" on success, else what failed.
+  std::string Allocate(size_t bytes, int node) {
+    if (RegisteredMemoryAtHostAddress()) {
+      pages_ = numa::Allocate(bytes, node);
+      if (pages_.data() == nullptr) return "mmap of " + std::to_string(bytes) + " bytes failed";
+      const cudaError_t err = cudaHostRegister(pages_.data(), pages_.bytes(),
+                                               cudaHostRegisterPortable | cudaHostRegisterMapped);
+      if (err == cudaSuccess) {
+        data_ = pages_.data();
+        registered_ = true;
+        return "";
+      }
+      cudaGetLastError();
+      pages_ = numa::HostPages();  // unmapped: cudaHostAlloc below, as before
+    }
+    // A GPU that cannot use a registered page at its host address, or pages
+    // the driver would not pin: cudaHostAlloc's, on no node in particular.
+    const cudaError_t err =
+        cudaHostAlloc(&data_, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      data_ = nullptr;
+      return std::string("cudaHostAlloc: ") + cudaGetErrorString(err);
+    }
+    std::memset(data_, 0, bytes);  // as the fresh pages of the mapping
+    return "";
+  }
+  void* data() const { return data_; }
+  // Which node was asked for and whether the binding took (a debugger's
+  // view: pages_.Describe()); unset where cudaHostAlloc's are used.
+  const numa::HostPages& pages() const { return pages_; }
+
+ private:
+  std::vector<int> gpus_;
+  numa::HostPages pages_;
+  void* data_ = nullptr;
+  bool registered_ = false;
+};
+
+namespace {
+
+// The GPUs of a mesh (`ordinals` without its proxies in host memory).
+std::vector<int> GpusOf(const std::vector<int64_t>& ordinals) {
+  std::vector<int> gpus;
+  for (int64_t o : ordinals)
+    if (!IsHostOrdinal(o)) gpus.push_back(static_cast<int>(o));
+  return gpus;
+}
 
 }  // namespace
 
@@ -53,8 +177,13 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
   for (int64_t k = 0; k < q; ++k) {
     const size_t arena_bytes = std::max<int64_t>(1, plan.arena_nelems[k]) * sizeof(float);
     const bool host = in_host_memory(p + k);
-    arenas_.push_back(static_cast<float*>(host ? HostAlloc(arena_bytes, "host proxy arena")
-                                               : Alloc(p + k, arena_bytes, "proxy arena")));
+    // Proxy k's arena on the node of the first worker of its group (a k:1
+    // proxy's workers may sit on several nodes: the first one's is taken).
+    arenas_.push_back(static_cast<float*>(
+        host ? PinnedAlloc(arena_bytes, ordinals_[plan.group_leader(k)], "host proxy arena")
+             : Alloc(p + k, arena_bytes, "proxy arena")));
+    // The flags stay cudaHostAlloc's: a page or so, read by the workers'
+    // stream waits, where placement hardly matters.
     flags_.push_back(host ? static_cast<uint32_t*>(HostAlloc(S * sizeof(uint32_t), "ready flags"))
                           : nullptr);
   }
@@ -100,6 +229,22 @@ void* CudaStorage::HostAlloc(size_t bytes, const char* what) {
   std::memset(ptr, 0, bytes);
   NoteHostMemory(ptr, bytes);
   host_allocations_.push_back(ptr);
+  bytes_ += static_cast<int64_t>(bytes);
+  return ptr;
+}
+
+void* CudaStorage::PinnedAlloc(size_t bytes, int64_t ordinal, const char* what) {
+  if (!error_.empty()) return nullptr;
+  auto pages = std::make_unique<PinnedPages>(GpusOf(ordinals_));
+  const std::string failed = pages->Allocate(bytes, NumaNodeOfGpu(ordinal));
+  if (!failed.empty()) {
+    error_ = "coarse_jax: pinning " + std::to_string(bytes) + " bytes of host memory (" + what +
+             ") failed: " + failed;
+    return nullptr;
+  }
+  void* ptr = pages->data();
+  NoteHostMemory(ptr, bytes);
+  pinned_.push_back(std::move(pages));
   bytes_ += static_cast<int64_t>(bytes);
   return ptr;
 }
@@ -158,6 +303,8 @@ CudaStorage::~CudaStorage() {
     ForgetHostMemory(ptr);
     cudaFreeHost(ptr);  // waits for the GPUs' copies from it, as cudaFree
   }
+  for (auto& pages : pinned_) ForgetHostMemory(pages->data());
+  pinned_.clear();  // waits for the GPUs, then unpins and unmaps (PinnedPages)
 }
 
 namespace {
@@ -206,22 +353,17 @@ class CudaStateBuffer final : public StateBuffer {
 
 // A proxy in host memory's master weights and optimizer state: pinned host
 // memory (its optimizer runs on the host), mapped for the workers' streams
-// (worker k seeds and checks it, ParamStore).
+// (worker k seeds and checks it, ParamStore), on the NUMA node of GPU `node_of`.
 class PinnedStateBuffer final : public HostAddressedStateBuffer {
  public:
-  explicit PinnedStateBuffer(int64_t nelems) : nelems_(nelems) {}
+  PinnedStateBuffer(int64_t nelems, int64_t node_of, std::vector<int> gpus)
+      : nelems_(nelems), node_of_(node_of), pages_(std::move(gpus)) {}
   ~PinnedStateBuffer() override {
-    if (data_ == nullptr) return;
-    ForgetHostMemory(data_);
-    cudaFreeHost(data_);
-  }
+    if (data_ != nullptr) ForgetHostMemory(data_);
+  }  // then pages_ waits for the GPUs, unpins and unmaps
   bool Allocate() {
-    if (cudaHostAlloc(reinterpret_cast<void**>(&data_), Bytes(),
-                      cudaHostAllocPortable | cudaHostAllocMapped) != cudaSuccess) {
-      cudaGetLastError();
-      data_ = nullptr;
-      return false;
-    }
+    if (!pages_.Allocate(Bytes(), NumaNodeOfGpu(node_of_)).empty()) return false;
+    data_ = static_cast<float*>(pages_.data());
     NoteHostMemory(data_, Bytes());
     return true;
   }
@@ -233,8 +375,24 @@ class PinnedStateBuffer final : public HostAddressedStateBuffer {
     return static_cast<size_t>(std::max<int64_t>(1, nelems_)) * sizeof(float);
   }
   int64_t nelems_;
+  int64_t node_of_;
+  PinnedPages pages_;
   float* data_ = nullptr;
 };
+
+// The GPU of the first worker proxy `device` serves, for a proxy in host
+// memory: the ordinals are the p workers' GPUs, then -1 - k for proxy k at
+// mesh device p + k (runtime/storage.h), and proxy k serves workers
+// k*g .. k*g + g - 1 with g = p / q (Plan::group_leader). Where a k:1
+// proxy's workers sit on several NUMA nodes the first worker's node is
+// taken: it seeds and snapshots the store, and there is one node to choose.
+// -1 (no node) if the ordinals do not have that shape.
+int64_t FirstServedGpu(const std::vector<int64_t>& ordinals, int64_t device) {
+  const int64_t k = HostProxyOfOrdinal(ordinals[device]), p = device - k;
+  const int64_t q = static_cast<int64_t>(ordinals.size()) - p;
+  if (k < 0 || p <= 0 || q <= 0 || p % q != 0) return -1;
+  return ordinals[k * (p / q)];
+}
 
 class CudaPool final : public StoragePool {
  public:
@@ -242,7 +400,8 @@ class CudaPool final : public StoragePool {
                                               int64_t nelems) override {
     if (device >= static_cast<int64_t>(ordinals.size())) return nullptr;
     if (IsHostOrdinal(ordinals[device])) {
-      auto b = std::make_unique<PinnedStateBuffer>(nelems);
+      auto b = std::make_unique<PinnedStateBuffer>(nelems, FirstServedGpu(ordinals, device),
+                                                   GpusOf(ordinals));
       if (!b->Allocate()) return nullptr;
       return b;
     }

@@ -2,7 +2,8 @@
 // belongs to (arenas on proxies, scratch on workers), plus per-device staging
 // for peer copies, span tables and scalars, and one event per device
 // (Publish/Acquire): the StreamResources of runtime/stream_device.h. A proxy
-// in host memory's arena and ready flags are pinned host memory instead.
+// in host memory's arena and ready flags are pinned host memory instead (the
+// arena on the NUMA node of the first worker it serves).
 // Allocated with cudaMalloc on first use of a plan and then reused by later
 // steps through the pool (cuda_storage.cc), so the hot path allocates nothing.
 #pragma once
@@ -10,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,9 @@
 #include "runtime/stream.h"
 
 namespace coarse::cuda {
+
+// Pinned host pages on a NUMA node (cuda_storage.cc).
+class PinnedPages;
 
 class CudaStorage final : public Storage, public StreamResources {
  public:
@@ -49,6 +54,8 @@ class CudaStorage final : public Storage, public StreamResources {
  private:
   void* Alloc(int64_t device, size_t bytes, const char* what);
   void* HostAlloc(size_t bytes, const char* what);
+  // Pinned pages on the NUMA node of the GPU with `ordinal` (a proxy's arena).
+  void* PinnedAlloc(size_t bytes, int64_t ordinal, const char* what);
   void EnablePeerAccess();
 
   std::vector<int64_t> ordinals_;
@@ -56,9 +63,10 @@ class CudaStorage final : public Storage, public StreamResources {
   std::vector<kernels::Span*> spans_;
   std::vector<double*> scalars_;
   std::vector<cudaEvent_t> events_;
-  std::vector<std::pair<int, void*>> allocations_;  // (ordinal, pointer)
-  std::vector<void*> host_allocations_;             // cudaHostAlloc'd, registered
-  std::vector<uint32_t*> flags_;                    // per proxy; null on a GPU
+  std::vector<std::pair<int, void*>> allocations_;    // (ordinal, pointer)
+  std::vector<void*> host_allocations_;               // cudaHostAlloc'd, registered
+  std::vector<std::unique_ptr<PinnedPages>> pinned_;  // PinnedAlloc'd, registered
+  std::vector<uint32_t*> flags_;                      // per proxy; null on a GPU
   int64_t staging_len_ = 0, max_runs_ = 0;
   int64_t bytes_ = 0;  // allocated, on all GPUs together
   std::string error_;

@@ -10,10 +10,12 @@
 // writes the other; the session's close commits (ParamStore::Close).
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "runtime/dtype.h"
+#include "runtime/host_memory.h"
 #include "runtime/phases.h"
 #include "runtime/trace.h"
 
@@ -107,6 +109,20 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
   switch (store.seed()) {
     case ParamStore::Seed::kFromHost: return store.SeedFromHost(k);
     case ParamStore::Seed::kFromParams: {
+      // The state slots start at zero. Where they are the runtime's
+      // registered host memory (a proxy in host memory's pinned store on a
+      // GPU machine) no device memset may write them (runtime/host_memory.h:
+      // CUDA does not promise cudaMemsetAsync on mapped pinned memory), so
+      // the host does, once the worker's stream has finished what it had
+      // enqueued (a snapshot copy of a step that failed may still read them).
+      const size_t slot_bytes = static_cast<size_t>(n) * sizeof(float);
+      const bool host_write =
+          slots > 0 && n > 0 && IsHostMemory(store.buf(k, 0, 1), slot_bytes * slots);
+      if (host_write) {
+        err = dev.SynchronizeHost("seeding the optimizer state in host memory");
+        if (err.failure()) return err;
+        for (int32_t j = 1; j <= slots; ++j) std::memset(store.buf(k, 0, j), 0, slot_bytes);
+      }
       for (const OwnedRange& r : store.owned(k)) {
         err = ForSegments(plan, r,
                           [&](int64_t leaf, int64_t leaf_off, int64_t piece_off, int64_t len) {
@@ -117,8 +133,8 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
                           });
         if (err.failure()) return err;
       }
-      for (int32_t j = 1; j <= slots; ++j) {
-        err = dev.ZeroBytes(store.buf(k, 0, j), static_cast<size_t>(n) * sizeof(float));
+      for (int32_t j = 1; j <= slots && !host_write; ++j) {
+        err = dev.ZeroBytes(store.buf(k, 0, j), slot_bytes);
         if (err.failure()) return err;
       }
       return dev.Publish();
