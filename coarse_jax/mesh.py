@@ -17,6 +17,7 @@ its name (`host_proxies_axis`; `make_mesh` says why there).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import jax
@@ -28,11 +29,10 @@ TIER = "tier"
 DATA = "data"
 AXES = (TIER, DATA)
 HOST_AXES = (HOST, TIER, DATA)
-# The step's program spans the workers only (the proxies are a runtime
-# service): its mesh is the public mesh's tier-0 row, with the same axes, so
-# "tier" is bound inside a step (size 1, index 0 on every worker) and code
-# written for the public mesh reads the same there. The axes a worker's value
-# varies over are these: "data" (and "host" across hosts), never "tier".
+# The step's program spans the workers only: its mesh is the public mesh's
+# tier-0 row, same axes, so "tier" is bound inside a step (size 1, index 0)
+# and code written for the public mesh reads the same there. A worker's
+# value varies over these axes: "data" (and "host" across hosts), never "tier".
 PROGRAM_AXES = (DATA,)
 PROGRAM_HOST_AXES = (HOST, DATA)
 # Where the proxies live (make_mesh's proxies_on): jax devices on tier 1
@@ -40,6 +40,8 @@ PROGRAM_HOST_AXES = (HOST, DATA)
 PROXIES_ON = ("devices", "host")
 # A host-proxy mesh's last axis (size 1) is named HOST_PROXIES + "=q".
 HOST_PROXIES = "proxies_on_host"
+# "1": make_mesh(proxies_on="host") takes GPU workers (never run on a GPU yet).
+GPU_HOST_PROXIES_ENV = "COARSE_JAX_GPU_HOST_PROXIES"
 
 
 def host_proxies_axis(proxies: int) -> str:
@@ -168,11 +170,10 @@ def make_mesh(
                                                tier 1: P0 P0 P1 P1
 
     Routes (``Config.routes``) name proxies by their number ``0..q-1``. The
-    step's program spans the workers only, so a device listed twice costs
-    nothing. One thing jax refuses on a mesh that lists a device twice:
-    ``jax.device_put(x, NamedSharding(mesh, P("data")))``. Pass host arrays
-    (`coarse.sync` splits the batch over the workers) or use
-    ``NamedSharding(coarse_jax.mesh.workers_mesh(mesh), P("data"))``.
+    step's program spans the workers only: a device listed twice costs
+    nothing, but jax refuses ``jax.device_put(x, NamedSharding(mesh,
+    P("data")))`` on such a mesh. Pass host arrays (`coarse.sync` splits the
+    batch) or use ``NamedSharding(coarse_jax.mesh.workers_mesh(mesh), P("data"))``.
 
     **Proxies in host memory** (``proxies_on="host"``): the q proxies are
     the runtime's host memory and CPU threads, not jax devices, so every
@@ -185,7 +186,8 @@ def make_mesh(
     device-proxy mesh, and the host meshes of one set of workers at every q
     one object. Across processes it is ``("host", "tier", "data",
     "proxies_on_host=q")``, each process's first p devices its workers. This
-    version runs host proxies with CPU workers (else NotImplementedError).
+    version runs host proxies with CPU workers, with GPU workers only under
+    ``COARSE_JAX_GPU_HOST_PROXIES=1`` (never run on a GPU yet).
 
     With several processes (after ``jax.distributed.initialize``) and no
     ``devices``, the mesh is ``("host", "tier", "data")`` of shape
@@ -220,8 +222,8 @@ def make_mesh(
       ValueError: ``proxies`` does not divide ``workers``, the devices are
         too few, repeated, or do not match ``workers + proxies``, or
         ``proxies_on`` is neither ``"devices"`` nor ``"host"``.
-      NotImplementedError: ``proxies_on="host"`` with GPU workers (built,
-        not yet run on a GPU: see docs/guides/host_proxies.md).
+      NotImplementedError: ``proxies_on="host"`` with GPU workers, unless
+        ``COARSE_JAX_GPU_HOST_PROXIES=1`` (docs/guides/host_proxies.md).
 
     Example:
       >>> mesh = coarse.make_mesh(workers=4)   # 8 devices
@@ -352,14 +354,12 @@ def _make_host_proxy_mesh(
             f"(proxies_on='host': the proxies take none), only {n} available. On CPU set "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={workers} before importing jax."
         )
-    if pools[0][0].platform != "cpu":
+    if pools[0][0].platform != "cpu" and os.environ.get(GPU_HOST_PROXIES_ENV) != "1":
         raise NotImplementedError(
-            f"make_mesh: proxies_on='host' with {pools[0][0].platform} workers is not enabled "
-            "yet: the GPU data path (pinned proxy storage, pushes as device-to-host copies, "
-            "pulls gated by cuStreamWaitValue32) is built but has never run on a GPU, and the "
-            "optimizer's store of a host proxy is still zeroed by a GPU memset; host proxies "
-            "run with CPU workers in this version. Fix: proxies_on='devices' (the default) on "
-            "GPUs."
+            f"make_mesh: proxies_on='host' with {pools[0][0].platform} workers is off by "
+            "default: its GPU data path is tested on the stream-semantics CPU backend but has "
+            "never run on a GPU. Fix: proxies_on='devices' (the default) on GPUs, or set "
+            f"{GPU_HOST_PROXIES_ENV}=1 to run it anyway (tools/gpu_check.sh does)."
         )
     grids = [np.array(pool[:workers], dtype=object).reshape(1, workers, 1) for pool in pools]
     if across:

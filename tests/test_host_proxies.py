@@ -21,6 +21,7 @@ from helpers import (
     assert_replicated,
     assert_tree_close,
     coarse_update_step,
+    gpu_or_skip,
     make_batch,
     mlp_init,
     mlp_loss,
@@ -335,3 +336,45 @@ def test_a_large_share_on_the_host_pool_matches_optax():
         got, _ = step(got, batch)
         want, state, _ = ref(want, state, batch)
     assert_tree_close(got, jax.device_get(want), rtol=1e-5, atol_scale=1e-5)
+
+
+def test_one_gpu_with_a_host_proxy_matches_the_oracles(monkeypatch):
+    """One GPU worker and its proxy in host memory (tools/gpu_check.sh; skipped without a
+    GPU): every copy between the GPU and the proxy's pinned pages, the ready flags the
+    worker's stream waits on, the host's sums and optimizer, a snapshot taken straight
+    from host memory. At p = 1 the sums are the worker's own values, so the oracles are
+    plain jax and optax on the same GPU."""
+    gpu, _ = gpu_or_skip()
+    monkeypatch.setenv("COARSE_JAX_GPU_HOST_PROXIES", "1")
+    mesh = coarse.make_mesh(workers=1, proxies_on="host", devices=[gpu])
+    assert proxies_on(mesh) == "host" and list(mesh.devices.flat) == [gpu]
+    params = jax.device_put(mlp_init(jax.random.key(4), SIZES), gpu)
+    batches = [jax.device_put(b, gpu) for b in _batches(3, 8, 1)]
+    cfg = coarse.Config(shard_bytes=256, timeout_s=60)  # several pieces per leaf
+
+    @coarse.sync(mesh, config=cfg)
+    def grad_step(params, batch):
+        loss, grads = coarse.value_and_grad(mlp_loss)(params, batch)
+        return loss, grads, coarse.all_reduce(batch["y"].sum(0))
+
+    loss, grads, total = grad_step(params, batches[0])
+    want_loss, want_grads = jax.jit(jax.value_and_grad(mlp_loss))(params, batches[0])
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    assert_tree_close(grads, want_grads, rtol=1e-5, atol_scale=1e-6)
+    np.testing.assert_allclose(total, batches[0]["y"].sum(0), rtol=1e-6)
+    for opt, tx in (
+        (coarse.optim.sgd(0.05, momentum=0.9), optax.sgd(0.05, momentum=0.9)),
+        (coarse.optim.adamw(1e-2, weight_decay=0.1), optax.adamw(1e-2, weight_decay=0.1)),
+    ):
+        step = coarse_update_step(mesh, opt, cfg)
+        got, want, state = params, params, tx.init(params)
+        for batch in batches:
+            got, _ = step(jax.tree.map(jnp.copy, got), batch)
+            updates, state = tx.update(jax.grad(mlp_loss)(want, batch), state, want)
+            want = optax.apply_updates(want, updates)
+        assert_tree_close(got, want, rtol=1e-5, atol_scale=1e-6)
+        assert step.snapshot() == len(batches)
+        snapped = step.optimizer_state()
+        got, _ = step(got, batches[0])
+        step.restore()
+        _assert_bitwise(step.optimizer_state(), snapped)
