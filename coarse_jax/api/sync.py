@@ -276,6 +276,8 @@ class SyncedStep(ProxyState):
             load()
         if self._writer is not None:  # a snapshot on disk before the next is taken
             self._writer.pace(list(self._stores.values()), self._wait_all)
+        if not layout.outer_trace:  # Config.max_steps_in_flight, with this call
+            self._in_flight.make_room(cfg)
         *results, self._ref_state = self._compiled[key](*dyn, self._ref_state)
         # Across processes every host's proxies hold the same master and state
         # (they apply the same update), so one process writes the directory;
@@ -290,7 +292,7 @@ class SyncedStep(ProxyState):
         if not layout.outer_trace:
             # An NNX step may return nothing else; wait_all waits for steps whose
             # proxies hold state, or that trace.
-            self._in_flight.bound(cfg, results, keep_last=bool(self._stores) or cfg.trace)
+            self._in_flight.add(cfg, results, keep_last=bool(self._stores) or cfg.trace)
         if on_mesh is not None:  # outputs follow arguments the user put on the whole mesh
             replicated, new_state = _placement.place((replicated, new_state), on_mesh, False)
             per_example = _placement.place(per_example, on_mesh, True)
