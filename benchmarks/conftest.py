@@ -2,6 +2,15 @@
 
 XLA reads ``--xla_force_host_platform_device_count`` only when jax creates its
 CPU backend, so the flag is added here, before any benchmark module imports jax.
+
+``--xla_disable_hlo_passes=cse_barrier_expander`` is added with it, for the
+rematerialization rows of test_memory.py and test_model_size.py: XLA:CPU's
+``cse_barrier_expander`` pass removes the optimization barriers that
+``jax.checkpoint`` puts around the recomputation, and CSE then merges the
+recomputation back into the forward pass, so remat saves no memory on
+XLA:CPU. With the pass off the recomputation stays (and runs, with the same
+gradients). A program without optimization barriers, every other benchmark's,
+compiles the same either way.
 """
 
 from __future__ import annotations
@@ -14,6 +23,9 @@ import pytest
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}=8".strip()
+REMAT_FLAG = "--xla_disable_hlo_passes=cse_barrier_expander"
+if "--xla_disable_hlo_passes" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {REMAT_FLAG}".strip()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -22,6 +22,16 @@ issue 38) it uses the same 4 devices as pmean, and only the workers' memory
 counts against the budget. The prediction is made for device proxies only:
 the "v100" preset is a board of peer links; host proxies sit on a board's
 PCIe host links, which `benchmarks/test_emulated_pcie.py` compares.
+
+With rematerialization (``test_bert_base_batch_that_fits_with_remat``): both
+sides rematerialize each encoder layer identically (the example's
+``Bert(remat=True)``: ``nn.remat`` with ``jax.checkpoint_policies.nothing_saveable``,
+so a layer keeps only its input for the backward pass), and the budget is what
+`lax.pmean` + `optax.adamw` + that remat needs at 8 sequences per worker. The
+comparison is fair only because both sides remat the same way. The benchmarks'
+conftest turns XLA:CPU's ``cse_barrier_expander`` pass off, without which
+XLA:CPU merges the recomputation back into the forward pass (the test prints
+the baseline's bytes with the pass on, too).
 """
 
 from __future__ import annotations
@@ -47,6 +57,10 @@ WORKERS = 4
 SEQ = 128
 BASE_BATCH = 8
 MODEL = Bert(vocab_size=30522, seq_len=SEQ, num_layers=12, d_model=768, num_heads=12, d_mlp=3072)
+# Each encoder layer rematerialized (nn.remat, nothing_saveable); the same params.
+REMAT_MODEL = MODEL.clone(remat=True)
+# XLA:CPU's default passes (the benchmarks' conftest turns cse_barrier_expander off).
+CPU_DEFAULT_PASSES = {"xla_disable_hlo_passes": ""}
 _RESULTS: dict[str, object] = {}
 
 
@@ -73,18 +87,18 @@ def _peak(m) -> int:
     )
 
 
-def _pmean_worker_bytes(per_worker: int) -> int:
-    loss = make_loss(MODEL.apply)
+def _pmean_worker_bytes(per_worker: int, model: Bert = MODEL, compiler_options=None) -> int:
+    loss = make_loss(model.apply)
     tx = optax.adamw(1e-4, weight_decay=0.01)
     step = pmean_optax_step(WORKERS, loss, tx)
     params = _params(jnp.float32)
     state = jax.eval_shape(tx.init, params)
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, _batch(per_worker))
-    return _peak(compiled.compile().memory_analysis())
+    return _peak(compiled.compile(compiler_options=compiler_options).memory_analysis())
 
 
-def _coarse_step(mesh):
-    loss = make_loss(MODEL.apply)
+def _coarse_step(mesh, model: Bert = MODEL):
+    loss = make_loss(model.apply)
     opt = coarse.optim.adamw(1e-4, weight_decay=0.01)
 
     @coarse.sync(mesh, donate_argnums=0)
@@ -112,6 +126,11 @@ def _largest_fitting(step, dtype, budget: int) -> tuple[int, dict[int, coarse.Me
             reports[b] = coarse.memory_report(step, params, _batch(b))
         return _device_bytes(reports[b])
 
+    return _walk(device_bytes, budget), reports
+
+
+def _walk(device_bytes, budget: int) -> int:
+    """The largest per-worker batch whose ``device_bytes`` fit ``budget``."""
     lo, hi = device_bytes(BASE_BATCH), device_bytes(2 * BASE_BATCH)
     per_seq = (hi - lo) / BASE_BATCH
     guess = BASE_BATCH + int((budget - lo) // per_seq) if per_seq > 0 else 4 * BASE_BATCH
@@ -121,7 +140,7 @@ def _largest_fitting(step, dtype, budget: int) -> tuple[int, dict[int, coarse.Me
         b -= 1
     while device_bytes(b + 1) <= budget:
         b += 1
-    return b, reports
+    return b
 
 
 def _spent(report: coarse.MemoryReport) -> str:
@@ -210,4 +229,75 @@ def test_bert_base_batch_that_fits(benchmark):
         )
     _RESULTS["memory"] = "\n".join(lines)
     print(_RESULTS["memory"])
+    assert all(b >= 1 for _, b, _, _ in rows)
+
+
+@pytest.mark.benchmark(group="memory")
+def test_bert_base_batch_that_fits_with_remat(benchmark):
+    """Both sides rematerialize each encoder layer (the same policy): the batch that fits.
+
+    Budget: `lax.pmean` + `optax.adamw` with ``REMAT_MODEL`` at 8 sequences per
+    worker. Against it, coarse (host proxies, the same 4 devices, `coarse.optim.adamw`,
+    the same ``REMAT_MODEL``) in f32 and with bf16 params + an f32 master. Then
+    both with remat against the budget without it (2.99 GiB, as on the devices
+    of ``test_bert_base_batch_that_fits``): what remat alone buys each side.
+    """
+    plain_budget = _pmean_worker_bytes(BASE_BATCH)
+    budget = _pmean_worker_bytes(BASE_BATCH, REMAT_MODEL)
+    cpu_default = _pmean_worker_bytes(BASE_BATCH, REMAT_MODEL, CPU_DEFAULT_PASSES)
+    assert budget < plain_budget, (
+        f"remat saved nothing ({budget} >= {plain_budget} bytes): XLA:CPU's cse_barrier_expander "
+        "pass is on. Fix: run with XLA_FLAGS=--xla_disable_hlo_passes=cse_barrier_expander "
+        "(benchmarks/conftest.py adds it unless XLA_FLAGS already disables passes)."
+    )
+    mesh = coarse.make_mesh(workers=WORKERS, proxies_on="host")
+    rows = []
+    pmean_seen: dict[int, int] = {}
+
+    def pmean_bytes(b: int) -> int:
+        if b not in pmean_seen:
+            pmean_seen[b] = _pmean_worker_bytes(b, REMAT_MODEL)
+        return pmean_seen[b]
+
+    def measure():
+        rows.clear()
+        # A step per params dtype: a step's proxies keep the first call's layout.
+        for dtype_name, dtype in (("f32", jnp.float32), ("bf16 + f32 master", jnp.bfloat16)):
+            b, reports = _largest_fitting(_coarse_step(mesh, REMAT_MODEL), dtype, budget)
+            rows.append((dtype_name, b, reports[b], reports[BASE_BATCH]))
+        rows.append(("pmean, plain budget", _walk(pmean_bytes, plain_budget), None, None))
+        b, reports = _largest_fitting(_coarse_step(mesh, REMAT_MODEL), jnp.float32, plain_budget)
+        rows.append(("coarse f32, plain budget", b, reports[b], reports[BASE_BATCH]))
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    n_params = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(_params(jnp.float32)))
+    gib = 2**30
+    lines = [
+        "",
+        f"With remat on both sides: each of the {MODEL.num_layers} encoder layers under "
+        "nn.remat(policy=jax.checkpoint_policies.nothing_saveable), the same for pmean and "
+        "coarse (a fair comparison only because both remat identically)",
+        f"BERT-base encoder ({n_params / 1e6:.1f} M params, seq {SEQ}), {WORKERS} workers; "
+        f"budget = lax.pmean + optax.adamw + remat at {BASE_BATCH} seqs/worker: "
+        f"{budget / gib:.2f} GiB per worker (without remat {plain_budget / gib:.2f} GiB; "
+        f"remat with XLA:CPU's default passes {cpu_default / gib:.2f} GiB: no saving)",
+    ]
+    for name, b, rep, rep8 in rows[:2]:
+        lines.append(
+            f"coarse.value_and_update + coarse.optim.adamw + remat, {name}, host proxies: "
+            f"{b} seqs/worker fit ({b / BASE_BATCH:.2f}x; {_spent(rep)}); at {BASE_BATCH}: "
+            f"worker {rep8.worker_bytes / gib:.2f} GiB, proxy {rep8.proxy_bytes / gib:.2f} GiB "
+            "(host)"
+        )
+        lines.append(rep.table())
+    (_, b_pmean, _, _), (_, b_coarse, rep, _) = rows[2], rows[3]
+    lines += [
+        f"In the budget without remat ({plain_budget / gib:.2f} GiB, pmean + optax at "
+        f"{BASE_BATCH}), both with remat: lax.pmean + optax.adamw {b_pmean} seqs/worker "
+        f"({b_pmean / BASE_BATCH:.2f}x its {BASE_BATCH} without remat); coarse host proxies "
+        f"f32 {b_coarse} ({b_coarse / b_pmean:.2f}x pmean's {b_pmean}; worker "
+        f"{rep.worker_bytes / gib:.2f} GiB)",
+    ]
+    _RESULTS["memory_remat"] = "\n".join(lines)
+    print(_RESULTS["memory_remat"])
     assert all(b >= 1 for _, b, _, _ in rows)

@@ -18,10 +18,19 @@ memory analysis: nothing runs. The search compiles 12 and 24 layers, guesses
 the boundary from their difference, then walks to it compiling each
 candidate. Not in ``make bench`` (each BERT compile takes tens of seconds
 here): run ``pytest -s benchmarks/test_model_size.py``.
+
+``test_deepest_bert_that_fits_with_remat`` does the same with each encoder
+layer rematerialized on both sides (the example's ``Bert(remat=True)``:
+``nn.remat`` with ``jax.checkpoint_policies.nothing_saveable``), against the
+budget `lax.pmean` + `optax.adamw` + that remat needs at BERT-base; a fair
+comparison only because both sides remat identically. It needs XLA:CPU's
+``cse_barrier_expander`` pass off, as the benchmarks' conftest sets (with it
+on, XLA:CPU merges the recomputation back into the forward pass).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -42,9 +51,15 @@ BATCH = 8  # sequences per worker
 BASE_LAYERS = 12
 
 
-def _model(layers: int) -> Bert:
+def _model(layers: int, remat: bool = False) -> Bert:
     return Bert(
-        vocab_size=30522, seq_len=SEQ, num_layers=layers, d_model=768, num_heads=12, d_mlp=3072
+        vocab_size=30522,
+        seq_len=SEQ,
+        num_layers=layers,
+        d_model=768,
+        num_heads=12,
+        d_mlp=3072,
+        remat=remat,
     )
 
 
@@ -66,8 +81,8 @@ def _n_params(layers: int) -> int:
     return sum(x.size for x in jax.tree.leaves(_params(layers, jnp.float32)))
 
 
-def _pmean_bytes(layers: int) -> int:
-    loss = make_loss(_model(layers).apply)
+def _pmean_bytes(layers: int, remat: bool = False) -> int:
+    loss = make_loss(_model(layers, remat).apply)
     tx = optax.adamw(1e-4, weight_decay=0.01)
     params = _params(layers, jnp.float32)
     state = jax.eval_shape(tx.init, params)
@@ -81,12 +96,12 @@ def _pmean_bytes(layers: int) -> int:
     )
 
 
-def _coarse_host_bytes(dtype):
+def _coarse_host_bytes(dtype, remat: bool = False):
     mesh = coarse.make_mesh(workers=WORKERS, proxies_on="host")
     opt = coarse.optim.adamw(1e-4, weight_decay=0.01)
 
     def bytes_at(layers: int) -> int:
-        loss = make_loss(_model(layers).apply)
+        loss = make_loss(_model(layers, remat).apply)
 
         @coarse.sync(mesh, donate_argnums=0)
         def step(params, batch):
@@ -137,6 +152,59 @@ def test_deepest_bert_that_fits(benchmark):
         "",
         f"Budget: lax.pmean + optax.adamw, BERT-base ({base_params / 1e6:.1f} M params), "
         f"{BATCH} seqs/worker of {SEQ}, {WORKERS} workers: {budget / 2**30:.2f} GiB per worker",
+    ]
+    for name, layers, used in rows:
+        n = _n_params(layers)
+        lines.append(
+            f"  {name}: {layers} layers, {n / 1e6:.1f} M params "
+            f"({n / base_params:.2f}x BERT-base), {used / 2**30:.2f} GiB per worker"
+        )
+    print("\n".join(lines))
+    assert all(layers >= 1 for _, layers, _ in rows)
+
+
+@pytest.mark.benchmark(group="model size")
+def test_deepest_bert_that_fits_with_remat(benchmark):
+    """Each encoder layer rematerialized on both sides: the deepest BERT that fits.
+
+    Budget: `lax.pmean` + `optax.adamw` + remat at BERT-base. Then pmean and coarse
+    (f32), both with remat, against the budget without remat (pmean + optax at
+    BERT-base, as in ``test_deepest_bert_that_fits``).
+    """
+    plain_budget = _pmean_bytes(BASE_LAYERS)
+    budget = _pmean_bytes(BASE_LAYERS, remat=True)
+    assert budget < plain_budget, (
+        "remat saved nothing: XLA:CPU's cse_barrier_expander pass is on. Fix: run with "
+        "XLA_FLAGS=--xla_disable_hlo_passes=cse_barrier_expander (benchmarks/conftest.py)."
+    )
+    rows = []
+    # Cached: the two budgets' searches share their compiles.
+    pmean_remat = functools.cache(functools.partial(_pmean_bytes, remat=True))
+    coarse_remat = functools.cache(_coarse_host_bytes(jnp.float32, remat=True))
+
+    def measure():
+        rows.clear()
+        rows.append(("lax.pmean + optax.adamw + remat, f32", *_deepest(pmean_remat, budget)))
+        got = _deepest(coarse_remat, budget)
+        rows.append(("coarse host proxies + coarse.optim.adamw + remat, f32", *got))
+        got = _deepest(_coarse_host_bytes(jnp.bfloat16, remat=True), budget)
+        rows.append(("coarse host proxies + coarse.optim.adamw + remat, bf16 + f32 master", *got))
+        # The same two, both with remat, in the budget without it.
+        got = _deepest(pmean_remat, plain_budget)
+        rows.append(("lax.pmean + optax.adamw + remat, f32, budget without remat", *got))
+        got = _deepest(coarse_remat, plain_budget)
+        rows.append(("coarse host proxies + remat, f32, budget without remat", *got))
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    base_params = _n_params(BASE_LAYERS)
+    lines = [
+        "",
+        "With remat on both sides: each encoder layer under "
+        "nn.remat(policy=jax.checkpoint_policies.nothing_saveable), the same for pmean and "
+        "coarse (a fair comparison only because both remat identically)",
+        f"Budget: lax.pmean + optax.adamw + remat, BERT-base ({base_params / 1e6:.1f} M params), "
+        f"{BATCH} seqs/worker of {SEQ}, {WORKERS} workers: {budget / 2**30:.2f} GiB per worker "
+        f"(without remat: {plain_budget / 2**30:.2f} GiB, the last two rows' budget)",
     ]
     for name, layers, used in rows:
         n = _n_params(layers)

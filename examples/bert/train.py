@@ -47,7 +47,13 @@ class EncoderLayer(nn.Module):
 
 
 class Bert(nn.Module):
-    """Embeddings, encoder layers, final LayerNorm and a vocabulary projection (logits)."""
+    """Embeddings, encoder layers, final LayerNorm and a vocabulary projection (logits).
+
+    ``remat=True`` rematerializes each encoder layer (activation checkpointing):
+    the layer runs under ``nn.remat`` with ``jax.checkpoint_policies.nothing_saveable``,
+    so the backward pass keeps only each layer's input and recomputes the rest.
+    The parameters (their names and values) and the loss are the same either way.
+    """
 
     vocab_size: int
     seq_len: int
@@ -55,6 +61,7 @@ class Bert(nn.Module):
     d_model: int
     num_heads: int
     d_mlp: int
+    remat: bool = False
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -63,8 +70,11 @@ class Bert(nn.Module):
         tok = nn.Embed(self.vocab_size, self.d_model, name="layer0_embed")(tokens)
         pos = self.param("layer0_pos", nn.initializers.normal(0.02), (self.seq_len, self.d_model))
         x = tok + pos[: tokens.shape[-1]]
+        layer = EncoderLayer
+        if self.remat:
+            layer = nn.remat(EncoderLayer, policy=jax.checkpoint_policies.nothing_saveable)
         for i in range(self.num_layers):
-            x = EncoderLayer(self.num_heads, self.d_mlp, name=f"layer{i + 1}_encoder")(x)
+            x = layer(self.num_heads, self.d_mlp, name=f"layer{i + 1}_encoder")(x)
         x = nn.LayerNorm(name=f"layer{self.num_layers + 1}_norm")(x)
         return nn.Dense(self.vocab_size, name=f"layer{self.num_layers + 2}_out")(x)
 
