@@ -4,7 +4,12 @@
 #include <sys/mman.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <new>
+#include <stdexcept>
+#include <vector>
 
 #include "cpu/cpu_backend.h"
 #include "cpu/host_pool.h"
@@ -33,7 +38,9 @@ HostOptimizerBench::~HostOptimizerBench() {
     if (a != nullptr) munmap(a, static_cast<size_t>(n_) * sizeof(float));
 }
 
-void HostOptimizerBench::Adam(bool adamw, bool vectorized, bool parallel) {
+namespace {
+
+OptScalars BenchScalars(bool adamw) {
   OptScalars o;
   o.kind = adamw ? OptKind::kAdamW : OptKind::kAdam;
   o.decay = adamw ? 1 : 0;
@@ -46,6 +53,13 @@ void HostOptimizerBench::Adam(bool adamw, bool vectorized, bool parallel) {
   o.bc2 = 1e-3f;
   o.eps = 1e-8f;
   o.weight_decay = 1e-2f;
+  return o;
+}
+
+}  // namespace
+
+void HostOptimizerBench::Adam(bool adamw, bool vectorized, bool parallel) {
+  const OptScalars o = BenchScalars(adamw);
   const int in = parity_, out = 1 - parity_;
   OptBuffers b{};
   b.grad_io = arrays_[0];
@@ -62,6 +76,43 @@ void HostOptimizerBench::Adam(bool adamw, bool vectorized, bool parallel) {
   else
     cpu::OptimizerF32(o, b, n_, vectorized);
   parity_ = out;
+}
+
+int64_t HostOptimizerBench::FirstMismatchWithScalar(bool adamw, int64_t offset,
+                                                    int64_t count) const {
+  if (offset < 0 || count < 0 || offset + count > n_) throw std::out_of_range("offset + count > n");
+  const int64_t len = offset + count;
+  const size_t bytes = (static_cast<size_t>(len) * sizeof(float) + 63) / 64 * 64;
+  // [set][grad, w in, w out, m in, m out, v in, v out]
+  std::vector<std::unique_ptr<float, decltype(&std::free)>> mem;
+  float* a[2][7];
+  for (auto& set : a)
+    for (float*& p : set) {
+      p = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (p == nullptr) throw std::bad_alloc();
+      mem.emplace_back(p, &std::free);
+    }
+  const float* inputs[7] = {arrays_[0],           arrays_[1 + parity_], arrays_[2 - parity_],
+                            arrays_[3 + parity_], arrays_[4 - parity_], arrays_[5 + parity_],
+                            arrays_[6 - parity_]};
+  for (auto& set : a)
+    for (int j = 0; j < 7; ++j) std::memcpy(set[j], inputs[j], static_cast<size_t>(len) * 4);
+  const OptScalars o = BenchScalars(adamw);
+  for (int set = 0; set < 2; ++set) {
+    OptBuffers b{};
+    b.grad_io = a[set][0];
+    b.w_in = a[set][1];
+    b.w_out = a[set][2];
+    b.s_in[0] = a[set][3];
+    b.s_out[0] = a[set][4];
+    b.s_in[1] = a[set][5];
+    b.s_out[1] = a[set][6];
+    cpu::OptimizerF32(o, cpu::AdvanceBuffers(b, offset), count, /*vectorized=*/set == 0);
+  }
+  for (int64_t i = offset; i < len; ++i)
+    for (int j : {0, 2, 4, 6})
+      if (std::memcmp(a[0][j] + i, a[1][j] + i, sizeof(float)) != 0) return i;
+  return -1;
 }
 
 void HostOptimizerBench::Triad() { cpu::TriadF32(arrays_[7], arrays_[1], arrays_[3], 0.5f, n_); }

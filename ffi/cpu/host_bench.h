@@ -28,6 +28,11 @@ class HostOptimizerBench {
   void Adam(bool adamw, bool vectorized, bool parallel);
   // One triad pass.
   void Triad();
+  // Testing: the AVX2 pass (with its streaming stores and aligning prologue)
+  // over `count` elements from `offset` into 64-byte-aligned copies of the
+  // state, against the scalar pass over other copies: the first element
+  // whose new weight, gradient place or moments differ in any bit, or -1.
+  int64_t FirstMismatchWithScalar(bool adamw, int64_t offset, int64_t count) const;
   int64_t n() const { return n_; }
 
  private:

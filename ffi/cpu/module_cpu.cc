@@ -143,6 +143,10 @@ NB_MODULE(_coarse_cpu, m) {
            "One Adam (adamw: AdamW) pass; vectorized: the AVX2 loop where the CPU has it; "
            "parallel: on the bounded host pool, as a proxy runs it.")
       .def("triad", &coarse::HostOptimizerBench::Triad, "One pass of a[i] = b[i] + s * c[i].")
+      .def("first_mismatch_with_scalar", &coarse::HostOptimizerBench::FirstMismatchWithScalar,
+           nb::arg("adamw"), nb::arg("offset"), nb::arg("count"),
+           "Testing: the AVX2 pass over [offset, offset + count) against the scalar pass, on "
+           "copies of the state: the first element differing in any bit, or -1.")
       .def_prop_ro("n", &coarse::HostOptimizerBench::n);
   m.def("host_threads", &coarse::cpu::HostThreads,
         "The threads a proxy's optimizer may use on the host, its own included "
