@@ -177,12 +177,20 @@ def test_a_lost_push_on_each_host_names_exactly_that_worker(tmp_path):
 def test_launch_prefixes_output_stops_the_rest_and_propagates_the_exit_code(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(
-        "import os, sys, time\n"
+        "import os, pathlib, sys, time\n"
         "pid = int(os.environ['COARSE_JAX_PROCESS_ID'])\n"
         "print('hello from', pid, os.environ['COARSE_JAX_NUM_PROCESSES'],\n"
         "      os.environ['COARSE_JAX_COORDINATOR'].startswith('127.0.0.1:'),\n"
         "      os.environ['XLA_FLAGS'], sys.argv[1:], flush=True)\n"
+        # Process 1 fails only once process 0 has said hello: on a busy machine
+        # process 0 may start late, and the launcher stops it when 1 exits.
+        "said = pathlib.Path(sys.argv[0]).with_name('p0_said_hello')\n"
+        "if pid == 0:\n"
+        "    said.touch()\n"
         "if pid == 1:\n"
+        "    deadline = time.monotonic() + 20\n"
+        "    while not said.exists() and time.monotonic() < deadline:\n"
+        "        time.sleep(0.01)\n"
         "    sys.exit(7)\n"
         "time.sleep(600)\n"
     )
