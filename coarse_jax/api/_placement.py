@@ -126,9 +126,21 @@ def _move(x: Any, sharding: NamedSharding) -> Any:
 
 
 def onto_workers(mesh: Mesh, trees: list[tuple[Any, bool]]) -> tuple[Mesh | None, list[Any]]:
-    """(`home` of the trees, each tree as `to_workers` gives it) in one look at each leaf:
-    what `coarse.sync` does with a call's arguments. ``trees``: (tree, whether it is the
-    batch). A tree with nothing to move is passed on as it is, not rebuilt."""
+    """(`home` of the trees, the trees with every array committed off the workers moved onto
+    them), in one look at each leaf: what `coarse.sync` does with a call's arguments.
+
+    ``trees``: (tree, whether it is the batch). An array committed to other
+    devices (the whole two-tier mesh, say, from ``jax.device_put(x,
+    NamedSharding(mesh, P("data")))``, or one device) is moved onto the
+    workers, split over "data" if it is the batch, else replicated; arrays on
+    exactly the workers, uncommitted arrays and host values pass untouched
+    (no copy), and a tree with nothing to move is passed on as it is. Where
+    the workers already hold the right slices (the batch split over "data"
+    and replicated over "tier", or a replicated array), those buffers are
+    reused as they are. Otherwise each worker's block is cut from a buffer
+    this process holds: across hosts no transfer between processes, and on a
+    COARSE k:1 mesh no copy through jax.
+    """
     sites = _sites(mesh)
     home_mesh = None
     out = []
@@ -152,25 +164,8 @@ def onto_workers(mesh: Mesh, trees: list[tuple[Any, bool]]) -> tuple[Mesh | None
     return home_mesh, out
 
 
-def to_workers(tree: Any, mesh: Mesh, batch: bool) -> Any:
-    """``tree`` with every array committed off the workers moved onto them.
-
-    An array committed to other devices (the whole two-tier mesh, say, from
-    ``jax.device_put(x, NamedSharding(mesh, P("data")))``, or one device) is
-    moved onto the workers, split over "data" if it is the batch, else
-    replicated; arrays on exactly the workers, uncommitted arrays and host
-    values pass untouched (no copy). Where the workers already hold the
-    right slices (the batch split over "data" and replicated over "tier", or
-    a replicated array), those buffers are reused as they are. Otherwise
-    each worker's block is cut from a buffer this process holds: across
-    hosts no transfer between processes, and on a COARSE k:1 mesh no copy
-    through jax.
-    """
-    return onto_workers(mesh, [(tree, batch)])[1][0]
-
-
 def abstract_off_workers(tree: Any, mesh: Mesh) -> Any:
-    """``tree`` with arrays committed off the workers as shapes (what `to_workers` would move):
+    """``tree`` with arrays committed off the workers as shapes (what `onto_workers` would move):
     for lowering the program without moving anything."""
     devices = _sites(mesh).workers
 
