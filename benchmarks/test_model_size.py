@@ -134,6 +134,18 @@ def _deepest(bytes_at, budget: int) -> tuple[int, int]:
     return n, at(n)
 
 
+def _row_lines(rows: list[tuple[str, int, int]], base_params: int) -> list[str]:
+    """A line per (scheme, layers, bytes per worker) row: its params against BERT-base's."""
+    lines = []
+    for name, layers, used in rows:
+        n = _n_params(layers)
+        lines.append(
+            f"  {name}: {layers} layers, {n / 1e6:.1f} M params "
+            f"({n / base_params:.2f}x BERT-base), {used / 2**30:.2f} GiB per worker"
+        )
+    return lines
+
+
 @pytest.mark.benchmark(group="model size")
 def test_deepest_bert_that_fits(benchmark):
     budget = _pmean_bytes(BASE_LAYERS)
@@ -153,12 +165,7 @@ def test_deepest_bert_that_fits(benchmark):
         f"Budget: lax.pmean + optax.adamw, BERT-base ({base_params / 1e6:.1f} M params), "
         f"{BATCH} seqs/worker of {SEQ}, {WORKERS} workers: {budget / 2**30:.2f} GiB per worker",
     ]
-    for name, layers, used in rows:
-        n = _n_params(layers)
-        lines.append(
-            f"  {name}: {layers} layers, {n / 1e6:.1f} M params "
-            f"({n / base_params:.2f}x BERT-base), {used / 2**30:.2f} GiB per worker"
-        )
+    lines += _row_lines(rows, base_params)
     print("\n".join(lines))
     assert all(layers >= 1 for _, layers, _ in rows)
 
@@ -206,11 +213,6 @@ def test_deepest_bert_that_fits_with_remat(benchmark):
         f"{BATCH} seqs/worker of {SEQ}, {WORKERS} workers: {budget / 2**30:.2f} GiB per worker "
         f"(without remat: {plain_budget / 2**30:.2f} GiB, the last two rows' budget)",
     ]
-    for name, layers, used in rows:
-        n = _n_params(layers)
-        lines.append(
-            f"  {name}: {layers} layers, {n / 1e6:.1f} M params "
-            f"({n / base_params:.2f}x BERT-base), {used / 2**30:.2f} GiB per worker"
-        )
+    lines += _row_lines(rows, base_params)
     print("\n".join(lines))
     assert all(layers >= 1 for _, layers, _ in rows)
