@@ -132,9 +132,6 @@ class PinnedPages {
     return "";
   }
   void* data() const { return data_; }
-  // Which node was asked for and whether the binding took (a debugger's
-  // view: pages_.Describe()); unset where cudaHostAlloc's are used.
-  const numa::HostPages& pages() const { return pages_; }
 
  private:
   std::vector<int> gpus_;
@@ -353,16 +350,17 @@ class CudaStateBuffer final : public StateBuffer {
 
 // A proxy in host memory's master weights and optimizer state: pinned host
 // memory (its optimizer runs on the host), mapped for the workers' streams
-// (worker k seeds and checks it, ParamStore), on the NUMA node of GPU `node_of`.
+// (worker k seeds and checks it, ParamStore).
 class PinnedStateBuffer final : public HostAddressedStateBuffer {
  public:
-  PinnedStateBuffer(int64_t nelems, int64_t node_of, std::vector<int> gpus)
-      : nelems_(nelems), node_of_(node_of), pages_(std::move(gpus)) {}
+  PinnedStateBuffer(int64_t nelems, std::vector<int> gpus)
+      : nelems_(nelems), pages_(std::move(gpus)) {}
   ~PinnedStateBuffer() override {
     if (data_ != nullptr) ForgetHostMemory(data_);
   }  // then pages_ waits for the GPUs, unpins and unmaps
-  bool Allocate() {
-    if (!pages_.Allocate(Bytes(), NumaNodeOfGpu(node_of_)).empty()) return false;
+  // On the NUMA node of GPU `node_of`.
+  bool Allocate(int64_t node_of) {
+    if (!pages_.Allocate(Bytes(), NumaNodeOfGpu(node_of)).empty()) return false;
     data_ = static_cast<float*>(pages_.data());
     NoteHostMemory(data_, Bytes());
     return true;
@@ -375,7 +373,6 @@ class PinnedStateBuffer final : public HostAddressedStateBuffer {
     return static_cast<size_t>(std::max<int64_t>(1, nelems_)) * sizeof(float);
   }
   int64_t nelems_;
-  int64_t node_of_;
   PinnedPages pages_;
   float* data_ = nullptr;
 };
@@ -400,9 +397,8 @@ class CudaPool final : public StoragePool {
                                               int64_t nelems) override {
     if (device >= static_cast<int64_t>(ordinals.size())) return nullptr;
     if (IsHostOrdinal(ordinals[device])) {
-      auto b = std::make_unique<PinnedStateBuffer>(nelems, FirstServedGpu(ordinals, device),
-                                                   GpusOf(ordinals));
-      if (!b->Allocate()) return nullptr;
+      auto b = std::make_unique<PinnedStateBuffer>(nelems, GpusOf(ordinals));
+      if (!b->Allocate(FirstServedGpu(ordinals, device))) return nullptr;
       return b;
     }
     auto b = std::make_unique<CudaStateBuffer>(static_cast<int>(ordinals[device]), nelems);
