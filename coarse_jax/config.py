@@ -56,6 +56,25 @@ def _default_mode() -> str:
     return os.environ.get("COARSE_JAX_MODE", "ffi")
 
 
+def _default_xla_below_bytes() -> int | str:
+    """``$COARSE_JAX_XLA_BELOW_BYTES`` ("auto" or bytes), else "auto".
+
+    ``COARSE_JAX_XLA_BELOW_BYTES=0`` sends every tree through the proxies: a
+    CPU test run then takes the path a GPU run takes (the project's own test
+    suite sets it; its tests of the latency route set the Config).
+    """
+    raw = os.environ.get("COARSE_JAX_XLA_BELOW_BYTES", "auto").strip()
+    if raw == "auto":
+        return raw
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(
+            f"$COARSE_JAX_XLA_BELOW_BYTES: expected 'auto' or a number of bytes, got {raw!r}. "
+            "Fix: unset it, or set it to 0 (every tree through the proxies)."
+        ) from None
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """How gradients are synchronized. Sizes are bytes of the leaves' own dtype.
@@ -66,18 +85,26 @@ class Config:
         to this size, so a step pays per-piece, not per-tensor, latency.
       latency_threshold_bytes: pieces smaller than this go to a worker's
         latency proxy, the rest to its bandwidth proxy.
-      xla_below_bytes: a `coarse.all_reduce` or `coarse.value_and_grad`
-        whose whole tree (per worker, the loss included) is at most this many
-        bytes is reduced by XLA inside the step's program (a ``psum`` over the
-        workers accumulated in f32, as ``mode="reference"``), not by the
-        proxies: for a small tree the lowest latency there is, since XLA's
-        collective needs no runtime thread to wake (on this project's 2-core
-        CPU host a 1 KiB sync took 2-4x ``lax.psum``'s time through the
-        proxies). Decided at trace time; `Plan.summary` says so. The result
-        is XLA's reduction, bitwise reproducible run to run but not the
-        proxies' bits. Emulated links (``topology``) do not time it.
-        `coarse.value_and_update` always goes through the proxies (they hold
-        the optimizer). 0 (default): never.
+      xla_below_bytes: the latency route. A `coarse.all_reduce` or
+        `coarse.value_and_grad` whose whole tree (per worker, the loss
+        included) is at most this many bytes is reduced by XLA inside the
+        step's program (one ``psum`` over the workers for the whole tree,
+        accumulated in f32, as ``mode="reference"`` computes it), not by the
+        proxies: XLA's collective needs no runtime thread to wake. Decided at
+        trace time; `Plan.summary` says so. The result is XLA's reduction,
+        bitwise reproducible run to run but not the proxies' bits. 0: never.
+        ``"auto"`` (the default): decided for the mesh
+        (`coarse_jax.plan.xla_route`): ``latency_threshold_bytes`` for CPU
+        workers in one process without emulated links, where XLA's psum
+        measured faster than the proxies below it (a 1 KiB sync: 1.2x
+        ``lax.psum``'s time against 1.3-1.8x through the proxies); 0 (the
+        proxies) on GPUs, across hosts and with ``topology``. Pass 0 to send
+        small trees through the proxies anyway, or set
+        ``COARSE_JAX_XLA_BELOW_BYTES=0`` (the default's source: "auto" or
+        bytes) to test on a CPU the path a GPU run takes. Whatever the
+        route, a call behaves the same: ``jax.vmap``, differentiation and a
+        per-device predicate are refused alike. `coarse.value_and_update`
+        always goes through the proxies (they hold the optimizer).
       routes: one ``(latency_proxy, bandwidth_proxy)`` pair per worker, proxies
         named by their number 0..q-1 (at 1:1 their index on the "data" axis).
         ``None``: every worker uses its local proxy (``i // k`` with k = p / q
@@ -168,7 +195,9 @@ class Config:
 
     shard_bytes: int = 4 << 20
     latency_threshold_bytes: int = 2 << 20
-    xla_below_bytes: int = 0
+    xla_below_bytes: int | Literal["auto"] = dataclasses.field(
+        default_factory=_default_xla_below_bytes  # type: ignore[arg-type]
+    )
     routes: tuple[tuple[int, int], ...] | None = None
     leading_bytes: int | Literal["auto"] = 0
     mode: str = dataclasses.field(default_factory=_default_mode)
@@ -194,10 +223,10 @@ class Config:
             "snapshot_every",
         ):
             value = getattr(self, name)
-            if name == "leading_bytes" and value == "auto":
+            if name in ("leading_bytes", "xla_below_bytes") and value == "auto":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                also = ' or "auto"' if name == "leading_bytes" else ""
+                also = ' or "auto"' if name in ("leading_bytes", "xla_below_bytes") else ""
                 raise ValueError(
                     f"Config.{name}: expected a non-negative int{also}, got {value!r}."
                 )

@@ -205,7 +205,10 @@ def test_cpu_leading_layers_give_the_ring_bits(workers):
     leading = 999 * 37 * 4 + 3001 * 2 + 5 * 4  # a, b, c: the first leaves in flatten order
     got = []
     for topology in (None, coarse.Topology.preset("v100", workers, clock="virtual")):
-        cfg = coarse.Config(shard_bytes=4096, leading_bytes=leading, topology=topology)
+        # xla_below_bytes=0: the tree (0.2 MiB) would take the latency route.
+        cfg = coarse.Config(
+            shard_bytes=4096, leading_bytes=leading, topology=topology, xla_below_bytes=0
+        )
         assert len(coarse.plan(jax.tree.map(lambda v: v[0], x), mesh, cfg).leading_leaves) == 3
         step = coarse.sync(
             lambda t: coarse.all_reduce(jax.tree.map(lambda v: v[0], t)), mesh, config=cfg

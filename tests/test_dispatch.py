@@ -103,7 +103,7 @@ def test_a_failed_call_raises_once_where_its_outputs_are_read():
 
     mesh = coarse.make_mesh(workers=2)
 
-    @coarse.sync(mesh, config=coarse.Config(timeout_s=1.0))
+    @coarse.sync(mesh, config=coarse.Config(timeout_s=1.0, xla_below_bytes=0))
     def step(params, batch):
         return coarse.value_and_grad(lambda p, b: jnp.mean(b @ p))(params, batch)
 
@@ -129,7 +129,7 @@ def test_a_coarse_failure_before_an_xla_collective_fails_the_step_cleanly():
 
     mesh = coarse.make_mesh(workers=2)
 
-    @coarse.sync(mesh, config=coarse.Config(timeout_s=1.0))
+    @coarse.sync(mesh, config=coarse.Config(timeout_s=1.0, xla_below_bytes=0))
     def step(x, batch):
         y = coarse.all_reduce(batch[0] + x)
         z = lax.psum(_ffi.vary(y), "data")

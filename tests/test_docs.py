@@ -103,6 +103,7 @@ def _env() -> dict[str, str]:
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     env["JAX_PLATFORMS"] = "cpu"
     env.pop("COARSE_JAX_MODE", None)
+    env.pop("COARSE_JAX_XLA_BELOW_BYTES", None)  # the docs show the default (conftest.py)
     return env
 
 

@@ -76,8 +76,11 @@ def test_real_clock_sleeps_at_least_the_model_and_gives_the_same_bits():
     real = coarse.Topology.preset("pcie4", 4, proxies=2, proxies_on="host", time_scale=2000.0)
     outs, walls = [], []
     for topo in (None, real):
-        cfg = coarse.Config(
-            topology=topo, shard_bytes=1 << 16, routes=((0, 1),) * 2 + ((1, 0),) * 2
+        cfg = coarse.Config(  # xla_below_bytes=0: the proxies' bits in both runs
+            topology=topo,
+            shard_bytes=1 << 16,
+            routes=((0, 1),) * 2 + ((1, 0),) * 2,
+            xla_below_bytes=0,
         )
         step = coarse.sync(lambda t: coarse.all_reduce(t[0]), mesh, config=cfg)
         outs.append(np.asarray(jax.block_until_ready(step(x))))

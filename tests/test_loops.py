@@ -193,7 +193,9 @@ def test_loop_failure_times_out_and_later_steps_work():
 
     workers = 2
     mesh = coarse.make_mesh(workers=workers)
-    cfg = coarse.Config(timeout_s=1.0, shard_bytes=64, leading_bytes=7 * 13 * 4 + 13 * 4)
+    cfg = coarse.Config(
+        timeout_s=1.0, shard_bytes=64, leading_bytes=7 * 13 * 4 + 13 * 4, xla_below_bytes=0
+    )
     step = _fori_step(mesh, cfg)
     params, batch = _inputs(workers)
     jax.block_until_ready(step(params, batch))

@@ -102,7 +102,9 @@ def test_rss_stays_flat_across_200_plans(tmp_path):
 
 
 def _all_reduce_step(mesh, n):
-    return coarse.sync(lambda x, b: coarse.all_reduce(x), mesh=mesh), jnp.ones((n,), jnp.float32)
+    cfg = coarse.Config(xla_below_bytes=0)  # the runtime's plans (a small tree: latency route)
+    step = coarse.sync(lambda x, b: coarse.all_reduce(x), mesh=mesh, config=cfg)
+    return step, jnp.ones((n,), jnp.float32)
 
 
 def _run_plans(count, workers=2, base=1000):

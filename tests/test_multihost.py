@@ -226,7 +226,9 @@ def test_one_host_mesh_gives_the_two_axis_results_bitwise(leading):
     step (a sum over one host) and the runtime's in-host hand-out leave every bit
     of the one-host results as they were."""
     devices = np.array(jax.devices()[:8], dtype=object)
-    cfg = coarse.Config(shard_bytes=64, leading_bytes=leading)
+    # xla_below_bytes=0: the proxies on both meshes (the plain mesh's auto
+    # latency route would give this small tree to XLA; the host mesh's does not).
+    cfg = coarse.Config(shard_bytes=64, leading_bytes=leading, xla_below_bytes=0)
     params = mlp_init(jax.random.key(0), (7, 13, 5, 1))
     batch = make_batch(jax.random.key(1), 16, 7, 1)
 

@@ -44,7 +44,9 @@ def test_longest_timeout_does_not_fire_at_once():
     mesh = coarse.make_mesh(workers=4)
     params, batch = {"w": jnp.ones((8, 16))}, jnp.arange(64.0).reshape(8, 8) / 64
     for timeout_s in (coarse.config.MAX_TIMEOUT_S,):
-        step = _vg_step(mesh, coarse.Config(timeout_s=timeout_s, shard_bytes=256))
+        step = _vg_step(
+            mesh, coarse.Config(timeout_s=timeout_s, shard_bytes=256, xla_below_bytes=0)
+        )
         for _ in range(3):
             _, grads = step(params, batch)
             np.testing.assert_allclose(grads["w"], _want(params, batch, 4), rtol=1e-5)
@@ -54,7 +56,7 @@ def test_longest_timeout_does_not_fire_at_once():
 def test_dropped_push_arms_only_the_next_session():
     """A hook armed for worker 3, then a 2-worker step: spent there, never reaching a later mesh."""
     params, batch = {"w": jnp.ones((8, 16))}, jnp.ones((8, 8))
-    cfg = coarse.Config(timeout_s=2.0, shard_bytes=256)
+    cfg = coarse.Config(timeout_s=2.0, shard_bytes=256, xla_below_bytes=0)
     small, large = _vg_step(coarse.make_mesh(workers=2), cfg), _vg_step(coarse.make_mesh(4), cfg)
     jax.block_until_ready((small(params, batch), large(params, batch)))  # compiled, healthy
     _ffi.inject_dropped_push(3)
@@ -158,7 +160,7 @@ _STALL_SCRIPT = textwrap.dedent(
     # ignored (as a background job of a non-interactive shell is).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     mesh = coarse.make_mesh(workers=2)
-    cfg = coarse.Config(timeout_s=timeout_s)
+    cfg = coarse.Config(timeout_s=timeout_s, xla_below_bytes=0)  # the proxies' wait
     step = coarse.sync(
         lambda p, b: coarse.value_and_grad(lambda p, b: jnp.sum(p * jnp.sum(b)))(p, b),
         mesh=mesh, config=cfg,

@@ -18,7 +18,12 @@ SIZES = (8, 16, 16, 4)
 def _one_traced_step(workers, update=False):
     mesh = coarse.make_mesh(workers=workers)
     params = mlp_init(jax.random.key(0), SIZES)
-    cfg = coarse.Config(shard_bytes=512, leading_bytes=0 if update else 8 * 16 * 4 + 64, trace=True)
+    cfg = coarse.Config(  # xla_below_bytes=0: the proxies' timeline, however small the tree
+        shard_bytes=512,
+        leading_bytes=0 if update else 8 * 16 * 4 + 64,
+        trace=True,
+        xla_below_bytes=0,
+    )
 
     @coarse.sync(mesh, config=cfg)
     def step(params, batch):
@@ -34,7 +39,7 @@ def _one_traced_step(workers, update=False):
     plan = coarse.plan(
         (params, jnp.float32(0)),
         mesh,
-        coarse.Config(shard_bytes=512, leading_bytes=cfg.leading_bytes),
+        coarse.Config(shard_bytes=512, leading_bytes=cfg.leading_bytes, xla_below_bytes=0),
     )
     return step.timeline(), plan
 

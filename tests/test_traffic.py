@@ -64,7 +64,8 @@ def _check(counted_traffic, predicted) -> None:
 def test_all_reduce_moves_what_the_plan_says(proxies, dtype, leading, dense):
     mesh = coarse.make_mesh(workers=WORKERS, proxies=proxies)
     routes = ((0, 0),) * WORKERS if dense else None
-    cfg = coarse.Config(leading_bytes=leading, shard_bytes=8192, routes=routes)
+    # xla_below_bytes=0: the runtime's traffic, however small the tree.
+    cfg = coarse.Config(leading_bytes=leading, shard_bytes=8192, routes=routes, xla_below_bytes=0)
     shapes = _tree(dtype)
     x = _per_worker(shapes, WORKERS, mesh)
 
@@ -94,7 +95,7 @@ def test_all_reduce_moves_what_the_plan_says(proxies, dtype, leading, dense):
 )
 def test_value_and_update_moves_what_the_plan_says(proxies, optimizer, slots, clip, dtype):
     mesh = coarse.make_mesh(workers=WORKERS, proxies=proxies)
-    cfg = coarse.Config(leading_bytes=0, shard_bytes=8192)
+    cfg = coarse.Config(leading_bytes=0, shard_bytes=8192, xla_below_bytes=0)
     kw = {"clip_norm": 1.0} if clip else {}
     opt = {
         "sgd": lambda: coarse.optim.sgd(0.01, **kw),

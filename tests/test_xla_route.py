@@ -111,3 +111,120 @@ def test_value_and_grad_small_tree_matches_reference_and_value_and_update_keeps_
 def test_xla_below_bytes_is_checked():
     with pytest.raises(ValueError, match=r"Config\.xla_below_bytes"):
         coarse.Config(xla_below_bytes=-1)
+
+
+# ``"auto"``, the default (the suite runs with COARSE_JAX_XLA_BELOW_BYTES=0,
+# tests/conftest.py, so these tests name it).
+AUTO = coarse.Config(xla_below_bytes="auto")
+
+
+def test_auto_sends_a_tree_up_to_the_latency_threshold_through_xla_on_cpu():
+    mesh = coarse.make_mesh(workers=WORKERS)
+    x = _tree(np.random.default_rng(3))
+    small = jax.tree.map(lambda v: v[0], x)
+    plan = coarse.plan(small, mesh, AUTO)
+    assert plan.xla and plan.xla_below_bytes == AUTO.latency_threshold_bytes
+    assert "latency route" in plan.summary() and "XLA psum" in plan.summary()
+    got, traffic = _reduce(mesh, AUTO, x)
+    assert traffic.read == 0 and traffic.written == 0
+    want, _ = _reduce(mesh, coarse.Config(mode="reference"), x)
+    for k in x:
+        assert got[k].tobytes() == want[k].tobytes(), k
+    # The cap is the latency threshold: one byte less than the tree, the proxies.
+    tight = coarse.Config(xla_below_bytes="auto", latency_threshold_bytes=plan.total_bytes - 1)
+    assert not coarse.plan(small, mesh, tight).xla
+    got, traffic = _reduce(mesh, tight, x)
+    assert traffic.read > 0
+    big = {"w": jnp.zeros((AUTO.latency_threshold_bytes // 4 + 1,), jnp.float32)}
+    assert not coarse.plan(big, mesh, AUTO).xla
+
+
+def test_auto_keeps_the_proxies_with_emulated_links_hosts_or_no_mesh():
+    tree = {"w": jnp.zeros((8,), jnp.float32)}
+    mesh = coarse.make_mesh(workers=WORKERS)
+    topo = coarse.Config(xla_below_bytes="auto", topology=coarse.Topology.preset("v100", WORKERS))
+    plan = coarse.plan(tree, mesh, topo)
+    assert not plan.xla and "emulated" in plan.summary()
+    assert not coarse.plan(tree, WORKERS, AUTO).xla  # a number of workers: no platform
+    devices = np.array(jax.devices()[:8], dtype=object)
+    host_mesh = jax.sharding.Mesh(devices.reshape(1, 2, 4), ("host", "tier", "data"))
+    plan = coarse.plan(tree, host_mesh, AUTO)
+    assert not plan.xla and "across hosts" in plan.summary()
+
+
+def test_the_route_reduces_a_mixed_tree_as_one_collective_with_the_reference_bits():
+    from coarse_jax.api import _xla_route
+    from coarse_jax.mesh import workers_mesh
+
+    mesh = coarse.make_mesh(workers=WORKERS)
+    rng = np.random.default_rng(4)
+    x = {
+        "a": rng.standard_normal((WORKERS, 3, 5)).astype(np.float32),
+        "b": rng.standard_normal((WORKERS, 7)).astype(jnp.bfloat16),
+        "c": rng.standard_normal((WORKERS,)).astype(np.float32),
+        "d": rng.standard_normal((WORKERS, 0)).astype(np.float32),
+        "e": rng.standard_normal((WORKERS, 2, 2)).astype(np.float16),
+    }
+    got, traffic = _reduce(mesh, AUTO, x)
+    assert traffic.read == 0
+    want, _ = _reduce(mesh, coarse.Config(mode="reference"), x)
+    for k in x:
+        assert got[k].dtype == x[k].dtype and got[k].shape == x[k].shape[1:], k
+        assert got[k].tobytes() == want[k].tobytes(), k
+        tol = 1e-2 if x[k].dtype != np.float32 else 1e-6
+        np.testing.assert_allclose(
+            got[k].astype(np.float64), x[k].astype(np.float64).mean(0), rtol=tol, atol=tol
+        )
+    # One all-reduce for the five leaves (a psum per leaf costs XLA:CPU ~90 us each).
+    leaves = jax.tree.leaves(x)
+    fn = jax.jit(
+        jax.shard_map(
+            lambda *v: _xla_route.all_reduce([t[0] for t in v], WORKERS, where="test"),
+            mesh=workers_mesh(mesh),
+            in_specs=P("data"),
+            out_specs=P(),
+        )
+    )
+    hlo = fn.lower(*leaves).as_text()
+    assert hlo.count("all_reduce") + hlo.count("all-reduce") == 1, hlo
+
+
+def test_the_route_refuses_vmap_differentiation_and_a_per_device_predicate_alike():
+    from jax import lax
+
+    mesh = coarse.make_mesh(workers=2)
+
+    @coarse.sync(mesh, config=AUTO)
+    def rows(x):
+        return jax.vmap(lambda r: coarse.all_reduce(r))(x)
+
+    with pytest.raises(TypeError, match=r"coarse\.all_reduce was traced under jax\.vmap.*Fix"):
+        rows(jnp.ones((2, 3)))
+
+    @coarse.sync(mesh, config=AUTO)
+    def grad_of(x):
+        return jax.grad(lambda v: jnp.sum(coarse.all_reduce(v)))(x)
+
+    with pytest.raises(TypeError, match=r"coarse\.all_reduce was differentiated.*Fix"):
+        grad_of(jnp.ones(4))
+
+    @coarse.sync(mesh, config=AUTO)
+    def branch(x, batch):
+        return lax.cond(batch.sum() > 0, lambda v: coarse.all_reduce(v), lambda v: -v, x)
+
+    with pytest.raises(
+        TypeError,
+        match=r"coarse\.all_reduce is traced inside a lax\.cond.*latency route.*Fix: call it",
+    ):
+        branch(jnp.ones(4), jnp.arange(6.0).reshape(2, 3))
+
+
+@pytest.mark.parametrize(("raw", "want"), [("auto", "auto"), ("0", 0), (" 4096 ", 4096)])
+def test_the_default_comes_from_the_environment(monkeypatch, raw, want):
+    monkeypatch.setenv("COARSE_JAX_XLA_BELOW_BYTES", raw)
+    assert coarse.Config().xla_below_bytes == want
+    monkeypatch.setenv("COARSE_JAX_XLA_BELOW_BYTES", "small")
+    with pytest.raises(ValueError, match=r"\$COARSE_JAX_XLA_BELOW_BYTES: expected 'auto'.*Fix"):
+        coarse.Config()
+    monkeypatch.delenv("COARSE_JAX_XLA_BELOW_BYTES")
+    assert coarse.Config().xla_below_bytes == "auto"

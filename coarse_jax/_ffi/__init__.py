@@ -45,6 +45,7 @@ from coarse_jax._ffi.extension import (
 )
 from coarse_jax._ffi.hosts import host_gather
 from coarse_jax._ffi.layout import PlanLayout, host_plan_key, plan_layout
+from coarse_jax._ffi.primitive import route_marker
 
 __all__ = [
     "CUDA_TARGETS",
@@ -72,6 +73,7 @@ __all__ = [
     "proxy_ring_to_hosts",
     "pull",
     "push",
+    "route_marker",
     "runtime_module",
     "set_memory_limits",
     "token",

@@ -182,3 +182,29 @@ def _bind(
         result_avals=result_avals,
     )
     return list(out)
+
+
+# The latency route's marker (`coarse_jax.api._xla_route`): the identity on a
+# tree that XLA, not the proxies, reduces (one psum). It lowers to nothing and
+# makes the route behave as the proxies' calls do, whatever the tree's size:
+# jax.vmap and differentiation are refused with the same messages, and
+# `coarse_jax.api._uniform` finds it under a per-device predicate.
+route_p = Primitive("coarse_latency_route")
+route_p.multiple_results = True
+_jax_compat.simple_impl(route_p)
+
+
+def _route_abstract_eval(*avals_in: Any, target: str) -> tuple[Any, ...]:
+    _jax_compat.standard_vma_rule("coarse_latency_route", *avals_in)
+    return avals_in
+
+
+route_p.def_abstract_eval(_route_abstract_eval)
+mlir.register_lowering(route_p, lambda ctx, *xs, target: list(xs))
+batching.primitive_batchers[route_p] = _refuse_vmap
+ad.primitive_jvps[route_p] = _refuse_jvp
+
+
+def route_marker(leaves: Sequence[jax.Array], target: str) -> list[jax.Array]:
+    """``leaves`` unchanged, marked as the latency route of ``target`` ("coarse.all_reduce")."""
+    return list(route_p.bind(*leaves, target=target))

@@ -20,6 +20,7 @@ from coarse_jax.config import Config
 from coarse_jax.mesh import DATA, local_mesh, num_proxies
 from coarse_jax.plan import Plan
 from coarse_jax.plan import plan as make_plan
+from coarse_jax.plan.xla_route import xla_below_bytes
 
 # (tree, keyword arguments) of one plan built with the step's own Config.
 PlanRequest = tuple[Any, dict[str, Any]]
@@ -62,7 +63,10 @@ class SyncContext:
     def plan(self, tree: Any, cfg: Config, **kwargs: Any) -> Plan:
         if cfg is self.config:
             self.plans.append((tree, kwargs))
-        built = make_plan(tree, self.workers, cfg, proxies=self.proxies, **kwargs)
+        xla_route = xla_below_bytes(cfg, self.mesh)
+        built = make_plan(
+            tree, self.workers, cfg, proxies=self.proxies, xla_route=xla_route, **kwargs
+        )
         self.built.append(built)
         return built
 

@@ -30,6 +30,7 @@ import jax.extend.core as jax_core
 from coarse_jax import _jax_compat
 
 _COARSE_CALL = "coarse_custom_call"  # coarse_jax._ffi.primitive.custom_call_p
+_ROUTE = "coarse_latency_route"  # coarse_jax._ffi.primitive.route_p (api/_xla_route.py)
 
 
 def _varying(var: Any) -> tuple[str, ...]:
@@ -77,12 +78,32 @@ def _error(call: Any, split: _Split, site_names: Mapping[int, str], step: str) -
     )
 
 
+def _route_error(marker: Any, split: _Split, step: str) -> TypeError:
+    where = _jax_compat.user_location(split.eqn)
+    at = f" (at {where})" if where else ""
+    axes = ", ".join(repr(a) for a in split.axes)
+    return TypeError(
+        f"coarse.sync({step}): {marker.params['target']} is traced inside {split.what}{at} "
+        f"whose predicate varies over the mesh axis {axes}, so only some devices of the "
+        "program would run it (its tree is on the latency route, Config.xla_below_bytes: one "
+        "psum, which XLA would wait for until it aborts the process). A coarse "
+        "synchronization is a collective: every worker of the program must run each of its "
+        "calls. Fix: call it outside the conditional or loop, on every device, and select its "
+        "result afterwards (jnp.where on the predicate); or make the predicate the same on "
+        "every device (pass a per-worker value through coarse.all_reduce first)."
+    )
+
+
 def _walk(jaxpr: Any, splits: tuple[_Split, ...], sites: Mapping[int, str], step: str) -> None:
     inner = getattr(jaxpr, "jaxpr", jaxpr)
     for eqn in inner.eqns:
         if eqn.primitive.name == _COARSE_CALL:
             if splits:
                 raise _error(eqn, splits[0], sites, step)
+            continue
+        if eqn.primitive.name == _ROUTE:
+            if splits:
+                raise _route_error(eqn, splits[0], step)
             continue
         split = _split_of(eqn)
         below = (*splits, split) if split is not None else splits

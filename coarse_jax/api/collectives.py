@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from coarse_jax import reference
-from coarse_jax.api import _context
+from coarse_jax.api import _context, _xla_route
 from coarse_jax.api._phases import finish, push_in_order
 from coarse_jax.config import Config
 
@@ -87,11 +87,15 @@ def all_reduce(tree: Any, op: str = "mean", *, config: Config | None = None) -> 
     cfg = config or ctx.config
     plan = ctx.plan(jax.eval_shape(lambda t: t, tree), cfg, mean=mean, where="coarse.all_reduce")
     leaves, treedef = jax.tree.flatten(tree)
-    xla = cfg.mode == "reference" or plan.xla  # plan.xla: Config.xla_below_bytes
-    runs = not xla and bool(leaves)
+    if cfg.mode == "reference":
+        return reference.all_reduce(tree, ctx.workers, mean)
+    if plan.xla:  # the latency route (Config.xla_below_bytes)
+        return jax.tree.unflatten(
+            treedef, _xla_route.all_reduce(leaves, ctx.workers, mean, where="coarse.all_reduce")
+        )
+    if not leaves:
+        return tree
     # A site only for a synchronization that runs (mode="ffi", leaves to reduce).
-    call = ctx.call_site(plan, "coarse.all_reduce", pulls_pushed=True) if runs else None
-    if call is None:
-        return reference.all_reduce(tree, ctx.workers, mean) if xla else tree
+    call = ctx.call_site(plan, "coarse.all_reduce", pulls_pushed=True)
     last = push_in_order(plan, call, leaves)
     return jax.tree.unflatten(treedef, finish(plan, call, leaves, [last], in_place=False))

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from coarse_jax import _ffi, reference
-from coarse_jax.api import _context, _nnx, _update
+from coarse_jax.api import _context, _nnx, _update, _xla_route
 from coarse_jax.api._phases import finish
 from coarse_jax.config import Config
 from coarse_jax.optim import ProxyOptimizer
@@ -262,15 +262,18 @@ def _result(sync: _Sync, leaves: list[jax.Array], aux: Any) -> Any:
 
 
 def _reference(sync: _Sync) -> Any:
-    """mode="reference", or a tree within Config.xla_below_bytes: the same values through
-    pure JAX collectives (and optax)."""
+    """mode="reference", or the latency route (`Plan.xla`): the same values through
+    pure JAX collectives (and optax); the route reduces the tree as one psum."""
     ctx, update = sync.ctx, sync.update
     loss, vjp_fn, aux = _vjp(sync)
     grads = list(vjp_fn(jnp.ones_like(loss)))
     leaves = _ffi.vary([*grads, loss])
     if update is not None:  # the mean in f32, as the proxies keep it
         leaves = [x.astype(jnp.float32) if t < sync.n_grad else x for t, x in enumerate(leaves)]
-    leaves = reference.all_reduce(leaves, ctx.workers)
+    if sync.cfg.mode == "reference":
+        leaves = reference.all_reduce(leaves, ctx.workers)
+    else:
+        leaves = _xla_route.all_reduce(leaves, ctx.workers, where=sync.where)
     if update is not None:
         leaves[: sync.n_grad] = _update.reference_update(
             ctx, update, sync.args[0], leaves[: sync.n_grad]

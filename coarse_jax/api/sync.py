@@ -168,8 +168,8 @@ class SyncedStep(ProxyState):
           ``Config(trace=True)``.
 
         Example:
-          >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh,
-          ...                    config=coarse.Config(trace=True))
+          >>> cfg = coarse.Config(trace=True, xla_below_bytes=0)  # even a tiny tree: proxies
+          >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh, config=cfg)
           >>> _ = step(jnp.ones((8, 2)))
           >>> sorted({span.name for span in step.timeline().spans})[:3]
           ['proxy ring', 'pull', 'pull piece']
@@ -190,7 +190,8 @@ class SyncedStep(ProxyState):
           A `coarse.MemoryReport`.
 
         Example:
-          >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh)
+          >>> cfg = coarse.Config(xla_below_bytes=0)  # even a tiny tree: proxies
+          >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh, config=cfg)
           >>> step.memory_report(jnp.ones((8, 1024))).proxy.runtime_storage_bytes > 0
           True
         """

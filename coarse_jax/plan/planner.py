@@ -13,6 +13,7 @@ from coarse_jax.mesh import num_proxies, proxies_on
 from coarse_jax.model.paper import best_split
 from coarse_jax.plan.dtypes import check_dtype
 from coarse_jax.plan.types import BucketPlan, LeafPlan, PiecePlan, Plan
+from coarse_jax.plan.xla_route import xla_below_bytes
 
 
 def auto_leading_bytes(leaf_bytes: list[int], config: Config, workers: int) -> int:
@@ -54,6 +55,7 @@ def plan(
     names: list[str] | None = None,
     where: str = "coarse.plan",
     proxies: int | None = None,
+    xla_route: tuple[int, str] | None = None,
 ) -> Plan:
     """Decides how each leaf of ``tree`` is synchronized.
 
@@ -71,6 +73,10 @@ def plan(
       names: optional leaf names (flatten order) for the summary and errors;
         default: the leaves' key paths.
       where: the caller named in errors.
+      xla_route: ``(cap, reason)``, the latency route already decided for the
+        mesh (`coarse_jax.plan.xla_route.xla_below_bytes`); default: decided
+        here from ``config`` and the mesh (with a number of workers,
+        ``"auto"`` is 0).
 
     Returns:
       A `Plan`; ``plan.summary()`` prints it.
@@ -81,7 +87,8 @@ def plan(
 
     Example:
       >>> params = {"dense0": jnp.zeros((64, 256)), "dense1": jnp.zeros((256, 10))}
-      >>> p = coarse.plan(params, mesh, coarse.Config(leading_bytes=1 << 16))
+      >>> cfg = coarse.Config(leading_bytes=1 << 16, xla_below_bytes=0)  # no latency route
+      >>> p = coarse.plan(params, mesh, cfg)
       >>> [p.leaves[i].name for i in p.leading_leaves]   # the first layer: worker ring
       ["['dense0']"]
       >>> print(p.summary())  # doctest: +ELLIPSIS
@@ -194,6 +201,9 @@ def plan(
         batch_bytes += leaf.nbytes
     close_batch()
 
+    if xla_route is None:
+        mesh = None if isinstance(mesh_or_workers, int) else mesh_or_workers
+        xla_route = xla_below_bytes(config, mesh)
     return Plan(
         workers=workers,
         config=config,
@@ -204,4 +214,6 @@ def plan(
         buckets=tuple(buckets),
         mean=mean,
         proxies=proxies,
+        xla_below_bytes=xla_route[0],
+        xla_reason=xla_route[1],
     )

@@ -129,6 +129,11 @@ class Plan:
       mean: whether the runtime scales sums by 1/p.
       proxies: the number of proxies q (each serves p / q workers); 0 when
         built by hand means p.
+      xla_below_bytes: the latency route's cap: a tree of at most this many
+        bytes is reduced by XLA inside the step's program
+        (``Config.xla_below_bytes``, with ``"auto"`` decided for the mesh by
+        `coarse_jax.plan.xla_route`).
+      xla_reason: why the cap is what it is, for `summary`.
 
     Example:
       >>> tree = {"a": jnp.zeros((16,)), "b": jnp.zeros((1024, 1024))}   # flatten order: a, b
@@ -148,6 +153,8 @@ class Plan:
     buckets: tuple[BucketPlan, ...]
     mean: bool = True
     proxies: int = 0
+    xla_below_bytes: int = 0
+    xla_reason: str = ""
 
     def __post_init__(self) -> None:
         if not self.proxies:
@@ -175,10 +182,10 @@ class Plan:
 
     @property
     def xla(self) -> bool:
-        """The whole tree is at most ``Config.xla_below_bytes``: XLA reduces it inside the
-        step's program (a psum over the workers), not the proxies; the pieces and buckets
-        are what the proxies would have done."""
-        return 0 < self.total_bytes <= self.config.xla_below_bytes
+        """The whole tree is at most `xla_below_bytes`: XLA reduces it inside the step's
+        program (one psum over the workers), not the proxies; the pieces and buckets are
+        what the proxies would have done."""
+        return 0 < self.total_bytes <= self.xla_below_bytes
 
     @property
     def proxy_bytes(self) -> int:
@@ -254,6 +261,15 @@ class Plan:
           >>> print(coarse.plan({"w": jnp.zeros((4, 4))}, mesh).summary())
           leaf      shape   dtype   bytes  sync   dest proxy per worker
           ---...
+          ['w']     (4, 4)  float32    64  XLA psum    -
+          ---...
+          latency route: the whole tree (64 B) is at most 2097152 B, so XLA reduces it ...
+          1 leaves, 0.00 MiB, all through XLA's psum (one collective)
+          shard 4194304 B, latency threshold 2097152 B, routes (lat, bw) per worker: ...
+          >>> cfg = coarse.Config(xla_below_bytes=0)   # the proxies, however small
+          >>> print(coarse.plan({"w": jnp.zeros((4, 4))}, mesh, cfg).summary())
+          leaf      shape   dtype   bytes  sync   dest proxy per worker
+          ---...
           ['w']     (4, 4)  float32    64  proxy, piece 0    0,1,2,3
           ---...
           1 leaves, 0.00 MiB: 0.00 MiB via 4 proxies in 1 pieces (1 pushes per worker), ...
@@ -273,7 +289,9 @@ class Plan:
         rows = [header, "-" * len(header)]
         for sid, tree_index in enumerate(self.sync_order[:max_rows]):
             leaf = self.leaves[tree_index]
-            if leaf.sync == "worker":
+            if self.xla:
+                how, dest = "XLA psum", "-"
+            elif leaf.sync == "worker":
                 how, dest = "worker ring", "-"
             else:
                 own = pieces_of.get(sid, [])
@@ -298,23 +316,41 @@ class Plan:
         rows.append("-" * len(header))
         if self.xla:
             rows.append(
-                f"the whole tree ({self.total_bytes} B) is at most Config.xla_below_bytes "
-                f"({self.config.xla_below_bytes} B): XLA reduces it in the step's program (a psum "
-                "over the workers); no proxy takes part (coarse.value_and_update excepted)"
+                f"latency route: the whole tree ({self.total_bytes} B) is at most "
+                f"{self.xla_below_bytes} B, so XLA reduces it in the step's program (one psum "
+                "over the workers) and no proxy takes part (coarse.value_and_update "
+                f"excepted); {self.xla_reason}"
             )
-        rows.append(
-            f"{len(self.leaves)} leaves, {self.total_bytes / 2**20:.2f} MiB: "
-            f"{self.proxy_bytes / 2**20:.2f} MiB via {self.proxies} proxies in "
-            f"{len(self.pieces)} pieces "
-            f"({len(self.buckets)} pushes per worker), "
-            f"{(self.total_bytes - self.proxy_bytes) / 2**20:.2f} MiB via the worker ring "
-            f"({len(self.leading_leaves)} leaves)"
-        )
+        elif self.xla_below_bytes:
+            rows.append(
+                f"latency route: trees of at most {self.xla_below_bytes} B go through XLA, "
+                f"this one is {self.total_bytes} B; {self.xla_reason}"
+            )
+        elif self.xla_reason.startswith("auto") and "no mesh" not in self.xla_reason:
+            rows.append(
+                f"latency route: none, every tree goes through the proxies; {self.xla_reason}"
+            )
+        if self.xla:
+            rows.append(
+                f"{len(self.leaves)} leaves, {self.total_bytes / 2**20:.2f} MiB, all through "
+                "XLA's psum (one collective)"
+            )
+        else:
+            rows.append(
+                f"{len(self.leaves)} leaves, {self.total_bytes / 2**20:.2f} MiB: "
+                f"{self.proxy_bytes / 2**20:.2f} MiB via {self.proxies} proxies in "
+                f"{len(self.pieces)} pieces "
+                f"({len(self.buckets)} pushes per worker), "
+                f"{(self.total_bytes - self.proxy_bytes) / 2**20:.2f} MiB via the worker ring "
+                f"({len(self.leading_leaves)} leaves)"
+            )
         rows.append(
             f"shard {self.config.shard_bytes} B, latency threshold "
             f"{self.config.latency_threshold_bytes} B, routes (lat, bw) per worker: "
             + " ".join(f"w{i}:{lat},{bw}" for i, (lat, bw) in enumerate(routes))
         )
+        if self.xla:  # the proxies move nothing
+            return "\n".join(rows)
         from coarse_jax.plan.traffic import cpu_traffic  # traffic reads this module's Plan
 
         rows.append("CPU bytes per sync, value_and_grad: " + cpu_traffic(self).line())

@@ -82,6 +82,9 @@ def run_comparison(
     cfg = coarse.Config(
         shard_bytes=config.shard_bytes,
         leading_bytes=steps.leading_bytes(params, config.leading_modules),
+        # The examples show the proxies: on CPU a small model's tree (the
+        # demo's 0.32 MiB) would take the latency route, XLA's psum, by default.
+        xla_below_bytes=0,
     )
     report.print_header(name, params, config)
     if "coarse" in impls:
