@@ -29,7 +29,8 @@ def _loss(params, batch):
 def setup():
     mesh = coarse.make_mesh(workers=4)
 
-    @coarse.sync(mesh, config=coarse.Config(shard_bytes=16 << 10))
+    # xla_below_bytes=0: the runtime's calls in flight (a 0.5 MiB tree: latency route).
+    @coarse.sync(mesh, config=coarse.Config(shard_bytes=16 << 10, xla_below_bytes=0))
     def step(params, opt_state, batch):
         loss, grads = coarse.value_and_grad(_loss)(params, batch)
         updates, opt_state = TX.update(grads, opt_state, params)

@@ -55,7 +55,9 @@ def _report(what: str, medians: dict[str, float], base: str) -> None:
 def test_one_kib_all_reduce_against_psum(benchmark):
     mesh = coarse.make_mesh(workers=WORKERS)
     psum, flat = psum_over(WORKERS)
-    step = coarse.sync(lambda x: coarse.all_reduce(x, op="sum"), mesh)
+    # xla_below_bytes=0: the proxies' path (1 KiB would take the latency route).
+    cfg = coarse.Config(xla_below_bytes=0)
+    step = coarse.sync(lambda x: coarse.all_reduce(x, op="sum"), mesh, config=cfg)
     x = np.arange(WORKERS * 256, dtype=np.float32) % 7  # 1 KiB per worker
     args = {
         "coarse all_reduce": jax.device_put(x, NamedSharding(mesh, P("data"))),

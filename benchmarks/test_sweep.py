@@ -57,7 +57,10 @@ def test_message_size_sweep(benchmark):
         for nbytes in SIZES:
             n = nbytes // 4
             # Each worker's shard is its own message (the batch axis is split over "data").
-            step = coarse.sync(lambda x: coarse.all_reduce(x, op="sum"), mesh)
+            # xla_below_bytes=0: the proxies' curve at every size (the default's
+            # latency route is XLA's psum up to 2 MiB: test_goals.py times that).
+            cfg = coarse.Config(xla_below_bytes=0)
+            step = coarse.sync(lambda x: coarse.all_reduce(x, op="sum"), mesh, config=cfg)
             x = np.arange(WORKERS * n, dtype=np.float32) % 7
             # Placed once, as for psum: a numpy argument would be copied in every call.
             xc = jax.device_put(x, NamedSharding(mesh, P("data")))

@@ -36,7 +36,9 @@ NBYTES = 1 << 10
 def test_wakeups_per_sync(benchmark):
     mesh = coarse.make_mesh(workers=WORKERS)
     psum, flat = psum_over(WORKERS)
-    step = coarse.sync(lambda x: coarse.all_reduce(x, op="sum"), mesh)
+    # xla_below_bytes=0: the proxies' wake-ups (1 KiB would take the latency route).
+    cfg = coarse.Config(xla_below_bytes=0)
+    step = coarse.sync(lambda x: coarse.all_reduce(x, op="sum"), mesh, config=cfg)
     x = np.arange(WORKERS * NBYTES // 4, dtype=np.float32) % 7
     # On the workers' devices, as psum's: an input on the whole two-tier mesh
     # would add its placement to every call (benchmarks/test_goals.py).
