@@ -441,3 +441,44 @@ def test_every_kind_of_argument_against_jit(drawn):
     for g, w, (kind, shape, placement, _) in zip(got, want, specs, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape, (kind, shape, placement)
         np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=f"{kind} {shape} {placement}")
+
+
+# -- a training loop's repeated call -----------------------------------------
+
+
+def test_a_repeated_call_reuses_its_layout_and_a_changed_one_does_not(mesh4):
+    """`Arguments.repeat` finds the layout of a call with the same arrays' shapes, dtypes
+    and shardings; any difference there takes the full path: placement onto the mesh, the
+    batch check, a new program. Every result against plain numpy."""
+    w = np.array([1.0, 0.5, -1.0], np.float32)
+
+    @coarse.sync(mesh4)
+    def step(w, batch):
+        return coarse.all_reduce(jnp.sum(batch @ w), op="sum")
+
+    def want(batch):
+        return np.float32(np.sum(np.asarray(batch) @ w))
+
+    workers = workers_mesh(mesh4)
+    on_workers = jax.device_put(w, NamedSharding(workers, P()))
+    batch = jax.device_put(jnp.arange(24.0).reshape(8, 3), NamedSharding(workers, P("data")))
+    np.testing.assert_allclose(step(on_workers, batch), want(batch), rtol=1e-6)
+    assert len(step._arguments._repeats) == 1
+    for k in range(3):  # the repeats: same layout, new values
+        b = batch + k
+        assert step._arguments.repeat((on_workers, b), {}) is not None
+        np.testing.assert_allclose(step(on_workers, b), want(b), rtol=1e-6)
+    # w on the whole mesh: moved onto the workers, and the output follows it back.
+    on_mesh = jax.device_put(w, NamedSharding(mesh4, P()))
+    assert step._arguments.repeat((on_mesh, batch), {}) is None
+    out = step(on_mesh, batch)
+    assert set(out.sharding.device_set) == set(mesh4.devices.flat)
+    np.testing.assert_allclose(out, want(batch), rtol=1e-6)
+    # A batch the workers cannot split is refused as on a first call.
+    bad = jax.device_put(jnp.ones((6, 3)), NamedSharding(workers, P()))
+    with pytest.raises(ValueError, match=r"leading axis divisible by the 4 workers"):
+        step(on_workers, bad)
+    # A keyword call and a host value take the full path, with the same numbers.
+    np.testing.assert_allclose(step(w=on_workers, batch=batch), want(batch), rtol=1e-6)
+    np.testing.assert_allclose(step(w, np.asarray(batch)), want(batch), rtol=1e-6)
+    assert len(step._arguments._repeats) == 1

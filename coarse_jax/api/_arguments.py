@@ -26,6 +26,7 @@ Signature = tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]
 
 _EMPTY = inspect.Parameter.empty
 _ROLES_KEPT = 64  # call shapes whose positions `Arguments.layout` remembers
+_REPEATS_KEPT = 16  # calls whose whole layout `Arguments.repeat` remembers
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
@@ -213,6 +214,7 @@ class Arguments:
         self._check_names()
         # A call's shape (`layout`'s key) -> its (static, batch, donated, NNX) positions.
         self._roles: dict[tuple[Any, ...], tuple[tuple[int, ...], ...]] = {}
+        self._repeats: dict[tuple[Any, ...], Layout] = {}
 
     def _check_names(self) -> None:
         if self._sig is None:
@@ -410,3 +412,38 @@ class Arguments:
         if arrays:
             return arrays[-1]
         return free[-1] if free else n - 1
+
+    def repeat(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Layout | None:
+        """The layout of a call exactly like a remembered one, or None.
+
+        A training loop calls its step with the same tree of arrays every
+        time: then the layout (binding, roles, structure, the batch check,
+        placement) is the one worked out before, found by one look at each
+        leaf (about 7 of the 28 µs `coarse.sync` spent around a 1 KiB sync).
+        Exactly like: positional arguments only, every leaf a concrete
+        `jax.Array` with the same shape, dtype, weak type, sharding and
+        commitment, so everything the layout and the placement read is the
+        same.
+        """
+        if kwargs or not self._repeats:
+            return None
+        key = _repeat_key(args)
+        return None if key is None else self._repeats.get(key)
+
+    def remember(self, args: tuple[Any, ...], kwargs: dict[str, Any], layout: Layout) -> None:
+        """Keeps ``layout`` for `repeat`: a call that `coarse.sync` passed on as it came (no
+        argument moved, no static or NNX argument, no outer trace)."""
+        if kwargs or layout.static or layout.graph or layout.outer_trace:
+            return
+        if len(self._repeats) < _REPEATS_KEPT and (key := _repeat_key(args)) is not None:
+            self._repeats[key] = layout
+
+
+def _repeat_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    leaves, treedef = jax.tree.flatten(args)
+    key: list[Any] = [treedef]
+    for x in leaves:
+        if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+            return None
+        key.append((x.shape, x.dtype, x.weak_type, x.sharding, x.committed))
+    return tuple(key)

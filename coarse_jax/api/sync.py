@@ -231,7 +231,11 @@ class SyncedStep(ProxyState):
         self._in_flight.wait_all()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        layout, full, graph_state = self._layout(args, kwargs)
+        repeat = self._arguments.repeat(args, kwargs)  # a training loop's next call
+        if repeat is not None:
+            layout, full, graph_state = repeat, args, None
+        else:
+            layout, full, graph_state = self._layout(args, kwargs)
         cfg = self._config
         if cfg.reprofile_every:
             check_reprofile(self.mesh, layout.outer_trace, self._name)
@@ -245,7 +249,12 @@ class SyncedStep(ProxyState):
         if layout.graph:
             trees.append((graph_state, False))
         # on_mesh: where the outputs go (None: they stay on the workers).
-        on_mesh, dyn = _placement.onto_workers(self.mesh, trees)
+        if repeat is not None:  # remembered only where nothing moved
+            on_mesh, dyn = None, [t for t, _ in trees]
+        else:
+            on_mesh, dyn = _placement.onto_workers(self.mesh, trees)
+            if on_mesh is None and all(d is t for d, (t, _) in zip(dyn, trees, strict=True)):
+                self._arguments.remember(args, kwargs, layout)
         if layout.outer_trace:  # inside the user's jit: its outputs are tracers
             on_mesh = None
         # Ctrl-C abandons a step stalled in the runtime (unless the program
