@@ -75,6 +75,8 @@ class SyncedStep(ProxyState):
         self.mesh = mesh
         # The workers over all hosts: a batch's leading axis is split over them.
         self._all_workers = mesh.shape[DATA] * (mesh.shape["host"] if has_hosts(mesh) else 1)
+        # Final here: a mesh over several processes' devices needs jax.distributed first.
+        self._across_processes = has_hosts(mesh) and jax.process_count() > 1
         self._fn = fn
         self._name: str = getattr(fn, "__name__", "step")
         self._arguments = _arguments.Arguments(fn, self._name, **argument_options)
@@ -240,9 +242,10 @@ class SyncedStep(ProxyState):
         if cfg.reprofile_every:
             check_reprofile(self.mesh, layout.outer_trace, self._name)
         key = (layout, cfg)
-        new = key not in self._compiled
+        jitted: Any = self._compiled.get(key)
+        new = jitted is None
         if new:
-            self._compiled[key] = self._compile(cfg, layout)
+            jitted = self._compiled[key] = self._compile(cfg, layout)
         graph_nodes = tuple(full[i] for i in layout.graph)
         passed = [i for i in layout.dynamic() if i not in layout.graph]
         trees = [(full[i], i in layout.batch) for i in passed]
@@ -260,13 +263,12 @@ class SyncedStep(ProxyState):
         # Ctrl-C abandons a step stalled in the runtime (unless the program
         # installed its own SIGINT handler); checked per call, about 2.5 us.
         _ffi.arm_interrupt_hook()
-        across = has_hosts(self.mesh) and jax.process_count() > 1 and not layout.outer_trace
+        across = self._across_processes and not layout.outer_trace
         if across:
             # Every process must dispatch this call: a host that never comes
             # fails the others here, naming it, instead of a hang in the
             # inter-host collective.
             self._arrival.wait(self._calls, cfg.timeout_s, programs=len(self._compiled))
-        jitted: Any = self._compiled[key]
         if new and cfg.mode == "ffi":
             # Before anything runs: a coarse call that only some devices would
             # run (inside a cond on a mesh axis) is a TypeError, not a hang.
@@ -288,7 +290,7 @@ class SyncedStep(ProxyState):
             self._writer.pace(list(self._stores.values()), self._wait_all)
         if not layout.outer_trace:  # Config.max_steps_in_flight, with this call
             self._in_flight.make_room(cfg)
-        *results, self._ref_state = self._compiled[key](*dyn, self._ref_state)
+        *results, self._ref_state = jitted(*dyn, self._ref_state)
         # Across processes every host's proxies hold the same master and state
         # (they apply the same update), so one process writes the directory;
         # every process can restore from it.
