@@ -228,3 +228,17 @@ def test_the_default_comes_from_the_environment(monkeypatch, raw, want):
         coarse.Config()
     monkeypatch.delenv("COARSE_JAX_XLA_BELOW_BYTES")
     assert coarse.Config().xla_below_bytes == "auto"
+
+
+def test_a_reprofile_that_moves_the_threshold_across_a_tree_recompiles():
+    """With "auto" the cap is the latency threshold: a re-profile that moves it below a tree
+    sends the tree to the proxies, even where its pieces' routes stay the same."""
+    from coarse_jax.api.reprofile import changes_plans
+
+    mesh = coarse.make_mesh(workers=WORKERS)
+    plans = [(jax.ShapeDtypeStruct((256,), jnp.float32), {})]
+    old = coarse.Config(xla_below_bytes="auto")
+    assert changes_plans(mesh, plans, old, coarse.Config(xla_below_bytes="auto", shard_bytes=8))
+    assert not changes_plans(mesh, plans, old, old)
+    moved = coarse.Config(xla_below_bytes="auto", latency_threshold_bytes=512)  # under 1 KiB
+    assert changes_plans(mesh, plans, old, moved)

@@ -10,6 +10,7 @@ from jax.sharding import Mesh
 from coarse_jax.config import Config
 from coarse_jax.mesh import DATA, has_hosts, num_proxies
 from coarse_jax.plan import plan as make_plan
+from coarse_jax.plan.xla_route import xla_below_bytes
 from coarse_jax.profiling import profile
 
 # Fields the profile decides; every other field of the step's Config is kept.
@@ -64,7 +65,11 @@ def changes_plans(
     piece sizes routes nothing else, and needs no recompile."""
     p, q = mesh.shape[DATA], num_proxies(mesh)
 
-    def keys(cfg: Config) -> list[int]:
-        return [make_plan(t, p, cfg, proxies=q, **kw).ffi_attrs()["plan_key"] for t, kw in plans]
+    def keys(cfg: Config) -> list[tuple[int, bool]]:
+        # With the latency route decided for the mesh, as the traces did: a
+        # threshold that moved may send a tree to XLA or back (xla_route.py).
+        route = xla_below_bytes(cfg, mesh)
+        built = [make_plan(t, p, cfg, proxies=q, xla_route=route, **kw) for t, kw in plans]
+        return [(int(b.ffi_attrs()["plan_key"]), b.xla) for b in built]
 
     return keys(new) != keys(old)
