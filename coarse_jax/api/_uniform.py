@@ -60,37 +60,41 @@ def _split_of(eqn: Any) -> _Split | None:
 
 def _error(call: Any, split: _Split, site_names: Mapping[int, str], step: str) -> TypeError:
     attrs = call.params["attributes"].attrs
-    site = int(attrs.get("site", -1))
-    name = site_names.get(site, "a coarse synchronization")
+    name = site_names.get(int(attrs.get("site", -1)), "a coarse synchronization")
+    return _split_error(
+        name,
+        f"its custom call {call.params['target']}",
+        ", or the ones that do wait for the others until Config.timeout_s, and an XLA "
+        "collective the others enter meanwhile may abort the process",
+        split,
+        step,
+    )
+
+
+def _route_error(marker: Any, split: _Split, step: str) -> TypeError:
+    return _split_error(
+        marker.params["target"],
+        "its tree is on the latency route, Config.xla_below_bytes: one psum, which XLA would "
+        "wait for until it aborts the process",
+        "",
+        split,
+        step,
+    )
+
+
+def _split_error(name: str, what: str, unless: str, split: _Split, step: str) -> TypeError:
+    """The TypeError for ``name`` (a coarse call, ``what`` it runs) under ``split``."""
     where = _jax_compat.user_location(split.eqn)
     at = f" (at {where})" if where else ""
     axes = ", ".join(repr(a) for a in split.axes)
     return TypeError(
         f"coarse.sync({step}): {name} is traced inside {split.what}{at} whose predicate "
         f"varies over the mesh axis {axes}, so only some devices of the program would run it "
-        f"(its custom call {call.params['target']}). A coarse synchronization is a collective: "
-        "every worker of the program must run each of its calls, or the "
-        "ones that do wait for the others until Config.timeout_s, and an XLA collective the "
-        "others enter meanwhile may abort the process. Fix: call it outside the conditional "
-        "or loop, on every device, and select its result afterwards (jnp.where on the predicate); "
-        "or make the predicate the same on every device (pass a per-worker value through "
-        "coarse.all_reduce first)."
-    )
-
-
-def _route_error(marker: Any, split: _Split, step: str) -> TypeError:
-    where = _jax_compat.user_location(split.eqn)
-    at = f" (at {where})" if where else ""
-    axes = ", ".join(repr(a) for a in split.axes)
-    return TypeError(
-        f"coarse.sync({step}): {marker.params['target']} is traced inside {split.what}{at} "
-        f"whose predicate varies over the mesh axis {axes}, so only some devices of the "
-        "program would run it (its tree is on the latency route, Config.xla_below_bytes: one "
-        "psum, which XLA would wait for until it aborts the process). A coarse "
-        "synchronization is a collective: every worker of the program must run each of its "
-        "calls. Fix: call it outside the conditional or loop, on every device, and select its "
-        "result afterwards (jnp.where on the predicate); or make the predicate the same on "
-        "every device (pass a per-worker value through coarse.all_reduce first)."
+        f"({what}). A coarse synchronization is a collective: every worker of the program must "
+        f"run each of its calls{unless}. Fix: call it outside the conditional or loop, on every "
+        "device, and select its result afterwards (jnp.where on the predicate); or make the "
+        "predicate the same on every device (pass a per-worker value through coarse.all_reduce "
+        "first)."
     )
 
 
