@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from coarse_jax.config import Config
+from coarse_jax.plan.xla_route import NO_MESH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,7 +327,7 @@ class Plan:
                 f"latency route: trees of at most {self.xla_below_bytes} B go through XLA, "
                 f"this one is {self.total_bytes} B; {self.xla_reason}"
             )
-        elif self.xla_reason.startswith("auto") and "no mesh" not in self.xla_reason:
+        elif self.config.xla_below_bytes == "auto" and self.xla_reason not in ("", NO_MESH):
             rows.append(
                 f"latency route: none, every tree goes through the proxies; {self.xla_reason}"
             )

@@ -36,6 +36,8 @@ from coarse_jax.config import Config
 from coarse_jax.mesh import has_hosts
 
 AUTO = "auto"
+# The reason of a plan built for a number of workers: `Plan.summary` says nothing of it.
+NO_MESH = "auto (Config.xla_below_bytes): no mesh given, no platform to decide from"
 
 
 def xla_below_bytes(config: Config, mesh: Any = None) -> tuple[int, str]:
@@ -55,7 +57,7 @@ def xla_below_bytes(config: Config, mesh: Any = None) -> tuple[int, str]:
         assert isinstance(value, int)  # Config checks it
         return value, "Config.xla_below_bytes"
     if mesh is None:
-        return 0, "auto (Config.xla_below_bytes): no mesh given, no platform to decide from"
+        return 0, NO_MESH
     if config.topology is not None:
         return 0, "auto (Config.xla_below_bytes): links emulated (Config.topology) time the proxies"
     if has_hosts(mesh):
