@@ -6,7 +6,9 @@ CUDA events, the median of ``ITERS`` runs of:
 * ``copy``:   ``cudaMemcpyAsync`` device to device of the packed buffer;
 * ``pack``:   leaves -> one buffer (same dtype, so it moves the copy's bytes);
 * ``unpack``: the inverse;
-* ``reduce``: ``out = 0.5 * (a + b)`` (reads two buffers, writes one).
+* ``reduce``: ``out = 0.5 * (a + b)`` (reads two buffers, writes one);
+* ``adam``:   (float32 rows) the proxy optimizer's adam update in place, as the
+  proxies run it: gradient, weight and two state slots read and written.
 
 Bandwidth counts bytes read plus bytes written; each kernel is reported as a
 fraction of the copy's bandwidth (the goal: >= 90% from 64 MiB up). A
@@ -45,7 +47,9 @@ def _measure(benchmark, nelems, dtype, num_leaves, label):
     )
     copy_gbs = result["copy_bytes"] / result["copy_us"] / 1e3
     row = {"case": label, "dtype": dtype, "leaves": num_leaves, "gpu": device.device_kind}
-    for name in ("copy", "pack", "unpack", "reduce"):
+    for name in ("copy", "pack", "unpack", "reduce", "adam"):
+        if f"{name}_us" not in result:
+            continue
         gbs = result[f"{name}_bytes"] / result[f"{name}_us"] / 1e3
         row[f"{name}_us"] = result[f"{name}_us"]
         row[f"{name}_gbs"] = gbs
@@ -78,15 +82,16 @@ def _report():
             "bytes written) / time; % = of the copy's GB/s"
         ),
         "",
-        "| case | dtype | copy GB/s | pack GB/s (%) | unpack GB/s (%) | reduce GB/s (%) |",
-        "|---|---|---:|---:|---:|---:|",
+        "| case | dtype | copy GB/s | pack GB/s (%) | unpack GB/s (%) | reduce GB/s (%) "
+        "| adam GB/s (%) |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in ROWS:
         lines.append(
             f"| {r['case']} | {r['dtype']} | {r['copy_gbs']:.0f} | "
             + " | ".join(
-                f"{r[f'{k}_gbs']:.0f} ({100 * r[f'{k}_of_copy']:.0f}%)"
-                for k in ("pack", "unpack", "reduce")
+                f"{r[f'{k}_gbs']:.0f} ({100 * r[f'{k}_of_copy']:.0f}%)" if f"{k}_gbs" in r else "-"
+                for k in ("pack", "unpack", "reduce", "adam")
             )
             + " |"
         )

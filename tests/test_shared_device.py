@@ -131,3 +131,43 @@ def test_one_gpu_runs_value_and_grad_and_value_and_update_at_p1():
             want = optax.apply_updates(want, updates)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def _linear_loss(params, coeffs):
+    # d/dw sum(w * c) is c exactly on any backend: the gradients the proxy gets are
+    # the same bits on the GPU and on the CPU, so its optimizer's results must be too.
+    pairs = zip(jax.tree.leaves(params), jax.tree.leaves(coeffs), strict=True)
+    return sum(jnp.sum(w * c) for w, c in pairs)
+
+
+def test_one_gpu_update_is_bitwise_the_same_step_on_a_cpu_device():
+    """The proxy optimizer on the GPU (kernels/optim.cu) against its CPU twin: three
+    steps of each optimizer at p = 1, on one GPU and on one CPU device, from the same
+    params and gradients, give the same bits (tools/gpu_check.sh; skipped without a GPU)."""
+    gpu, _ = gpu_or_skip()
+    cpu = jax.devices("cpu")[0]
+    params, _ = _case(1)
+    coeffs = jax.tree.map(
+        lambda w: jnp.sin(0.37 * jnp.arange(w.size, dtype=jnp.float32)).reshape(w.shape), params
+    )
+    coeffs, params = jax.device_get((coeffs, params))
+    failures = []
+    for name, (opt, _tx) in _optimizers().items():
+        results = []
+        for device in (gpu, cpu):
+            mesh = shared_device_mesh(workers=1, devices=[device])
+            step = coarse_update_step(mesh, opt, CONFIG, loss_fn=_linear_loss)
+            p, c = jax.device_put((params, coeffs), device)
+            for _ in range(3):
+                p, _ = step(jax.tree.map(jnp.copy, p), c)
+            results.append(jax.device_get(p))
+        for path, a, b in zip(
+            jax.tree_util.tree_leaves_with_path(results[0]),
+            jax.tree.leaves(results[0]),
+            jax.tree.leaves(results[1]),
+            strict=True,
+        ):
+            differ = int(np.sum(a.view(np.uint32) != b.view(np.uint32)))
+            if differ:
+                failures.append(f"{name} {jax.tree_util.keystr(path[0])}: {differ} of {a.size}")
+    assert not failures, "GPU and CPU steps differ: " + "; ".join(failures)

@@ -5,13 +5,17 @@
 # COARSE_GPU_FROM_WHEEL=1 installs the wheels instead: coarse_jax[cuda13] from
 # $REPO/dist (`make wheel`'s output, carried to the host; Python 3.12+), offline
 # (--no-index: jax[cuda13], flax, optax... must be installed already), no nvcc.
-# Results go to $OUT (default ./out/gpu): test log, kernels_gpu.md/.json.
+# Results go to $OUT (default ./out/gpu): test log, kernels_gpu.md/.json,
+# step_gpu.md/.json.
+# JAX's default memory settings on purpose (it preallocates 75% of the GPU):
+# the runtime's own allocations must fit beside them without an environment
+# variable (README, "GPU memory").
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$REPO/out/gpu}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 COARSE_TEST_GPU=1
+export PYTHONUNBUFFERED=1 COARSE_TEST_GPU=1
 # Host proxies with GPU workers are off by default until they have run on a GPU:
 # this check is where they first do (tests/test_host_proxies.py, one GPU worker).
 export COARSE_JAX_GPU_HOST_PROXIES=1
@@ -37,8 +41,12 @@ fi
 
 cd /tmp  # import the installed package, not the source tree
 echo "== GPU tests"
-$PY -m pytest -q -p no:cacheprovider -rs "$REPO/tests/test_kernels.py" "$REPO/tests/test_sync_selftest.py" "$REPO/tests/test_call_bindings.py" "$REPO/tests/test_shared_device.py" \
+timeout 300 $PY -m pytest -q -p no:cacheprovider -rs --timeout=150 "$REPO/tests/test_kernels.py" "$REPO/tests/test_sync_selftest.py" "$REPO/tests/test_call_bindings.py" "$REPO/tests/test_shared_device.py" \
   "$REPO/tests/test_host_proxies.py::test_one_gpu_with_a_host_proxy_matches_the_oracles" 2>&1 | tee "$OUT/tests.log" | tail -25
 echo "== kernel benchmarks"
-COARSE_BENCH_OUT=$OUT $PY -m pytest -q -p no:cacheprovider -s "$REPO/benchmarks/test_kernels_gpu.py" \
+COARSE_BENCH_OUT=$OUT timeout 120 $PY -m pytest -q -p no:cacheprovider -s "$REPO/benchmarks/test_kernels_gpu.py" \
   --benchmark-json="$OUT/kernels_gpu.json" --benchmark-disable-gc 2>&1 | tee "$OUT/bench.log" | tail -30
+echo "== steps: p = 1 value_and_update against jit + optax; host proxies against pinned copies"
+COARSE_BENCH_OUT=$OUT timeout 170 $PY -m pytest -q -p no:cacheprovider -s --timeout=120 "$REPO/benchmarks/test_step_gpu.py" \
+  --benchmark-json="$OUT/step_gpu.json" --benchmark-disable-gc 2>&1 | tee "$OUT/step.log" | tail -30
+echo "== done in ${SECONDS}s"

@@ -95,6 +95,42 @@ std::map<std::string, double> BenchKernels(int64_t nelems, const std::string& dt
   r["reduce_us"] =
       MedianMicros([&] { return kernels::LaunchReduce(in, 2, out.p, nelems, t, 0.5f, 0); }, iters);
   r["reduce_bytes"] = 3.0 * bytes;
+  if (t == kernels::DType::kF32) {
+    // The proxy optimizer's update (adam, in place as the proxies run it):
+    // reads gradient, weight and two state slots, writes all four back.
+    OptScalars o;
+    o.kind = OptKind::kAdam;
+    o.lr = 1e-3f, o.b1 = 0.9f, o.one_minus_b1 = 0.1f, o.b2 = 0.999f, o.one_minus_b2 = 1e-3f;
+    o.eps = 1e-8f, o.bc1 = 0.1f, o.bc2 = 1e-3f;
+    auto* g = static_cast<float*>(a.p);
+    auto* w = static_cast<float*>(b.p);
+    auto* s0 = static_cast<float*>(out.p);
+    auto* s1 = static_cast<float*>(leaves.p);
+    Ok(cudaMemset(s1, 0, bytes), "cudaMemset");  // nu >= 0: no NaN from sqrt
+    r["adam_us"] = MedianMicros(
+        [&] { return kernels::LaunchOptimizer(o, g, w, w, s0, s1, s0, s1, nelems, 0); }, iters);
+    r["adam_bytes"] = 8.0 * bytes;
+  }
+  return r;
+}
+
+std::map<std::string, double> BenchHostCopy(int64_t bytes, int iters) {
+  if (bytes <= 0 || iters <= 0) throw std::invalid_argument("bytes and iters must be positive");
+  DeviceBuffer dev(bytes);
+  void* host = nullptr;
+  Ok(cudaHostAlloc(&host, bytes, cudaHostAllocPortable), "cudaHostAlloc");
+  std::map<std::string, double> r;
+  try {
+    r["d2h_us"] = MedianMicros(
+        [&] { return cudaMemcpyAsync(host, dev.p, bytes, cudaMemcpyDeviceToHost, 0); }, iters);
+    r["h2d_us"] = MedianMicros(
+        [&] { return cudaMemcpyAsync(dev.p, host, bytes, cudaMemcpyHostToDevice, 0); }, iters);
+  } catch (...) {
+    cudaFreeHost(host);
+    throw;
+  }
+  cudaFreeHost(host);
+  r["bytes"] = static_cast<double>(bytes);
   return r;
 }
 

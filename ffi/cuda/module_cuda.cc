@@ -52,6 +52,9 @@ NB_MODULE(_coarse_cuda, m) {
         nb::arg("num_leaves"), nb::arg("iters"),
         "Median microseconds and bytes moved of copy/pack/unpack/reduce on the current GPU "
         "(CUDA events). See ffi/cuda/kernel_bench.h.");
+  m.def("bench_host_copy", &coarse::cuda::BenchHostCopy, nb::arg("bytes"), nb::arg("iters"),
+        "Median microseconds of cudaMemcpyAsync between the current GPU and pinned host "
+        "memory, each way (CUDA events). See ffi/cuda/kernel_bench.h.");
   m.def(
       "sync_selftest",
       [](coarse::SelfTestValues values, int64_t leading_elems, int64_t piece,
