@@ -112,12 +112,16 @@ def test_a_pull_refuses_pushed_leaves_that_moved():
             jax.block_until_ready(step(*args))
 
 
-def test_a_call_on_a_proxy_is_refused():
+def test_a_call_on_a_proxy_is_refused(device):
     """The proxies run no XLA program: a hand-made program that runs a coarse call as a
-    proxy gets an error saying where the proxies' work runs, not a second proxy 0."""
+    proxy gets an error saying where the proxies' work runs, not a second proxy 0. The
+    caller is named as its platform names it (module docstring): on CPU by the operand
+    [1, 0], on CUDA by this GPU's ordinal in the proxies' place of "ordinals"."""
     leaves = [np.ones((64,), np.float32)]
     plan = coarse.plan(leaves, 1, coarse.Config())
-    call = _ffi.CallSite(plan.ffi_attrs(), next(_SITES), np.array([0, 0]), axes=())
+    ordinal = device.local_hardware_id if device.local_hardware_id is not None else device.id
+    ordinals = np.array([0, 0]) if device.platform == "cpu" else np.array([ordinal + 1, ordinal])
+    call = _ffi.CallSite(plan.ffi_attrs(), next(_SITES), ordinals, axes=())
 
     def step(x):
         _, tok = _ffi.push(
@@ -125,6 +129,8 @@ def test_a_call_on_a_proxy_is_refused():
         )
         return tok
 
-    with pytest.raises(Exception, match=r"ran on proxy 0 .*but the proxies run no XLA program"):
-        jax.block_until_ready(jax.jit(step)(leaves[0]))
-    assert _ffi.live_sessions() == 0
+    with jax.default_device(device):
+        x = jax.device_put(leaves[0], device)
+        with pytest.raises(Exception, match=r"ran on proxy 0 .*but the proxies run no XLA program"):
+            jax.block_until_ready(jax.jit(step)(x))
+    assert _live_sessions(device) == 0

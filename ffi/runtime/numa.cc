@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <utility>
 
 namespace coarse::numa {
@@ -69,9 +69,17 @@ std::string CanonicalPciBusId(const std::string& pci_bus_id) {
 int NumaNodeOfPciBus(const std::string& pci_bus_id, const std::string& sysfs_root) {
   const std::string id = CanonicalPciBusId(pci_bus_id);
   if (id.empty()) return -1;
-  std::ifstream in(sysfs_root + "/bus/pci/devices/" + id + "/numa_node");
+  // stdio, not std::ifstream: on an H200 host (torch's Python, jax 0.11.2)
+  // `ifstream >> long` here crashed the process inside libstdc++'s locale
+  // code the first time a GPU mesh placed a proxy in host memory. The
+  // runtime reads files with stdio only.
+  const std::string path = sysfs_root + "/bus/pci/devices/" + id + "/numa_node";
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return -1;
   long node = -1;
-  if (!(in >> node) || node < 0 || node >= kMaskNodes) return -1;
+  const int got = std::fscanf(f, "%ld", &node);
+  std::fclose(f);
+  if (got != 1 || node < 0 || node >= kMaskNodes) return -1;
   return static_cast<int>(node);
 }
 
