@@ -5,8 +5,8 @@
 # COARSE_GPU_FROM_WHEEL=1 installs the wheels instead: coarse_jax[cuda13] from
 # $REPO/dist (`make wheel`'s output, carried to the host; Python 3.12+), offline
 # (--no-index: jax[cuda13], flax, optax... must be installed already), no nvcc.
-# Results go to $OUT (default ./out/gpu): logs, kernels_gpu.md, step_gpu.md and
-# host/step_gpu.md (the tables; at most 8 files, as the device tool returns).
+# Results go to $OUT (default ./out/gpu): logs, kernels_gpu.md, step_gpu.md,
+# trace_gpu.md and host/step_gpu.md (the tables; at most 8 files, as the device tool returns).
 # JAX's default memory settings on purpose (it preallocates 75% of the GPU):
 # the runtime's own allocations must fit beside them without an environment
 # variable (README, "GPU memory").
@@ -52,6 +52,8 @@ echo "== steps: p = 1 value_and_update against jit + optax"
 COARSE_BENCH_OUT=$OUT timeout 150 $PY -m pytest -q -p no:cacheprovider -s --timeout=120 -k "not host" \
   "$REPO/benchmarks/test_step_gpu.py" --benchmark-disable-gc > "$OUT/step.log" 2>&1
 grep -E "^\||passed|failed|rror" "$OUT/step.log"
+echo "== where a step leaves the GPU idle (CUPTI trace through jax.profiler)"
+timeout 120 $PY "$REPO/benchmarks/trace_step_gpu.py" "$OUT" > "$OUT/trace.log" 2>&1; tail -12 "$OUT/trace.log"
 echo "== host proxies: steps, and pushes and pulls against pinned copies"
 mkdir -p "$OUT/host"
 COARSE_BENCH_OUT=$OUT/host timeout 150 $PY -m pytest -q -p no:cacheprovider -s --timeout=120 -k host \
