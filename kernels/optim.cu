@@ -91,11 +91,11 @@ __global__ void SumPartialsKernel(const double* partial, int n, double* out) {
 }
 
 __global__ void FirstMismatchKernel(const float* master, const float* given, int64_t n, DType t,
-                                    unsigned long long* first) {
+                                    unsigned long long base, unsigned long long* first) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float r = RoundTrip(master[i], t);
-    if (!SameBits(r, given[i])) atomicMin(first, static_cast<unsigned long long>(i));
+    if (!SameBits(r, given[i])) atomicMin(first, base + static_cast<unsigned long long>(i));
   }
 }
 
@@ -145,9 +145,11 @@ cudaError_t LaunchSumSquares(const float* x, int64_t n, double* partial, double*
 }
 
 cudaError_t LaunchFirstMismatch(const float* master, const float* given, int64_t n, DType dtype,
-                                unsigned long long* first, cudaStream_t stream) {
+                                unsigned long long base, unsigned long long* first,
+                                cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  FirstMismatchKernel<<<ElementBlocks(n, 1), kThreads, 0, stream>>>(master, given, n, dtype, first);
+  FirstMismatchKernel<<<ElementBlocks(n, 1), kThreads, 0, stream>>>(master, given, n, dtype, base,
+                                                                    first);
   return cudaGetLastError();
 }
 

@@ -238,6 +238,30 @@ def test_params_check_names_the_first_changed_element(dtype):
     assert all(x.dtype == dtype for x in jax.tree.leaves(again))
 
 
+def test_params_check_names_the_first_change_across_pieces():
+    # Pieces of 64 floats: elements 130 and 200 of l1's w (16x16) are in its third
+    # and fourth pieces. The check compares all of a proxy's pieces at once (on a
+    # GPU, one read per step) and must still name the first change, counted in the
+    # whole tensor.
+    mesh = coarse.make_mesh(workers=1)
+    params = mlp_init(jax.random.key(9), SIZES)
+    batch = make_batch(jax.random.key(10), 8, 8, 4)
+    step = _coarse_step(mesh, coarse.optim.sgd(0.1), coarse.Config(shard_bytes=256))
+    new, _ = step(params, batch)
+    w = np.asarray(new["l1"]["w"]).copy()
+    flat = w.reshape(-1)
+    held = float(flat[130])
+    flat[130] += 1.0
+    flat[200] += 1.0
+    got = float(flat[130])
+    changed = {**new, "l1": {**new["l1"], "w": jnp.asarray(w)}}
+    with pytest.raises(Exception, match=r"not the params it returned") as info:
+        jax.block_until_ready(step(changed, batch))
+    text = str(info.value)
+    assert f"tensor 'params['l1']['w']', element 130: got {got:.9g}" in text, text
+    assert f"the proxies' master holds {held:.9g}" in text, text
+
+
 def test_failed_step_leaves_the_proxies_at_the_previous_version():
     mesh = coarse.make_mesh(workers=2)
     params = mlp_init(jax.random.key(9), SIZES)

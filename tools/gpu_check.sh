@@ -53,10 +53,11 @@ COARSE_BENCH_OUT=$OUT timeout 150 $PY -m pytest -q -p no:cacheprovider -s --time
   "$REPO/benchmarks/test_step_gpu.py" --benchmark-disable-gc > "$OUT/step.log" 2>&1
 grep -E "^\||passed|failed|rror" "$OUT/step.log"
 echo "== where a step leaves the GPU idle (CUPTI trace through jax.profiler)"
-timeout 120 $PY "$REPO/benchmarks/trace_step_gpu.py" "$OUT" > "$OUT/trace.log" 2>&1; tail -12 "$OUT/trace.log"
+timeout 120 $PY "$REPO/benchmarks/trace_step_gpu.py" "$OUT" 2>&1 | tail -12
 echo "== host proxies: steps, and pushes and pulls against pinned copies"
 mkdir -p "$OUT/host"
 COARSE_BENCH_OUT=$OUT/host timeout 150 $PY -m pytest -q -p no:cacheprovider -s --timeout=120 -k host \
   "$REPO/benchmarks/test_step_gpu.py" --benchmark-disable-gc > "$OUT/host/step.log" 2>&1
-grep -E "^\||passed|failed|rror" "$OUT/host/step.log"
+grep -E "^\||passed|failed|rror" "$OUT/host/step.log"; cat "$OUT/host/step.log" >> "$OUT/step.log"
+rm "$OUT/host/step.log"  # the device tool returns 8 files at most
 echo "== done in ${SECONDS}s"

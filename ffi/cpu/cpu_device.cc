@@ -185,16 +185,20 @@ ffi::ErrorOr<double> CpuDevice::SumSquares(const float* x, int64_t n) {
   return cpu::SumSquaresF32(x, n);
 }
 
-ffi::ErrorOr<Mismatch> CpuDevice::FirstMismatch(const float* master, const LeafRun& run, float*,
-                                                int64_t, int64_t) {
-  // One address space: the params are read where they are.
-  const float* held = master + run.buf_off;
+ffi::ErrorOr<Mismatch> CpuDevice::FirstMismatch(const float* master, const LeafRun* runs,
+                                                int64_t num_runs, float*, int64_t, int64_t) {
+  // One address space: the params are read where they are, run by run.
   Mismatch m;
-  m.index = cpu::FirstMismatchIn(held, run.leaf, run.len, run.dtype);
-  // Read up to the first mismatch (all of it when none): the master and the params.
-  const int64_t compared = m.index >= 0 ? m.index + 1 : run.len;
-  cpu::CountTraffic(cpu::TrafficOp::kCheck, compared * (kF32 + xla::ffi::ByteWidth(run.dtype)), 0);
-  if (m.index >= 0) {
+  for (int64_t r = 0; r < num_runs && m.run < 0; ++r) {
+    const LeafRun& run = runs[r];
+    const float* held = master + run.buf_off;
+    m.index = cpu::FirstMismatchIn(held, run.leaf, run.len, run.dtype);
+    // Read up to the first mismatch (all of it when none): the master and the params.
+    const int64_t compared = m.index >= 0 ? m.index + 1 : run.len;
+    cpu::CountTraffic(cpu::TrafficOp::kCheck, compared * (kF32 + xla::ffi::ByteWidth(run.dtype)),
+                      0);
+    if (m.index < 0) continue;
+    m.run = r;
     cpu::WidenToF32(run.dtype, ElementPtr(run.leaf, run.dtype, m.index), &m.given, 1);
     float narrow = 0;  // room for one element of any supported dtype
     cpu::NarrowFromF32(run.dtype, held + m.index, &narrow, 1);

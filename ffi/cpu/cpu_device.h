@@ -24,7 +24,8 @@ class CpuDevice final : public Device {
   xla::ffi::Error Scale(float* x, int64_t n, float scale) override;
   xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
   xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override;
-  xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun& run, float* scratch,
+  xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun* runs,
+                                            int64_t num_runs, float* scratch,
                                             int64_t scratch_device, int64_t scratch_len) override;
   xla::ffi::Error ZeroBytes(void* dst, size_t bytes) override;
   xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) override;

@@ -73,10 +73,10 @@ void SumSquares(const float* x, int64_t n, double* out) {
 }
 
 void FirstMismatch(const float* master, const float* given, int64_t n, kernels::DType dtype,
-                   unsigned long long* first) {
-  for (int64_t i = 0; i < n && static_cast<unsigned long long>(i) < *first; ++i)
+                   unsigned long long base, unsigned long long* first) {
+  for (int64_t i = 0; i < n && base + static_cast<unsigned long long>(i) < *first; ++i)
     if (!kernels::SameBits(kernels::RoundTrip(master[i], dtype), given[i])) {
-      *first = static_cast<unsigned long long>(i);
+      *first = base + static_cast<unsigned long long>(i);
       return;
     }
 }

@@ -20,8 +20,8 @@ void Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n, f
 void Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n);
 // *out = sum x[i]^2 in f64, in index order (the default CPU backend's order).
 void SumSquares(const float* x, int64_t n, double* out);
-// *first = min(*first, the first bitwise mismatch).
+// *first = min(*first, base + the first bitwise mismatch).
 void FirstMismatch(const float* master, const float* given, int64_t n, kernels::DType dtype,
-                   unsigned long long* first);
+                   unsigned long long base, unsigned long long* first);
 
 }  // namespace coarse::host_kernels

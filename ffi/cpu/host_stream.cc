@@ -191,8 +191,9 @@ ffi::Error HostStream::SumSquares(const float* x, int64_t n, double*, double* ou
 }
 
 ffi::Error HostStream::FirstMismatch(const float* master, const float* given, int64_t n,
-                                     kernels::DType dtype, unsigned long long* first) {
-  q_.Enqueue([=] { host_kernels::FirstMismatch(master, given, n, dtype, first); });
+                                     kernels::DType dtype, unsigned long long base,
+                                     unsigned long long* first) {
+  q_.Enqueue([=] { host_kernels::FirstMismatch(master, given, n, dtype, base, first); });
   return ffi::Error::Success();
 }
 

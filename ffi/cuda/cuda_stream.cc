@@ -52,8 +52,9 @@ ffi::Error CudaStream::SumSquares(const float* x, int64_t n, double* partial, do
 }
 
 ffi::Error CudaStream::FirstMismatch(const float* master, const float* given, int64_t n,
-                                     kernels::DType dtype, unsigned long long* first) {
-  return Check(kernels::LaunchFirstMismatch(master, given, n, dtype, first, stream_),
+                                     kernels::DType dtype, unsigned long long base,
+                                     unsigned long long* first) {
+  return Check(kernels::LaunchFirstMismatch(master, given, n, dtype, base, first, stream_),
                "params-check kernel");
 }
 

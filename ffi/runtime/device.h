@@ -53,7 +53,8 @@ struct LeafRun {
 using PushedRuns = std::vector<LeafRun>;
 
 struct Mismatch {
-  int64_t index = -1;
+  int64_t run = -1;           // which of the runs checked (Device::FirstMismatch), -1 if none
+  int64_t index = -1;         // the element in it
   float given = 0, held = 0;  // the params' value, the master's rounded value
 };
 
@@ -102,16 +103,19 @@ class Device {
   // sum x[i]^2 in f64 over local storage (global-norm clipping). Blocks the
   // host until the value exists (on CUDA: a device-to-host copy).
   virtual xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) = 0;
-  // The first i < run.len where the params `run` (a leaf's elements, in its
-  // dtype) differ bitwise from master[run.buf_off + i] rounded to the run's
-  // dtype (index -1 if none), with both values widened to f32. `master` and
-  // `scratch` are storage of mesh device `scratch_device` (this one or a
-  // peer, as Gather's `dst`); `scratch` (`scratch_len` floats, written at
-  // run.buf_off) may receive the run widened first; a backend that
-  // ReadsPeersInPlace() compares in place and writes nothing. Blocks the host
-  // like SumSquares.
-  virtual xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun& run,
-                                                    float* scratch, int64_t scratch_device,
+  // The params check: the first run of `runs` (in order; their buf_off
+  // increase), and in it the first i < len, where the params (a leaf's
+  // elements, in its dtype) differ bitwise from master[buf_off + i] rounded
+  // to the run's dtype, with both values widened to f32 (run -1 if none).
+  // `master` and `scratch` are storage of mesh device `scratch_device` (this
+  // one or a peer, as Gather's `dst`); `scratch` (`scratch_len` floats,
+  // written at each buf_off) may receive the runs widened first; a backend
+  // that ReadsPeersInPlace() compares in place and writes nothing. Blocks the
+  // host like SumSquares, once for all the runs (on a GPU, one small read per
+  // step: one per run cost an H200 step 8-11% of its time, benchmarks/RESULTS.md).
+  virtual xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun* runs,
+                                                    int64_t num_runs, float* scratch,
+                                                    int64_t scratch_device,
                                                     int64_t scratch_len) = 0;
 
   // Plain local bytes: result buffers the protocol fills (tokens, un-aliased

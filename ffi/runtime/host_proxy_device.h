@@ -71,9 +71,10 @@ class HostProxyDevice final : public Device {
   xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override {
     return host_->SumSquares(x, n);
   }
-  xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun& run, float* scratch,
+  xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun* runs,
+                                            int64_t num_runs, float* scratch,
                                             int64_t scratch_device, int64_t scratch_len) override {
-    return host_->FirstMismatch(master, run, scratch, scratch_device, scratch_len);
+    return host_->FirstMismatch(master, runs, num_runs, scratch, scratch_device, scratch_len);
   }
   xla::ffi::Error ZeroBytes(void* dst, size_t bytes) override {
     return host_->ZeroBytes(dst, bytes);

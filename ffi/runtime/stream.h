@@ -46,9 +46,11 @@ class Stream {
   virtual xla::ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) = 0;
   // *out = sum x[i]^2 in f64; `partial`: kSumSquaresBlocks doubles of scratch.
   virtual xla::ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) = 0;
-  // *first = min(*first, first bitwise mismatch of given vs master rounded to dtype).
+  // *first = min(*first, base + the first bitwise mismatch of given vs master
+  // rounded to dtype): several runs share one result (StreamDevice::FirstMismatch).
   virtual xla::ffi::Error FirstMismatch(const float* master, const float* given, int64_t n,
-                                        kernels::DType dtype, unsigned long long* first) = 0;
+                                        kernels::DType dtype, unsigned long long base,
+                                        unsigned long long* first) = 0;
 
   // dst[0, bytes) = 0, this device's memory.
   virtual xla::ffi::Error Memset(void* dst, size_t bytes, const char* what) = 0;

@@ -245,35 +245,50 @@ ffi::ErrorOr<double> StreamDevice::SumSquares(const float* x, int64_t n) {
   return out;
 }
 
-ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master_base, const LeafRun& run,
-                                                   float* scratch, int64_t scratch_device,
-                                                   int64_t scratch_len) {
-  // Widened beside the master first (Gather), then compared there.
-  ffi::Error g = Gather(&run, 1, scratch, scratch_device, scratch_len);
-  if (g.failure()) return ffi::Unexpected(g);
-  const float* master = master_base + run.buf_off;
-  const float* given = scratch + run.buf_off;
-  const int64_t n = run.len;
-  const ffi::DataType dtype = run.dtype;
-  kernels::DType t;
-  if (!ToKernelDType(dtype, &t))
-    return ffi::Unexpected(ffi::Error::InvalidArgument("coarse_jax: unsupported params dtype"));
+ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master, const LeafRun* runs,
+                                                   int64_t num_runs, float* scratch,
+                                                   int64_t scratch_device, int64_t scratch_len) {
+  Mismatch m;
+  if (num_runs == 0) return m;
+  // Every run widened beside the master (Gather), then compared there; the
+  // kernels share one result, the smallest buffer offset of a mismatch, so
+  // the host reads it back once for all the runs.
+  unsigned long long end = 0;
+  for (int64_t r = 0; r < num_runs; ++r)
+    end = std::max(end, static_cast<unsigned long long>(runs[r].buf_off + runs[r].len));
   auto* first = reinterpret_cast<unsigned long long*>(res_.scalars(self_) +
                                                       StreamResources::kScalarSlots - 1);
-  unsigned long long host = static_cast<unsigned long long>(n);
+  unsigned long long host = end;
   ffi::Error e = stream_->Upload(first, &host, sizeof host, "params check");
-  if (e.success()) e = stream_->FirstMismatch(master, given, n, t, first);
+  for (int64_t r = 0; r < num_runs && e.success(); ++r) {
+    const LeafRun& run = runs[r];
+    kernels::DType t;
+    if (!ToKernelDType(run.dtype, &t))
+      return ffi::Unexpected(ffi::Error::InvalidArgument("coarse_jax: unsupported params dtype"));
+    e = Gather(&run, 1, scratch, scratch_device, scratch_len);
+    if (e.success())
+      e = stream_->FirstMismatch(master + run.buf_off, scratch + run.buf_off, run.len, t,
+                                 static_cast<unsigned long long>(run.buf_off), first);
+  }
   if (e.success()) e = stream_->Download(&host, first, sizeof host, "params check");
   // The host reads `host` next.
   if (e.success()) e = stream_->Synchronize("params check");
   if (e.failure()) return ffi::Unexpected(e);
-  Mismatch m;
-  if (static_cast<int64_t>(host) >= n) return m;
-  m.index = static_cast<int64_t>(host);
+  if (host >= end) return m;
+  const int64_t at = static_cast<int64_t>(host);
+  for (int64_t r = 0; r < num_runs && m.run < 0; ++r)
+    if (runs[r].buf_off <= at && at < runs[r].buf_off + runs[r].len) m.run = r;
+  if (m.run < 0)
+    return ffi::Unexpected(
+        ffi::Error::Internal("coarse_jax: the params check found a mismatch at buffer offset " +
+                             std::to_string(at) + ", in none of its runs"));
+  const LeafRun& run = runs[m.run];
+  m.index = at - run.buf_off;
+  kernels::DType t;
+  ToKernelDType(run.dtype, &t);
   float values[2] = {0, 0};
-  e = stream_->Download(&values[0], given + m.index, sizeof(float), "params check");
-  if (e.success())
-    e = stream_->Download(&values[1], master + m.index, sizeof(float), "params check");
+  e = stream_->Download(&values[0], scratch + at, sizeof(float), "params check");
+  if (e.success()) e = stream_->Download(&values[1], master + at, sizeof(float), "params check");
   if (e.success()) e = stream_->Synchronize("params check");
   if (e.failure()) return ffi::Unexpected(e);
   m.given = values[0];

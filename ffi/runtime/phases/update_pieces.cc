@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/dtype.h"
@@ -146,34 +147,38 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
   // or widened into the buffer this step writes anyway (streams, CUDA).
   float* given = store.buf(k, 1, 0);
   const float* master = store.buf(k, 0, 0);
+  std::vector<LeafRun> runs;
+  std::vector<std::pair<int64_t, int64_t>> where;  // per run: leaf, offset in it
   for (const OwnedRange& r : store.owned(k)) {
-    err = ForSegments(
-        plan, r, [&](int64_t leaf, int64_t leaf_off, int64_t piece_off, int64_t len) -> ffi::Error {
-          const LeafRef x = u.params(leaf);
-          const int64_t off = r.off + (piece_off - r.lo);
-          LeafRun run{ElementPtr(x.data, x.dtype, leaf_off), x.dtype, len, off};
-          auto bad = dev.FirstMismatch(master, run, given, p + k, n);
-          if (bad.has_error()) return bad.error();
-          if (bad.value().index < 0) return ffi::Error::Success();
-          const int64_t i = bad.value().index;
-          const float got = bad.value().given, held = bad.value().held;
-          const std::string msg =
-              "coarse_jax: coarse.value_and_update ('" + store.name() + "')" +
-              session.DescribeStep() +
-              ": the params passed to the step are not the params it "
-              "returned last time (tensor '" +
-              plan.leaf_names[leaf] + "', element " + std::to_string(leaf_off + i) + ": got " +
-              FloatText(got) + ", the proxies' master holds " + FloatText(held) +
-              "). The proxies hold the master parameters and the optimizer state, so the step "
-              "must get back what it returned. Fix: pass the params the step returned; to continue "
-              "from other params, call step.load_optimizer_state(params, opt_state) first, or "
-              "step.reset_optimizer() to restart the optimizer from the params you pass.";
-          session.Poison(msg);
-          return ffi::Error::InvalidArgument(msg);
-        });
+    err = ForSegments(plan, r, [&](int64_t leaf, int64_t leaf_off, int64_t piece_off, int64_t len) {
+      const LeafRef x = u.params(leaf);
+      runs.push_back(
+          LeafRun{ElementPtr(x.data, x.dtype, leaf_off), x.dtype, len, r.off + (piece_off - r.lo)});
+      where.emplace_back(leaf, leaf_off);
+      return ffi::Error::Success();
+    });
     if (err.failure()) return err;
   }
-  return ffi::Error::Success();
+  // One check for all of them: on a GPU it is one read the host waits for.
+  auto bad =
+      dev.FirstMismatch(master, runs.data(), static_cast<int64_t>(runs.size()), given, p + k, n);
+  if (bad.has_error()) return bad.error();
+  if (bad.value().run < 0) return ffi::Error::Success();
+  const auto [leaf, leaf_off] = where[bad.value().run];
+  const int64_t i = bad.value().index;
+  const float got = bad.value().given, held = bad.value().held;
+  const std::string msg =
+      "coarse_jax: coarse.value_and_update ('" + store.name() + "')" + session.DescribeStep() +
+      ": the params passed to the step are not the params it "
+      "returned last time (tensor '" +
+      plan.leaf_names[leaf] + "', element " + std::to_string(leaf_off + i) + ": got " +
+      FloatText(got) + ", the proxies' master holds " + FloatText(held) +
+      "). The proxies hold the master parameters and the optimizer state, so the step "
+      "must get back what it returned. Fix: pass the params the step returned; to continue "
+      "from other params, call step.load_optimizer_state(params, opt_state) first, or "
+      "step.reset_optimizer() to restart the optimizer from the params you pass.";
+  session.Poison(msg);
+  return ffi::Error::InvalidArgument(msg);
 }
 
 ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& u, int64_t s, float* own) {
