@@ -49,10 +49,11 @@ MODELS = {
 
 
 SEEN: dict[str, str] = {}  # what the trace called things, for the report
+STREAMS: list[str] = []  # idle after small reads, per stream
 
 
 def _gpu_events(xspace_path: str):
-    """[(start_ns, end_ns, name, bytes or None)] of every GPU activity, all streams."""
+    """[(start_ns, end_ns, name, bytes or None, stream)] of every GPU activity."""
     data = jax.profiler.ProfileData.from_file(xspace_path)
     events = []
     for plane in data.planes:
@@ -69,7 +70,7 @@ def _gpu_events(xspace_path: str):
                     if "memcpy" in ev.name.lower() and len(SEEN) < 8:
                         SEEN.setdefault(f"{ev.name} / {name}", str(value)[:80])
                 start = ev.start_ns
-                events.append((start, start + ev.duration_ns, ev.name, size))
+                events.append((start, start + ev.duration_ns, ev.name, size, line.name))
     return sorted(events)
 
 
@@ -78,7 +79,7 @@ def _summary(events, steps: int) -> dict:
         return {}
     span = events[-1][1] - events[0][0]
     busy, cur_s, cur_e = 0.0, events[0][0], events[0][1]
-    for s, e, _, _ in events[1:]:
+    for s, e, *_ in events[1:]:
         if s > cur_e:
             busy += cur_e - cur_s
             cur_s, cur_e = s, e
@@ -87,24 +88,27 @@ def _summary(events, steps: int) -> dict:
     busy += cur_e - cur_s
     # Idle after each small device-to-host read: until the next activity anywhere on
     # the GPU that starts after the read ends (no other stream busy in between).
-    after_reads, reads = 0.0, 0
-    for s, e, name, size in events:
+    after_reads, reads, per_stream = 0.0, 0, {}
+    for s, e, name, size, stream in events:
         lowered = name.lower()
         is_d2h = "d2h" in lowered or "dtoh" in lowered or "devicetohost" in lowered
         if not (is_d2h and size is not None and size <= SMALL_READ_BYTES):
             continue
         reads += 1
-        running_past = any(s2 <= e < e2 for s2, e2, _, _ in events if (s2, e2) != (s, e))
+        running_past = any(s2 <= e < e2 for s2, e2, *_ in events if (s2, e2) != (s, e))
         if running_past:
             continue
-        nxt = min((s2 for s2, _, _, _ in events if s2 >= e), default=e)
+        nxt = min((s2 for s2, *_ in events if s2 >= e), default=e)
         after_reads += nxt - e
+        count, idle = per_stream.get(stream, (0, 0.0))
+        per_stream[stream] = (count + 1, idle + nxt - e)
     return {
         "step_us": span / steps / 1e3,
         "busy_us": busy / steps / 1e3,
         "idle_us": (span - busy) / steps / 1e3,
         "reads": reads / steps,
         "after_reads_us": after_reads / steps / 1e3,
+        "per_stream": {k: (c / steps, t / steps / 1e3) for k, (c, t) in per_stream.items()},
     }
 
 
@@ -163,6 +167,8 @@ def main(out_dir: str | None) -> str:
                 f"{s['idle_us']:.0f} | {s['reads']:.1f} | {s['after_reads_us']:.1f} "
                 f"({100 * s['after_reads_us'] / s['step_us']:.2f}%) |"
             )
+            for stream, (count, idle) in sorted(s["per_stream"].items()):
+                STREAMS.append(f"{model}, {label}: {stream}: {count:.1f} reads, {idle:.1f} µs")
     text = "\n".join(
         [
             f"GPU: {gpu.device_kind}; jax {jax.__version__}; per step, over {STEPS} "
@@ -172,6 +178,8 @@ def main(out_dir: str | None) -> str:
             "idle after them µs (% of step) |",
             "|---|---|---:|---:|---:|---:|---:|",
             *rows,
+            "",
+            "Idle after small reads, per stream and step: " + "; ".join(STREAMS),
             "",
             "Copy events as the trace named them (event / stat: value): "
             + "; ".join(f"{k}: {v}" for k, v in SEEN.items()),
