@@ -17,7 +17,6 @@ its name (`host_proxies_axis`; `make_mesh` says why there).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import jax
@@ -40,8 +39,6 @@ PROGRAM_HOST_AXES = (HOST, DATA)
 PROXIES_ON = ("devices", "host")
 # A host-proxy mesh's last axis (size 1) is named HOST_PROXIES + "=q".
 HOST_PROXIES = "proxies_on_host"
-# "1": make_mesh(proxies_on="host") takes GPU workers (never run on a GPU yet).
-GPU_HOST_PROXIES_ENV = "COARSE_JAX_GPU_HOST_PROXIES"
 
 
 def host_proxies_axis(proxies: int) -> str:
@@ -185,9 +182,9 @@ def make_mesh(
     of the workers would be the object `workers_mesh` makes of a
     device-proxy mesh, and the host meshes of one set of workers at every q
     one object. Across processes it is ``("host", "tier", "data",
-    "proxies_on_host=q")``, each process's first p devices its workers. This
-    version runs host proxies with CPU workers, with GPU workers only under
-    ``COARSE_JAX_GPU_HOST_PROXIES=1`` (never run on a GPU yet).
+    "proxies_on_host=q")``, each process's first p devices its workers. Host
+    proxies take CPU or GPU workers (with GPUs they have run on one GPU only:
+    docs/guides/host_proxies.md).
 
     With several processes (after ``jax.distributed.initialize``) and no
     ``devices``, the mesh is ``("host", "tier", "data")`` of shape
@@ -222,8 +219,6 @@ def make_mesh(
       ValueError: ``proxies`` does not divide ``workers``, the devices are
         too few, repeated, or do not match ``workers + proxies``, or
         ``proxies_on`` is neither ``"devices"`` nor ``"host"``.
-      NotImplementedError: ``proxies_on="host"`` with GPU workers, unless
-        ``COARSE_JAX_GPU_HOST_PROXIES=1`` (docs/guides/host_proxies.md).
 
     Example:
       >>> mesh = coarse.make_mesh(workers=4)   # 8 devices
@@ -353,13 +348,6 @@ def _make_host_proxy_mesh(
             f"make_mesh: workers={workers} needs {workers} devices{' per process' * across} "
             f"(proxies_on='host': the proxies take none), only {n} available. On CPU set "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={workers} before importing jax."
-        )
-    if pools[0][0].platform != "cpu" and os.environ.get(GPU_HOST_PROXIES_ENV) != "1":
-        raise NotImplementedError(
-            f"make_mesh: proxies_on='host' with {pools[0][0].platform} workers is off by "
-            "default: its GPU data path is tested on the stream-semantics CPU backend but has "
-            "never run on a GPU. Fix: proxies_on='devices' (the default) on GPUs, or set "
-            f"{GPU_HOST_PROXIES_ENV}=1 to run it anyway (tools/gpu_check.sh does)."
         )
     grids = [np.array(pool[:workers], dtype=object).reshape(1, workers, 1) for pool in pools]
     if across:

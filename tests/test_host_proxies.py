@@ -338,14 +338,13 @@ def test_a_large_share_on_the_host_pool_matches_optax():
     assert_tree_close(got, jax.device_get(want), rtol=1e-5, atol_scale=1e-5)
 
 
-def test_one_gpu_with_a_host_proxy_matches_the_oracles(monkeypatch):
+def test_one_gpu_with_a_host_proxy_matches_the_oracles():
     """One GPU worker and its proxy in host memory (tools/gpu_check.sh; skipped without a
     GPU): every copy between the GPU and the proxy's pinned pages, the ready flags the
     worker's stream waits on, the host's sums and optimizer, a snapshot taken straight
     from host memory. At p = 1 the sums are the worker's own values, so the oracles are
     plain jax and optax on the same GPU."""
     gpu, _ = gpu_or_skip()
-    monkeypatch.setenv("COARSE_JAX_GPU_HOST_PROXIES", "1")
     mesh = coarse.make_mesh(workers=1, proxies_on="host", devices=[gpu])
     assert proxies_on(mesh) == "host" and list(mesh.devices.flat) == [gpu]
     params = jax.device_put(mlp_init(jax.random.key(4), SIZES), gpu)

@@ -16,9 +16,6 @@ OUT=${OUT:-$REPO/out/gpu}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 COARSE_TEST_GPU=1
-# Host proxies with GPU workers are off by default until they have run on a GPU:
-# this check is where they first do (tests/test_host_proxies.py, one GPU worker).
-export COARSE_JAX_GPU_HOST_PROXIES=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 $PY -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
 
