@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds coarse_jax with its CUDA extension on a GPU host and runs the GPU
-# tests and kernel benchmarks. Used with the device tool (one call); works on
+# tests and benchmarks (kernels, p = 1 steps, a CUPTI trace, host proxies).
+# Used with the device tool (one call); works on
 # any host with a GPU, nvcc, jax[cuda], nanobind and scikit-build-core.
 # COARSE_GPU_FROM_WHEEL=1 installs the wheels instead: coarse_jax[cuda13] from
 # $REPO/dist (`make wheel`'s output, carried to the host; Python 3.12+), offline
