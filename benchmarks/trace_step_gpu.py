@@ -36,16 +36,13 @@ sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 )
 from helpers import make_batch, mlp_init, mlp_loss
+from test_step_gpu import MODELS  # the same models as the step benchmark
 
 import coarse_jax as coarse
 from coarse_jax.testing import shared_device_mesh
 
 STEPS = 10
 SMALL_READ_BYTES = 64
-MODELS = {
-    "MLP 1.3M": ((256, 1024, 1024, 256), 64),
-    "MLP 42M": ((1024, 4096, 4096, 4096, 1024), 256),
-}
 
 
 SEEN: dict[str, str] = {}  # what the trace called things, for the report

@@ -212,6 +212,24 @@ def test_params_that_are_not_what_the_step_returned_raise():
     assert_tree_close(restarted, new, rtol=0, atol_scale=0)
 
 
+def _assert_names_the_first_change(step, new, batch, first: int, later: int) -> None:
+    """Changes elements `first` and `later` (> first) of the params' l1 w, which `step`
+    returned as `new`: the step must refuse them, naming element `first` and both its
+    values as held in the params' dtype."""
+    w = np.asarray(new["l1"]["w"]).copy()
+    flat = w.reshape(-1)
+    held = float(flat[first])
+    flat[first] = flat[first] + np.asarray(1.0, w.dtype)  # earlier elements untouched
+    flat[later] = flat[later] + np.asarray(2.0, w.dtype)  # a later change is not the first
+    got = float(flat[first])
+    changed = {**new, "l1": {**new["l1"], "w": jnp.asarray(w)}}
+    with pytest.raises(Exception, match=r"not the params it returned") as info:
+        jax.block_until_ready(step(changed, batch))
+    text = str(info.value)
+    assert f"tensor 'params['l1']['w']', element {first}: got {got:.9g}" in text, text
+    assert f"the proxies' master holds {held:.9g}" in text, text
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_params_check_names_the_first_changed_element(dtype):
     # The check reads the params where they are (CPU) or widened beside the
@@ -222,18 +240,7 @@ def test_params_check_names_the_first_changed_element(dtype):
     batch = make_batch(jax.random.key(10), 8, 8, 4)
     step = _coarse_step(mesh, coarse.optim.sgd(0.1))
     new, _ = step(params, batch)
-    w = np.asarray(new["l1"]["w"]).copy()
-    flat = w.reshape(-1)
-    held = float(flat[37])
-    flat[37] = flat[37] + np.asarray(1.0, w.dtype)  # element 37; 36 and earlier untouched
-    flat[41] = flat[41] + np.asarray(2.0, w.dtype)  # a later change is not the first
-    got = float(flat[37])
-    changed = {**new, "l1": {**new["l1"], "w": jnp.asarray(w)}}
-    with pytest.raises(Exception, match=r"not the params it returned") as info:
-        jax.block_until_ready(step(changed, batch))
-    text = str(info.value)
-    assert f"tensor 'params['l1']['w']', element 37: got {got:.9g}" in text, text
-    assert f"the proxies' master holds {held:.9g}" in text, text
+    _assert_names_the_first_change(step, new, batch, first=37, later=41)
     again, _ = step(new, batch)  # the failed step changed nothing
     assert all(x.dtype == dtype for x in jax.tree.leaves(again))
 
@@ -248,18 +255,7 @@ def test_params_check_names_the_first_change_across_pieces():
     batch = make_batch(jax.random.key(10), 8, 8, 4)
     step = _coarse_step(mesh, coarse.optim.sgd(0.1), coarse.Config(shard_bytes=256))
     new, _ = step(params, batch)
-    w = np.asarray(new["l1"]["w"]).copy()
-    flat = w.reshape(-1)
-    held = float(flat[130])
-    flat[130] += 1.0
-    flat[200] += 1.0
-    got = float(flat[130])
-    changed = {**new, "l1": {**new["l1"], "w": jnp.asarray(w)}}
-    with pytest.raises(Exception, match=r"not the params it returned") as info:
-        jax.block_until_ready(step(changed, batch))
-    text = str(info.value)
-    assert f"tensor 'params['l1']['w']', element 130: got {got:.9g}" in text, text
-    assert f"the proxies' master holds {held:.9g}" in text, text
+    _assert_names_the_first_change(step, new, batch, first=130, later=200)
 
 
 def test_failed_step_leaves_the_proxies_at_the_previous_version():
