@@ -71,7 +71,7 @@ def _mesh(where, gpu):
     return shared_device_mesh(workers=1, devices=[gpu])
 
 
-def _compare(benchmark, gpu, model, label, coarse_step, state_of=None):
+def _compare(benchmark, gpu, model, label, coarse_step, with_state: bool = False):
     """Times `coarse_step` ((params[, state], batch) -> (params[, state], loss)) against
     jit + optax adam on `model`, and adds a row named `label`."""
     sizes, batch_size = MODELS[model]
@@ -88,7 +88,7 @@ def _compare(benchmark, gpu, model, label, coarse_step, state_of=None):
 
     ref = [params, tx.init(params)]
     copy = jax.tree.map(jnp.copy, params)
-    got = [(copy, tx.init(copy)) if state_of else (copy,)]
+    got = [(copy, tx.init(copy)) if with_state else (copy,)]
 
     def run_ref():
         p, s = ref
@@ -160,7 +160,7 @@ def test_grad_step_with_optax_against_jit_optax(benchmark, model):
         return optax.apply_updates(params, updates), state, loss
 
     _compare(
-        benchmark, gpu, model, "value_and_grad + optax adam, proxy on gpu", step, state_of=True
+        benchmark, gpu, model, "value_and_grad + optax adam, proxy on gpu", step, with_state=True
     )
 
 
