@@ -9,6 +9,10 @@ interleaved (each round: one coarse call per budget, then one psum call), and
 the machine's load average. Counts fall in the call during which they happen:
 a service thread that parks after one call has returned wakes in the next, so
 a call's wake-ups with work can exceed its parks.
+
+Then a value_and_grad step with and without ``coarse_begin`` (the call that
+queues the proxies' jobs ahead of the forward pass), interleaved: how many
+jobs start after a push of their sync, and the step time.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from baselines import psum_over
@@ -94,3 +99,81 @@ def test_wakeups_per_sync(benchmark):
     print("\n".join(lines))
     for name in budgets:
         assert deltas[name].thread_starts == 0, (name, deltas[name])
+
+
+def _mlp_loss(params, x):
+    h = jnp.tanh(x @ params["w1"])
+    h = jnp.tanh(h @ params["w2"])
+    return jnp.mean((h @ params["w3"]) ** 2)
+
+
+@pytest.mark.benchmark(group="wakeups")
+@pytest.mark.parametrize("hidden,batch,steps", [(512, 64, 300), (1024, 256, 120)])
+def test_jobs_ready_before_the_first_push(benchmark, monkeypatch, hidden, batch, steps):
+    """A value_and_grad step's proxies' jobs, queued by coarse_begin before the
+    forward pass, against the same step without it (the jobs then queued by
+    the loss's push, as before coarse_begin), interleaved in one process: the
+    jobs that started after a push of their sync (late), and the step time.
+    A 3-layer MLP, p = 4, per-worker batch ``batch``.
+    """
+    import coarse_jax._ffi as ffi
+
+    mesh = coarse.make_mesh(workers=WORKERS)
+    cfg = coarse.Config(xla_below_bytes=0)
+    keys = jax.random.split(jax.random.key(0), 4)
+    params = {
+        "w1": jax.random.normal(keys[0], (256, hidden)) * 0.05,
+        "w2": jax.random.normal(keys[1], (hidden, hidden)) * 0.05,
+        "w3": jax.random.normal(keys[2], (hidden, 10)) * 0.05,
+    }
+    x = jax.random.normal(keys[3], (WORKERS * batch, 256))
+
+    def make():
+        @coarse.sync(mesh, config=cfg)
+        def step(p, x):
+            loss, g = coarse.value_and_grad(_mlp_loss)(p, x)
+            return loss, jax.tree.map(lambda a, b: a - 0.01 * b, p, g)
+
+        jax.block_until_ready(step(params, x))  # compiled with the begin of the moment
+        return step
+
+    with monkeypatch.context() as m:
+        m.setattr(ffi, "begin", lambda call, me: None)  # the step as it was
+        runs = {"without coarse_begin": make()}
+    runs["with coarse_begin"] = make()
+    for step in runs.values():
+        for _ in range(10):
+            jax.block_until_ready(step(params, x))
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    deltas = {name: wakeups.WakeupStats() for name in runs}
+
+    def measure():
+        for _ in range(steps):
+            for name, step in runs.items():
+                before = wakeups.wakeup_stats()
+                t0 = time.perf_counter()
+                jax.block_until_ready(step(params, x))
+                times[name].append(time.perf_counter() - t0)
+                deltas[name] = deltas[name] + (wakeups.wakeup_stats() - before)
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    med = {name: float(np.median(t)) for name, t in times.items()}
+    load = os.getloadavg()
+    lines = [
+        "",
+        f"proxies' jobs of a value_and_grad step, MLP hidden {hidden}, batch {batch} per worker, "
+        f"p = {WORKERS}, {steps} steps each, interleaved (load {load[0]:.2f} {load[1]:.2f} "
+        f"{load[2]:.2f}, {os.cpu_count()} cpus):",
+    ]
+    base = med["without coarse_begin"]
+    for name in runs:
+        per = deltas[name].per(steps)
+        benchmark.extra_info[name] = {"median_s": med[name], **per}
+        lines.append(
+            f"  {name}: step {med[name] * 1e3:.2f} ms median ({med[name] / base:.3f}x without); "
+            f"jobs {per['jobs_started']:.2f}, started after a push {per['jobs_late']:.2f}, "
+            f"queued by a push {per['jobs_queued_at_push']:.2f}, queued to started "
+            f"{per['job_start_ns'] / max(per['jobs_started'], 1e-9) / 1e3:.0f} us each"
+        )
+    print("\n".join(lines))
+    assert deltas["with coarse_begin"].jobs_queued_at_push == 0

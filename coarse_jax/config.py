@@ -142,7 +142,9 @@ class Config:
         (40 s by default) apart, a process-wide flag of ``XLA_FLAGS`` that
         may be shorter than this. A coarse call that only some devices would
         run (inside a ``lax.cond`` on a mesh axis index) is refused while
-        tracing for the same reason.
+        tracing for the same reason. The proxies' jobs start ahead of the
+        forward pass (``coarse_begin``), so their wait for the first push
+        spans the forward pass: it too must take less than this.
       topology: run on an emulated interconnect (`coarse.Topology`): every
         transfer of the runtime (push, ring steps, pull, worker ring) lasts as
         long as that link says. ``None``: the host's real transport.

@@ -4,6 +4,7 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
@@ -107,3 +108,57 @@ def test_spin_budget_is_settable_and_restorable():
             assert 0 < default <= 50_000
     finally:
         wakeups.set_wait_spin_ns(old)
+
+
+def _mlp_loss(params, x):
+    h = jnp.tanh(x @ params["w1"])
+    return jnp.mean((h @ params["w2"]) ** 2)
+
+
+@pytest.mark.parametrize("kind", ["value_and_grad", "value_and_update", "all_reduce"])
+def test_a_sync_queues_its_proxies_jobs_before_its_first_push(kind):
+    """coarse_begin, ahead of the forward pass, starts the proxies' jobs: no push does.
+
+    Deterministic whatever the load: on every worker the sync's first push
+    takes coarse_begin's token, so the session's first worker call is a
+    begin (or, in a value_and_update, its coarse_opt_count), never a push.
+    A lone `coarse.all_reduce` has nothing before its push, so each of its
+    syncs counts its q jobs here: the control. Without coarse_begin the
+    value_and_grad case counts them too (checked: 24 of 24). A
+    value_and_update's coarse_opt_count has no data dependency on the pushes.
+    """
+    mesh = coarse.make_mesh(workers=WORKERS)
+    cfg = coarse.Config(xla_below_bytes=0)  # small trees take the latency route
+    params = {"w1": jnp.full((16, 32), 0.01), "w2": jnp.full((32, 4), 0.02)}
+    x = jnp.arange(WORKERS * 8 * 16, dtype=jnp.float32).reshape(-1, 16) / 100
+
+    if kind == "value_and_grad":
+
+        @coarse.sync(mesh, config=cfg)
+        def step(p, x):
+            loss, g = coarse.value_and_grad(_mlp_loss)(p, x)
+            return jax.tree.map(lambda a, b: a - 0.1 * b, p, g), loss
+
+    elif kind == "value_and_update":
+        opt = coarse.optim.sgd(0.1)
+
+        @coarse.sync(mesh, config=cfg)
+        def step(p, x):
+            loss, p = coarse.value_and_update(_mlp_loss, opt)(p, x)
+            return p, loss
+
+    else:
+
+        @coarse.sync(mesh, config=cfg)
+        def step(p, x):
+            return p, coarse.all_reduce(jnp.sum(x))
+
+    params, _ = jax.block_until_ready(step(params, x))  # compile
+    syncs = 6
+    before = wakeups.wakeup_stats()
+    for _ in range(syncs):
+        params, _ = jax.block_until_ready(step(params, x))
+    d = wakeups.wakeup_stats() - before
+    assert d.jobs_started == syncs * WORKERS, d
+    want = syncs * WORKERS if kind == "all_reduce" else 0
+    assert d.jobs_queued_at_push == want, d

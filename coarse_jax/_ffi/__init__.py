@@ -2,7 +2,7 @@
 
 * `coarse_jax._ffi.extension`: loads ``_coarse_cpu`` / ``_coarse_cuda``,
   registers their FFI targets, checks a platform can run them.
-* `coarse_jax._ffi.calls`: push, proxy ring, worker ring, pull, each taking an
+* `coarse_jax._ffi.calls`: begin, push, proxy ring, worker ring, pull, each taking an
   explicit `CallSite` (plan, site, device ordinals).
 * `coarse_jax._ffi.hosts`: the in-host hand-out of the inter-host step.
 * `coarse_jax._ffi.layout`: what the runtime derives from a plan (storage,
@@ -15,6 +15,7 @@ from coarse_jax._ffi.calls import (
     Bucket,
     CallSite,
     RingUpdate,
+    begin,
     device_ordinals,
     opt_count,
     proxy_ring,
@@ -55,6 +56,7 @@ __all__ = [
     "PlanLayout",
     "RingUpdate",
     "arm_interrupt_hook",
+    "begin",
     "check_gpu_target",
     "check_platform",
     "cpu_module",

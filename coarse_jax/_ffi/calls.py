@@ -1,4 +1,4 @@
-"""One wrapper per synchronization custom call: push, proxy ring, worker ring, pull.
+"""One wrapper per synchronization custom call: begin, push, proxy ring, worker ring, pull.
 
 Every call takes the int32[2] (tier, data index) of the calling device first,
 then leaves, and a `CallSite` naming the plan, the site and the devices.
@@ -168,6 +168,27 @@ def _aliases(n: int, first_operand: int, alias: bool) -> dict[int, int]:
     # Writing into a dead temporary (the gradients) saves XLA allocating and
     # faulting in fresh output buffers every step.
     return {first_operand + i: i for i in range(n)} if alias else {}
+
+
+def begin(call: CallSite, me: jax.Array) -> jax.Array:
+    """Opens this device's part of the sync at the head of its computation; returns a token.
+
+    The call joins the sync's session in the runtime and, the first time a
+    worker does, starts the proxies' jobs (ffi/xla/begin.cc); it also waits
+    for the storage's previous user. Emitted before a forward pass, all of
+    that overlaps the forward instead of waiting behind the sync's first
+    push. Hand the token to the first push (its ``after``): no push can
+    then start the jobs. Its only operand is ``me``, so XLA may run it from
+    the program's start: XLA:CPU's executor runs it once ``me`` is computed,
+    beside the forward (a sequential program runs it where XLA's schedule
+    puts it, still before the push); on a GPU the host runs it as XLA
+    launches the program, before the forward's kernels have run. No data
+    dependency holds the forward back for it: an optimization barrier would
+    be the only free one, and XLA:CPU removes those.
+    """
+    tok = jax.typeof(me).update(shape=(), dtype=jnp.dtype(jnp.float32))  # varies like me
+    (out,) = _call("coarse_begin", call, [tok], [me], {}, last=np.int64(0))
+    return out
 
 
 def push(

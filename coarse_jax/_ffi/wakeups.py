@@ -32,6 +32,11 @@ class WakeupStats:
       jobs_started: proxies' jobs started on the service threads (q per sync).
       jobs_late: of those, jobs that started after a push of their sync had
         already arrived: not ready before the sync's first push.
+      jobs_queued_at_push: jobs queued by a push, the first call of their
+        sync on any worker: nothing could start them earlier. A
+        `coarse.value_and_grad` or `coarse.value_and_update` queues them
+        before its forward pass (``coarse_begin``), so only a lone
+        `coarse.all_reduce`, with nothing before its push, counts here.
       parked_ns: nanoseconds the sessions' waits spent parked, summed over
         threads (a service thread's idle time between jobs is not counted).
       job_start_ns: nanoseconds from the first worker call queuing a proxy's
@@ -46,6 +51,7 @@ class WakeupStats:
     notify_no_sleeper: int = 0
     jobs_started: int = 0
     jobs_late: int = 0
+    jobs_queued_at_push: int = 0
     parked_ns: int = 0
     job_start_ns: int = 0
 

@@ -304,12 +304,17 @@ def _ffi_sync(sync: _Sync) -> Any:
                     leaves[t] = v
         return leaves, tok
 
+    # The sync's first call, ahead of the forward pass: the proxies' jobs
+    # start while it runs, ready before the first push (`coarse_jax._ffi.begin`).
+    # Without proxy leaves there are no jobs to start.
+    me = _ffi.who()
+    begin = _ffi.begin(call, me) if plan.num_proxy_leaves > 0 else None
     loss, vjp_fn, aux = _vjp(sync, wrap=hooks, first_token=lean)
     # The loss is known after the forward pass: push it now (it comes first
     # in plan order), passing it through so its push cannot be dropped; the
     # backward pass's pushes follow it in the token chain through the seed.
     head = [loss]
-    me, tok = _ffi.who(), _ffi.token()
+    tok = begin if begin is not None else _ffi.token()
     for b in plan.buckets:
         ids = plan.bucket_leaves(b)
         if ids[0] >= n_grad:

@@ -1,4 +1,4 @@
-// The CPU bindings of coarse_push / coarse_proxy_ring / coarse_worker_ring /
+// The CPU bindings of coarse_begin / coarse_push / coarse_proxy_ring / coarse_worker_ring /
 // coarse_pull / coarse_probe: the caller is named by the (tier, data)
 // operand, and each call's translation (xla/sync_ops.h, xla/probe.h) runs inside
 // RunCall (xla/handler.h) on a CpuDevice, or with COARSE_JAX_BACKEND=streams
@@ -41,6 +41,12 @@ ffi::Error RunCpuCall(ffi::RunId run_id, ffi::AnyBuffer& who, const ffi::Diction
       CpuProxies());
   if (queue != nullptr) queue->Drain();
   return e;
+}
+
+ffi::Error BeginImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Result<ffi::AnyBuffer> token,
+                     ffi::Dictionary attrs) {
+  return RunCpuCall(run_id, who, attrs,
+                    [&](Call& call, Device& dev) { return BeginBody(call, dev, token); });
 }
 
 ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer after,
@@ -117,6 +123,13 @@ ffi::Error ProbeImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer pairs
 }
 
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Begin, BeginImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .Ret<ffi::AnyBuffer>()       // f32[] token for the first push
+                                  .Attrs<ffi::Dictionary>());  // plan [, optimizer store]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Push, PushImpl,
                               ffi::Ffi::Bind()

@@ -35,6 +35,7 @@
 namespace nb = nanobind;
 
 namespace coarse {
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Begin);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Push);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ProxyRing);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(WorkerRing);
@@ -49,8 +50,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(HostGather);  // xla/host_gather.cc
 
 NB_MODULE(_coarse_cpu, m) {
   m.doc() =
-      "coarse_jax CPU runtime: XLA FFI handlers for push, proxy ring, worker ring, pull, probe, "
-      "pack, unpack, reduce.";
+      "coarse_jax CPU runtime: XLA FFI handlers for begin, push, proxy ring, worker ring, pull, "
+      "probe, pack, unpack, reduce.";
   // The device backend, chosen once from COARSE_JAX_BACKEND. A value not
   // understood leaves the plain backend and makes backend() raise the error
   // (the variable, the value, the choices), which coarse_jax's import calls:
@@ -71,6 +72,7 @@ NB_MODULE(_coarse_cpu, m) {
       "registrations",
       []() {
         nb::dict d;
+        d["coarse_begin"] = coarse::Encapsulate(coarse::Begin);
         d["coarse_push"] = coarse::Encapsulate(coarse::Push);
         d["coarse_proxy_ring"] = coarse::Encapsulate(coarse::ProxyRing);
         d["coarse_worker_ring"] = coarse::Encapsulate(coarse::WorkerRing);

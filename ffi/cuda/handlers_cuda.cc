@@ -1,4 +1,4 @@
-// The CUDA bindings of coarse_push / coarse_proxy_ring / coarse_worker_ring /
+// The CUDA bindings of coarse_begin / coarse_push / coarse_proxy_ring / coarse_worker_ring /
 // coarse_pull: the same translation and protocol as on CPU (xla/sync_ops.h,
 // runtime/phases.h) inside RunCall (xla/handler.h), run on a StreamDevice
 // (runtime/stream_device.h) over a CudaStream on XLA's stream. The caller is named by its device
@@ -90,6 +90,13 @@ const MakeProxyDevice& CudaProxies() {
 
 Caller ByOrdinal(int32_t ordinal) { return Caller{nullptr, static_cast<int64_t>(ordinal)}; }
 
+ffi::Error BeginImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
+                     ffi::Result<ffi::AnyBuffer> token, ffi::Dictionary attrs) {
+  return RunCall(
+      run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
+      [&](Call& call, Device& dev) { return BeginBody(call, dev, token); }, CudaProxies());
+}
+
 ffi::Error PushImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
                     ffi::AnyBuffer, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                     ffi::Dictionary attrs) {
@@ -143,6 +150,15 @@ ffi::Error PullImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi
 
 // Operands and results as in handlers_cpu.cc; the (tier, data) operand and
 // the ordering tokens are dependencies only.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Begin, BeginImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
+                                  .Ctx<ffi::DeviceOrdinal>()                 // names the caller
+                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
+                                  .Ret<ffi::AnyBuffer>()       // f32[] token for the first push
+                                  .Attrs<ffi::Dictionary>());  // plan, ordinals [, store]
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Push, PushImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream

@@ -22,6 +22,7 @@ namespace coarse::cuda {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Pack);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Unpack);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Reduce);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Begin);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Push);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ProxyRing);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(OptCount);
@@ -40,6 +41,7 @@ NB_MODULE(_coarse_cuda, m) {
         d["coarse_pack"] = coarse::Encapsulate(coarse::cuda::Pack);
         d["coarse_unpack"] = coarse::Encapsulate(coarse::cuda::Unpack);
         d["coarse_reduce"] = coarse::Encapsulate(coarse::cuda::Reduce);
+        d["coarse_begin"] = coarse::Encapsulate(coarse::cuda::Begin);
         d["coarse_push"] = coarse::Encapsulate(coarse::cuda::Push);
         d["coarse_proxy_ring"] = coarse::Encapsulate(coarse::cuda::ProxyRing);
         d["coarse_opt_count"] = coarse::Encapsulate(coarse::cuda::OptCount);

@@ -23,6 +23,8 @@ namespace coarse {
 struct Call {
   std::shared_ptr<Session> session;
   Who who;
+  // This call queued the session's proxy jobs (xla/handler.h StartProxyService).
+  bool started_proxies = false;
   const Plan& plan() const { return session->plan(); }
   int64_t device() const { return who.device(session->p()); }  // mesh device index
 };

@@ -223,8 +223,8 @@ void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob
 
 }  // namespace
 
-void StartProxies(const std::shared_ptr<Session>& session, ProxyJob job, MakeProxyDevice make) {
-  if (!session->TakeProxyStart()) return;
+bool StartProxies(const std::shared_ptr<Session>& session, ProxyJob job, MakeProxyDevice make) {
+  if (!session->TakeProxyStart()) return false;
   ReserveServiceThreads(2 * session->q());  // a no-op after the first step
   auto shared = std::make_shared<const ProxyJob>(std::move(job));
   auto maker = std::make_shared<const MakeProxyDevice>(std::move(make));
@@ -233,6 +233,7 @@ void StartProxies(const std::shared_ptr<Session>& session, ProxyJob job, MakePro
       CountJobStart(*session, k, submitted);
       RunProxy(session, k, *shared, *maker);
     });
+  return true;
 }
 
 ServiceStats TheServiceStats() { return ThePool().Stats(); }

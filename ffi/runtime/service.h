@@ -52,8 +52,9 @@ struct ProxyJob {
 using MakeProxyDevice = std::function<xla::ffi::ErrorOr<std::unique_ptr<Device>>(const Call& call)>;
 
 // Starts proxy k's job of `session` for every proxy k, unless the session's
-// proxies were started already (Session::TakeProxyStart). Returns at once.
-void StartProxies(const std::shared_ptr<Session>& session, ProxyJob job, MakeProxyDevice make);
+// proxies were started already (Session::TakeProxyStart). Returns at once:
+// true if this call started them.
+bool StartProxies(const std::shared_ptr<Session>& session, ProxyJob job, MakeProxyDevice make);
 
 // Jobs running now and threads the pool keeps (tests, memory_stats).
 struct ServiceStats {

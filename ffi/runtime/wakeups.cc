@@ -33,6 +33,7 @@ WakeupStats TheWakeupStats() {
   w.notify_no_sleeper = at(Wakeup::kNotifyNoSleeper);
   w.jobs_started = at(Wakeup::kJobStarted);
   w.jobs_late = at(Wakeup::kJobLate);
+  w.jobs_queued_at_push = at(Wakeup::kJobQueuedAtPush);
   w.parked_ns = Read(kParkedNs);
   w.job_start_ns = Read(kJobStartNs);
   return w;

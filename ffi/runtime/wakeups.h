@@ -19,6 +19,7 @@ enum class Wakeup : int {
   kNotifyNoSleeper,  // a notify found none parked (nothing to wake)
   kJobStarted,       // a proxy's job began to run on a service thread
   kJobLate,          // ... after a push of its session had already arrived
+  kJobQueuedAtPush,  // a proxy's job queued by a push: its session's first worker call
   kCount,
 };
 
@@ -31,7 +32,8 @@ void AddParkedNs(int64_t ns);
 
 struct WakeupStats {
   int64_t thread_starts = 0, parks = 0, woke_with_work = 0, spin_found = 0, notify_sleeper = 0,
-          notify_no_sleeper = 0, jobs_started = 0, jobs_late = 0, parked_ns = 0, job_start_ns = 0;
+          notify_no_sleeper = 0, jobs_started = 0, jobs_late = 0, jobs_queued_at_push = 0,
+          parked_ns = 0, job_start_ns = 0;
 };
 WakeupStats TheWakeupStats();
 void ResetWakeupStats();

@@ -72,12 +72,12 @@ ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller,
               who.value()};
 }
 
-ffi::Error StartProxyService(const Call& call, const ffi::Dictionary& attrs,
+ffi::Error StartProxyService(Call& call, const ffi::Dictionary& attrs,
                              const MakeProxyDevice& make_proxy_device) {
   if (call.session->proxies_started()) return ffi::Error::Success();
   auto job = ReadProxyJob(attrs, call.plan());
   if (job.has_error()) return job.error();
-  StartProxies(call.session, std::move(job.value()), make_proxy_device);
+  call.started_proxies = StartProxies(call.session, std::move(job.value()), make_proxy_device);
   return ffi::Error::Success();
 }
 

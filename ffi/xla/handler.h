@@ -45,9 +45,10 @@ xla::ffi::Error EndCall(Call& call, Device& device, xla::ffi::Error status,
                         const xla::ffi::Dictionary& attrs);
 
 // A worker's call starts the session's proxy jobs (runtime/service.h) the
-// first time any worker calls into the session; later calls do nothing.
-// `make_proxy_device` makes the device a job runs on.
-xla::ffi::Error StartProxyService(const Call& call, const xla::ffi::Dictionary& attrs,
+// first time any worker calls into the session (Call::started_proxies says
+// it did); later calls do nothing. `make_proxy_device` makes the device a
+// job runs on.
+xla::ffi::Error StartProxyService(Call& call, const xla::ffi::Dictionary& attrs,
                                   const MakeProxyDevice& make_proxy_device);
 
 // BeginCall, a device from `make_device(call)`, the proxies' jobs

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "runtime/phases.h"
+#include "runtime/wakeups.h"
 #include "xla/sync_ops.h"
 
 namespace coarse {
@@ -58,6 +59,9 @@ ffi::Error PushBody(Call& call, Device& dev, ffi::RemainingArgs leaves, ffi::Rem
     e = dev.CopyBytes(out->untyped_data(), in.value().untyped_data(), in.value().size_bytes());
     if (e.failure()) return e;
   }
+  // Nothing of the sync ran on any worker before this push (no
+  // coarse_begin): its proxies' jobs could not be ready for it.
+  if (call.started_proxies) CountWakeup(Wakeup::kJobQueuedAtPush, call.session->q());
   ffi::Result<ffi::AnyBuffer> token = outs.get<ffi::AnyBuffer>(outs.size() - 1).value();
   ffi::Error e = dev.ZeroBytes(token->untyped_data(), token->size_bytes());
   if (e.failure()) return e;

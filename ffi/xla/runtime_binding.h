@@ -300,6 +300,7 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
         d["notify_no_sleeper"] = w.notify_no_sleeper;
         d["jobs_started"] = w.jobs_started;
         d["jobs_late"] = w.jobs_late;
+        d["jobs_queued_at_push"] = w.jobs_queued_at_push;
         d["parked_ns"] = w.parked_ns;
         d["job_start_ns"] = w.job_start_ns;
         return d;

@@ -1,8 +1,8 @@
-// The XLA translation of the four sync custom calls, one file each (xla/push.cc,
-// xla/proxy_ring.cc, xla/worker_ring.cc, xla/pull.cc): read the call's operands, results
-// and attributes, check them against the plan, and run the call's phase
-// (runtime/phases.h). Platform-neutral: cpu/handlers_cpu.cc and
-// cuda/handlers_cuda.cc bind them to XLA, inside RunCall (xla/handler.h).
+// The XLA translation of the sync custom calls, one file each (xla/begin.cc,
+// xla/push.cc, xla/proxy_ring.cc, xla/worker_ring.cc, xla/pull.cc): read the call's operands,
+// results and attributes, check them against the plan, and run the call's phase (runtime/phases.h).
+// Platform-neutral: cpu/handlers_cpu.cc and cuda/handlers_cuda.cc bind them to XLA, inside RunCall
+// (xla/handler.h).
 #pragma once
 
 #include <cstddef>
@@ -15,6 +15,9 @@
 
 namespace coarse {
 
+// coarse_begin: no operand but the caller's, result a token (f32[], zeroed)
+// for the sync's first push. Its work is RunCall's (xla/begin.cc).
+xla::ffi::Error BeginBody(Call& call, Device& dev, xla::ffi::Result<xla::ffi::AnyBuffer> token);
 // coarse_push: operands the bucket's leaves, results [the same leaves,] token.
 xla::ffi::Error PushBody(Call& call, Device& dev, xla::ffi::RemainingArgs leaves,
                          xla::ffi::RemainingRets outs, const xla::ffi::Dictionary& attrs);
