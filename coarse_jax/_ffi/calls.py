@@ -179,9 +179,9 @@ def begin(call: CallSite, me: jax.Array) -> jax.Array:
     that overlaps the forward instead of waiting behind the sync's first
     push. Hand the token to the first push (its ``after``): no push can
     then start the jobs. Its only operand is ``me``, so XLA may run it from
-    the program's start: XLA:CPU's executor runs it once ``me`` is computed,
-    beside the forward (a sequential program runs it where XLA's schedule
-    puts it, still before the push); on a GPU XLA calls the handler on the
+    the program's start: XLA:CPU's concurrent executor can run it once ``me``
+    is computed, beside the forward (a sequential program runs it where XLA's
+    schedule puts it, still before the push); on a GPU XLA calls the handler on the
     host as it enqueues the program, ahead of the forward's kernels. No data
     dependency holds the forward back for it: an optimization barrier would
     be the only free one, and XLA:CPU removes those.

@@ -4,9 +4,10 @@
 // RunCall's part of every call (xla/handler.h): join the session, start the
 // proxies' jobs if no worker has (runtime/service.h), and wait for the
 // storage's previous user. Done here, it overlaps the forward pass: the
-// proxies' jobs are running, their device made and their storage acquired,
-// before the first push arrives. The body only zeroes the token result,
-// which the sync's first push takes as its ordering operand.
+// proxies' jobs are queued before the first push, and where a core is free
+// they have started (their thread woken, their device made, their storage
+// acquired) and wait for it by the time it arrives. The body only zeroes the
+// token result, which the sync's first push takes as its ordering operand.
 #include "xla/sync_ops.h"
 
 namespace coarse {
