@@ -37,6 +37,16 @@ STEPS = 200
 NBYTES = 1 << 10
 
 
+def _timed(call, name, times, deltas):
+    """Runs ``call()`` to completion: its seconds go to ``times[name]``, the wake-up
+    counts it moved to ``deltas[name]``."""
+    before = wakeups.wakeup_stats()
+    t0 = time.perf_counter()
+    jax.block_until_ready(call())
+    times[name].append(time.perf_counter() - t0)
+    deltas[name] = deltas[name] + (wakeups.wakeup_stats() - before)
+
+
 @pytest.mark.benchmark(group="wakeups")
 def test_wakeups_per_sync(benchmark):
     mesh = coarse.make_mesh(workers=WORKERS)
@@ -62,11 +72,7 @@ def test_wakeups_per_sync(benchmark):
         for _ in range(STEPS):
             for name, ns in budgets.items():
                 wakeups.set_wait_spin_ns(ns)
-                before = wakeups.wakeup_stats()
-                t0 = time.perf_counter()
-                jax.block_until_ready(step(xc))
-                times[name].append(time.perf_counter() - t0)
-                deltas[name] = deltas[name] + (wakeups.wakeup_stats() - before)
+                _timed(lambda: step(xc), name, times, deltas)
             t0 = time.perf_counter()
             jax.block_until_ready(psum(xs))
             times["psum"].append(time.perf_counter() - t0)
@@ -150,11 +156,7 @@ def test_jobs_ready_before_the_first_push(benchmark, monkeypatch, hidden, batch,
     def measure():
         for _ in range(steps):
             for name, step in runs.items():
-                before = wakeups.wakeup_stats()
-                t0 = time.perf_counter()
-                jax.block_until_ready(step(params, x))
-                times[name].append(time.perf_counter() - t0)
-                deltas[name] = deltas[name] + (wakeups.wakeup_stats() - before)
+                _timed(lambda step=step: step(params, x), name, times, deltas)
 
     benchmark.pedantic(measure, rounds=1, iterations=1)
     med = {name: float(np.median(t)) for name, t in times.items()}
