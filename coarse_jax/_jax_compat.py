@@ -14,8 +14,11 @@ ImportError from deep inside the package.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+import math
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -47,8 +50,14 @@ try:
     # source_info_util.summarize: checked on 0.10.2, 0.12.0.1.
     from jax._src import source_info_util as _source_info
 
+    # ad.primitive_transposes, ad.Zero: checked on 0.10.2, 0.12.0.1.
+    from jax._src.interpreters import ad as _ad
+
     # partial_eval.dce_rules: checked on 0.10.2, 0.11.2, 0.12.0.1.
     from jax._src.interpreters import partial_eval as _pe
+
+    # parallel.psum_invariant_p, all_gather_invariant_p: checked on 0.10.2, 0.12.0.1.
+    from jax._src.lax import parallel as _parallel
 except ImportError as _err:  # pragma: no cover - only on an unsupported jax
     raise _unsupported("a module coarse_jax needs", _err) from _err
 
@@ -56,6 +65,11 @@ for _module, _name in (
     (_core, "shaped_abstractify"),
     (_core, "standard_vma_rule"),
     (_core, "get_cur_mesh_sharding"),
+    (_core, "pvary_p"),
+    (_ad, "primitive_transposes"),
+    (_ad, "Zero"),
+    (_parallel, "psum_invariant_p"),
+    (_parallel, "all_gather_invariant_p"),
     (_dispatch, "simple_impl"),
     (_pe, "dce_rules"),
     (_pe, "_default_dce_rule"),
@@ -173,3 +187,89 @@ def user_location(eqn: Any) -> str:
         return str(_source_info.summarize(eqn.source_info))
     except Exception:
         return ""
+
+
+# --- Gradients inside a coarse step: the workers' mean loss (issue 50) -------
+#
+# Inside ``shard_map`` jax differentiates an argument that is the same on every
+# worker (the params) through the implicit ``pvary`` that meets it with the
+# per-worker batch; that cast transposes to a ``psum``, so ``jax.grad`` returns
+# the workers' *sum* of gradients. Code written for ``jax.jit`` expects the
+# gradient of the global batch's mean loss, and code written for ``jax.pmap``
+# means each worker's own gradient, which it then averages with ``lax.pmean``:
+# both would silently get p times the mean. Inside a coarse step's trace the
+# three casts that move a value between "the same on every worker" and "per
+# worker" over the batch axes transpose mean-normalized instead: ``pvary`` to a
+# mean (psum / n), ``psum`` and ``all_gather(to="invarying")`` to n times their
+# usual cast. Along any path from a per-worker loss to a shared argument there
+# is one more invariant-to-varying cast than the reverse, so ``jax.grad`` gives
+# the gradient of the workers' *mean* loss; for a loss that is already the same
+# on every worker, or a path that never meets per-worker values, nothing
+# changes; gradients of per-worker values are pmap's. A kept ``lax.pmean``
+# (or ``lax.psum(...) / p``, flax's ``DynamicScale(axis_name)``, optax's
+# ``sam(batch_axis_name)``) of that mean is the mean, as under pmap.
+#
+# Why internal: jax has no public hook for how a collective transposes. The
+# wrappers are installed once and read a per-thread stack: outside a coarse
+# step's trace (another thread's jit, the user's own shard_map) every rule is
+# jax's own. jax caches the transposes of inner ``jax.jit`` functions by their
+# jaxpr, and a jaxpr traced inside a coarse step names the step's own mesh, so
+# the two conventions never share an entry.
+
+_mean_axes = threading.local()
+
+
+def _current_sizes() -> Mapping[str, int]:
+    stack = getattr(_mean_axes, "stack", None)
+    return stack[-1] if stack else {}
+
+
+@contextlib.contextmanager
+def mean_gradients(sizes: Mapping[str, int]) -> Iterator[None]:
+    """While it is open on this thread, ``jax.grad`` averages over the axes ``sizes`` names.
+
+    ``sizes``: the batch axes of a coarse step's program and their sizes
+    (``{"data": p}``, with ``"host"`` across hosts). See the comment above.
+    """
+    stack = getattr(_mean_axes, "stack", None)
+    if stack is None:
+        stack = _mean_axes.stack = []
+    stack.append(dict(sizes))
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _scale(ct: Any, n: int, divide: bool) -> Any:
+    if ct is None or isinstance(ct, _ad.Zero) or n == 1:
+        return ct
+    dtype = getattr(ct, "dtype", None)
+    if dtype is None or not jax.numpy.issubdtype(dtype, jax.numpy.inexact):
+        return ct
+    return ct / n if divide else ct * n
+
+
+def _mean_normalized(rule: Callable[..., Any], axes_param: str, divide: bool) -> Callable[..., Any]:
+    def scaled(cotangent: Any, *args: Any, **params: Any) -> Any:
+        out = rule(cotangent, *args, **params)
+        sizes = _current_sizes()
+        if not sizes:
+            return out
+        axes = params[axes_param]
+        axes = axes if isinstance(axes, (tuple, list)) else (axes,)
+        n = math.prod(sizes.get(a, 1) for a in axes if isinstance(a, str))
+        return [_scale(ct, n, divide) for ct in out]
+
+    scaled.__wrapped__ = rule  # type: ignore[attr-defined]
+    return scaled
+
+
+for _prim, _axes_param, _divide in (
+    (_core.pvary_p, "axes", True),  # invariant -> per worker: its transpose sums; mean instead
+    (_parallel.psum_invariant_p, "axes", False),  # per worker -> invariant: n x its cast
+    (_parallel.all_gather_invariant_p, "axis_name", False),
+):
+    _rule = _ad.primitive_transposes[_prim]
+    if not hasattr(_rule, "__wrapped__"):  # importlib.reload keeps one wrapper
+        _ad.primitive_transposes[_prim] = _mean_normalized(_rule, _axes_param, _divide)

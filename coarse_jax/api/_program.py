@@ -19,11 +19,12 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from coarse_jax import _jax_compat
 from coarse_jax.api import _context, _nnx, _outputs
 from coarse_jax.api._arguments import Layout
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA, batch_axes, workers_mesh
+from coarse_jax.mesh import DATA, PROGRAM_HOST_AXES, batch_axes, workers_mesh
 
 
 class Traced(Protocol):
@@ -59,6 +60,11 @@ def compile_program(
     """
     passed = [i for i in layout.dynamic() if i not in layout.graph]
     static = dict(layout.static)
+    program_mesh = workers_mesh(mesh)
+    # jax.grad inside the step differentiates the workers' mean loss, so code
+    # written for jit or for pmap (a kept lax.pmean) gets the mean gradient
+    # (`coarse_jax._jax_compat.mean_gradients` says how and why).
+    batch_sizes = {a: program_mesh.shape[a] for a in PROGRAM_HOST_AXES if a in program_mesh.shape}
 
     def body(*dyn_and_ref: Any) -> Any:
         owner = step()
@@ -79,7 +85,8 @@ def compile_program(
         _context.stack().append(ctx)
         try:
             put_rngs_back = _nnx.fold_rngs_by_worker(nodes) if nodes else None
-            out = layout.call(fn, args)
+            with _jax_compat.mean_gradients(batch_sizes):
+                out = layout.call(fn, args)
             new_state = None
             if nodes:
                 assert put_rngs_back is not None
@@ -112,7 +119,7 @@ def compile_program(
     # service (ffi/runtime/service.h), driven by the workers' custom calls.
     mapped = jax.shard_map(
         body,
-        mesh=workers_mesh(mesh),
+        mesh=program_mesh,
         in_specs=tuple(in_specs),
         out_specs=(P(), split, P(), P()),
     )
