@@ -200,7 +200,7 @@ def user_location(eqn: Any) -> str:
 # both would silently get p times the mean. Inside a coarse step's trace the
 # three casts that move a value between "the same on every worker" and "per
 # worker" over the batch axes transpose mean-normalized instead: ``pvary`` to a
-# mean (psum / n), ``psum`` and ``all_gather(to="invarying")`` to n times their
+# mean (psum of each share / n), ``psum`` and ``all_gather(to="invarying")`` to n times their
 # usual cast. Along any path from a per-worker loss to a shared argument there
 # is one more invariant-to-varying cast than the reverse, so ``jax.grad`` gives
 # the gradient of the workers' *mean* loss; for a loss that is already the same
@@ -252,14 +252,23 @@ def _scale(ct: Any, n: int, divide: bool) -> Any:
 
 def _mean_normalized(rule: Callable[..., Any], axes_param: str, divide: bool) -> Callable[..., Any]:
     def scaled(cotangent: Any, *args: Any, **params: Any) -> Any:
-        out = rule(cotangent, *args, **params)
         sizes = _current_sizes()
         if not sizes:
-            return out
+            return rule(cotangent, *args, **params)
         axes = params[axes_param]
         axes = axes if isinstance(axes, (tuple, list)) else (axes,)
         n = math.prod(sizes.get(a, 1) for a in axes if isinstance(a, str))
-        return [_scale(ct, n, divide) for ct in out]
+        if divide:
+            # The workers' shares are summed in float32 at least and divided
+            # before the sum, as a pmap program casts half-precision gradients up
+            # before its pmean: p float16 gradients must not overflow where their
+            # mean would not. Then back to the cotangent's own dtype.
+            dtype = getattr(cotangent, "dtype", None)
+            if n == 1 or dtype is None or jax.numpy.dtype(dtype).itemsize >= 4:
+                return rule(_scale(cotangent, n, divide=True), *args, **params)
+            wide = _scale(cotangent.astype(jax.numpy.float32), n, divide=True)
+            return [ct if ct is None else ct.astype(dtype) for ct in rule(wide, *args, **params)]
+        return [_scale(ct, n, divide=False) for ct in rule(cotangent, *args, **params)]
 
     scaled.__wrapped__ = rule  # type: ignore[attr-defined]
     return scaled
