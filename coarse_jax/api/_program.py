@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _jax_compat
-from coarse_jax.api import _context, _nnx, _outputs
+from coarse_jax.api import _axis_names, _context, _nnx, _outputs
 from coarse_jax.api._arguments import Layout
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.config import Config
@@ -85,8 +85,14 @@ def compile_program(
         _context.stack().append(ctx)
         try:
             put_rngs_back = _nnx.fold_rngs_by_worker(nodes) if nodes else None
-            with _jax_compat.mean_gradients(batch_sizes):
-                out = layout.call(fn, args)
+            try:
+                with _jax_compat.mean_gradients(batch_sizes):
+                    out = layout.call(fn, args)
+            except (AssertionError, NameError, ValueError, KeyError) as err:
+                unknown = _axis_names.unknown_axis(err, program_mesh.axis_names)
+                if unknown is None:
+                    raise
+                raise _axis_names.refusal(unknown, tuple(batch_sizes), name) from err
             new_state = None
             if nodes:
                 assert put_rngs_back is not None
