@@ -208,3 +208,52 @@ def test_an_axis_name_the_step_does_not_have_is_refused_with_both_names():
 
     with pytest.raises(ValueError, match=r"axis name 'batch'.*mesh axis 'data'.*Fix: name"):
         step(*_data(0))
+
+
+def _f16_loss(params, batch):
+    """A mixed-precision loss as flax's examples write one: float32 params, float16 compute."""
+    h = jnp.tanh(batch["x"].astype(jnp.float16) @ params["w"].astype(jnp.float16))
+    return jnp.mean((h.astype(jnp.float32) - batch["y"][:, : h.shape[1]]) ** 2)
+
+
+def _mixed_precision_step(scale, params, batch):
+    new_scale, finite, loss, grads = scale.value_and_grad(_f16_loss, axis_name="data")(
+        params, batch
+    )
+    new_params = jax.tree.map(lambda w, g: jnp.where(finite, w - 0.5 * g, w), params, grads)
+    return new_scale, finite, lax.pmean(loss, "data"), new_params
+
+
+def test_dynamic_scale_in_float16_steps_in_lockstep_with_flax_under_pmap():
+    """flax's DynamicScale with axis_name, float16 compute, 8 steps from a scale that
+    overflows float16 (so it backs off) and then grows: the finite flag and the scale
+    equal pmap's at every step, the params within float16 rounding (the workers'
+    float16 gradients are averaged in float32 inside the step, rounded once to float16
+    where pmap's stay float32 until its pmean: at most one float16 ulp, 2**-10
+    relative, of the largest gradient times the learning rate)."""
+    p = 4
+    step = coarse.sync(_mixed_precision_step, mesh=_mesh(p, "devices"))
+    pmapped = jax.pmap(_mixed_precision_step, axis_name="data", devices=jax.devices()[:p])
+    scale = dynamic_scale_lib.DynamicScale(growth_interval=2, scale=2.0**18)
+    params, batch = _data(11)
+    finite_seen = []
+    for _ in range(8):
+        got_scale, got_finite, got_loss, got_params = step(scale, params, batch)
+        stack = lambda t: jax.tree.map(lambda x: jnp.stack([x] * p), t)  # noqa: E731
+        split = jax.tree.map(lambda x: x.reshape(p, -1, *x.shape[1:]), batch)
+        want_scale, want_finite, want_loss, want_params = jax.tree.map(
+            lambda x: np.asarray(x[0]), pmapped(stack(scale), stack(params), split)
+        )
+        assert bool(got_finite) == bool(want_finite)
+        assert float(got_scale.scale) == float(want_scale.scale)
+        assert int(got_scale.fin_steps) == int(want_scale.fin_steps)
+        np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
+        for g, w, before in zip(
+            jax.tree.leaves(got_params), jax.tree.leaves(want_params), jax.tree.leaves(params),
+            strict=True,
+        ):
+            moved = np.max(np.abs(np.asarray(w) - np.asarray(before)))
+            np.testing.assert_allclose(g, w, rtol=0, atol=2.0**-10 * max(moved, 1e-12) + 1e-7)
+        finite_seen.append(bool(want_finite))
+        scale, params = want_scale, want_params  # lockstep: both from pmap's state
+    assert False in finite_seen and True in finite_seen, finite_seen  # it backed off and ran
