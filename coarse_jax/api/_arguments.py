@@ -168,7 +168,7 @@ def check_structure(
     )
 
 
-def _label(i: int, n_pos: int, kwnames: tuple[str, ...]) -> str:
+def label(i: int, n_pos: int, kwnames: tuple[str, ...]) -> str:
     return f"argument {i}" if i < n_pos else f"keyword argument {kwnames[i - n_pos]!r}"
 
 
@@ -179,7 +179,7 @@ def check_batch(full: Sequence[Any], layout: Layout, p: int, step: str) -> None:
             shape = x.shape if isinstance(x, jax.Array) else jnp.shape(x)
             if not shape or shape[0] % p:
                 raise ValueError(
-                    f"coarse.sync({step}): batch {_label(i, layout.n_pos, layout.kwnames)} must "
+                    f"coarse.sync({step}): batch {label(i, layout.n_pos, layout.kwnames)} must "
                     f"have a leading axis divisible by the {p} workers, got a leaf of shape "
                     f"{jnp.shape(x)}. Fix: use a global batch size that is a multiple of {p}."
                 )
@@ -328,7 +328,7 @@ class Arguments:
                 ) from None
         graphdef, graph_state = _nnx.split(tuple(full[i] for i in graph)) if graph else (None, None)
         kept = [i for i in range(n) if i not in static and i not in batch and i not in graph]
-        structure = tuple((_label(i, n_pos, kwnames), signature_of(full[i])) for i in kept)
+        structure = tuple((label(i, n_pos, kwnames), signature_of(full[i])) for i in kept)
         if graph:
             what = f"the NNX state of argument(s) {list(graph)}"
             structure += ((what, signature_of(graph_state)),)

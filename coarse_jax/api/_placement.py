@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -120,6 +121,15 @@ def _committed_elsewhere(x: Any, devices: AbstractSet[jax.Device]) -> bool:
     return where is not None and where != devices
 
 
+def _unplaced(x: Any) -> bool:
+    """A host value or uncommitted array jit would place itself (a Python number too)."""
+    if isinstance(x, jax.core.Tracer):
+        return False
+    if isinstance(x, jax.Array):
+        return not x.committed
+    return isinstance(x, (np.ndarray, np.generic, bool, int, float, complex))
+
+
 def _move(x: Any, sharding: NamedSharding) -> Any:
     moved = from_local_shards(x, sharding)
     return moved if moved is not None else jax.device_put(x, sharding)
@@ -133,8 +143,10 @@ def onto_workers(mesh: Mesh, trees: list[tuple[Any, bool]]) -> tuple[Mesh | None
     devices (the whole two-tier mesh, say, from ``jax.device_put(x,
     NamedSharding(mesh, P("data")))``, or one device) is moved onto the
     workers, split over "data" if it is the batch, else replicated; arrays on
-    exactly the workers, uncommitted arrays and host values pass untouched
-    (no copy), and a tree with nothing to move is passed on as it is. Where
+    exactly the workers pass untouched (no copy), as do the batch's host values
+    and uncommitted arrays; other host values and uncommitted arrays are put on
+    the workers, replicated, where the outputs will be (one process); a tree
+    with nothing to move is passed on as it is. Where
     the workers already hold the right slices (the batch split over "data"
     and replicated over "tier", or a replicated array), those buffers are
     reused as they are. Otherwise each worker's block is cut from a buffer
@@ -144,11 +156,20 @@ def onto_workers(mesh: Mesh, trees: list[tuple[Any, bool]]) -> tuple[Mesh | None
     sites = _sites(mesh)
     home_mesh = None
     out = []
+    # State passed as host values or uncommitted arrays (a first call's params, a
+    # TrainState's Python step count) is put where the step's outputs will be, so
+    # the next call, with those outputs, runs the same executable: jax.jit compiles
+    # once per argument placement. One process only: there a host value is this
+    # process's own. The batch is left to jit, which splits host data each call.
+    settle = sites.replicated.is_fully_addressable
     for tree, batch in trees:
         moves = False
         for x in jax.tree.leaves(tree):
             where = _committed_to(x)
-            if where is None or where == sites.workers:
+            if where is None:
+                moves = moves or (settle and not batch and _unplaced(x))
+                continue
+            if where == sites.workers:
                 continue
             moves = True
             if where == sites.everything:
@@ -156,8 +177,12 @@ def onto_workers(mesh: Mesh, trees: list[tuple[Any, bool]]) -> tuple[Mesh | None
         if moves:
             sharding = sites.batch if batch else sites.replicated
 
-            def move(x: Any, sharding: NamedSharding = sharding) -> Any:
-                return _move(x, sharding) if _committed_elsewhere(x, sites.workers) else x
+            def move(x: Any, sharding: NamedSharding = sharding, batch: bool = batch) -> Any:
+                if _committed_elsewhere(x, sites.workers):
+                    return _move(x, sharding)
+                if settle and not batch and _unplaced(x):
+                    return jax.device_put(x, sharding)
+                return x
 
             tree = jax.tree.map(move, tree)
         out.append(tree)
