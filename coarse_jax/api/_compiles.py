@@ -26,7 +26,7 @@ Entry = tuple[str, tuple[Any, ...]]
 def _leaf_type(x: Any) -> tuple[Any, ...]:
     if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
         sharding = x.sharding if x.committed else "uncommitted"
-        return (tuple(x.shape), str(x.dtype), bool(x.weak_type), sharding)
+        return (tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)), sharding)
     if isinstance(x, (bool, int, float, complex)):
         return ((), type(x).__name__, True, "a Python scalar")
     shape = getattr(x, "shape", None)

@@ -9,7 +9,8 @@ same on every device: float state is averaged over the workers (as Flax's
 data-parallel examples average batch statistics), integer state too (it must
 be equal on every worker, as counters are). Each worker draws its own random
 numbers: inside the step every RNG stream's key is folded with the worker's
-index, and restored before the state leaves the step.
+index (worker 0 keeps the key itself, so one worker draws what ``nnx.jit``
+draws on one device), and restored before the state leaves the step.
 
 flax is imported only when the caller already did: without it no NNX object
 can reach here.
@@ -17,6 +18,7 @@ can reach here.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,6 +46,50 @@ def graph_positions(args: Sequence[Any]) -> tuple[int, ...]:
     if "flax" not in sys.modules:
         return ()
     return tuple(i for i, a in enumerate(args) if is_graph_node(a))
+
+
+@dataclasses.dataclass(frozen=True)
+class OtherNodes:
+    """NNX objects passed to a loss but not differentiated: where they were, and their state."""
+
+    positions: tuple[int, ...]  # positional arguments
+    names: tuple[str, ...]  # keyword arguments
+    nodes: tuple[Any, ...]  # the caller's objects, positions then names
+    graphdef: Any
+    state: Any
+
+    def without(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict]:
+        """The arguments with the objects taken out (None in their places)."""
+        a = [None if i in self.positions else x for i, x in enumerate(args)]
+        return a, {k: v for k, v in kwargs.items() if k not in self.names}
+
+    def put(
+        self, args: Sequence[Any], kwargs: dict[str, Any], nodes: tuple[Any, ...]
+    ) -> tuple[list[Any], dict]:
+        """The arguments with ``nodes`` (merged from the state) back in their places."""
+        a, k = list(args), dict(kwargs)
+        for i, node in zip(self.positions, nodes, strict=False):
+            a[i] = node
+        for name, node in zip(self.names, nodes[len(self.positions) :], strict=True):
+            k[name] = node
+        return a, k
+
+
+def other_nodes(
+    args: Sequence[Any], kwargs: dict[str, Any], differentiated: Sequence[int]
+) -> OtherNodes | None:
+    """The NNX objects among ``args`` and ``kwargs`` outside ``differentiated``, or None."""
+    if "flax" not in sys.modules:
+        return None
+    positions = tuple(
+        i for i, a in enumerate(args) if i not in differentiated and is_graph_node(a)
+    )
+    names = tuple(k for k, v in kwargs.items() if is_graph_node(v))
+    if not positions and not names:
+        return None
+    nodes = tuple(args[i] for i in positions) + tuple(kwargs[k] for k in names)
+    graphdef, state = split(nodes)
+    return OtherNodes(positions, names, nodes, graphdef, state)
 
 
 def split(nodes: tuple[Any, ...]) -> tuple[Any, Any]:
@@ -75,13 +121,22 @@ def fold_rngs_by_worker(nodes: tuple[Any, ...]) -> Callable[[], None]:
     if HOST in traced_axes():  # the worker's index over all hosts
         me = lax.axis_index(HOST) * lax.axis_size(DATA) + me
     for s in streams:
-        s.key.set_value(jax.random.fold_in(s.key.get_value(), me))
+        s.key.set_value(_fold_unless_first(s.key.get_value(), me))
 
     def restore() -> None:
         for s, key in zip(streams, saved, strict=True):
             s.key.set_value(key)
 
     return restore
+
+
+def _fold_unless_first(key: jax.Array, me: jax.Array) -> jax.Array:
+    """``key`` folded with worker ``me``'s index, except on worker 0, which keeps ``key``:
+    one worker draws what ``nnx.jit`` on one device draws (the same dropout masks)."""
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    data = jax.random.key_data if typed else (lambda k: k)
+    mixed = jnp.where(me == 0, data(key), data(jax.random.fold_in(key, me)))
+    return jax.random.wrap_key_data(mixed, impl=jax.random.key_impl(key)) if typed else mixed
 
 
 def consistent_state(nodes: tuple[Any, ...], all_reduce: Callable[[Any], Any], workers: int) -> Any:

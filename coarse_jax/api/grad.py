@@ -100,6 +100,7 @@ def value_and_grad(
       >>> float(loss), grads["w"].ravel().tolist(), float(mean_pred)
       (9.0, [6.0, 6.0, 6.0], 3.0)
     """
+    given_argnums = argnums
     # nnx.DiffState(argnum, filter): differentiate that module's variables
     # matching the filter, as nnx.value_and_grad does.
     diff_filter = _nnx.diff_filter(argnums)
@@ -110,6 +111,9 @@ def value_and_grad(
 
     @functools.wraps(fun)
     def vg(*args: Any, **kwargs: Any) -> Any:
+        others = _nnx.other_nodes(args, kwargs, nums)
+        if others is not None:  # an nnx.Rngs (or module) the loss uses but is not differentiated
+            return _with_nodes_passed(fun, given_argnums, has_aux, config, others, args, kwargs)
         modules = [i for i in nums if _nnx.is_graph_node(args[i])]
         if modules:
             if not single:
@@ -127,6 +131,41 @@ def value_and_grad(
         )
 
     return vg
+
+
+def _with_nodes_passed(
+    fun: Callable[..., Any],
+    argnums: Any,
+    has_aux: bool,
+    config: Config | None,
+    others: _nnx.OtherNodes,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """``coarse.value_and_grad(fun)(*args, **kwargs)`` with the NNX objects ``others`` names
+    (not differentiated: the ``nnx.Rngs`` flax's MNIST passes to its loss, say) passed
+    into the loss as their state.
+
+    As ``nnx.value_and_grad`` does: the loss runs inside a trace of its own, where
+    flax refuses to mutate an object made outside it (``TraceContextError: Cannot
+    mutate RngCount from a different trace level``). Each object is merged afresh
+    inside the loss from its state; what the loss changed (an RNG count that
+    advanced, a metric) leaves as aux and is written back into the caller's object.
+    """
+    args2, kwargs2 = others.without(args, kwargs)
+
+    def with_state(*a: Any, **k: Any) -> Any:
+        *a, state = a
+        nodes = _nnx.merge(others.graphdef, state)
+        a, k = others.put(a, k, nodes)
+        out = fun(*a, **k)
+        loss, aux = out if has_aux else (out, None)
+        return loss, (aux, _nnx.changed_state(state, nodes))
+
+    inner = value_and_grad(with_state, argnums=argnums, has_aux=True, config=config)
+    (loss, (aux, carried)), grads = inner(*args2, others.state, **kwargs2)
+    _nnx.update(others.nodes, carried)
+    return ((loss, aux) if has_aux else loss), grads
 
 
 def _module_value_and_grad(
