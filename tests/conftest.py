@@ -48,9 +48,9 @@ ONCE = {
     _EXAMPLES + "test_example_plot": "matplotlib's figure (test_example_runs)",
     _EXAMPLES + "test_demo_times_sync": "the real clock (test_example_runs[demo])",
     _EXAMPLES + "test_example_runs[resnet18]": "the longest example (cnn, bert)",
-    _EXAMPLES + "test_flax_mnist_runs[flax_mnist_linen-None-True]": "state on the mesh "
+    _EXAMPLES + "test_flax_mnist_runs[flax_mnist_linen-None-None-True]": "state on the mesh "
     "(the same examples with state on the host)",
-    _EXAMPLES + "test_flax_mnist_runs[flax_mnist_nnx-2-True]": "as above",
+    _EXAMPLES + "test_flax_mnist_runs[flax_mnist_nnx-1-None-True]": "as above",
     "test_value_and_update.py::test_bert_example_hundred_adamw_steps_match_optax_within_the_"
     "noise_floor": "a long trajectory (test_bert_example_adamw_steps_in_lockstep_with_optax)",
     "test_memory.py::test_rss_stays_flat_across_200_plans": "the runtime's own memory growth",
