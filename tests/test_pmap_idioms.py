@@ -257,3 +257,99 @@ def test_dynamic_scale_in_float16_steps_in_lockstep_with_flax_under_pmap():
         finite_seen.append(bool(want_finite))
         scale, params = want_scale, want_params  # lockstep: both from pmap's state
     assert False in finite_seen and True in finite_seen, finite_seen  # it backed off and ran
+
+
+def _imagenet_parts(with_dynamic_scale: bool):
+    """flax's ImageNet train_step as flax writes it (axis "data"), a small conv net with
+    BatchNorm(axis_name="data"), its TrainState with batch_stats and DynamicScale."""
+    import flax.linen as nn
+    from flax.training import train_state
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = True):
+            norm = functools.partial(
+                nn.BatchNorm, use_running_average=not train, momentum=0.9, axis_name="data"
+            )
+            x = nn.relu(norm()(nn.Conv(6, (3, 3))(x)))
+            x = nn.relu(norm()(nn.Conv(6, (3, 3))(x)) + x)
+            return nn.Dense(10)(jnp.mean(x, axis=(1, 2)))
+
+    class State(train_state.TrainState):
+        batch_stats: dict
+        dynamic_scale: dynamic_scale_lib.DynamicScale | None
+
+    def train_step(state, batch):
+        def loss_fn(params):
+            logits, new_model_state = state.apply_fn(
+                {"params": params, "batch_stats": state.batch_stats},
+                batch["image"],
+                mutable=["batch_stats"],
+            )
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+            l2 = sum(jnp.sum(x**2) for x in jax.tree.leaves(params) if x.ndim > 1)
+            return loss + 0.0001 * 0.5 * l2, (new_model_state, logits)
+
+        dynamic_scale = state.dynamic_scale
+        if dynamic_scale:
+            grad_fn = dynamic_scale.value_and_grad(loss_fn, has_aux=True, axis_name="data")
+            dynamic_scale, is_fin, aux, grads = grad_fn(state.params)
+        else:
+            aux, grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+            grads = lax.pmean(grads, axis_name="data")
+        new_model_state, logits = aux[1]
+        metrics = lax.pmean({"loss": aux[0]}, axis_name="data")
+        new_state = state.apply_gradients(
+            grads=grads, batch_stats=lax.pmean(new_model_state["batch_stats"], "data")
+        )
+        if dynamic_scale:
+            keep = functools.partial(jnp.where, is_fin)
+            new_state = new_state.replace(
+                opt_state=jax.tree.map(keep, new_state.opt_state, state.opt_state),
+                params=jax.tree.map(keep, new_state.params, state.params),
+                dynamic_scale=dynamic_scale,
+            )
+        return new_state, metrics
+
+    model = Net()
+    images = np.random.default_rng(1).random((16, 8, 8, 3), dtype=np.float32)
+    variables = model.init(jax.random.key(0), images[:2], train=False)
+    state = State.create(
+        apply_fn=model.apply,
+        params=variables["params"],
+        batch_stats=variables["batch_stats"],
+        tx=optax.sgd(0.1, 0.9, nesterov=True),
+        dynamic_scale=(
+            dynamic_scale_lib.DynamicScale(scale=jnp.float32(2.0**15))
+            if with_dynamic_scale
+            else None
+        ),
+    )
+    return train_step, state, {"image": images, "label": np.arange(16) % 10}
+
+
+@pytest.mark.parametrize("with_dynamic_scale", [False, True])
+def test_flax_imagenet_pmap_step_in_lockstep_with_pmap(with_dynamic_scale):
+    """flax's ImageNet step converted from pmap (batch_stats pmean'd, BatchNorm with
+    axis_name, weight decay in the loss, SGD with nesterov, DynamicScale or a kept
+    pmean): 3 steps, each from pmap's state, equal to pmap's at float32 rounding
+    (the same tolerance as above, relative to the state's largest element)."""
+    p = 4
+    train_step, state, batch = _imagenet_parts(with_dynamic_scale)
+    step = coarse.sync(train_step, mesh=_mesh(p, "devices"))
+    pmapped = jax.pmap(
+        train_step, in_axes=(None, 0), out_axes=(None, 0), axis_name="data",
+        devices=jax.devices()[:p],
+    )
+    split = jax.tree.map(lambda x: x.reshape(p, -1, *x.shape[1:]), batch)
+    for _ in range(3):
+        got_state, got_metrics = step(state, batch)
+        want_state, want_metrics = pmapped(state, split)
+        np.testing.assert_allclose(got_metrics["loss"], want_metrics["loss"][0], rtol=RTOL)
+        wants = [np.asarray(w) for w in jax.tree.leaves(want_state)]
+        # Relative to the state's scale: a conv bias ahead of a BatchNorm has a zero
+        # gradient whose computed value is rounding noise (1e-8) in either run.
+        scale = max(float(np.abs(w).max()) for w in wants if w.dtype.kind == "f")
+        for g, w in zip(jax.tree.leaves(got_state), wants, strict=True):
+            np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL * scale)
+        state = want_state  # lockstep: both from pmap's state

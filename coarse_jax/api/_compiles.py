@@ -59,8 +59,8 @@ def _change(before: tuple[Any, ...], now: tuple[Any, ...]) -> str:
 def _fix(before: tuple[Any, ...], now: tuple[Any, ...]) -> str:
     if before[2] != now[2]:
         return (
-            "Fix: give it one type every call, e.g. jnp.asarray(x, jnp.int32) where it is made "
-            "(flax's TrainState.create(step=...) or a restored checkpoint)"
+            f"Fix: give it one type every call, e.g. jnp.asarray(x, jnp.{now[1]}) where it is "
+            "made (a TrainState's step, a DynamicScale's scale, a restored checkpoint)"
         )
     return (
         "Fix: pass the step's own outputs back, or place the argument as the step's outputs "
