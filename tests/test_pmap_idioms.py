@@ -224,6 +224,8 @@ def _mixed_precision_step(scale, params, batch):
     return new_scale, finite, lax.pmean(loss, "data"), new_params
 
 
+# The lockstep feeds pmap's state back as numpy: its weak types become strong once.
+@pytest.mark.filterwarnings("ignore:.*XLA compiled the step again")
 def test_dynamic_scale_in_float16_steps_in_lockstep_with_flax_under_pmap():
     """flax's DynamicScale with axis_name, float16 compute, 8 steps from a scale that
     overflows float16 (so it backs off) and then grows: the finite flag and the scale

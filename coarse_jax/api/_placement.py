@@ -130,6 +130,17 @@ def _unplaced(x: Any) -> bool:
     return isinstance(x, (np.ndarray, np.generic, bool, int, float, complex))
 
 
+def _renamed(x: Any, replicated: NamedSharding) -> bool:
+    """``x`` is replicated on exactly the workers, under another sharding object (a
+    ``jax.pmap`` output, or a mesh with other axis names): jit would compile again."""
+    return (
+        isinstance(x, jax.Array)
+        and not isinstance(x, jax.core.Tracer)
+        and x.sharding != replicated
+        and x.sharding.is_equivalent_to(replicated, x.ndim)
+    )
+
+
 def _move(x: Any, sharding: NamedSharding) -> Any:
     moved = from_local_shards(x, sharding)
     return moved if moved is not None else jax.device_put(x, sharding)
@@ -170,6 +181,7 @@ def onto_workers(mesh: Mesh, trees: list[tuple[Any, bool]]) -> tuple[Mesh | None
                 moves = moves or (settle and not batch and _unplaced(x))
                 continue
             if where == sites.workers:
+                moves = moves or (settle and not batch and _renamed(x, sites.replicated))
                 continue
             moves = True
             if where == sites.everything:
@@ -180,8 +192,8 @@ def onto_workers(mesh: Mesh, trees: list[tuple[Any, bool]]) -> tuple[Mesh | None
             def move(x: Any, sharding: NamedSharding = sharding, batch: bool = batch) -> Any:
                 if _committed_elsewhere(x, sites.workers):
                     return _move(x, sharding)
-                if settle and not batch and _unplaced(x):
-                    return jax.device_put(x, sharding)
+                if settle and not batch and (_unplaced(x) or _renamed(x, sharding)):
+                    return jax.device_put(x, sharding)  # a renamed one: its buffers, no copy
                 return x
 
             tree = jax.tree.map(move, tree)
