@@ -482,3 +482,15 @@ def test_a_repeated_call_reuses_its_layout_and_a_changed_one_does_not(mesh4):
     np.testing.assert_allclose(step(w=on_workers, batch=batch), want(batch), rtol=1e-6)
     np.testing.assert_allclose(step(w, np.asarray(batch)), want(batch), rtol=1e-6)
     assert len(step._arguments._repeats) == 1
+
+
+def test_batch_argnums_empty_means_no_batch():
+    """``batch_argnums=()`` replicates every argument (a step over state alone); only
+    None, the default, splits the last argument over the workers. A tree whose leading
+    axis divides the workers would otherwise be split silently."""
+    mesh = coarse.make_mesh(workers=4)
+    tree = jnp.arange(8.0)
+    none = coarse.sync(lambda t: coarse.all_reduce(t), mesh=mesh, batch_argnums=())
+    np.testing.assert_array_equal(none(tree), tree)  # the mean of 4 equal copies
+    default = coarse.sync(lambda t: coarse.all_reduce(t), mesh=mesh)
+    np.testing.assert_array_equal(default(tree), [3.0, 4.0])  # the mean of the 4 slices

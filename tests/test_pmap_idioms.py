@@ -72,18 +72,14 @@ def _pmean_of_loss_and_grads(params, batch):
 
 def _dynamic_scale(params, batch):
     scale = dynamic_scale_lib.DynamicScale(growth_interval=1)
-    new_scale, finite, loss, grads = scale.value_and_grad(loss_fn, axis_name="data")(
-        params, batch
-    )
+    new_scale, finite, loss, grads = scale.value_and_grad(loss_fn, axis_name="data")(params, batch)
     return new_scale.scale, finite, lax.pmean(loss, "data"), grads
 
 
 def _sam_update(params, batch):
     tx = _sam()
     grads = lax.pmean(_grads(params, batch), "data")
-    updates, _ = tx.update(
-        grads, tx.init(params), params, grad_fn=lambda p, _: _grads(p, batch)
-    )
+    updates, _ = tx.update(grads, tx.init(params), params, grad_fn=lambda p, _: _grads(p, batch))
     return optax.apply_updates(params, updates)
 
 
@@ -251,7 +247,9 @@ def test_dynamic_scale_in_float16_steps_in_lockstep_with_flax_under_pmap():
         assert int(got_scale.fin_steps) == int(want_scale.fin_steps)
         np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
         for g, w, before in zip(
-            jax.tree.leaves(got_params), jax.tree.leaves(want_params), jax.tree.leaves(params),
+            jax.tree.leaves(got_params),
+            jax.tree.leaves(want_params),
+            jax.tree.leaves(params),
             strict=True,
         ):
             moved = np.max(np.abs(np.asarray(w) - np.asarray(before)))
@@ -340,7 +338,10 @@ def test_flax_imagenet_pmap_step_in_lockstep_with_pmap(with_dynamic_scale):
     train_step, state, batch = _imagenet_parts(with_dynamic_scale)
     step = coarse.sync(train_step, mesh=_mesh(p, "devices"))
     pmapped = jax.pmap(
-        train_step, in_axes=(None, 0), out_axes=(None, 0), axis_name="data",
+        train_step,
+        in_axes=(None, 0),
+        out_axes=(None, 0),
+        axis_name="data",
         devices=jax.devices()[:p],
     )
     split = jax.tree.map(lambda x: x.reshape(p, -1, *x.shape[1:]), batch)

@@ -46,7 +46,7 @@ from coarse_jax._ffi.extension import (
 )
 from coarse_jax._ffi.hosts import host_gather
 from coarse_jax._ffi.layout import PlanLayout, host_plan_key, plan_layout
-from coarse_jax._ffi.primitive import route_marker
+from coarse_jax._ffi.primitive import route_join, route_marker, route_split
 
 __all__ = [
     "CUDA_TARGETS",
@@ -75,7 +75,9 @@ __all__ = [
     "proxy_ring_to_hosts",
     "pull",
     "push",
+    "route_join",
     "route_marker",
+    "route_split",
     "runtime_module",
     "set_memory_limits",
     "token",

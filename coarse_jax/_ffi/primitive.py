@@ -208,3 +208,24 @@ ad.primitive_jvps[route_p] = _refuse_jvp
 def route_marker(leaves: Sequence[jax.Array], target: str) -> list[jax.Array]:
     """``leaves`` unchanged, marked as the latency route of ``target`` ("coarse.all_reduce")."""
     return list(route_p.bind(*leaves, target=target))
+
+
+def route_join(leaves: Sequence[jax.Array]) -> jax.Array:
+    """``leaves`` (float32, bfloat16, float16) widened to f32 and laid end to end in one
+    f32 vector, by one CPU custom call (``coarse_route_join``, ffi/cpu/route_split.cc),
+    typed as the first leaf varies."""
+    like = jax.typeof(leaves[0])
+    n = sum(int(x.size) for x in leaves)
+    (flat,) = custom_call(
+        "coarse_route_join", [like.update(shape=(n,), dtype=np.dtype(np.float32))]
+    )(*leaves)
+    return flat
+
+
+def route_split(total: jax.Array, leaves: Sequence[Any]) -> list[jax.Array]:
+    """``total`` (f32, the latency route's reduced vector) cut into arrays of ``leaves``'
+    shapes and dtypes, in order (narrowed to nearest even), by one CPU custom call
+    (``coarse_route_split``, ffi/cpu/route_split.cc), typed as ``total`` varies."""
+    like = jax.typeof(total)
+    results = [like.update(shape=tuple(x.shape), dtype=np.dtype(x.dtype)) for x in leaves]
+    return custom_call("coarse_route_split", results)(total)

@@ -201,6 +201,9 @@ class Arguments:
         donate_argnames: str | Sequence[str] | None,
     ) -> None:
         self._step = step
+        # batch_argnums=() (or batch_argnames=()) says the step has no batch: every
+        # argument is replicated. Only None (not given) means the default, the last.
+        self._batch_given = batch_argnums is not None or batch_argnames is not None
         self.batch_argnums = indices(batch_argnums, "batch_argnums", step)
         self.static_argnums = indices(static_argnums, "static_argnums", step)
         self.donate_argnums = indices(donate_argnums, "donate_argnums", step)
@@ -368,10 +371,10 @@ class Arguments:
                 continue
             static.add(j)
         graph = tuple(i for i in graph_at if i not in static)
-        if self.batch_argnums or self.batch_argnames:
+        if self._batch_given:
             batch = _positions(self.batch_argnums, n_pos, "batch_argnums", step)
             batch |= self._named(self.batch_argnames, n_pos, kwnames)
-            if not batch:
+            if not batch and self.batch_argnames:
                 raise TypeError(
                     f"coarse.sync({step}): batch_argnames={self.batch_argnames!r} names no "
                     f"argument of this call (keywords passed: {list(kwnames)}). Fix: pass the "

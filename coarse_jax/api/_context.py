@@ -60,6 +60,11 @@ class SyncContext:
     def proxies(self) -> int:
         return num_proxies(self.mesh)
 
+    @property
+    def platform(self) -> str:
+        """The workers' platform ("cpu", "gpu")."""
+        return str(self.mesh.devices.flat[0].platform)
+
     def plan(self, tree: Any, cfg: Config, **kwargs: Any) -> Plan:
         if cfg is self.config:
             self.plans.append((tree, kwargs))

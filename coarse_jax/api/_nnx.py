@@ -81,9 +81,7 @@ def other_nodes(
     """The NNX objects among ``args`` and ``kwargs`` outside ``differentiated``, or None."""
     if "flax" not in sys.modules:
         return None
-    positions = tuple(
-        i for i, a in enumerate(args) if i not in differentiated and is_graph_node(a)
-    )
+    positions = tuple(i for i, a in enumerate(args) if i not in differentiated and is_graph_node(a))
     names = tuple(k for k, v in kwargs.items() if is_graph_node(v))
     if not positions and not names:
         return None

@@ -24,16 +24,24 @@ from coarse_jax import _ffi, reference
 
 
 def all_reduce(
-    leaves: list[jax.Array], workers: int, mean: bool = True, *, where: str
+    leaves: list[jax.Array], workers: int, mean: bool = True, *, where: str, platform: str
 ) -> list[jax.Array]:
     """The mean (or sum) over the workers of every leaf, as one psum of their f32 values.
 
     Must run inside the step's ``shard_map`` over the workers (`coarse.sync`);
-    ``where`` is the public call ("coarse.all_reduce"), for errors.
+    ``where`` is the public call ("coarse.all_reduce"), for errors; ``platform``
+    the workers' ("cpu" lays the tree out with the CPU extension's custom calls).
     """
     leaves = _ffi.route_marker(_ffi.vary(list(leaves)), where)
     if len(leaves) < 2:
         return list(reference.all_reduce(leaves, workers, mean))
+    if platform == "cpu":
+        # The tree laid end to end and cut again by two custom calls, a loop per
+        # leaf each (widening to f32, narrowing back): XLA's concatenate, slices
+        # and casts would be generated code per leaf (its offset differs),
+        # seconds of compiling at 250 leaves.
+        (total,) = reference.all_reduce([_ffi.route_join(leaves)], workers, mean)
+        return _ffi.route_split(total, leaves)
     flat = jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves])
     (total,) = reference.all_reduce([flat], workers, mean)
     out, start = [], 0

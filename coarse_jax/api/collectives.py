@@ -91,7 +91,10 @@ def all_reduce(tree: Any, op: str = "mean", *, config: Config | None = None) -> 
         return reference.all_reduce(tree, ctx.workers, mean)
     if plan.xla:  # the latency route (Config.xla_below_bytes)
         return jax.tree.unflatten(
-            treedef, _xla_route.all_reduce(leaves, ctx.workers, mean, where="coarse.all_reduce")
+            treedef,
+            _xla_route.all_reduce(
+                leaves, ctx.workers, mean, where="coarse.all_reduce", platform=ctx.platform
+            ),
         )
     if not leaves:
         return tree

@@ -312,7 +312,7 @@ def _reference(sync: _Sync) -> Any:
     if sync.cfg.mode == "reference":
         leaves = reference.all_reduce(leaves, ctx.workers)
     else:
-        leaves = _xla_route.all_reduce(leaves, ctx.workers, where=sync.where)
+        leaves = _xla_route.all_reduce(leaves, ctx.workers, where=sync.where, platform=ctx.platform)
     if update is not None:
         leaves[: sync.n_grad] = _update.reference_update(
             ctx, update, sync.args[0], leaves[: sync.n_grad]

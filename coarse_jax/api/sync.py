@@ -461,7 +461,7 @@ def sync(
       mesh: a mesh from `coarse.make_mesh`.
       config: default `Config` for the coarse calls inside.
       batch_argnums: which positional arguments are sharded over "data";
-        default: the last one.
+        default (None): the last one; ``()``: none (every argument replicated).
       static_argnums: positional arguments compiled in, as in ``jax.jit``
         (hashable; a new value compiles a new program).
       donate_argnums: positional arguments whose buffers the step may reuse

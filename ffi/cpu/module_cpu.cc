@@ -46,6 +46,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(Pack);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Unpack);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Reduce);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(HostGather);  // xla/host_gather.cc
+XLA_FFI_DECLARE_HANDLER_SYMBOL(RouteJoin);   // cpu/route_split.cc
+XLA_FFI_DECLARE_HANDLER_SYMBOL(RouteSplit);  // cpu/route_split.cc
 }  // namespace coarse
 
 NB_MODULE(_coarse_cpu, m) {
@@ -83,6 +85,8 @@ NB_MODULE(_coarse_cpu, m) {
         d["coarse_unpack"] = coarse::Encapsulate(coarse::Unpack);
         d["coarse_reduce"] = coarse::Encapsulate(coarse::Reduce);
         d["coarse_host_gather"] = coarse::Encapsulate(coarse::HostGather);
+        d["coarse_route_join"] = coarse::Encapsulate(coarse::RouteJoin);
+        d["coarse_route_split"] = coarse::Encapsulate(coarse::RouteSplit);
         return d;
       },
       "Target name -> FFI handler capsule, for jax.ffi.register_ffi_target.");
