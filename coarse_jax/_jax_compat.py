@@ -38,6 +38,9 @@ def _unsupported(what: str, err: BaseException | None = None) -> ImportError:
 
 
 try:
+    # config.bool_state, config.config_states: checked on 0.10.2, 0.12.0.1.
+    from jax._src import config as _config
+
     # core: checked on 0.10.2, 0.11.2, 0.12.0.1.
     from jax._src import core as _core
 
@@ -62,6 +65,8 @@ except ImportError as _err:  # pragma: no cover - only on an unsupported jax
     raise _unsupported("a module coarse_jax needs", _err) from _err
 
 for _module, _name in (
+    (_config, "bool_state"),
+    (_config, "config_states"),
     (_core, "shaped_abstractify"),
     (_core, "standard_vma_rule"),
     (_core, "get_cur_mesh_sharding"),
@@ -225,18 +230,36 @@ def user_location(eqn: Any) -> str:
 # ``sam(batch_axis_name)``) of that mean is the mean, as under pmap.
 #
 # Why internal: jax has no public hook for how a collective transposes. The
-# wrappers are installed once and read a per-thread stack: outside a coarse
-# step's trace (another thread's jit, the user's own shard_map) every rule is
-# jax's own. jax caches the transposes of inner ``jax.jit`` functions by their
-# jaxpr, and a jaxpr traced inside a coarse step names the step's own mesh, so
-# the two conventions never share an entry.
+# wrappers are installed once and act only while `mean_gradients` is open on
+# this thread: outside a coarse step's trace (another thread's jit, the user's
+# own shard_map) every rule is jax's own. jax caches traces and transposes (an
+# inner ``jax.jit``, ``jnp.matmul`` among them, is traced and transposed once
+# per key); the switch is also a jax config state in jax's trace context and jit
+# key, so an entry made inside a coarse step is never reused outside it, nor
+# one made outside inside (tests/test_pmap_idioms.py runs both orders).
+
+_MEAN_GRADIENTS_NAME = "coarse_jax_mean_gradients"
+if _MEAN_GRADIENTS_NAME in _config.config_states:  # importlib.reload: the one defined
+    _MEAN_GRADIENTS = _config.config_states[_MEAN_GRADIENTS_NAME]
+else:
+    _MEAN_GRADIENTS = _config.bool_state(
+        name=_MEAN_GRADIENTS_NAME,
+        default=False,
+        help="Set by coarse_jax while it traces a step: jax.grad there differentiates the "
+        "workers' mean loss. Not a user setting (coarse_jax turns it off at import).",
+        include_in_jit_key=True,
+        include_in_trace_context=True,
+    )
+# bool_state reads COARSE_JAX_MEAN_GRADIENTS from the environment: only a coarse
+# step may turn it on.
+jax.config.update(_MEAN_GRADIENTS_NAME, False)
 
 _mean_axes = threading.local()
 
 
 def _current_sizes() -> Mapping[str, int]:
     stack = getattr(_mean_axes, "stack", None)
-    return stack[-1] if stack else {}
+    return stack[-1] if stack and _MEAN_GRADIENTS.value else {}
 
 
 @contextlib.contextmanager
@@ -251,7 +274,8 @@ def mean_gradients(sizes: Mapping[str, int]) -> Iterator[None]:
         stack = _mean_axes.stack = []
     stack.append(dict(sizes))
     try:
-        yield
+        with _MEAN_GRADIENTS(True):
+            yield
     finally:
         stack.pop()
 

@@ -356,3 +356,32 @@ def test_flax_imagenet_pmap_step_in_lockstep_with_pmap(with_dynamic_scale):
         for g, w in zip(jax.tree.leaves(got_state), wants, strict=True):
             np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL * scale)
         state = want_state  # lockstep: both from pmap's state
+
+
+@pytest.mark.parametrize("coarse_first", [False, True])
+def test_a_shard_map_of_the_users_own_keeps_jaxs_sum(coarse_first):
+    """The mean is a coarse step's alone. jax caches the traces and transposes of inner
+    jitted functions (``jnp.matmul``, a ``jax.jit`` loss) by their types: a user's own
+    ``shard_map`` over the same workers, before or after a coarse step, differentiates
+    with jax's rule (the workers' sum), and the coarse step with its own (the mean)."""
+    from jax.sharding import PartitionSpec as P
+
+    from coarse_jax.mesh import workers_mesh
+
+    mesh = _mesh(4, "devices")
+    params, batch = _data(5)
+    jitted_loss = jax.jit(loss_fn)
+
+    def grads(params, batch):
+        return jax.grad(jitted_loss)(params, batch)
+
+    own = jax.jit(
+        jax.shard_map(grads, mesh=workers_mesh(mesh), in_specs=(P(), P("data")), out_specs=P())
+    )
+    step = coarse.sync(grads, mesh=mesh)
+    want = _oracle("pmean", 4)(params, batch)
+    runs = [("coarse", step), ("own", own)] if coarse_first else [("own", own), ("coarse", step)]
+    for name, fn in runs:
+        got = jax.tree.map(np.asarray, fn(params, batch))
+        factor = 1 if name == "coarse" else 4
+        np.testing.assert_allclose(got["w"], factor * want["w"], rtol=1e-5, err_msg=name)
