@@ -56,11 +56,16 @@ def _change(before: tuple[Any, ...], now: tuple[Any, ...]) -> str:
     return f"its placement changed from {where0} to {where1}"
 
 
-def _fix(before: tuple[Any, ...], now: tuple[Any, ...]) -> str:
+def _fix(what: str, before: tuple[Any, ...], now: tuple[Any, ...]) -> str:
     if before[2] != now[2]:
         return (
             f"Fix: give it one type every call, e.g. jnp.asarray(x, jnp.{now[1]}) where it is "
             "made (a TrainState's step, a DynamicScale's scale, a restored checkpoint)"
+        )
+    if what.startswith("batch "):
+        return (
+            "Fix: pass the batch the same way every call: host arrays (numpy), or arrays "
+            'placed with NamedSharding(coarse_jax.mesh.workers_mesh(mesh), P("data"))'
         )
     return (
         "Fix: pass the step's own outputs back, or place the argument as the step's outputs "
@@ -109,7 +114,7 @@ class Compiles:
                     f"coarse.sync({self._step}): XLA compiled the step again ({size} "
                     f"programs): {what} is not what the first call passed: "
                     f"{_change(before, now)}. jax.jit compiles once per argument type and "
-                    f"placement, as long as the first time. {_fix(before, now)}.",
+                    f"placement, as long as the first time. {_fix(what, before, now)}.",
                     RuntimeWarning,
                     stacklevel=3,
                 )

@@ -331,7 +331,11 @@ class SyncedStep(ProxyState):
     @staticmethod
     def _named(layout: Layout, passed: list[int], dyn: list[Any]) -> list[tuple[str, Any]]:
         """(label, value) of the program's arguments, as the user named them."""
-        labels = [_arguments.label(i, layout.n_pos, layout.kwnames) for i in passed]
+        labels = [
+            ("batch " if i in layout.batch else "")
+            + _arguments.label(i, layout.n_pos, layout.kwnames)
+            for i in passed
+        ]
         if layout.graph:
             labels.append("the NNX state")
         return list(zip(labels, dyn, strict=True))
