@@ -297,7 +297,7 @@ def _imagenet_parts(with_dynamic_scale: bool):
         else:
             aux, grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
             grads = lax.pmean(grads, axis_name="data")
-        new_model_state, logits = aux[1]
+        new_model_state, _ = aux[1]
         metrics = lax.pmean({"loss": aux[0]}, axis_name="data")
         new_state = state.apply_gradients(
             grads=grads, batch_stats=lax.pmean(new_model_state["batch_stats"], "data")

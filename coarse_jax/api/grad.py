@@ -154,11 +154,11 @@ def _with_nodes_passed(
     """
     args2, kwargs2 = others.without(args, kwargs)
 
-    def with_state(*a: Any, **k: Any) -> Any:
-        *a, state = a
+    def with_state(*a_and_state: Any, **k: Any) -> Any:
+        *a, state = a_and_state
         nodes = _nnx.merge(others.graphdef, state)
-        a, k = others.put(a, k, nodes)
-        out = fun(*a, **k)
+        call_args, call_kwargs = others.put(a, k, nodes)
+        out = fun(*call_args, **call_kwargs)
         loss, aux = out if has_aux else (out, None)
         return loss, (aux, _nnx.changed_state(state, nodes))
 

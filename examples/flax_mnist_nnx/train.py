@@ -126,7 +126,9 @@ def train(steps, config, train_ds, test_ds, name, mesh=None, dropout_seed=0) -> 
     """
     train_step, eval_step = steps
     model = CNN(rngs=nnx.Rngs(config.seed))
-    optimizer = nnx.Optimizer(model, optax.sgd(config.learning_rate, config.momentum), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(
+        model, optax.sgd(config.learning_rate, config.momentum), wrt=nnx.Param
+    )
     metrics = nnx.MultiMetric(
         accuracy=nnx.metrics.Accuracy(),
         loss=nnx.metrics.Average("loss"),

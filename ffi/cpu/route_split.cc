@@ -36,15 +36,12 @@ ffi::Error RouteJoinImpl(ffi::RemainingArgs leaves, ffi::Result<ffi::AnyBuffer> 
     const ffi::AnyBuffer& leaf = got.value();
     const size_t n = leaf.element_count();
     if (offset + n > total)
-      return ffi::Error::InvalidArgument("coarse_route_join: the leaves hold more elements (" +
-                                         std::to_string(offset + n) + " after leaf " +
-                                         std::to_string(i) + ") than the result's " +
-                                         std::to_string(total));
+      return ffi::Error::InvalidArgument(
+          "coarse_route_join: the leaves hold more elements (" + std::to_string(offset + n) +
+          " after leaf " + std::to_string(i) + ") than the result's " + std::to_string(total));
     float* out = dst + offset;
     switch (leaf.element_type()) {
-      case ffi::DataType::F32:
-        std::memcpy(out, leaf.untyped_data(), n * sizeof(float));
-        break;
+      case ffi::DataType::F32: std::memcpy(out, leaf.untyped_data(), n * sizeof(float)); break;
       case ffi::DataType::BF16: {
         const auto* in = static_cast<const uint16_t*>(leaf.untyped_data());
         for (size_t k = 0; k < n; ++k) out[k] = kernels::Bf16ToF32(in[k]);
@@ -55,8 +52,7 @@ ffi::Error RouteJoinImpl(ffi::RemainingArgs leaves, ffi::Result<ffi::AnyBuffer> 
         for (size_t k = 0; k < n; ++k) out[k] = kernels::F16ToF32(in[k]);
         break;
       }
-      default:
-        return Unsupported("coarse_route_join", i, leaf.element_type());
+      default: return Unsupported("coarse_route_join", i, leaf.element_type());
     }
     offset += n;
   }
@@ -77,15 +73,12 @@ ffi::Error RouteSplitImpl(ffi::AnyBuffer flat, ffi::RemainingRets outs) {
     ffi::AnyBuffer& leaf = *got.value();
     const size_t n = leaf.element_count();
     if (offset + n > total)
-      return ffi::Error::InvalidArgument("coarse_route_split: the leaves hold more elements (" +
-                                         std::to_string(offset + n) + " after leaf " +
-                                         std::to_string(i) + ") than the operand's " +
-                                         std::to_string(total));
+      return ffi::Error::InvalidArgument(
+          "coarse_route_split: the leaves hold more elements (" + std::to_string(offset + n) +
+          " after leaf " + std::to_string(i) + ") than the operand's " + std::to_string(total));
     const float* in = src + offset;
     switch (leaf.element_type()) {
-      case ffi::DataType::F32:
-        std::memcpy(leaf.untyped_data(), in, n * sizeof(float));
-        break;
+      case ffi::DataType::F32: std::memcpy(leaf.untyped_data(), in, n * sizeof(float)); break;
       case ffi::DataType::BF16: {
         auto* out = static_cast<uint16_t*>(leaf.untyped_data());
         for (size_t k = 0; k < n; ++k) out[k] = kernels::F32ToBf16(in[k]);
@@ -96,8 +89,7 @@ ffi::Error RouteSplitImpl(ffi::AnyBuffer flat, ffi::RemainingRets outs) {
         for (size_t k = 0; k < n; ++k) out[k] = kernels::F32ToF16(in[k]);
         break;
       }
-      default:
-        return Unsupported("coarse_route_split", i, leaf.element_type());
+      default: return Unsupported("coarse_route_split", i, leaf.element_type());
     }
     offset += n;
   }
@@ -112,12 +104,12 @@ ffi::Error RouteSplitImpl(ffi::AnyBuffer flat, ffi::RemainingRets outs) {
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RouteJoin, RouteJoinImpl,
                               ffi::Ffi::Bind()
-                                  .RemainingArgs()           // the leaves (f32, bf16, f16)
-                                  .Ret<ffi::AnyBuffer>());   // f32[n]: them widened, end to end
+                                  .RemainingArgs()          // the leaves (f32, bf16, f16)
+                                  .Ret<ffi::AnyBuffer>());  // f32[n]: them widened, end to end
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RouteSplit, RouteSplitImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()     // f32[n], the reduced vector
-                                  .RemainingRets());         // the leaves, in their own dtypes
+                                  .Arg<ffi::AnyBuffer>()  // f32[n], the reduced vector
+                                  .RemainingRets());      // the leaves, in their own dtypes
 
 }  // namespace coarse
