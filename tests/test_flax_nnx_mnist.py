@@ -101,3 +101,27 @@ def test_four_workers_match_nnx_jit_to_the_dropout_noise_floor():
     gap = float(np.max(np.abs(got - flax_run)))
     assert gap <= 1.5 * floor, (gap, floor, got, flax_run)
     assert got[-4:].mean() < got[:4].mean()  # it trains
+
+
+def test_flax_step_with_only_the_decorator_changed_equals_the_two_line_conversion():
+    """A one-line conversion (``@nnx.jit`` -> ``@coarse.sync(mesh)``, ``nnx.value_and_grad``
+    kept) gets the workers' mean gradient too, reduced by XLA instead of the proxies: at
+    4 workers its losses and parameters equal the two-line conversion's at float32
+    rounding (measured: 6e-8 apart after 4 steps)."""
+    mesh = coarse.make_mesh(workers=4)
+    kept = coarse.sync(ex.train_step.__wrapped__, mesh=mesh)  # flax's step, nnx.jit undone
+    swapped, _ = ex.coarse_steps(mesh)
+    kept_params, swapped_params = [], []
+
+    def keep(into):
+        def each(i, model):
+            if i == 3:
+                into.extend(np.array(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+        return each
+
+    a = _losses(kept, 4, each=keep(kept_params))
+    b = _losses(swapped, 4, each=keep(swapped_params))
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+    for x, y in zip(kept_params, swapped_params, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
