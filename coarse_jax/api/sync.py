@@ -139,8 +139,9 @@ class SyncedStep(ProxyState):
 
         Returns:
           A dict with ``calls`` made (executions, also when an outer ``jax.jit`` traced the
-          step once and runs it many times), ``reprofiles`` done, programs
-          ``compiled``, calls ``in_flight`` (dispatched, not seen finished; at
+          step once and runs it many times), ``reprofiles`` done, executables
+          ``compiled`` (XLA compiles a program once per argument type and
+          placement: a recompile warns once, naming the argument), calls ``in_flight`` (dispatched, not seen finished; at
           most `Config.max_steps_in_flight`). With ``Config.snapshot_dir`` (on
           the process that writes, process 0): ``snapshot_on_disk``, the
           optimizer step of the newest checkpoint this process completed (None
