@@ -112,7 +112,7 @@ class Compiles:
                 self._warned = True
                 warnings.warn(
                     f"coarse.sync({self._step}): XLA compiled the step again ({size} "
-                    f"programs): {what} is not what the first call passed: "
+                    f"executables of one program): {what} is not what the first call passed: "
                     f"{_change(before, now)}. jax.jit compiles once per argument type and "
                     f"placement, as long as the first time. {_fix(what, before, now)}.",
                     RuntimeWarning,
