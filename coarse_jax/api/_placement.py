@@ -130,15 +130,17 @@ def _unplaced(x: Any) -> bool:
     return isinstance(x, (np.ndarray, np.generic, bool, int, float, complex))
 
 
-def _renamed(x: Any, replicated: NamedSharding) -> bool:
-    """``x`` is replicated on exactly the workers, under another sharding object (a
-    ``jax.pmap`` output, or a mesh with other axis names): jit would compile again."""
-    return (
-        isinstance(x, jax.Array)
-        and not isinstance(x, jax.core.Tracer)
-        and x.sharding != replicated
-        and x.sharding.is_equivalent_to(replicated, x.ndim)
-    )
+def _renamed(x: jax.Array, replicated: NamedSharding, last: list[Any]) -> bool:
+    """``x``, committed to exactly the workers, is replicated there under another sharding
+    object (a ``jax.pmap`` output, a mesh with other axis names): jit would compile again.
+    ``last``: [sharding, answer] of the previous leaf (one jit's outputs share one object;
+    whether a sharding is replicated on the workers does not depend on the leaf's rank)."""
+    s = x.sharding
+    if s is replicated:
+        return False
+    if s is not last[0]:
+        last[:] = [s, s != replicated and s.is_equivalent_to(replicated, x.ndim)]
+    return bool(last[1])
 
 
 def _move(x: Any, sharding: NamedSharding) -> Any:
@@ -173,6 +175,7 @@ def onto_workers(mesh: Mesh, trees: list[tuple[Any, bool]]) -> tuple[Mesh | None
     # once per argument placement. One process only: there a host value is this
     # process's own. The batch is left to jit, which splits host data each call.
     settle = sites.replicated.is_fully_addressable
+    seen: list[Any] = [None, False]  # _renamed's last answer
     for tree, batch in trees:
         moves = False
         for x in jax.tree.leaves(tree):
@@ -181,7 +184,7 @@ def onto_workers(mesh: Mesh, trees: list[tuple[Any, bool]]) -> tuple[Mesh | None
                 moves = moves or (settle and not batch and _unplaced(x))
                 continue
             if where == sites.workers:
-                moves = moves or (settle and not batch and _renamed(x, sites.replicated))
+                moves = moves or (settle and not batch and _renamed(x, sites.replicated, seen))
                 continue
             moves = True
             if where == sites.everything:
@@ -190,10 +193,14 @@ def onto_workers(mesh: Mesh, trees: list[tuple[Any, bool]]) -> tuple[Mesh | None
             sharding = sites.batch if batch else sites.replicated
 
             def move(x: Any, sharding: NamedSharding = sharding, batch: bool = batch) -> Any:
-                if _committed_elsewhere(x, sites.workers):
+                where = _committed_to(x)
+                if where is not None and where != sites.workers:
                     return _move(x, sharding)
-                if settle and not batch and (_unplaced(x) or _renamed(x, sharding)):
-                    return jax.device_put(x, sharding)  # a renamed one: its buffers, no copy
+                if settle and not batch:
+                    if where is None and _unplaced(x):
+                        return jax.device_put(x, sharding)
+                    if where is not None and _renamed(x, sharding, seen):
+                        return jax.device_put(x, sharding)  # its buffers, no copy
                 return x
 
             tree = jax.tree.map(move, tree)
