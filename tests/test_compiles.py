@@ -65,7 +65,7 @@ def test_a_weak_type_that_became_strong_is_counted_and_named_once():
         state, _ = step(restored, BATCH)
     (warning,) = [w for w in caught if "compiled the step again" in str(w.message)]
     message = str(warning.message)
-    assert "argument 0.step" in message and "weak type changed" in message, message
+    assert "argument 0 (state).step" in message and "weak type changed" in message, message
     assert "jnp.asarray(x, jnp.int32)" in message, message
     assert step.stats()["compiled"] == 2  # one program, two executables
     with warnings.catch_warnings():
@@ -82,7 +82,9 @@ def test_another_placement_on_the_workers_is_named():
     # The same devices, the columns split over the workers: another executable.
     split = NamedSharding(workers_mesh(mesh), P(None, "data"))
     moved = state.replace(params={"w": jax.device_put(state.params["w"], split)})
-    with pytest.warns(RuntimeWarning, match=r"argument 0.params\['w'\].*placement changed"):
+    with pytest.warns(
+        RuntimeWarning, match=r"argument 0 \(state\).params\['w'\].*placement changed"
+    ):
         step(moved, BATCH)
     assert step.stats()["compiled"] == 2
 

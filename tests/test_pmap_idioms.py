@@ -96,6 +96,8 @@ PMAP = {
     "DynamicScale(axis_name)": _dynamic_scale,
     "optax sam(batch_axis_name)": _sam_update,
 }
+
+
 def _coarse_grad_of_pmean_loss(params, batch):  # a loss averaged inside, then coarse's grad
     return coarse.value_and_grad(lambda p, b: lax.pmean(loss_fn(p, b), "data"))(params, batch)[1]
 

@@ -233,6 +233,14 @@ class Arguments:
                         f"of the step (it has {list(params)}). Fix: name one of its parameters."
                     )
 
+    def describe(self, i: int, layout: Layout) -> str:
+        """Argument ``i`` of ``layout``'s calls as a message names it: ``argument 2 (scale)``."""
+        text = label(i, layout.n_pos, layout.kwnames)
+        params = self._positional_params()
+        if i < layout.n_pos and i < len(params):
+            text += f" ({params[i].name})"
+        return text
+
     def _positional_params(self) -> list[inspect.Parameter]:
         if self._sig is None:
             return []

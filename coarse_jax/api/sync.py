@@ -141,8 +141,9 @@ class SyncedStep(ProxyState):
           A dict with ``calls`` made (executions, also when an outer ``jax.jit`` traced the
           step once and runs it many times), ``reprofiles`` done, executables
           ``compiled`` (XLA compiles a program once per argument type and
-          placement: a recompile warns once, naming the argument), calls ``in_flight`` (dispatched, not seen finished; at
-          most `Config.max_steps_in_flight`). With ``Config.snapshot_dir`` (on
+          placement: a recompile warns once, naming the argument), calls
+          ``in_flight`` (dispatched, not seen finished; at most
+          `Config.max_steps_in_flight`). With ``Config.snapshot_dir`` (on
           the process that writes, process 0): ``snapshot_on_disk``, the
           optimizer step of the newest checkpoint this process completed (None
           before the first); ``snapshots_in_flight``, taken and not yet
@@ -329,12 +330,10 @@ class SyncedStep(ProxyState):
             self._count_call()
         return _outputs.join(replicated, per_example, self._batch_outputs)
 
-    @staticmethod
-    def _named(layout: Layout, passed: list[int], dyn: list[Any]) -> list[tuple[str, Any]]:
+    def _named(self, layout: Layout, passed: list[int], dyn: list[Any]) -> list[tuple[str, Any]]:
         """(label, value) of the program's arguments, as the user named them."""
         labels = [
-            ("batch " if i in layout.batch else "")
-            + _arguments.label(i, layout.n_pos, layout.kwnames)
+            ("batch " if i in layout.batch else "") + self._arguments.describe(i, layout)
             for i in passed
         ]
         if layout.graph:
