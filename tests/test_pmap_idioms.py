@@ -206,13 +206,26 @@ def test_the_sum_over_workers_is_caught(monkeypatch):
         np.testing.assert_allclose(got["w"], want["w"], rtol=RTOL)
 
 
-def test_an_axis_name_the_step_does_not_have_is_refused_with_both_names():
-    mesh = _mesh(2, "devices")
+def _batchnorm_batch(params, batch):
+    import flax.linen as nn
 
-    @coarse.sync(mesh)
-    def step(params, batch):
-        return lax.pmean(_grads(params, batch), "batch")
+    bn = nn.BatchNorm(use_running_average=False, axis_name="batch")
+    variables = bn.init(jax.random.key(0), batch["x"])
+    return bn.apply(variables, batch["x"], mutable=["batch_stats"])[1]
 
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda params, batch: lax.pmean(_grads(params, batch), "batch"),
+        lambda params, batch: jax.jit(lambda g: lax.psum(g, "batch"))(_grads(params, batch)),
+        lambda params, batch: lax.axis_index("batch"),
+        _batchnorm_batch,
+    ],
+    ids=["pmean", "psum in an inner jit", "axis_index", "flax BatchNorm"],
+)
+def test_an_axis_name_the_step_does_not_have_is_refused_with_both_names(use):
+    step = coarse.sync(use, mesh=_mesh(2, "devices"))
     with pytest.raises(ValueError, match=r"axis name 'batch'.*mesh axis 'data'.*Fix: name"):
         step(*_data(0))
 
