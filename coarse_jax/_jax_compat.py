@@ -220,8 +220,8 @@ def user_location(eqn: Any) -> str:
 # both would silently get p times the mean. Inside a coarse step's trace the
 # three casts that move a value between "the same on every worker" and "per
 # worker" over the batch axes transpose mean-normalized instead: ``pvary`` to a
-# mean (psum of each share / n), ``psum`` and ``all_gather(to="invarying")`` to n times their
-# usual cast. Along any path from a per-worker loss to a shared argument there
+# mean (the sum of each share / n), ``psum`` and ``all_gather(to="invarying")``
+# to n times their usual cast. Along any path from a per-worker loss to a shared argument there
 # is one more invariant-to-varying cast than the reverse, so ``jax.grad`` gives
 # the gradient of the workers' *mean* loss; for a loss that is already the same
 # on every worker, or a path that never meets per-worker values, nothing
