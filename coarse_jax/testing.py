@@ -12,6 +12,13 @@ mesh with separate proxy devices (tests/test_shared_device.py).
 `active_backend` names the device backend the runtime's sessions run on, so
 a test can tell the plain CPU backend from the stream-semantics one
 (``COARSE_JAX_BACKEND=streams``).
+
+`stream_ops` counts, per kind, what the runtime asked of its streams (kernel
+launches, copies by direction with their bytes, event records, stream waits,
+host waits and synchronizations, hand-offs between threads) on CUDA and on the
+stream-semantics CPU backend, so what a GPU step would be asked to do can be
+counted, and held to a budget, on a machine with no GPU; `reset_stream_ops`
+zeroes it.
 """
 
 from __future__ import annotations
@@ -23,9 +30,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from coarse_jax import _ffi
+from coarse_jax._ffi.stream_ops import StreamOps, reset_stream_ops, stream_ops
 from coarse_jax.mesh import AXES
 
-__all__ = ["active_backend", "shared_device_mesh"]
+__all__ = ["StreamOps", "active_backend", "reset_stream_ops", "shared_device_mesh", "stream_ops"]
 
 
 def shared_device_mesh(workers: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:

@@ -3,6 +3,8 @@
 
 #include <utility>
 
+#include "runtime/stream_ops.h"
+
 namespace coarse {
 namespace ffi = xla::ffi;
 
@@ -10,7 +12,7 @@ HostProxyDevice::HostProxyDevice(std::unique_ptr<Device> host, std::unique_ptr<S
                                  StreamResources& resources, int64_t workers, std::string who,
                                  std::chrono::milliseconds timeout)
     : host_(std::move(host)),
-      waits_(std::move(waits)),
+      waits_(Counted(std::move(waits), resources)),
       res_(resources),
       workers_(workers),
       who_(std::move(who)),

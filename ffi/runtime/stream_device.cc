@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/element_math.h"
+#include "runtime/stream_ops.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -36,7 +37,7 @@ bool ToKernelDType(ffi::DataType t, kernels::DType* out) {
 }
 
 StreamDevice::StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources)
-    : stream_(std::move(stream)), self_(self), res_(resources) {}
+    : stream_(Counted(std::move(stream), resources)), self_(self), res_(resources) {}
 
 ffi::Error StreamDevice::UploadRuns(const LeafRun* runs, int64_t num_runs, int64_t buf_len,
                                     int64_t* total) {

@@ -23,6 +23,7 @@
 #include "runtime/service.h"
 #include "runtime/session.h"
 #include "runtime/storage.h"
+#include "runtime/stream_ops.h"
 #include "runtime/trace.h"
 #include "runtime/wakeup_selftest.h"
 #include "runtime/wakeups.h"
@@ -308,6 +309,16 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       "This module's thread starts, parks and wake-ups since the last reset "
       "(runtime/wakeups.h). See coarse_jax._ffi.wakeups.");
   m.def("reset_wakeup_stats", &ResetWakeupStats, "Zeroes wakeup_stats().");
+  m.def(
+      "stream_ops",
+      []() {
+        nb::dict d;
+        for (const auto& [name, count] : StreamOpCounts()) d[name.c_str()] = count;
+        return d;
+      },
+      "What this module's stream devices asked of their streams since the last reset, per "
+      "kind (runtime/stream_ops.h). See coarse_jax.testing.stream_ops.");
+  m.def("reset_stream_ops", &ResetStreamOps, "Zeroes stream_ops().");
   m.def("set_service_idle_ms", &SetServiceIdleMs, nb::arg("ms"),
         "Testing: how long a service thread beyond the reservation waits idle before it exits "
         "(default 30000, at least 1); returns the previous value (runtime/service.h).");

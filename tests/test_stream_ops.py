@@ -1,0 +1,137 @@
+"""`coarse_jax.testing.stream_ops`: what the runtime asks of its streams, counted (issue 51).
+
+The counts come from one layer every stream call passes (ffi/runtime/stream_ops.h),
+the same on CUDA and on the stream-semantics CPU backend, which this machine runs
+(``COARSE_JAX_BACKEND=streams``, in a subprocess, as a user selects it). A p = 1
+``value_and_update`` step with its proxy on the worker's device, and one with a
+proxy in host memory, are counted over 4 steady-state steps (after 3 that compile
+and seed), twice, at two piece sizes. What holds today, and is asserted here:
+
+* the counts are the same step after step (hand-offs between threads aside: whether
+  a waiter was parked depends on timing);
+* halving ``shard_bytes`` moves the same bytes between devices and to the host;
+* the plain CPU backend has no streams and counts nothing.
+
+The per-step counts are printed; the performance guide records them. Budgets (no
+host synchronization, launches and events per call instead of per piece) are the
+rest of issue 51: today halving the pieces adds launches, copies and events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax.numpy as jnp
+import pytest
+
+import coarse_jax as coarse
+from coarse_jax.testing import active_backend, reset_stream_ops, stream_ops
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import jax, jax.numpy as jnp, numpy as np
+    import coarse_jax as coarse
+    from coarse_jax.testing import active_backend, reset_stream_ops, shared_device_mesh, stream_ops
+
+    assert active_backend() == "streams", active_backend()
+
+    def loss(p, b):
+        h = jnp.tanh(b["x"] @ p["w1"])
+        return jnp.mean((h @ p["w2"] - b["y"]) ** 2)
+
+    rng = np.random.default_rng(0)
+    params = {
+        "w1": jnp.asarray(rng.standard_normal((64, 256)) * 0.05, jnp.float32),
+        "w2": jnp.asarray(rng.standard_normal((256, 8)) * 0.05, jnp.float32),
+    }
+    batch = {
+        "x": jnp.asarray(rng.standard_normal((16, 64)), jnp.float32),
+        "y": jnp.zeros((16, 8), jnp.float32),
+    }
+    meshes = {
+        "shared": shared_device_mesh(1),
+        "host": coarse.make_mesh(workers=1, proxies_on="host"),
+    }
+    out = {}
+    for placement, mesh in meshes.items():
+        for shard in (16 << 10, 8 << 10):
+            cfg = coarse.Config(shard_bytes=shard, xla_below_bytes=0)
+            step = coarse.sync(
+                lambda p, b: coarse.value_and_update(loss, coarse.optim.adam(1e-3))(p, b),
+                mesh=mesh, config=cfg,
+            )
+            p = params
+            for _ in range(3):
+                _, p = step(p, batch)
+            windows = []
+            for _ in range(2):
+                jax.block_until_ready(p)
+                step._wait_all()
+                reset_stream_ops()
+                for _ in range(4):
+                    _, p = step(p, batch)
+                jax.block_until_ready(p)
+                step._wait_all()
+                windows.append(stream_ops().per(4))
+            out[f"{placement}/{shard}"] = windows
+    print(json.dumps(out))
+    """
+)
+
+
+def _counts() -> dict:
+    env = dict(os.environ, COARSE_JAX_BACKEND="streams")
+    env.pop("COARSE_JAX_STREAM_CHAOS", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd="/",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_stream_ops_count_a_steady_step_on_the_streams_backend():
+    counts = _counts()
+    for name, (first, second) in counts.items():
+        print(f"\n{name}: " + ", ".join(f"{k} {v:g}" for k, v in first.items() if v))
+        assert first["launches"] > 0 and first["records"] > 0, name
+        assert first["copies_h2d"] > 0, name
+        for kind in first:
+            if kind != "hand_offs":
+                assert first[kind] == second[kind], (name, kind, first[kind], second[kind])
+    for placement in ("shared", "host"):
+        big, small = counts[f"{placement}/16384"][0], counts[f"{placement}/8192"][0]
+        for kind in ("bytes_peer", "bytes_d2h", "bytes_d2d"):
+            assert big[kind] == small[kind], (placement, kind, big[kind], small[kind])
+    # A proxy in host memory is reached over PCIe only: no peer copies, and host waits.
+    host = counts["host/16384"][0]
+    assert host["copies_peer"] == 0 and host["bytes_d2h"] > 0 and host["host_waits"] > 0
+
+
+def test_the_plain_cpu_backend_counts_nothing():
+    """No streams on the default CPU backend (the suite's): a step leaves every count 0
+    but the threads' hand-offs; the reset zeroes them."""
+    if active_backend() != "cpu":  # the suite run whole under COARSE_JAX_BACKEND=streams
+        pytest.skip("the plain CPU backend's property; this process runs on streams")
+    mesh = coarse.make_mesh(workers=2)
+    step = coarse.sync(
+        lambda w, b: coarse.value_and_grad(lambda w, b: jnp.mean((b @ w) ** 2))(w, b),
+        mesh=mesh,
+        config=coarse.Config(xla_below_bytes=0),
+    )
+    reset_stream_ops()
+    step(jnp.ones((3,)), jnp.ones((4, 3)))
+    ops = stream_ops()
+    assert ops.launches == ops.copies == ops.records == ops.host_syncs == 0, ops
+    reset_stream_ops()
+    assert stream_ops().hand_offs == 0
