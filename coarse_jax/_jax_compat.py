@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -192,6 +194,48 @@ def jit_cache_size(jitted: Any) -> int | None:
         return int(size()) if callable(size) else None
     except Exception:  # pragma: no cover - a jax that changed it
         return None
+
+
+# jax's frames hold the axis name being bound under these locals:
+# lax.psum/pmean/all_gather(axis_name), core.pvary(axes), axis_index(axis_name).
+_AXIS_LOCALS = ("axis_name", "axes", "axis_names")
+_UNBOUND_AXIS = re.compile(r"unbound axis name: ([^\s.]+)")
+
+
+def _tracebacks(err: BaseException) -> Iterator[types.TracebackType]:
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:  # jax keeps the unfiltered trace as a cause
+        seen.add(id(e))
+        if e.__traceback__ is not None:
+            yield e.__traceback__
+        e = e.__cause__ or e.__context__
+
+
+def unbound_axis_name(err: BaseException, known: Sequence[str]) -> str | None:
+    """The axis name, not one of ``known``, that ``err`` (raised while tracing) failed on.
+
+    Why internal: an unbound axis name fails deep in jax with a bare ``AssertionError``
+    (``core.pvary``) or a ``NameError``, and only jax's own frames hold the name, in
+    their locals (``axis_name``, ``axes``). Checked on 0.10.2, 0.12.0.1.
+    """
+    match = _UNBOUND_AXIS.search(str(err))
+    if match and match.group(1) not in known:
+        return match.group(1)
+    for tb in _tracebacks(err):
+        t: types.TracebackType | None = tb
+        while t is not None:
+            frame = t.tb_frame
+            if "/jax/" in frame.f_code.co_filename.replace("\\", "/"):
+                for key in _AXIS_LOCALS:
+                    value = frame.f_locals.get(key)
+                    names = [value] if isinstance(value, str) else value
+                    if isinstance(names, (tuple, list)):
+                        for name in names:
+                            if isinstance(name, str) and name not in known:
+                                return name
+            t = t.tb_next
+    return None
 
 
 def user_location(eqn: Any) -> str:
