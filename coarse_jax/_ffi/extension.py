@@ -334,6 +334,17 @@ def _modules() -> list[Any]:
     return [m for m in (_coarse_cpu, _coarse_cuda) if m is not None]
 
 
+def summed_counters(getter: str) -> dict[str, int]:
+    """``module.<getter>()`` (a dict of counts) summed over the loaded runtimes (the
+    CPU one loaded first): wake-ups, stream operations."""
+    cpu_module()
+    total: dict[str, int] = {}
+    for module in _modules():
+        for k, v in getattr(module, getter)().items():
+            total[k] = total.get(k, 0) + int(v)
+    return total
+
+
 def set_memory_limits(
     spare_storage_bytes: int | None = None,
     spare_plans: int | None = None,

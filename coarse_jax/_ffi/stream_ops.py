@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from coarse_jax._ffi.extension import _modules, cpu_module
+from coarse_jax._ffi.extension import _modules, cpu_module, summed_counters
+from coarse_jax._ffi.wakeups import wakeup_stats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,18 +73,10 @@ class StreamOps:
 _hand_off_base = 0
 
 
-def _woken() -> int:
-    return sum(int(m.wakeup_stats()["notify_sleeper"]) for m in _modules())
-
-
 def stream_ops() -> StreamOps:
     """The counts now, summed over the loaded runtimes."""
-    cpu_module()
-    total: dict[str, int] = {}
-    for module in _modules():
-        for k, v in module.stream_ops().items():
-            total[k] = total.get(k, 0) + int(v)
-    return StreamOps(**total, hand_offs=_woken() - _hand_off_base)
+    woken = wakeup_stats().notify_sleeper - _hand_off_base
+    return StreamOps(**summed_counters("stream_ops"), hand_offs=woken)
 
 
 def reset_stream_ops() -> None:
@@ -92,4 +85,4 @@ def reset_stream_ops() -> None:
     cpu_module()
     for module in _modules():
         module.reset_stream_ops()
-    _hand_off_base = _woken()
+    _hand_off_base = wakeup_stats().notify_sleeper

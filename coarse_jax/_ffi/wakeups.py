@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from coarse_jax._ffi.extension import _modules, cpu_module
+from coarse_jax._ffi.extension import _modules, cpu_module, summed_counters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +78,7 @@ class WakeupStats:
 
 def wakeup_stats() -> WakeupStats:
     """The counters now, summed over the loaded runtimes."""
-    cpu_module()
-    total: dict[str, int] = {}
-    for module in _modules():
-        for k, v in module.wakeup_stats().items():
-            total[k] = total.get(k, 0) + int(v)
-    return WakeupStats(**total)
+    return WakeupStats(**summed_counters("wakeup_stats"))
 
 
 def reset_wakeup_stats() -> None:

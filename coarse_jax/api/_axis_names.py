@@ -4,9 +4,9 @@ Code written for ``jax.pmap`` names its own axis (``pmap(..., axis_name="batch")
 ``nn.BatchNorm(axis_name="batch")``, ``lax.pmean(x, "batch")``). A coarse step's
 workers are split over the mesh axis ``"data"`` (``("host", "data")`` across hosts),
 so such a name is unbound inside the step, and jax fails with a bare
-``AssertionError`` from ``pvary`` or a ``NameError`` that names no step. This module
-reads the name from jax's frames (`coarse_jax._jax_compat.unbound_axis_name`) and
-says what to change.
+``AssertionError`` from ``pvary`` or a ``NameError`` that names no step. The step's
+program reads the name from jax's frames (`coarse_jax._jax_compat.unbound_axis_name`);
+this module says what to change.
 
 Decision: the name is refused, not aliased. jax has no axis aliases, and binding the
 program's axis under the user's name would change the name every coarse call inside
@@ -17,13 +17,6 @@ user's model then uses with ``coarse.all_reduce``, as the Flax guide shows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from coarse_jax import _jax_compat
-
-
-def unknown_axis(err: BaseException, known: Sequence[str]) -> str | None:
-    """The axis name ``err`` failed on that is not one of ``known``, or None."""
-    return _jax_compat.unbound_axis_name(err, known)
 
 
 def refusal(name: str, batch: Sequence[str], step: str) -> ValueError:

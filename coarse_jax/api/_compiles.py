@@ -86,7 +86,7 @@ class Compiles:
     def total(programs: Sequence[Any]) -> int:
         """What XLA compiled for ``programs`` (the step's jitted programs) so far: one
         executable per argument type and placement each met (at least one each)."""
-        return sum(max(_jax_compat.jit_cache_size(jitted) or 1, 1) for jitted in programs)
+        return sum(_jax_compat.jit_cache_size(jitted) or 1 for jitted in programs)
 
     def first_call(self, key: Hashable, named: Sequence[tuple[str, Any]]) -> None:
         """Remembers the arguments a program was first called with."""

@@ -89,7 +89,7 @@ def compile_program(
                 with _jax_compat.mean_gradients(batch_sizes):
                     out = layout.call(fn, args)
             except (AssertionError, NameError, ValueError, KeyError) as err:
-                unknown = _axis_names.unknown_axis(err, program_mesh.axis_names)
+                unknown = _jax_compat.unbound_axis_name(err, program_mesh.axis_names)
                 if unknown is None:
                     raise
                 raise _axis_names.refusal(unknown, tuple(batch_sizes), name) from err

@@ -305,7 +305,7 @@ class SyncedStep(ProxyState):
         if new and not layout.outer_trace:
             self._compiles.first_call(key, self._named(layout, passed, dyn))
         *results, self._ref_state = jitted(*dyn, self._ref_state)
-        if not layout.outer_trace:
+        if repeat is None and not layout.outer_trace:  # a repeat's types meet jit's cache
             self._compiles.after_call(key, jitted, lambda: self._named(layout, passed, dyn))
         # Across processes every host's proxies hold the same master and state
         # (they apply the same update), so one process writes the directory;
