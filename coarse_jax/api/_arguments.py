@@ -233,13 +233,22 @@ class Arguments:
                         f"of the step (it has {list(params)}). Fix: name one of its parameters."
                     )
 
-    def describe(self, i: int, layout: Layout) -> str:
-        """Argument ``i`` of ``layout``'s calls as a message names it: ``argument 2 (scale)``."""
-        text = label(i, layout.n_pos, layout.kwnames)
+    def named(
+        self, layout: Layout, passed: Sequence[int], values: Sequence[Any]
+    ) -> list[tuple[str, Any]]:
+        """(label, value) of a program's arguments as messages name them: ``argument 2
+        (scale)``, ``batch argument 1``; ``values``: the arguments at ``passed``, then
+        the NNX state when ``layout`` has graph nodes."""
         params = self._positional_params()
-        if i < layout.n_pos and i < len(params):
-            text += f" ({params[i].name})"
-        return text
+        labels = []
+        for i in passed:
+            text = ("batch " if i in layout.batch else "") + label(i, layout.n_pos, layout.kwnames)
+            if i < layout.n_pos and i < len(params):
+                text += f" ({params[i].name})"
+            labels.append(text)
+        if layout.graph:
+            labels.append("the NNX state")
+        return list(zip(labels, values, strict=True))
 
     def _positional_params(self) -> list[inspect.Parameter]:
         if self._sig is None:

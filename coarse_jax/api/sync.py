@@ -19,17 +19,9 @@ import jax
 from jax.sharding import Mesh
 
 from coarse_jax import _ffi
-from coarse_jax.api import (
-    _arguments,
-    _arrival,
-    _compiles,
-    _context,
-    _nnx,
-    _outputs,
-    _placement,
-    _uniform,
-)
+from coarse_jax.api import _arguments, _arrival, _context, _nnx, _outputs, _placement, _uniform
 from coarse_jax.api._arguments import Layout
+from coarse_jax.api._compiles import Compiles
 from coarse_jax.api._in_flight import InFlight
 from coarse_jax.api._program import compile_program
 from coarse_jax.api._update import Store
@@ -96,7 +88,7 @@ class SyncedStep(ProxyState):
         # is kept per config, so an unchanged plan never recompiles.
         self._config = config or Config()
         self._compiled: dict[tuple[Layout, Config], Callable[..., Any]] = {}
-        self._compiles = _compiles.Compiles(self._name)  # XLA's compiles of those programs
+        self._compiles = Compiles(self._name)  # XLA's compiles of those programs
         # The first call's (what, signature) of each non-batch argument: the
         # proxies' state (value_and_update) is laid out for it.
         self._first_structure: tuple[tuple[str, _arguments.Signature], ...] | None = None
@@ -303,10 +295,12 @@ class SyncedStep(ProxyState):
         if not layout.outer_trace:  # Config.max_steps_in_flight, with this call
             self._in_flight.make_room(cfg)
         if new and not layout.outer_trace:
-            self._compiles.first_call(key, self._named(layout, passed, dyn))
+            self._compiles.first_call(key, self._arguments.named(layout, passed, dyn))
         *results, self._ref_state = jitted(*dyn, self._ref_state)
         if repeat is None and not layout.outer_trace:  # a repeat's types meet jit's cache
-            self._compiles.after_call(key, jitted, lambda: self._named(layout, passed, dyn))
+            self._compiles.after_call(
+                key, jitted, lambda: self._arguments.named(layout, passed, dyn)
+            )
         # Across processes every host's proxies hold the same master and state
         # (they apply the same update), so one process writes the directory;
         # every process can restore from it.
@@ -329,16 +323,6 @@ class SyncedStep(ProxyState):
         if not layout.outer_trace:
             self._count_call()
         return _outputs.join(replicated, per_example, self._batch_outputs)
-
-    def _named(self, layout: Layout, passed: list[int], dyn: list[Any]) -> list[tuple[str, Any]]:
-        """(label, value) of the program's arguments, as the user named them."""
-        labels = [
-            ("batch " if i in layout.batch else "") + self._arguments.describe(i, layout)
-            for i in passed
-        ]
-        if layout.graph:
-            labels.append("the NNX state")
-        return list(zip(labels, dyn, strict=True))
 
     def _count_call(self) -> None:
         self._calls += 1
