@@ -24,9 +24,10 @@ constexpr int kThreads = 256;
 // s_in/s_out is safe.
 template <bool kVectorized>
 __global__ void __launch_bounds__(kThreads)
-    OptimizerKernel(coarse::OptScalars o, float* g, const float* w_in, float* w_out,
+    OptimizerKernel(coarse::OptScalars given, float* g, const float* w_in, float* w_out,
                     const float* s_in0, const float* s_in1, float* s_out0, float* s_out1,
                     int64_t n) {
+  const coarse::OptScalars o = coarse::WithStep(given);  // this step's lr, bc1, bc2
   const int32_t slots = coarse::OptSlots(o.kind, o.momentum);
   const int64_t stride = int64_t{gridDim.x} * kThreads;
   const int64_t first = int64_t{blockIdx.x} * kThreads + threadIdx.x;

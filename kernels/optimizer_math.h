@@ -16,8 +16,10 @@
 //   all:   w = w + (-lr) * u
 //
 // Per-step scalars (lr from the schedule, the bias corrections bc1 = 1 - b1^t,
-// bc2 = 1 - b2^t) are computed by XLA from the proxies' step count and passed
-// in; the hyperparameters come from the plan's attributes.
+// bc2 = 1 - b2^t) are computed by XLA from the proxies' step count; the
+// runtime copies them beside the proxy's state and the kernels read them
+// there (OptScalars::step, WithStep), so no host ever reads them. The
+// hyperparameters come from the plan's attributes.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +47,23 @@ struct OptScalars {
   float b1 = 0, one_minus_b1 = 1, b2 = 0, one_minus_b2 = 1, eps = 0;
   float weight_decay = 0, momentum = 0;
   float norm = 1, clip_norm = 1;  // clip: g = (g / norm) * clip_norm
+  // lr, bc1, bc2 in the memory of the device that runs the update (a GPU's
+  // or the host's), read when the update runs (WithStep); null: the fields
+  // above hold them.
+  const float* step = nullptr;
 };
+
+// `o` with this step's lr, bc1, bc2 read from `o.step`: each kernel calls it
+// once, when it runs (stream order puts it after the copy that wrote them).
+COARSE_HD OptScalars WithStep(OptScalars o) {
+  if (o.step != nullptr) {
+    o.lr = o.step[0];
+    o.bc1 = o.step[1];
+    o.bc2 = o.step[2];
+    o.step = nullptr;
+  }
+  return o;
+}
 
 // Optimizer state slots per element besides the master weight: sgd with
 // momentum 1 (trace), sgd without 0, adam/adamw 2 (mu, nu).

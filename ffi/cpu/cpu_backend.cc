@@ -239,7 +239,9 @@ int64_t AlignPrologue(const OptBuffers& b, int64_t n) {
 
 }  // namespace
 
-void OptimizerF32(const OptScalars& o, const OptBuffers& given, int64_t n, bool vectorized) {
+void OptimizerF32(const OptScalars& with_step, const OptBuffers& given, int64_t n,
+                  bool vectorized) {
+  const OptScalars o = WithStep(with_step);
   OptBuffers b = given;
 #if defined(COARSE_ADAM_AVX2)
   if (vectorized && o.kind != OptKind::kSgd && HasAvx2()) {

@@ -54,7 +54,8 @@ void Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n, f
   }
 }
 
-void Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
+void Optimizer(const OptScalars& given, const OptBuffers& b, int64_t n) {
+  const OptScalars o = WithStep(given);  // read as the task runs, after the copy that wrote them
   const int32_t slots = OptSlots(o.kind, o.momentum);
   for (int64_t i = 0; i < n; ++i) {
     float s0 = slots > 0 ? b.s_in[0][i] : 0.0f, s1 = slots > 1 ? b.s_in[1][i] : 0.0f;

@@ -111,6 +111,11 @@ float* ParamStore::buf(int64_t proxy, int which, int32_t slot) {
   return buffers_[proxy]->data() + (static_cast<int64_t>(b) * (1 + slots_) + slot) * n;
 }
 
+float* ParamStore::step_scalars(int64_t proxy) {
+  const int64_t n = std::max<int64_t>(1, owned_nelems_[proxy]);
+  return buffers_[proxy]->data() + 2 * (1 + static_cast<int64_t>(slots_)) * n;
+}
+
 ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
   std::lock_guard<std::mutex> lock(mu_);
   if (prepared_session_ == &session) return ffi::Error::Success();

@@ -60,11 +60,15 @@ struct OptimizerSpec {
   }
 };
 
+// After a proxy's state: this step's lr, bc1, bc2 (OptScalars::step), which
+// the worker setting the update up copies there from XLA's buffer.
+constexpr int64_t kStepScalarFloats = 4;
+
 // The floats a proxy's state takes for `owned` elements: the master and
 // `slots` state values each, in two buffers (a failed step keeps the previous
-// version), at least one element.
+// version), at least one element, then the step's scalars.
 inline int64_t StateFloats(int32_t slots, int64_t owned) {
-  return 2 * (1 + static_cast<int64_t>(slots)) * (owned > 1 ? owned : 1);
+  return 2 * (1 + static_cast<int64_t>(slots)) * (owned > 1 ? owned : 1) + kStepScalarFloats;
 }
 
 // Elements [lo, hi) of piece `piece`, stored at `off` in the owner's buffers.
@@ -117,6 +121,9 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
   // Proxy `proxy`'s buffer `which` (0 committed, 1 the one this step writes),
   // slot 0 the master, 1.. the optimizer state.
   float* buf(int64_t proxy, int which, int32_t slot);
+  // Proxy `proxy`'s copy of this step's lr, bc1, bc2 (kStepScalarFloats), in
+  // the same memory as its buffers.
+  float* step_scalars(int64_t proxy);
   void MarkApplied();
 
   // Snapshots (docs/guides/snapshots.md): a third copy of master and state per

@@ -52,13 +52,19 @@ xla::ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t
 struct ProxyUpdate {
   std::shared_ptr<ParamStore> store;
   const OptimizerSpec* spec;
-  float lr, bc1, bc2;   // this step's, from XLA (coarse_jax/optim.py)
+  float lr, bc1, bc2;   // this step's, when no XLA buffer holds them (the self-test)
   LeafResolver params;  // the proxy's copy of the step's params (plan leaf ids)
+  // Worker k: XLA's f32[3] (lr, bc1, bc2) of this step, in its device's
+  // memory, which BeginUpdateForProxy copies beside proxy k's state
+  // (ParamStore::step_scalars) for the kernels to read (OptScalars::step):
+  // no host reads them. Proxy k: `step` points at that copy.
+  const float* scalars_in = nullptr;
+  const float* step = nullptr;
   float norm = 1.0f;    // global gradient norm (clip_norm > 0 only)
   bool clip = false;    // clipping applies this step
   // The proxy runs as a service (runtime/service.h): its local worker ran
   // BeginUpdate for it and posts lr, bc1, bc2 (Session::PostUpdateInputs);
-  // `params` is unset. AwaitUpdateInputs fills them in.
+  // `params` is unset. AwaitUpdateInputs fills them (or `step`) in.
   bool from_worker = false;
   bool inputs = false;  // from_worker: the worker's inputs have arrived
 };

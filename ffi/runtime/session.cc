@@ -190,6 +190,7 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
   norm_parts_.reset(new double[q]());
   update_posted_ = Counters<int32_t>(q, 0);
   update_scalars_.reset(new float[3 * q]());
+  update_steps_.assign(q, nullptr);
   host_chunks_.reset(new HostVector<float>[q]);
   host_stage_ = Counters<int32_t>(q, 0);
   if (plan_->emulated) {
@@ -436,8 +437,9 @@ void Session::PostNormPart(int64_t proxy, double sum_sq) {
   for (int64_t k = 0; k < q(); ++k) Notify(p() + k);
 }
 
-void Session::PostUpdateInputs(int64_t proxy, const float scalars[3]) {
+void Session::PostUpdateInputs(int64_t proxy, const float scalars[3], const float* step) {
   for (int i = 0; i < 3; ++i) update_scalars_[3 * proxy + i] = scalars[i];
+  update_steps_[proxy] = step;
   update_posted_[proxy].store(1, std::memory_order_release);
   Notify(p() + proxy);
 }

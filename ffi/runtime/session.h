@@ -228,13 +228,16 @@ class Session {
   void AwaitProxiesLeft(const Who& worker);
   // value_and_update: worker k's coarse_proxy_ring has set the store up for
   // proxy k (BeginUpdate: hold, layout, snapshot copy, seed or params check)
-  // and posts this step's scalars (lr, 1 - b1^t, 1 - b2^t); proxy k's job
+  // and posts this step's scalars (lr, 1 - b1^t, 1 - b2^t): `step`, where its
+  // stream copied them into the proxy's memory (OptScalars::step), or, with
+  // `step` null (the self-test, no XLA buffer), their values; proxy k's job
   // waits for them before its first update (AwaitUpdateInputs, phases.h).
-  void PostUpdateInputs(int64_t proxy, const float scalars[3]);
+  void PostUpdateInputs(int64_t proxy, const float scalars[3], const float* step);
   bool UpdateInputsPosted(int64_t proxy) const {
     return update_posted_[proxy].load(std::memory_order_acquire) != 0;
   }
   const float* UpdateScalars(int64_t proxy) const { return &update_scalars_[3 * proxy]; }
+  const float* UpdateStep(int64_t proxy) const { return update_steps_[proxy]; }
   // Across hosts with the proxy optimizer (runtime/service.h): proxy k's
   // owned chunks after the reduce-scatter go out through worker k's stage-1
   // call and come back, summed over the hosts, through its stage-2 call.
@@ -297,6 +300,7 @@ class Session {
   std::atomic<bool> proxies_started_{false};
   std::unique_ptr<std::atomic<int32_t>[]> update_posted_;  // [proxy]
   std::unique_ptr<float[]> update_scalars_;                // [proxy * 3]
+  std::vector<const float*> update_steps_;                 // [proxy]
   std::unique_ptr<HostVector<float>[]> host_chunks_;       // [proxy]
   std::unique_ptr<std::atomic<int32_t>[]> host_stage_;     // [proxy]
   std::atomic<int64_t> norm_posted_{0};

@@ -139,13 +139,13 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
   if (scalars.value().element_type() != ffi::DataType::F32 || scalars.value().element_count() != 3)
     return ffi::Error::InvalidArgument(
         "coarse_jax: coarse_proxy_ring's last operand must be f32[3] (lr, bc1, bc2)");
-  float sc[3];
-  e = io.read(scalars.value(), sc, sizeof sc);
-  if (e.failure()) return e;
-  ProxyUpdate update{store.value().value(), &spec.value(), sc[0], sc[1], sc[2], [&](int64_t leaf) {
+  // The scalars stay in device memory: the proxy's kernels read a copy
+  // (ProxyUpdate::scalars_in), no host reads them.
+  ProxyUpdate update{store.value().value(), &spec.value(), 0.0f, 1.0f, 1.0f, [&](int64_t leaf) {
                        ffi::AnyBuffer x = args.get<ffi::AnyBuffer>(first + leaf).value();
                        return LeafRef{x.untyped_data(), x.element_type()};
                      }};
+  update.scalars_in = static_cast<const float*>(scalars.value().untyped_data());
   e = BeginUpdateForProxy(call, dev, update);
   if (e.failure() || hosts.kind != HostsStage::kToHosts) return e;
   // Stage 1: proxy k's owned chunks after the reduce-scatter within the host,

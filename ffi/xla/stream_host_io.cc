@@ -12,12 +12,11 @@ HostIo StreamHostIo(Stream& stream) {
                   return e.failure() ? e : stream.Synchronize("optimizer scalars");
                 },
                 [&stream](const void* src, ffi::Result<ffi::AnyBuffer> dst, size_t bytes) {
-                  ffi::Error e = stream.Upload(dst->untyped_data(), src, bytes,
-                                               "writing the optimizer's step count");
-                  // XLA reads the result once the call returns (on a GPU, stream order
-                  // would do; the host stream's handler drains anyway): wait here as
-                  // the CUDA backend always did.
-                  return e.failure() ? e : stream.Synchronize("optimizer step count");
+                  // Upload copies `src` as it is enqueued; XLA reads the result in
+                  // stream order (on a GPU its next kernel; on the host streams the
+                  // handler drains before it returns): no host synchronization.
+                  return stream.Upload(dst->untyped_data(), src, bytes,
+                                       "writing the optimizer's step count");
                 }};
 }
 

@@ -67,7 +67,18 @@ ffi::Error BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update) {
   ffi::Error err = BeginUpdate(proxy, dev, update);
   if (err.failure()) return err;
   const float scalars[3] = {update.lr, update.bc1, update.bc2};
-  call.session->PostUpdateInputs(j, scalars);
+  float* step = nullptr;
+  if (update.scalars_in != nullptr) {
+    // XLA's buffer dies with this call; the proxy's kernels run later: a
+    // copy of the three floats beside its state, in stream order, published
+    // with the store's setup (AwaitUpdateInputs acquires it).
+    step = update.store->step_scalars(j);
+    const LeafRun run{const_cast<float*>(update.scalars_in), ffi::DataType::F32, 3, 0};
+    err = dev.Gather(&run, 1, step, call.plan().workers + j, 3);
+    if (err.success()) err = dev.Publish();
+    if (err.failure()) return err;
+  }
+  call.session->PostUpdateInputs(j, scalars, step);
   return ffi::Error::Success();
 }
 
@@ -86,6 +97,7 @@ ffi::Error AwaitUpdateInputs(Call& call, Device& dev, ProxyUpdate& u) {
   u.lr = sc[0];
   u.bc1 = sc[1];
   u.bc2 = sc[2];
+  u.step = session.UpdateStep(k);
   u.inputs = true;
   // The worker's BeginUpdate enqueued the store's seeding and snapshot copy
   // and published them before posting: order this device's work after them.
@@ -202,6 +214,7 @@ ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& u, int64_t
   o.momentum = spec.momentum;
   o.norm = u.norm;
   o.clip_norm = spec.clip_norm;
+  o.step = u.step;
   const int32_t slots = spec.slots();
   for (const OwnedRange& r : store.owned(k)) {
     if (r.piece != s) continue;
