@@ -51,6 +51,10 @@ class SyncContext:
     # Shared with the step: the public name of each synchronization site
     # ("coarse.all_reduce", ...), for errors about the traced program (_uniform.py).
     site_names: dict[int, str] = dataclasses.field(default_factory=dict)
+    # Whether the proxies check the params each value_and_update gets
+    # (api/_params_check.py), and what each one's params and new params are.
+    check_params: bool = True
+    update_io: list[tuple[int, list[Any], list[Any]]] = dataclasses.field(default_factory=list)
 
     @property
     def workers(self) -> int:

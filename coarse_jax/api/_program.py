@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _jax_compat
-from coarse_jax.api import _axis_names, _context, _nnx, _outputs
+from coarse_jax.api import _axis_names, _context, _nnx, _outputs, _params_check
 from coarse_jax.api._arguments import Layout
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.config import Config
@@ -30,7 +30,9 @@ from coarse_jax.mesh import DATA, PROGRAM_HOST_AXES, batch_axes, workers_mesh
 class Traced(Protocol):
     """What the body asks of its step while it is traced."""
 
-    def _trace_context(self, cfg: Config, ref_in: dict[int, Any]) -> _context.SyncContext:
+    def _trace_context(
+        self, cfg: Config, ref_in: dict[int, Any], check_params: bool
+    ) -> _context.SyncContext:
         """A new context for one trace (the step keeps the plans it builds)."""
         ...
 
@@ -48,6 +50,8 @@ def compile_program(
     *,
     name: str,
     batch_outputs: tuple[int, ...],
+    check_params: bool = True,
+    on_io_map: Callable[[_params_check.IoMap], None] | None = None,
 ) -> Callable[..., Any]:
     """The jitted program of ``layout``'s calls, given the passed arguments (the NNX state
     last) and the reference-mode update state; it returns (replicated, per-example, new
@@ -57,6 +61,10 @@ def compile_program(
     cycle would keep the proxies' state, gigabytes for a big model, until
     Python's cycle collector happens to run. The body looks the step up when
     it is traced, which is while the step is called.
+
+    ``check_params``: whether the proxies check the params of its
+    value_and_updates; ``on_io_map`` gets, once traced, where their params and
+    new params are among its inputs and outputs (`coarse_jax.api._params_check`).
     """
     passed = [i for i in layout.dynamic() if i not in layout.graph]
     static = dict(layout.static)
@@ -81,7 +89,7 @@ def compile_program(
             nodes = _nnx.merge(layout.graphdef, dyn[-1])
             for i, node in zip(layout.graph, nodes, strict=True):
                 args[i] = node
-        ctx = owner._trace_context(cfg, dict(ref_in))
+        ctx = owner._trace_context(cfg, dict(ref_in), check_params or layout.outer_trace)
         _context.stack().append(ctx)
         try:
             put_rngs_back = _nnx.fold_rngs_by_worker(nodes) if nodes else None
@@ -93,6 +101,8 @@ def compile_program(
                 if unknown is None:
                     raise
                 raise _axis_names.refusal(unknown, tuple(batch_sizes), name) from err
+            if on_io_map is not None and not layout.outer_trace:
+                on_io_map(_params_check.io_map(ctx.update_io, dyn[: len(passed)], out))
             new_state = None
             if nodes:
                 assert put_rngs_back is not None

@@ -169,6 +169,7 @@ def register(
         "opt_name": store.name,
         "opt_leaf_flags": flags,
         "opt_snapshot_every": np.int64(ctx.config.snapshot_every),
+        "opt_check_params": np.int64(ctx.check_params),
         **optimizer.ffi_attrs(),
     }
     if _hosts.spans_hosts():

@@ -378,6 +378,8 @@ def _ffi_sync(sync: _Sync) -> Any:
         # The pushed values (pass-through outputs) order the rest after the pushes.
         pushed = [leaves[t] for t in plan.proxy_leaves]
     leaves = finish(plan, call, leaves, pushed, in_place=True, update=update)
+    if site is not None:  # which step inputs and outputs these are (api/_params_check.py)
+        sync.ctx.update_io.append((site.store.id, params, leaves[: sync.n_grad]))
     return _result(sync, leaves, _ffi.vary(aux) if aux is not None else None)
 
 

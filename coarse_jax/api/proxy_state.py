@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from coarse_jax.api._params_check import ParamsCheck
 from coarse_jax.api._update import Store
 from coarse_jax.api.snapshots import SnapshotWriter, read_latest, slot_names
 from coarse_jax.api.update import StoreAccess, to_jax
@@ -32,6 +33,7 @@ class ProxyState:
     _stores: dict[int, Store]
     _access: StoreAccess
     _pending_load: Callable[[], None] | None
+    _params_check: ParamsCheck
     _writer: SnapshotWriter | None
     _ref_state: dict[int, Any]
     _ref_optimizers: dict[int, Any]
@@ -144,6 +146,7 @@ class ProxyState:
             store = self._access.store(index, "load_optimizer_state")
             count, slots = store.optimizer.from_optax_state(opt_state)
             self._access.load(store, params, count, slots, self._wait_all)
+            self._params_check.seeds_next()  # from the loaded state: nothing to check
 
         self._load_when_traced(load)
 
@@ -276,6 +279,7 @@ class ProxyState:
                 )
             count, leaves, values = got
             store.runtime.load(store.name, *got)
+            self._params_check.seeds_next()
             master = store.slot_leaves(leaves, values[:1])[0]
             params = jax.tree.unflatten(
                 store.treedef,
@@ -290,6 +294,7 @@ class ProxyState:
             store = self._access.store(index, "restore")
             moments = [tree["opt_state"][name] for name in slot_names(store)]
             self._access.load(store, params, int(tree["step"]), moments, self._wait_all)
+            self._params_check.seeds_next()
 
         self._load_when_traced(load)
         self.restored_count = int(count)
@@ -328,6 +333,7 @@ class ProxyState:
         store = self._access.store(index, "reset_optimizer")
         self._wait_all()
         store.runtime.reset()
+        self._params_check.seeds_next()  # from the params it gets: nothing to check
 
     def _refuse_reference(self, what: str) -> None:
         if self._config.mode == "reference":

@@ -23,6 +23,7 @@ from coarse_jax.api import _arguments, _arrival, _context, _nnx, _outputs, _plac
 from coarse_jax.api._arguments import Layout
 from coarse_jax.api._compiles import Compiles
 from coarse_jax.api._in_flight import InFlight
+from coarse_jax.api._params_check import ParamsCheck
 from coarse_jax.api._program import compile_program
 from coarse_jax.api._update import Store
 from coarse_jax.api.memory import MemoryReport, StepMemory, tally
@@ -87,7 +88,9 @@ class SyncedStep(ProxyState):
         # The config can change when re-profiling re-plans; a compiled program
         # is kept per config, so an unchanged plan never recompiles.
         self._config = config or Config()
-        self._compiled: dict[tuple[Layout, Config], Callable[..., Any]] = {}
+        # Per (layout, config, whether the proxies check the params): its program.
+        self._compiled: dict[tuple[Layout, Config, bool], Callable[..., Any]] = {}
+        self._params_check = ParamsCheck()  # which of the two a call runs
         self._compiles = Compiles(self._name)  # XLA's compiles of those programs
         # The first call's (what, signature) of each non-batch argument: the
         # proxies' state (value_and_update) is laid out for it.
@@ -213,7 +216,7 @@ class SyncedStep(ProxyState):
             dyn.append(graph_state)
         # Shapes only: a call would move arrays committed elsewhere onto the workers.
         dyn = _placement.abstract_off_workers(dyn, self.mesh)
-        jitted: Any = self._compile(cfg, layout)
+        jitted: Any = self._compile(cfg, layout, check=False)  # (the same memory either way)
         compiled = jitted.lower(*dyn, self._ref_state).compile()
         plans = [p for p in self._traced_plans if not p.xla]  # XLA's own: no runtime storage
         arg_bytes = out_bytes = 0
@@ -245,11 +248,6 @@ class SyncedStep(ProxyState):
         cfg = self._config
         if cfg.reprofile_every:
             check_reprofile(self.mesh, layout.outer_trace, self._name)
-        key = (layout, cfg)
-        jitted: Any = self._compiled.get(key)
-        new = jitted is None
-        if new:
-            jitted = self._compiled[key] = self._compile(cfg, layout)
         graph_nodes = tuple(full[i] for i in layout.graph)
         passed = [i for i in layout.dynamic() if i not in layout.graph]
         trees = [(full[i], i in layout.batch) for i in passed]
@@ -262,6 +260,19 @@ class SyncedStep(ProxyState):
             on_mesh, dyn = _placement.onto_workers(self.mesh, trees)
             if on_mesh is None and all(d is t for d, (t, _) in zip(dyn, trees, strict=True)):
                 self._arguments.remember(args, kwargs, layout)
+        base = (layout, cfg)
+        unused = [c for c in (False, True) if (*base, c) not in self._compiled]
+        if layout.outer_trace:
+            self._params_check.outer_trace()
+        check = self._params_check.needed(
+            base,
+            [s.id for s in self._stores.values()],
+            [full[i] for i in passed],
+            lambda: self._program(base, False).trace(*dyn, self._ref_state),
+        )
+        key = (layout, cfg, check)
+        new = check in unused  # (the map's trace may have built it, not called it)
+        jitted = self._program(base, check)
         if layout.outer_trace:  # inside the user's jit: its outputs are tracers
             on_mesh = None
         # Ctrl-C abandons a step stalled in the runtime (unless the program
@@ -272,7 +283,9 @@ class SyncedStep(ProxyState):
             # Every process must dispatch this call: a host that never comes
             # fails the others here, naming it, instead of a hang in the
             # inter-host collective.
-            self._arrival.wait(self._calls, cfg.timeout_s, programs=len(self._compiled))
+            # Programs counted without the check's variants: processes decide those apart.
+            programs = len({k[:2] for k in self._compiled})
+            self._arrival.wait(self._calls, cfg.timeout_s, programs=programs)
         if new and cfg.mode == "ffi":
             # Before anything runs: a coarse call that only some devices would
             # run (inside a cond on a mesh axis) is a TypeError, not a hang.
@@ -320,9 +333,18 @@ class SyncedStep(ProxyState):
             per_example = _placement.place(per_example, on_mesh, True)
         if layout.graph:
             _nnx.update(graph_nodes, new_state)
+        result = _outputs.join(replicated, per_example, self._batch_outputs)
         if not layout.outer_trace:
             self._count_call()
-        return _outputs.join(replicated, per_example, self._batch_outputs)
+            self._params_check.returned(base, result)
+        return result
+
+    def _program(self, base: tuple[Layout, Config], check: bool) -> Any:
+        """The jitted program of ``base`` (layout, config) with or without the params check."""
+        key = (*base, check)
+        if key not in self._compiled:
+            self._compiled[key] = self._compile(base[1], base[0], check)
+        return self._compiled[key]
 
     def _count_call(self) -> None:
         self._calls += 1
@@ -347,7 +369,7 @@ class SyncedStep(ProxyState):
         elif self._stores:
             _arguments.check_structure(self._first_structure, layout.structure, self._name)
 
-    def _compile(self, cfg: Config, layout: Layout) -> Callable[..., Any]:
+    def _compile(self, cfg: Config, layout: Layout, check: bool) -> Callable[..., Any]:
         if cfg.mode == "ffi":
             _ffi.check_platform(self.mesh)
         return compile_program(
@@ -358,9 +380,13 @@ class SyncedStep(ProxyState):
             layout,
             name=self._name,
             batch_outputs=self._batch_outputs,
+            check_params=check,
+            on_io_map=functools.partial(self._params_check.traced, (layout, cfg)),
         )
 
-    def _trace_context(self, cfg: Config, ref_in: dict[int, Any]) -> _context.SyncContext:
+    def _trace_context(
+        self, cfg: Config, ref_in: dict[int, Any], check_params: bool
+    ) -> _context.SyncContext:
         """The context of one trace of the step's program (`compile_program`'s body)."""
         ctx = _context.SyncContext(
             self.mesh,
@@ -371,6 +397,7 @@ class SyncedStep(ProxyState):
             site_names=self._site_names,
             ref_in=ref_in,
             ref_optimizers=self._ref_optimizers,
+            check_params=check_params,
         )
         self._traced_plans = ctx.built
         return ctx

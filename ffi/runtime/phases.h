@@ -60,6 +60,10 @@ struct ProxyUpdate {
   // no host reads them. Proxy k: `step` points at that copy.
   const float* scalars_in = nullptr;
   const float* step = nullptr;
+  // Whether BeginUpdate compares the params with the master (a step whose
+  // caller vouches they are what the store returned skips it: on a GPU the
+  // check's result is a read the host waits for).
+  bool check_params = true;
   float norm = 1.0f;    // global gradient norm (clip_norm > 0 only)
   bool clip = false;    // clipping applies this step
   // The proxy runs as a service (runtime/service.h): its local worker ran

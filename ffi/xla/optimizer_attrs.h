@@ -5,7 +5,8 @@
 //   opt_one_minus_b1, opt_one_minus_b2, opt_weight_decay, opt_momentum,
 //   opt_clip_norm (f64), opt_nesterov (int64), opt_leaf_flags (int64 per
 //   plan leaf, param_store.h), opt_snapshot_every (int64, Config.snapshot_every),
-//   opt_num_deps (int64: operands before the params).
+//   opt_num_deps (int64: operands before the params), opt_check_params
+//   (int64, absent 1: whether BeginUpdate checks the params, xla/proxy_ring.cc).
 #pragma once
 
 #include <memory>

@@ -8,6 +8,9 @@
 // proxy leaf, sync order; the loss's place holds the loss) and f32[3]
 // (lr, bc1, bc2) for this step: worker k sets the store up for proxy k with
 // them and hands proxy k the scalars (BeginUpdateForProxy, phases.h).
+// Attribute opt_check_params = 0 (coarse_jax/api/_params_check.py: the
+// params are the very arrays the step returned last time) skips the params
+// check, and with it the host's wait for its result.
 //
 // Across hosts (attribute hosts_stage, coarse_jax/api/_hosts.py) the ring
 // is two calls: stage 1 has a second result, f32[width], the chunks proxy k
@@ -146,6 +149,11 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
                        return LeafRef{x.untyped_data(), x.element_type()};
                      }};
   update.scalars_in = static_cast<const float*>(scalars.value().untyped_data());
+  if (attrs.contains("opt_check_params")) {
+    auto check = attrs.get<int64_t>("opt_check_params");
+    if (check.has_error()) return check.error();
+    update.check_params = check.value() != 0;
+  }
   e = BeginUpdateForProxy(call, dev, update);
   if (e.failure() || hosts.kind != HostsStage::kToHosts) return e;
   // Stage 1: proxy k's owned chunks after the reduce-scatter within the host,

@@ -154,6 +154,7 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
     }
     case ParamStore::Seed::kNone: break;
   }
+  if (!u.check_params) return ffi::Error::Success();
   // The params this step got must be what the store returned: compared with
   // the committed master rounded to the params' dtype, where they are (CPU)
   // or widened into the buffer this step writes anyway (streams, CUDA).
