@@ -89,10 +89,20 @@ _SCRIPT = textwrap.dedent(
                 jax.block_until_ready(p)
                 step._wait_all()
                 windows.append(stream_ops().per(4))
-            out[f"{placement}/{shard}"] = windows
+            pushes = sum(len(plan.buckets) for plan in step._traced_plans if not plan.xla)
+            out[f"{placement}/{shard}"] = windows + [pushes]
     print(json.dumps(out))
     """
 )
+
+
+# Counts that depend on timing, not only on the step: whether a waiter was parked
+# (hand-offs); whether a device published again before another waited for it (a
+# stream or host wait is skipped when nothing new was published since the last);
+# and whether a push's pieces were still arriving when the proxy got to them (the
+# pieces already there are updated in one launch and announced with one record).
+# Those are held to budgets, the rest to equality.
+_TIMED = ("hand_offs", "stream_waits", "host_waits", "launches", "records")
 
 
 def _counts() -> dict:
@@ -112,12 +122,12 @@ def _counts() -> dict:
 
 def test_stream_ops_count_a_steady_step_on_the_streams_backend():
     counts = _counts()
-    for name, (first, second) in counts.items():
-        print(f"\n{name}: " + ", ".join(f"{k} {v:g}" for k, v in first.items() if v))
+    for name, (first, second, pushes) in counts.items():
+        print(f"\n{name} ({pushes} pushes): " + ", ".join(f"{k} {v:g}" for k, v in first.items() if v))
         assert first["launches"] > 0 and first["records"] > 0, name
         assert first["copies_h2d"] > 0, name
         for kind in first:
-            if kind != "hand_offs":
+            if kind not in _TIMED:
                 assert first[kind] == second[kind], (name, kind, first[kind], second[kind])
     for placement in ("shared", "host"):
         big, small = counts[f"{placement}/16384"][0], counts[f"{placement}/8192"][0]
@@ -128,10 +138,25 @@ def test_stream_ops_count_a_steady_step_on_the_streams_backend():
     assert host["copies_peer"] == 0 and host["bytes_d2h"] > 0 and host["host_waits"] > 0
     # The budgets (see the top of this file).
     n = 64 * 256 + 256 * 8
-    for name, (first, _) in counts.items():
-        assert first["host_syncs"] == 0, (name, first["host_syncs"])
-        if name.startswith("host/"):
-            assert first["bytes_d2h"] <= 4 * n + 64, (name, first["bytes_d2h"], 4 * n)
+    for name, (first, second, pushes) in counts.items():
+        calls = pushes + 4  # coarse_begin, coarse_opt_count, the pushes, the ring, the pull
+        for window in (first, second):
+            assert window["host_syncs"] == 0, (name, window)
+            if name.startswith("host/"):
+                assert window["bytes_d2h"] <= 4 * n + 64, (name, window["bytes_d2h"], 4 * n)
+                continue
+            # Two streams on one GPU: the worker's, at most one launch per push plus 4
+            # (coarse_begin's and the ring's token, the scalars' copy, the pull's one
+            # unpack), and the proxy's, at most one optimizer launch per push.
+            assert window["launches"] <= 2 * pushes + 4, (name, window, pushes)
+            # The span table of each push, of the scalars' copy and of the pull, and
+            # the step count's upload: one copy per call at most.
+            copies = sum(window[f"copies_{d}"] for d in ("d2d", "peer", "d2h", "h2d"))
+            assert copies <= calls, (name, window, calls)
+            # A record per call and device at most, a wait per record at most, and
+            # 2 more: each device orders itself after the storage's previous user.
+            events = window["records"] + window["stream_waits"]
+            assert events <= 2 * calls + 2, (name, window, calls)
 
 
 def test_the_plain_cpu_backend_counts_nothing():

@@ -213,7 +213,8 @@ def push(
         call,
         [*([_result(x, True) for x in leaves] if passthrough else []), _result(after, True)],
         [me, after, *leaves],
-        _aliases(len(leaves), 2, passthrough),
+        # The token result in the previous token's buffer: nothing to write.
+        {**_aliases(len(leaves), 2, passthrough), 1: len(leaves) if passthrough else 0},
         first_leaf=np.int64(bucket.first_leaf),
         first_piece=np.int64(bucket.first_piece),
         num_pieces=np.int64(bucket.num_pieces),

@@ -128,7 +128,9 @@ class HostStreamStorage final : public Storage, public StreamResources {
       events_.emplace_back(new HostEvent);
       on_host_.push_back(d < static_cast<int64_t>(ordinals.size()) && d >= plan.workers &&
                          IsHostOrdinal(ordinals[d]));
+      ordinals_.push_back(d < static_cast<int64_t>(ordinals.size()) ? ordinals[d] : d);
     }
+    published_ = std::make_unique<std::atomic<uint64_t>[]>(plan.devices());
     const int64_t S = std::max<int64_t>(1, plan.num_pieces());
     for (int64_t k = 0; k < plan.proxies; ++k) {
       flags_.push_back(nullptr);
@@ -157,9 +159,17 @@ class HostStreamStorage final : public Storage, public StreamResources {
   double* scalars(int64_t device) override { return scalars_[device].get(); }
   StreamEvent event(int64_t device) override { return events_[device].get(); }
   bool in_host_memory(int64_t device) const override { return on_host_[device]; }
+  // One jax device at two places of the mesh (testing.shared_device_mesh):
+  // what one GPU is on a GPU machine.
+  bool shares_memory(int64_t a, int64_t b) const override {
+    return a == b || (!on_host_[a] && !on_host_[b] && ordinals_[a] == ordinals_[b]);
+  }
+  std::atomic<uint64_t>& published(int64_t device) override { return published_[device]; }
 
  private:
   HostStorage base_;
+  std::vector<int64_t> ordinals_;
+  std::unique_ptr<std::atomic<uint64_t>[]> published_;
   int64_t staging_len_ = 1, max_runs_ = 1;
   std::vector<std::unique_ptr<float[]>> staging_;
   std::vector<std::unique_ptr<kernels::Span[]>> spans_;

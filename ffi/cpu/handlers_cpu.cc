@@ -51,9 +51,9 @@ ffi::Error BeginImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Result<ffi::Any
 
 ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer after,
                     ffi::RemainingArgs leaves, ffi::RemainingRets outs, ffi::Dictionary attrs) {
-  (void)after;  // orders this push after the previous one
+  // `after` orders this push after the previous one; its buffer is the token's.
   return RunCpuCall(run_id, who, attrs, [&](Call& call, Device& dev) {
-    return PushBody(call, dev, leaves, outs, attrs);
+    return PushBody(call, dev, after.untyped_data(), leaves, outs, attrs);
   });
 }
 

@@ -163,6 +163,7 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
     return;
   }
   EnablePeerAccess();
+  published_ = std::make_unique<std::atomic<uint64_t>[]>(devices);
   const StagingSizes sizes = StagingSizesOf(plan);
   staging_len_ = sizes.staging_len;
   max_runs_ = sizes.max_runs;

@@ -8,6 +8,7 @@
 // steps through the pool (cuda_storage.cc), so the hot path allocates nothing.
 #pragma once
 
+#include <atomic>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -50,6 +51,10 @@ class CudaStorage final : public Storage, public StreamResources {
     return device < static_cast<int64_t>(ordinals_.size()) && IsHostOrdinal(ordinals_[device]);
   }
   uint32_t* ready_flags(int64_t proxy) override { return flags_[proxy]; }
+  bool shares_memory(int64_t a, int64_t b) const override {
+    return a == b || (!in_host_memory(a) && !in_host_memory(b) && ordinals_[a] == ordinals_[b]);
+  }
+  std::atomic<uint64_t>& published(int64_t device) override { return published_[device]; }
 
  private:
   void* Alloc(int64_t device, size_t bytes, const char* what);
@@ -67,6 +72,7 @@ class CudaStorage final : public Storage, public StreamResources {
   std::vector<void*> host_allocations_;               // cudaHostAlloc'd, registered
   std::vector<std::unique_ptr<PinnedPages>> pinned_;  // PinnedAlloc'd, registered
   std::vector<uint32_t*> flags_;                      // per proxy; null on a GPU
+  std::unique_ptr<std::atomic<uint64_t>[]> published_;  // per mesh device
   int64_t staging_len_ = 0, max_runs_ = 0;
   int64_t bytes_ = 0;  // allocated, on all GPUs together
   std::string error_;

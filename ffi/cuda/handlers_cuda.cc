@@ -98,11 +98,13 @@ ffi::Error BeginImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ff
 }
 
 ffi::Error PushImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
-                    ffi::AnyBuffer, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
+                    ffi::AnyBuffer after, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                     ffi::Dictionary attrs) {
   return RunCall(
       run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-      [&](Call& call, Device& dev) { return PushBody(call, dev, leaves, outs, attrs); },
+      [&](Call& call, Device& dev) {
+        return PushBody(call, dev, after.untyped_data(), leaves, outs, attrs);
+      },
       CudaProxies());
 }
 

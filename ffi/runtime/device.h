@@ -150,6 +150,14 @@ class Device {
   // peer's buffer costs what reading one's own does (CPU): the pull then
   // reads each proxy's reduced chunks in place (GatherPull, phases.h).
   virtual bool ReadsPeersInPlace() const = 0;
+
+  // Enqueues what this device holds back to merge: a device with streams
+  // merges consecutive packs, unpacks and optimizer updates into one launch
+  // each (StreamDevice). Every other operation but Acquire and WaitFlag
+  // flushes first (a wait may be passed: the merged work only runs later),
+  // and RunCall flushes at the end of each call. A device whose operations
+  // are done when they return holds nothing back.
+  virtual xla::ffi::Error Flush() { return xla::ffi::Error::Success(); }
 };
 
 }  // namespace coarse

@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <memory>
+#include <vector>
 #include <string>
 
 #include "runtime/device.h"
@@ -108,6 +109,7 @@ class HostProxyDevice final : public Device {
   int64_t workers_;
   std::string who_;
   std::chrono::milliseconds timeout_;
+  std::vector<uint64_t> acquired_;  // per worker: 1 + the publication last waited for
 };
 
 }  // namespace coarse

@@ -216,6 +216,7 @@ void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob
       status = ReducePieces(call, dev, nullptr, {}, job.in_place);
     }
   }
+  if (status.success()) status = dev.Flush();  // what the job's device held back
   if (status.failure()) ReleaseFlags(*session, k);
   // Poisons the session on failure; either way the proxy leaves it.
   (void)FinishCall(call, dev, std::move(status), /*last=*/true);

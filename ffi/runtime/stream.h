@@ -13,6 +13,7 @@
 // only touches a peer's memory through Copy, as a GPU must.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -127,6 +128,16 @@ class StreamResources {
   // its storage is pinned host memory, reached by device-to-host and
   // host-to-device copies instead of peer copies (StreamDevice::PeerCopy).
   virtual bool in_host_memory(int64_t device) const = 0;
+  // Whether device `a`'s kernels address device `b`'s memory as their own:
+  // the same device, or two mesh devices on one GPU (the shared-device
+  // mesh: their platform ordinals are equal). Then a pack or unpack reads or
+  // writes the other's memory directly, with no staging buffer or copy
+  // (StreamDevice::Addressable).
+  virtual bool shares_memory(int64_t a, int64_t b) const = 0;
+  // How many times device `d` has published (StreamDevice::Publish bumps it
+  // after recording its event): a stream that waited for the event at
+  // generation g need not wait again while it is still g.
+  virtual std::atomic<uint64_t>& published(int64_t device) = 0;
 };
 
 // A staging buffer holds the largest piece, or the workers' leading layers;

@@ -23,7 +23,10 @@ StagingSizes StagingSizesOf(const Plan& plan) {
       static_cast<int64_t>(plan.leaf_nelems.size()) - plan.num_proxy_leaves;
   StagingSizes out;
   out.staging_len = std::max<int64_t>({max_piece, plan.leading_nelems, 1});
-  out.max_runs = std::max<int64_t>({max_segs, leading_leaves, 1});
+  // A merged pack or unpack (StreamDevice::Queue) holds every segment of a
+  // call: at most all of the plan's.
+  const int64_t all_segs = static_cast<int64_t>(plan.segments.size());
+  out.max_runs = std::max<int64_t>({max_segs, all_segs, leading_leaves, 1});
   return out;
 }
 
@@ -39,48 +42,80 @@ bool ToKernelDType(ffi::DataType t, kernels::DType* out) {
 StreamDevice::StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources)
     : stream_(Counted(std::move(stream), resources)), self_(self), res_(resources) {}
 
-ffi::Error StreamDevice::UploadRuns(const LeafRun* runs, int64_t num_runs, int64_t buf_len,
-                                    int64_t* total) {
+Stream* StreamDevice::Enqueue() {
+  dirty_ = true;
+  return stream_.get();
+}
+
+ffi::Error StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64_t num_runs,
+                                   float* buf, int64_t buf_len) {
   if (num_runs > res_.max_runs())
     return ffi::Error::Internal("coarse_jax: " + std::to_string(num_runs) +
                                 " runs exceed the span table (" + std::to_string(res_.max_runs()) +
                                 ")");
-  std::vector<kernels::Span> spans(num_runs);
+  if (queued_.kind != kind ||
+      static_cast<int64_t>(queued_.spans.size()) + num_runs > res_.max_runs()) {
+    ffi::Error e = Flush();
+    if (e.failure()) return e;
+  }
+  queued_.kind = kind;
   for (int64_t r = 0; r < num_runs; ++r) {
     if (runs[r].buf_off < 0 || runs[r].buf_off + runs[r].len > buf_len)
       return ffi::Error::Internal("coarse_jax: a run falls outside its buffer");
-    spans[r].leaf = runs[r].leaf;
-    spans[r].buf_off = runs[r].buf_off;
-    spans[r].len = runs[r].len;
-    if (!ToKernelDType(runs[r].dtype, &spans[r].leaf_dtype))
+    kernels::Span span{};
+    span.leaf = runs[r].leaf;
+    span.len = runs[r].len;
+    if (!ToKernelDType(runs[r].dtype, &span.leaf_dtype))
       return ffi::Error::InvalidArgument(
           "coarse_jax: only float32, bfloat16 and float16 leaves are synchronized");
+    queued_.spans.push_back(span);
+    queued_.at.push_back(buf + runs[r].buf_off);
   }
-  *total = kernels::SetBegins(spans.data(), num_runs);
-  // The span table is reused by the next transfer of this device: stream
-  // order keeps this upload behind the kernel that read the previous table.
-  return stream_->Upload(res_.spans(self_), spans.data(), num_runs * sizeof(kernels::Span),
-                         "uploading a span table");
+  return ffi::Error::Success();
+}
+
+ffi::Error StreamDevice::Flush() {
+  const Queued::Kind kind = queued_.kind;
+  queued_.kind = Queued::Kind::kNone;
+  if (kind == Queued::Kind::kNone) return ffi::Error::Success();
+  if (kind == Queued::Kind::kOptimizer) return Enqueue()->Optimizer(queued_.o, queued_.b, queued_.n);
+  // One span table for every run held: offsets from the lowest address, so
+  // runs into several pieces (of one arena, or of the staging buffer) share
+  // one launch.
+  std::vector<kernels::Span>& spans = queued_.spans;
+  float* base = *std::min_element(queued_.at.begin(), queued_.at.end());
+  for (size_t r = 0; r < spans.size(); ++r) spans[r].buf_off = queued_.at[r] - base;
+  const int64_t num = static_cast<int64_t>(spans.size());
+  const int64_t total = kernels::SetBegins(spans.data(), num);
+  // The span table is reused by this device's next launch: stream order
+  // keeps this upload behind the kernel that read the previous table.
+  ffi::Error e = Enqueue()->Upload(res_.spans(self_), spans.data(), num * sizeof(kernels::Span),
+                                 "uploading a span table");
+  if (e.success())
+    e = kind == Queued::Kind::kPack ? Enqueue()->Pack(res_.spans(self_), num, total, base)
+                                    : Enqueue()->Unpack(base, res_.spans(self_), num, total);
+  spans.clear();
+  queued_.at.clear();
+  return e;
 }
 
 ffi::Error StreamDevice::PeerCopy(float* dst, int64_t dst_device, const float* src,
                                   int64_t src_device, int64_t n, const char* what) {
   if (n <= 0) return ffi::Error::Success();
+  ffi::Error e = Flush();
+  if (e.failure()) return e;
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-  if (res_.in_host_memory(dst_device)) return stream_->Download(dst, src, bytes, what);
-  if (res_.in_host_memory(src_device)) return stream_->UploadPinned(dst, src, bytes, what);
-  return stream_->Copy(dst, dst_device, src, src_device, bytes, what);
+  if (res_.in_host_memory(dst_device)) return Enqueue()->Download(dst, src, bytes, what);
+  if (res_.in_host_memory(src_device)) return Enqueue()->UploadPinned(dst, src, bytes, what);
+  return Enqueue()->Copy(dst, dst_device, src, src_device, bytes, what);
 }
 
 ffi::Error StreamDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst,
                                 int64_t dst_device, int64_t dst_len) {
   if (num_runs == 0 || dst_len == 0) return ffi::Error::Success();
-  if (dst_device == self_) {
-    int64_t total = 0;
-    ffi::Error e = UploadRuns(runs, num_runs, dst_len, &total);
-    if (e.failure()) return e;
-    return stream_->Pack(res_.spans(self_), num_runs, total, dst);
-  }
+  // Its own memory, or a peer's on the same GPU: packed in place, merged
+  // with the call's other packs (a push of a bucket is one launch).
+  if (Addressable(dst_device)) return QueueRuns(Queued::Kind::kPack, runs, num_runs, dst, dst_len);
   // A peer's storage: pack here, then one peer copy of what the runs cover,
   // [lo, hi) of `dst`. A push's runs tile a whole piece; worker k seeding
   // proxy k's master (BeginUpdate) gathers one run of a longer buffer, whose
@@ -105,19 +140,20 @@ ffi::Error StreamDevice::Gather(const LeafRun* runs, int64_t num_runs, float* ds
                                 std::to_string(res_.staging_len()) + ")");
   std::vector<LeafRun> shifted(runs, runs + num_runs);
   for (LeafRun& r : shifted) r.buf_off -= lo;
-  int64_t total = 0;
-  ffi::Error e = UploadRuns(shifted.data(), num_runs, hi - lo, &total);
-  if (e.success()) e = stream_->Pack(res_.spans(self_), num_runs, total, res_.staging(self_));
+  // The staging buffer takes one transfer at a time: what is held goes first.
+  ffi::Error e = Flush();
+  if (e.success())
+    e = QueueRuns(Queued::Kind::kPack, shifted.data(), num_runs, res_.staging(self_), hi - lo);
   if (e.failure()) return e;
   return PeerCopy(dst + lo, dst_device, res_.staging(self_), self_, hi - lo,
-                  "push: peer copy to the proxy");
+                  "push: peer copy to the proxy");  // flushes the pack first
 }
 
 ffi::Error StreamDevice::Scatter(const float* src, int64_t src_device, int64_t src_len,
                                  const LeafRun* runs, int64_t num_runs) {
   if (num_runs == 0 || src_len == 0) return ffi::Error::Success();
-  const float* from = src;
-  if (src_device != self_) {  // a peer's storage: one peer copy here, then unpack
+  float* from = const_cast<float*>(src);  // read only: an unpack's source
+  if (!Addressable(src_device)) {  // a peer's storage: one peer copy here, then unpack
     if (src_len > res_.staging_len())
       return ffi::Error::Internal("coarse_jax: a piece exceeds the staging buffer");
     ffi::Error e = PeerCopy(res_.staging(self_), self_, src, src_device, src_len,
@@ -125,15 +161,18 @@ ffi::Error StreamDevice::Scatter(const float* src, int64_t src_device, int64_t s
     if (e.failure()) return e;
     from = res_.staging(self_);
   }
-  int64_t total = 0;
-  ffi::Error e = UploadRuns(runs, num_runs, src_len, &total);
-  if (e.failure()) return e;
-  return stream_->Unpack(from, res_.spans(self_), num_runs, total);
+  // Merged with the call's other unpacks from memory this device addresses
+  // (a pull from a proxy on the same GPU is one launch); one out of staging
+  // goes before the next copy into it (PeerCopy flushes).
+  return QueueRuns(Queued::Kind::kUnpack, runs, num_runs, from, src_len);
 }
 
 ffi::Error StreamDevice::SumSlots(float* own, int64_t n, int64_t slots, float scale) {
-  if (n == 0) return ffi::Error::Success();
-  if (slots == 0) return stream_->Memset(own, n * sizeof(float), "zeroing a slot");
+  // One slot, unscaled: the sum is already there (nothing to enqueue, so
+  // nothing held back need go first).
+  if (n == 0 || (slots == 1 && scale == 1.0f)) return ffi::Error::Success();
+  if (ffi::Error held = Flush(); held.failure()) return held;
+  if (slots == 0) return Enqueue()->Memset(own, n * sizeof(float), "zeroing a slot");
   if (slots == 1) return scale != 1.0f ? Scale(own, n, scale) : ffi::Error::Success();
   // Slot order, as on CPU: ((s0 + s1) + s2) + ..., in launches of up to 8
   // inputs; the last launch scales.
@@ -141,7 +180,7 @@ ffi::Error StreamDevice::SumSlots(float* own, int64_t n, int64_t slots, float sc
     const float* in[kernels::kMaxReduceInputs] = {own};
     int count = 1;
     for (; count < kernels::kMaxReduceInputs && j < slots; ++count, ++j) in[count] = own + j * n;
-    ffi::Error e = stream_->Reduce(in, count, own, n, j == slots ? scale : 1.0f);
+    ffi::Error e = Enqueue()->Reduce(in, count, own, n, j == slots ? scale : 1.0f);
     if (e.failure()) return e;
   }
   return ffi::Error::Success();
@@ -149,6 +188,7 @@ ffi::Error StreamDevice::SumSlots(float* own, int64_t n, int64_t slots, float sc
 
 ffi::Error StreamDevice::AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
                                  float scale) {
+  if (ffi::Error held = Flush(); held.failure()) return held;
   if (n == 0) return ffi::Error::Success();
   const float* x = peer;
   if (peer_device != self_) {
@@ -163,16 +203,17 @@ ffi::Error StreamDevice::AddFrom(float* own, const float* peer, int64_t peer_dev
     x = recv;
   }
   const float* in[2] = {own, x};
-  return stream_->Reduce(in, 2, own, n, scale);
+  return Enqueue()->Reduce(in, 2, own, n, scale);
 }
 
 ffi::Error StreamDevice::CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) {
+  if (ffi::Error held = Flush(); held.failure()) return held;
   // Not PeerCopy: besides the workers' ring, worker k copies proxy k's store
   // into its snapshot (ParamStore::CopySnapshot), both in the proxy's memory,
   // with `own` not this device's: for a proxy in host memory a host-to-host
   // copy on this stream (on CUDA with UVA, as host memory is mapped).
   if (n <= 0) return ffi::Error::Success();
-  return stream_->Copy(own, self_, peer, peer_device, static_cast<size_t>(n) * sizeof(float),
+  return Enqueue()->Copy(own, self_, peer, peer_device, static_cast<size_t>(n) * sizeof(float),
                        "ring: peer copy");
 }
 
@@ -191,41 +232,103 @@ ffi::Error StreamDevice::SumPushesInRingOrder(float*, int64_t, int64_t,
 }
 
 ffi::Error StreamDevice::Scale(float* x, int64_t n, float scale) {
+  if (ffi::Error held = Flush(); held.failure()) return held;
   const float* in[1] = {x};
-  return stream_->Reduce(in, 1, x, n, scale);
+  return Enqueue()->Reduce(in, 1, x, n, scale);
 }
 
 ffi::Error StreamDevice::ZeroBytes(void* dst, size_t bytes) {
+  if (ffi::Error held = Flush(); held.failure()) return held;
   if (bytes == 0) return ffi::Error::Success();
-  return stream_->Memset(dst, bytes, "zeroing a result");
+  return Enqueue()->Memset(dst, bytes, "zeroing a result");
 }
 
 ffi::Error StreamDevice::CopyBytes(void* dst, const void* src, size_t bytes) {
+  if (ffi::Error held = Flush(); held.failure()) return held;
   if (bytes == 0 || dst == src) return ffi::Error::Success();
-  return stream_->Copy(dst, self_, src, self_, bytes, "copying a pass-through result");
+  return Enqueue()->Copy(dst, self_, src, self_, bytes, "copying a pass-through result");
 }
 
 ffi::Error StreamDevice::CopyToHost(void* host, const void* own, size_t bytes) {
+  if (ffi::Error held = Flush(); held.failure()) return held;
   if (bytes == 0) return ffi::Error::Success();
-  return stream_->Download(host, own, bytes, "copying to host memory");
+  return Enqueue()->Download(host, own, bytes, "copying to host memory");
 }
 
 ffi::Error StreamDevice::CopyFromHost(void* own, const void* host, size_t bytes) {
+  if (ffi::Error held = Flush(); held.failure()) return held;
   if (bytes == 0) return ffi::Error::Success();
-  return stream_->Upload(own, host, bytes, "copying from host memory");
+  return Enqueue()->Upload(own, host, bytes, "copying from host memory");
 }
 
-ffi::Error StreamDevice::Publish() { return stream_->Record(res_.event(self_)); }
+ffi::Error StreamDevice::Publish() {
+  ffi::Error e = Flush();
+  // Nothing enqueued since this device's last record (a wait counts): that
+  // record still marks everything, and its count stays.
+  if (e.failure() || !dirty_) return e;
+  e = stream_->Record(res_.event(self_));
+  // After the record: whoever sees the new count (through a counter bumped
+  // after this) waits for an event that covers this work.
+  if (e.success()) {
+    res_.published(self_).fetch_add(1, std::memory_order_acq_rel);
+    dirty_ = false;
+  }
+  return e;
+}
 
 ffi::Error StreamDevice::Acquire(int64_t device) {
   // A proxy in host memory enqueues nothing (HostProxyDevice): what it
   // wrote is there once its counters or flags say so.
   if (device == self_ || res_.in_host_memory(device)) return ffi::Error::Success();
-  return stream_->Wait(res_.event(device), device);
+  // Nothing held back is flushed: it may run after the wait.
+  const uint64_t seen = res_.published(device).load(std::memory_order_acquire) + 1;
+  if (static_cast<int64_t>(acquired_.size()) <= device) acquired_.resize(device + 1, 0);
+  // Waited for this publication already (a pull's pieces of one proxy, a
+  // proxy's pieces of one push): the event covers nothing newer that this
+  // caller can know of.
+  if (acquired_[device] == seen) return ffi::Error::Success();
+  ffi::Error e = Enqueue()->Wait(res_.event(device), device);
+  if (e.success()) acquired_[device] = seen;
+  return e;
 }
 
+namespace {
+
+bool SameScalars(const OptScalars& a, const OptScalars& b) {
+  return a.kind == b.kind && a.nesterov == b.nesterov && a.decay == b.decay && a.clip == b.clip &&
+         a.lr == b.lr && a.bc1 == b.bc1 && a.bc2 == b.bc2 && a.b1 == b.b1 &&
+         a.one_minus_b1 == b.one_minus_b1 && a.b2 == b.b2 && a.one_minus_b2 == b.one_minus_b2 &&
+         a.eps == b.eps && a.weight_decay == b.weight_decay && a.momentum == b.momentum &&
+         a.norm == b.norm && a.clip_norm == b.clip_norm && a.step == b.step;
+}
+
+// Whether `b` continues `a` (n elements) in every buffer the update touches.
+bool Continues(const OptBuffers& a, int64_t n, const OptBuffers& b, int32_t slots) {
+  bool yes = b.grad_io == a.grad_io + n && b.w_in == a.w_in + n && b.w_out == a.w_out + n;
+  for (int32_t j = 0; j < slots && yes; ++j)
+    yes = b.s_in[j] == a.s_in[j] + n && b.s_out[j] == a.s_out[j] + n;
+  return yes;
+}
+
+}  // namespace
+
 ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
-  return stream_->Optimizer(o, b, n);
+  if (n <= 0) return ffi::Error::Success();
+  // Consecutive updates of consecutive elements with the same scalars (a
+  // proxy's segments, its pieces) are one launch: the same arithmetic per
+  // element.
+  if (queued_.kind == Queued::Kind::kOptimizer && SameScalars(queued_.o, o) &&
+      Continues(queued_.b, queued_.n, b, OptSlots(o.kind, o.momentum))) {
+    queued_.n += n;
+    return ffi::Error::Success();
+  }
+  ffi::Error e = Flush();
+  if (e.failure()) return e;
+  queued_.kind = Queued::Kind::kOptimizer;
+  queued_.o = o;
+  queued_.b = b;
+  queued_.n = n;
+  return ffi::Error::Success();
 }
 
 // The two below block the host on the stream: they serve global-norm
@@ -234,14 +337,15 @@ ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b
 // order and the host reads the result before it enqueues anything else, so
 // one set per device serves every call.
 ffi::ErrorOr<double> StreamDevice::SumSquares(const float* x, int64_t n) {
+  if (ffi::Error held = Flush(); held.failure()) return ffi::Unexpected(held);
   double* scratch = res_.scalars(self_);
   double out = 0;
-  ffi::Error e = stream_->SumSquares(x, n, scratch, scratch + kernels::kSumSquaresBlocks);
+  ffi::Error e = Enqueue()->SumSquares(x, n, scratch, scratch + kernels::kSumSquaresBlocks);
   if (e.success())
-    e = stream_->Download(&out, scratch + kernels::kSumSquaresBlocks, sizeof out,
+    e = Enqueue()->Download(&out, scratch + kernels::kSumSquaresBlocks, sizeof out,
                           "copying the sum of squares");
   // The host reads `out` next: wait for the stream to have written it.
-  if (e.success()) e = stream_->Synchronize("sum of squares");
+  if (e.success()) e = Enqueue()->Synchronize("sum of squares");
   if (e.failure()) return ffi::Unexpected(e);
   return out;
 }
@@ -260,20 +364,23 @@ ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master, const Le
   auto* first = reinterpret_cast<unsigned long long*>(res_.scalars(self_) +
                                                       StreamResources::kScalarSlots - 1);
   unsigned long long host = end;
-  ffi::Error e = stream_->Upload(first, &host, sizeof host, "params check");
+  ffi::Error e = Flush();
+  if (e.success()) e = Enqueue()->Upload(first, &host, sizeof host, "params check");
+  // Widened first (one pack where the scratch is addressable), then compared.
+  for (int64_t r = 0; r < num_runs && e.success(); ++r)
+    e = Gather(&runs[r], 1, scratch, scratch_device, scratch_len);
+  if (e.success()) e = Flush();
   for (int64_t r = 0; r < num_runs && e.success(); ++r) {
     const LeafRun& run = runs[r];
     kernels::DType t;
     if (!ToKernelDType(run.dtype, &t))
       return ffi::Unexpected(ffi::Error::InvalidArgument("coarse_jax: unsupported params dtype"));
-    e = Gather(&run, 1, scratch, scratch_device, scratch_len);
-    if (e.success())
-      e = stream_->FirstMismatch(master + run.buf_off, scratch + run.buf_off, run.len, t,
-                                 static_cast<unsigned long long>(run.buf_off), first);
+    e = Enqueue()->FirstMismatch(master + run.buf_off, scratch + run.buf_off, run.len, t,
+                               static_cast<unsigned long long>(run.buf_off), first);
   }
-  if (e.success()) e = stream_->Download(&host, first, sizeof host, "params check");
+  if (e.success()) e = Enqueue()->Download(&host, first, sizeof host, "params check");
   // The host reads `host` next.
-  if (e.success()) e = stream_->Synchronize("params check");
+  if (e.success()) e = Enqueue()->Synchronize("params check");
   if (e.failure()) return ffi::Unexpected(e);
   if (host >= end) return m;
   const int64_t at = static_cast<int64_t>(host);
@@ -288,9 +395,9 @@ ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master, const Le
   kernels::DType t;
   ToKernelDType(run.dtype, &t);
   float values[2] = {0, 0};
-  e = stream_->Download(&values[0], scratch + at, sizeof(float), "params check");
-  if (e.success()) e = stream_->Download(&values[1], master + at, sizeof(float), "params check");
-  if (e.success()) e = stream_->Synchronize("params check");
+  e = Enqueue()->Download(&values[0], scratch + at, sizeof(float), "params check");
+  if (e.success()) e = Enqueue()->Download(&values[1], master + at, sizeof(float), "params check");
+  if (e.success()) e = Enqueue()->Synchronize("params check");
   if (e.failure()) return ffi::Unexpected(e);
   m.given = values[0];
   m.held = kernels::RoundTrip(values[1], t);  // the master's value as the params' dtype

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "runtime/device.h"
 #include "runtime/stream.h"
@@ -51,17 +52,46 @@ class StreamDevice final : public Device {
   xla::ffi::Error Acquire(int64_t device) override;
   xla::ffi::Error WaitFlag(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
                            const std::string& what) override {
-    return stream_->WaitValue(flag, value, timeout, what);
+    return Enqueue()->WaitValue(flag, value, timeout, what);
   }
-  xla::ffi::Error SynchronizeHost(const char* what) override { return stream_->Synchronize(what); }
+  xla::ffi::Error SynchronizeHost(const char* what) override {
+    xla::ffi::Error e = Flush();
+    return e.failure() ? e : Enqueue()->Synchronize(what);
+  }
   // Emulated links are timed on the host around operations that finish when
   // they return (CpuDevice); here they return when enqueued.
   bool SupportsEmulation() const override { return false; }
   bool ReadsPeersInPlace() const override { return false; }
+  xla::ffi::Error Flush() override;
 
-  Stream& stream() { return *stream_; }
+  // The stream itself, for a caller's own small copies (xla/stream_host_io.h):
+  // only between operations of this device, with nothing held back (Flush).
+  Stream& stream() { return *Enqueue(); }
 
  private:
+  // Work held back to merge (Device::Flush): packs into, or unpacks out of,
+  // f32 buffers (a peer's this device addresses, its own, its staging), in
+  // one launch over one span table; and optimizer updates of consecutive
+  // elements with the same scalars, in one launch. Work per call, not per
+  // piece: a push of a bucket's pieces is one pack, a pull's unpacks one.
+  struct Queued {
+    enum class Kind { kNone, kPack, kUnpack, kOptimizer };
+    Kind kind = Kind::kNone;
+    std::vector<kernels::Span> spans;  // kPack, kUnpack: leaf, len, dtype (buf_off by Flush)
+    std::vector<float*> at;            // per span: where its f32 elements are
+    OptScalars o;                      // kOptimizer
+    OptBuffers b{};
+    int64_t n = 0;
+  };
+  // Holds `runs` back as a pack into (or unpack out of) `buf`, `buf_len`
+  // floats, merged with what is held if it is of the same kind.
+  xla::ffi::Error QueueRuns(Queued::Kind kind, const LeafRun* runs, int64_t num_runs, float* buf,
+                            int64_t buf_len);
+  // The stream, for work about to be enqueued: the next Publish records.
+  Stream* Enqueue();
+  // Whether this device's kernels read and write `device`'s memory directly.
+  bool Addressable(int64_t device) const { return res_.shares_memory(self_, device); }
+
   // Uploads `runs` as kernel spans into this device's span table.
   xla::ffi::Error UploadRuns(const LeafRun* runs, int64_t num_runs, int64_t buf_len,
                              int64_t* total);
@@ -77,6 +107,11 @@ class StreamDevice final : public Device {
   std::unique_ptr<Stream> stream_;
   int64_t self_;
   StreamResources& res_;
+  Queued queued_;
+  // Per mesh device: 1 + its publication count (StreamResources::published)
+  // this stream last waited for; 0: none. Acquire waits once per publication.
+  std::vector<uint64_t> acquired_;
+  bool dirty_ = true;  // work enqueued since this device's last record (Publish)
 };
 
 }  // namespace coarse

@@ -71,6 +71,7 @@ xla::ffi::Error RunCall(xla::ffi::RunId run_id, const Caller& caller,
   xla::ffi::Error status = StartProxyService(call, attrs, make_proxy_device);
   if (status.success()) status = AcquireStorage(call, dev);
   if (status.success()) status = body(call, dev);
+  if (status.success()) status = dev.Flush();  // what the call's device held back (Device::Flush)
   return EndCall(call, dev, std::move(status), attrs);
 }
 

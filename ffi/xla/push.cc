@@ -1,6 +1,7 @@
 // coarse_push's XLA translation: checks the bucket's leaves against the plan,
 // copies them to the aliased outputs (attribute passthrough=1, for backward
-// hooks) unless XLA aliased them, zeroes the token result, and runs
+// hooks) unless XLA aliased them, zeroes the token result unless it aliases
+// the previous token, and runs
 // PushPieces (runtime/phases/push_pieces.cc) over the bucket. Operands:
 // the bucket's leaves; results: [the same leaves,] then the token; attributes
 // first_leaf, first_piece, num_pieces, passthrough besides the plan's.
@@ -13,8 +14,8 @@
 namespace coarse {
 namespace ffi = xla::ffi;
 
-ffi::Error PushBody(Call& call, Device& dev, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
-                    const ffi::Dictionary& attrs) {
+ffi::Error PushBody(Call& call, Device& dev, const void* after, ffi::RemainingArgs leaves,
+                    ffi::RemainingRets outs, const ffi::Dictionary& attrs) {
   const Plan& plan = call.plan();
   auto first_leaf = attrs.get<int64_t>("first_leaf");
   auto first_piece = attrs.get<int64_t>("first_piece");
@@ -62,9 +63,13 @@ ffi::Error PushBody(Call& call, Device& dev, ffi::RemainingArgs leaves, ffi::Rem
   // Nothing of the sync ran on any worker before this push (no
   // coarse_begin): its proxies' jobs could not be ready for it.
   if (call.started_proxies) CountWakeup(Wakeup::kJobQueuedAtPush, call.session->q());
+  // The token result aliases the previous token (coarse_jax/_ffi/calls.py),
+  // which coarse_begin zeroed: a memset only where XLA did not alias.
   ffi::Result<ffi::AnyBuffer> token = outs.get<ffi::AnyBuffer>(outs.size() - 1).value();
-  ffi::Error e = dev.ZeroBytes(token->untyped_data(), token->size_bytes());
-  if (e.failure()) return e;
+  if (token->untyped_data() != after) {
+    ffi::Error e = dev.ZeroBytes(token->untyped_data(), token->size_bytes());
+    if (e.failure()) return e;
+  }
   return PushPieces(
       call, dev, first_piece.value(), num_pieces.value(),
       [&](int64_t leaf) {

@@ -19,7 +19,9 @@ namespace coarse {
 // for the sync's first push. Its work is RunCall's (xla/begin.cc).
 xla::ffi::Error BeginBody(Call& call, Device& dev, xla::ffi::Result<xla::ffi::AnyBuffer> token);
 // coarse_push: operands the bucket's leaves, results [the same leaves,] token.
-xla::ffi::Error PushBody(Call& call, Device& dev, xla::ffi::RemainingArgs leaves,
+// `after`: the previous token's buffer; the token result aliases it (nothing
+// to write) unless XLA had to copy.
+xla::ffi::Error PushBody(Call& call, Device& dev, const void* after, xla::ffi::RemainingArgs leaves,
                          xla::ffi::RemainingRets outs, const xla::ffi::Dictionary& attrs);
 // How a platform moves the proxy optimizer's few scalars between an XLA
 // buffer and the host (CPU: plain loads and stores; CUDA: small blocking

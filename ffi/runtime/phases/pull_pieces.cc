@@ -115,6 +115,25 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
   }
   std::vector<LeafRun> runs;
   TraceScope all(session, call.device(), "pull");
+  // Until proxy k has reduced piece s (and enqueued the work that did it).
+  auto reduced = [&](int64_t k, int64_t s) {
+    TraceScope wait(session, call.device(), "wait for the reduced piece", s);
+    return session.Wait(
+        call.who, Session::Waits::kPeer, [&] { return session.IsReduced(k, s); },
+        [&] { return "proxy " + std::to_string(k) + " to reduce " + plan.DescribePiece(s); });
+  };
+  // A device with streams (no emulated links, no in-place pull) waits on the
+  // host for every piece first, then orders its stream after each proxy once
+  // (Acquire) and unpacks them all in one launch (Device::Flush): work per
+  // call, not per piece. Pieces a proxy in host memory makes final are each
+  // waited for on the stream instead (its ready flags, below).
+  const bool per_call = !gather && !session.emulated();
+  for (int64_t s = 0; s < plan.num_pieces() && per_call; ++s) {
+    const int64_t k = plan.dest(s, me);
+    if (session.ready_flag(k, s) != nullptr) continue;
+    ffi::Error err = reduced(k, s);
+    if (err.failure()) return err;
+  }
   for (int64_t s = 0; s < plan.num_pieces(); ++s) {
     TraceScope piece(session, call.device(), "pull piece", s, plan.piece_nbytes[s]);
     if (gather && plan.piece_holder[s] < 0) {
@@ -140,12 +159,7 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
       if (err.failure()) return err;
       continue;
     }
-    {
-      TraceScope wait(session, call.device(), "wait for the reduced piece", s);
-      err = session.Wait(
-          call.who, Session::Waits::kPeer, [&] { return session.IsReduced(k, s); },
-          [&] { return "proxy " + std::to_string(k) + " to reduce " + plan.DescribePiece(s); });
-    }
+    if (!per_call) err = reduced(k, s);
     if (err.failure()) return err;
     err = dev.Acquire(p + k);
     if (err.failure()) return err;

@@ -3,9 +3,10 @@
 // Called from inside the backward pass as soon as the bucket's gradients
 // exist. For every piece of the bucket it widens the values into the slot the
 // routed proxy keeps for this client (the transfer: a loop on CPU, a pack
-// kernel plus a peer copy on CUDA), publishes it, then marks the piece pushed
-// by this worker (Session::pushed: what a proxy's timeout names), bumps that
-// proxy's arrival counter for the piece and wakes it. It never waits for anyone, so
+// kernel plus a peer copy on CUDA, or one pack for all the pieces where the
+// proxy is on the worker's GPU); then it publishes them all at once, marks
+// each piece pushed by this worker (Session::pushed: what a proxy's timeout
+// names), bumps that proxy's arrival counter for the piece and wakes it. It never waits for anyone, so
 // pushes cannot deadlock whatever order XLA runs them in. Still, the Python
 // side chains them by a token (each push takes the previous one's) so they
 // are issued in the plan's order, the order every proxy walks: left to XLA,
@@ -60,11 +61,18 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
         dev.Gather(runs.data(), static_cast<int64_t>(runs.size()),
                    session.arena(k) + plan.slot(k, s, j), plan.workers + k, plan.piece_nelems[s]);
     if (e.failure()) return e;
-    e = dev.Publish();
-    if (e.failure()) return e;
     // The gather above is the transfer; on an emulated link the proxy books
     // it when it takes the piece (the push itself never waits).
     session.NotePushReady(i, s);
+  }
+  if (fused) return ffi::Error::Success();
+  // One publication for the whole bucket (on a GPU: its pieces' packs merged
+  // into one launch, Device::Flush, and one event record), then every piece
+  // is announced: work per call, not per piece.
+  ffi::Error e = dev.Publish();
+  if (e.failure()) return e;
+  for (int64_t s = first_piece; s < first_piece + num_pieces; ++s) {
+    const int64_t k = plan.dest(s, i);
     session.pushed(i, s).store(1, std::memory_order_relaxed);  // published by the bump below
     session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
     session.Notify(plan.workers + k);

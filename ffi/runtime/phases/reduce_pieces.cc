@@ -211,8 +211,11 @@ class PieceReducer {
   // not announce the owned chunks (they changed since, or were replaced).
   // Then, for a proxy in host memory, its ready flag of s: the piece is
   // final here, and the workers' streams that wait for it may copy it back.
-  ffi::Error Finish(int64_t s, bool update, bool announce) {
+  // `batch`: a DENSE piece this proxy holds is announced with the next
+  // one (the caller finishes that next, with no wait: NextIsHere).
+  ffi::Error Finish(int64_t s, bool update, bool announce, bool batch = false) {
     ffi::Error err = FinishPiece(s, update, announce);
+    if (err.success() && !batch) err = AnnounceHeld();
     if (err.failure()) return err;
     if (uint32_t* flag = session_.ready_flag(k_, s)) WriteFlag(flag, session_.ready_value());
     return err;
@@ -252,9 +255,11 @@ class PieceReducer {
       if (err.failure()) return err;
     }
     if (plan_.piece_holder[s] == k_) {
-      ffi::Error err = dev_.Publish();
-      if (err.failure()) return err;
-      session_.MarkReduced(k_, s);
+      // Announced with the pieces after it that are already here (work per
+      // push, not per piece: one publication, and on a GPU one optimizer
+      // launch for all of them, StreamDevice::ApplyOptimizer).
+      held_.push_back(s);
+      return ffi::Error::Success();
     } else {
       const RingMember m = Member(s);
       if (announce) {
@@ -271,6 +276,19 @@ class PieceReducer {
       if (err.failure()) return err;
     }
     for (int32_t w : plan_.contributors_of(k_, s)) session_.Notify(w);  // their pull may wait
+    return ffi::Error::Success();
+  }
+
+  // Publishes the pieces this proxy holds (DENSE) and finished but has not
+  // announced yet, then marks them reduced and wakes their clients.
+  ffi::Error AnnounceHeld() {
+    if (held_.empty()) return ffi::Error::Success();
+    ffi::Error err = dev_.Publish();
+    if (err.failure()) return err;
+    for (int64_t s : held_) session_.MarkReduced(k_, s);
+    for (int64_t s : held_)
+      for (int32_t w : plan_.contributors_of(k_, s)) session_.Notify(w);
+    held_.clear();
     return ffi::Error::Success();
   }
 
@@ -304,6 +322,20 @@ class PieceReducer {
 
  private:
   float* Own(int64_t s) { return session_.arena(k_) + plan_.slot(k_, s, 0); }
+
+  // Whether piece s + 1 is one this proxy holds whose pushes have all
+  // arrived, so finishing it now costs no wait: s's announcement can go
+  // with it. Not on emulated links, whose schedule books each piece when it
+  // is reduced.
+ public:
+  bool NextIsHere(int64_t s) const {
+    const int64_t t = s + 1;
+    if (session_.emulated() || t >= plan_.num_pieces() || plan_.piece_holder[t] != k_) return false;
+    const auto expected = static_cast<int32_t>(plan_.contributors_of(k_, t).size());
+    return session_.arrived(k_, t).load(std::memory_order_acquire) >= expected;
+  }
+
+ private:
 
   // Until every client routed to proxy j has pushed piece s.
   ffi::Error WaitForPushes(int64_t j, int64_t s, Session::Waits kind = Session::Waits::kPush) {
@@ -370,6 +402,7 @@ class PieceReducer {
   const int64_t w_, q_, k_;  // workers (proxy k is device w_ + k), proxies, this proxy
   const bool gather_pull_;   // no all-gather: the pulls read owned chunks (phases.h)
   const bool fused_;         // the pushes are read in place (PushesInPlace, phases.h)
+  std::vector<int64_t> held_;  // finished DENSE pieces not announced yet (AnnounceHeld)
 };
 
 }  // namespace
@@ -412,7 +445,7 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
         ffi::Error err = r.ReduceScatter(s, !upd);
         if (err.failure()) return err;
         if (clip && upd) continue;  // finished below, once the global norm is known
-        err = r.Finish(s, upd, upd);
+        err = r.Finish(s, upd, upd, /*batch=*/!clip && r.NextIsHere(s));
         if (err.failure()) return err;
       }
       if (clip) {
