@@ -12,6 +12,8 @@ the first; the outer-jit and older-outputs cases then return silently).
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -133,6 +135,12 @@ def test_two_updates_in_one_step_are_vouched_for_together():
     with pytest.raises(Exception, match=r"not the params it returned"):
         jax.block_until_ready(step(a2, b1, batches[2]))  # b1: one call old
     assert _checked(step) == [False, True]
+    # The refused call committed neither update (the first's session ended with the
+    # second's failure, not at its proxies' timeout): the next call goes on at once.
+    start = time.monotonic()
+    a3, b3, _ = step(a2, b2, batches[2])
+    jax.block_until_ready((a3, b3))
+    assert time.monotonic() - start < 30, "the next call waited for the failed step's leftovers"
 
 
 def test_reset_and_load_seed_without_a_second_program():

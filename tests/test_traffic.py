@@ -123,7 +123,18 @@ def test_value_and_update_moves_what_the_plan_says(proxies, optimizer, slots, cl
     # The step's plan: the params' leaves, then its value (the loss), synced with them.
     shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
     planned = (shapes, jax.ShapeDtypeStruct((), jnp.float32))
-    predicted = cpu_traffic(
-        coarse.plan(planned, mesh, cfg), optimizer_slots=slots, updated_leaves=2, clip=clip
-    )
-    _check(t, predicted)
+    for checked in (False, True):
+        predicted = cpu_traffic(
+            coarse.plan(planned, mesh, cfg),
+            optimizer_slots=slots,
+            updated_leaves=2,
+            clip=clip,
+            params_checked=checked,
+        )
+        _check(t, predicted)
+        # New arrays of the same values: the proxies check them.
+        params = jax.tree.map(lambda a: jnp.array(a, copy=True), params)
+        jax.block_until_ready(params)
+        with counted() as t:
+            params, _ = step(params, batch)
+            jax.block_until_ready(params)

@@ -16,8 +16,11 @@ against which ``tests/test_traffic.py`` holds it, byte for byte:
   it): each push widens into its proxy's slot (``gather``); a proxy shared
   by k > 1 workers sums its slots in one pass, then the proxies' one-pass
   reduce-scatter (both ``sum``); the optimizer reads and writes the
-  gradient, the master and each state slot once (``optimizer``); the params
-  check reads the master and the params (``check``); the pull (``scatter``);
+  gradient, the master and each state slot once (``optimizer``); worker k
+  copies the step's lr and bias corrections beside proxy k's state (12
+  bytes, ``gather``); a params check, on a call whose params are not the
+  arrays the step returned (`coarse_jax.api._params_check`), reads the
+  master and the params (``check``); the pull (``scatter``);
 * the leading layers (the workers' reduction): each worker sums the ring's
   chunks it would own straight from every worker's leaves, in the ring's
   order (``sum``), then narrows every owner's chunks into its outputs
@@ -100,6 +103,7 @@ def cpu_traffic(
     optimizer_slots: int | None = None,
     updated_leaves: int | None = None,
     clip: bool = False,
+    params_checked: bool = False,
 ) -> SyncTraffic:
     """The bytes one sync of ``plan`` moves on the CPU backend (module docstring).
 
@@ -113,6 +117,9 @@ def cpu_traffic(
         value and aux leaves follow them and are only synced). Default: all.
       clip: ``value_and_update`` with a global-norm clip (one more read of
         the summed gradient).
+      params_checked: ``value_and_update`` given params other than the arrays
+        the step returned, which the proxies check (a training loop's steady
+        call is not checked).
 
     Returns:
       A `SyncTraffic`.
@@ -158,10 +165,14 @@ def cpu_traffic(
                 add("sum", holders * n, n)
             u = upd_elems * F32
             add("optimizer", (2 + optimizer_slots) * u, (2 + optimizer_slots) * u)
-            add("check", u + upd_bytes, 0)
+            if params_checked:
+                add("check", u + upd_bytes, 0)
             if clip:
                 add("check", u, 0)
         add("scatter", p * n, p * leaf_bytes)
+
+    if optimizer_slots is not None:  # the step's lr, bc1, bc2 to each proxy (f32 to f32)
+        add("gather", 3 * F32 * plan.proxies, 3 * F32 * plan.proxies)
 
     ring = [plan.leaves[i] for i in plan.leading_leaves]
     ring_bytes = sum(leaf.nbytes for leaf in ring)

@@ -57,14 +57,23 @@ ffi::Error CheckLeaf(const Plan& plan, int64_t leaf, ffi::DataType dtype, size_t
 
 ffi::Error FinishCall(Call& call, Device& device, ffi::Error status, bool last) {
   if (status.failure()) {
-    // XLA runs none of this device's later calls: it is done with the session.
-    call.session->Poison(status.message());
-    // As on success, a worker returns once the proxies' jobs have left: the
-    // step's error then means the session is over (no job of it still runs
-    // while the user restores, reads the state or starts the next step).
-    if (call.who.tier == kWorker && call.session->proxies_started())
-      call.session->AwaitProxiesLeft(call.who);
-    call.session->Finish(call.device());
+    // XLA runs none of this device's later calls: it is done with the
+    // session, and with every other session of the execution it is in (a
+    // sync site of the same program whose later calls it will not make: with
+    // two value_and_updates, the first's pull after the second's failed
+    // params check). Left open, those would hold their store until their
+    // proxies timed out, and the next step would wait for them as long.
+    std::vector<std::shared_ptr<Session>> sessions = {call.session};
+    for (auto& other : SessionsOfRun(call.session->run_id()))
+      if (other != call.session && other->InProgress(call.device())) sessions.push_back(other);
+    for (auto& s : sessions) {
+      s->Poison(status.message());
+      // As on success, a worker returns once the proxies' jobs have left: the
+      // step's error then means the session is over (no job of it still runs
+      // while the user restores, reads the state or starts the next step).
+      if (call.who.tier == kWorker && s->proxies_started()) s->AwaitProxiesLeft(call.who);
+      s->Finish(call.device());
+    }
     return status;
   }
   if (last) {

@@ -101,6 +101,14 @@ class Registry {
     if (it != sessions_.end() && it->second.get() == session) sessions_.erase(it);
   }
 
+  std::vector<std::shared_ptr<Session>> OfRun(int64_t run_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::shared_ptr<Session>> out;
+    for (const auto& [key, session] : sessions_)
+      if (std::get<0>(key) == run_id) out.push_back(session);
+    return out;
+  }
+
   RegistryStats Stats() {
     std::lock_guard<std::mutex> lock(mu_);
     return RegistryStats{static_cast<int64_t>(sessions_.size()), static_cast<int64_t>(runs_.size()),
@@ -471,6 +479,10 @@ std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t r
 void InjectDroppedPush(int64_t worker) { g_dropped_push_worker.store(worker); }
 
 int64_t LiveSessions() { return TheRegistry().Stats().live_sessions; }
+
+std::vector<std::shared_ptr<Session>> SessionsOfRun(int64_t run_id) {
+  return TheRegistry().OfRun(run_id);
+}
 
 RegistryStats TheRegistryStats() { return TheRegistry().Stats(); }
 

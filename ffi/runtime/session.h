@@ -195,6 +195,12 @@ class Session {
   // Marks the session failed with `error` and wakes everyone.
   void Poison(const std::string& error);
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
+  int64_t run_id() const { return run_id_; }
+  // Whether `device` has made a call of this session and not finished it.
+  bool InProgress(int64_t device) const {
+    return first_call_[device].load(std::memory_order_acquire) != 0 &&
+           finished_[device].load(std::memory_order_acquire) == 0;
+  }
 
   // Device `device` is done with this session: its call with last=1
   // returned, or one of its calls failed (XLA then runs none of its later
@@ -321,6 +327,8 @@ std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t r
 // armed for a later mesh or step.
 void InjectDroppedPush(int64_t worker);
 int64_t LiveSessions();
+// The live sessions of one execution (its sync sites).
+std::vector<std::shared_ptr<Session>> SessionsOfRun(int64_t run_id);
 
 // Bounds on what the registry remembers (see session.cc): per-run iteration
 // counters of at most kMaxRunsRemembered runs, step counters of at most
