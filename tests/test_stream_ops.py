@@ -123,7 +123,9 @@ def _counts() -> dict:
 def test_stream_ops_count_a_steady_step_on_the_streams_backend():
     counts = _counts()
     for name, (first, second, pushes) in counts.items():
-        print(f"\n{name} ({pushes} pushes): " + ", ".join(f"{k} {v:g}" for k, v in first.items() if v))
+        print(
+            f"\n{name} ({pushes} pushes): " + ", ".join(f"{k} {v:g}" for k, v in first.items() if v)
+        )
         assert first["launches"] > 0 and first["records"] > 0, name
         assert first["copies_h2d"] > 0, name
         for kind in first:

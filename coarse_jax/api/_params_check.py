@@ -41,7 +41,9 @@ import jax
 IoMap = dict[int, tuple[tuple[tuple[int, int], ...], tuple[int, ...]]] | None
 
 
-def io_map(updates: list[tuple[int, list[Any], list[Any]]], inputs: Sequence[Any], out: Any) -> IoMap:
+def io_map(
+    updates: list[tuple[int, list[Any], list[Any]]], inputs: Sequence[Any], out: Any
+) -> IoMap:
     """Where each update's params come from and its new params go, in one trace.
 
     Args:
@@ -50,7 +52,9 @@ def io_map(updates: list[tuple[int, list[Any], list[Any]]], inputs: Sequence[Any
       inputs: the step's passed arguments as traced (pytrees of tracers).
       out: what the step's function returned.
     """
-    where_in = {id(x): (k, j) for k, tree in enumerate(inputs) for j, x in enumerate(jax.tree.leaves(tree))}
+    where_in = {
+        id(x): (k, j) for k, tree in enumerate(inputs) for j, x in enumerate(jax.tree.leaves(tree))
+    }
     where_out = {id(x): j for j, x in enumerate(jax.tree.leaves(out))}
     found: dict[int, tuple[tuple[tuple[int, int], ...], tuple[int, ...]]] = {}
     for store, params, new in updates:
@@ -85,7 +89,11 @@ class ParamsCheck:
         self._seeds = True
 
     def needed(
-        self, key: Hashable, stores: Sequence[int], arguments: Sequence[Any], trace: Callable[[], Any]
+        self,
+        key: Hashable,
+        stores: Sequence[int],
+        arguments: Sequence[Any],
+        trace: Callable[[], Any],
     ) -> bool:
         """Whether this call runs the check. ``stores``: the step's store ids (none before
         its first trace: the first call seeds); ``arguments``: the passed arguments as

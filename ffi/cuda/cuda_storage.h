@@ -8,9 +8,9 @@
 // steps through the pool (cuda_storage.cc), so the hot path allocates nothing.
 #pragma once
 
-#include <atomic>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -68,10 +68,10 @@ class CudaStorage final : public Storage, public StreamResources {
   std::vector<kernels::Span*> spans_;
   std::vector<double*> scalars_;
   std::vector<cudaEvent_t> events_;
-  std::vector<std::pair<int, void*>> allocations_;    // (ordinal, pointer)
-  std::vector<void*> host_allocations_;               // cudaHostAlloc'd, registered
-  std::vector<std::unique_ptr<PinnedPages>> pinned_;  // PinnedAlloc'd, registered
-  std::vector<uint32_t*> flags_;                      // per proxy; null on a GPU
+  std::vector<std::pair<int, void*>> allocations_;      // (ordinal, pointer)
+  std::vector<void*> host_allocations_;                 // cudaHostAlloc'd, registered
+  std::vector<std::unique_ptr<PinnedPages>> pinned_;    // PinnedAlloc'd, registered
+  std::vector<uint32_t*> flags_;                        // per proxy; null on a GPU
   std::unique_ptr<std::atomic<uint64_t>[]> published_;  // per mesh device
   int64_t staging_len_ = 0, max_runs_ = 0;
   int64_t bytes_ = 0;  // allocated, on all GPUs together

@@ -18,8 +18,8 @@
 
 #include <chrono>
 #include <memory>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "runtime/device.h"
 #include "runtime/stream.h"

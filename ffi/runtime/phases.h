@@ -64,8 +64,8 @@ struct ProxyUpdate {
   // caller vouches they are what the store returned skips it: on a GPU the
   // check's result is a read the host waits for).
   bool check_params = true;
-  float norm = 1.0f;    // global gradient norm (clip_norm > 0 only)
-  bool clip = false;    // clipping applies this step
+  float norm = 1.0f;  // global gradient norm (clip_norm > 0 only)
+  bool clip = false;  // clipping applies this step
   // The proxy runs as a service (runtime/service.h): its local worker ran
   // BeginUpdate for it and posts lr, bc1, bc2 (Session::PostUpdateInputs);
   // `params` is unset. AwaitUpdateInputs fills them (or `step`) in.

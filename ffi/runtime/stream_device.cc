@@ -78,7 +78,8 @@ ffi::Error StreamDevice::Flush() {
   const Queued::Kind kind = queued_.kind;
   queued_.kind = Queued::Kind::kNone;
   if (kind == Queued::Kind::kNone) return ffi::Error::Success();
-  if (kind == Queued::Kind::kOptimizer) return Enqueue()->Optimizer(queued_.o, queued_.b, queued_.n);
+  if (kind == Queued::Kind::kOptimizer)
+    return Enqueue()->Optimizer(queued_.o, queued_.b, queued_.n);
   // One span table for every run held: offsets from the lowest address, so
   // runs into several pieces (of one arena, or of the staging buffer) share
   // one launch.
@@ -90,7 +91,7 @@ ffi::Error StreamDevice::Flush() {
   // The span table is reused by this device's next launch: stream order
   // keeps this upload behind the kernel that read the previous table.
   ffi::Error e = Enqueue()->Upload(res_.spans(self_), spans.data(), num * sizeof(kernels::Span),
-                                 "uploading a span table");
+                                   "uploading a span table");
   if (e.success())
     e = kind == Queued::Kind::kPack ? Enqueue()->Pack(res_.spans(self_), num, total, base)
                                     : Enqueue()->Unpack(base, res_.spans(self_), num, total);
@@ -153,7 +154,7 @@ ffi::Error StreamDevice::Scatter(const float* src, int64_t src_device, int64_t s
                                  const LeafRun* runs, int64_t num_runs) {
   if (num_runs == 0 || src_len == 0) return ffi::Error::Success();
   float* from = const_cast<float*>(src);  // read only: an unpack's source
-  if (!Addressable(src_device)) {  // a peer's storage: one peer copy here, then unpack
+  if (!Addressable(src_device)) {         // a peer's storage: one peer copy here, then unpack
     if (src_len > res_.staging_len())
       return ffi::Error::Internal("coarse_jax: a piece exceeds the staging buffer");
     ffi::Error e = PeerCopy(res_.staging(self_), self_, src, src_device, src_len,
@@ -214,7 +215,7 @@ ffi::Error StreamDevice::CopyFrom(float* own, const float* peer, int64_t peer_de
   // copy on this stream (on CUDA with UVA, as host memory is mapped).
   if (n <= 0) return ffi::Error::Success();
   return Enqueue()->Copy(own, self_, peer, peer_device, static_cast<size_t>(n) * sizeof(float),
-                       "ring: peer copy");
+                         "ring: peer copy");
 }
 
 ffi::Error StreamDevice::SumInRingOrder(float*, const float* const*, int64_t, int64_t, float) {
@@ -343,7 +344,7 @@ ffi::ErrorOr<double> StreamDevice::SumSquares(const float* x, int64_t n) {
   ffi::Error e = Enqueue()->SumSquares(x, n, scratch, scratch + kernels::kSumSquaresBlocks);
   if (e.success())
     e = Enqueue()->Download(&out, scratch + kernels::kSumSquaresBlocks, sizeof out,
-                          "copying the sum of squares");
+                            "copying the sum of squares");
   // The host reads `out` next: wait for the stream to have written it.
   if (e.success()) e = Enqueue()->Synchronize("sum of squares");
   if (e.failure()) return ffi::Unexpected(e);
@@ -376,7 +377,7 @@ ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master, const Le
     if (!ToKernelDType(run.dtype, &t))
       return ffi::Unexpected(ffi::Error::InvalidArgument("coarse_jax: unsupported params dtype"));
     e = Enqueue()->FirstMismatch(master + run.buf_off, scratch + run.buf_off, run.len, t,
-                               static_cast<unsigned long long>(run.buf_off), first);
+                                 static_cast<unsigned long long>(run.buf_off), first);
   }
   if (e.success()) e = Enqueue()->Download(&host, first, sizeof host, "params check");
   // The host reads `host` next.

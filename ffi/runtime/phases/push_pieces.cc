@@ -6,12 +6,11 @@
 // kernel plus a peer copy on CUDA, or one pack for all the pieces where the
 // proxy is on the worker's GPU); then it publishes them all at once, marks
 // each piece pushed by this worker (Session::pushed: what a proxy's timeout
-// names), bumps that proxy's arrival counter for the piece and wakes it. It never waits for anyone, so
-// pushes cannot deadlock whatever order XLA runs them in. Still, the Python
-// side chains them by a token (each push takes the previous one's) so they
-// are issued in the plan's order, the order every proxy walks: left to XLA,
-// independent pushes run in any order and a proxy idles on a piece whose
-// push was issued late.
+// names), bumps that proxy's arrival counter for the piece and wakes it. It never waits for anyone,
+// so pushes cannot deadlock whatever order XLA runs them in. Still, the Python side chains them by
+// a token (each push takes the previous one's) so they are issued in the plan's order, the order
+// every proxy walks: left to XLA, independent pushes run in any order and a proxy idles on a piece
+// whose push was issued late.
 //
 // On CPU (PushesInPlace, phases.h) nothing is copied: the push records where
 // each piece's values lie in the worker's gradient buffers, which the caller

@@ -336,7 +336,6 @@ class PieceReducer {
   }
 
  private:
-
   // Until every client routed to proxy j has pushed piece s.
   ffi::Error WaitForPushes(int64_t j, int64_t s, Session::Waits kind = Session::Waits::kPush) {
     const auto& from = plan_.contributors_of(j, s);
@@ -399,9 +398,9 @@ class PieceReducer {
   ProxyUpdate* update_;
   Session& session_;
   const Plan& plan_;
-  const int64_t w_, q_, k_;  // workers (proxy k is device w_ + k), proxies, this proxy
-  const bool gather_pull_;   // no all-gather: the pulls read owned chunks (phases.h)
-  const bool fused_;         // the pushes are read in place (PushesInPlace, phases.h)
+  const int64_t w_, q_, k_;    // workers (proxy k is device w_ + k), proxies, this proxy
+  const bool gather_pull_;     // no all-gather: the pulls read owned chunks (phases.h)
+  const bool fused_;           // the pushes are read in place (PushesInPlace, phases.h)
   std::vector<int64_t> held_;  // finished DENSE pieces not announced yet (AnnounceHeld)
 };
 
