@@ -68,7 +68,7 @@ test-streams: $(STAMP)
 	  -k "($(STREAMS_CORE)) and not reference"
 	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
 	  $(VENV)/bin/pytest -q tests/test_fuzz.py tests/test_arguments.py tests/test_sync_selftest.py \
-	  tests/test_host_proxies.py
+	  tests/test_host_proxies.py tests/test_delayed_update.py tests/test_params_check.py
 	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
 	  $(VENV)/bin/pytest -q tests/test_multihost.py -k "test_twenty_optax_steps or \
 	  test_value_and_update_across_hosts_matches_pmean_and_optax[2-None-None]"

@@ -94,8 +94,8 @@ def test_the_runtimes_layout_of_random_plans(planned, optimizer):
     assert list(layout.arena_nelems) == _arena_nelems(plan), plan.summary()
     assert list(layout.exchange_nelems) == _owned_nelems(plan, plan.pieces), plan.summary()
     updated = [pc for pc in plan.pieces if params[plan.sync_order[pc.segments[0][0]]]]
-    # Master and state slots, both versions, then the step's lr and bias corrections (4).
-    want = [2 * (1 + opt.slots) * max(1, n) + 4 for n in _owned_nelems(plan, updated)]
+    # Master and state slots, both versions, then two sets of lr and bias corrections (8).
+    want = [2 * (1 + opt.slots) * max(1, n) + 8 for n in _owned_nelems(plan, updated)]
     assert list(layout.state_floats) == want, plan.summary()
     # Without a store's description, the same plan and no state.
     bare = _ffi.plan_layout(plan.ffi_attrs())

@@ -38,17 +38,19 @@ def plan_layout(
     """The runtime's layout of the plan whose FFI attributes are ``attrs``.
 
     ``param_leaves`` (plan leaf ids, sync order) and ``optimizer`` (its FFI
-    attributes, ``opt_kind`` and ``opt_momentum``) describe a
-    `coarse.value_and_update` store: then ``state_floats`` is filled in.
+    attributes, ``opt_kind``, ``opt_momentum`` and, for a delayed update,
+    ``opt_delayed``) describe a `coarse.value_and_update` store: then
+    ``state_floats`` is filled in.
     """
     flags = None
-    kind, momentum = 0, 0.0
+    kind, momentum, delayed = 0, 0.0, False
     if param_leaves is not None:
         flags = [0] * len(attrs["leaf_nelems"])
         for s in param_leaves:
             flags[s] = 1
         assert optimizer is not None, "a store's layout needs its optimizer"
         kind, momentum = int(optimizer["opt_kind"]), float(optimizer.get("opt_momentum", 0.0))
+        delayed = bool(optimizer.get("opt_delayed", 0))
     got = cpu_module().plan_layout(
         int(attrs["workers"]),
         int(attrs["proxies"]),
@@ -58,6 +60,7 @@ def plan_layout(
         flags,
         kind,
         momentum,
+        delayed,
     )
     return PlanLayout(
         tuple(int(x) for x in got["arena_nelems"]),

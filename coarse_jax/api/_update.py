@@ -42,6 +42,7 @@ class Store:
     dtypes: list[np.dtype]
     plan: Plan
     platform: str
+    delayed: bool = False  # value_and_update(delayed=True): a gradient may be pending
 
     @property
     def runtime(self) -> RuntimeStore:
@@ -99,6 +100,23 @@ def check_config(cfg: Config) -> Config:
     return cfg
 
 
+def check_delayed(cfg: Config, optimizer: ProxyOptimizer) -> None:
+    """Refuses what ``value_and_update(delayed=True)`` does not support, naming the fix."""
+    refusals = {
+        "mode='reference'": cfg.mode == "reference",
+        "clip_norm (the norm of a gradient pending between calls)": bool(optimizer.clip_norm),
+        "snapshots (Config.snapshot_every / snapshot_dir: the pending gradient is not "
+        "saved)": bool(cfg.snapshot_every or cfg.snapshot_dir),
+        "a mesh across hosts": _hosts.spans_hosts(),
+    }
+    found = [what for what, bad in refusals.items() if bad]
+    if found:
+        raise NotImplementedError(
+            "coarse.value_and_update(delayed=True) does not support " + "; ".join(found) + ". "
+            "Fix: drop delayed=True (the update then runs within each call), or drop those."
+        )
+
+
 def reference_update(
     ctx: _context.SyncContext, optimizer: ProxyOptimizer, params: Any, mean_grads: list[Any]
 ) -> list[Any]:
@@ -135,6 +153,7 @@ def register(
     optimizer: ProxyOptimizer,
     params: Any,
     n_params: int,
+    delayed: bool = False,
 ) -> Site:
     """The store of the context's next value_and_update site (the same one every trace)."""
     index = ctx.next_update
@@ -159,6 +178,7 @@ def register(
         # step that owns this record.
         weakref.finalize(store, store.runtime.drop)
     store.optimizer, store.plan, store.dtypes = optimizer, plan, dtypes
+    store.delayed = delayed
     decay = optimizer.decay_mask(params)
     flags = np.zeros(len(plan.leaves), np.int64)
     for s, t in enumerate(plan.sync_order):
@@ -170,6 +190,7 @@ def register(
         "opt_leaf_flags": flags,
         "opt_snapshot_every": np.int64(ctx.config.snapshot_every),
         "opt_check_params": np.int64(ctx.check_params),
+        "opt_delayed": np.int64(delayed),
         **optimizer.ffi_attrs(),
     }
     if _hosts.spans_hosts():

@@ -393,6 +393,7 @@ def synced_value_and_grad(
     has_aux: bool,
     config: Config | None,
     update: ProxyOptimizer | None = None,
+    delayed: bool = False,
 ) -> Any:
     """`value_and_grad` of pytree arguments; with ``update``, `coarse.value_and_update`'s.
 
@@ -408,6 +409,8 @@ def synced_value_and_grad(
     cfg = config or ctx.config
     if update is not None:
         cfg = _update.check_config(cfg)
+        if delayed:
+            _update.check_delayed(cfg, update)
     for i in nums:
         for path, leaf in jax.tree_util.tree_flatten_with_path(args[i])[0]:
             check_dtype(
@@ -440,7 +443,7 @@ def synced_value_and_grad(
     if ffi:
         call = ctx.call_site(plan, where, pulls_pushed=update is None)
         if update is not None:
-            site = _update.register(ctx, call, plan, update, args[0], n_grad)
+            site = _update.register(ctx, call, plan, update, args[0], n_grad, delayed)
             call = site.call  # with the optimizer's attributes, on every call of the site
     sync = _Sync(
         ctx=ctx,

@@ -169,7 +169,7 @@ def optimizer_bytes(store: Any) -> int:
     layout = _ffi.plan_layout(
         store.plan.ffi_attrs(),
         param_leaves=store.updated_sync_ids(),
-        optimizer=store.optimizer.ffi_attrs(),
+        optimizer={**store.optimizer.ffi_attrs(), "opt_delayed": int(store.delayed)},
     )
     return 4 * max(layout.state_floats)
 
@@ -209,8 +209,8 @@ def memory_report(step: Any, *args: Any, **kwargs: Any) -> MemoryReport:
       ...     return params, loss
       >>> params = {"w": jnp.zeros((1024, 256))}        # 1 MiB of f32
       >>> report = coarse.memory_report(train_step, params, jnp.ones((8, 1024)))
-      >>> report.proxy.optimizer_bytes  # 1/4 of master + 2 moments, twice; lr, bc1, bc2 (16 B)
-      1572880
+      >>> report.proxy.optimizer_bytes  # 1/4 of master + 2 moments, twice; 2x lr, bc1, bc2
+      1572896
       >>> report.worker.optimizer_bytes
       0
     """

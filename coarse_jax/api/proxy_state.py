@@ -342,6 +342,12 @@ class ProxyState:
                 "proxies, which Config(mode='reference') does not use. Fix: mode='ffi', or "
                 "save step.optimizer_state() and step.master_params() yourself."
             )
+        if any(store.delayed for store in self._stores.values()):
+            raise NotImplementedError(
+                f"coarse.sync({self._name}).{what}: a value_and_update(delayed=True) holds a "
+                "pending gradient a snapshot would not keep. Fix: drop delayed=True to take "
+                "snapshots."
+            )
 
     def _ref_held(self, index: int | None, what: str) -> Any:
         """mode="reference": the (master, optax state) of value_and_update call ``index``."""

@@ -34,6 +34,7 @@ def value_and_update(
     *,
     has_aux: bool = False,
     config: Config | None = None,
+    delayed: bool = False,
 ) -> Callable[..., Any]:
     """Loss and updated params, the optimizer run by the proxies. Inside `coarse.sync`.
 
@@ -60,6 +61,17 @@ def value_and_update(
       has_aux: ``fun`` returns ``(loss, aux)``; aux is each worker's own, as in
         `coarse.value_and_grad`.
       config: overrides the step's `Config`.
+      delayed: ZeRO-Offload's one-step delayed parameter update. A call's
+        gradients are applied at the start of the next call, on the proxies,
+        while that call's forward and backward run; each call returns the
+        params updated with the previous call's gradients (the first call
+        returns the params it got). The gradients are one step stale: call
+        t's were computed at the params call t - 1 got. It hides the
+        optimizer (host proxies' above all) behind the next step's compute.
+        Off by default. Not with ``clip_norm``, snapshots,
+        ``mode="reference"`` or across hosts; `SyncedStep.optimizer_state`
+        is the state after the last applied update (the one pending gradient
+        is not part of optax's state).
 
     Returns:
       A function of ``(params, *args)`` returning ``(loss, new_params)``, or
@@ -70,7 +82,8 @@ def value_and_update(
         transformation runs on the workers: use `coarse.value_and_grad`), or
         the function was called without params.
       NotImplementedError: the params are an NNX module (split it with
-        ``nnx.split`` and pass the params' pytree).
+        ``nnx.split`` and pass the params' pytree); ``delayed`` with what it
+        does not support.
       RuntimeError: called outside `coarse.sync`; at run time, params that
         are not the ones the step returned last time (the error names the
         first differing tensor).
@@ -117,6 +130,7 @@ def value_and_update(
             has_aux=has_aux,
             config=config,
             update=optimizer,
+            delayed=delayed,
         )
 
     return vu

@@ -84,7 +84,10 @@ void ParamStore::Close(const Session* session, bool ok) {
     if (held_by_ != session) return;
     if (ok && prepared_session_ == session && plan_ && applied_ == plan_->proxies) {
       front_ ^= 1;
-      count_ = count() + 1;
+      // A delayed store's first call (or first after a load or reset)
+      // applies nothing: it only leaves its gradient pending.
+      count_ = count() + (!spec_.delayed || applies_pending_ ? 1 : 0);
+      has_pending_ = spec_.delayed;
       seeded_ = true;
       host_seed_.reset();
       if (spec_.snapshot_every > 0 && count_ % spec_.snapshot_every == 0) snapshot_due_ = true;
@@ -111,9 +114,21 @@ float* ParamStore::buf(int64_t proxy, int which, int32_t slot) {
   return buffers_[proxy]->data() + (static_cast<int64_t>(b) * (1 + slots_) + slot) * n;
 }
 
-float* ParamStore::step_scalars(int64_t proxy) {
+float* ParamStore::pending(int64_t proxy, int which) {
   const int64_t n = std::max<int64_t>(1, owned_nelems_[proxy]);
-  return buffers_[proxy]->data() + 2 * (1 + static_cast<int64_t>(slots_)) * n;
+  const int b = which == 0 ? front_ : 1 - front_;
+  return buffers_[proxy]->data() + (2 * (1 + static_cast<int64_t>(slots_)) + b) * n;
+}
+
+float* ParamStore::check_scratch(int64_t proxy) {
+  const int64_t n = std::max<int64_t>(1, owned_nelems_[proxy]);
+  return buffers_[proxy]->data() + (2 * (1 + static_cast<int64_t>(slots_)) + 2) * n;
+}
+
+float* ParamStore::step_scalars(int64_t proxy, int64_t count) {
+  const int64_t n = std::max<int64_t>(1, owned_nelems_[proxy]);
+  const int64_t per_element = 2 * (1 + static_cast<int64_t>(slots_)) + (delayed_ ? 3 : 0);
+  return buffers_[proxy]->data() + per_element * n + 4 * (count & 1);
 }
 
 ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
@@ -129,7 +144,15 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
         ". Fix: load the state of the same optimizer (step.load_optimizer_state), or "
         "step.reset_optimizer() to start it from the params.");
   const bool relayout = !plan_ || plan_->key != plan.key || slots_ != spec.slots() ||
-                        static_cast<int64_t>(buffers_.size()) != q;
+                        delayed_ != spec.delayed || static_cast<int64_t>(buffers_.size()) != q;
+  if (relayout && has_pending_)
+    return ffi::Error(
+        ffi::ErrorCode::kFailedPrecondition,
+        "coarse_jax: '" + name_ +
+            "' holds a delayed update's pending gradient, which cannot move to another "
+            "plan or optimizer (a re-plan: reprofile_every, another Config). Fix: keep the "
+            "Config of a value_and_update(delayed=True) step fixed, or step.reset_optimizer() "
+            "first.");
   if (relayout) {
     if (seeded_ && !host_seed_) {
       if (slots_ != spec.slots())
@@ -150,7 +173,7 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
     for (int64_t k = 0; k < q; ++k) {
       owned_[k] = OwnedRanges(plan, spec, k);
       for (const OwnedRange& r : owned_[k]) owned_nelems_[k] += r.hi - r.lo;
-      const int64_t floats = StateFloats(spec.slots(), owned_nelems_[k]);
+      const int64_t floats = StateFloats(spec.slots(), owned_nelems_[k], spec.delayed);
       auto b = TheStoragePool().NewStateBuffer(session.ordinals(), p + k, floats);
       if (!b) {
         buffers_.clear();
@@ -164,6 +187,7 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
     }
     plan_ = session.shared_plan();
     slots_ = spec.slots();
+    delayed_ = spec.delayed;
     front_ = 0;
     seeded_ = false;
     snap_.clear();  // laid out for the old plan: the in-memory snapshot is gone
@@ -189,6 +213,7 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
               "', the params have " + std::to_string(plan.leaf_nelems[want[j]]));
   }
   seed_ = host_seed_ ? Seed::kFromHost : (seeded_ ? Seed::kNone : Seed::kFromParams);
+  applies_pending_ = spec.delayed && has_pending_ && seed_ == Seed::kNone;
   spec_ = spec;
   prepared_session_ = &session;
   return ffi::Error::Success();
@@ -255,6 +280,7 @@ ffi::ErrorOr<std::optional<HostState>> ParamStore::Export() {
 void ParamStore::Load(HostState state) {
   std::lock_guard<std::mutex> lock(mu_);
   host_seed_ = std::move(state);
+  has_pending_ = false;  // the loaded state is where the next update starts
   // A snapshot due from a commit before the load is of a version the load
   // replaced: the next one is due from a commit of the loaded count's line
   // (a restore to step 3 took one at step 4, snapshot_every=5, before).
@@ -265,6 +291,7 @@ void ParamStore::Reset() {
   std::lock_guard<std::mutex> lock(mu_);
   host_seed_.reset();
   seeded_ = false;
+  has_pending_ = false;
   count_ = 0;
   snapshot_due_ = false;
 }

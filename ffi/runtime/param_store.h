@@ -48,6 +48,11 @@ struct OptimizerSpec {
   bool nesterov = false;
   float clip_norm = 0;         // 0: no clipping
   int64_t snapshot_every = 0;  // Config.snapshot_every: 0 off
+  // The one-step delayed update (value_and_update(delayed=True)): a call's
+  // gradients are applied at the start of the next call's proxy job, while
+  // its workers run forward and backward; the call returns the params of the
+  // update before (phases/update_pieces.cc, ApplyPending).
+  bool delayed = false;
   // Per plan leaf (sync order): bit 0 the leaf is a parameter the optimizer
   // updates (the loss is not), bit 1 weight decay applies to it.
   std::vector<uint8_t> leaf_flags;
@@ -60,15 +65,20 @@ struct OptimizerSpec {
   }
 };
 
-// After a proxy's state: this step's lr, bc1, bc2 (OptScalars::step), which
-// the worker setting the update up copies there from XLA's buffer.
-constexpr int64_t kStepScalarFloats = 4;
+// After a proxy's state: an update's lr, bc1, bc2 (OptScalars::step), which
+// the worker setting the update up copies there from XLA's buffer; two sets,
+// by the parity of the update's count (a delayed update reads the set of the
+// call before while this call's worker writes the other).
+constexpr int64_t kStepScalarFloats = 8;
 
 // The floats a proxy's state takes for `owned` elements: the master and
 // `slots` state values each, in two buffers (a failed step keeps the previous
-// version), at least one element, then the step's scalars.
-inline int64_t StateFloats(int32_t slots, int64_t owned) {
-  return 2 * (1 + static_cast<int64_t>(slots)) * (owned > 1 ? owned : 1) + kStepScalarFloats;
+// version), at least one element; with a delayed update also the pending
+// gradient in two buffers and a scratch for the params check; then the
+// update's scalars.
+inline int64_t StateFloats(int32_t slots, int64_t owned, bool delayed = false) {
+  const int64_t per_element = 2 * (1 + static_cast<int64_t>(slots)) + (delayed ? 3 : 0);
+  return per_element * (owned > 1 ? owned : 1) + kStepScalarFloats;
 }
 
 // Elements [lo, hi) of piece `piece`, stored at `off` in the owner's buffers.
@@ -113,17 +123,28 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
   // Seed::kFromHost: copies proxy k's owned part of the host state into its
   // committed buffer (a blocking host-to-device copy; rare: after a load).
   xla::ffi::Error SeedFromHost(int64_t k);
-  // The step count the session's update is (optax's count before it).
+  // Updates applied so far (optax's count), as committed.
   int64_t count() const { return host_seed_ ? host_seed_->count : count_; }
+  // The count of the update this session's gradients make (optax's count
+  // before it): count(), or with a gradient pending (delayed, applied by this
+  // session first) count() + 1.
+  int64_t update_count() const { return count() + (has_pending_ ? 1 : 0); }
+  // Delayed: whether this session starts by applying the previous call's
+  // gradients (decided by Prepare).
+  bool applies_pending() const { return applies_pending_; }
 
   const std::vector<OwnedRange>& owned(int64_t proxy) const { return owned_[proxy]; }
   int64_t owned_nelems(int64_t proxy) const { return owned_nelems_[proxy]; }
   // Proxy `proxy`'s buffer `which` (0 committed, 1 the one this step writes),
   // slot 0 the master, 1.. the optimizer state.
   float* buf(int64_t proxy, int which, int32_t slot);
-  // Proxy `proxy`'s copy of this step's lr, bc1, bc2 (kStepScalarFloats), in
-  // the same memory as its buffers.
-  float* step_scalars(int64_t proxy);
+  // Proxy `proxy`'s copy of the lr, bc1, bc2 of the update with count
+  // `count`, in the same memory as its buffers.
+  float* step_scalars(int64_t proxy, int64_t count);
+  // Delayed: proxy `proxy`'s pending gradient (`which` 0: the previous
+  // call's, committed; 1: this call's), and the params check's scratch.
+  float* pending(int64_t proxy, int which);
+  float* check_scratch(int64_t proxy);
   void MarkApplied();
 
   // Snapshots (docs/guides/snapshots.md): a third copy of master and state per
@@ -192,6 +213,9 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
   int front_ = 0;
   int64_t count_ = 0;
   bool seeded_ = false;
+  bool delayed_ = false;          // the layout has the pending gradient (OptimizerSpec::delayed)
+  bool has_pending_ = false;      // a committed gradient waits for its update
+  bool applies_pending_ = false;  // this session applies it (Prepare)
   std::optional<HostState> host_seed_;
   Seed seed_ = Seed::kNone;
 

@@ -99,6 +99,18 @@ xla::ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& update);
 // parameters on the ranges this proxy owns, updating its master and state.
 xla::ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& update, int64_t s,
                                float* own);
+// The one-step delayed update (OptimizerSpec::delayed), proxy k's parts:
+// ApplyPending, first in its job (while the workers run forward and
+// backward): holds and lays out the store, then, with a gradient pending,
+// applies it (the previous call's scalars). TakePending, per piece in place of
+// ApplyOptimizer: keeps the owned chunks of this call's gradient as the new
+// pending one and puts the weights to hand out in their place. KeepUnapplied,
+// at the end of a call that applied nothing: the version it commits is the
+// committed one.
+xla::ffi::Error ApplyPending(Call& call, Device& dev, ProxyUpdate& update);
+xla::ffi::Error TakePending(Call& call, Device& dev, const ProxyUpdate& update, int64_t s,
+                            float* own);
+xla::ffi::Error KeepUnapplied(Call& call, Device& dev, const ProxyUpdate& update);
 // Every proxy posts the squares of the gradient chunks it owns; sets
 // update.norm / update.clip once all have.
 xla::ffi::Error ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& update);

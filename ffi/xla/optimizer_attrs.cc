@@ -56,6 +56,14 @@ ffi::ErrorOr<OptimizerSpec> ReadOptimizer(const ffi::Dictionary& attrs, const Pl
   spec.nesterov = nesterov.value() != 0;
   spec.snapshot_every = snapshot_every.value();
   for (int64_t f : flags.value()) spec.leaf_flags.push_back(static_cast<uint8_t>(f));
+  if (attrs.contains("opt_delayed")) {
+    auto delayed = attrs.get<int64_t>("opt_delayed");
+    if (delayed.has_error()) return ffi::Unexpected(delayed.error());
+    spec.delayed = delayed.value() != 0;
+  }
+  if (spec.delayed && spec.clip_norm > 0)
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        "coarse_jax: a delayed update (opt_delayed) with global-norm clipping is not supported"));
   return spec;
 }
 

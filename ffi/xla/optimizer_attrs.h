@@ -6,7 +6,8 @@
 //   opt_clip_norm (f64), opt_nesterov (int64), opt_leaf_flags (int64 per
 //   plan leaf, param_store.h), opt_snapshot_every (int64, Config.snapshot_every),
 //   opt_num_deps (int64: operands before the params), opt_check_params
-//   (int64, absent 1: whether BeginUpdate checks the params, xla/proxy_ring.cc).
+//   (int64, absent 1: whether BeginUpdate checks the params, xla/proxy_ring.cc),
+//   opt_delayed (int64, absent 0: OptimizerSpec::delayed).
 #pragma once
 
 #include <memory>

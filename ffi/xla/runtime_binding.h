@@ -227,7 +227,8 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       "plan_layout",
       [](int64_t workers, int64_t proxies, std::vector<int64_t> piece_nelems,
          std::vector<int64_t> piece_dest, std::vector<int64_t> segments,
-         std::optional<std::vector<int64_t>> leaf_flags, int64_t opt_kind, double momentum) {
+         std::optional<std::vector<int64_t>> leaf_flags, int64_t opt_kind, double momentum,
+         bool delayed) {
         const int64_t p = workers, q = proxies, S = static_cast<int64_t>(piece_nelems.size());
         auto bad = [](const std::string& what) { throw std::invalid_argument(what); };
         if (p < 1 || q < 1 || p % q != 0)
@@ -273,7 +274,7 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
           for (int64_t k = 0; k < q; ++k) {
             int64_t owned = 0;
             for (const OwnedRange& r : OwnedRanges(plan, spec, k)) owned += r.hi - r.lo;
-            state.push_back(StateFloats(spec.slots(), owned));
+            state.push_back(StateFloats(spec.slots(), owned, delayed));
           }
         }
         out["arena_nelems"] = plan.arena_nelems;
@@ -283,7 +284,7 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       },
       nb::arg("workers"), nb::arg("proxies"), nb::arg("piece_nelems"), nb::arg("piece_dest"),
       nb::arg("segments"), nb::arg("leaf_flags").none() = nb::none(), nb::arg("opt_kind") = 0,
-      nb::arg("momentum") = 0.0,
+      nb::arg("momentum") = 0.0, nb::arg("delayed") = false,
       "The runtime's layout of a plan (the attributes of coarse_jax.plan.Plan.ffi_attrs): "
       "arena_nelems (each proxy's session storage, f32), exchange_nelems (what each proxy hands "
       "to the sum over hosts) and, given leaf_flags (bit 0: a parameter leaf, sync order), "

@@ -251,7 +251,8 @@ class PieceReducer {
       ffi::Error err = AwaitUpdateInputs(call_, dev_, *update_);
       if (err.failure()) return err;
       TraceScope opt(session_, w_ + k_, "optimizer", s);
-      err = ApplyOptimizer(call_, dev_, *update_, s, Own(s));
+      err = update_->spec->delayed ? TakePending(call_, dev_, *update_, s, Own(s))
+                                   : ApplyOptimizer(call_, dev_, *update_, s, Own(s));
       if (err.failure()) return err;
     }
     if (plan_.piece_holder[s] == k_) {
@@ -418,6 +419,13 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
     if (err.failure()) return err;
   }
   const bool clip = update && update->spec->clip_norm > 0;
+  if (update && update->spec->delayed) {
+    if (clip || hosts.kind != HostsStage::kWhole)
+      return ffi::Error::InvalidArgument(
+          "coarse_jax: a delayed update runs on one host without global-norm clipping");
+    ffi::Error err = ApplyPending(call, dev, *update);  // overlaps the workers' forward
+    if (err.failure()) return err;
+  }
   auto global_norm = [&] {
     ffi::Error err = AwaitUpdateInputs(call, dev, *update);
     if (err.failure()) return err;
@@ -461,6 +469,7 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
     // setup: wait now, so the store is held by this session (Enter, by
     // worker k) before it counts as applied in it.
     ffi::Error err = AwaitUpdateInputs(call, dev, *update);
+    if (err.success()) err = KeepUnapplied(call, dev, *update);
     if (err.failure()) return err;
     update->store->MarkApplied();
   }

@@ -53,7 +53,7 @@ ffi::ErrorOr<int64_t> OptimizerCount(Call& call, ParamStore& store) {
   // worker.
   ffi::Error err = store.Enter(call.session, call.who);
   if (err.failure()) return ffi::Unexpected(err);
-  return store.count();
+  return store.update_count();
 }
 
 ffi::Error BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update) {
@@ -72,7 +72,7 @@ ffi::Error BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update) {
     // XLA's buffer dies with this call; the proxy's kernels run later: a
     // copy of the three floats beside its state, in stream order, published
     // with the store's setup (AwaitUpdateInputs acquires it).
-    step = update.store->step_scalars(j);
+    step = update.store->step_scalars(j, update.store->update_count());
     const LeafRun run{const_cast<float*>(update.scalars_in), ffi::DataType::F32, 3, 0};
     err = dev.Gather(&run, 1, step, call.plan().workers + j, 3);
     if (err.success()) err = dev.Publish();
@@ -158,7 +158,8 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
   // The params this step got must be what the store returned: compared with
   // the committed master rounded to the params' dtype, where they are (CPU)
   // or widened into the buffer this step writes anyway (streams, CUDA).
-  float* given = store.buf(k, 1, 0);
+  // (A delayed update has written that buffer already: its own scratch.)
+  float* given = u.spec->delayed ? store.check_scratch(k) : store.buf(k, 1, 0);
   const float* master = store.buf(k, 0, 0);
   std::vector<LeafRun> runs;
   std::vector<std::pair<int64_t, int64_t>> where;  // per run: leaf, offset in it
@@ -194,10 +195,9 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
   return ffi::Error::InvalidArgument(msg);
 }
 
-ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& u, int64_t s, float* own) {
-  const Plan& plan = call.plan();
-  const int64_t k = call.who.index;
-  ParamStore& store = *u.store;
+namespace {
+
+OptScalars ScalarsOf(const ProxyUpdate& u) {
   const OptimizerSpec& spec = *u.spec;
   OptScalars o;
   o.kind = spec.kind;
@@ -216,14 +216,27 @@ ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& u, int64_t
   o.norm = u.norm;
   o.clip_norm = spec.clip_norm;
   o.step = u.step;
+  return o;
+}
+
+// The optimizer over the owned ranges of proxy k that `pick(range)` accepts,
+// per leaf segment (weight-decay masks are per leaf): the gradient of the
+// range's element at piece offset `piece_off` read at grad(range, piece_off),
+// where the new weight is written too; the master and state from the
+// committed buffer to the other one.
+template <typename Pick, typename Grad>
+ffi::Error UpdateOwned(const Plan& plan, Device& dev, const ProxyUpdate& u, int64_t k, OptScalars o,
+                       Pick&& pick, Grad&& grad) {
+  ParamStore& store = *u.store;
+  const OptimizerSpec& spec = *u.spec;
   const int32_t slots = spec.slots();
   for (const OwnedRange& r : store.owned(k)) {
-    if (r.piece != s) continue;
+    if (!pick(r)) continue;
     ffi::Error err =
         ForSegments(plan, r, [&](int64_t leaf, int64_t, int64_t piece_off, int64_t len) {
           const int64_t off = r.off + (piece_off - r.lo);
           OptBuffers b{};
-          b.grad_io = own + piece_off;
+          b.grad_io = grad(r, piece_off);
           b.w_in = store.buf(k, 0, 0) + off;
           b.w_out = store.buf(k, 1, 0) + off;
           for (int32_t j = 0; j < slots; ++j) {
@@ -233,6 +246,68 @@ ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& u, int64_t
           o.decay = spec.decayed(leaf) && spec.weight_decay != 0.0f;
           return dev.ApplyOptimizer(o, b, len);
         });
+    if (err.failure()) return err;
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& u, int64_t s, float* own) {
+  return UpdateOwned(
+      call.plan(), dev, u, call.who.index, ScalarsOf(u),
+      [&](const OwnedRange& r) { return r.piece == s; },
+      [&](const OwnedRange&, int64_t piece_off) { return own + piece_off; });
+}
+
+ffi::Error ApplyPending(Call& call, Device& dev, ProxyUpdate& u) {
+  ParamStore& store = *u.store;
+  const int64_t k = call.who.index;
+  TraceScope span(*call.session, call.device(), "delayed update");
+  ffi::Error err = store.Enter(call.session, call.who);
+  if (err.success()) err = store.Prepare(*call.session, *u.spec);
+  if (err.failure() || !store.applies_pending()) return err;
+  // The previous call's gradient (committed) into this version's buffer,
+  // where the kernel writes the new weights over it: a failed step leaves
+  // the committed one for the next try.
+  const int64_t n = store.owned_nelems(k), self = call.device();
+  float* grad = store.pending(k, 1);
+  err = dev.CopyFrom(grad, store.pending(k, 0), self, n);
+  if (err.failure()) return err;
+  OptScalars o = ScalarsOf(u);
+  // The scalars the previous call's worker copied for this update (its count
+  // is the committed one), in the set this call's worker does not write.
+  o.step = store.step_scalars(k, store.count());
+  err = UpdateOwned(
+      call.plan(), dev, u, k, o, [](const OwnedRange&) { return true; },
+      [&](const OwnedRange& r, int64_t piece_off) { return grad + r.off + (piece_off - r.lo); });
+  if (err.success()) err = dev.Publish();
+  return err;
+}
+
+ffi::Error TakePending(Call& call, Device& dev, const ProxyUpdate& u, int64_t s, float* own) {
+  ParamStore& store = *u.store;
+  const int64_t k = call.who.index, self = call.device();
+  // The weights to hand out: this call's update of the previous gradient, or
+  // (nothing pending: a first call) the master as it is.
+  const float* weights = store.buf(k, store.applies_pending() ? 1 : 0, 0);
+  for (const OwnedRange& r : store.owned(k)) {
+    if (r.piece != s) continue;
+    const int64_t len = r.hi - r.lo;
+    ffi::Error err = dev.CopyFrom(store.pending(k, 1) + r.off, own + r.lo, self, len);
+    if (err.success()) err = dev.CopyFrom(own + r.lo, weights + r.off, self, len);
+    if (err.failure()) return err;
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error KeepUnapplied(Call& call, Device& dev, const ProxyUpdate& u) {
+  ParamStore& store = *u.store;
+  if (!u.spec->delayed || store.applies_pending()) return ffi::Error::Success();
+  // Nothing applied: the version this session commits is the committed one.
+  const int64_t k = call.who.index, n = store.owned_nelems(k), self = call.device();
+  for (int32_t slot = 0; slot <= u.spec->slots(); ++slot) {
+    ffi::Error err = dev.CopyFrom(store.buf(k, 1, slot), store.buf(k, 0, slot), self, n);
     if (err.failure()) return err;
   }
   return ffi::Error::Success();
