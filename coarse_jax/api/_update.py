@@ -105,8 +105,9 @@ def check_delayed(cfg: Config, optimizer: ProxyOptimizer) -> None:
     refusals = {
         "mode='reference'": cfg.mode == "reference",
         "clip_norm (the norm of a gradient pending between calls)": bool(optimizer.clip_norm),
-        "snapshots (Config.snapshot_every / snapshot_dir: the pending gradient is not "
-        "saved)": bool(cfg.snapshot_every or cfg.snapshot_dir),
+        "snapshots (Config.snapshot_every / snapshot_dir: the pending gradient is not saved)": bool(
+            cfg.snapshot_every or cfg.snapshot_dir
+        ),
         "a mesh across hosts": _hosts.spans_hosts(),
     }
     found = [what for what, bad in refusals.items() if bad]
