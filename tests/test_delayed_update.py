@@ -117,14 +117,20 @@ def test_the_state_is_the_last_applied_update():
     )
 
 
-def test_a_failed_call_keeps_the_pending_gradient():
-    name, opt, tx = CASES[0]
-    mesh = MESHES["device-proxies"]()
-    params = mlp_init(jax.random.key(13), SIZES)
-    batches = _batches(4, 2)
-    step = _step(mesh, opt)
+def _two_calls(seed: int, n: int):
+    """An adam delayed step on device proxies after two calls: (step, first params,
+    batches, the two calls' params)."""
+    step = _step(MESHES["device-proxies"](), CASES[0][1])
+    params = mlp_init(jax.random.key(seed), SIZES)
+    batches = _batches(n, 2)
     p1, _ = step(params, batches[0])
     p2, _ = step(p1, batches[1])
+    return step, params, batches, (p1, p2)
+
+
+def test_a_failed_call_keeps_the_pending_gradient():
+    tx = CASES[0][2]
+    step, params, batches, (p1, p2) = _two_calls(13, 4)
     with pytest.raises(Exception, match=r"not the params it returned"):
         jax.block_until_ready(step(p1, batches[2]))  # an older call's params: refused
     p3, _ = step(p2, batches[3])
@@ -134,13 +140,7 @@ def test_a_failed_call_keeps_the_pending_gradient():
 
 
 def test_reset_starts_over_with_nothing_pending():
-    name, opt, _ = CASES[0]
-    mesh = MESHES["device-proxies"]()
-    params = mlp_init(jax.random.key(14), SIZES)
-    batches = _batches(3, 2)
-    step = _step(mesh, opt)
-    p, _ = step(params, batches[0])
-    p, _ = step(p, batches[1])
+    step, params, batches, _ = _two_calls(14, 3)
     step.reset_optimizer()
     again, _ = step(params, batches[2])  # a first call again: the params it got
     for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(params), strict=True):

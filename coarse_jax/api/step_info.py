@@ -1,0 +1,173 @@
+"""What a `coarse.sync` step tells about itself: its config, counters, timeline and memory.
+
+A base class of `SyncedStep <coarse_jax.api.sync.SyncedStep>`, as
+`ProxyState <coarse_jax.api.proxy_state.ProxyState>` is: it reads what the step
+owns (its config, counters, compiled programs, calls in flight and plans) and
+changes none of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from coarse_jax import _ffi
+from coarse_jax.api import _placement
+from coarse_jax.api._arguments import Layout
+from coarse_jax.api._compiles import Compiles
+from coarse_jax.api._in_flight import InFlight
+from coarse_jax.api._update import Store
+from coarse_jax.api.memory import MemoryReport, StepMemory, tally
+from coarse_jax.api.snapshots import SnapshotWriter
+from coarse_jax.api.timeline import Timeline
+from coarse_jax.config import Config
+from coarse_jax.mesh import num_proxies, proxies_on
+
+
+class StepInfo:
+    """The inspection methods of `SyncedStep` (its config, stats, timeline, memory)."""
+
+    mesh: Mesh
+    _config: Config
+    _calls: int
+    _reprofiles: int
+    _compiled: dict[Any, Any]
+    _compiles: Compiles
+    _in_flight: InFlight
+    _writer: SnapshotWriter | None
+    _stores: dict[int, Store]
+    _ref_state: dict[int, Any]
+    _traced_plans: list[Any]
+    _all_workers: Any
+
+    def _wait_all(self) -> None:
+        raise NotImplementedError  # the step's: blocks until its calls in flight finish
+
+    def _layout(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Layout, Any, Any]:
+        raise NotImplementedError  # the step's: the call's layout, arguments, NNX state
+
+    def _compile(self, cfg: Config, layout: Layout, check: bool) -> Any:
+        raise NotImplementedError  # the step's: the jitted program of a layout
+
+    def config(self) -> Config:
+        """The `Config` in use (re-profiling may have replaced the one given).
+
+        Returns:
+          The step's `coarse.Config`, the one passed to `coarse.sync` (or the
+          default), or the one the latest re-profile planned with.
+
+        Example:
+          >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh,
+          ...                    config=coarse.Config(shard_bytes=1 << 20))
+          >>> step.config().shard_bytes
+          1048576
+        """
+        return self._config
+
+    def stats(self) -> dict[str, Any]:
+        """The step's counters, and its snapshot writer's.
+
+        Returns:
+          A dict with ``calls`` made (executions, also when an outer ``jax.jit`` traced the
+          step once and runs it many times), ``reprofiles`` done, executables
+          ``compiled`` (XLA compiles a program once per argument type and
+          placement: a recompile warns once, naming the argument), calls
+          ``in_flight`` (dispatched, not seen finished; at most
+          `Config.max_steps_in_flight`). With ``Config.snapshot_dir`` (on
+          the process that writes, process 0): ``snapshot_on_disk``, the
+          optimizer step of the newest checkpoint this process completed (None
+          before the first); ``snapshots_in_flight``, taken and not yet
+          complete on disk; ``snapshots_written``; ``snapshot_wait_s``, the
+          seconds the loop waited for the writer in all (a snapshot is on disk
+          before the next is taken: see `Config.snapshot_every`); and
+          ``snapshot_write_s``, the last checkpoint's time from taken to
+          complete on disk. Without a writer these are None / 0.
+
+        Example:
+          >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh)
+          >>> _ = step(jnp.ones((8, 2)))
+          >>> stats = step.stats()
+          >>> stats["calls"], stats["compiled"], stats["snapshots_written"]
+          (1, 1, 0)
+        """
+        writer = SnapshotWriter.idle_stats() if self._writer is None else self._writer.stats()
+        return {
+            "calls": self._calls,
+            "reprofiles": self._reprofiles,
+            "compiled": self._compiles.total(list(self._compiled.values())),
+            "in_flight": len(self._in_flight),
+            **writer,
+        }
+
+    def timeline(self) -> Timeline:
+        """The spans recorded since the last call, with ``Config(trace=True)``.
+
+        Waits for the calls in flight. The runtime keeps one buffer per
+        process: spans of every traced step since the previous `timeline` call.
+
+        Returns:
+          A `Timeline <coarse_jax.api.timeline.Timeline>` of `Span
+          <coarse_jax.api.timeline.Span>` s; ``.to_chrome(path)`` writes a
+          Chrome trace, ``.plot(path)`` draws it. Empty without
+          ``Config(trace=True)``.
+
+        Example:
+          >>> cfg = coarse.Config(trace=True, xla_below_bytes=0)  # even a tiny tree: proxies
+          >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh, config=cfg)
+          >>> _ = step(jnp.ones((8, 2)))
+          >>> sorted({span.name for span in step.timeline().spans})[:3]
+          ['proxy ring', 'pull', 'pull piece']
+        """
+        self._wait_all()
+        module = _ffi.runtime_module(self.mesh.devices.flat[0].platform)
+        return Timeline.from_runtime(module.take_trace())
+
+    def memory_report(self, *args: Any, **kwargs: Any) -> MemoryReport:
+        """Per device and tier, the bytes the step holds when called with ``args``.
+
+        The same as `coarse.memory_report` (``coarse.memory_report(step, *args)``):
+        compiles the step for ``args`` (arrays or ``jax.ShapeDtypeStruct``
+        values; nothing runs) and adds the runtime's storage and the
+        proxies' optimizer state.
+
+        Returns:
+          A `coarse.MemoryReport`.
+
+        Example:
+          >>> cfg = coarse.Config(xla_below_bytes=0)  # even a tiny tree: proxies
+          >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh, config=cfg)
+          >>> step.memory_report(jnp.ones((8, 1024))).proxy.runtime_storage_bytes > 0
+          True
+        """
+        return tally(self._memory_parts(*args, **kwargs))
+
+    def _memory_parts(self, *args: Any, **kwargs: Any) -> StepMemory:
+        """XLA's memory analysis of the program for ``args``, the plans it builds, and the
+        bytes of arguments and outputs on one proxy's device where they follow the mesh."""
+        layout, full, graph_state = self._layout(args, kwargs)
+        cfg = self._config
+        dyn = [full[i] for i in layout.dynamic() if i not in layout.graph]
+        if layout.graph:
+            dyn.append(graph_state)
+        # Shapes only: a call would move arrays committed elsewhere onto the workers.
+        dyn = _placement.abstract_off_workers(dyn, self.mesh)
+        jitted: Any = self._compile(cfg, layout, check=False)  # (the same memory either way)
+        compiled = jitted.lower(*dyn, self._ref_state).compile()
+        plans = [p for p in self._traced_plans if not p.xla]  # XLA's own: no runtime storage
+        arg_bytes = out_bytes = 0
+        if _placement.home(self.mesh, full) is not None:  # outputs follow onto the mesh
+            outputs = jax.eval_shape(jitted, *dyn, self._ref_state)[:3]
+            arg_bytes, out_bytes = _placement.bytes_on_a_proxy(
+                self.mesh, full, outputs, self._all_workers
+            )
+        return StepMemory(
+            compiled.memory_analysis(),
+            plans,
+            num_proxies(self.mesh),
+            list(self._stores.values()),
+            arg_bytes,
+            out_bytes,
+            proxies_on(self.mesh),
+        )
