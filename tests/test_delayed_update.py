@@ -101,7 +101,7 @@ def test_delayed_update_follows_the_delayed_schedule(where, name, opt, tx):
 
 
 def test_the_state_is_the_last_applied_update():
-    name, opt, tx = CASES[0]
+    _, opt, tx = CASES[0]
     mesh = MESHES["device-proxies"]()
     params = mlp_init(jax.random.key(12), SIZES)
     batches = _batches(3, 2)
