@@ -1,7 +1,8 @@
 """The baselines the benchmarks measure coarse against: a data-parallel step with
 ``jax.value_and_grad`` + ``lax.pmean`` + an optax update (test_memory.py,
-test_snapshots.py), and ``lax.psum`` over the first devices (the all-reduce
-benchmarks); imported from this folder, as pytest puts it on ``sys.path``."""
+test_snapshots.py), ``lax.psum`` over the first devices (the all-reduce
+benchmarks), and JAX's own host offloading of the optimizer state (the host
+proxies' benchmarks); imported from this folder, as pytest puts it on ``sys.path``."""
 
 from __future__ import annotations
 
@@ -40,3 +41,27 @@ def psum_over(workers: int) -> tuple[Callable[[Any], Any], jax.sharding.Mesh]:
         lambda x: jax.lax.psum(x, "data"), mesh=mesh, in_specs=P("data"), out_specs=P()
     )
     return jax.jit(fn), mesh
+
+
+def pinned_host_offload_step(
+    loss: Callable[..., Any], tx: optax.GradientTransformation, device: jax.Device
+) -> tuple[Callable[..., Any], jax.sharding.Sharding]:
+    """JAX's own host offloading of the optimizer state, as its "Memories and Host
+    Offloading" guide shows: the optax state lives in ``device``'s ``pinned_host`` memory
+    between steps, and each step moves it to the device, updates, and moves it back.
+
+    Returns ``(step, state_sharding)``: ``step(params, opt_state, batch) -> (params,
+    opt_state, loss)``, jitted with params and state donated; place the state with
+    ``state_sharding`` first."""
+    on_device = jax.sharding.SingleDeviceSharding(device)
+    on_host = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+
+    def step(params, opt_state, batch):
+        opt_state = jax.device_put(opt_state, on_device)
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        opt_state = jax.device_put(opt_state, on_host)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    jitted = jax.jit(step, out_shardings=(on_device, on_host, on_device), donate_argnums=(0, 1))
+    return jitted, on_host

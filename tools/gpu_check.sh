@@ -46,15 +46,15 @@ COARSE_BENCH_OUT=$OUT timeout 120 $PY -m pytest -q -p no:cacheprovider -s "$REPO
   --benchmark-disable-gc > "$OUT/bench.log" 2>&1; cat "$OUT/kernels_gpu.md"
 # The steps on the GPU first, then those through host proxies in a process of
 # their own (its table in $OUT/host/): a failure there cannot take the others.
-echo "== steps: p = 1 value_and_update against jit + optax"
-COARSE_BENCH_OUT=$OUT timeout 150 $PY -m pytest -q -p no:cacheprovider -s --timeout=120 -k "not host" \
+echo "== steps: p = 1 value_and_update (and delayed) against jit + optax"
+COARSE_BENCH_OUT=$OUT timeout 200 $PY -m pytest -q -p no:cacheprovider -s --timeout=120 -k "not host" \
   "$REPO/benchmarks/test_step_gpu.py" --benchmark-disable-gc > "$OUT/step.log" 2>&1
 grep -E "^\||passed|failed|rror" "$OUT/step.log"
 echo "== where a step leaves the GPU idle (CUPTI trace through jax.profiler)"
 timeout 120 $PY "$REPO/benchmarks/trace_step_gpu.py" "$OUT" 2>&1 | tail -12
-echo "== host proxies: steps, and pushes and pulls against pinned copies"
+echo "== host proxies: steps (against jit + optax and pinned_host offload), pushes and pulls"
 mkdir -p "$OUT/host"
-COARSE_BENCH_OUT=$OUT/host timeout 150 $PY -m pytest -q -p no:cacheprovider -s --timeout=120 -k host \
+COARSE_BENCH_OUT=$OUT/host timeout 300 $PY -m pytest -q -p no:cacheprovider -s --timeout=120 -k host \
   "$REPO/benchmarks/test_step_gpu.py" --benchmark-disable-gc > "$OUT/host/step.log" 2>&1
 grep -E "^\||passed|failed|rror" "$OUT/host/step.log"; cat "$OUT/host/step.log" >> "$OUT/step.log"
 rm "$OUT/host/step.log"  # the device tool returns 8 files at most
