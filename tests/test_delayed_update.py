@@ -12,11 +12,13 @@ the pending gradient held in one buffer (a failed call's gradient is then applie
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 import optax
 import pytest
-from helpers import assert_tree_close, make_batch, mlp_init, mlp_loss
+from helpers import assert_tree_close, gpu_or_skip, make_batch, mlp_init, mlp_loss
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
@@ -193,3 +195,25 @@ def test_memory_report_counts_the_pending_gradient():
     # Adam: 6 floats per owned element, 9 with the pending gradient and the scratch.
     base = coarse.memory_report(plain, params, batch).proxy.optimizer_bytes - 32
     assert after - 32 == base * 9 // 6, (after, base)
+
+
+@pytest.mark.parametrize("where", ["gpu", "host"])
+def test_the_delayed_update_on_a_gpu(where):
+    """On a GPU (COARSE_TEST_GPU=1, tools/gpu_check.sh): p = 1, the proxy on the GPU or in
+    host memory, against the same oracle on the GPU."""
+    if os.environ.get("COARSE_TEST_GPU") != "1":
+        pytest.skip("a GPU test: COARSE_TEST_GPU=1 on a GPU host")
+    gpu, _ = gpu_or_skip()
+    mesh = (
+        shared_device_mesh(1, devices=[gpu])
+        if where == "gpu"
+        else coarse.make_mesh(workers=1, proxies_on="host", devices=[gpu])
+    )
+    _, opt, tx = CASES[0]
+    params = jax.device_put(mlp_init(jax.random.key(15), SIZES), gpu)
+    batches = [jax.device_put(b, gpu) for b in _batches(4, 1)]
+    want, _ = _delayed_oracle(1, tx, params, batches)
+    step, p = _step(mesh, opt), params
+    for batch, w in zip(batches, want, strict=True):
+        p, _ = step(p, batch)
+        assert_tree_close(jax.device_get(p), jax.device_get(w), rtol=1e-5, atol_scale=1e-5)

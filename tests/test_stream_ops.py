@@ -37,6 +37,7 @@ import textwrap
 
 import jax.numpy as jnp
 import pytest
+from helpers import gpu_or_skip
 
 import coarse_jax as coarse
 from coarse_jax.testing import active_backend, reset_stream_ops, stream_ops
@@ -49,7 +50,9 @@ _SCRIPT = textwrap.dedent(
     import coarse_jax as coarse
     from coarse_jax.testing import active_backend, reset_stream_ops, shared_device_mesh, stream_ops
 
-    assert active_backend() == "streams", active_backend()
+    platform = sys.argv[1]  # "cpu": the stream-semantics backend; "gpu": CUDA
+    assert platform == "gpu" or active_backend() == "streams", active_backend()
+    device = jax.devices(platform)[0]
 
     def loss(p, b):
         h = jnp.tanh(b["x"] @ p["w1"])
@@ -65,8 +68,8 @@ _SCRIPT = textwrap.dedent(
         "y": jnp.zeros((16, 8), jnp.float32),
     }
     meshes = {
-        "shared": shared_device_mesh(1),
-        "host": coarse.make_mesh(workers=1, proxies_on="host"),
+        "shared": shared_device_mesh(1, devices=[device]),
+        "host": coarse.make_mesh(workers=1, proxies_on="host", devices=[device]),
     }
     out = {}
     for placement, mesh in meshes.items():
@@ -105,11 +108,14 @@ _SCRIPT = textwrap.dedent(
 _TIMED = ("hand_offs", "stream_waits", "host_waits", "launches", "records")
 
 
-def _counts() -> dict:
-    env = dict(os.environ, COARSE_JAX_BACKEND="streams")
+def _counts(platform: str = "cpu") -> dict:
+    """The script's counts on the stream-semantics backend ("cpu") or on CUDA ("gpu")."""
+    env = dict(os.environ)
+    if platform == "cpu":
+        env["COARSE_JAX_BACKEND"] = "streams"
     env.pop("COARSE_JAX_STREAM_CHAOS", None)
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT],
+        [sys.executable, "-c", _SCRIPT, platform],
         env=env,
         capture_output=True,
         text=True,
@@ -120,8 +126,7 @@ def _counts() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_stream_ops_count_a_steady_step_on_the_streams_backend():
-    counts = _counts()
+def _assert_steady_and_within_budgets(counts: dict) -> None:
     for name, (first, second, pushes) in counts.items():
         print(
             f"\n{name} ({pushes} pushes): " + ", ".join(f"{k} {v:g}" for k, v in first.items() if v)
@@ -159,6 +164,26 @@ def test_stream_ops_count_a_steady_step_on_the_streams_backend():
             # 2 more: each device orders itself after the storage's previous user.
             events = window["records"] + window["stream_waits"]
             assert events <= 2 * calls + 2, (name, window, calls)
+
+
+def test_stream_ops_count_a_steady_step_on_the_streams_backend():
+    _assert_steady_and_within_budgets(_counts("cpu"))
+
+
+def test_a_gpu_is_asked_what_the_streams_backend_counts():
+    """On a GPU (COARSE_TEST_GPU=1, tools/gpu_check.sh): the same step holds the same
+    budgets, and its copies and their bytes, which do not depend on timing, equal the
+    streams backend's: the CPU count describes the GPU."""
+    if os.environ.get("COARSE_TEST_GPU") != "1":
+        pytest.skip("a GPU test: COARSE_TEST_GPU=1 on a GPU host")
+    gpu_or_skip()
+    on_gpu, on_cpu = _counts("gpu"), _counts("cpu")
+    _assert_steady_and_within_budgets(on_gpu)
+    for name, (gpu, _, _) in on_gpu.items():
+        cpu = on_cpu[name][0]
+        for kind in gpu:
+            if kind.startswith(("copies_", "bytes_")) or kind == "host_syncs":
+                assert gpu[kind] == cpu[kind], (name, kind, gpu[kind], cpu[kind])
 
 
 def test_the_plain_cpu_backend_counts_nothing():

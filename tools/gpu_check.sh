@@ -40,7 +40,9 @@ fi
 cd /tmp  # import the installed package, not the source tree
 echo "== GPU tests"
 timeout 300 $PY -m pytest -q -p no:cacheprovider -rs --timeout=150 "$REPO/tests/test_kernels.py" "$REPO/tests/test_sync_selftest.py" "$REPO/tests/test_call_bindings.py" "$REPO/tests/test_shared_device.py" \
-  "$REPO/tests/test_host_proxies.py::test_one_gpu_with_a_host_proxy_matches_the_oracles" 2>&1 | tee "$OUT/tests.log" | tail -25
+  "$REPO/tests/test_host_proxies.py::test_one_gpu_with_a_host_proxy_matches_the_oracles" \
+  "$REPO/tests/test_stream_ops.py::test_a_gpu_is_asked_what_the_streams_backend_counts" \
+  "$REPO/tests/test_delayed_update.py::test_the_delayed_update_on_a_gpu" 2>&1 | tee "$OUT/tests.log" | tail -25
 echo "== kernel benchmarks"
 COARSE_BENCH_OUT=$OUT timeout 120 $PY -m pytest -q -p no:cacheprovider -s "$REPO/benchmarks/test_kernels_gpu.py" \
   --benchmark-disable-gc > "$OUT/bench.log" 2>&1; cat "$OUT/kernels_gpu.md"
