@@ -153,3 +153,27 @@ def test_reset_and_load_seed_without_a_second_program():
     p3, _ = step(params, batches[2])
     jax.block_until_ready((p1, p2, p3))
     assert _checked(step) == [False]
+
+
+def test_flax_nnx_split_and_update_keep_the_arrays_the_step_returned():
+    """NNX: `nnx.update(model, new)` then `nnx.split(model, nnx.Param)` hands back the very
+    arrays the step returned, so the loop runs without the check."""
+    nnx = pytest.importorskip("flax.nnx")
+    mesh, opt, _, batches = _setup()
+    model = nnx.Linear(8, 4, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model, nnx.Param)
+
+    def loss_fn(params, batch):
+        return jnp.mean((nnx.merge(graphdef, params)(batch["x"]) - batch["y"]) ** 2)
+
+    @coarse.sync(mesh)
+    def step(params, batch):
+        loss, params = coarse.value_and_update(loss_fn, opt)(params, batch)
+        return params, loss
+
+    for batch in batches:
+        new, _ = step(params, batch)
+        nnx.update(model, new)
+        _, params = nnx.split(model, nnx.Param)
+    jax.block_until_ready(params)
+    assert _checked(step) == [False]
