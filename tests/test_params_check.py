@@ -177,3 +177,16 @@ def test_flax_nnx_split_and_update_keep_the_arrays_the_step_returned():
         _, params = nnx.split(model, nnx.Param)
     jax.block_until_ready(params)
     assert _checked(step) == [False]
+
+
+def test_a_memory_report_before_the_first_call_adds_no_program():
+    """memory_report traces the step (its stores exist then), but no call has seeded them:
+    the first call still runs the program without the check, and the loop stays on it."""
+    mesh, opt, params, batches = _setup()
+    step = coarse_update_step(mesh, opt)
+    coarse.memory_report(step, params, batches[0])
+    p = params
+    for b in batches:
+        p, _ = step(p, b)
+    jax.block_until_ready(p)
+    assert _checked(step) == [False]

@@ -73,7 +73,9 @@ class ParamsCheck:
         self._maps: dict[Hashable, IoMap] = {}
         self._returned: dict[int, list[weakref.ref[Any]]] = {}
         self._outside = False  # the step was traced inside the user's jit
-        self._seeds = False  # the next call seeds the store (reset, load)
+        # The next call seeds the store (reset, load; or no call was dispatched yet,
+        # though a trace, memory_report's say, made the stores).
+        self._seeds = True
 
     def traced(self, key: Hashable, found: IoMap) -> None:
         """Called by the program's body: the map of the program of ``key``."""
@@ -119,9 +121,15 @@ class ParamsCheck:
                     return True
         return False
 
+    def dispatched(self) -> None:
+        """A call was dispatched: the store is (being) seeded, and nothing is vouched for
+        until `returned` names the call's outputs (if anything raises in between, the
+        next call is checked)."""
+        self._seeds = False
+        self._returned.clear()
+
     def returned(self, key: Hashable, result: Any) -> None:
         """After a call of the program of ``key``: remember what it returned."""
-        self._seeds = False
         found = self._maps.get(key)
         self._returned.clear()
         if not found or self._outside:

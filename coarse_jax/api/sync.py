@@ -189,6 +189,8 @@ class SyncedStep(ProxyState, StepInfo):
         if new and not layout.outer_trace:
             self._compiles.first_call(key, self._arguments.named(layout, passed, dyn))
         *results, self._ref_state = jitted(*dyn, self._ref_state)
+        if not layout.outer_trace:
+            self._params_check.dispatched()
         if repeat is None and not layout.outer_trace:  # a repeat's types meet jit's cache
             self._compiles.after_call(
                 key, jitted, lambda: self._arguments.named(layout, passed, dyn)
