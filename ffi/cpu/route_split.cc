@@ -6,13 +6,12 @@
 // (its offset differs), and a tree of 250 leaves took seconds to compile. Here
 // each is a loop per leaf in one custom call: the join widens each leaf to f32
 // (exact), the split narrows each piece into its leaf's dtype, rounding to
-// nearest even as XLA's convert does (kernels/element_math.h; a NaN may come
-// back as another NaN pattern).
+// nearest even as XLA's convert does (the CPU backend's own loops,
+// cpu/cpu_backend.h; a NaN may come back as another NaN pattern).
 #include <cstdint>
-#include <cstring>
 #include <string>
 
-#include "kernels/element_math.h"
+#include "cpu/cpu_backend.h"
 #include "runtime/dtype.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -39,21 +38,10 @@ ffi::Error RouteJoinImpl(ffi::RemainingArgs leaves, ffi::Result<ffi::AnyBuffer> 
       return ffi::Error::InvalidArgument(
           "coarse_route_join: the leaves hold more elements (" + std::to_string(offset + n) +
           " after leaf " + std::to_string(i) + ") than the result's " + std::to_string(total));
-    float* out = dst + offset;
-    switch (leaf.element_type()) {
-      case ffi::DataType::F32: std::memcpy(out, leaf.untyped_data(), n * sizeof(float)); break;
-      case ffi::DataType::BF16: {
-        const auto* in = static_cast<const uint16_t*>(leaf.untyped_data());
-        for (size_t k = 0; k < n; ++k) out[k] = kernels::Bf16ToF32(in[k]);
-        break;
-      }
-      case ffi::DataType::F16: {
-        const auto* in = static_cast<const uint16_t*>(leaf.untyped_data());
-        for (size_t k = 0; k < n; ++k) out[k] = kernels::F16ToF32(in[k]);
-        break;
-      }
-      default: return Unsupported("coarse_route_join", i, leaf.element_type());
-    }
+    if (!IsSupported(leaf.element_type()))
+      return Unsupported("coarse_route_join", i, leaf.element_type());
+    cpu::WidenToF32(leaf.element_type(), leaf.untyped_data(), dst + offset,
+                    static_cast<int64_t>(n));
     offset += n;
   }
   if (offset != total)
@@ -76,21 +64,10 @@ ffi::Error RouteSplitImpl(ffi::AnyBuffer flat, ffi::RemainingRets outs) {
       return ffi::Error::InvalidArgument(
           "coarse_route_split: the leaves hold more elements (" + std::to_string(offset + n) +
           " after leaf " + std::to_string(i) + ") than the operand's " + std::to_string(total));
-    const float* in = src + offset;
-    switch (leaf.element_type()) {
-      case ffi::DataType::F32: std::memcpy(leaf.untyped_data(), in, n * sizeof(float)); break;
-      case ffi::DataType::BF16: {
-        auto* out = static_cast<uint16_t*>(leaf.untyped_data());
-        for (size_t k = 0; k < n; ++k) out[k] = kernels::F32ToBf16(in[k]);
-        break;
-      }
-      case ffi::DataType::F16: {
-        auto* out = static_cast<uint16_t*>(leaf.untyped_data());
-        for (size_t k = 0; k < n; ++k) out[k] = kernels::F32ToF16(in[k]);
-        break;
-      }
-      default: return Unsupported("coarse_route_split", i, leaf.element_type());
-    }
+    if (!IsSupported(leaf.element_type()))
+      return Unsupported("coarse_route_split", i, leaf.element_type());
+    cpu::NarrowFromF32(leaf.element_type(), src + offset, leaf.untyped_data(),
+                       static_cast<int64_t>(n));
     offset += n;
   }
   if (offset != total)
