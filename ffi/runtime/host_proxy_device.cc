@@ -22,16 +22,11 @@ ffi::Error HostProxyDevice::Acquire(int64_t device) {
   // Another proxy in host memory wrote its storage on the host before its
   // counters said so; a worker's writes are copies on its stream.
   if (device >= workers_) return ffi::Error::Success();
-  // Once per publication of the worker's (StreamDevice::Acquire says why).
-  const uint64_t seen = res_.published(device).load(std::memory_order_acquire) + 1;
-  if (static_cast<int64_t>(acquired_.size()) <= device) acquired_.resize(device + 1, 0);
-  if (acquired_[device] == seen) return ffi::Error::Success();
-  ffi::Error e = waits_->HostWait(res_.event(device), timeout_,
-                                  "coarse_jax: " + who_ + ": worker " + std::to_string(device) +
-                                      "'s stream to finish its device-to-host copies into this "
-                                      "proxy");
-  if (e.success()) acquired_[device] = seen;
-  return e;
+  return acquired_.WaitOnce(res_, device, [&] {
+    return waits_->HostWait(res_.event(device), timeout_,
+                            "coarse_jax: " + who_ + ": worker " + std::to_string(device) +
+                                "'s stream to finish its device-to-host copies into this proxy");
+  });
 }
 
 }  // namespace coarse

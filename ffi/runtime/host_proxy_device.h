@@ -109,7 +109,7 @@ class HostProxyDevice final : public Device {
   int64_t workers_;
   std::string who_;
   std::chrono::milliseconds timeout_;
-  std::vector<uint64_t> acquired_;  // per worker: 1 + the publication last waited for
+  PublicationsSeen acquired_;  // each worker's event waited for once per publication
 };
 
 }  // namespace coarse

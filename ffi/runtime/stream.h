@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/span.h"
 #include "runtime/device.h"
@@ -138,6 +139,29 @@ class StreamResources {
   // after recording its event): a stream that waited for the event at
   // generation g need not wait again while it is still g.
   virtual std::atomic<uint64_t>& published(int64_t device) = 0;
+};
+
+// Which publication of each mesh device (StreamResources::published) a waiter
+// last waited for: one that has not published since need not be waited for
+// again, since its event covers nothing newer that the waiter can know of (a
+// device bumps its count after the record, and before the counters that tell
+// a peer to look). StreamDevice and HostProxyDevice wait through it.
+class PublicationsSeen {
+ public:
+  // Calls wait() (the stream's or the host's wait for `device`'s event) unless
+  // this waiter has waited since `device` last published.
+  template <typename Wait>
+  xla::ffi::Error WaitOnce(StreamResources& res, int64_t device, Wait&& wait) {
+    const uint64_t now = res.published(device).load(std::memory_order_acquire) + 1;
+    if (static_cast<int64_t>(seen_.size()) <= device) seen_.resize(device + 1, 0);
+    if (seen_[device] == now) return xla::ffi::Error::Success();
+    xla::ffi::Error e = wait();
+    if (e.success()) seen_[device] = now;
+    return e;
+  }
+
+ private:
+  std::vector<uint64_t> seen_;  // per mesh device: 1 + its count when last waited for; 0 none
 };
 
 // A staging buffer holds the largest piece, or the workers' leading layers;

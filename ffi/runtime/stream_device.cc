@@ -281,16 +281,10 @@ ffi::Error StreamDevice::Acquire(int64_t device) {
   // A proxy in host memory enqueues nothing (HostProxyDevice): what it
   // wrote is there once its counters or flags say so.
   if (device == self_ || res_.in_host_memory(device)) return ffi::Error::Success();
-  // Nothing held back is flushed: it may run after the wait.
-  const uint64_t seen = res_.published(device).load(std::memory_order_acquire) + 1;
-  if (static_cast<int64_t>(acquired_.size()) <= device) acquired_.resize(device + 1, 0);
-  // Waited for this publication already (a pull's pieces of one proxy, a
-  // proxy's pieces of one push): the event covers nothing newer that this
-  // caller can know of.
-  if (acquired_[device] == seen) return ffi::Error::Success();
-  ffi::Error e = Enqueue()->Wait(res_.event(device), device);
-  if (e.success()) acquired_[device] = seen;
-  return e;
+  // Nothing held back is flushed: it may run after the wait. Once per
+  // publication (a pull's pieces of one proxy, a proxy's pieces of one push).
+  return acquired_.WaitOnce(res_, device,
+                            [&] { return Enqueue()->Wait(res_.event(device), device); });
 }
 
 namespace {

@@ -92,9 +92,6 @@ class StreamDevice final : public Device {
   // Whether this device's kernels read and write `device`'s memory directly.
   bool Addressable(int64_t device) const { return res_.shares_memory(self_, device); }
 
-  // Uploads `runs` as kernel spans into this device's span table.
-  xla::ffi::Error UploadRuns(const LeafRun* runs, int64_t num_runs, int64_t buf_len,
-                             int64_t* total);
   // n floats from `src` on mesh device `src_device` to `dst` on `dst_device`:
   // the one place that picks the transport. To a proxy in host memory (a
   // push, or seeding its master) a Download, which the caller's Publish
@@ -108,10 +105,8 @@ class StreamDevice final : public Device {
   int64_t self_;
   StreamResources& res_;
   Queued queued_;
-  // Per mesh device: 1 + its publication count (StreamResources::published)
-  // this stream last waited for; 0: none. Acquire waits once per publication.
-  std::vector<uint64_t> acquired_;
-  bool dirty_ = true;  // work enqueued since this device's last record (Publish)
+  PublicationsSeen acquired_;  // Acquire waits once per publication of a device
+  bool dirty_ = true;          // work enqueued since this device's last record (Publish)
 };
 
 }  // namespace coarse
