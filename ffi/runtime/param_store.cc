@@ -108,27 +108,22 @@ void ParamStore::MarkApplied() {
   ++applied_;
 }
 
+float* ParamStore::Row(int64_t proxy, int64_t row) {
+  return buffers_[proxy]->data() + row * std::max<int64_t>(1, owned_nelems_[proxy]);
+}
+
 float* ParamStore::buf(int64_t proxy, int which, int32_t slot) {
-  const int64_t n = owned_nelems_[proxy];
-  const int b = which == 0 ? front_ : 1 - front_;
-  return buffers_[proxy]->data() + (static_cast<int64_t>(b) * (1 + slots_) + slot) * n;
+  return Row(proxy, static_cast<int64_t>(Version(which)) * (1 + slots_) + slot);
 }
 
 float* ParamStore::pending(int64_t proxy, int which) {
-  const int64_t n = std::max<int64_t>(1, owned_nelems_[proxy]);
-  const int b = which == 0 ? front_ : 1 - front_;
-  return buffers_[proxy]->data() + (2 * (1 + static_cast<int64_t>(slots_)) + b) * n;
+  return Row(proxy, StateRows(slots_, false) + Version(which));
 }
 
-float* ParamStore::check_scratch(int64_t proxy) {
-  const int64_t n = std::max<int64_t>(1, owned_nelems_[proxy]);
-  return buffers_[proxy]->data() + (2 * (1 + static_cast<int64_t>(slots_)) + 2) * n;
-}
+float* ParamStore::check_scratch(int64_t proxy) { return Row(proxy, StateRows(slots_, false) + 2); }
 
 float* ParamStore::step_scalars(int64_t proxy, int64_t count) {
-  const int64_t n = std::max<int64_t>(1, owned_nelems_[proxy]);
-  const int64_t per_element = 2 * (1 + static_cast<int64_t>(slots_)) + (delayed_ ? 3 : 0);
-  return buffers_[proxy]->data() + per_element * n + 4 * (count & 1);
+  return Row(proxy, StateRows(slots_, delayed_)) + 4 * (count & 1);
 }
 
 ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {

@@ -76,9 +76,13 @@ constexpr int64_t kStepScalarFloats = 8;
 // version), at least one element; with a delayed update also the pending
 // gradient in two buffers and a scratch for the params check; then the
 // update's scalars.
+// In rows of max(1, owned) floats: [version][master, slots...], then, delayed,
+// [version] pending gradient and the check's scratch (ParamStore::Row).
+inline int64_t StateRows(int32_t slots, bool delayed) {
+  return 2 * (1 + static_cast<int64_t>(slots)) + (delayed ? 3 : 0);
+}
 inline int64_t StateFloats(int32_t slots, int64_t owned, bool delayed = false) {
-  const int64_t per_element = 2 * (1 + static_cast<int64_t>(slots)) + (delayed ? 3 : 0);
-  return per_element * (owned > 1 ? owned : 1) + kStepScalarFloats;
+  return StateRows(slots, delayed) * (owned > 1 ? owned : 1) + kStepScalarFloats;
 }
 
 // Elements [lo, hi) of piece `piece`, stored at `off` in the owner's buffers.
@@ -192,6 +196,9 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
 
  private:
   xla::ffi::ErrorOr<HostState> ExportLocked(bool snapshot);
+  // Row `row` of proxy `proxy`'s buffer (StateRows' layout).
+  float* Row(int64_t proxy, int64_t row);
+  int Version(int which) const { return which == 0 ? front_ : 1 - front_; }
   bool EnsureSnapshotBuffersLocked(const std::vector<int64_t>& ordinals);
 
   const int64_t id_;
