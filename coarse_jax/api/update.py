@@ -65,7 +65,8 @@ def value_and_update(
         gradients are applied at the start of the next call, on the proxies,
         while that call's forward and backward run; each call returns the
         params updated with the previous call's gradients (the first call
-        returns the params it got). The gradients are one step stale: call
+        returns the params it got; the last call's gradients stay pending
+        until another call). The gradients are one step stale: call
         t's were computed at the params call t - 1 got. It hides the
         optimizer (host proxies' above all) behind the next step's compute.
         Off by default. Not with ``clip_norm``, snapshots,
