@@ -165,7 +165,7 @@ def main() -> None:
     def coarse_sync(per_worker: Any) -> Any:
         return coarse.all_reduce(jax.tree.map(lambda x: x[0], per_worker))
 
-    wmesh = Mesh(mesh.devices[:, 0, :], axes)  # the same 8 workers
+    wmesh = Mesh(mesh.devices[:, 0, :], axes)  # the same 8 workers, on axes ("host", "data")
     pmean_sync = jax.jit(
         jax.shard_map(
             lambda t: lax.pmean(jax.tree.map(lambda x: x[0], t), axes),

@@ -43,7 +43,6 @@ from test_sweep import median_call_s as _median_call_s
 from test_sync_resnet50 import RESNET50_SHAPES, coarse_sync, pmean_sync
 
 import coarse_jax as coarse
-from coarse_jax.mesh import workers_mesh
 
 WORKERS = 4
 RUNS = 5
@@ -92,7 +91,7 @@ def _all_reduce_pair(
     # on every device of the mesh at each call (coarse_jax/api/_placement.py),
     # about 0.6 ms more a call on this 2-core host.
     return [
-        (step, jax.device_put(x, NamedSharding(workers_mesh(mesh), P("data")))),
+        (step, jax.device_put(x, NamedSharding(mesh, P("data")))),
         (psum, jax.device_put(x, NamedSharding(flat, P("data")))),
     ]
 

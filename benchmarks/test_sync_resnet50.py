@@ -40,7 +40,6 @@ from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
 from coarse_jax.bench.shapes import RESNET50_SHAPES  # the 161 leaves, written out
-from coarse_jax.mesh import workers_mesh
 
 WORKERS = 4  # the default; the *_p8 cases run 8
 MAX_WORKERS = 8
@@ -81,7 +80,7 @@ def coarse_sync(
 
     # Split over the workers (a k:1 mesh lists each shared proxy k times, which
     # jax cannot split an array over).
-    return sync_grads, NamedSharding(workers_mesh(mesh), P("data"))
+    return sync_grads, NamedSharding(mesh, P("data"))
 
 
 def pmean_sync(workers: int = WORKERS) -> tuple[Callable[[Any], Any], NamedSharding]:

@@ -30,7 +30,6 @@ from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
 from coarse_jax._ffi import wakeups
-from coarse_jax.mesh import workers_mesh
 
 WORKERS = 4
 STEPS = 200
@@ -57,7 +56,7 @@ def test_wakeups_per_sync(benchmark):
     x = np.arange(WORKERS * NBYTES // 4, dtype=np.float32) % 7
     # On the workers' devices, as psum's: an input on the whole two-tier mesh
     # would add its placement to every call (benchmarks/test_goals.py).
-    xc = jax.device_put(x, NamedSharding(workers_mesh(mesh), P("data")))
+    xc = jax.device_put(x, NamedSharding(mesh, P("data")))
     xs = jax.device_put(x, NamedSharding(flat, P("data")))
     for _ in range(20):  # compile, warm the pools
         jax.block_until_ready(step(xc))

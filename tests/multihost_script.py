@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 import coarse_jax as coarse
 from coarse_jax.api._hosts import XLA_HAND_OUT_ENV
 from coarse_jax.launch import initialize
-from coarse_jax.mesh import workers_mesh
+from coarse_jax.mesh import proxies_of, two_tier_mesh, workers_mesh
 from coarse_jax.testing import active_backend
 
 P_LOCAL = 4
@@ -117,20 +118,31 @@ def scenario_sync(mesh):
                 assert all(np.array_equal(shards[0], s) for s in shards), "devices differ"
             digests[f"{mode}/{leading}"] = digest(first)
             if mode == "ffi" and not leading:
-                # Arguments replicated over the whole mesh (every process puts the
-                # same values): at k:1 the mesh lists a device twice and the step
-                # copies one replica onto the workers; the same bytes.
+                # Arguments replicated over the mesh (every process puts the same
+                # values): the workers; the outputs stay there and mix with them.
                 on_mesh = NamedSharding(mesh, P())
                 again = step(jax.device_put(params, on_mesh), jax.device_put(batch, on_mesh))
-                assert digest(again) == digest(first), "arguments on the whole mesh differ"
-                # The outputs follow them onto the whole mesh (as jax.jit's would), so
-                # they mix with the arguments in another jitted function.
-                everything = set(mesh.devices.flat)
-                assert all(x.sharding.device_set == everything for x in jax.tree.leaves(again))
-                moved = jax.jit(lambda p, g: jax.tree.map(lambda a, b: a - b, p, g))(
-                    jax.device_put(params, on_mesh), again[1]
-                )
-                assert all(x.sharding.device_set == everything for x in jax.tree.leaves(moved))
+                assert digest(again) == digest(first), "arguments on the mesh differ"
+                on_workers = set(mesh.devices.flat)
+                assert all(x.sharding.device_set == on_workers for x in jax.tree.leaves(again))
+                if PROXIES_ON == "devices":
+                    # Code written for the two-tier mesh: at k:1 it lists a device
+                    # twice and the step copies one replica onto the workers; the
+                    # outputs follow onto the whole mesh (as jax.jit's would), so they
+                    # mix with the arguments in another jitted function.
+                    full = two_tier_mesh(mesh)
+                    on_full = NamedSharding(full, P())
+                    old = coarse.sync(step.__wrapped__, mesh=full, config=cfg)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # LegacyPlacement, tested on one host
+                        again = old(jax.device_put(params, on_full), jax.device_put(batch, on_full))
+                    assert digest(again) == digest(first), "arguments on the two tiers differ"
+                    everything = set(full.devices.flat)
+                    assert all(x.sharding.device_set == everything for x in jax.tree.leaves(again))
+                    moved = jax.jit(lambda p, g: jax.tree.map(lambda a, b: a - b, p, g))(
+                        jax.device_put(params, on_full), again[1]
+                    )
+                    assert all(x.sharding.device_set == everything for x in jax.tree.leaves(moved))
             if mode == "ffi":
                 # The XLA in-host hand-out (what GPUs use) gives the same bytes.
                 os.environ[XLA_HAND_OUT_ENV] = "1"
@@ -429,12 +441,13 @@ def scenario_dropped(mesh):
 def main():
     assert initialize(), "run me with python -m coarse_jax.launch"
     mesh = coarse.make_mesh(workers=P_LOCAL, proxies=Q_LOCAL, proxies_on=PROXIES_ON)
-    if PROXIES_ON == "host":  # the workers only; the last axis records q
-        assert mesh.axis_names == ("host", "tier", "data", f"proxies_on_host={Q_LOCAL}"), mesh
-        assert mesh.devices.shape == (jax.process_count(), 1, P_LOCAL, 1), mesh.devices.shape
-    else:
-        assert mesh.axis_names == ("host", "tier", "data"), mesh
-        assert mesh.devices.shape == (jax.process_count(), 2, P_LOCAL), mesh.devices.shape
+    # The workers, device or host proxies alike; the proxies recorded beside.
+    assert mesh.axis_names == ("host", "tier", "data"), mesh
+    assert mesh.devices.shape == (jax.process_count(), 1, P_LOCAL), mesh.devices.shape
+    proxies = proxies_of(mesh)
+    assert (proxies.on, proxies.count) == (PROXIES_ON, Q_LOCAL), proxies
+    if PROXIES_ON == "devices":
+        assert two_tier_mesh(mesh).devices.shape == (jax.process_count(), 2, P_LOCAL)
     scenarios = {
         "sync": scenario_sync,
         "optax": scenario_optax,

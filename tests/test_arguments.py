@@ -8,6 +8,7 @@ coarse_jax's argument handling.
 from __future__ import annotations
 
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
-from coarse_jax.mesh import workers_mesh
+from coarse_jax.mesh import LegacyPlacement, two_tier_mesh, workers_mesh
 from coarse_jax.plan import check_dtype
 
 # 4 workers with 4 proxies (1:1) or 2 (2:1).
@@ -142,7 +143,7 @@ def test_a_second_nnx_model_of_another_structure_retraces():
 # -- keyword arguments, as jax.jit takes them -------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # made per test: _mesh(2) gives the same workers other proxies
 def mesh4():
     return _mesh(4)
 
@@ -266,12 +267,46 @@ def test_float64_under_x64_is_told_to_cast(tmp_path):
     assert "astype(jnp.float32)" in out.stdout
 
 
-# -- outputs follow the arguments' placement --------------------------------
+# -- where state placed the jax way lives, and the two-tier mesh of old ------
 
 
 @pytest.mark.parametrize("proxies", PROXIES)
-def test_outputs_follow_state_placed_on_the_mesh(proxies):
+def test_state_placed_on_the_mesh_stays_on_the_workers(proxies):
+    """State and batch placed as jax's guides place them, on the mesh make_mesh returned:
+    nothing lands on a proxy's device, outputs mix with that state, no warning."""
     mesh = _mesh(proxies)
+    workers = set(mesh.devices.flat)
+    proxy_devices = set(two_tier_mesh(mesh).devices.flat) - workers
+
+    @coarse.sync(mesh, batch_outputs=2)
+    def apply_model(w, batch):
+        loss, grads = coarse.value_and_grad(lambda w, b: jnp.mean((b @ w) ** 2))(w, batch)
+        return loss, grads, batch @ w
+
+    @jax.jit
+    def update_model(w, grads):
+        return w - 0.1 * grads
+
+    host_w = jnp.array([1.0, 0.5, -1.0])
+    w = jax.device_put(host_w, NamedSharding(mesh, P()))
+    batch = jax.device_put(jnp.arange(24.0).reshape(8, 3) / 24, NamedSharding(mesh, P("data")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss, grads, logits = apply_model(w, batch)
+    assert _devices(grads) == _devices(loss) == _devices(logits) == workers
+    new_w = update_model(w, grads)
+    assert _devices(new_w) == workers and not _devices(new_w) & proxy_devices
+    _, grads2, _ = apply_model(host_w, np.asarray(batch))
+    np.testing.assert_array_equal(grads, grads2)
+    report = coarse.memory_report(apply_model, w, batch)
+    assert report.proxy.xla_argument_bytes == report.proxy.xla_output_bytes == 0
+
+
+@pytest.mark.parametrize("proxies", PROXIES)
+def test_outputs_follow_state_placed_on_a_two_tier_mesh_with_one_warning(proxies):
+    """Code written for the two-tier mesh (state on both tiers) still runs: its outputs
+    follow onto that mesh, as jax.jit places them, and the first call warns with the cost."""
+    mesh = two_tier_mesh(_mesh(proxies))
     everything = set(mesh.devices.flat)
     workers = set(workers_mesh(mesh).devices.flat)
 
@@ -287,7 +322,11 @@ def test_outputs_follow_state_placed_on_the_mesh(proxies):
     batch = jnp.arange(24.0).reshape(8, 3) / 24
     host_w = jnp.array([1.0, 0.5, -1.0])
     w = jax.device_put(host_w, NamedSharding(mesh, P()))
-    loss, grads, logits = apply_model(w, batch)
+    with pytest.warns(LegacyPlacement, match=r"copies \d+\.\d+ MiB .* measured at [\d.]+ ms.*Fix:"):
+        loss, grads, logits = apply_model(w, batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per step
+        apply_model(w, batch)
     assert _devices(grads) == _devices(loss) == everything
     # Per-example outputs are split over "data" on the mesh where it lists each device once.
     assert _devices(logits) == (everything if proxies == 4 else workers)
@@ -333,6 +372,7 @@ _PLACEMENTS = [
     "workers",
     "one_worker",
     "one_proxy",
+    "two_tier",
     "data_on_workers",
     "data_on_mesh",
 ]
@@ -364,9 +404,11 @@ def _place(x, placement: str, mesh):
     if placement == "workers":
         return jax.device_put(x, NamedSharding(workers, P()))
     if placement == "one_worker":
-        return jax.device_put(x, mesh.devices[0, -1])
+        return jax.device_put(x, mesh.devices[0, -1])  # (the workers' mesh: one row)
     if placement == "one_proxy":
-        return jax.device_put(x, mesh.devices[1, -1])
+        return jax.device_put(x, two_tier_mesh(mesh).devices[1, -1])
+    if placement == "two_tier":
+        return jax.device_put(x, NamedSharding(two_tier_mesh(mesh), P()))
     if placement == "data_on_workers":
         return jax.device_put(x, NamedSharding(workers, P("data")))
     assert placement == "data_on_mesh"
@@ -399,8 +441,6 @@ def _arguments(draw):
         placements = [p for p in _PLACEMENTS if p != "numpy" or kind not in ("key",)]
         if kind == "key" or shape == () or kind == "raw_key":
             placements = [p for p in placements if not p.startswith("data_")]
-        if proxies != 4:  # jax cannot split an array over a mesh that lists a device twice
-            placements = [p for p in placements if p != "data_on_mesh"]
         placement = draw(st.sampled_from(placements))
         donate = placement not in ("numpy",) and draw(st.booleans())
         args.append((kind, shape, placement, donate))
@@ -468,10 +508,13 @@ def test_a_repeated_call_reuses_its_layout_and_a_changed_one_does_not(mesh4):
         b = batch + k
         assert step._arguments.repeat((on_workers, b), {}) is not None
         np.testing.assert_allclose(step(on_workers, b), want(b), rtol=1e-6)
-    # w on the whole mesh: moved onto the workers, and the output follows it back.
+    # w on the mesh make_mesh returned: the workers, so a repeat too.
     on_mesh = jax.device_put(w, NamedSharding(mesh4, P()))
-    assert step._arguments.repeat((on_mesh, batch), {}) is None
-    out = step(on_mesh, batch)
+    assert step._arguments.repeat((on_mesh, batch), {}) is not None
+    # w on both tiers: moved onto the workers, not a repeat.
+    on_both = jax.device_put(w, NamedSharding(two_tier_mesh(mesh4), P()))
+    assert step._arguments.repeat((on_both, batch), {}) is None
+    out = step(on_both, batch)
     assert set(out.sharding.device_set) == set(mesh4.devices.flat)
     np.testing.assert_allclose(out, want(batch), rtol=1e-6)
     # A batch the workers cannot split is refused as on a first call.

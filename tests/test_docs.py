@@ -74,13 +74,14 @@ DOCTEST_MODULES = [
 DOCTEST_PENDING: list[str] = []
 
 DOCTEST_SCRIPT = """
-import doctest, importlib, sys
+import doctest, importlib, sys, warnings
 import jax, jax.numpy as jnp, numpy as np, optax
 import coarse_jax as coarse
 
 globs = {"coarse": coarse, "jax": jax, "jnp": jnp, "np": np, "optax": optax,
          "mesh": coarse.make_mesh(workers=4)}
 flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+warnings.simplefilter("ignore", coarse.mesh.ProxiesReplaced)
 split = sys.argv.index("--pending")
 modules, pending = sys.argv[1:split], set(sys.argv[split + 1:])
 failed = attempted = 0
@@ -88,6 +89,9 @@ for name in modules:
     runner = doctest.DocTestRunner(optionflags=flags)
     for test in doctest.DocTestFinder(exclude_empty=True).find(
             importlib.import_module(name), name, globs=dict(globs)):
+        # Made again per docstring: an example may give these workers other
+        # proxies (one jax mesh object per devices: coarse_jax.mesh).
+        test.globs["mesh"] = coarse.make_mesh(workers=4)
         runner.run(test)
     f, a = runner.summarize(verbose=False)
     print(f"{name}: {a} examples, {f} failed" + (" (pending, not counted)" if name in pending

@@ -11,6 +11,7 @@ bits: where the proxies live changes the memory, not the arithmetic.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +32,16 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
-from coarse_jax.mesh import num_proxies, proxies_on, proxy_devices, workers_mesh
+from coarse_jax.mesh import (
+    Proxies,
+    ProxiesReplaced,
+    num_proxies,
+    proxies_of,
+    proxies_on,
+    proxy_devices,
+    two_tier_mesh,
+    workers_mesh,
+)
 
 SIZES = (8, 16, 16, 4)
 # (p, q): 1:1, 2:1, 4:1 on 4 workers, and all 8 devices as workers (1:1, 4:1).
@@ -65,12 +75,13 @@ def _assert_bitwise(a, b) -> None:
 def test_the_mesh_holds_the_workers_only():
     d = jax.devices()
     mesh = _host(8, 2)  # every device a worker
-    assert mesh.axis_names == ("tier", "data", "proxies_on_host=2")
-    assert mesh.devices.shape == (1, 8, 1) and list(mesh.devices.flat) == d[:8]
+    assert mesh.axis_names == ("tier", "data")  # no axis name carries a number
+    assert mesh.devices.shape == (1, 8) and list(mesh.devices.flat) == d[:8]
     assert proxies_on(mesh) == "host" and num_proxies(mesh) == 2 and proxy_devices(mesh) == []
-    assert workers_mesh(mesh) is Mesh(np.array(d[:8]).reshape(1, 8), ("tier", "data"))
-    # Each q its own mesh object (jax caches meshes by devices and axis names).
-    assert _host(8, 4) is not mesh and num_proxies(_host(8, 4)) == 4
+    assert proxies_of(mesh) == Proxies("host", 2, 8)
+    assert workers_mesh(mesh) is mesh is Mesh(np.array(d[:8]).reshape(1, 8), ("tier", "data"))
+    with pytest.raises(ValueError, match=r"proxies are in host memory, no jax devices"):
+        two_tier_mesh(mesh)
     assert num_proxies(coarse.make_mesh(proxies_on="host")) == 8  # defaults: all, 1:1
     assert dict(coarse.make_mesh(proxies=4, proxies_on="host").shape)["data"] == 8
     chosen = coarse.make_mesh(proxies=1, devices=[d[5], d[2]], proxies_on="host")
@@ -79,6 +90,24 @@ def test_the_mesh_holds_the_workers_only():
     # Unlike a k:1 mesh of device proxies, jax can split an array over it.
     x = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, P("data")))
     assert len(x.sharding.device_set) == 8
+
+
+def test_one_set_of_workers_has_one_record_of_proxies_and_a_step_keeps_its_own():
+    # jax keeps one Mesh object per devices and axis names: the same 4 workers
+    # with device proxies, then host proxies, are one object. The record
+    # changes, with a warning; a step decorated before keeps its proxies.
+    on_devices = coarse.make_mesh(workers=4)
+    step = coarse.sync(on_devices)(lambda x: coarse.all_reduce(x[0], op="sum"))
+    with pytest.warns(ProxiesReplaced, match=r"now have 2 proxies in host memory; they had 4"):
+        on_host = coarse.make_mesh(workers=4, proxies=2, proxies_on="host")
+    assert on_host is on_devices and proxies_on(on_devices) == "host"
+    assert step.memory_report(np.ones((4, 8), np.float32)).proxies_on == "devices"
+    np.testing.assert_array_equal(np.asarray(step(np.ones((4, 8), np.float32))), 4.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same record again: no warning
+        coarse.make_mesh(workers=4, proxies=2, proxies_on="host")
+    with pytest.warns(ProxiesReplaced):
+        assert proxies_on(coarse.make_mesh(workers=4)) == "devices"
 
 
 @pytest.mark.parametrize("bad", ["device", "HOST", "cpu", None, 1])
@@ -102,17 +131,14 @@ def test_make_mesh_refuses_bad_counts_on_the_host(kwargs, match):
         coarse.make_mesh(proxies_on="host", **kwargs)
 
 
-def test_a_hand_made_host_mesh_must_have_its_shape():
-    d = np.array(jax.devices()[:4], dtype=object)
-    two_rows = Mesh(d.reshape(2, 2, 1), ("tier", "data", "proxies_on_host=2"))
-    with pytest.raises(ValueError, match=r"proxies in host memory must have axes .* \(1, p, 1\)"):
-        coarse.sync(two_rows)(lambda x: x)
-    odd = Mesh(d.reshape(1, 4, 1), ("tier", "data", "proxies_on_host=3"))
-    with pytest.raises(ValueError, match=r"\(3\) must divide its workers \(4\).*\[1, 2, 4\]"):
-        coarse.sync(odd)(lambda x: x)
-    # The workers' mesh of a device-proxy mesh is no coarse mesh: the fix names both kinds.
-    with pytest.raises(ValueError, match=r"proxies_on='host'"):
-        coarse.sync(workers_mesh(coarse.make_mesh(workers=4)))(lambda x: x)
+def test_a_mesh_made_by_hand_needs_its_proxies():
+    d = np.array(jax.devices()[4:8], dtype=object)
+    # Workers coarse.make_mesh never saw: no record of their proxies.
+    alone = Mesh(d.reshape(1, 4), ("tier", "data"))
+    with pytest.raises(ValueError, match=r"has no proxies on record.*coarse.make_mesh"):
+        coarse.sync(alone)(lambda x: x)
+    with pytest.raises(ValueError, match=r"axes \('tier', 'data'\).*proxies_on='host'"):
+        coarse.sync(Mesh(d, ("data",)))(lambda x: x)
 
 
 @pytest.mark.parametrize("p, q", RATIOS)
@@ -273,12 +299,17 @@ def test_memory_report_puts_the_proxies_bytes_in_host_memory():
         mesh = coarse.make_mesh(workers=4, proxies=2, proxies_on=on)
         step = coarse_update_step(mesh, coarse.optim.adam(1e-2))
         jax.block_until_ready(step(params, batch))
-        # State placed on the whole mesh: with device proxies their devices hold a copy.
+        # State placed on the mesh: the workers; no proxy holds any of it.
         on_mesh = jax.device_put(params, NamedSharding(mesh, P()))
         reports[on] = coarse.memory_report(step, on_mesh, batch)
+        if on == "devices":  # placed on both tiers: a proxy's device holds a copy
+            on_both = jax.device_put(params, NamedSharding(two_tier_mesh(mesh), P()))
+            both = coarse.memory_report(step, on_both, batch)
     host, dev = reports["host"], reports["devices"]
     assert (host.proxies_on, dev.proxies_on) == ("host", "devices")
-    assert dev.proxy.xla_argument_bytes > 0  # the copy on a proxy device
+    assert dev.proxy.xla_argument_bytes == 0
+    n_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    assert both.proxy.xla_argument_bytes == 2 * n_bytes  # 2 workers share each proxy
     assert host.proxy.xla_bytes == 0  # a host proxy has no device: no XLA buffer
     # The runtime's part is the same bytes, now host memory: 1/q of master + 2 moments, twice.
     assert host.proxy.runtime_storage_bytes == dev.proxy.runtime_storage_bytes > 0

@@ -34,13 +34,16 @@ def _virtual(preset: str, workers: int = 4) -> coarse.Topology:
     return coarse.Topology.preset(preset, workers, clock="virtual")
 
 
-@pytest.fixture(scope="module")
+# Function-scoped meshes: the 1:1 and 2:1 meshes of workers 0..3 are one jax
+# object whose proxies are those of its latest make_mesh (coarse_jax.mesh).
+@pytest.fixture
 def mesh():
     return coarse.make_mesh(workers=4)
 
 
 @pytest.fixture(scope="module")
-def v100_profile(mesh):
+def v100_profile():
+    mesh = coarse.make_mesh(workers=4)
     return coarse.profile(mesh, topology=_virtual("v100"), sizes=SIZES, reps=3)
 
 
@@ -338,9 +341,12 @@ def test_measure_step_times(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def small_v100_profile(mesh):
+def small_v100_profile():
     return coarse.profile(
-        mesh, topology=_virtual("v100"), sizes=(1 << 10, 1 << 16, 1 << 22), reps=2
+        coarse.make_mesh(workers=4),
+        topology=_virtual("v100"),
+        sizes=(1 << 10, 1 << 16, 1 << 22),
+        reps=2,
     )
 
 
@@ -442,14 +448,15 @@ def _virtual_k1(preset: str, workers: int = 4, proxies: int = 2) -> coarse.Topol
     return coarse.Topology.preset(preset, workers, proxies=proxies, clock="virtual")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def shared_mesh():
     """COARSE(2:1): workers 0, 1 share proxy 0, workers 2, 3 proxy 1."""
     return coarse.make_mesh(workers=4, proxies=2)
 
 
 @pytest.fixture(scope="module")
-def v100_2to1_profile(shared_mesh):
+def v100_2to1_profile():
+    shared_mesh = coarse.make_mesh(workers=4, proxies=2)
     return coarse.profile(shared_mesh, topology=_virtual_k1("v100"), sizes=SIZES, reps=3)
 
 
@@ -516,17 +523,20 @@ def test_one_proxy_profile_has_no_proxy_ring():
     assert coarse.Config.from_profile(prof).routes == ((0, 0),) * 4
 
 
-def test_profile_rejects_a_topology_of_another_shape(mesh, shared_mesh):
+def test_profile_rejects_a_topology_of_another_shape():
+    # Each mesh made where it is used: both are the one jax mesh of workers 0..3.
+    shared_mesh = coarse.make_mesh(workers=4, proxies=2)
     with pytest.raises(
         ValueError,
         match=r"topology describes 4 workers and 4 proxies, the mesh has 4 workers and 2 proxies"
         r".*proxies=2",
     ):
         coarse.profile(shared_mesh, topology=_virtual("v100"), sizes=(1 << 10,), reps=2)
-    with pytest.raises(ValueError, match=r"describes 4 workers and 2 proxies.*has 4 workers and 4"):
-        coarse.profile(mesh, topology=_virtual_k1("v100"), sizes=(1 << 10,), reps=2)
     with pytest.raises(ValueError, match=r"describes 2 workers and 1 proxies.*has 4 workers"):
         coarse.profile(shared_mesh, topology=_virtual_k1("v100", 2, 1), sizes=(1 << 10,), reps=2)
+    mesh = coarse.make_mesh(workers=4)
+    with pytest.raises(ValueError, match=r"describes 4 workers and 2 proxies.*has 4 workers and 4"):
+        coarse.profile(mesh, topology=_virtual_k1("v100"), sizes=(1 << 10,), reps=2)
 
 
 def test_profile_needs_distinct_worker_and_proxy_devices():

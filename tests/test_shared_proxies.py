@@ -47,22 +47,26 @@ def _batches(n: int, per_worker: int, workers: int):
 
 
 def test_make_mesh_lists_each_shared_proxy_under_its_group():
+    from coarse_jax.mesh import num_proxies, proxies_of, proxy_devices, two_tier_mesh
+
     mesh = coarse.make_mesh(workers=4, proxies=2)
     d = jax.devices()
-    assert mesh.axis_names == ("tier", "data") and mesh.devices.shape == (2, 4)
+    assert mesh.axis_names == ("tier", "data") and mesh.devices.shape == (1, 4)
     assert list(mesh.devices[0]) == d[:4]
-    assert list(mesh.devices[1]) == [d[4], d[4], d[5], d[5]]
-    from coarse_jax.mesh import num_proxies, proxy_devices
-
     assert proxy_devices(mesh) == [d[4], d[5]] and num_proxies(mesh) == 2
+    assert proxies_of(mesh).serves(1) == (2, 3)
+    full = two_tier_mesh(mesh)
+    assert full.axis_names == ("tier", "data") and full.devices.shape == (2, 4)
+    assert list(full.devices[1]) == [d[4], d[4], d[5], d[5]]
     # devices=: the p workers, then the q proxies.
     chosen = coarse.make_mesh(workers=4, proxies=1, devices=[d[7], d[6], d[5], d[4], d[0]])
-    assert [x.id for x in chosen.devices[1]] == [0, 0, 0, 0]
-    assert coarse.make_mesh(proxies=2, devices=d[:6]).devices.shape == (2, 4)
-    assert coarse.make_mesh(workers=3).devices.shape == (2, 3)  # 1:1 by default
+    assert [x.id for x in two_tier_mesh(chosen).devices[1]] == [0, 0, 0, 0]
+    assert coarse.make_mesh(proxies=2, devices=d[:6]).devices.shape == (1, 4)
+    assert coarse.make_mesh(workers=3).devices.shape == (1, 3)  # 1:1 by default
+    assert num_proxies(coarse.make_mesh(workers=3)) == 3
     # Without workers: as many as fit beside the proxies, a multiple of q.
-    assert coarse.make_mesh(proxies=2).devices.shape == (2, 6)
-    assert coarse.make_mesh(proxies=3).devices.shape == (2, 3)
+    assert coarse.make_mesh(proxies=2).devices.shape == (1, 6)
+    assert coarse.make_mesh(proxies=3).devices.shape == (1, 3)
     with pytest.raises(ValueError, match=r"need at least 10 devices \(5 worker\(s\) \+ 5 prox"):
         coarse.make_mesh(proxies=5)
 

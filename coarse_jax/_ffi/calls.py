@@ -30,6 +30,7 @@ from coarse_jax.mesh import (
     DATA,
     HOST,
     PROGRAM_AXES,
+    MeshLike,
     num_proxies,
     proxies_on,
     proxy_devices,
@@ -114,7 +115,7 @@ def token() -> jax.Array:
     return _vary(jnp.zeros((), jnp.float32))
 
 
-def device_ordinals(mesh: jax.sharding.Mesh) -> np.ndarray:
+def device_ordinals(mesh: MeshLike) -> np.ndarray:
     """The platform's device number of every mesh device, worker i at i, proxy k at p + k (k < q).
 
     The CUDA handlers learn which device calls them from the GPU ordinal XLA
@@ -124,8 +125,7 @@ def device_ordinals(mesh: jax.sharding.Mesh) -> np.ndarray:
     (``make_mesh(..., proxies_on="host")``) is no device: proxy k's ordinal
     is ``-1 - k`` (ffi/runtime/storage.h, IsHostOrdinal).
     """
-    # A shared proxy (COARSE k:1) is listed once per worker of its group: it
-    # counts once, as proxy j (proxy_devices).
+    # A shared proxy (COARSE k:1) counts once, as proxy j (proxy_devices).
     devices = [*workers_mesh(mesh).devices.flat, *proxy_devices(mesh)]
     ordinals = [d.local_hardware_id if d.local_hardware_id is not None else d.id for d in devices]
     if proxies_on(mesh) == "host":

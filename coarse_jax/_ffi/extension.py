@@ -188,7 +188,7 @@ def check_gpu_target(target: str, platform: str, fallback: str = "") -> None:
         )
 
 
-def check_platform(mesh: jax.sharding.Mesh) -> None:
+def check_platform(mesh: Any) -> None:
     """Raises the actionable error before lowering a program the runtime cannot run."""
     platform = mesh.devices.flat[0].platform
     if platform == "cpu":

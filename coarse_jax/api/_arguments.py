@@ -465,5 +465,7 @@ def _repeat_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
     for x in leaves:
         if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
             return None
-        key.append((x.shape, x.dtype, x.weak_type, x.sharding, x.committed))
+        # A typed PRNG key array has no weak_type (never weakly typed).
+        weak = getattr(x, "weak_type", False)
+        key.append((x.shape, x.dtype, weak, x.sharding, x.committed))
     return tuple(key)

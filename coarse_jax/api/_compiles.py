@@ -65,11 +65,11 @@ def _fix(what: str, before: tuple[Any, ...], now: tuple[Any, ...]) -> str:
     if what.startswith("batch "):
         return (
             "Fix: pass the batch the same way every call: host arrays (numpy), or arrays "
-            'placed with NamedSharding(coarse_jax.mesh.workers_mesh(mesh), P("data"))'
+            'placed with NamedSharding(mesh, P("data")) on the mesh coarse.make_mesh returned'
         )
     return (
         "Fix: pass the step's own outputs back, or place the argument as the step's outputs "
-        "are (NamedSharding(coarse_jax.mesh.workers_mesh(mesh), P()))"
+        "are (NamedSharding(mesh, P()) on the mesh coarse.make_mesh returned)"
     )
 
 

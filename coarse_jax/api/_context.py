@@ -13,11 +13,10 @@ import threading
 from typing import Any
 
 import numpy as np
-from jax.sharding import Mesh
 
 from coarse_jax import _ffi
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA, local_mesh, num_proxies
+from coarse_jax.mesh import DATA, Tiers, local_tiers, platform
 from coarse_jax.plan import Plan
 from coarse_jax.plan import plan as make_plan
 from coarse_jax.plan.xla_route import xla_below_bytes
@@ -30,7 +29,7 @@ PlanRequest = tuple[Any, dict[str, Any]]
 class SyncContext:
     """One trace of a `coarse.sync` step."""
 
-    mesh: Mesh
+    mesh: Tiers  # the step's workers and proxies
     config: Config
     # Shared with the step: every plan built with its own Config, so that
     # re-profiling can re-plan them and see whether anything changed.
@@ -62,12 +61,12 @@ class SyncContext:
 
     @property
     def proxies(self) -> int:
-        return num_proxies(self.mesh)
+        return self.mesh.proxies.count
 
     @property
     def platform(self) -> str:
         """The workers' platform ("cpu", "gpu")."""
-        return str(self.mesh.devices.flat[0].platform)
+        return platform(self.mesh)
 
     def plan(self, tree: Any, cfg: Config, **kwargs: Any) -> Plan:
         if cfg is self.config:
@@ -94,18 +93,14 @@ class SyncContext:
         site = self.next_site
         self.next_site += 1
         self.site_names[site] = what
-        in_place = (
-            pulls_pushed
-            and plan.config.topology is None
-            and self.mesh.devices.flat[0].platform == "cpu"
-        )
+        in_place = pulls_pushed and plan.config.topology is None and self.platform == "cpu"
         return _ffi.CallSite(plan.ffi_attrs(), site, self.ordinals, push_in_place=in_place)
 
     @property
     def ordinals(self) -> np.ndarray:
         # Across hosts the runtime of each process sees only its own host's
         # devices: the plan has p_local workers, ordinals are this host's.
-        return _ffi.device_ordinals(local_mesh(self.mesh))
+        return _ffi.device_ordinals(local_tiers(self.mesh))
 
 
 _local = threading.local()

@@ -1,25 +1,30 @@
 """Where a step's arguments go in (the workers) and where its outputs come out.
 
-The program spans the workers only. Arguments committed elsewhere (the
-whole two-tier mesh, one device) are moved onto the workers; arrays already
-on exactly the workers, uncommitted arrays and host values pass untouched.
+The program spans the workers only: the mesh `coarse.make_mesh` returns,
+which is where jax's guides have users place state and batches. Arrays
+already on exactly the workers, uncommitted arrays and host values pass
+untouched; arrays committed elsewhere (a two-tier mesh, one device) are
+moved onto the workers.
 
-Outputs follow the arguments, as under ``jax.jit``: when an argument was
-committed to the whole mesh `coarse.make_mesh` returned, the outputs are
-placed on that mesh too (replicated; per-example outputs split over "data"
-where the mesh lists each device once), so they mix with the user's other
-arrays on that mesh in their other jitted functions. Otherwise they stay on
-the workers. Placing them on the mesh copies each replicated output to
-every proxy's device (on a COARSE k:1 mesh jax keeps one buffer per mesh
-position: k on a shared proxy's device): `coarse.memory_report` counts
-those bytes on the proxy tier. State kept on the workers' mesh
-(`coarse_jax.mesh.workers_mesh`) costs the proxies nothing.
+Outputs stay on the workers, with one exception kept for code written for
+the two-tier mesh: a step decorated with a two-tier device mesh
+(`coarse_jax.mesh.two_tier_mesh`, or one built by hand) that gets an
+argument committed to that whole mesh places its outputs there too, as
+``jax.jit`` makes outputs follow arguments (replicated; per-example outputs
+split over "data" where the mesh lists each device once), so they mix with
+the user's other arrays on it. That copies each replicated output to every
+proxy's device (on a COARSE k:1 mesh jax keeps one buffer per mesh position:
+k on a shared proxy's device) at every call: `coarse.memory_report` counts
+those bytes on the proxy tier, and `coarse.sync` warns once with what the
+copies cost (`LegacyPlacement`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import time
+import warnings
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -29,7 +34,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from coarse_jax.mesh import batch_axes, local_mesh, proxy_devices, workers_mesh
+from coarse_jax.mesh import LegacyPlacement, Tiers, batch_axes, proxy_devices, workers_mesh
 
 
 def _span(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
@@ -283,10 +288,16 @@ def place(tree: Any, mesh: Mesh, batch: bool) -> Any:
     return jax.tree.map(put, tree)
 
 
-def bytes_on_a_proxy(mesh: Mesh, args: Any, outputs: Any, workers: int) -> tuple[int, int]:
-    """The bytes of ``args`` and of the step's ``outputs`` (replicated, per-example, NNX
-    state: shapes) that one proxy's device holds, where they follow the mesh (`home`)."""
-    proxy = proxy_devices(local_mesh(mesh))[0]
+def bytes_on_a_proxy(
+    tiers: Tiers, home_mesh: Mesh | None, args: Any, outputs: Any, workers: int
+) -> tuple[int, int]:
+    """The bytes of ``args`` that this process's first proxy device holds (the user placed them
+    there), and of the step's ``outputs`` (replicated, per-example, NNX state: shapes) it will
+    hold where they follow the two-tier mesh ``home_mesh`` (`home`; None: they do not)."""
+    proxies = proxy_devices(tiers)
+    if not proxies:  # proxies in host memory: no device to land on
+        return 0, 0
+    proxy = proxies[0]
     arg_bytes = sum(
         s.data.nbytes
         for x in jax.tree.leaves(args)
@@ -294,12 +305,61 @@ def bytes_on_a_proxy(mesh: Mesh, args: Any, outputs: Any, workers: int) -> tuple
         for s in x.addressable_shards
         if s.device == proxy
     )
+    if home_mesh is None:
+        return arg_bytes, 0
     replicated, per_example, new_state = outputs
     # jax keeps one buffer per mesh position: a shared proxy's device (k:1), k of them.
-    copies = list(local_mesh(mesh).devices.flat).count(proxy)
+    copies = list(np.asarray(home_mesh.devices).flat).count(proxy)
     out_bytes = copies * sum(
         x.size * x.dtype.itemsize for x in jax.tree.leaves((replicated, new_state))
     )
-    if not repeats_devices(mesh):
+    if not repeats_devices(home_mesh):
         out_bytes += sum(x.size * x.dtype.itemsize // workers for x in jax.tree.leaves(per_example))
     return arg_bytes, out_bytes
+
+
+class TwoTierOutputs:
+    """Places a step's outputs where its arguments were (`home`), and warns once per step, with
+    the measured cost, when that is a two-tier mesh."""
+
+    def __init__(self, step: str) -> None:
+        self._step = step
+        self._warned = False
+
+    def place(self, results: tuple[Any, Any, Any], home_mesh: Mesh) -> tuple[Any, Any, Any]:
+        """(replicated, per_example, new_state) placed on ``home_mesh``."""
+        if self._warned:
+            return self._place(results, home_mesh)
+        # Measured once: the step's own work first, then the placement alone.
+        jax.block_until_ready(results)
+        start = time.perf_counter()
+        placed = self._place(results, home_mesh)
+        jax.block_until_ready(placed)
+        seconds = time.perf_counter() - start
+        self._warned = True
+        workers = _sites(home_mesh).workers
+        copied = sum(
+            s.data.nbytes
+            for x in jax.tree.leaves(placed)
+            if isinstance(x, jax.Array)
+            for s in x.addressable_shards
+            if s.device not in workers
+        )
+        warnings.warn(
+            f"coarse.sync({self._step}): an argument is placed on the two-tier mesh (workers and "
+            f"proxies), so the step's outputs follow it there: every call copies "
+            f"{copied / 2**20:.2f} MiB onto the proxies' devices, measured at "
+            f"{seconds * 1e3:.2f} ms on this call, and keeps a replica of your state on every "
+            "proxy. Fix: decorate the step with the mesh coarse.make_mesh returned (the "
+            "workers) and place state and batches on it (NamedSharding(mesh, P()), "
+            "NamedSharding(mesh, P('data'))): no copy, nothing on the proxies.",
+            LegacyPlacement,
+            stacklevel=3,
+        )
+        return placed
+
+    @staticmethod
+    def _place(results: tuple[Any, Any, Any], home_mesh: Mesh) -> tuple[Any, Any, Any]:
+        replicated, per_example, new_state = results
+        replicated, new_state = place((replicated, new_state), home_mesh, False)
+        return replicated, place(per_example, home_mesh, True), new_state

@@ -16,7 +16,6 @@ from typing import Any, Protocol
 
 import jax
 from jax import lax
-from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _jax_compat
@@ -24,7 +23,7 @@ from coarse_jax.api import _axis_names, _context, _nnx, _outputs, _params_check
 from coarse_jax.api._arguments import Layout
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA, PROGRAM_HOST_AXES, batch_axes, workers_mesh
+from coarse_jax.mesh import DATA, PROGRAM_HOST_AXES, Tiers, batch_axes, workers_mesh
 
 
 class Traced(Protocol):
@@ -43,7 +42,7 @@ class Traced(Protocol):
 
 def compile_program(
     step: weakref.ref[Traced],
-    mesh: Mesh,
+    mesh: Tiers,
     fn: Callable[..., Any],
     cfg: Config,
     layout: Layout,

@@ -5,10 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jax.sharding import Mesh
-
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA, has_hosts, num_proxies
+from coarse_jax.mesh import DATA, MeshLike, has_hosts, num_proxies
 from coarse_jax.plan import plan as make_plan
 from coarse_jax.plan.xla_route import xla_below_bytes
 from coarse_jax.profiling import profile
@@ -17,7 +15,7 @@ from coarse_jax.profiling import profile
 _FROM_PROFILE = ("routes", "latency_threshold_bytes", "shard_bytes", "profile")
 
 
-def check_reprofile(mesh: Mesh, outer_trace: bool, step: str) -> None:
+def check_reprofile(mesh: MeshLike, outer_trace: bool, step: str) -> None:
     """A step with ``Config(reprofile_every=N)`` can re-plan: it runs as its own program
     (``outer_trace`` is false), on one host."""
     if outer_trace:
@@ -36,7 +34,7 @@ def check_reprofile(mesh: Mesh, outer_trace: bool, step: str) -> None:
         )
 
 
-def reprofiled(mesh: Mesh, config: Config) -> Config:
+def reprofiled(mesh: MeshLike, config: Config) -> Config:
     """``config`` re-planned from a fresh profile of ``mesh``'s links.
 
     Measures the sizes of the profile ``config`` came from, on the same
@@ -58,7 +56,7 @@ def reprofiled(mesh: Mesh, config: Config) -> Config:
 
 
 def changes_plans(
-    mesh: Mesh, plans: list[tuple[Any, dict[str, Any]]], old: Config, new: Config
+    mesh: MeshLike, plans: list[tuple[Any, dict[str, Any]]], old: Config, new: Config
 ) -> bool:
     """Whether ``new`` plans any of the step's ``plans`` ((tree, keyword arguments) each, as
     its traces built them with ``old``) differently: a threshold that moved between two

@@ -23,13 +23,14 @@ from coarse_jax.api.memory import MemoryReport, StepMemory, tally
 from coarse_jax.api.snapshots import SnapshotWriter
 from coarse_jax.api.timeline import Timeline
 from coarse_jax.config import Config
-from coarse_jax.mesh import num_proxies, proxies_on
+from coarse_jax.mesh import Tiers, platform
 
 
 class StepInfo:
     """The inspection methods of `SyncedStep` (its config, stats, timeline, memory)."""
 
     mesh: Mesh
+    _tiers: Tiers
     _config: Config
     _calls: int
     _reprofiles: int
@@ -121,7 +122,7 @@ class StepInfo:
           ['proxy ring', 'pull', 'pull piece']
         """
         self._wait_all()
-        module = _ffi.runtime_module(self.mesh.devices.flat[0].platform)
+        module = _ffi.runtime_module(platform(self._tiers))
         return Timeline.from_runtime(module.take_trace())
 
     def memory_report(self, *args: Any, **kwargs: Any) -> MemoryReport:
@@ -156,18 +157,17 @@ class StepInfo:
         jitted: Any = self._compile(cfg, layout, check=False)  # (the same memory either way)
         compiled = jitted.lower(*dyn, self._ref_state).compile()
         plans = [p for p in self._traced_plans if not p.xla]  # XLA's own: no runtime storage
-        arg_bytes = out_bytes = 0
-        if _placement.home(self.mesh, full) is not None:  # outputs follow onto the mesh
-            outputs = jax.eval_shape(jitted, *dyn, self._ref_state)[:3]
-            arg_bytes, out_bytes = _placement.bytes_on_a_proxy(
-                self.mesh, full, outputs, self._all_workers
-            )
+        home = _placement.home(self.mesh, full)  # outputs follow onto the two-tier mesh
+        outputs = jax.eval_shape(jitted, *dyn, self._ref_state)[:3] if home is not None else None
+        arg_bytes, out_bytes = _placement.bytes_on_a_proxy(
+            self._tiers, home, full, outputs, self._all_workers
+        )
         return StepMemory(
             compiled.memory_analysis(),
             plans,
-            num_proxies(self.mesh),
+            self._tiers.proxies.count,
             list(self._stores.values()),
             arg_bytes,
             out_bytes,
-            proxies_on(self.mesh),
+            self._tiers.proxies.on,
         )

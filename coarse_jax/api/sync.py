@@ -33,7 +33,7 @@ from coarse_jax.api.snapshots import SnapshotWriter, flush_at_exit
 from coarse_jax.api.step_info import StepInfo
 from coarse_jax.api.update import StoreAccess
 from coarse_jax.config import Config
-from coarse_jax.mesh import DATA, check_mesh, has_hosts
+from coarse_jax.mesh import DATA, Tiers, check_mesh, has_hosts, platform
 
 
 class SyncedStep(ProxyState, StepInfo):
@@ -50,7 +50,7 @@ class SyncedStep(ProxyState, StepInfo):
     they mean, in trace order; it may be left out when there is one.
 
     Attributes:
-      mesh: the two-tier mesh it runs on.
+      mesh: the mesh it was decorated with (`coarse.make_mesh`'s: its workers).
       restored_count: after `restore`, the optimizer step count restored (the
         data position to resume from).
 
@@ -67,6 +67,7 @@ class SyncedStep(ProxyState, StepInfo):
         self,
         fn: Callable[..., Any],
         mesh: Mesh,
+        tiers: Tiers,
         config: Config | None,
         batch_outputs: int | Sequence[int] | None = None,
         **argument_options: Any,
@@ -75,12 +76,16 @@ class SyncedStep(ProxyState, StepInfo):
         # `_arguments.Arguments` (which checks them and names the option).
         functools.update_wrapper(self, fn)
         self.mesh = mesh
+        # Its workers and proxies, fixed now (a later make_mesh of the same
+        # workers may record other proxies: coarse_jax.mesh.ProxiesReplaced).
+        self._tiers = tiers
         # The workers over all hosts: a batch's leading axis is split over them.
-        self._all_workers = mesh.shape[DATA] * (mesh.shape["host"] if has_hosts(mesh) else 1)
+        self._all_workers = tiers.shape[DATA] * (tiers.shape["host"] if has_hosts(tiers) else 1)
         # Final here: a mesh over several processes' devices needs jax.distributed first.
         self._across_processes = has_hosts(mesh) and jax.process_count() > 1
         self._fn = fn
         self._name: str = getattr(fn, "__name__", "step")
+        self._two_tier_outputs = _placement.TwoTierOutputs(self._name)  # old-style placement
         self._arguments = _arguments.Arguments(fn, self._name, **argument_options)
         self._batch_outputs = tuple(
             sorted(set(_arguments.indices(batch_outputs, "batch_outputs", self._name)))
@@ -100,7 +105,7 @@ class SyncedStep(ProxyState, StepInfo):
         self._calls = 0
         self._reprofiles = 0
         self._arrival = _arrival.Arrival(self._name)  # across hosts only
-        self._in_flight = InFlight(mesh.devices.flat[0].platform)  # Config.max_steps_in_flight
+        self._in_flight = InFlight(platform(tiers))  # Config.max_steps_in_flight
         # The proxies' optimizer stores, per value_and_update call of the step.
         self._stores: dict[int, Store] = {}
         self._access = StoreAccess(self._stores, f"coarse.sync({self._name})")
@@ -126,7 +131,7 @@ class SyncedStep(ProxyState, StepInfo):
             layout, full, graph_state = self._layout(args, kwargs)
         cfg = self._config
         if cfg.reprofile_every:
-            check_reprofile(self.mesh, layout.outer_trace, self._name)
+            check_reprofile(self._tiers, layout.outer_trace, self._name)
         graph_nodes = tuple(full[i] for i in layout.graph)
         passed = [i for i in layout.dynamic() if i not in layout.graph]
         trees = [(full[i], i in layout.batch) for i in passed]
@@ -209,9 +214,10 @@ class SyncedStep(ProxyState, StepInfo):
             # An NNX step may return nothing else; wait_all waits for steps whose
             # proxies hold state, or that trace.
             self._in_flight.add(cfg, results, keep_last=bool(self._stores) or cfg.trace)
-        if on_mesh is not None:  # outputs follow arguments the user put on the whole mesh
-            replicated, new_state = _placement.place((replicated, new_state), on_mesh, False)
-            per_example = _placement.place(per_example, on_mesh, True)
+        if on_mesh is not None:  # outputs follow arguments put on a two-tier mesh
+            replicated, per_example, new_state = self._two_tier_outputs.place(
+                (replicated, per_example, new_state), on_mesh
+            )
         if layout.graph:
             _nnx.update(graph_nodes, new_state)
         result = _outputs.join(replicated, per_example, self._batch_outputs)
@@ -252,10 +258,10 @@ class SyncedStep(ProxyState, StepInfo):
 
     def _compile(self, cfg: Config, layout: Layout, check: bool) -> Callable[..., Any]:
         if cfg.mode == "ffi":
-            _ffi.check_platform(self.mesh)
+            _ffi.check_platform(self._tiers)
         return compile_program(
             weakref.ref(self),
-            self.mesh,
+            self._tiers,
             self._fn,
             cfg,
             layout,
@@ -270,7 +276,7 @@ class SyncedStep(ProxyState, StepInfo):
     ) -> _context.SyncContext:
         """The context of one trace of the step's program (`compile_program`'s body)."""
         ctx = _context.SyncContext(
-            self.mesh,
+            self._tiers,
             cfg,
             self._plans,
             stores=self._stores,
@@ -287,10 +293,10 @@ class SyncedStep(ProxyState, StepInfo):
         self._calls += 1
 
     def _reprofile(self) -> None:
-        new = reprofiled(self.mesh, self._config)
+        new = reprofiled(self._tiers, self._config)
         self._reprofiles += 1
         # Switch (and recompile) only if some plan of this step changes.
-        if changes_plans(self.mesh, self._plans, self._config, new):
+        if changes_plans(self._tiers, self._plans, self._config, new):
             self._plans.clear()
             self._config = new
 
@@ -311,9 +317,10 @@ def sync(
     static_argnames: str | Sequence[str] | None = None,
     donate_argnames: str | Sequence[str] | None = None,
 ) -> SyncedStep | Callable[[Callable[..., Any]], SyncedStep]:
-    """Runs a train step as one SPMD program over the workers of the two-tier mesh.
+    """Runs a train step as one SPMD program over the workers of a coarse mesh.
 
-    ``jit(shard_map(fn))`` over the workers (``mesh.devices[0]``, axis "data";
+    ``jit(shard_map(fn))`` over the workers (the mesh `coarse.make_mesh`
+    returns, axis "data";
     the proxies run no XLA program, their part of the step is the runtime's
     service): arguments other than the batch are replicated on the workers,
     the batch's leading axis is split over "data", outputs are replicated.
@@ -343,18 +350,19 @@ def sync(
     recompiling only if routes, threshold or shard size changed. The returned
     `SyncedStep` has ``step.config()`` (the Config in use) and ``step.stats()``.
 
-    Where the outputs go: onto the workers, or, when an argument was
-    committed to the whole mesh ``coarse.make_mesh`` returned (state placed
-    with ``NamedSharding(mesh, P())``, say), onto that mesh, as ``jax.jit``
-    would place them, so they mix with that state in the user's other jitted
-    functions (per-example outputs stay on the workers on a COARSE k:1 mesh,
-    over which jax cannot split an array). Inside the step the mesh's axes
-    read as on the public mesh: "tier" is bound with size 1 (the program
-    runs on tier 0), so ``lax.axis_index("tier")`` is 0.
+    Where the outputs go: onto the workers, where state placed on the mesh
+    (``NamedSharding(mesh, P())``) already is. Code written for a two-tier
+    mesh (``coarse.sync(coarse_jax.mesh.two_tier_mesh(mesh))``, or one built
+    by hand, with state placed on it) still runs: its outputs follow such an
+    argument onto that whole mesh, as ``jax.jit`` would place them, and the
+    first such call warns (``LegacyPlacement``) with what the copies onto the
+    proxies' devices cost. Inside the step "tier" is bound with size 1 (the
+    program runs on the workers), so ``lax.axis_index("tier")`` is 0.
 
     Args:
       fn: the step; or the mesh, for ``@coarse.sync(mesh)``.
-      mesh: a mesh from `coarse.make_mesh`.
+      mesh: a mesh from `coarse.make_mesh` (its proxies are fixed now), or a
+        two-tier device mesh (`coarse_jax.mesh.two_tier_mesh`).
       config: default `Config` for the coarse calls inside.
       batch_argnums: which positional arguments are sharded over "data";
         default (None): the last one; ``()``: none (every argument replicated).
@@ -405,13 +413,14 @@ def sync(
         "donate_argnums": donate_argnums,
         "donate_argnames": donate_argnames,
     }
-    if isinstance(fn, Mesh) and mesh is None:
+    if isinstance(fn, (Mesh, Tiers)) and mesh is None:
         fn, mesh = None, fn
-    if isinstance(fn, Mesh):
+    if isinstance(fn, (Mesh, Tiers)):
         raise TypeError("coarse.sync: got two meshes; pass the step function and one mesh.")
-    checked = check_mesh(mesh, "coarse.sync")
+    tiers = check_mesh(mesh, "coarse.sync")  # (Tiers: a mesh's, fixed by the library's own code)
+    given = mesh if isinstance(mesh, Mesh) else tiers.workers
 
     def decorate(f: Callable[..., Any]) -> SyncedStep:
-        return SyncedStep(f, checked, config, batch_outputs, **arguments)
+        return SyncedStep(f, given, tiers, config, batch_outputs, **arguments)
 
     return decorate if fn is None else decorate(fn)

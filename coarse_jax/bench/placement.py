@@ -26,7 +26,7 @@ from typing import Any
 
 from coarse_jax.bench import schemes
 from coarse_jax.config import Config
-from coarse_jax.mesh import make_mesh
+from coarse_jax.mesh import check_mesh, make_mesh
 from coarse_jax.model import predict_plan_sync_s
 from coarse_jax.plan import plan as make_plan
 from coarse_jax.profiling.measure import profile
@@ -71,7 +71,8 @@ def compare_placements(
     rows = []
     configs = {}
     for placement in ("devices", "host"):
-        mesh = make_mesh(workers=p, proxies=q, proxies_on=placement)
+        # Their tiers, fixed now: the two meshes are one jax object (the same workers).
+        mesh = check_mesh(make_mesh(workers=p, proxies=q, proxies_on=placement), "placement")
         topo = Topology.preset(preset, p, proxies=q, proxies_on=placement, clock=clock)
         probe = dataclasses.replace(topo, time_scale=profile_time_scale)
         prof = profile(mesh, topology=probe, sizes=sizes, reps=max(2, reps))

@@ -49,10 +49,13 @@ from jax.sharding import PartitionSpec as P
 from coarse_jax import _ffi
 from coarse_jax.mesh import (
     DATA,
+    MeshLike,
+    Tiers,
     check_mesh,
     has_hosts,
     local_proxy,
     num_proxies,
+    platform,
     proxies_on,
     proxy_devices,
 )
@@ -68,7 +71,7 @@ DEFAULT_BUDGET_S = 15.0  # re-measuring open decisions, after the first pass
 MAX_ROUNDS = 64  # rounds of re-measurement at most, whatever the budget
 
 
-def _probe_mesh(mesh: Mesh) -> Mesh:
+def _probe_mesh(mesh: Tiers) -> Mesh:
     """A 1-D mesh of ``mesh``'s p workers, then its q distinct proxies.
 
     A step's program spans the workers only; the probe runs on both tiers
@@ -176,7 +179,7 @@ def _device(tier: int, index: int, p: int) -> int:
 
 
 def profile(
-    mesh: Mesh,
+    mesh: MeshLike,
     *,
     topology: Topology | None = None,
     sizes: Sequence[int] | None = None,
@@ -246,18 +249,18 @@ def profile(
       >>> round(us, 1), round(topo.transfer_s("wp", 0, 1, 1 << 22) * 1e6, 1)
       (337.5, 337.5)
     """
-    mesh = check_mesh(mesh, "coarse.profile")
-    placement = proxies_on(mesh)
-    if has_hosts(mesh):
+    tiers = check_mesh(mesh, "coarse.profile")
+    placement = proxies_on(tiers)
+    if has_hosts(tiers):
         raise NotImplementedError(
             "coarse.profile: the mesh spans hosts ('host' axis); the profiler times the links "
             "within one host. Fix: profile this host's part, "
             "coarse.profile(coarse_jax.mesh.local_mesh(mesh)), on every process, and pass the "
             "same Config (Config.from_profile) on every process."
         )
-    _ffi.check_platform(mesh)
-    p = mesh.shape[DATA]
-    q = num_proxies(mesh)
+    _ffi.check_platform(tiers)
+    p = tiers.shape[DATA]
+    q = num_proxies(tiers)
     if topology is not None and (topology.workers, topology.proxies) != (p, q):
         raise ValueError(
             f"coarse.profile: topology describes {topology.workers} workers and "
@@ -271,11 +274,11 @@ def profile(
             f"are on {placement!r}. Fix: coarse.Topology.preset(name, {p}, proxies={q}, "
             f"proxies_on={placement!r})."
         )
-    probe_mesh = _probe_mesh(mesh)
+    probe_mesh = _probe_mesh(tiers)
     # The probe's transfers are host memcpys: no CUDA version yet.
     _ffi.check_gpu_target(
         "coarse_probe",
-        mesh.devices.flat[0].platform,
+        platform(tiers),
         " coarse.profile times host transfers: profile a CPU mesh or an emulated Topology, or "
         "give the routes directly (Config(routes=..., latency_threshold_bytes=...)).",
     )

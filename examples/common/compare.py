@@ -178,7 +178,7 @@ def train_one(
     # The initial state goes replicated onto the mesh, as the steps return it,
     # so only the first step compiles (an uncommitted input would recompile on
     # the second step).
-    on = steps.input_mesh(mesh)
+    on = mesh
     return timing.train(
         step,
         jax.device_put(state, NamedSharding(on, P())),
@@ -209,7 +209,7 @@ def step0_gradients(
         grads = steps.coarse_gradients(mesh, cfg, loss)
     else:
         grads = steps.pmean_gradients(mesh, loss, impl)
-    on = steps.input_mesh(mesh)
+    on = mesh
     placed = jax.device_put(batch, NamedSharding(on, P("data")))
     return jax.device_get(grads(jax.device_put(params, NamedSharding(on, P())), placed))
 

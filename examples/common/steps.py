@@ -4,7 +4,7 @@ A step is ``step(state, batch) -> (state, loss)`` on a Flax ``TrainState``.
 ``make_loss(apply_fn)`` returns one worker's mean loss ``loss(params, batch)``.
 Besides the two steps: pmean with the workers summed in reverse
 (`REVERSED`, the noise floor), the gradient sync alone (`sync_only`, for
-timing) and the meshes each step's inputs go on (`input_mesh`, `pmean_mesh`).
+timing) and the baseline's mesh (`pmean_mesh`): inputs go on the mesh a step runs on.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
-from coarse_jax.mesh import workers_mesh
 
 Batch = dict[str, Any]
 LossFn = Callable[[Any, Batch], jax.Array]
@@ -44,7 +43,7 @@ def coarse_train_step(mesh: Mesh, cfg: coarse.Config, make_loss: MakeLoss) -> St
     @coarse.sync(mesh, config=cfg)
     def train_step(state: train_state.TrainState, batch: Batch) -> Any:
         loss, grads = coarse.value_and_grad(make_loss(state.apply_fn))(state.params, batch)
-        # grads are identical on every device of both tiers, so every device
+        # grads are identical on every worker, so every worker
         # applies the same update and the replicated state stays replicated.
         return state.apply_gradients(grads=grads), loss
 
@@ -163,16 +162,6 @@ def sync_only(mesh: Mesh, impl: str, cfg: coarse.Config | None = None) -> Callab
 def mesh_for(impl: str, coarse_mesh: Mesh) -> Mesh:
     """The mesh ``impl``'s step runs on: ``coarse_mesh``, or a 1-D one over its workers."""
     return coarse_mesh if impl == "coarse" else pmean_mesh(coarse_mesh.shape["data"])
-
-
-def input_mesh(mesh: Mesh) -> Mesh:
-    """Where inputs go: a coarse mesh's workers (``workers_mesh``), or the pmean mesh itself.
-
-    A coarse step moves inputs onto its workers anyway; putting them there
-    directly is also the only way on a COARSE k:1 mesh, which lists each
-    shared proxy k times (jax cannot split an array over such a mesh).
-    """
-    return workers_mesh(mesh) if "tier" in mesh.axis_names else mesh
 
 
 def pmean_mesh(workers: int) -> Mesh:

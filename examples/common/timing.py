@@ -83,6 +83,6 @@ def time_syncs(
     times = {}
     for impl in impls:
         mesh = steps.mesh_for(impl, coarse_mesh)
-        placed = jax.device_put(per_worker, NamedSharding(steps.input_mesh(mesh), P("data")))
+        placed = jax.device_put(per_worker, NamedSharding(mesh, P("data")))
         times[impl] = median_call_s(steps.sync_only(mesh, impl, cfg), placed, calls)
     return times
