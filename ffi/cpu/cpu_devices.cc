@@ -26,9 +26,9 @@ ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue*
     // A proxy in host memory: the host's loops in its job's thread, as with
     // GPU workers (host_proxy_device.h); its stream only serves host waits.
     Session& s = *call.session;
-    return std::unique_ptr<Device>(
-        new HostProxyDevice(std::make_unique<CpuDevice>(), std::make_unique<HostStream>(q), *res,
-                            s.p(), call.who.Describe() + s.DescribeStep(), s.PeerWaitLimit()));
+    return std::unique_ptr<Device>(new HostProxyDevice(
+        std::make_unique<CpuDevice>(), std::make_unique<HostStream>(q), *res, s.p(),
+        call.who.Describe() + s.DescribeStep(), s.PeerWaitLimit(), StreamChaosSeed()));
   }
   return std::unique_ptr<Device>(
       new StreamDevice(std::make_unique<HostStream>(q), call.device(), *res));

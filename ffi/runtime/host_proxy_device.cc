@@ -1,6 +1,8 @@
 // HostProxyDevice (see host_proxy_device.h).
 #include "runtime/host_proxy_device.h"
 
+#include <functional>
+#include <thread>
 #include <utility>
 
 #include "runtime/stream_ops.h"
@@ -10,13 +12,22 @@ namespace ffi = xla::ffi;
 
 HostProxyDevice::HostProxyDevice(std::unique_ptr<Device> host, std::unique_ptr<Stream> waits,
                                  StreamResources& resources, int64_t workers, std::string who,
-                                 std::chrono::milliseconds timeout)
+                                 std::chrono::milliseconds timeout,
+                                 std::optional<uint64_t> chaos_seed)
     : host_(std::move(host)),
       waits_(Counted(std::move(waits), resources)),
       res_(resources),
       workers_(workers),
       who_(std::move(who)),
-      timeout_(timeout) {}
+      timeout_(timeout) {
+  if (chaos_seed) chaos_.emplace(*chaos_seed ^ std::hash<std::string>{}(who_));
+}
+
+void HostProxyDevice::Stall() {
+  if (!chaos_) return;
+  const uint64_t r = (*chaos_)();
+  if (r % 2 == 0) std::this_thread::sleep_for(std::chrono::microseconds((r >> 8) % 1500));
+}
 
 ffi::Error HostProxyDevice::Acquire(int64_t device) {
   // Another proxy in host memory wrote its storage on the host before its

@@ -18,6 +18,8 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -30,10 +32,14 @@ class HostProxyDevice final : public Device {
  public:
   // `waits`: a stream of this platform, used only for HostWait; `workers`:
   // mesh devices below it are workers; `who`: how errors name this proxy
-  // and the step; `timeout`: a host wait's limit.
+  // and the step; `timeout`: a host wait's limit; `chaos_seed` (the
+  // stream-semantics CPU backend's COARSE_JAX_STREAM_CHAOS): seeded random
+  // stalls before its sums and optimizer, so a worker's stream that reads a
+  // piece before the proxy made it final reads it stale (tests).
   HostProxyDevice(std::unique_ptr<Device> host, std::unique_ptr<Stream> waits,
                   StreamResources& resources, int64_t workers, std::string who,
-                  std::chrono::milliseconds timeout);
+                  std::chrono::milliseconds timeout,
+                  std::optional<uint64_t> chaos_seed = std::nullopt);
 
   xla::ffi::Error Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
                          int64_t dst_len) override {
@@ -44,6 +50,7 @@ class HostProxyDevice final : public Device {
     return host_->Scatter(src, src_device, src_len, runs, num_runs);
   }
   xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots, float scale) override {
+    Stall();
     return host_->SumSlots(own, n, slots, scale);
   }
   // Peers are host proxies too (the proxies' ring): host memory, read in place.
@@ -67,6 +74,7 @@ class HostProxyDevice final : public Device {
     return host_->Scale(x, n, scale);
   }
   xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override {
+    Stall();
     return host_->ApplyOptimizer(o, b, n);
   }
   xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override {
@@ -109,7 +117,9 @@ class HostProxyDevice final : public Device {
   int64_t workers_;
   std::string who_;
   std::chrono::milliseconds timeout_;
-  PublicationsSeen acquired_;  // each worker's event waited for once per publication
+  PublicationsSeen acquired_;             // each worker's event waited for once per publication
+  std::optional<std::mt19937_64> chaos_;  // seeded stalls (tests), or none
+  void Stall();
 };
 
 }  // namespace coarse

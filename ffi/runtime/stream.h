@@ -164,8 +164,11 @@ class PublicationsSeen {
   std::vector<uint64_t> seen_;  // per mesh device: 1 + its count when last waited for; 0 none
 };
 
-// A staging buffer holds the largest piece, or the workers' leading layers;
+// A staging buffer holds the largest piece, the workers' leading layers, and
+// a call's pieces side by side up to kMergeFloats (16 MiB of f32: past it a
+// call's transfers through a peer take one pack or unpack per that many);
 // a span table the most runs one transfer has (both the same on every platform).
+inline constexpr int64_t kMergeFloats = int64_t{4} << 20;
 struct StagingSizes {
   int64_t staging_len = 1, max_runs = 1;
 };

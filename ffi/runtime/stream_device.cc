@@ -21,8 +21,14 @@ StagingSizes StagingSizesOf(const Plan& plan) {
   }
   const int64_t leading_leaves =
       static_cast<int64_t>(plan.leaf_nelems.size()) - plan.num_proxy_leaves;
+  // Pieces to or from a peer's memory are staged side by side, so a call's
+  // pieces through a peer take one pack or unpack (StreamDevice::Stage): room
+  // for all of them, up to kMergeFloats (past it, one launch per that many).
+  int64_t all_pieces = 0;
+  for (int64_t s = 0; s < plan.num_pieces(); ++s) all_pieces += plan.piece_nelems[s];
   StagingSizes out;
-  out.staging_len = std::max<int64_t>({max_piece, plan.leading_nelems, 1});
+  out.staging_len =
+      std::max<int64_t>({max_piece, plan.leading_nelems, std::min(all_pieces, kMergeFloats), 1});
   // A merged pack or unpack (StreamDevice::Queue) holds every segment of a
   // call: at most all of the plan's.
   const int64_t all_segs = static_cast<int64_t>(plan.segments.size());
@@ -53,8 +59,9 @@ ffi::Error StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64
     return ffi::Error::Internal("coarse_jax: " + std::to_string(num_runs) +
                                 " runs exceed the span table (" + std::to_string(res_.max_runs()) +
                                 ")");
-  if (queued_.kind != kind ||
-      static_cast<int64_t>(queued_.spans.size()) + num_runs > res_.max_runs()) {
+  // (Nothing held: nothing to flush; staging claimed for these runs stays claimed.)
+  const bool other = queued_.kind != Queued::Kind::kNone && queued_.kind != kind;
+  if (other || static_cast<int64_t>(queued_.spans.size()) + num_runs > res_.max_runs()) {
     ffi::Error e = Flush();
     if (e.failure()) return e;
   }
@@ -76,8 +83,11 @@ ffi::Error StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64
 
 ffi::Error StreamDevice::Flush() {
   const Queued::Kind kind = queued_.kind;
-  queued_.kind = Queued::Kind::kNone;
   if (kind == Queued::Kind::kNone) return ffi::Error::Success();
+  queued_.kind = Queued::Kind::kNone;
+  // Whatever is held is enqueued below: staging written after it comes later
+  // in stream order, so all of it is free again.
+  staged_ = 0;
   if (kind == Queued::Kind::kOptimizer)
     return Enqueue()->Optimizer(queued_.o, queued_.b, queued_.n);
   // One span table for every run held: offsets from the lowest address, so
@@ -97,7 +107,35 @@ ffi::Error StreamDevice::Flush() {
                                     : Enqueue()->Unpack(base, res_.spans(self_), num, total);
   spans.clear();
   queued_.at.clear();
+  // The pack's copies out of staging, one per range contiguous at both ends
+  // (a push's pieces to one proxy lie side by side in its arena at p = 1).
+  std::vector<Outbound> out;
+  out.swap(outbound_);
+  for (size_t i = 0; i < out.size() && e.success();) {
+    Outbound o = out[i++];
+    while (i < out.size() && out[i].dst_device == o.dst_device && out[i].dst == o.dst + o.n &&
+           out[i].src == o.src + o.n)
+      o.n += out[i++].n;
+    e = Transfer(o.dst, o.dst_device, o.src, self_, o.n, "push: peer copy to the proxy");
+  }
   return e;
+}
+
+ffi::ErrorOr<float*> StreamDevice::Stage(Queued::Kind kind, int64_t n, int64_t num_runs) {
+  if (n > res_.staging_len())
+    return ffi::Unexpected(ffi::Error::Internal("coarse_jax: a transfer of " + std::to_string(n) +
+                                                " elements exceeds the staging buffer (" +
+                                                std::to_string(res_.staging_len()) + ")"));
+  const bool room = staged_ + n <= res_.staging_len() &&
+                    static_cast<int64_t>(queued_.spans.size()) + num_runs <= res_.max_runs();
+  if (queued_.kind != kind || !room) {
+    ffi::Error e = Flush();
+    if (e.failure()) return ffi::Unexpected(e);
+  }
+  if (queued_.kind == Queued::Kind::kNone) staged_ = 0;  // nothing held claims staging
+  float* at = res_.staging(self_) + staged_;
+  staged_ += n;
+  return at;
 }
 
 ffi::Error StreamDevice::PeerCopy(float* dst, int64_t dst_device, const float* src,
@@ -105,6 +143,12 @@ ffi::Error StreamDevice::PeerCopy(float* dst, int64_t dst_device, const float* s
   if (n <= 0) return ffi::Error::Success();
   ffi::Error e = Flush();
   if (e.failure()) return e;
+  return Transfer(dst, dst_device, src, src_device, n, what);
+}
+
+ffi::Error StreamDevice::Transfer(float* dst, int64_t dst_device, const float* src,
+                                  int64_t src_device, int64_t n, const char* what) {
+  if (n <= 0) return ffi::Error::Success();
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   if (res_.in_host_memory(dst_device)) return Enqueue()->Download(dst, src, bytes, what);
   if (res_.in_host_memory(src_device)) return Enqueue()->UploadPinned(dst, src, bytes, what);
@@ -135,36 +179,32 @@ ffi::Error StreamDevice::Gather(const LeafRun* runs, int64_t num_runs, float* ds
         "coarse_jax: runs gathered into a peer's buffer must tile one range without gaps or "
         "overlaps (got " +
         std::to_string(covered) + " elements over a range of " + std::to_string(hi - lo) + ")");
-  if (hi - lo > res_.staging_len())
-    return ffi::Error::Internal("coarse_jax: a gather of " + std::to_string(hi - lo) +
-                                " elements into a peer exceeds the staging buffer (" +
-                                std::to_string(res_.staging_len()) + ")");
   std::vector<LeafRun> shifted(runs, runs + num_runs);
   for (LeafRun& r : shifted) r.buf_off -= lo;
-  // The staging buffer takes one transfer at a time: what is held goes first.
-  ffi::Error e = Flush();
-  if (e.success())
-    e = QueueRuns(Queued::Kind::kPack, shifted.data(), num_runs, res_.staging(self_), hi - lo);
-  if (e.failure()) return e;
-  return PeerCopy(dst + lo, dst_device, res_.staging(self_), self_, hi - lo,
-                  "push: peer copy to the proxy");  // flushes the pack first
+  // Packed beside the call's other pieces in staging (one launch for them
+  // all), copied out once the pack is launched (Flush: Outbound).
+  ffi::ErrorOr<float*> at = Stage(Queued::Kind::kPack, hi - lo, num_runs);
+  if (at.has_error()) return at.error();
+  ffi::Error e = QueueRuns(Queued::Kind::kPack, shifted.data(), num_runs, at.value(), hi - lo);
+  if (e.success()) outbound_.push_back({dst + lo, dst_device, at.value(), hi - lo});
+  return e;
 }
 
 ffi::Error StreamDevice::Scatter(const float* src, int64_t src_device, int64_t src_len,
                                  const LeafRun* runs, int64_t num_runs) {
   if (num_runs == 0 || src_len == 0) return ffi::Error::Success();
   float* from = const_cast<float*>(src);  // read only: an unpack's source
-  if (!Addressable(src_device)) {         // a peer's storage: one peer copy here, then unpack
-    if (src_len > res_.staging_len())
-      return ffi::Error::Internal("coarse_jax: a piece exceeds the staging buffer");
-    ffi::Error e = PeerCopy(res_.staging(self_), self_, src, src_device, src_len,
-                            "pull: peer copy from the proxy");
+  if (!Addressable(src_device)) {
+    // A peer's storage: copied into staging beside the call's other pieces
+    // (the held unpack reads none of that room), then unpacked with them.
+    ffi::ErrorOr<float*> at = Stage(Queued::Kind::kUnpack, src_len, num_runs);
+    if (at.has_error()) return at.error();
+    ffi::Error e =
+        Transfer(at.value(), self_, src, src_device, src_len, "pull: peer copy from the proxy");
     if (e.failure()) return e;
-    from = res_.staging(self_);
+    from = at.value();
   }
-  // Merged with the call's other unpacks from memory this device addresses
-  // (a pull from a proxy on the same GPU is one launch); one out of staging
-  // goes before the next copy into it (PeerCopy flushes).
+  // Merged with the call's other unpacks (a pull is one launch).
   return QueueRuns(Queued::Kind::kUnpack, runs, num_runs, from, src_len);
 }
 

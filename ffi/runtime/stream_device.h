@@ -87,6 +87,20 @@ class StreamDevice final : public Device {
   // floats, merged with what is held if it is of the same kind.
   xla::ffi::Error QueueRuns(Queued::Kind kind, const LeafRun* runs, int64_t num_runs, float* buf,
                             int64_t buf_len);
+  // `n` floats of this device's staging buffer for held work of `kind`
+  // (Flush first where held work of another kind, or too little room or
+  // span table, is left); they stay its own until the next Flush. Work per
+  // call through a peer's memory: a push's pieces are packed side by side in
+  // staging by one launch, then copied out (Outbound), a pull's pieces copied
+  // in side by side and unpacked by one launch.
+  xla::ffi::ErrorOr<float*> Stage(Queued::Kind kind, int64_t n, int64_t num_runs);
+  // A copy out of staging, issued by Flush after the held pack that fills it.
+  struct Outbound {
+    float* dst;
+    int64_t dst_device;
+    const float* src;
+    int64_t n;
+  };
   // The stream, for work about to be enqueued: the next Publish records.
   Stream* Enqueue();
   // Whether this device's kernels read and write `device`'s memory directly.
@@ -100,13 +114,19 @@ class StreamDevice final : public Device {
   // Copy.
   xla::ffi::Error PeerCopy(float* dst, int64_t dst_device, const float* src, int64_t src_device,
                            int64_t n, const char* what);
+  // PeerCopy without flushing what is held: for copies that held work does not read or write
+  // (a pull's piece into staging the held unpack has not claimed).
+  xla::ffi::Error Transfer(float* dst, int64_t dst_device, const float* src, int64_t src_device,
+                           int64_t n, const char* what);
 
   std::unique_ptr<Stream> stream_;
   int64_t self_;
   StreamResources& res_;
   Queued queued_;
-  PublicationsSeen acquired_;  // Acquire waits once per publication of a device
-  bool dirty_ = true;          // work enqueued since this device's last record (Publish)
+  std::vector<Outbound> outbound_;  // the held pack's copies out of staging, in order
+  int64_t staged_ = 0;              // floats of staging the held work uses, from its start
+  PublicationsSeen acquired_;       // Acquire waits once per publication of a device
+  bool dirty_ = true;               // work enqueued since this device's last record (Publish)
 };
 
 }  // namespace coarse

@@ -21,6 +21,12 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+// The most floats one wait of a pull from a proxy in host memory covers
+// (4 MiB of f32): pieces smaller than that are waited for, copied and
+// unpacked together, so halving shard_bytes changes no count; larger steps
+// still pull group by group as the host optimizer makes them final.
+constexpr int64_t kPullGroupFloats = int64_t{1} << 20;
+
 // GatherPull (phases.h): piece s straight from the chunks each proxy owns
 // after its reduce-scatter (chunk (position + 1) % p of each half, ring.h).
 ffi::Error PullOwnedChunks(Call& call, Device& dev, int64_t s, const LeafResolver& leaf_of,
@@ -144,18 +150,44 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
     // Without the all-gather (GatherPull) a DENSE piece is only on its holder.
     const int64_t k = gather ? plan.piece_holder[s] : plan.dest(s, me);
     ffi::Error err;
-    if (const uint32_t* flag = gather ? nullptr : session.ready_flag(k, s)) {
+    if (!gather && session.ready_flag(k, s) != nullptr) {
       // A proxy in host memory with device streams (Storage::ready_flags):
-      // this device's stream waits for the proxy's flag of s, then copies
-      // the piece in (Scatter: an UploadPinned); this thread goes on at once.
-      err = dev.WaitFlag(flag, session.ready_value(), session.PeerWaitLimit(),
+      // this device's stream waits for the proxy's flag, then copies the
+      // pieces in (Scatter: an UploadPinned); this thread goes on at once.
+      // A group of the next pieces from proxy k, up to kPullGroupFloats, is
+      // one wait, for its last piece's flag (the proxy makes its pieces final
+      // in ascending order, each flag written after the ones before), and one
+      // copy where their slots lie side by side (p = 1): a pull's waits and
+      // copies per group of bytes, not per piece, still pipelined behind the
+      // host optimizer group by group.
+      const int64_t first = s;
+      int64_t floats = plan.piece_nelems[s];
+      while (s + 1 < plan.num_pieces() && plan.dest(s + 1, me) == k &&
+             floats + plan.piece_nelems[s + 1] <= kPullGroupFloats) {
+        floats += plan.piece_nelems[s + 1];
+        ++s;
+      }
+      err = dev.WaitFlag(session.ready_flag(k, s), session.ready_value(), session.PeerWaitLimit(),
                          "coarse_jax: " + call.who.Describe() + session.DescribeStep() +
                              ": the pull's wait for proxy " + std::to_string(k) +
                              " (in host memory) to make " + plan.DescribePiece(s) + " final");
-      if (err.failure()) return err;
-      RunsOfPiece(plan, s, leaf_of, runs);
-      err = dev.Scatter(session.arena(k) + plan.slot(k, s, 0), p + k, plan.piece_nelems[s],
-                        runs.data(), static_cast<int64_t>(runs.size()));
+      for (int64_t t = first; t <= s && err.success();) {
+        // [t, u]: slots side by side in proxy k's arena, copied and unpacked as one.
+        const int64_t base = plan.slot(k, t, 0);
+        runs.clear();
+        int64_t u = t, len = 0;
+        for (;; ++u) {
+          std::vector<LeafRun> piece;
+          RunsOfPiece(plan, u, leaf_of, piece);
+          for (LeafRun& r : piece) r.buf_off += len;
+          runs.insert(runs.end(), piece.begin(), piece.end());
+          len += plan.piece_nelems[u];
+          if (u == s || plan.slot(k, u + 1, 0) != base + len) break;
+        }
+        err = dev.Scatter(session.arena(k) + base, p + k, len, runs.data(),
+                          static_cast<int64_t>(runs.size()));
+        t = u + 1;
+      }
       if (err.failure()) return err;
       continue;
     }

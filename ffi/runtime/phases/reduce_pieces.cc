@@ -217,8 +217,21 @@ class PieceReducer {
     ffi::Error err = FinishPiece(s, update, announce);
     if (err.success() && !batch) err = AnnounceHeld();
     if (err.failure()) return err;
-    if (uint32_t* flag = session_.ready_flag(k_, s)) WriteFlag(flag, session_.ready_value());
+    FlagInOrder(s);
     return err;
+  }
+
+  // A proxy in host memory's ready flags are written in ascending piece
+  // order, each once every piece before it is final too (with clipping the
+  // pieces not updated finish before the global norm, ahead of updated ones
+  // before them): a pull waits once, for the last flag of a group of pieces
+  // (pull_pieces.cc).
+  void FlagInOrder(int64_t s) {
+    if (session_.ready_flag(k_, s) == nullptr) return;
+    if (final_.empty()) final_.assign(plan_.num_pieces(), false);
+    final_[s] = true;
+    for (; flagged_ < plan_.num_pieces() && final_[flagged_]; ++flagged_)
+      WriteFlag(session_.ready_flag(k_, flagged_), session_.ready_value());
   }
 
   ffi::Error FinishPiece(int64_t s, bool update, bool announce) {
@@ -403,6 +416,8 @@ class PieceReducer {
   const bool gather_pull_;     // no all-gather: the pulls read owned chunks (phases.h)
   const bool fused_;           // the pushes are read in place (PushesInPlace, phases.h)
   std::vector<int64_t> held_;  // finished DENSE pieces not announced yet (AnnounceHeld)
+  std::vector<bool> final_;    // FlagInOrder: the pieces final here
+  int64_t flagged_ = 0;        // FlagInOrder: flags written for pieces [0, flagged_)
 };
 
 }  // namespace
