@@ -85,36 +85,6 @@ def test_keys_replicated_on_the_mesh(proxies, kind):
     np.testing.assert_array_equal(draw, jax.random.normal(host_key, (3,)))
 
 
-@pytest.mark.parametrize("proxies", PROXIES)
-def test_nnx_model_with_rngs_replicated_on_the_mesh(proxies):
-    nnx = pytest.importorskip("flax.nnx")
-    mesh = _mesh(proxies)
-
-    class Net(nnx.Module):
-        def __init__(self, rngs):
-            self.linear = nnx.Linear(3, 2, rngs=rngs)
-            self.dropout = nnx.Dropout(0.5, rngs=rngs)
-
-        def __call__(self, x):
-            return self.dropout(self.linear(x))
-
-    model = Net(nnx.Rngs(0, dropout=1))
-    # As flax's and jax's sharding guides place state: replicated on the mesh.
-    nnx.update(model, jax.device_put(nnx.state(model), NamedSharding(mesh, P())))
-
-    @coarse.sync(mesh)
-    def step(model, batch):
-        loss, grads = coarse.value_and_grad(lambda m, b: jnp.mean(m(b) ** 2))(model, batch)
-        return loss, grads
-
-    for _ in range(2):
-        loss, grads = step(model, jnp.ones((8, 3)))
-        assert np.isfinite(float(loss))
-        assert jax.tree.structure(grads) == jax.tree.structure(nnx.state(model, nnx.Param))
-    # The state stays where the user put it, so their other jitted code still takes it.
-    assert _devices(jax.tree.leaves(nnx.state(model, nnx.Param))[0]) == set(mesh.devices.flat)
-
-
 def test_a_second_nnx_model_of_another_structure_retraces():
     """As nnx.jit retraces: a model whose Rngs stream has another name is a new structure."""
     nnx = pytest.importorskip("flax.nnx")
@@ -270,6 +240,17 @@ def test_float64_under_x64_is_told_to_cast(tmp_path):
 # -- where state placed the jax way lives, and the two-tier mesh of old ------
 
 
+def _apply(w, batch):
+    """Flax's apply_model shape: loss, grads and per-example outputs."""
+    loss, grads = coarse.value_and_grad(lambda w, b: jnp.mean((b @ w) ** 2))(w, batch)
+    return loss, grads, batch @ w
+
+
+@jax.jit
+def update_model(w, grads):
+    return w - 0.1 * grads
+
+
 @pytest.mark.parametrize("proxies", PROXIES)
 def test_state_placed_on_the_mesh_stays_on_the_workers(proxies):
     """State and batch placed as jax's guides place them, on the mesh make_mesh returned:
@@ -278,14 +259,7 @@ def test_state_placed_on_the_mesh_stays_on_the_workers(proxies):
     workers = set(mesh.devices.flat)
     proxy_devices = set(two_tier_mesh(mesh).devices.flat) - workers
 
-    @coarse.sync(mesh, batch_outputs=2)
-    def apply_model(w, batch):
-        loss, grads = coarse.value_and_grad(lambda w, b: jnp.mean((b @ w) ** 2))(w, batch)
-        return loss, grads, batch @ w
-
-    @jax.jit
-    def update_model(w, grads):
-        return w - 0.1 * grads
+    apply_model = coarse.sync(_apply, mesh=mesh, batch_outputs=2)
 
     host_w = jnp.array([1.0, 0.5, -1.0])
     w = jax.device_put(host_w, NamedSharding(mesh, P()))
@@ -310,14 +284,7 @@ def test_outputs_follow_state_placed_on_a_two_tier_mesh_with_one_warning(proxies
     everything = set(mesh.devices.flat)
     workers = set(workers_mesh(mesh).devices.flat)
 
-    @coarse.sync(mesh, batch_outputs=2)
-    def apply_model(w, batch):
-        loss, grads = coarse.value_and_grad(lambda w, b: jnp.mean((b @ w) ** 2))(w, batch)
-        return loss, grads, batch @ w
-
-    @jax.jit
-    def update_model(w, grads):
-        return w - 0.1 * grads
+    apply_model = coarse.sync(_apply, mesh=mesh, batch_outputs=2)
 
     batch = jnp.arange(24.0).reshape(8, 3) / 24
     host_w = jnp.array([1.0, 0.5, -1.0])
