@@ -1,8 +1,9 @@
 """The baselines the benchmarks measure coarse against: a data-parallel step with
 ``jax.value_and_grad`` + ``lax.pmean`` + an optax update (test_memory.py,
 test_snapshots.py), ``lax.psum`` over the first devices (the all-reduce
-benchmarks), and JAX's own host offloading of the optimizer state (the host
-proxies' benchmarks); imported from this folder, as pytest puts it on ``sys.path``."""
+benchmarks), a jitted step with optax on one device, and JAX's own host offloading
+of the optimizer state (the host proxies' benchmarks); imported from this folder,
+as pytest puts it on ``sys.path``."""
 
 from __future__ import annotations
 
@@ -43,6 +44,23 @@ def psum_over(workers: int) -> tuple[Callable[[Any], Any], jax.sharding.Mesh]:
     return jax.jit(fn), mesh
 
 
+def _optax_step(loss: Callable[..., Any], tx: optax.GradientTransformation) -> Callable[..., Any]:
+    def step(params, opt_state, batch):
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return step
+
+
+def jit_optax_step(
+    loss: Callable[..., Any], tx: optax.GradientTransformation
+) -> Callable[..., Any]:
+    """``jax.jit`` of ``(params, opt_state, batch) -> (params, opt_state, loss)``:
+    ``jax.value_and_grad`` and an optax update, everything on the arguments' device."""
+    return jax.jit(_optax_step(loss, tx))
+
+
 def pinned_host_offload_step(
     loss: Callable[..., Any], tx: optax.GradientTransformation, device: jax.Device
 ) -> tuple[Callable[..., Any], jax.sharding.Sharding]:
@@ -56,12 +74,11 @@ def pinned_host_offload_step(
     on_device = jax.sharding.SingleDeviceSharding(device)
     on_host = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
 
+    update = _optax_step(loss, tx)
+
     def step(params, opt_state, batch):
-        opt_state = jax.device_put(opt_state, on_device)
-        value, grads = jax.value_and_grad(loss)(params, batch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        opt_state = jax.device_put(opt_state, on_host)
-        return optax.apply_updates(params, updates), opt_state, value
+        params, opt_state, value = update(params, jax.device_put(opt_state, on_device), batch)
+        return params, jax.device_put(opt_state, on_host), value
 
     jitted = jax.jit(step, out_shardings=(on_device, on_host, on_device), donate_argnums=(0, 1))
     return jitted, on_host

@@ -11,11 +11,16 @@ recomputation back into the forward pass, so remat saves no memory on
 XLA:CPU. With the pass off the recomputation stays (and runs, with the same
 gradients). A program without optimization barriers, every other benchmark's,
 compiles the same either way.
+
+``examples/`` goes on ``sys.path`` (after this folder) so that the benchmarks
+time with the examples' clock, ``common.clock``: one helper per job.
 """
 
 from __future__ import annotations
 
 import os
+import pathlib
+import sys
 from typing import Any
 
 import pytest
@@ -26,6 +31,9 @@ if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
 REMAT_FLAG = "--xla_disable_hlo_passes=cse_barrier_expander"
 if "--xla_disable_hlo_passes" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {REMAT_FLAG}".strip()
+EXAMPLES = str(pathlib.Path(__file__).resolve().parent.parent / "examples")
+if EXAMPLES not in sys.path:
+    sys.path.append(EXAMPLES)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

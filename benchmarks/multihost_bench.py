@@ -28,10 +28,12 @@ devices (both processes get the same one: a virtual profile is exact).
 from __future__ import annotations
 
 import collections
+import contextlib
+import functools
 import json
-import statistics
+import pathlib
 import sys
-import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -45,6 +47,10 @@ import coarse_jax as coarse
 from coarse_jax.bench.shapes import RESNET50_SHAPES
 from coarse_jax.launch import initialize
 from coarse_jax.mesh import local_mesh
+
+# The examples' clock, as the benchmarks' conftest.py gives it to them (a script here).
+sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
+from common.clock import interleaved, medians
 
 P_LOCAL = 4
 SYNC_SCALE = 300.0
@@ -60,15 +66,14 @@ def _time(
     the next step across hosts would otherwise count as its own time (at
     its per-call barrier, coarse_jax/api/_arrival.py).
     """
-    times: dict[str, list[float]] = {k: [] for k in impls}
-    for r in range(rounds):
-        for k, (f, t) in impls.items():
-            if align:
-                multihost_utils.sync_global_devices(f"bench/{k}/{r}")
-            start = time.perf_counter()
-            jax.block_until_ready(f(t))
-            times[k].append(time.perf_counter() - start)
-    return times
+
+    @contextlib.contextmanager
+    def meet(k: str, r: int) -> Iterator[None]:
+        multihost_utils.sync_global_devices(f"bench/{k}/{r}")
+        yield
+
+    runs = {k: functools.partial(f, t) for k, (f, t) in impls.items()}
+    return interleaved(runs, rounds, around=meet if align else None)
 
 
 def emulated(rounds: int) -> None:
@@ -130,7 +135,7 @@ def emulated(rounds: int) -> None:
     for f, t in impls.values():  # compile, warm up
         jax.block_until_ready(f(t))
     times = _time(impls, rounds, align=True)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = medians(times)
     result = {
         "processes": hosts,
         "workers_per_process": P_LOCAL,
@@ -197,7 +202,7 @@ def main() -> None:
         )
     del outs
     times = _time(impls, rounds)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = medians(times)
     nbytes = sum(x.nbytes // P_LOCAL for x in local.values())
     workers = hosts * P_LOCAL
     result = {

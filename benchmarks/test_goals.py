@@ -25,9 +25,9 @@ Run: ``make bench`` (it writes ``out/bench/goals.md``), or
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import pathlib
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,11 +35,11 @@ import jax
 import numpy as np
 import pytest
 from baselines import psum_over
+from common.clock import median_s, warm_up
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from report import goal_rows
 from test_examples import median_steps
-from test_sweep import median_call_s as _median_call_s
 from test_sync_resnet50 import RESNET50_SHAPES, coarse_sync, pmean_sync
 
 import coarse_jax as coarse
@@ -53,11 +53,10 @@ _ROWS: list[dict[str, Any]] = []
 
 def _interleaved(pairs: list[tuple[Callable[[Any], Any], Any]], calls: int) -> list[float]:
     """RUNS ratios coarse / baseline, each run timing coarse then the baseline."""
-    for fn, x in pairs:  # compile and warm up
-        jax.block_until_ready(fn(x))
-        jax.block_until_ready(fn(x))
-    (c, xc), (b, xb) = pairs
-    return [_median_call_s(c, xc, calls) / _median_call_s(b, xb, calls) for _ in range(RUNS)]
+    coarse_run, baseline = (functools.partial(fn, x) for fn, x in pairs)
+    for run in (coarse_run, baseline):  # compile and warm up
+        warm_up(run, 2)
+    return [median_s(coarse_run, calls) / median_s(baseline, calls) for _ in range(RUNS)]
 
 
 def _record(goal: str, limit: float, ratios: list[float], detail: str) -> None:
@@ -222,22 +221,14 @@ def test_bytes_against_memory_bandwidth(benchmark: Any) -> None:
         fns[name] = (fn, x)
     triad = cpu_module().HostOptimizerBench(1 << 22)
 
-    def triad_s() -> float:
-        times = []
-        for _ in range(10):
-            t0 = time.perf_counter()
-            triad.triad()
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times))
-
     def measure() -> dict[str, float]:
         fn, x = fns["coarse"]
         with counted() as t:
             jax.block_until_ready(fn(x))
         return {
-            "coarse_s": _median_call_s(fn, x, 10),
-            "pmean_s": _median_call_s(*fns["pmean"], 10),
-            "triad_gbps": 12 * triad.n / triad_s() / 1e9,
+            "coarse_s": median_s(functools.partial(fn, x), 10),
+            "pmean_s": median_s(functools.partial(*fns["pmean"]), 10),
+            "triad_gbps": 12 * triad.n / median_s(triad.triad, 10) / 1e9,
             "bytes": float(t.read + t.written),
         }
 

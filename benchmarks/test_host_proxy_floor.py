@@ -23,15 +23,14 @@ printed (``pytest -s``) and kept in ``extra_info``; nothing is asserted about sp
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from baselines import pinned_host_offload_step
+from baselines import jit_optax_step, pinned_host_offload_step
+from common.clock import interleaved, median_s, medians
 
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
@@ -47,12 +46,6 @@ SIZES = tuple(
 BATCH = 64
 STEPS = 10
 REPEATS = 5
-
-
-def _timed(run) -> float:
-    t0 = time.perf_counter()
-    run()
-    return time.perf_counter() - t0
 
 
 def _loops(cpu):
@@ -83,15 +76,9 @@ def _loops(cpu):
 
         loops["coarse, host proxy" + (", delayed" if delayed else "")] = run
 
-    @jax.jit
-    def jit_step(p, s, b):
-        loss, g = jax.value_and_grad(mlp_loss)(p, b)
-        u, s = tx.update(g, s, p)
-        return optax.apply_updates(p, u), s, loss
-
     offload, on_host = pinned_host_offload_step(mlp_loss, tx, cpu)
     for name, fn, place in (
-        ("jax.jit + optax", jit_step, lambda s: s),
+        ("jax.jit + optax", jit_optax_step(mlp_loss, tx), lambda s: s),
         ("pinned_host offload", offload, lambda s: jax.device_put(s, on_host)),
     ):
         held = [copy(), None]
@@ -124,24 +111,14 @@ def test_host_proxy_step_against_its_floor(benchmark):
     loops, n = _loops(cpu)
     for run in loops.values():
         run()  # compile, warm
-    rounds: dict[str, list[float]] = {name: [] for name in loops}
-
-    def measure():
-        for _ in range(REPEATS):
-            for name, run in loops.items():
-                rounds[name].append(_timed(run) / STEPS)
-
-    benchmark.pedantic(measure, rounds=1, iterations=1)
-    t = {name: statistics.median(v) for name, v in rounds.items()}
+    rounds = benchmark.pedantic(interleaved, args=(loops, REPEATS), rounds=1, iterations=1)
+    t = {name: s / STEPS for name, s in medians(rounds).items()}
     # The floor's other parts: a copy of the f32 gradient each way, the host Adam.
     src = np.ones(n, np.float32)
     dst = np.empty_like(src)
-    t_copy = statistics.median(_timed(lambda: np.copyto(dst, src)) for _ in range(REPEATS * 3))
+    t_copy = median_s(lambda: np.copyto(dst, src), REPEATS * 3)
     bench = _ffi.cpu_module().HostOptimizerBench(n)
-    bench.adam(False, True, True)
-    t_adam = statistics.median(
-        _timed(lambda: bench.adam(False, True, True)) for _ in range(REPEATS * 3)
-    )
+    t_adam = median_s(lambda: bench.adam(False, True, True), REPEATS * 3, warmup=1)
     piece = min(1.0, coarse.Config().shard_bytes / (4 * n))
     t_compute = t["compute alone (value_and_grad)"]
     floor = max(t_compute, t_copy, t_adam) + piece * (2 * t_copy + t_adam)

@@ -14,12 +14,13 @@ bench-versions`` runs this file under jax 0.10.2 (.venv) and the newest
 from __future__ import annotations
 
 import collections
-import time
+import functools
 
 import jax
 import numpy as np
 import pytest
 from baselines import psum_over
+from common.clock import interleaved, medians, warm_up
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_sync_resnet50 import WORKERS, coarse_sync, pmean_sync
@@ -31,16 +32,10 @@ _LINES: list[str] = []
 
 
 def _interleaved_medians(fns: dict, x: dict, calls: int) -> dict[str, float]:
-    for name, fn in fns.items():  # compile and warm up
-        jax.block_until_ready(fn(x[name]))
-        jax.block_until_ready(fn(x[name]))
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(calls):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(x[name]))
-            times[name].append(time.perf_counter() - t0)
-    return {name: float(np.median(t)) for name, t in times.items()}
+    runs = {name: functools.partial(fn, x[name]) for name, fn in fns.items()}
+    for run in runs.values():  # compile and warm up
+        warm_up(run, 2)
+    return medians(interleaved(runs, calls))
 
 
 def _report(what: str, medians: dict[str, float], base: str) -> None:

@@ -36,9 +36,9 @@ the baseline's bytes with the pass on, too).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +46,7 @@ import numpy as np
 import optax
 import pytest
 from baselines import pmean_optax_step
+from common.clock import call_times
 
 import coarse_jax as coarse
 from coarse_jax.model import paper
@@ -166,12 +167,7 @@ def _compute_s_per_seq() -> tuple[float, float]:
             "targets": jnp.asarray(rng.integers(1, 30522, (b, SEQ)), jnp.int32),
             "weights": jnp.ones((b, SEQ), jnp.float32),
         }
-        jax.block_until_ready(grad(params, batch))
-        runs = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            jax.block_until_ready(grad(params, batch))
-            runs.append(time.perf_counter() - t0)
+        runs = call_times(functools.partial(grad, params, batch), 3, warmup=1)
         times[b] = float(np.min(runs))
     return 0.0, times[4] / 4
 

@@ -23,7 +23,7 @@ Run: ``pytest -q benchmarks/test_placement.py -p no:cacheprovider -s``.
 
 from __future__ import annotations
 
-import time
+import functools
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+from common.clock import interleaved, medians
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -97,17 +98,9 @@ def test_the_natural_placement_costs_what_the_workers_cost(benchmark: Any, tree_
             key = next(iter(want))
             np.testing.assert_allclose(np.asarray(out[key]), want[key], rtol=1e-5, atol=1e-6)
             jax.block_until_ready(fn(x))
-    times: dict[str, list[float]] = {name: [] for name in cases}
-
-    def rounds() -> None:
-        for _ in range(ROUNDS[tree_name]):
-            for name, (fn, x) in cases.items():
-                start = time.perf_counter()
-                jax.block_until_ready(fn(x))
-                times[name].append(time.perf_counter() - start)
-
-    benchmark.pedantic(rounds, rounds=1, iterations=1)
-    median = {name: float(np.median(t)) for name, t in times.items()}
+    runs = {name: functools.partial(fn, x) for name, (fn, x) in cases.items()}
+    times = benchmark.pedantic(interleaved, args=(runs, ROUNDS[tree_name]), rounds=1, iterations=1)
+    median = medians(times)
     ratio = {name: median[name] / median["workers"] for name in median}
     benchmark.extra_info.update({f"{k}_ms": v * 1e3 for k, v in median.items()})
     benchmark.extra_info.update({f"{k}_over_workers": v for k, v in ratio.items()})

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import pytest
+from common.clock import median_s
 
 import coarse_jax as coarse
 from coarse_jax.bench import schemes
@@ -79,15 +78,6 @@ def _proxy_memory(mesh: Any, cfg: coarse.Config, tree: Any) -> int:
     return report.proxy_bytes
 
 
-def _wall(run: Any, rounds: int = 2) -> float:
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 @pytest.mark.timeout(1800)
 def test_coarse_two_to_one_beside_the_paper_schemes() -> None:
     configs = {
@@ -108,7 +98,7 @@ def test_coarse_two_to_one_beside_the_paper_schemes() -> None:
             if tree_name == "ResNet-50":
                 real = schemes.scheme_config(kind, configs[q, "real"], WORKERS)
                 run, _ = schemes.sync_step(mesh, tree, real)
-                wall = _wall(run)
+                wall = median_s(run, 2)
             memory = _proxy_memory(mesh, virtual, tree) if kind != "allreduce" else 0
             rows.append((tree_name, name, devices, simulated, wall, predicted, bound, memory))
             jax.clear_caches()

@@ -28,7 +28,6 @@ import gc
 import os
 import sys
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +36,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 from baselines import pmean_optax_step
+from common.clock import timed
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -85,11 +85,9 @@ def _time(step, state, batches, warm=None):
         if i == 3 and warm is not None:
             jax.block_until_ready(state)
             warm()
-        t0 = time.perf_counter()
-        state = step(state, batches[i % len(batches)])
-        jax.block_until_ready(state)
+        state, seconds = timed(step, state, batches[i % len(batches)])
         if i >= 3:
-            times.append(time.perf_counter() - t0)
+            times.append(seconds)
     return float(np.mean(times))  # a mean: the steps that snapshot count in full
 
 
@@ -257,13 +255,13 @@ def test_snapshot_write_time(case, benchmark):
             assert exported is not None, "the step took snapshots"
             count, leaves, values = exported
             tree = snapshots.to_trees(store, count, store.slot_leaves(leaves, values))
-            fresh = []
-            for i in range(WRITES):
-                t0 = time.perf_counter()
+
+            def save_fresh(path):
                 checkpointer = ocp.StandardCheckpointer()
-                checkpointer.save(os.path.join(d, f"fresh{i}"), tree)
+                checkpointer.save(path, tree)
                 checkpointer.wait_until_finished()
-                fresh.append(time.perf_counter() - t0)
+
+            fresh = [timed(save_fresh, os.path.join(d, f"fresh{i}"))[1] for i in range(WRITES)]
             rows["new checkpointer per save"] = float(np.median(fresh))
             del step
             gc.collect()

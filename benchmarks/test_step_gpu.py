@@ -22,9 +22,7 @@ printed table and to ``$COARSE_BENCH_OUT/step_gpu.md`` when that is set.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +32,8 @@ import pytest
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 )
-from baselines import pinned_host_offload_step
+from baselines import jit_optax_step, pinned_host_offload_step
+from common.clock import interleaved, median_s, medians
 from helpers import gpu_or_skip, make_batch, mlp_init, mlp_loss
 
 import coarse_jax as coarse
@@ -57,13 +56,8 @@ def _wait(tree):
 
 def _rounds(run_a, run_b) -> tuple[float, float]:
     """Median seconds per step of two step loops, interleaved round by round."""
-    a, b = [], []
-    for _ in range(REPEATS):
-        for fn, out in ((run_a, a), (run_b, b)):
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) / STEPS)
-    return statistics.median(a), statistics.median(b)
+    t = medians(interleaved({"a": run_a, "b": run_b}, REPEATS))
+    return t["a"] / STEPS, t["b"] / STEPS
 
 
 def _mesh(where, gpu):
@@ -84,12 +78,7 @@ def _compare(
     n_params = sum(x.size for x in jax.tree.leaves(params))
     tx = optax.adam(1e-4)
 
-    @jax.jit
-    def ref_step(params, state, batch):
-        loss, grads = jax.value_and_grad(mlp_loss)(params, batch)
-        updates, state = tx.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, loss
-
+    ref_step = jit_optax_step(mlp_loss, tx)
     ref = [params, tx.init(params)]
     baseline = "jit + optax"
     if offload:
@@ -206,7 +195,7 @@ def test_host_proxy_push_pull_against_pinned_copies(benchmark, mib):
 
     def measure():
         run()  # compile, warm
-        return statistics.median(_timed(run) for _ in range(REPEATS)) / STEPS
+        return median_s(run, REPEATS) / STEPS
 
     t = benchmark.pedantic(measure, rounds=1, iterations=1)
     moved = 2 * mib * MIB  # pushed to the host and pulled back
@@ -218,12 +207,6 @@ def test_host_proxy_push_pull_against_pinned_copies(benchmark, mib):
         f"(cudaMemcpyAsync D2H {copies['d2h_us']:.0f} us + H2D {copies['h2d_us']:.0f} us, "
         f"pinned) | {base_s / t:.2f} of the copies' GB/s |"
     )
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 @pytest.fixture(scope="module", autouse=True)

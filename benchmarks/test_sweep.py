@@ -10,13 +10,14 @@ Prints the table with coarse / psum per size and writes a PNG
 
 from __future__ import annotations
 
+import functools
 import os
-import time
 
 import jax
 import numpy as np
 import pytest
 from baselines import psum_over
+from common.clock import median_s
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -24,22 +25,6 @@ import coarse_jax as coarse
 
 WORKERS = 4
 SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB per worker
-
-
-def _median_s(fn, x, calls: int) -> float:
-    jax.block_until_ready(fn(x))  # compile
-    jax.block_until_ready(fn(x))
-    return median_call_s(fn, x, calls)
-
-
-def median_call_s(fn, x, calls: int) -> float:
-    """The median seconds of ``calls`` calls of ``fn(x)``, each waited for."""
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 def _calls(nbytes: int) -> int:
@@ -64,9 +49,9 @@ def test_message_size_sweep(benchmark):
             x = np.arange(WORKERS * n, dtype=np.float32) % 7
             # Placed once, as for psum: a numpy argument would be copied in every call.
             xc = jax.device_put(x, NamedSharding(mesh, P("data")))
-            t_coarse = _median_s(step, xc, _calls(nbytes))
+            t_coarse = median_s(functools.partial(step, xc), _calls(nbytes), warmup=2)
             xs = jax.device_put(x, NamedSharding(flat, P("data")))
-            t_psum = _median_s(psum, xs, _calls(nbytes))
+            t_psum = median_s(functools.partial(psum, xs), _calls(nbytes), warmup=2)
             rows.append((nbytes, t_coarse, t_psum))
             del step, xs, xc
 

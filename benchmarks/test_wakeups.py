@@ -17,14 +17,16 @@ jobs start after a push of their sync, and the step time.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from baselines import psum_over
+from common.clock import interleaved, medians
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -36,14 +38,23 @@ STEPS = 200
 NBYTES = 1 << 10
 
 
-def _timed(call, name, times, deltas):
-    """Runs ``call()`` to completion: its seconds go to ``times[name]``, the wake-up
-    counts it moved to ``deltas[name]``."""
-    before = wakeups.wakeup_stats()
-    t0 = time.perf_counter()
-    jax.block_until_ready(call())
-    times[name].append(time.perf_counter() - t0)
-    deltas[name] = deltas[name] + (wakeups.wakeup_stats() - before)
+def _counting(deltas, spins=None):
+    """``around`` for `common.clock.interleaved`: the wake-up counts a call moves go to
+    ``deltas[name]`` (a name not in ``deltas``, the baseline's, is not counted), after
+    ``spins[name]`` is set as the waits' spin budget."""
+
+    @contextlib.contextmanager
+    def around(name, _round):
+        if name not in deltas:
+            yield
+            return
+        if spins is not None:
+            wakeups.set_wait_spin_ns(spins[name])
+        before = wakeups.wakeup_stats()
+        yield
+        deltas[name] = deltas[name] + (wakeups.wakeup_stats() - before)
+
+    return around
 
 
 @pytest.mark.benchmark(group="wakeups")
@@ -65,20 +76,14 @@ def test_wakeups_per_sync(benchmark):
     # threads), and a 20 us spin for comparison, interleaved with psum.
     budgets = {"default spin": -1, "spin 20 us": 20_000}
     deltas = {name: wakeups.WakeupStats() for name in budgets}
-    times: dict[str, list[float]] = {name: [] for name in [*budgets, "psum"]}
+    runs = {**{name: lambda: step(xc) for name in budgets}, "psum": lambda: psum(xs)}
 
     def measure():
-        for _ in range(STEPS):
-            for name, ns in budgets.items():
-                wakeups.set_wait_spin_ns(ns)
-                _timed(lambda: step(xc), name, times, deltas)
-            t0 = time.perf_counter()
-            jax.block_until_ready(psum(xs))
-            times["psum"].append(time.perf_counter() - t0)
+        times = interleaved(runs, STEPS, around=_counting(deltas, spins=budgets))
         wakeups.set_wait_spin_ns(-1)
+        return times
 
-    benchmark.pedantic(measure, rounds=1, iterations=1)
-    med = {name: float(np.median(t)) for name, t in times.items()}
+    med = medians(benchmark.pedantic(measure, rounds=1, iterations=1))
     load = os.getloadavg()
     lines = [
         "",
@@ -149,16 +154,13 @@ def test_jobs_ready_before_the_first_push(benchmark, monkeypatch, hidden, batch,
     for step in runs.values():
         for _ in range(10):
             jax.block_until_ready(step(params, x))
-    times: dict[str, list[float]] = {name: [] for name in runs}
     deltas = {name: wakeups.WakeupStats() for name in runs}
+    calls = {name: functools.partial(step, params, x) for name, step in runs.items()}
 
     def measure():
-        for _ in range(steps):
-            for name, step in runs.items():
-                _timed(lambda step=step: step(params, x), name, times, deltas)
+        return interleaved(calls, steps, around=_counting(deltas))
 
-    benchmark.pedantic(measure, rounds=1, iterations=1)
-    med = {name: float(np.median(t)) for name, t in times.items()}
+    med = medians(benchmark.pedantic(measure, rounds=1, iterations=1))
     load = os.getloadavg()
     lines = [
         "",

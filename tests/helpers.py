@@ -121,6 +121,20 @@ def pmean_optax_step(workers: int, tx, loss_fn=None):
     return step
 
 
+def crossing_config(p: int, q: int):
+    """A `coarse.Config` for p workers and q proxies whose routes cross the groups: every
+    worker's small pieces to the next group's proxy, large ones two groups on, and tiny
+    shards, so every proxy serves pushes from other groups' workers, several per leaf."""
+    import coarse_jax as coarse
+
+    k = p // q
+    return coarse.Config(
+        shard_bytes=128,
+        latency_threshold_bytes=100,
+        routes=tuple(((i // k + 1) % q, (i // k + 2) % q) for i in range(p)),
+    )
+
+
 def reordered_mean_optax_step(workers: int, tx, loss_fn=None):
     """The noise-floor oracle: `pmean_optax_step` with the mean over workers summed in
     reverse worker order (gathered, then added last to first) instead of XLA's psum.

@@ -1,16 +1,19 @@
 """Proxies in host memory: ``make_mesh(workers=p, proxies=q, proxies_on="host")``.
 
 The jax mesh holds the p workers only, so all 8 CPU devices can be workers.
-Oracles share no code with coarse_jax: float64 numpy sums and means of what
-each worker holds, and optax under ``lax.pmean`` over the same p workers
-(`helpers.pmean_optax_step`). Beside them, the same step with device proxies
-(same p, q and plan, so the same order of operations) gives bitwise the same
-bits: where the proxies live changes the memory, not the arithmetic.
+The same step with device proxies (same p, q and plan, so the same order of
+operations) gives bitwise the same bits: where the proxies live changes the
+memory, not the arithmetic. So the tests that hold for proxies wherever they
+live (sums and gradients against float64, updates against optax under
+``lax.pmean``, arrays placed on the mesh, a lost push, a snapshot's round
+trip) are written once, parametrized over ``proxies_on``, in
+test_shared_proxies.py and test_snapshots.py; this file holds what is the host's
+own: its mesh and its errors, the bitwise proof, the memory report, a large share
+on the host pool, and a GPU worker with its proxy in host memory.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 
 import jax
@@ -19,9 +22,9 @@ import numpy as np
 import optax
 import pytest
 from helpers import (
-    assert_replicated,
     assert_tree_close,
     coarse_update_step,
+    crossing_config,
     gpu_or_skip,
     make_batch,
     mlp_init,
@@ -44,23 +47,10 @@ from coarse_jax.mesh import (
 )
 
 SIZES = (8, 16, 16, 4)
-# (p, q): 1:1, 2:1, 4:1 on 4 workers, and all 8 devices as workers (1:1, 4:1).
-RATIOS = [(4, 4), (4, 2), (4, 1), (8, 8), (8, 2)]
 
 
 def _host(p: int, q: int) -> Mesh:
     return coarse.make_mesh(workers=p, proxies=q, proxies_on="host")
-
-
-def _crossing(p: int, q: int) -> coarse.Config:
-    """Every worker's small pieces to the next group's proxy, large ones two groups on, and
-    tiny shards: every proxy serves pushes from other groups' workers, several per leaf."""
-    k = p // q
-    return coarse.Config(
-        shard_bytes=128,
-        latency_threshold_bytes=100,
-        routes=tuple(((i // k + 1) % q, (i // k + 2) % q) for i in range(p)),
-    )
 
 
 def _batches(n: int, per_worker: int, workers: int) -> list[dict]:
@@ -141,85 +131,7 @@ def test_a_mesh_made_by_hand_needs_its_proxies():
         coarse.sync(Mesh(d, ("data",)))(lambda x: x)
 
 
-@pytest.mark.parametrize("p, q", RATIOS)
-def test_all_reduce_and_value_and_grad_match_float64(p, q):
-    mesh = _host(p, q)
-    cfg = _crossing(p, q)
-    rng = np.random.default_rng(p * 10 + q)
-    values = {
-        "a": rng.standard_normal((p, 40)).astype(np.float32),
-        "b": rng.standard_normal((p, 7, 9)).astype(np.float32),
-        "h": rng.standard_normal((p, 33)).astype(jnp.bfloat16),
-    }
-
-    @coarse.sync(mesh, config=cfg)
-    def reduce(per_worker):
-        return coarse.all_reduce(jax.tree.map(lambda x: x[0], per_worker), op="sum")
-
-    summed = reduce(values)
-    for k, v in values.items():
-        want = v.astype(np.float64).sum(axis=0)
-        tol = (2.0**-7 if v.dtype == jnp.bfloat16 else 4 * p * 2.0**-24) * np.abs(want).max()
-        np.testing.assert_allclose(np.asarray(summed[k], np.float64), want, rtol=0, atol=tol + 1e-6)
-    assert_replicated(summed)
-
-    params = mlp_init(jax.random.key(p + q), SIZES)
-    batch = make_batch(jax.random.key(7), 4 * p, 8, 4)
-    # The first layer reduced among the workers (their ring), the rest by the proxies.
-    split = dataclasses.replace(cfg, leading_bytes=(8 * 16 + 16) * 4)
-
-    @coarse.sync(mesh, config=split)
-    def vg(params, batch):
-        return coarse.value_and_grad(mlp_loss)(params, batch)
-
-    loss, grads = vg(params, batch)
-    per = [
-        jax.value_and_grad(mlp_loss)(params, {k: v[4 * i : 4 * i + 4] for k, v in batch.items()})
-        for i in range(p)
-    ]
-    want = jax.tree.map(
-        lambda *g: np.mean([np.asarray(x, np.float64) for x in g], 0), *[g for _, g in per]
-    )
-    np.testing.assert_allclose(float(loss), np.mean([float(v) for v, _ in per]), rtol=1e-6)
-    assert_tree_close(grads, want, rtol=1e-6, atol_scale=1e-6)
-    assert_replicated(grads)
-
-
 ADAMW = coarse.optim.adamw(optax.linear_schedule(1e-2, 1e-3, 20), weight_decay=0.01, clip_norm=0.3)
-OPTIMIZERS = {
-    "sgd": (coarse.optim.sgd(0.05, momentum=0.9), optax.sgd(0.05, momentum=0.9)),
-    "adam": (coarse.optim.adam(1e-2), optax.adam(1e-2)),
-    "adamw": (
-        ADAMW,
-        optax.chain(
-            optax.clip_by_global_norm(0.3),
-            optax.adamw(optax.linear_schedule(1e-2, 1e-3, 20), weight_decay=0.01),
-        ),
-    ),
-}
-UPDATE_CASES = [("adamw", p, q) for p, q in RATIOS] + [("sgd", 4, 2), ("adam", 8, 8)]
-
-
-@pytest.mark.parametrize("name, p, q", UPDATE_CASES)
-def test_value_and_update_matches_optax_under_pmean(name, p, q):
-    opt, oracle = OPTIMIZERS[name]
-    params = mlp_init(jax.random.key(3), SIZES)
-    step = coarse_update_step(_host(p, q), opt, _crossing(p, q))
-    ref = pmean_optax_step(p, oracle)
-    got, want, state = params, params, oracle.init(params)
-    for batch in _batches(8, 2, p):
-        got, loss = step(got, batch)
-        want, state, want_loss = ref(want, state, batch)
-        np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
-    assert_tree_close(got, jax.device_get(want), rtol=1e-5, atol_scale=1e-5)
-    assert_replicated(got)
-    # Each host proxy holds 1/q of the master and the state: exported whole, it is optax's.
-    for a, b in zip(jax.tree.leaves(step.optimizer_state()), jax.tree.leaves(state), strict=True):
-        b = np.asarray(jax.device_get(b), np.float64)
-        np.testing.assert_allclose(
-            np.asarray(a, np.float64), b, rtol=1e-5, atol=1e-5 * (np.abs(b).max(initial=0) or 1)
-        )
-    assert_tree_close(step.master_params(), got, rtol=0, atol_scale=0)
 
 
 @pytest.mark.parametrize("q", [4, 2, 1])
@@ -229,9 +141,9 @@ def test_bitwise_equal_to_device_proxies(q):
     batches = _batches(5, 2, 4)
     runs = []
     for mesh in (_host(4, q), coarse.make_mesh(workers=4, proxies=q)):
-        step = coarse_update_step(mesh, ADAMW, _crossing(4, q))
+        step = coarse_update_step(mesh, ADAMW, crossing_config(4, q))
 
-        @coarse.sync(mesh, config=_crossing(4, q))
+        @coarse.sync(mesh, config=crossing_config(4, q))
         def vg(params, batch):
             return coarse.value_and_grad(mlp_loss)(params, batch)
 
@@ -241,54 +153,6 @@ def test_bitwise_equal_to_device_proxies(q):
             losses.append(loss)
         runs.append((p, losses, step.optimizer_state(), vg(params, batches[0])))
     _assert_bitwise(runs[0], runs[1])
-
-
-def test_arrays_on_the_host_mesh_are_arguments():
-    mesh = _host(8, 2)
-    params = mlp_init(jax.random.key(11), SIZES)
-    batch = make_batch(jax.random.key(12), 16, 8, 4)
-
-    @coarse.sync(mesh)
-    def vg(params, batch):
-        return coarse.value_and_grad(mlp_loss)(params, batch)
-
-    want = jax.device_get(vg(params, batch))
-    placed = (
-        jax.device_put(params, NamedSharding(mesh, P())),
-        jax.device_put(batch, NamedSharding(mesh, P("data"))),
-    )
-    _assert_bitwise(jax.device_get(vg(*placed)), want)
-
-
-@pytest.mark.parametrize("p, q", [(4, 1), (8, 2)])
-def test_snapshot_and_restore_round_trip(p, q, tmp_path):
-    mesh = _host(p, q)
-    params = mlp_init(jax.random.key(2), SIZES)
-    batches = _batches(6, 4, p)
-    opt = coarse.optim.sgd(0.05, momentum=0.9)
-    cfg = coarse.Config(snapshot_every=5, snapshot_dir=str(tmp_path / "ck"))
-    step = coarse_update_step(mesh, opt, cfg)
-    w = params
-    for batch in batches[:3]:
-        w, _ = step(w, batch)
-    assert step.snapshot() == 3
-    state3 = step.optimizer_state()
-    for batch in batches[3:5]:
-        w, _ = step(w, batch)
-    w = step.restore()  # in memory: back to step 3
-    assert step.restored_count == 3
-    _assert_bitwise(step.optimizer_state(), state3)
-    again = w
-    for batch in batches[3:]:
-        again, _ = step(again, batch)
-    step.wait_snapshots()
-    # From disk, in a fresh step: the newest checkpoint (step 5's, taken when step 6 started).
-    fresh = coarse_update_step(mesh, opt, cfg)
-    restored = fresh.restore(str(tmp_path / "ck"))
-    assert fresh.restored_count == 5
-    for batch in batches[5:]:
-        restored, _ = fresh(restored, batch)
-    _assert_bitwise(restored, again)
 
 
 def test_memory_report_puts_the_proxies_bytes_in_host_memory():
@@ -319,27 +183,6 @@ def test_memory_report_puts_the_proxies_bytes_in_host_memory():
     assert ideal <= host.proxy.optimizer_bytes <= 1.25 * ideal + 4096
     assert host.worker == dev.worker  # the same workers' program
     assert "proxy: host" in host.table() and "proxy: host" not in dev.table()
-
-
-def test_a_lost_push_names_the_host_proxy_and_leaves_the_state():
-    from coarse_jax import _ffi
-
-    params = mlp_init(jax.random.key(8), SIZES)
-    batches = _batches(3, 2, 4)
-    # Worker 3 pushes everything to proxy 0, which serves workers 0 and 1.
-    cfg = coarse.Config(timeout_s=1.0, routes=((0, 0), (0, 0), (1, 1), (0, 0)))
-    step = coarse_update_step(_host(4, 2), coarse.optim.adam(1e-2), cfg)
-    w, _ = step(params, batches[0])
-    before = step.optimizer_state()
-    _ffi.inject_dropped_push(3)
-    with pytest.raises(
-        Exception,
-        match=r"proxy 0 \(in host memory, serving workers 0\.\.1\) timed out .* "
-        r"worker\(s\) 3 to push .*\(2 of 3 arrived\)",
-    ):
-        jax.block_until_ready(step(w, batches[1]))
-    _assert_bitwise(step.optimizer_state(), before)
-    jax.block_until_ready(step(w, batches[2]))  # the step goes on from the previous version
 
 
 def test_a_large_share_on_the_host_pool_matches_optax():

@@ -4,6 +4,12 @@ Oracles share no code with coarse_jax: float64 numpy means of what each worker
 holds, and optax under ``lax.pmean`` over the same p workers
 (`helpers.pmean_optax_step`). Crossing routes and tiny shards make every
 proxy serve pushes from workers of other groups, several pieces per leaf.
+
+The tests that do not depend on where the proxies live run for proxies on
+devices and proxies in host memory (``proxies_on``; ids ``devices-p4q2``,
+``host-p8q2``): host proxies give bitwise the bits of device proxies
+(test_host_proxies.py proves it), so each test is written once. With host
+proxies every device can be a worker, so their cases go up to p = 8.
 """
 
 from __future__ import annotations
@@ -19,27 +25,35 @@ from helpers import (
     assert_replicated,
     assert_tree_close,
     coarse_update_step,
+    crossing_config,
     make_batch,
     mlp_init,
     mlp_loss,
     pmean_optax_step,
 )
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
 from coarse_jax import _ffi
 
 SIZES = (8, 16, 16, 4)
-RATIOS = [(2, 1), (4, 2), (4, 1), (6, 2)]
+# (p, q) with device proxies (p + q devices of 8), and with host proxies: 1:1, 2:1,
+# 4:1 on 4 workers, and all 8 devices as workers (1:1, 4:1).
+RATIOS = {
+    "devices": [(2, 1), (4, 2), (4, 1), (6, 2)],
+    "host": [(4, 4), (4, 2), (4, 1), (8, 8), (8, 2)],
+}
 
 
-def _crossing(p: int, q: int) -> coarse.Config:
-    """Every worker's small pieces to the next group's proxy, large ones two groups on."""
-    k = p // q
-    return coarse.Config(
-        shard_bytes=128,
-        latency_threshold_bytes=100,
-        routes=tuple(((i // k + 1) % q, (i // k + 2) % q) for i in range(p)),
-    )
+def _case(*prefix: str, on: str, p: int, q: int, mode: str = "ffi"):
+    """A pytest case ``(*prefix, on, p, q, mode)`` with a readable id."""
+    tail = "" if mode == "ffi" else f"-{mode}"
+    return pytest.param(*prefix, on, p, q, mode, id="-".join([*prefix, f"{on}-p{p}q{q}{tail}"]))
+
+
+def _mesh(on: str, p: int, q: int):
+    return coarse.make_mesh(workers=p, proxies=q, proxies_on=on)
 
 
 def _batches(n: int, per_worker: int, workers: int):
@@ -92,10 +106,14 @@ def test_sync_refuses_a_proxy_row_that_is_not_grouped():
         coarse.sync(bad)(lambda x: x)
 
 
-@pytest.mark.parametrize("p, q, mode", [(p, q, "ffi") for p, q in RATIOS] + [(4, 2, "reference")])
-def test_value_and_grad_and_all_reduce_match_float64(p, q, mode):
-    mesh = coarse.make_mesh(workers=p, proxies=q)
-    cfg = dataclasses.replace(_crossing(p, q), mode=mode)
+@pytest.mark.parametrize(
+    "proxies_on, p, q, mode",
+    [_case(on=on, p=p, q=q) for on, ratios in RATIOS.items() for p, q in ratios]
+    + [_case(on="devices", p=4, q=2, mode="reference")],
+)
+def test_value_and_grad_and_all_reduce_match_float64(proxies_on, p, q, mode):
+    mesh = _mesh(proxies_on, p, q)
+    cfg = dataclasses.replace(crossing_config(p, q), mode=mode)
     rng = np.random.default_rng(p * 10 + q)
     values = {
         "a": rng.standard_normal((p, 40)).astype(np.float32),
@@ -117,8 +135,10 @@ def test_value_and_grad_and_all_reduce_match_float64(p, q, mode):
 
     params = mlp_init(jax.random.key(p + q), SIZES)
     batch = make_batch(jax.random.key(7), 4 * p, 8, 4)
+    # The first layer reduced among the workers (their ring), the rest by the proxies.
+    split = dataclasses.replace(cfg, leading_bytes=(8 * 16 + 16) * 4)
 
-    @coarse.sync(mesh, config=cfg)
+    @coarse.sync(mesh, config=split)
     def vg(params, batch):
         return coarse.value_and_grad(mlp_loss)(params, batch)
 
@@ -136,46 +156,60 @@ def test_value_and_grad_and_all_reduce_match_float64(p, q, mode):
     assert_replicated(grads)
 
 
-@pytest.mark.parametrize("q", [2, 4])
-def test_arrays_replicated_over_the_mesh_are_taken_as_arguments(q):
-    # jax can replicate an array over a mesh that lists a device twice (q < p),
-    # but cannot copy out of it; the step cuts each worker's block from a replica.
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    mesh = coarse.make_mesh(workers=4, proxies=q)
+@pytest.mark.parametrize(
+    "proxies_on, p, q",
+    [("devices", 4, 2), ("devices", 4, 4), ("host", 8, 2)],
+    ids=["devices-p4q2", "devices-p4q4", "host-p8q2"],
+)
+def test_arrays_placed_on_the_mesh_are_taken_as_arguments(proxies_on, p, q):
+    # The state replicated on the mesh make_mesh returned (the workers'), the batch
+    # replicated or split over "data": the same bits as from numpy arguments.
+    mesh = _mesh(proxies_on, p, q)
     params = mlp_init(jax.random.key(11), SIZES)
     batch = make_batch(jax.random.key(12), 16, 8, 4)
-    on_mesh = NamedSharding(mesh, P())
 
     @coarse.sync(mesh)
     def vg(params, batch):
         return coarse.value_and_grad(mlp_loss)(params, batch)
 
     want = jax.device_get(vg(params, batch))
-    got = jax.device_get(vg(jax.device_put(params, on_mesh), jax.device_put(batch, on_mesh)))
-    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
-        np.testing.assert_array_equal(a, b)
+    for spec in (P(), P("data")):
+        placed = jax.device_put(params, NamedSharding(mesh, P()))
+        got = jax.device_get(vg(placed, jax.device_put(batch, NamedSharding(mesh, spec))))
+        for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 OPT = coarse.optim.adamw(optax.linear_schedule(1e-2, 1e-3, 20), weight_decay=0.01, clip_norm=0.3)
-ORACLE = optax.chain(
-    optax.clip_by_global_norm(0.3),
-    optax.adamw(optax.linear_schedule(1e-2, 1e-3, 20), weight_decay=0.01),
-)
+OPTIMIZERS = {
+    "adamw": (
+        OPT,
+        optax.chain(
+            optax.clip_by_global_norm(0.3),
+            optax.adamw(optax.linear_schedule(1e-2, 1e-3, 20), weight_decay=0.01),
+        ),
+    ),
+    "sgd": (coarse.optim.sgd(0.05, momentum=0.9), optax.sgd(0.05, momentum=0.9)),
+    "adam": (coarse.optim.adam(1e-2), optax.adam(1e-2)),
+}
+UPDATE_CASES = [
+    *(_case("adamw", on=on, p=p, q=q) for on, ratios in RATIOS.items() for p, q in ratios),
+    _case("adamw", on="devices", p=4, q=2, mode="reference"),
+    _case("adamw", on="devices", p=6, q=2, mode="reference"),
+    _case("sgd", on="host", p=4, q=2),
+    _case("adam", on="host", p=8, q=8),
+]
 
 
-@pytest.mark.parametrize(
-    "p, q, mode", [(p, q, "ffi") for p, q in RATIOS] + [(4, 2, "reference"), (6, 2, "reference")]
-)
-def test_value_and_update_matches_optax_under_pmean(p, q, mode):
-    mesh = coarse.make_mesh(workers=p, proxies=q)
+@pytest.mark.parametrize("name, proxies_on, p, q, mode", UPDATE_CASES)
+def test_value_and_update_matches_optax_under_pmean(name, proxies_on, p, q, mode):
+    opt, oracle = OPTIMIZERS[name]
     params = mlp_init(jax.random.key(3), SIZES)
     batches = _batches(12, 2, p)
-    cfg = dataclasses.replace(_crossing(p, q), mode=mode)
-    step = coarse_update_step(mesh, OPT, cfg)
-    ref = pmean_optax_step(p, ORACLE)
-    got, state = params, ORACLE.init(params)
+    cfg = dataclasses.replace(crossing_config(p, q), mode=mode)
+    step = coarse_update_step(_mesh(proxies_on, p, q), opt, cfg)
+    ref = pmean_optax_step(p, oracle)
+    got, state = params, oracle.init(params)
     want = params
     for batch in batches:
         got, loss = step(got, batch)
@@ -214,7 +248,7 @@ def test_reruns_are_bitwise_equal():
     batches = _batches(6, 2, 4)
     runs = []
     for _ in range(2):
-        step = coarse_update_step(mesh, OPT, _crossing(4, 2))
+        step = coarse_update_step(mesh, OPT, crossing_config(4, 2))
         p = params
         for batch in batches:
             p, _ = step(p, batch)
@@ -223,8 +257,16 @@ def test_reruns_are_bitwise_equal():
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_lost_push_names_the_shared_proxy_and_leaves_the_state():
-    mesh = coarse.make_mesh(workers=4, proxies=2)
+@pytest.mark.parametrize(
+    "proxies_on, proxy",
+    [
+        ("devices", r"proxy 0 \(tier=1, data=0\.\.1, shared by workers 0\.\.1\)"),
+        ("host", r"proxy 0 \(in host memory, serving workers 0\.\.1\)"),
+    ],
+    ids=["devices", "host"],
+)
+def test_a_lost_push_names_the_shared_proxy_and_leaves_the_state(proxies_on, proxy):
+    mesh = _mesh(proxies_on, 4, 2)
     params = mlp_init(jax.random.key(8), SIZES)
     batches = _batches(3, 2, 4)
     # Worker 3 pushes everything to proxy 0, which serves workers 0 and 1.
@@ -235,9 +277,8 @@ def test_a_lost_push_names_the_shared_proxy_and_leaves_the_state():
     _ffi.inject_dropped_push(3)
     with pytest.raises(
         Exception,
-        match=r"proxy 0 \(tier=1, data=0\.\.1, shared by workers 0\.\.1\) timed out .* "
         # Exactly the missing push, not every client of the proxy (0, 1, 3).
-        r"worker\(s\) 3 to push .*\(2 of 3 arrived\)",
+        match=proxy + r" timed out .* worker\(s\) 3 to push .*\(2 of 3 arrived\)",
     ):
         jax.block_until_ready(step(p, batches[1]))
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(step.optimizer_state()), strict=True):

@@ -307,10 +307,21 @@ def test_rollback_after_a_nan_equals_skipping_that_batch():
     assert_tree_close(p, q, rtol=0, atol_scale=0)
 
 
-# (workers, proxies): 1:1, and proxies shared by 2 and 4 workers (COARSE k:1).
-@pytest.mark.parametrize("workers, proxies", [(1, 1), (2, 2), (4, 4), (4, 2), (4, 1)])
-def test_snapshot_and_restore_round_trip(workers, proxies, tmp_path):
-    mesh = coarse.make_mesh(workers=workers, proxies=proxies)
+# (workers, proxies): 1:1, and proxies shared by 2 and 4 workers (COARSE k:1), on
+# devices; in host memory, 4:1 on 4 workers and on all 8 devices as workers.
+ROUND_TRIPS = {"devices": [(1, 1), (2, 2), (4, 4), (4, 2), (4, 1)], "host": [(4, 1), (8, 2)]}
+
+
+@pytest.mark.parametrize(
+    "proxies_on, workers, proxies",
+    [
+        pytest.param(on, p, q, id=f"{on}-p{p}q{q}")
+        for on, cases in ROUND_TRIPS.items()
+        for p, q in cases
+    ],
+)
+def test_snapshot_and_restore_round_trip(proxies_on, workers, proxies, tmp_path):
+    mesh = coarse.make_mesh(workers=workers, proxies=proxies, proxies_on=proxies_on)
     params = mlp_init(jax.random.key(2), SIZES)
     batches = [make_batch(jax.random.key(70 + i), 4 * workers, 8, 4) for i in range(6)]
     opt = coarse.optim.sgd(0.05, momentum=0.9)

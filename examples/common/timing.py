@@ -1,16 +1,15 @@
 """Running and timing: the training loop that times every step, and the sync timed alone.
 
-Times are wall clock around ``jax.block_until_ready``; the first call
-compiles and is not counted.
+Times are `common.clock`'s: wall clock around ``jax.block_until_ready``; the
+first call compiles and is not counted.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -21,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
 import coarse_jax as coarse
-from common import steps
+from common import clock, steps
 
 Batch = dict[str, Any]
 
@@ -45,23 +44,10 @@ def train(
     """Runs ``step`` over ``data`` with a progress bar, timing every step."""
     losses, times = [], []
     for batch in tqdm(data, desc=desc, unit="step", leave=True):
-        start = time.perf_counter()
-        state, loss = jax.block_until_ready(step(state, batch))
-        times.append(time.perf_counter() - start)
+        (state, loss), seconds = clock.timed(step, state, batch)
+        times.append(seconds)
         losses.append(float(loss))
     return RunResult(state, losses, times[1:])
-
-
-def median_call_s(fn: Callable[[Any], Any], arg: Any, calls: int, warmup: int = 3) -> float:
-    """Median wall time of ``fn(arg)`` over ``calls`` calls, after compiling and warming up."""
-    for _ in range(warmup):
-        jax.block_until_ready(fn(arg))
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(arg))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def time_syncs(
@@ -84,5 +70,6 @@ def time_syncs(
     for impl in impls:
         mesh = steps.mesh_for(impl, coarse_mesh)
         placed = jax.device_put(per_worker, NamedSharding(mesh, P("data")))
-        times[impl] = median_call_s(steps.sync_only(mesh, impl, cfg), placed, calls)
+        sync = steps.sync_only(mesh, impl, cfg)
+        times[impl] = clock.median_s(functools.partial(sync, placed), calls, warmup=3)
     return times
