@@ -64,7 +64,7 @@ def _time(
     ``align``: the processes meet (untimed) before each call. A call on each
     host alone leaves the two processes apart by up to a second here, which
     the next step across hosts would otherwise count as its own time (at
-    its per-call barrier, coarse_jax/api/_arrival.py).
+    its per-call barrier, coarse_jax/dispatch/arrival.py).
     """
 
     @contextlib.contextmanager
@@ -92,7 +92,9 @@ def emulated(rounds: int) -> None:
     hosts = jax.process_count()
     axes = ("host", "data")
     probe = coarse.Topology.preset("v100", P_LOCAL, clock="virtual")
-    prof = coarse.profile(lmesh, topology=probe, sizes=tuple(4**k for k in range(5, 12)), reps=2)
+    prof = coarse.diagnostics.profile(
+        lmesh, topology=probe, sizes=tuple(4**k for k in range(5, 12)), reps=2
+    )
     topo = coarse.Topology.preset("v100", P_LOCAL, time_scale=SYNC_SCALE)
     base = coarse.Config.from_profile(prof, topology=topo)
     rng = np.random.default_rng(jax.process_index())
@@ -123,7 +125,7 @@ def emulated(rounds: int) -> None:
             alone,
             jax.device_put(local, NamedSharding(lmesh, P("data"))),
         )
-        plan = coarse.plan(tree, lmesh, cfg)
+        plan = coarse.diagnostics.plan(tree, lmesh, cfg)
         info[scheme] = {
             "predicted_s": predict_hosts_sync_s(plan, topo, hosts),
             "predicted_host_only_s": predict_plan_sync_s(plan, topo),

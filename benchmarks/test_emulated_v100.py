@@ -3,7 +3,7 @@
 A ResNet-50 gradient tree (97.5 MiB) is all-reduced over 4 workers on the
 "v100" preset, the links slowed x300 so that they, not this host's copies,
 set the time. COARSE's routes, threshold and shard size come from a profile
-of the same links (`coarse.profile` + `Config.from_profile`). Each scheme's
+of the same links (`coarse.diagnostics.profile` + `Config.from_profile`). Each scheme's
 median time is reported beside `coarse.model.predict_plan_sync_s`'s
 prediction, the links' lower bound (`coarse.model.link_bound`) and as bus
 bandwidth in the links' own (unscaled) time. Every round is kept
@@ -41,7 +41,9 @@ ROUNDS = 3
 def v100_config() -> coarse.Config:
     mesh = _cpu_mesh()
     probe = coarse.Topology.preset("v100", WORKERS, time_scale=50)
-    prof = coarse.profile(mesh, topology=probe, sizes=tuple(4**k for k in range(5, 12)), reps=3)
+    prof = coarse.diagnostics.profile(
+        mesh, topology=probe, sizes=tuple(4**k for k in range(5, 12)), reps=3
+    )
     return coarse.Config.from_profile(
         prof, topology=coarse.Topology.preset("v100", WORKERS, time_scale=SYNC_SCALE)
     )
@@ -57,7 +59,7 @@ def test_emulated_v100_sync(
     run, _ = schemes.sync_step(mesh, tree, cfg)  # compiled and warmed up, untimed
     benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
     median = benchmark.stats.stats.median
-    plan = coarse.plan(tree, mesh, cfg)
+    plan = coarse.diagnostics.plan(tree, mesh, cfg)
     predicted = predict_plan_sync_s(plan, cfg.topology)
     bound = link_bound(plan, cfg.topology)
     nbytes = sum(math.prod(s) * 4 for _, s in RESNET50_SHAPES)
@@ -95,7 +97,7 @@ def test_emulated_link_real_clock(benchmark: Any) -> None:
     topo = coarse.Topology.preset("v100", WORKERS, time_scale=200)
     want = topo.transfer_s("wp", 0, 0, 4 << 20)
     prof = benchmark.pedantic(
-        lambda: coarse.profile(mesh, topology=topo, sizes=(4 << 20,), reps=2),
+        lambda: coarse.diagnostics.profile(mesh, topology=topo, sizes=(4 << 20,), reps=2),
         rounds=1,
         iterations=1,
     )

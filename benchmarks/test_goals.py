@@ -87,7 +87,7 @@ def _all_reduce_pair(
     x = np.arange(WORKERS * (nbytes // 4), dtype=np.float32) % 7
     # On the workers' devices, where psum's input is: an array on the whole
     # two-tier mesh would be moved onto the workers and the result placed back
-    # on every device of the mesh at each call (coarse_jax/api/_placement.py),
+    # on every device of the mesh at each call (coarse_jax/dispatch/placement.py),
     # about 0.6 ms more a call on this 2-core host.
     return [
         (step, jax.device_put(x, NamedSharding(mesh, P("data")))),
@@ -134,7 +134,9 @@ def test_bandwidth_goal(benchmark: Any) -> None:
     mesh = coarse.make_mesh(workers=WORKERS)
 
     def route(n: int) -> str:  # the default Config's latency route for one n-byte leaf
-        return "XLA" if coarse.plan(np.zeros(n // 4, np.float32), mesh).xla else "proxies"
+        return (
+            "XLA" if coarse.diagnostics.plan(np.zeros(n // 4, np.float32), mesh).xla else "proxies"
+        )
 
     sizes = ", ".join(
         f"{n >> 10} KiB {float(np.median(r)):.2f}x ({route(n)})" for n, r in sorted(by_size.items())
@@ -200,14 +202,14 @@ def test_bytes_against_memory_bandwidth(benchmark: Any) -> None:
     """The ResNet-50 tree's sync against this machine's memory bandwidth, in one run.
 
     The bytes one coarse sync moves, counted by the runtime
-    (`coarse_jax._ffi.traffic`), over its median time, beside a STREAM triad
+    (`coarse_jax._ffi.byte_counts`), over its median time, beside a STREAM triad
     over page-aligned memory (12 bytes an element) timed in the same run, and
     the time the least traffic a shared-memory reduction needs (each worker's
     bytes read once, the result written once per worker: 2 p B) would take
     at the triad's bandwidth; ``lax.pmean``'s time beside it.
     """
+    from coarse_jax._ffi.byte_counts import counted
     from coarse_jax._ffi.extension import cpu_module
-    from coarse_jax._ffi.traffic import counted
 
     rng = np.random.default_rng(0)
     grads = collections.OrderedDict(

@@ -6,7 +6,7 @@ memory `lax.pmean` + `optax.adamw` needs at 8 sequences per worker (params and
 optimizer state donated). Against it, `coarse.value_and_update` with
 `coarse.optim.adamw` (params donated), in f32 and with bf16 params on the
 workers (f32 master on the proxies): the largest per-worker batch for which
-the larger of a worker's and a proxy's memory (`coarse.memory_report`: XLA's
+the larger of a worker's and a proxy's memory (`coarse.diagnostics.memory_report`: XLA's
 arguments, outputs and temporaries per device, plus the runtime's) fits the
 budget, as on devices of equal size. The proxies run no XLA program (the
 runtime's service), so a proxy holds only the runtime's storage and its
@@ -110,7 +110,7 @@ def _coarse_step(mesh, model: Bert = MODEL):
     return step
 
 
-def _device_bytes(report: coarse.MemoryReport) -> int:
+def _device_bytes(report: coarse.diagnostics.MemoryReport) -> int:
     """What one device must hold: the larger tier on devices of equal size; the
     workers alone when the proxies are in host memory (issue 38)."""
     if report.proxies_on == "host":
@@ -118,13 +118,15 @@ def _device_bytes(report: coarse.MemoryReport) -> int:
     return max(report.worker_bytes, report.proxy_bytes)
 
 
-def _largest_fitting(step, dtype, budget: int) -> tuple[int, dict[int, coarse.MemoryReport]]:
+def _largest_fitting(
+    step, dtype, budget: int
+) -> tuple[int, dict[int, coarse.diagnostics.MemoryReport]]:
     params = _params(dtype)
-    reports: dict[int, coarse.MemoryReport] = {}
+    reports: dict[int, coarse.diagnostics.MemoryReport] = {}
 
     def device_bytes(b: int) -> int:
         if b not in reports:
-            reports[b] = coarse.memory_report(step, params, _batch(b))
+            reports[b] = coarse.diagnostics.memory_report(step, params, _batch(b))
         return _device_bytes(reports[b])
 
     return _walk(device_bytes, budget), reports
@@ -144,7 +146,7 @@ def _walk(device_bytes, budget: int) -> int:
     return b
 
 
-def _spent(report: coarse.MemoryReport) -> str:
+def _spent(report: coarse.diagnostics.MemoryReport) -> str:
     if report.proxies_on == "host":
         return f"{WORKERS} devices, the proxies in host memory"
     return f"{2 * WORKERS} devices of equal size, {WORKERS} of them proxies"

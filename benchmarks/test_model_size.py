@@ -12,7 +12,7 @@ deepest BERT (hidden 768, the same batch) whose per-device memory fits:
   and the optimizer state in host memory; f32 params, and bf16 params on the
   workers (an f32 master on the proxies).
 
-Memory is `coarse.memory_report` (XLA:CPU's buffer assignment of the compiled
+Memory is `coarse.diagnostics.memory_report` (XLA:CPU's buffer assignment of the compiled
 program, plus the runtime's storage) and, for pmean, the compiled program's
 memory analysis: nothing runs. The search compiles 12 and 24 layers, guesses
 the boundary from their difference, then walks to it compiling each
@@ -108,7 +108,7 @@ def _coarse_host_bytes(dtype, remat: bool = False):
             value, params = coarse.value_and_update(loss, opt)(params, batch)
             return params, value
 
-        report = coarse.memory_report(step, _params(layers, dtype), _batch())
+        report = coarse.diagnostics.memory_report(step, _params(layers, dtype), _batch())
         return report.worker_bytes  # the proxies are in host memory
 
     return bytes_at

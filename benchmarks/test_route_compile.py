@@ -58,7 +58,7 @@ _SCRIPT = textwrap.dedent(
     t0 = time.perf_counter()
     jax.block_until_ready(step(tree))
     s = time.perf_counter() - t0
-    print(json.dumps({"s": s, "route": bool(coarse.plan(tree, mesh).xla)}))
+    print(json.dumps({"s": s, "route": bool(coarse.diagnostics.plan(tree, mesh).xla)}))
     """
 )
 

@@ -8,13 +8,13 @@ and BERT-base (417.7 MiB) gradient trees:
 * AllReduce: the worker ring over the whole tree; it uses no proxy (4 devices);
 * COARSE(1:1): ``make_mesh(4)``, 8 devices; COARSE(2:1): ``make_mesh(4, proxies=2)``,
   6 devices. Each COARSE's routes, threshold and shard size come from a profile
-  of its own mesh on the same links (`coarse.profile` + `Config.from_profile`).
+  of its own mesh on the same links (`coarse.diagnostics.profile` + `Config.from_profile`).
 
 Per scheme and tree: the runtime's simulated time on the virtual clock (exact,
 repeatable; host copies take no simulated time), `predict_plan_sync_s`, the
 links' bound (`link_bound`) and what binds it; on the ResNet-50 tree also the
 wall time on the real clock (the links really sleep; median of 2 rounds).
-Memory per proxy is `coarse.memory_report`'s proxy row for a
+Memory per proxy is `coarse.diagnostics.memory_report`'s proxy row for a
 `coarse.value_and_update` (adam) step on the tree: the runtime's session
 storage plus the master parameters and optimizer state the proxy holds.
 
@@ -58,7 +58,9 @@ def _mesh(proxies: int) -> Any:
 def _config(proxies: int, clock: str) -> coarse.Config:
     """COARSE on this mesh, planned from a profile of its own links."""
     probe = coarse.Topology.preset("v100", WORKERS, proxies=proxies, time_scale=50, clock="virtual")
-    prof = coarse.profile(_mesh(proxies), topology=probe, sizes=tuple(4**k for k in range(5, 12)))
+    prof = coarse.diagnostics.profile(
+        _mesh(proxies), topology=probe, sizes=tuple(4**k for k in range(5, 12))
+    )
     topo = coarse.Topology.preset("v100", WORKERS, proxies=proxies, time_scale=SCALE, clock=clock)
     return coarse.Config.from_profile(prof, topology=topo)
 
@@ -74,7 +76,9 @@ def _proxy_memory(mesh: Any, cfg: coarse.Config, tree: Any) -> int:
         value, params = coarse.value_and_update(loss, opt)(params, x)
         return params, value
 
-    report = coarse.memory_report(step, tree, jax.ShapeDtypeStruct((WORKERS,), jnp.float32))
+    report = coarse.diagnostics.memory_report(
+        step, tree, jax.ShapeDtypeStruct((WORKERS,), jnp.float32)
+    )
     return report.proxy_bytes
 
 
@@ -91,7 +95,7 @@ def test_coarse_two_to_one_beside_the_paper_schemes() -> None:
             mesh = _mesh(q)
             virtual = schemes.scheme_config(kind, configs[q, "virtual"], WORKERS)
             simulated = schemes.time_sync(mesh, tree, virtual, reps=1)
-            plan = coarse.plan(tree, mesh, virtual)
+            plan = coarse.diagnostics.plan(tree, mesh, virtual)
             predicted = predict_plan_sync_s(plan, virtual.topology)
             bound = link_bound(plan, virtual.topology)
             wall = None

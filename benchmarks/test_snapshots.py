@@ -251,7 +251,7 @@ def test_snapshot_write_time(case, benchmark):
                     times.append(step.stats()["snapshot_write_s"])
             rows["coarse_jax writer"] = float(np.median(times))
             (store,) = step._stores.values()
-            exported = store.runtime.export(snapshot=True)
+            exported = store.export(snapshot=True)
             assert exported is not None, "the step took snapshots"
             count, leaves, values = exported
             tree = snapshots.to_trees(store, count, store.slot_leaves(leaves, values))

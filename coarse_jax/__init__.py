@@ -20,58 +20,32 @@ Example:
   9.0
 """
 
-from coarse_jax import kernels, model, optim, reference
-from coarse_jax._ffi import (
-    CudaSupport,
-    has_cuda_support,
-    memory_stats,
-    set_memory_limits,
-    virtual_sync_seconds,
-)
+# The training core, and its modules: `coarse.diagnostics` holds what looks at a
+# step rather than runs it (plan, profile, memory, virtual clock), `coarse.optim`
+# the proxies' optimizers, `coarse.model` the paper's performance model,
+# `coarse.kernels` the reduction kernels, `coarse.reference` the pure-JAX oracle.
+# `coarse_jax.mesh` has the proxies' record and the two-tier mesh on request.
+from coarse_jax import diagnostics, kernels, model, optim, reference
+from coarse_jax._ffi import has_cuda_support
 from coarse_jax._version import __version__ as __version__
-from coarse_jax.api import (
-    MemoryReport,
-    SyncedStep,
-    TierMemory,
-    all_reduce,
-    memory_report,
-    on_workers,
-    sync,
-    value_and_grad,
-    value_and_update,
-)
+from coarse_jax.api import SyncedStep, all_reduce, sync, value_and_grad, value_and_update
 from coarse_jax.config import Config
 from coarse_jax.mesh import make_mesh
-from coarse_jax.optim import ProxyOptimizer
-from coarse_jax.plan import Plan, plan
-from coarse_jax.profiling import Profile, Topology, measure_step_times, profile
+from coarse_jax.profiling import Topology
 
 __all__ = [
     "Config",
-    "CudaSupport",
-    "MemoryReport",
-    "Plan",
-    "Profile",
-    "ProxyOptimizer",
     "SyncedStep",
-    "TierMemory",
     "Topology",
     "all_reduce",
+    "diagnostics",
     "has_cuda_support",
     "kernels",
     "make_mesh",
-    "measure_step_times",
-    "memory_report",
-    "memory_stats",
     "model",
-    "on_workers",
     "optim",
-    "plan",
-    "profile",
     "reference",
-    "set_memory_limits",
     "sync",
     "value_and_grad",
     "value_and_update",
-    "virtual_sync_seconds",
 ]

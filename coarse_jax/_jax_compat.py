@@ -242,7 +242,7 @@ def user_location(eqn: Any) -> str:
     """Where the user's code made a jaxpr equation: ``"file.py:12 (fn)"``, or ``""``.
 
     Errors about an equation found by walking a traced step (a coarse call
-    inside a ``lax.cond`` only some devices take, `coarse_jax.api._uniform`)
+    inside a ``lax.cond`` only some devices take, `coarse_jax.dispatch.uniform`)
     point at the user's line. The equation's ``source_info`` holds a traceback
     whose user frame only ``source_info_util.summarize`` picks out (it skips
     jax's own frames); no public API reads it. Checked on 0.10.2, 0.12.0.1.

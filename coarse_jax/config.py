@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from coarse_jax._hooks import HOOKS
 from coarse_jax.mesh import local_proxy
 from coarse_jax.profiling import routing
 
@@ -19,11 +19,6 @@ if TYPE_CHECKING:
 Mode = Literal["ffi", "reference"]
 _MODES = ("ffi", "reference")
 
-
-WORKER_COMPUTE = ("auto", "cond", "all")
-# Config.worker_compute="auto" (deprecated, no effect since the proxies run no
-# XLA program): what it resolved to, for code that still reads it.
-CONVOLUTIONS_SLOW_IN_COND = ("cpu",)
 
 # The longest wait Config.timeout_s allows: the runtime counts nanoseconds in
 # int64 (292 years), and a week is longer than any step.
@@ -57,22 +52,13 @@ def _default_mode() -> str:
 
 
 def _default_xla_below_bytes() -> int | str:
-    """``$COARSE_JAX_XLA_BELOW_BYTES`` ("auto" or bytes), else "auto".
+    """The default of ``Config.xla_below_bytes``: "auto", unless a test set another.
 
-    ``COARSE_JAX_XLA_BELOW_BYTES=0`` sends every tree through the proxies: a
-    CPU test run then takes the path a GPU run takes (the project's own test
-    suite sets it; its tests of the latency route set the Config).
+    The project's suite sends every tree through the proxies
+    (`coarse_jax.testing.set_default_xla_below_bytes`, 0), so a CPU run takes
+    the path a GPU run takes; its tests of the latency route set the Config.
     """
-    raw = os.environ.get("COARSE_JAX_XLA_BELOW_BYTES", "auto").strip()
-    if raw == "auto":
-        return raw
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(
-            f"$COARSE_JAX_XLA_BELOW_BYTES: expected 'auto' or a number of bytes, got {raw!r}. "
-            "Fix: unset it, or set it to 0 (every tree through the proxies)."
-        ) from None
+    return HOOKS.xla_below_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,9 +85,9 @@ class Config:
         measured faster than the proxies below it (a 1 KiB sync: 1.2x
         ``lax.psum``'s time against 1.3-1.8x through the proxies); 0 (the
         proxies) on GPUs, across hosts and with ``topology``. Pass 0 to send
-        small trees through the proxies anyway, or set
-        ``COARSE_JAX_XLA_BELOW_BYTES=0`` (the default's source: "auto" or
-        bytes) to test on a CPU the path a GPU run takes. Whatever the
+        small trees through the proxies anyway, on a CPU the path a GPU run
+        takes (a test suite can make 0 the default:
+        `coarse_jax.testing.set_default_xla_below_bytes`). Whatever the
         route, a call behaves the same: ``jax.vmap``, differentiation and a
         per-device predicate are refused alike. `coarse.value_and_update`
         always goes through the proxies (they hold the optimizer).
@@ -115,19 +101,12 @@ class Config:
         a value at least the tree's size keeps everything on workers.
         ``"auto"``: the paper's model picks the split (III-F) from ``profile``
         (proxy-ring and worker-ring bandwidth) and ``step_times_s``.
-      profile: the `coarse.Profile` this Config was planned from
+      profile: the `coarse.diagnostics.Profile` this Config was planned from
         (`Config.from_profile` sets it); needed by ``leading_bytes="auto"`` and
         ``reprofile_every``.
       step_times_s: ``(T_FP, T_BP)`` in seconds, the forward and backward time
         of one step, for ``leading_bytes="auto"``; measure them with
-        `coarse.measure_step_times`.
-      worker_compute: deprecated, no effect; setting it warns
-        (`DeprecationWarning`). It chose how the workers alone ran the model
-        when one XLA program spanned both tiers ("cond": a ``lax.cond`` on the
-        tier, "all": every device ran it). The proxies now run no XLA program
-        (their work is the runtime's service), so the model runs on the
-        workers only, whatever this says. Accepted ("auto", "cond", "all")
-        for one more release. Fix: drop it.
+        `coarse.diagnostics.measure_step_times`.
       reprofile_every: with a ``profile``, `coarse.sync` profiles the links
         again every this many calls and re-plans; the step recompiles only if
         the plan changed. 0: never.
@@ -208,7 +187,6 @@ class Config:
     profile: Profile | None = dataclasses.field(default=None, compare=False, repr=False)
     step_times_s: tuple[float, float] | None = None
     reprofile_every: int = 0
-    worker_compute: str | None = None  # deprecated: None is "not given" ("auto")
     max_steps_in_flight: int | None = None
     snapshot_every: int = 0
     snapshot_dir: str | None = None
@@ -234,11 +212,11 @@ class Config:
                 )
         if self.leading_bytes == "auto" and (self.profile is None or self.step_times_s is None):
             raise ValueError(
-                'Config.leading_bytes="auto" needs profile= (a coarse.Profile) and step_times_s= '
-                "(T_FP, T_BP); got profile="
+                'Config.leading_bytes="auto" needs profile= (a coarse.diagnostics.Profile) and '
+                "step_times_s= (T_FP, T_BP); got profile="
                 f"{'set' if self.profile is not None else None}, step_times_s={self.step_times_s}. "
-                "Fix: Config.from_profile(coarse.profile(mesh), leading_bytes='auto', "
-                "step_times_s=coarse.measure_step_times(loss_fn, params, batch))."
+                "Fix: Config.from_profile(coarse.diagnostics.profile(mesh), leading_bytes='auto', "
+                "step_times_s=coarse.diagnostics.measure_step_times(loss_fn, params, batch))."
             )
         if self.reprofile_every and self.profile is None:
             raise ValueError(
@@ -275,18 +253,6 @@ class Config:
                 f"Config.mode: expected one of {_MODES}, got {self.mode!r} "
                 "(check $COARSE_JAX_MODE)."
             )
-        if self.worker_compute is not None:
-            if self.worker_compute not in WORKER_COMPUTE:
-                raise ValueError(
-                    f"Config.worker_compute: expected one of {WORKER_COMPUTE}, got "
-                    f"{self.worker_compute!r}."
-                )
-            warnings.warn(
-                "Config.worker_compute is deprecated and has no effect: a coarse.sync step's "
-                "program runs on the workers only. Fix: drop worker_compute=...",
-                DeprecationWarning,
-                stacklevel=3,
-            )
         if isinstance(self.timeout_s, bool) or not 0 < self.timeout_s <= MAX_TIMEOUT_S:
             raise ValueError(
                 f"Config.timeout_s: expected seconds in (0, {MAX_TIMEOUT_S:g}] (a week), got "
@@ -314,7 +280,7 @@ class Config:
           highest peak bandwidth among the profile's q proxies
           (`routing.routes_from_profile`), so they are valid for a mesh of
           the profile's p workers and q proxies (``routes_for(p, q)``). A
-          profile from `coarse.profile` carries its decisions
+          profile from `coarse.diagnostics.profile` carries its decisions
           (`Profile.decisions`): each is clear from repeated measurements by
           a 5% margin, or, where the measurements left it unclear within
           the profiler's time budget, the emulated topology's model's choice
@@ -334,7 +300,8 @@ class Config:
         emulated links that were measured. ``overrides`` replace any field.
 
         Args:
-          profile: a `coarse.Profile` (from `coarse.profile` or `Profile.load`).
+          profile: a `coarse.diagnostics.Profile` (from `coarse.diagnostics.profile` or
+            `Profile.load`).
           **overrides: Config fields to set instead (``leading_bytes``,
             ``topology``, ``step_times_s``, ...).
 
@@ -346,13 +313,14 @@ class Config:
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 16, 1 << 22])
+          >>> sizes = [1 << 10, 1 << 16, 1 << 22]
+          >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=sizes)
           >>> cfg = coarse.Config.from_profile(prof, topology=topo, leading_bytes=1 << 16)
           >>> cfg.routes, cfg.shard_bytes, cfg.leading_bytes
           (((0, 1), (1, 2), (2, 3), (3, 0)), 4194304, 65536)
           >>> shared = coarse.make_mesh(workers=4, proxies=2)                 # COARSE(2:1)
           >>> topo = coarse.Topology.preset("v100", 4, proxies=2, clock="virtual")
-          >>> prof = coarse.profile(shared, topology=topo, sizes=[1 << 10, 1 << 16, 1 << 22])
+          >>> prof = coarse.diagnostics.profile(shared, topology=topo, sizes=sizes)
           >>> coarse.Config.from_profile(prof, topology=topo).routes_for(4, proxies=2)
           ((0, 1), (0, 1), (1, 0), (1, 0))
         """
@@ -374,40 +342,6 @@ class Config:
         )
         cfg.routes_for(profile.workers, profile.proxies)  # the planner names proxies 0..q-1
         return dataclasses.replace(cfg, **overrides)
-
-    def worker_compute_on(self, platform: str, convolutions: bool = True) -> str:
-        """``worker_compute`` with "auto" resolved for a model on ``platform``.
-
-        Deprecated with ``worker_compute``, which no longer changes the step:
-        kept for one more release for code that reads it; calling it warns
-        (`DeprecationWarning`). Fix: drop the call.
-
-        Args:
-          platform: the devices' platform ("cpu", "gpu", ...).
-          convolutions: whether the model's loss convolves.
-
-        Returns:
-          "all" or "cond". "auto" is "all" for convolutions on CPU (XLA:CPU
-          runs them about 4x slower inside a ``lax.cond``) and "cond"
-          otherwise; any other setting is returned as it is.
-
-        Example:
-          >>> import warnings
-          >>> with warnings.catch_warnings():
-          ...     warnings.simplefilter("ignore", DeprecationWarning)
-          ...     cfg = coarse.Config()
-          ...     cfg.worker_compute_on("cpu", convolutions=True), cfg.worker_compute_on("gpu")
-          ('all', 'cond')
-        """
-        warnings.warn(
-            "Config.worker_compute_on is deprecated: worker_compute has no effect. Fix: drop "
-            "the call.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        if self.worker_compute not in (None, "auto"):
-            return self.worker_compute
-        return "all" if convolutions and platform in CONVOLUTIONS_SLOW_IN_COND else "cond"
 
     def routes_for(self, workers: int, proxies: int | None = None) -> tuple[tuple[int, int], ...]:
         """The routing table for ``workers`` workers and ``proxies`` proxies, checked.

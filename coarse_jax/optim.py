@@ -76,7 +76,7 @@ class ProxyOptimizer:
       >>> opt = coarse.optim.adam(1e-3)
       >>> opt.kind, opt.b1, opt.slots
       ('adam', 0.9, 2)
-      >>> isinstance(opt, coarse.ProxyOptimizer)
+      >>> isinstance(opt, coarse.optim.ProxyOptimizer)
       True
     """
 

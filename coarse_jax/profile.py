@@ -1,14 +1,14 @@
 """``python -m coarse_jax.profile``: the profiler's command line, kept under its first name.
 
 Only an entry point (the same as ``python -m coarse_jax.profiling``). Importing
-it is refused: as a submodule it would replace the function ``coarse.profile``
+it is refused: as a submodule it would replace the function ``coarse.diagnostics.profile``
 with this module on the package.
 """
 
 if __name__ != "__main__":
     raise ImportError(
         "coarse_jax.profile is the profiler's command line, not a module to import: use the "
-        "function coarse_jax.profile (coarse.profile(mesh)) or the package coarse_jax.profiling."
+        "function coarse.diagnostics.profile(mesh) or the package coarse_jax.profiling."
     )
 
 from coarse_jax.bench.cli import main

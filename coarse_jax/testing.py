@@ -13,6 +13,13 @@ mesh with separate proxy devices (tests/test_shared_device.py).
 a test can tell the plain CPU backend from the stream-semantics one
 (``COARSE_JAX_BACKEND=streams``).
 
+Test switches, each a call in the process it changes (never an environment
+variable, so none leaks into a user's run): `set_default_xla_below_bytes`
+(the project's suite sends small trees through the proxies, the path a GPU
+run takes), `xla_hand_out` (XLA's all_gather hands out within a host on CPU
+too, as on GPUs) and `kill_before_rename` (a crash between a checkpoint's
+write and its rename).
+
 `stream_ops` counts, per kind, what the runtime asked of its streams (kernel
 launches, copies by direction with their bytes, event records, stream waits,
 host waits and synchronizations, hand-offs between threads) on CUDA and on the
@@ -23,7 +30,8 @@ zeroes it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
@@ -31,9 +39,19 @@ from jax.sharding import Mesh
 
 from coarse_jax import _ffi
 from coarse_jax._ffi.stream_ops import StreamOps, reset_stream_ops, stream_ops
+from coarse_jax._hooks import HOOKS
 from coarse_jax.mesh import AXES
 
-__all__ = ["StreamOps", "active_backend", "reset_stream_ops", "shared_device_mesh", "stream_ops"]
+__all__ = [
+    "StreamOps",
+    "active_backend",
+    "kill_before_rename",
+    "reset_stream_ops",
+    "set_default_xla_below_bytes",
+    "shared_device_mesh",
+    "stream_ops",
+    "xla_hand_out",
+]
 
 
 def shared_device_mesh(workers: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -91,3 +109,67 @@ def active_backend(platform: str | None = None) -> str:
     if platform in ("gpu", "cuda"):
         return "cuda"
     return str(_ffi.cpu_module().backend())
+
+
+def set_default_xla_below_bytes(value: int | str) -> int | str:
+    """Sets the default of ``Config.xla_below_bytes`` for this process. Test only.
+
+    A Config built afterwards without ``xla_below_bytes`` takes ``value``; one
+    that names it is unchanged. The project's suite sets 0 (tests/conftest.py),
+    so its small trees go through the proxies, the path a GPU run takes.
+
+    Args:
+      value: ``"auto"`` (the user's default) or a non-negative number of bytes.
+
+    Returns:
+      The default it replaces, to restore.
+
+    Raises:
+      ValueError: ``value`` is neither "auto" nor a non-negative int.
+
+    Example:
+      >>> from coarse_jax.testing import set_default_xla_below_bytes
+      >>> before = set_default_xla_below_bytes(0)
+      >>> coarse.Config().xla_below_bytes, coarse.Config(xla_below_bytes=64).xla_below_bytes
+      (0, 64)
+      >>> _ = set_default_xla_below_bytes(before)
+    """
+    if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(
+            "set_default_xla_below_bytes: expected 'auto' or a non-negative int of bytes, got "
+            f"{value!r}. Fix: pass 0 (every tree through the proxies) or 'auto'."
+        )
+    before, HOOKS.xla_below_bytes = HOOKS.xla_below_bytes, value
+    return before
+
+
+@contextlib.contextmanager
+def xla_hand_out() -> Iterator[None]:
+    """Within it, steps traced across hosts hand out within a host by XLA's all_gather
+    on CPU workers too, as on GPUs (the runtime's hand-out otherwise). Test only.
+
+    Example:
+      >>> from coarse_jax.testing import xla_hand_out
+      >>> with xla_hand_out():
+      ...     pass
+    """
+    before, HOOKS.xla_hand_out = HOOKS.xla_hand_out, True
+    try:
+        yield
+    finally:
+        HOOKS.xla_hand_out = before
+
+
+def kill_before_rename(step: int | None) -> None:
+    """Kills this process (SIGKILL) once optimizer step ``step``'s snapshot is written
+    to ``Config.snapshot_dir`` and before it is renamed complete. Test only.
+
+    Args:
+      step: the snapshot's optimizer step count; None turns it off.
+
+    Raises:
+      ValueError: ``step`` is neither None nor a non-negative int.
+    """
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ValueError(f"kill_before_rename: expected None or a step count >= 0, got {step!r}.")
+    HOOKS.kill_before_rename = step

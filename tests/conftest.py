@@ -22,18 +22,21 @@ if os.environ.get("COARSE_TEST_COMPILE_CACHE", "1") != "0":
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE))
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
-# The suite tests the proxies' runtime, mostly on small trees, which the
-# default Config would give to XLA on CPU (the latency route,
-# Config.xla_below_bytes="auto"): every tree goes through the proxies unless a
-# test says otherwise (tests/test_xla_route.py sets the Config; the docs'
-# examples run with the user's default, tests/test_docs.py).
-os.environ.setdefault("COARSE_JAX_XLA_BELOW_BYTES", "0")
-
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 if os.environ.get("COARSE_TEST_GPU") != "1":
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# The suite tests the proxies' runtime, mostly on small trees, which the
+# default Config would give to XLA on CPU (the latency route,
+# Config.xla_below_bytes="auto"): every tree goes through the proxies unless a
+# test says otherwise (tests/test_xla_route.py sets the Config; the docs'
+# examples run with the user's default, tests/test_docs.py). A test's own
+# subprocess that needs the same calls the same hook (tests/helpers.py).
+from coarse_jax.testing import set_default_xla_below_bytes
+
+set_default_xla_below_bytes(0)
 
 
 # Tests that `make test` runs (the oldest jax) and `make test-newest` leaves

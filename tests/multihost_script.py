@@ -38,10 +38,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
-from coarse_jax.api._hosts import XLA_HAND_OUT_ENV
 from coarse_jax.launch import initialize
 from coarse_jax.mesh import proxies_of, two_tier_mesh, workers_mesh
-from coarse_jax.testing import active_backend
+from coarse_jax.testing import active_backend, xla_hand_out
 
 P_LOCAL = 4
 # COARSE_TEST_PROXIES=q: q proxies per host, each shared by P_LOCAL / q workers.
@@ -145,11 +144,8 @@ def scenario_sync(mesh):
                     assert all(x.sharding.device_set == everything for x in jax.tree.leaves(moved))
             if mode == "ffi":
                 # The XLA in-host hand-out (what GPUs use) gives the same bytes.
-                os.environ[XLA_HAND_OUT_ENV] = "1"
-                try:
+                with xla_hand_out():
                     again = coarse.sync(step.__wrapped__, mesh=mesh, config=cfg)(params, gbatch)
-                finally:
-                    del os.environ[XLA_HAND_OUT_ENV]
                 assert digest(again) == digest(first), f"XLA hand-out differs ({leading})"
                 # Emulated links (real and virtual clock) change timing only:
                 # the inter-host link's charge in coarse_host_gather finds the
@@ -296,7 +292,7 @@ def scenario_update(mesh):
     result("update_digests", digests)
 
     # Processes with different plans: every process refuses the step before it
-    # runs (coarse_jax/api/_arrival.py same_plans; the chunks they sum would not
+    # runs (coarse_jax/dispatch/arrival.py same_plans; the chunks they sum would not
     # line up), so none waits in an inter-host collective for one that stopped.
     shard = 128 if jax.process_index() == 0 else 64
 

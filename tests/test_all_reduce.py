@@ -65,7 +65,7 @@ def test_two_thousand_small_leaves_few_pushes():
     shapes = [(int(rng.integers(1, 20)),) for _ in range(2000)]
     tree = _random_tree(rng, shapes, 4)
     cfg = coarse.Config(shard_bytes=64 << 10)
-    plan = coarse.plan(jax.tree.map(lambda x: x[0], tree), mesh, cfg)
+    plan = coarse.diagnostics.plan(jax.tree.map(lambda x: x[0], tree), mesh, cfg)
     assert len(plan.buckets) <= 4, "small leaves must be batched: one push per bucket, not per leaf"
     _check(_reduce_step(mesh, cfg)(tree), tree)
 
@@ -75,7 +75,7 @@ def test_one_tensor_many_shards():
     rng = np.random.default_rng(2)
     tree = _random_tree(rng, [(100_003,)], 4)
     cfg = coarse.Config(shard_bytes=4096)
-    plan = coarse.plan(jax.tree.map(lambda x: x[0], tree), mesh, cfg)
+    plan = coarse.diagnostics.plan(jax.tree.map(lambda x: x[0], tree), mesh, cfg)
     assert len(plan.pieces) >= 50
     out = _reduce_step(mesh, cfg)(tree)
     _check(out, tree)
@@ -92,7 +92,7 @@ def test_crossing_routes_fig10():
         latency_threshold_bytes=1024,
         routes=tuple((i, (i + 1) % 4) for i in range(4)),
     )
-    plan = coarse.plan(jax.tree.map(lambda x: x[0], tree), mesh, cfg)
+    plan = coarse.diagnostics.plan(jax.tree.map(lambda x: x[0], tree), mesh, cfg)
     assert {pc.dest for pc in plan.pieces} == {(0, 1, 2, 3), (1, 2, 3, 0)}  # both kinds used
     step = _reduce_step(mesh, cfg)
     for _ in range(5):
@@ -209,7 +209,10 @@ def test_cpu_leading_layers_give_the_ring_bits(workers):
         cfg = coarse.Config(
             shard_bytes=4096, leading_bytes=leading, topology=topology, xla_below_bytes=0
         )
-        assert len(coarse.plan(jax.tree.map(lambda v: v[0], x), mesh, cfg).leading_leaves) == 3
+        assert (
+            len(coarse.diagnostics.plan(jax.tree.map(lambda v: v[0], x), mesh, cfg).leading_leaves)
+            == 3
+        )
         step = coarse.sync(
             lambda t: coarse.all_reduce(jax.tree.map(lambda v: v[0], t)), mesh, config=cfg
         )

@@ -272,7 +272,7 @@ def test_state_placed_on_the_mesh_stays_on_the_workers(proxies):
     assert _devices(new_w) == workers and not _devices(new_w) & proxy_devices
     _, grads2, _ = apply_model(host_w, np.asarray(batch))
     np.testing.assert_array_equal(grads, grads2)
-    report = coarse.memory_report(apply_model, w, batch)
+    report = coarse.diagnostics.memory_report(apply_model, w, batch)
     assert report.proxy.xla_argument_bytes == report.proxy.xla_output_bytes == 0
 
 
@@ -309,12 +309,12 @@ def test_outputs_follow_state_placed_on_a_two_tier_mesh_with_one_warning(proxies
 
     # What lands on a proxy's device is counted there.
     # jax keeps one buffer per mesh position: on a proxy shared by k workers, k copies.
-    report = coarse.memory_report(apply_model, w, batch)
+    report = coarse.diagnostics.memory_report(apply_model, w, batch)
     k = 4 // proxies
     assert report.proxy.xla_argument_bytes == k * 3 * 4
     logits_block = 8 * 4 // 4 if proxies == 4 else 0
     assert report.proxy.xla_output_bytes == k * (4 + 3 * 4) + logits_block
-    assert coarse.memory_report(apply_model, host_w, batch).proxy.xla_output_bytes == 0
+    assert coarse.diagnostics.memory_report(apply_model, host_w, batch).proxy.xla_output_bytes == 0
 
 
 # -- every kind of argument, drawn, against jax.jit -------------------------

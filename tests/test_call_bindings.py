@@ -89,7 +89,9 @@ def test_one_device_runs_a_whole_step_through_xla(device, leading_bytes, in_plac
         rng.standard_normal((4099,)).astype(np.float32),
         rng.standard_normal((300,)).astype(np.float16),
     ]
-    plan = coarse.plan(leaves, 1, coarse.Config(leading_bytes=leading_bytes, shard_bytes=4096))
+    plan = coarse.diagnostics.plan(
+        leaves, 1, coarse.Config(leading_bytes=leading_bytes, shard_bytes=4096)
+    )
     with jax.default_device(device):
         step = jax.jit(_step(plan, device, in_place))
         out = jax.device_get(step(*jax.device_put(leaves, device)))
@@ -104,7 +106,7 @@ def test_a_pull_refuses_pushed_leaves_that_moved():
     stale values, so the step fails, naming the leaf, instead of pulling them."""
     device = jax.devices("cpu")[0]
     leaves = [np.arange(5000, dtype=np.float32), np.ones((3, 4), np.float32)]
-    plan = coarse.plan(leaves, 1, coarse.Config(shard_bytes=4096))
+    plan = coarse.diagnostics.plan(leaves, 1, coarse.Config(shard_bytes=4096))
     step = jax.jit(_step(plan, device, in_place=True, moved=True))
     with jax.default_device(device):
         args = jax.device_put(leaves + [x.copy() for x in leaves], device)
@@ -118,7 +120,7 @@ def test_a_call_on_a_proxy_is_refused(device):
     caller is named as its platform names it (module docstring): on CPU by the operand
     [1, 0], on CUDA by this GPU's ordinal in the proxies' place of "ordinals"."""
     leaves = [np.ones((64,), np.float32)]
-    plan = coarse.plan(leaves, 1, coarse.Config())
+    plan = coarse.diagnostics.plan(leaves, 1, coarse.Config())
     ordinal = device.local_hardware_id if device.local_hardware_id is not None else device.id
     ordinals = np.array([0, 0]) if device.platform == "cpu" else np.array([ordinal + 1, ordinal])
     call = _ffi.CallSite(plan.ffi_attrs(), next(_SITES), ordinals, axes=())

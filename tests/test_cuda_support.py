@@ -96,7 +96,9 @@ def test_ready_counts_the_gpus():
 
 def test_this_machine_answers_as_its_loader_cache_says():
     support = coarse.has_cuda_support()
-    assert isinstance(support, coarse.CudaSupport) and bool(support) == support.available
+    assert (
+        isinstance(support, coarse.diagnostics.CudaSupport) and bool(support) == support.available
+    )
     if extension.cuda_module() is None:
         assert support.reason.startswith("not installed:")
     elif ctypes.util.find_library("cuda") is None:

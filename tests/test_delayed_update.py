@@ -188,12 +188,12 @@ def test_memory_report_counts_the_pending_gradient():
         _step(mesh, coarse.optim.adam(1e-3)),
         _step(mesh, coarse.optim.adam(1e-3), False),
     )
-    before = coarse.memory_report(delayed, params, batch).proxy.optimizer_bytes
+    before = coarse.diagnostics.memory_report(delayed, params, batch).proxy.optimizer_bytes
     delayed(params, batch)
-    after = coarse.memory_report(delayed, params, batch).proxy.optimizer_bytes
+    after = coarse.diagnostics.memory_report(delayed, params, batch).proxy.optimizer_bytes
     assert before == after
     # Adam: 6 floats per owned element, 9 with the pending gradient and the scratch.
-    base = coarse.memory_report(plain, params, batch).proxy.optimizer_bytes - 32
+    base = coarse.diagnostics.memory_report(plain, params, batch).proxy.optimizer_bytes - 32
     assert after - 32 == base * 9 // 6, (after, base)
 
 

@@ -277,18 +277,17 @@ def test_routes_are_int_pairs_not_truncated():
         ValueError,
         match=r"routes\[1\].*0\.\.1 \(the mesh.s 2 proxies\); got \(0, 5\)\. Fix: route worker 1",
     ):
-        coarse.plan({"w": jnp.ones(4)}, 2, coarse.Config(routes=((0, 1), (0, 5))))
+        coarse.diagnostics.plan({"w": jnp.ones(4)}, 2, coarse.Config(routes=((0, 1), (0, 5))))
 
 
-def test_coarse_call_inside_on_workers_gives_the_right_result():
-    """The program spans the workers only, so on_workers splits nothing: a coarse
-    call inside it runs on every device of the program, as anywhere in the step."""
+def test_coarse_call_inside_a_closure_gives_the_right_result():
+    """The program spans the workers only: a coarse call inside a function the step
+    builds runs on every device of the program, as anywhere in the step."""
     mesh = coarse.make_mesh(workers=2)
 
     @coarse.sync(mesh)
     def step(x, batch):
-        with pytest.warns(DeprecationWarning, match="on_workers is deprecated"):
-            inner = coarse.on_workers(lambda v: coarse.all_reduce(v * batch.sum()))
+        inner = lambda v: coarse.all_reduce(v * batch.sum())  # noqa: E731
         return inner(x)
 
     batch = jnp.arange(6.0).reshape(2, 3)  # worker sums 3 and 12

@@ -50,7 +50,7 @@ def test_host_proxy_sync_on_the_virtual_clock_matches_the_model(preset, proxies,
     )
     cfg = _cfg(topo, scheme)
     measured = schemes.time_sync(mesh, TREE, cfg, reps=1)
-    predicted = predict_plan_sync_s(coarse.plan(TREE, mesh, cfg), topo)
+    predicted = predict_plan_sync_s(coarse.diagnostics.plan(TREE, mesh, cfg), topo)
     assert measured == pytest.approx(predicted, rel=1e-4)
 
 
@@ -89,7 +89,7 @@ def test_real_clock_sleeps_at_least_the_model_and_gives_the_same_bits():
         walls.append(time.perf_counter() - start)
     assert outs[0].tobytes() == outs[1].tobytes()
     np.testing.assert_allclose(outs[0], x.mean(0), rtol=1e-5, atol=1e-6)
-    predicted = predict_plan_sync_s(coarse.plan({"x": x[0]}, mesh, cfg), real)
+    predicted = predict_plan_sync_s(coarse.diagnostics.plan({"x": x[0]}, mesh, cfg), real)
     assert walls[1] >= predicted
     print(
         f"\nreal clock, pcie4 host x2000: wall {walls[1] * 1e3:.1f} ms, model "
@@ -117,12 +117,12 @@ def test_crossing_routes_give_the_same_simulated_time_every_step():
         f"l{i}": jax.ShapeDtypeStruct((n,), np.float32)
         for i, n in enumerate((5_000, 90_000, 3_000, 60_000))
     }
-    plan = coarse.plan(tree, mesh, cfg)
+    plan = coarse.diagnostics.plan(tree, mesh, cfg)
     assert len({d for pc in plan.pieces for d in pc.dest[:1]}) == 2  # worker 0 uses both
     run, _ = schemes.sync_step(mesh, tree, cfg)
-    coarse.virtual_sync_seconds()
+    coarse.diagnostics.virtual_sync_seconds()
     for _ in range(12):
         run()
-    spans = coarse.virtual_sync_seconds()
+    spans = coarse.diagnostics.virtual_sync_seconds()
     assert len(spans) == 12 and len(set(spans)) == 1, spans
     assert spans[0] == pytest.approx(predict_plan_sync_s(plan, topo), rel=1e-4)

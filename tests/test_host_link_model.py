@@ -24,7 +24,7 @@ def _plan(scheme, topo, nbytes=4 * MIB, **config):
     base = coarse.Config(topology=topo, shard_bytes=MIB, **config)
     cfg = schemes.scheme_config(scheme, base, topo.workers)
     tree = {"w": jax.ShapeDtypeStruct((nbytes // 4,), np.float32)}
-    return coarse.plan(tree, topo.workers, cfg, proxies=topo.proxies)
+    return coarse.diagnostics.plan(tree, topo.workers, cfg, proxies=topo.proxies)
 
 
 def test_presets_state_the_pcie_figures():
@@ -134,11 +134,11 @@ def test_plan_refuses_a_topology_for_the_other_placement():
     tree = {"w": np.zeros(1000, np.float32)}
     dev = coarse.Config(topology=coarse.Topology.preset("pcie4", 4, proxies=2))
     with pytest.raises(ValueError, match=r"proxies on 'devices', the mesh's are on 'host'"):
-        coarse.plan(tree, host_mesh, dev)
+        coarse.diagnostics.plan(tree, host_mesh, dev)
     host = coarse.Config(topology=coarse.Topology.preset("pcie4", 4, proxies=2, proxies_on="host"))
-    assert coarse.plan(tree, host_mesh, host).proxies == 2
+    assert coarse.diagnostics.plan(tree, host_mesh, host).proxies == 2
     with pytest.raises(ValueError, match=r"proxies_on='devices'\)"):
-        coarse.plan(tree, coarse.make_mesh(workers=4, proxies=2), host)
+        coarse.diagnostics.plan(tree, coarse.make_mesh(workers=4, proxies=2), host)
 
 
 @pytest.mark.parametrize("proxies", [1, 2, 4])

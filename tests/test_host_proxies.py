@@ -165,10 +165,10 @@ def test_memory_report_puts_the_proxies_bytes_in_host_memory():
         jax.block_until_ready(step(params, batch))
         # State placed on the mesh: the workers; no proxy holds any of it.
         on_mesh = jax.device_put(params, NamedSharding(mesh, P()))
-        reports[on] = coarse.memory_report(step, on_mesh, batch)
+        reports[on] = coarse.diagnostics.memory_report(step, on_mesh, batch)
         if on == "devices":  # placed on both tiers: a proxy's device holds a copy
             on_both = jax.device_put(params, NamedSharding(two_tier_mesh(mesh), P()))
-            both = coarse.memory_report(step, on_both, batch)
+            both = coarse.diagnostics.memory_report(step, on_both, batch)
     host, dev = reports["host"], reports["devices"]
     assert (host.proxies_on, dev.proxies_on) == ("host", "devices")
     assert dev.proxy.xla_argument_bytes == 0

@@ -73,7 +73,7 @@ def plans(draw):
     params = draw(st.lists(st.booleans(), min_size=n, max_size=n))
     tree = [jax.ShapeDtypeStruct((s,), d) for s, d in zip(sizes, dtypes, strict=True)]
     groups = [0 if is_param else 1 for is_param in params]
-    plan = coarse.plan(tree, p, cfg, proxies=q, groups=groups)
+    plan = coarse.diagnostics.plan(tree, p, cfg, proxies=q, groups=groups)
     return plan, params
 
 
@@ -124,14 +124,16 @@ def test_a_stores_state_as_computed_is_what_the_runtime_allocates(proxies):
 
         return coarse.value_and_update(loss, opt)(params, batch)[::-1]
 
-    computed = coarse.memory_report(step, params, batch).proxy.optimizer_bytes  # before a step
+    computed = coarse.diagnostics.memory_report(
+        step, params, batch
+    ).proxy.optimizer_bytes  # before a step
     params, _ = step(params, batch)
-    measured = coarse.memory_report(step, params, batch).proxy.optimizer_bytes
+    measured = coarse.diagnostics.memory_report(step, params, batch).proxy.optimizer_bytes
     assert computed == measured > 0
 
 
 def test_plan_layout_refuses_a_malformed_plan():
-    plan = coarse.plan({"w": jnp.zeros((8,))}, 2)
+    plan = coarse.diagnostics.plan({"w": jnp.zeros((8,))}, 2)
     attrs = dict(plan.ffi_attrs())
     attrs["piece_dest"] = np.array([0, 5])  # proxy 5 of 2
     with pytest.raises(ValueError, match="piece_dest names a proxy outside"):

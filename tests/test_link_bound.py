@@ -30,7 +30,7 @@ def _plan(scheme, workers=4, dtype=np.float32, **config):
     base = coarse.Config(topology=topo, shard_bytes=1 << 20, **config)
     cfg = schemes.scheme_config(scheme, base, workers)
     tree = {"w": jax.ShapeDtypeStruct((N,), dtype)}
-    return coarse.plan(tree, workers, cfg), topo
+    return coarse.diagnostics.plan(tree, workers, cfg), topo
 
 
 def test_allreduce_bound_is_the_two_rings_on_the_worker_links():
@@ -86,7 +86,7 @@ def test_bound_scales_with_time_scale_and_checks_workers():
 def test_a_shared_proxy_port_carries_its_k_clients():
     """COARSE(2:1): each proxy's ports take the pushes and pulls of its 2 workers."""
     tree = {"w": jnp.zeros((256, 1024))}  # 1 MiB
-    one, two = (coarse.plan(tree, 4, coarse.Config(), proxies=q) for q in (4, 2))
+    one, two = (coarse.diagnostics.plan(tree, 4, coarse.Config(), proxies=q) for q in (4, 2))
     t1, t2 = (coarse.Topology.preset("v100", 4, proxies=q) for q in (4, 2))
     b1, b2 = link_bound(one, t1), link_bound(two, t2)
     assert b2.busy_s["proxy 0 in port"] == pytest.approx(2 * b1.busy_s["proxy 0 in port"])

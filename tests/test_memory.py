@@ -52,7 +52,8 @@ _RSS_SCRIPT = textwrap.dedent(
     for i in range(total):
         n = (1 << 18) + 64 * i  # ~1 MiB of float32 per worker; a new plan every time
         x = jnp.full((n,), 1.0 + i, jnp.float32)
-        step = coarse.sync(lambda x, b: coarse.all_reduce(x), mesh=mesh)
+        cfg = coarse.Config(xla_below_bytes=0)  # the runtime's plans, not XLA's psum
+        step = coarse.sync(lambda x, b: coarse.all_reduce(x), mesh=mesh, config=cfg)
         for _ in range(3):
             out = step(x, batch)
         assert float(out[0]) == 1.0 + i
@@ -61,8 +62,8 @@ _RSS_SCRIPT = textwrap.dedent(
         if i + 1 in (20, total):
             raw = rss(trim=False)
             print("RSS", i + 1, rss(), raw, flush=True)
-    if hasattr(coarse, "memory_stats"):
-        print("STATS", coarse.memory_stats(), flush=True)
+    if hasattr(coarse, "diagnostics"):
+        print("STATS", coarse.diagnostics.runtime_stats(), flush=True)
     """
 )
 
@@ -70,9 +71,9 @@ _RSS_SCRIPT = textwrap.dedent(
 @pytest.fixture
 def default_limits():
     """Each test starts from the defaults and leaves them behind."""
-    assert coarse.set_memory_limits(**DEFAULTS) == DEFAULTS
+    assert coarse.diagnostics.set_memory_limits(**DEFAULTS) == DEFAULTS
     yield
-    coarse.set_memory_limits(**DEFAULTS)
+    coarse.diagnostics.set_memory_limits(**DEFAULTS)
 
 
 @pytest.mark.timeout(300)
@@ -116,10 +117,10 @@ def _run_plans(count, workers=2, base=1000):
 
 
 def test_stats_respect_the_limits(default_limits):
-    limits = coarse.set_memory_limits(spare_plans=2, cached_plans=3)
+    limits = coarse.diagnostics.set_memory_limits(spare_plans=2, cached_plans=3)
     assert limits == {"spare_storage_bytes": 512 << 20, "spare_plans": 2, "cached_plans": 3}
     _run_plans(6)
-    stats = coarse.memory_stats()
+    stats = coarse.diagnostics.runtime_stats()
     assert stats["spare_plans"] == 2
     assert 2 <= stats["spare_sets"] <= 4  # at most two sets per plan
     assert 0 < stats["spare_storage_bytes"] <= 512 << 20
@@ -127,22 +128,22 @@ def test_stats_respect_the_limits(default_limits):
     assert stats["live_sessions"] == 0
 
     # Lowering a limit frees what exceeds it at once.
-    coarse.set_memory_limits(spare_plans=1, cached_plans=1)
-    stats = coarse.memory_stats()
+    coarse.diagnostics.set_memory_limits(spare_plans=1, cached_plans=1)
+    stats = coarse.diagnostics.runtime_stats()
     assert stats["spare_plans"] == 1
     assert stats["cached_plans"] <= 1
 
     # The most recent plan's storage is kept whatever its size ...
-    coarse.set_memory_limits(spare_storage_bytes=1, spare_plans=4)
+    coarse.diagnostics.set_memory_limits(spare_storage_bytes=1, spare_plans=4)
     _run_plans(3)
-    stats = coarse.memory_stats()
+    stats = coarse.diagnostics.runtime_stats()
     assert stats["spare_plans"] == 1 and stats["spare_storage_bytes"] > 1
 
     # ... unless no plan may keep any.
-    coarse.set_memory_limits(spare_plans=0)
-    assert coarse.memory_stats()["spare_storage_bytes"] == 0
+    coarse.diagnostics.set_memory_limits(spare_plans=0)
+    assert coarse.diagnostics.runtime_stats()["spare_storage_bytes"] == 0
     _run_plans(2)
-    assert coarse.memory_stats()["spare_sets"] == 0
+    assert coarse.diagnostics.runtime_stats()["spare_sets"] == 0
 
 
 def test_bookkeeping_is_bounded(default_limits):
@@ -153,16 +154,16 @@ def test_bookkeeping_is_bounded(default_limits):
     for _ in range(300):  # more runs than the registry remembers (256)
         step(x, batch)
     jax.block_until_ready(step(x, batch))
-    stats = coarse.memory_stats()
+    stats = coarse.diagnostics.runtime_stats()
     assert stats["runs_remembered"] <= 256
     assert stats["live_sessions"] == 0
 
 
 def test_set_memory_limits_rejects_bad_values(default_limits):
     with pytest.raises(ValueError, match=r"spare_plans expected an int >= 0, got -1"):
-        coarse.set_memory_limits(spare_plans=-1)
+        coarse.diagnostics.set_memory_limits(spare_plans=-1)
     with pytest.raises(TypeError, match=r"spare_storage_bytes expected an int >= 0 or None.*float"):
-        coarse.set_memory_limits(spare_storage_bytes=1.5)
+        coarse.diagnostics.set_memory_limits(spare_storage_bytes=1.5)
     with pytest.raises(TypeError, match=r"cached_plans expected an int.*bool"):
-        coarse.set_memory_limits(cached_plans=True)
-    assert coarse.set_memory_limits() == DEFAULTS  # nothing changed
+        coarse.diagnostics.set_memory_limits(cached_plans=True)
+    assert coarse.diagnostics.set_memory_limits() == DEFAULTS  # nothing changed

@@ -82,7 +82,7 @@ def test_linen_apply_model_and_a_separate_update_model_jit(mesh):
         np.testing.assert_array_equal(np.asarray(loss), np.asarray(host_loss))
         for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(host.params), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert coarse.memory_report(apply_model, state, batch).proxy.xla_argument_bytes == 0
+    assert coarse.diagnostics.memory_report(apply_model, state, batch).proxy.xla_argument_bytes == 0
 
 
 def test_nnx_module_with_rngs_and_typed_keys(mesh):
@@ -186,7 +186,7 @@ def test_readme_steps_put_nothing_on_the_proxies(mesh):
         if placed:
             state = jax.device_put(nnx.state((model, optimizer)), NamedSharding(mesh, P()))
             nnx.update((model, optimizer), state)
-        proxy = coarse.memory_report(train_step, model, optimizer, batch).proxy
+        proxy = coarse.diagnostics.memory_report(train_step, model, optimizer, batch).proxy
         assert proxy.xla_argument_bytes == proxy.xla_output_bytes == 0
 
     def mse(params, batch):
@@ -205,5 +205,5 @@ def test_readme_steps_put_nothing_on_the_proxies(mesh):
     lbatch = {"x": jnp.ones((32, 16)), "y": jnp.ones((32, 1))}
     state, _ = linen_step(state, lbatch)
     _on_workers_only(state, mesh)
-    proxy = coarse.memory_report(linen_step, state, lbatch).proxy
+    proxy = coarse.diagnostics.memory_report(linen_step, state, lbatch).proxy
     assert proxy.xla_argument_bytes == proxy.xla_output_bytes == 0

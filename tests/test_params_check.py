@@ -1,4 +1,4 @@
-"""When the proxies check the params a step gets (coarse_jax/api/_params_check.py).
+"""When the proxies check the params a step gets (coarse_jax/dispatch/params_check.py).
 
 A training loop passes back the arrays the step returned: those are vouched for by
 identity and the step runs its program without the check (on a GPU the check's
@@ -184,7 +184,7 @@ def test_a_memory_report_before_the_first_call_adds_no_program():
     the first call still runs the program without the check, and the loop stays on it."""
     mesh, opt, params, batches = _setup()
     step = coarse_update_step(mesh, opt)
-    coarse.memory_report(step, params, batches[0])
+    coarse.diagnostics.memory_report(step, params, batches[0])
     p = params
     for b in batches:
         p, _ = step(p, b)

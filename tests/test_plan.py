@@ -15,7 +15,7 @@ def _tree(shapes, dtype=np.float32):
 
 def test_pieces_cover_every_element_once():
     tree = _tree([(10,), (3000,), (1,), (), (257, 3), (5,)])
-    plan = coarse.plan(tree, 4, coarse.Config(shard_bytes=1024, leading_bytes=40))
+    plan = coarse.diagnostics.plan(tree, 4, coarse.Config(shard_bytes=1024, leading_bytes=40))
     covered = {i: np.zeros(leaf.size, int) for i, leaf in enumerate(plan.leaves)}
     for pc in plan.pieces:
         assert sum(n for _, _, n, _ in pc.segments) == pc.nelems
@@ -28,7 +28,7 @@ def test_pieces_cover_every_element_once():
 
 def test_backward_order_and_leading_prefix():
     tree = _tree([(4,), (4,), (4,), (4,)])  # 16 bytes each
-    plan = coarse.plan(tree, 2, coarse.Config(leading_bytes=32))
+    plan = coarse.diagnostics.plan(tree, 2, coarse.Config(leading_bytes=32))
     assert plan.leading_leaves == (1, 0)  # the first layers
     assert plan.proxy_leaves == (3, 2)  # last layer first: backward order
 
@@ -36,7 +36,7 @@ def test_backward_order_and_leading_prefix():
 def test_routes_by_threshold():
     tree = _tree([(10,), (10_000,)])
     cfg = coarse.Config(shard_bytes=1000, latency_threshold_bytes=1000, routes=((0, 1), (1, 0)))
-    plan = coarse.plan(tree, 2, cfg)
+    plan = coarse.diagnostics.plan(tree, 2, cfg)
     assert len(plan.pieces) == 1 + 40
     for pc in plan.pieces:
         assert pc.dest == ((0, 1) if pc.nbytes < 1000 else (1, 0))
@@ -62,7 +62,7 @@ def _lines_run(fn):
 
 def test_plan_is_linear_in_leaves():
     def build(n):
-        plan = coarse.plan(_tree([(3,)] * n), 4, coarse.Config(shard_bytes=4096))
+        plan = coarse.diagnostics.plan(_tree([(3,)] * n), 4, coarse.Config(shard_bytes=4096))
         plan.ffi_attrs()
         return plan
 
@@ -74,14 +74,16 @@ def test_plan_is_linear_in_leaves():
 
 def test_summary_is_readable():
     tree = _tree([(64, 64), (64,), (10, 10)])
-    text = coarse.plan(tree, 4, coarse.Config(shard_bytes=4096, leading_bytes=400)).summary()
+    text = coarse.diagnostics.plan(
+        tree, 4, coarse.Config(shard_bytes=4096, leading_bytes=400)
+    ).summary()
     assert "worker ring" in text and "shards" in text and "routes" in text
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.float64])
 def test_rejects_unsupported_dtypes(dtype):
     with pytest.raises(TypeError, match=r"\['bad'\].*float32, bfloat16 and float16"):
-        coarse.plan({"bad": jax.ShapeDtypeStruct((3,), dtype)}, 2)
+        coarse.diagnostics.plan({"bad": jax.ShapeDtypeStruct((3,), dtype)}, 2)
 
 
 def test_config_errors():

@@ -192,10 +192,10 @@ def test_the_sum_over_workers_is_caught(monkeypatch):
     gradients (jax's own rule inside shard_map), a kept pmean is p times the mean."""
     import contextlib
 
-    from coarse_jax.api import _program
+    from coarse_jax.dispatch import program
 
     monkeypatch.setattr(
-        _program._jax_compat, "mean_gradients", lambda sizes: contextlib.nullcontext()
+        program._jax_compat, "mean_gradients", lambda sizes: contextlib.nullcontext()
     )
     params, batch = _data(3)
     step = coarse.sync(_pmean, mesh=_mesh(4, "devices"))

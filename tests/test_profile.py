@@ -44,7 +44,7 @@ def mesh():
 @pytest.fixture(scope="module")
 def v100_profile():
     mesh = coarse.make_mesh(workers=4)
-    return coarse.profile(mesh, topology=_virtual("v100"), sizes=SIZES, reps=3)
+    return coarse.diagnostics.profile(mesh, topology=_virtual("v100"), sizes=SIZES, reps=3)
 
 
 def test_virtual_profile_measures_exactly_the_emulated_links(v100_profile):
@@ -72,7 +72,7 @@ def test_virtual_profile_measures_exactly_the_emulated_links(v100_profile):
 
 
 def test_virtual_profile_is_repeatable(mesh, v100_profile):
-    again = coarse.profile(mesh, topology=_virtual("v100"), sizes=SIZES, reps=3)
+    again = coarse.diagnostics.profile(mesh, topology=_virtual("v100"), sizes=SIZES, reps=3)
     assert again == v100_profile
 
 
@@ -98,7 +98,7 @@ def test_v100_routes_small_local_large_remote(v100_profile):
 
 @pytest.mark.parametrize("preset", ["p100", "t4"])
 def test_p100_and_t4_route_local(mesh, preset):
-    prof = coarse.profile(
+    prof = coarse.diagnostics.profile(
         mesh, topology=_virtual(preset), sizes=(1 << 10, 1 << 16, 1 << 22), reps=2
     )
     cfg = coarse.Config.from_profile(prof)
@@ -107,16 +107,16 @@ def test_p100_and_t4_route_local(mesh, preset):
 
 def test_profile_round_trip_and_plot(v100_profile, tmp_path):
     v100_profile.save(tmp_path / "p.json")
-    assert coarse.Profile.load(tmp_path / "p.json") == v100_profile
+    assert coarse.diagnostics.Profile.load(tmp_path / "p.json") == v100_profile
     v100_profile.plot(tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 10_000
     assert "worker 3" in v100_profile.table()
 
 
 def test_profile_of_the_real_host(mesh):
-    prof = coarse.profile(mesh, sizes=(1 << 10, 1 << 20), reps=2, budget_s=2)
+    prof = coarse.diagnostics.profile(mesh, sizes=(1 << 10, 1 << 20), reps=2, budget_s=2)
     assert prof.topology is None
-    assert (prof.wp_oneway_s > 0).all() and (prof.wp_bandwidth_gbps() > 0).all()
+    assert (prof.wp_oneway_s > 0).all() and (prof.link("wp", "bandwidth_gbps") > 0).all()
     # The host's own links have no model: what stays unclear goes to the local proxy.
     assert {d.basis for d in prof.decisions} <= {"measured", "local", "unclear"}
     for i, (lat, bw) in enumerate(coarse.Config.from_profile(prof).routes):
@@ -135,7 +135,7 @@ def test_unclear_decisions_keep_the_models_choice_and_say_so(mesh, preset, route
     """budget_s=0: one pass on the real clock, too few rounds for any confidence interval, so
     every decision is the model's choice for the topology, and the report says so."""
     topo = coarse.Topology.preset(preset, 4)
-    prof = coarse.profile(
+    prof = coarse.diagnostics.profile(
         mesh, topology=topo, sizes=(1 << 10, 1 << 16, 1 << 18), reps=2, budget_s=0
     )
     assert {d.basis for d in prof.decisions} == {"model"}
@@ -151,7 +151,9 @@ def test_unclear_decisions_keep_the_models_choice_and_say_so(mesh, preset, route
 def test_budget_must_be_seconds(mesh):
     for bad in (-1, "10", True, float("nan")):
         with pytest.raises(ValueError, match=r"budget_s must be seconds >= 0.*got"):
-            coarse.profile(mesh, topology=_virtual("v100"), sizes=(1 << 10,), budget_s=bad)
+            coarse.diagnostics.profile(
+                mesh, topology=_virtual("v100"), sizes=(1 << 10,), budget_s=bad
+            )
 
 
 @contextlib.contextmanager
@@ -179,7 +181,7 @@ def test_v100_preset_gives_the_papers_routes_on_a_busy_machine(mesh):
     with _every_core_busy():
         for _ in range(2):
             start = time.monotonic()
-            prof = coarse.profile(mesh, topology=topo)
+            prof = coarse.diagnostics.profile(mesh, topology=topo)
             took = time.monotonic() - start
             cfg = coarse.Config.from_profile(prof)
             assert cfg.routes == PAPER_V100_ROUTES, prof.table()
@@ -194,7 +196,7 @@ def test_virtual_clock_does_not_sleep(mesh):
     """At time_scale 1e5 a 4 MiB probe lasts 47 simulated seconds and a profile makes 50 of
     them: it finishes within the hang guard only if nothing sleeps."""
     topo = coarse.Topology.preset("v100", 4, time_scale=1e5, clock="virtual")
-    prof = coarse.profile(mesh, topology=topo, sizes=(4 << 20,), reps=2)
+    prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=(4 << 20,), reps=2)
     assert prof.wp_oneway_s[0, 0, 0] == pytest.approx(
         topo.transfer_s("wp", 0, 0, 4 << 20), rel=1e-6
     )
@@ -208,7 +210,7 @@ def test_v100_schemes_match_the_model(mesh, v100_profile, scheme):
     cfg = schemes.scheme_config(scheme, coarse.Config.from_profile(v100_profile, topology=topo), 4)
     tree = resnet50_tree()
     measured = schemes.time_sync(mesh, tree, cfg, reps=2)
-    predicted = predict_plan_sync_s(coarse.plan(tree, mesh, cfg), topo)
+    predicted = predict_plan_sync_s(coarse.diagnostics.plan(tree, mesh, cfg), topo)
     # The model books the same links and ports in the same order: the runtime
     # matches it up to the clock's 1 ns ticks.
     assert measured == pytest.approx(predicted, rel=1e-4)
@@ -245,20 +247,20 @@ def test_virtual_sync_seconds_reports_each_step(mesh):
     step = _reduce_step(mesh, coarse.Config(topology=topo, shard_bytes=1 << 20))
     x = np.ones((4, 1000), np.float32)
     jax.block_until_ready(step(x))
-    coarse.virtual_sync_seconds()
+    coarse.diagnostics.virtual_sync_seconds()
     for _ in range(3):
         jax.block_until_ready(step(x))
-    spans = coarse.virtual_sync_seconds()
+    spans = coarse.diagnostics.virtual_sync_seconds()
     assert len(spans) == 3 and len(set(spans)) == 1
-    predicted = predict_plan_sync_s(coarse.plan({"x": x[0]}, mesh, step.config()), topo)
+    predicted = predict_plan_sync_s(coarse.diagnostics.plan({"x": x[0]}, mesh, step.config()), topo)
     assert spans[0] == pytest.approx(predicted, abs=1e-8)  # a few 1 ns ticks of rounding
-    assert coarse.virtual_sync_seconds() == []
+    assert coarse.diagnostics.virtual_sync_seconds() == []
 
 
 def test_dense_is_one_proxy_without_a_ring(mesh):
     """DENSE: every worker routed to proxy 0; results still exact and on every device."""
     cfg = schemes.scheme_config("dense", coarse.Config(shard_bytes=4096), 4)
-    plan = coarse.plan({"w": jax.ShapeDtypeStruct((5000,), np.float32)}, mesh, cfg)
+    plan = coarse.diagnostics.plan({"w": jax.ShapeDtypeStruct((5000,), np.float32)}, mesh, cfg)
     assert {pc.dest for pc in plan.pieces} == {(0, 0, 0, 0)}
 
     @coarse.sync(mesh, config=cfg)
@@ -277,7 +279,9 @@ def test_topology_checks():
         coarse.Topology.preset("a100", 4)
     topo = coarse.Topology.preset("v100", 2)
     with pytest.raises(ValueError, match="describes 2 workers"):
-        coarse.plan({"w": jax.ShapeDtypeStruct((4,), np.float32)}, 4, coarse.Config(topology=topo))
+        coarse.diagnostics.plan(
+            {"w": jax.ShapeDtypeStruct((4,), np.float32)}, 4, coarse.Config(topology=topo)
+        )
     with pytest.raises(ValueError, match="time_scale"):
         dataclasses.replace(topo, time_scale=0.0)
     assert math.isclose(topo.transfer_s("pp", 0, 1, 24e9), 1.0 + 2e-6)
@@ -293,12 +297,12 @@ def _paper_t_train(m, n, p, bw_proxy, bw_gpu, t_fp, t_bp):
 def test_auto_leading_bytes_minimizes_the_papers_t_train(v100_profile, t_bp):
     leaves = {f"l{i:02d}": jax.ShapeDtypeStruct((256, 256), np.float32) for i in range(12)}
     cfg = coarse.Config.from_profile(v100_profile, leading_bytes="auto", step_times_s=(0.01, t_bp))
-    plan = coarse.plan(leaves, 4, cfg)
+    plan = coarse.diagnostics.plan(leaves, 4, cfg)
     leading = sum(leaf.nbytes for leaf in plan.leaves if leaf.sync == "worker")
     n = sum(leaf.nbytes for leaf in plan.leaves)
     scale = v100_profile.time_scale
-    bw_p = v100_profile.pp_bandwidth_gbps().mean() * scale
-    bw_g = v100_profile.ww_bandwidth_gbps().mean() * scale
+    bw_p = v100_profile.link("pp", "bandwidth_gbps").mean() * scale
+    bw_g = v100_profile.link("ww", "bandwidth_gbps").mean() * scale
     costs = {
         k * 256 * 256 * 4: _paper_t_train(n - k * 256 * 256 * 4, n, 4, bw_p, bw_g, 0.01, t_bp)
         for k in range(13)
@@ -334,15 +338,15 @@ def test_measure_step_times(monkeypatch):
 
     monkeypatch.setattr(measure, "time", FakeClock([1, 5, 1, 3, 3, 4]))
     args = (jnp.ones((64, 64)), jnp.ones((32, 64)))
-    assert coarse.measure_step_times(loss, *args, reps=3) == (1.0, 2.0)
+    assert coarse.diagnostics.measure_step_times(loss, *args, reps=3) == (1.0, 2.0)
     # A backward pass measured faster than the forward one (noise) counts as free.
     monkeypatch.setattr(measure, "time", FakeClock([2, 2, 2, 1, 1, 1]))
-    assert coarse.measure_step_times(loss, *args, reps=3) == (2.0, 0.0)
+    assert coarse.diagnostics.measure_step_times(loss, *args, reps=3) == (2.0, 0.0)
 
 
 @pytest.fixture(scope="module")
 def small_v100_profile():
-    return coarse.profile(
+    return coarse.diagnostics.profile(
         coarse.make_mesh(workers=4),
         topology=_virtual("v100"),
         sizes=(1 << 10, 1 << 16, 1 << 22),
@@ -420,7 +424,7 @@ def test_cli_prints_matrices_routes_and_split(tmp_path):
     assert "worker -> proxy" in out and "routing table" in out and "leading_bytes =" in out
     assert "allreduce" in out and "coarse" in out  # the schemes' simulated sync times
     assert "RuntimeWarning" not in result.stderr
-    assert coarse.Profile.load(tmp_path / "p.json").workers == 2
+    assert coarse.diagnostics.Profile.load(tmp_path / "p.json").workers == 2
 
 
 @pytest.mark.parametrize("workers", [2, 3, 4])
@@ -436,7 +440,7 @@ def test_runtime_schedule_equals_the_model_for_every_worker_count(workers, schem
     }
     cfg = schemes.scheme_config(scheme, coarse.Config(topology=topo, shard_bytes=1 << 18), workers)
     measured = schemes.time_sync(mesh, tree, cfg, reps=1)
-    predicted = predict_plan_sync_s(coarse.plan(tree, mesh, cfg), topo)
+    predicted = predict_plan_sync_s(coarse.diagnostics.plan(tree, mesh, cfg), topo)
     assert measured == pytest.approx(predicted, rel=1e-4)
 
 
@@ -457,7 +461,9 @@ def shared_mesh():
 @pytest.fixture(scope="module")
 def v100_2to1_profile():
     shared_mesh = coarse.make_mesh(workers=4, proxies=2)
-    return coarse.profile(shared_mesh, topology=_virtual_k1("v100"), sizes=SIZES, reps=3)
+    return coarse.diagnostics.profile(
+        shared_mesh, topology=_virtual_k1("v100"), sizes=SIZES, reps=3
+    )
 
 
 def test_k_to_1_profile_measures_exactly_the_emulated_links(v100_2to1_profile):
@@ -502,7 +508,7 @@ def test_k_to_1_v100_routes_small_local_large_remote(v100_2to1_profile):
 
 @pytest.mark.parametrize("preset", ["p100", "t4"])
 def test_k_to_1_p100_and_t4_route_local(shared_mesh, preset):
-    prof = coarse.profile(
+    prof = coarse.diagnostics.profile(
         shared_mesh, topology=_virtual_k1(preset), sizes=(1 << 10, 1 << 16, 1 << 22), reps=2
     )
     assert coarse.Config.from_profile(prof).routes == ((0, 0), (0, 0), (1, 1), (1, 1))
@@ -512,7 +518,7 @@ def test_one_proxy_profile_has_no_proxy_ring():
     """4:1: every worker's link to the one proxy; a ring of one proxy moves nothing."""
     mesh = coarse.make_mesh(workers=4, proxies=1)
     topo = _virtual_k1("v100", proxies=1)
-    prof = coarse.profile(mesh, topology=topo, sizes=(1 << 10, 1 << 20), reps=2)
+    prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=(1 << 10, 1 << 20), reps=2)
     assert prof.wp_oneway_s.shape == (4, 1, 2) and prof.pp_oneway_s.shape == (1, 2, 2)
     for j, n in enumerate(prof.sizes):
         for i in range(4):
@@ -531,31 +537,33 @@ def test_profile_rejects_a_topology_of_another_shape():
         match=r"topology describes 4 workers and 4 proxies, the mesh has 4 workers and 2 proxies"
         r".*proxies=2",
     ):
-        coarse.profile(shared_mesh, topology=_virtual("v100"), sizes=(1 << 10,), reps=2)
+        coarse.diagnostics.profile(shared_mesh, topology=_virtual("v100"), sizes=(1 << 10,), reps=2)
     with pytest.raises(ValueError, match=r"describes 2 workers and 1 proxies.*has 4 workers"):
-        coarse.profile(shared_mesh, topology=_virtual_k1("v100", 2, 1), sizes=(1 << 10,), reps=2)
+        coarse.diagnostics.profile(
+            shared_mesh, topology=_virtual_k1("v100", 2, 1), sizes=(1 << 10,), reps=2
+        )
     mesh = coarse.make_mesh(workers=4)
     with pytest.raises(ValueError, match=r"describes 4 workers and 2 proxies.*has 4 workers and 4"):
-        coarse.profile(mesh, topology=_virtual_k1("v100"), sizes=(1 << 10,), reps=2)
+        coarse.diagnostics.profile(mesh, topology=_virtual_k1("v100"), sizes=(1 << 10,), reps=2)
 
 
 def test_profile_needs_distinct_worker_and_proxy_devices():
     from coarse_jax.testing import shared_device_mesh
 
     with pytest.raises(ValueError, match=r"the mesh's workers and proxies must be distinct"):
-        coarse.profile(shared_device_mesh(workers=2), sizes=(1 << 10,), reps=2)
+        coarse.diagnostics.profile(shared_device_mesh(workers=2), sizes=(1 << 10,), reps=2)
 
 
 def test_k_to_1_round_trip_table_and_real_host(shared_mesh, v100_2to1_profile, tmp_path):
     v100_2to1_profile.save(tmp_path / "p.json")
-    assert coarse.Profile.load(tmp_path / "p.json") == v100_2to1_profile
+    assert coarse.diagnostics.Profile.load(tmp_path / "p.json") == v100_2to1_profile
     v100_2to1_profile.plot(tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 10_000
     text = v100_2to1_profile.table()
     assert "v100: 4 workers, 2 proxies" in text and "worker 3" in text and "proxy 2" not in text
-    real = coarse.profile(shared_mesh, sizes=(1 << 10, 1 << 20), reps=2)
+    real = coarse.diagnostics.profile(shared_mesh, sizes=(1 << 10, 1 << 20), reps=2)
     assert (real.workers, real.proxies, real.topology) == (4, 2, None)
-    assert (real.wp_oneway_s > 0).all() and real.wp_bandwidth_gbps().shape == (4, 2)
+    assert (real.wp_oneway_s > 0).all() and real.link("wp", "bandwidth_gbps").shape == (4, 2)
 
 
 def test_k_to_1_coarse_from_its_profile_matches_the_model(shared_mesh, v100_2to1_profile):
@@ -566,14 +574,14 @@ def test_k_to_1_coarse_from_its_profile_matches_the_model(shared_mesh, v100_2to1
         "a": jax.ShapeDtypeStruct((300_000,), np.float32),
         "b": jax.ShapeDtypeStruct((5_000,), np.float32),
     }
-    plan = coarse.plan(tree, shared_mesh, cfg)
+    plan = coarse.diagnostics.plan(tree, shared_mesh, cfg)
     assert (1, 1, 0, 0) in {pc.dest for pc in plan.pieces}  # large pieces: the remote proxy
     measured = schemes.time_sync(shared_mesh, tree, cfg, reps=1)
     assert measured == pytest.approx(predict_plan_sync_s(plan, topo), rel=1e-4)
 
 
 def test_k_to_1_reprofiling_replans_when_the_links_change(shared_mesh):
-    prof = coarse.profile(
+    prof = coarse.diagnostics.profile(
         shared_mesh, topology=_virtual_k1("v100"), sizes=(1 << 10, 1 << 16, 1 << 22), reps=2
     )
     # Planned on V100 links (remote bandwidth proxies), running on P100 links.

@@ -77,8 +77,8 @@ def v100() -> Profile:
 
 
 def test_derived_latency_and_bandwidth(v100):
-    lat = v100.wp_latency_us()
-    bw = v100.wp_bandwidth_gbps()
+    lat = v100.link("wp", "latency_us")
+    bw = v100.link("wp", "bandwidth_gbps")
     assert lat.shape == bw.shape == (4, 4)
     # Latency is the time at the smallest size: the link latency plus 1 KiB at line rate.
     assert lat[0, 0] == pytest.approx(3.0 + 1024 / 9e9 * 1e6)
@@ -86,34 +86,33 @@ def test_derived_latency_and_bandwidth(v100):
     # Peak bandwidth is at the largest size and approaches the line rate.
     assert bw[0, 0] == pytest.approx(SIZES[-1] / _t(3.0, 9.0)[-1] / 1e9)
     assert 8.9 < bw[2, 2] < 9.0 and 15.9 < bw[2, 3] < 16.0
-    assert v100.bidir_bandwidth_gbps()[0, 0] == pytest.approx(2 * bw[0, 0] / 1.1)
-    assert v100.pp_latency_us().shape == v100.pp_bandwidth_gbps().shape == (4, 2)
-    assert v100.ww_latency_us().shape == v100.ww_bandwidth_gbps().shape == (4, 2)
-    assert 23.9 < v100.pp_bandwidth_gbps()[1, 1] < 24.0
-    assert 8.9 < v100.ww_bandwidth_gbps()[3, 0] < 9.0
+    assert v100.link("wp", "bidir_bandwidth_gbps")[0, 0] == pytest.approx(2 * bw[0, 0] / 1.1)
+    assert v100.link("pp", "latency_us").shape == v100.link("pp", "bandwidth_gbps").shape == (4, 2)
+    assert v100.link("ww", "latency_us").shape == v100.link("ww", "bandwidth_gbps").shape == (4, 2)
+    assert 23.9 < v100.link("pp", "bandwidth_gbps")[1, 1] < 24.0
+    assert 8.9 < v100.link("ww", "bandwidth_gbps")[3, 0] < 9.0
 
 
-# (old accessor, link kind, figure): every figure of every kind, by its old name too.
+# (link kind, figure): every figure of every kind.
 LINK_FIGURES = [
-    ("wp_latency_us", "wp", "latency_us"),
-    ("wp_bandwidth_gbps", "wp", "bandwidth_gbps"),
-    ("bidir_bandwidth_gbps", "wp", "bidir_bandwidth_gbps"),
-    ("wp_bandwidth_curve_gbps", "wp", "bandwidth_curve_gbps"),
-    ("pp_latency_us", "pp", "latency_us"),
-    ("pp_bandwidth_gbps", "pp", "bandwidth_gbps"),
-    ("pp_bidir_bandwidth_gbps", "pp", "bidir_bandwidth_gbps"),
-    ("pp_bandwidth_curve_gbps", "pp", "bandwidth_curve_gbps"),
-    ("ww_latency_us", "ww", "latency_us"),
-    ("ww_bandwidth_gbps", "ww", "bandwidth_gbps"),
-    ("ww_bandwidth_curve_gbps", "ww", "bandwidth_curve_gbps"),
+    ("wp", "latency_us"),
+    ("wp", "bandwidth_gbps"),
+    ("wp", "bidir_bandwidth_gbps"),
+    ("wp", "bandwidth_curve_gbps"),
+    ("pp", "latency_us"),
+    ("pp", "bandwidth_gbps"),
+    ("pp", "bidir_bandwidth_gbps"),
+    ("pp", "bandwidth_curve_gbps"),
+    ("ww", "latency_us"),
+    ("ww", "bandwidth_gbps"),
+    ("ww", "bandwidth_curve_gbps"),
 ]
 
 
-@pytest.mark.parametrize("old, kind, what", LINK_FIGURES, ids=[f[0] for f in LINK_FIGURES])
-def test_link_figures_match_the_times_link_by_link(v100_2to1, old, kind, what):
+@pytest.mark.parametrize("kind, what", LINK_FIGURES, ids=[f"{k}-{w}" for k, w in LINK_FIGURES])
+def test_link_figures_match_the_times_link_by_link(v100_2to1, kind, what):
     prof = v100_2to1  # 4 workers, 2 proxies: "wp" [4, 2], "pp" [2, 2], "ww" [4, 2]
     got = prof.link(kind, what)
-    np.testing.assert_array_equal(got, getattr(prof, old)())
     oneway = getattr(prof, f"{kind}_oneway_s")
     bidir = getattr(prof, f"{kind}_bidir_s", None)
     for index in np.ndindex(oneway.shape[:2]):  # each link, from its own times
@@ -226,11 +225,11 @@ def test_load_rejects_bad_files(v100, tmp_path):
 
 def test_table_contains_numbers(v100):
     text = v100.table()
-    lat, bw = v100.wp_latency_us(), v100.wp_bandwidth_gbps()
+    lat, bw = v100.link("wp", "latency_us"), v100.link("wp", "bandwidth_gbps")
     assert "v100" in text
     assert f"{lat[0, 0]:.2f}" in text and f"{bw[0, 1]:.3f}" in text
-    assert f"{v100.pp_bandwidth_gbps()[0, 0]:.3f}" in text
-    assert f"{v100.ww_latency_us()[0, 0]:.2f}" in text
+    assert f"{v100.link('pp', 'bandwidth_gbps')[0, 0]:.3f}" in text
+    assert f"{v100.link('ww', 'latency_us')[0, 0]:.2f}" in text
     assert "proxy ring" in text and "worker ring" in text
     assert f"{threshold_bytes(v100, 0)} B" in text
     assert len([l for l in text.splitlines() if "*" in l]) == 4  # one row per worker, local marked
@@ -377,13 +376,14 @@ def test_k_to_1_shapes_and_derived(v100_2to1):
     assert prof.wp_oneway_s.shape == prof.wp_bidir_s.shape == (4, 2, len(SIZES))
     assert prof.pp_oneway_s.shape == prof.pp_bidir_s.shape == (2, 2, len(SIZES))
     assert prof.ww_oneway_s.shape == (4, 2, len(SIZES))
-    assert prof.wp_latency_us().shape == prof.wp_bandwidth_gbps().shape == (4, 2)
-    assert prof.bidir_bandwidth_gbps().shape == (4, 2)
-    assert prof.wp_bandwidth_curve_gbps().shape == (4, 2, len(SIZES))
-    assert prof.pp_latency_us().shape == prof.pp_bidir_bandwidth_gbps().shape == (2, 2)
-    assert prof.ww_bandwidth_gbps().shape == (4, 2)
+    assert prof.link("wp", "latency_us").shape == prof.link("wp", "bandwidth_gbps").shape == (4, 2)
+    assert prof.link("wp", "bidir_bandwidth_gbps").shape == (4, 2)
+    assert prof.link("wp", "bandwidth_curve_gbps").shape == (4, 2, len(SIZES))
+    pp_latency, pp_bidir = prof.link("pp", "latency_us"), prof.link("pp", "bidir_bandwidth_gbps")
+    assert pp_latency.shape == pp_bidir.shape == (2, 2)
+    assert prof.link("ww", "bandwidth_gbps").shape == (4, 2)
     assert [prof.local_proxy(i) for i in range(4)] == [0, 0, 1, 1]
-    lat = prof.wp_latency_us()
+    lat = prof.link("wp", "latency_us")
     assert lat[1, 0] == pytest.approx(3.0 + 1024 / 9e9 * 1e6)  # worker 1's local proxy is 0
     assert lat[1, 1] == pytest.approx(8.0 + 1024 / 16e9 * 1e6)
     with pytest.raises(ValueError, match="worker"):

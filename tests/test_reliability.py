@@ -95,7 +95,7 @@ def _plan():
     """One worker; a 3-float leading leaf (the first layer) and a 40-float proxy leaf in one
     piece. Returns the plan and the leaves its one push takes."""
     leaves = [np.ones((3,), np.float32), np.ones((40,), np.float32)]
-    plan = coarse.plan(leaves, 1, coarse.Config(shard_bytes=4096, leading_bytes=12))
+    plan = coarse.diagnostics.plan(leaves, 1, coarse.Config(shard_bytes=4096, leading_bytes=12))
     assert plan.num_proxy_leaves == 1 and len(plan.pieces) == 1, plan.summary()
     return plan, [leaves[i] for i in plan.proxy_leaves]
 

@@ -234,7 +234,7 @@ def test_proxies_hold_a_qth_of_the_state_each():
         mesh = coarse.make_mesh(workers=4, proxies=q)
         step = coarse_update_step(mesh, coarse.optim.adam(1e-2))
         jax.block_until_ready(step(params, batch))
-        held[q] = coarse.memory_report(step, params, batch)
+        held[q] = coarse.diagnostics.memory_report(step, params, batch)
     # The proxy row of a report is one proxy's: with half as many proxies, about twice the state.
     n = sum(x.size for x in jax.tree.leaves(params))
     for q, report in held.items():

@@ -36,6 +36,9 @@ _TRAIN = textwrap.dedent(
     every_write = sys.argv[4] == "1"  # wait for each snapshot's write (deterministic tests)
     every = int(sys.argv[5])  # Config.snapshot_every
     kill_at_once = sys.argv[6] == "1"  # kill after step kill_after without waiting for the writer
+    if os.environ.get("KILL_BEFORE_RENAME"):  # this test's own switch, passed to the hook
+        from coarse_jax.testing import kill_before_rename
+        kill_before_rename(int(os.environ["KILL_BEFORE_RENAME"]))
 
     def loss_fn(params, batch):
         h = np.float32(1) * jax.numpy.tanh(batch["x"] @ params["w1"] + params["b1"])
@@ -128,7 +131,7 @@ def test_kill_during_a_write_restarts_from_the_previous_checkpoint(tmp_path):
     whole = _run(tmp_path / "whole", 10)
     assert whole.returncode == 0, whole.stderr[-3000:]
     d = tmp_path / "crash"
-    crashed = _run(d, 10, env_extra={"COARSE_JAX_TEST_KILL_BEFORE_RENAME": "6"}, every_write=True)
+    crashed = _run(d, 10, env_extra={"KILL_BEFORE_RENAME": "6"}, every_write=True)
     assert crashed.returncode == -9, crashed.stderr[-3000:]
     names = os.listdir(d)
     assert "3" in names and "6" not in names, names  # 6 was written, never made complete
@@ -381,7 +384,7 @@ def test_a_snapshot_taken_by_a_step_in_flight_is_written_not_overwritten(tmp_pat
         p, _ = step(p, make_batch(jax.random.key(300 + i), 8, 8, 4))
     step.wait_snapshots()
     store = next(iter(step._stores.values()))
-    taken = store.runtime.snapshot_serial()
+    taken = store.snapshot_serial()
     on_disk = sorted(int(d) for d in os.listdir(tmp_path))
     assert step.stats()["snapshots_written"] == taken == len(on_disk), (taken, on_disk)
     assert on_disk[-1] == 16, on_disk  # the exit-time flush: the last commit's

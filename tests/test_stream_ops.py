@@ -17,7 +17,7 @@ Budgets that hold, asserted per steady step (issue 51):
 * no host synchronization: the optimizer's scalars stay on the device (the
   kernels read them there), the step count's write is stream-ordered, and a loop
   that passes back the params it got runs no params check
-  (coarse_jax/api/_params_check.py);
+  (coarse_jax/dispatch/params_check.py);
 * with the proxy in host memory, what crosses to the host is the push, 4 bytes
   per f32 parameter, plus the loss and the three scalars (16 bytes; 64 allowed):
   the params check no longer crosses PCIe.

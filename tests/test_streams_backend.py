@@ -64,7 +64,9 @@ SCRIPT = textwrap.dedent(
         ("grad_host", coarse.make_mesh(workers=4, proxies=2, proxies_on="host")),
     ]:
 
-        @coarse.sync(mesh, config=coarse.Config(shard_bytes=256, leading_bytes=512))
+        @coarse.sync(
+            mesh, config=coarse.Config(shard_bytes=256, leading_bytes=512, xla_below_bytes=0)
+        )
         def grad_step(params, batch):
             loss, grads = coarse.value_and_grad(mlp_loss)(params, batch)
             return loss, grads, coarse.all_reduce(jax.tree.leaves(batch)[0][:1], op="sum")

@@ -36,7 +36,7 @@ def _one_traced_step(workers, update=False):
     batch = make_batch(jax.random.key(1), 4 * workers, 8, 4)
     step.timeline()  # forget what earlier tests recorded
     jax.block_until_ready(step(params, batch))
-    plan = coarse.plan(
+    plan = coarse.diagnostics.plan(
         (params, jnp.float32(0)),
         mesh,
         coarse.Config(shard_bytes=512, leading_bytes=cfg.leading_bytes, xla_below_bytes=0),

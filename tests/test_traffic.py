@@ -1,6 +1,6 @@
 """The bytes a sync moves on the CPU backend: counted by the runtime, predicted from the plan.
 
-`coarse_jax._ffi.traffic.counted` reads the runtime's own counters (every
+`coarse_jax._ffi.byte_counts.counted` reads the runtime's own counters (every
 CPU device operation adds the bytes its loop touches); `cpu_traffic` computes
 them from the plan alone (`coarse_jax/plan/traffic.py`). They share no code:
 the one holds the other to the byte, per operation, for the fused push
@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
-from coarse_jax._ffi.traffic import counted
+from coarse_jax._ffi.byte_counts import counted
 from coarse_jax.mesh import workers_mesh
 from coarse_jax.plan.traffic import cpu_traffic
 
@@ -76,7 +76,7 @@ def test_all_reduce_moves_what_the_plan_says(proxies, dtype, leading, dense):
     jax.block_until_ready(step(x))
     with counted() as t:
         jax.block_until_ready(step(x))
-    predicted = cpu_traffic(coarse.plan(shapes, mesh, cfg))
+    predicted = cpu_traffic(coarse.diagnostics.plan(shapes, mesh, cfg))
     _check(t, predicted)
     if not leading and dtype == jnp.float32:
         # The fused push: p·B read by the proxies' sums, p·B read again by the pulls.
@@ -125,7 +125,7 @@ def test_value_and_update_moves_what_the_plan_says(proxies, optimizer, slots, cl
     planned = (shapes, jax.ShapeDtypeStruct((), jnp.float32))
     for checked in (False, True):
         predicted = cpu_traffic(
-            coarse.plan(planned, mesh, cfg),
+            coarse.diagnostics.plan(planned, mesh, cfg),
             optimizer_slots=slots,
             updated_leaves=2,
             clip=clip,

@@ -89,7 +89,7 @@ def test_leading_bytes_split(leading):
     total = sum(x.nbytes for x in jax.tree.leaves(params))
     leading_bytes = {"none": 0, "middle": total // 2, "all": 10 * total}[leading]
     cfg = coarse.Config(shard_bytes=128, leading_bytes=leading_bytes)
-    plan = coarse.plan(params, mesh, cfg)
+    plan = coarse.diagnostics.plan(params, mesh, cfg)
     n_worker = sum(leaf.sync == "worker" for leaf in plan.leaves)
     assert (n_worker == 0) == (leading == "none")
     assert (n_worker == len(plan.leaves)) == (leading == "all")
@@ -147,33 +147,18 @@ def test_twenty_optax_steps_match_pmean_training():
     assert_replicated(a_params)
 
 
-@pytest.mark.parametrize("worker_compute", ["cond", "all"])
-def test_on_workers_and_worker_compute_are_deprecated_no_ops(worker_compute):
-    """The program spans the workers only, so on_workers returns its function and
-    worker_compute is accepted and ignored; both warn (DeprecationWarning), naming the fix."""
+def test_the_program_spans_the_workers_only():
+    """The step's program runs on the workers: no lax.cond on the tier, and a psum over
+    "data" sums the workers alone."""
     mesh = coarse.make_mesh(workers=2)
-    fn = lambda v: v * 2.0 + 1.0  # noqa: E731
-    with pytest.warns(DeprecationWarning, match="call the function directly"):
-        assert coarse.on_workers(fn) is fn
-    with pytest.warns(DeprecationWarning, match="drop worker_compute"):
-        cfg = coarse.Config(worker_compute=worker_compute)
-    with pytest.warns(DeprecationWarning, match="worker_compute_on is deprecated"):
-        assert cfg.worker_compute_on("cpu") == worker_compute
 
-    @coarse.sync(mesh, config=cfg)
+    @coarse.sync(mesh)
     def step(x):
-        with pytest.warns(DeprecationWarning):
-            y = coarse.on_workers(fn)(x)
-        return jax.lax.psum(y, "data")  # the program's devices: the workers
+        return jax.lax.psum(x * 2.0 + 1.0, "data")
 
     x = np.arange(2 * 3, dtype=np.float32).reshape(2, 3)
     np.testing.assert_allclose(step(x), (x * 2.0 + 1.0).sum(0, keepdims=True))
     assert "cond[" not in str(jax.make_jaxpr(step)(x))
-
-
-def test_worker_compute_is_checked():
-    with pytest.raises(ValueError, match="worker_compute"):  # checked before it warns
-        coarse.Config(worker_compute="proxies")
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -369,8 +369,8 @@ def test_memory_report_moves_the_optimizer_state_to_the_proxies():
         loss, params = coarse.value_and_update(mlp_loss, coarse.optim.adam(1e-3))(params, batch)
         return params, loss
 
-    with_state = coarse.memory_report(grad_step, params, tx.init(params), batch)
-    without = coarse.memory_report(update_step, params, batch)
+    with_state = coarse.diagnostics.memory_report(grad_step, params, tx.init(params), batch)
+    without = coarse.diagnostics.memory_report(update_step, params, batch)
     # Workers no longer hold Adam's two moments (in and out, donated: once each).
     assert with_state.worker_bytes - without.worker_bytes >= 1.9 * n_bytes
     assert with_state.proxy.optimizer_bytes == 0
@@ -383,7 +383,7 @@ def test_memory_report_moves_the_optimizer_state_to_the_proxies():
         assert report.worker.xla_argument_bytes >= n_bytes + batch["x"].nbytes // 2
     # After a step the runtime's own count replaces the computed one, and agrees.
     jax.block_until_ready(update_step(jax.tree.map(jnp.copy, params), batch))
-    measured = coarse.memory_report(update_step, params, batch)
+    measured = coarse.diagnostics.memory_report(update_step, params, batch)
     assert measured.proxy.optimizer_bytes == pytest.approx(without.proxy.optimizer_bytes, rel=0.01)
     table = measured.table()
     assert "worker" in table and "proxy" in table and "optimizer" in table

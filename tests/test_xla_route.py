@@ -2,7 +2,7 @@
 
 The oracle is the reference mode (the same psum over the workers in pure
 JAX) and float64 numpy; the runtime's byte counters
-(`coarse_jax._ffi.traffic.counted`) show whether the proxies took part.
+(`coarse_jax._ffi.byte_counts.counted`) show whether the proxies took part.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
-from coarse_jax._ffi.traffic import counted
+from coarse_jax._ffi.byte_counts import counted
+from coarse_jax.testing import set_default_xla_below_bytes
 
 WORKERS = 4
 
@@ -45,7 +46,7 @@ def test_small_all_reduce_goes_through_xla_with_the_reference_bits(dtype):
     x = _tree(np.random.default_rng(0), dtype)
     nbytes = (16 * 8 + 8) * np.dtype(dtype).itemsize
     cfg = coarse.Config(xla_below_bytes=nbytes)
-    plan = coarse.plan(jax.tree.map(lambda v: v[0], x), mesh, cfg)
+    plan = coarse.diagnostics.plan(jax.tree.map(lambda v: v[0], x), mesh, cfg)
     assert plan.xla and "XLA reduces it" in plan.summary()
     got, traffic = _reduce(mesh, cfg, x)
     assert traffic.read == 0 and traffic.written == 0  # the runtime moved nothing
@@ -63,7 +64,7 @@ def test_a_tree_one_byte_over_goes_through_the_proxies():
     mesh = coarse.make_mesh(workers=WORKERS)
     x = _tree(np.random.default_rng(1))
     cfg = coarse.Config(xla_below_bytes=(16 * 8 + 8) * 4 - 1)
-    assert not coarse.plan(jax.tree.map(lambda v: v[0], x), mesh, cfg).xla
+    assert not coarse.diagnostics.plan(jax.tree.map(lambda v: v[0], x), mesh, cfg).xla
     got, traffic = _reduce(mesh, cfg, x)
     assert traffic.read > 0
     for k in x:
@@ -113,8 +114,8 @@ def test_xla_below_bytes_is_checked():
         coarse.Config(xla_below_bytes=-1)
 
 
-# ``"auto"``, the default (the suite runs with COARSE_JAX_XLA_BELOW_BYTES=0,
-# tests/conftest.py, so these tests name it).
+# ``"auto"``, the default (the suite sets 0 with
+# coarse_jax.testing.set_default_xla_below_bytes, tests/conftest.py, so these tests name it).
 AUTO = coarse.Config(xla_below_bytes="auto")
 
 
@@ -122,7 +123,7 @@ def test_auto_sends_a_tree_up_to_the_latency_threshold_through_xla_on_cpu():
     mesh = coarse.make_mesh(workers=WORKERS)
     x = _tree(np.random.default_rng(3))
     small = jax.tree.map(lambda v: v[0], x)
-    plan = coarse.plan(small, mesh, AUTO)
+    plan = coarse.diagnostics.plan(small, mesh, AUTO)
     assert plan.xla and plan.xla_below_bytes == AUTO.latency_threshold_bytes
     assert "latency route" in plan.summary() and "XLA psum" in plan.summary()
     got, traffic = _reduce(mesh, AUTO, x)
@@ -132,28 +133,28 @@ def test_auto_sends_a_tree_up_to_the_latency_threshold_through_xla_on_cpu():
         assert got[k].tobytes() == want[k].tobytes(), k
     # The cap is the latency threshold: one byte less than the tree, the proxies.
     tight = coarse.Config(xla_below_bytes="auto", latency_threshold_bytes=plan.total_bytes - 1)
-    assert not coarse.plan(small, mesh, tight).xla
+    assert not coarse.diagnostics.plan(small, mesh, tight).xla
     got, traffic = _reduce(mesh, tight, x)
     assert traffic.read > 0
     big = {"w": jnp.zeros((AUTO.latency_threshold_bytes // 4 + 1,), jnp.float32)}
-    assert not coarse.plan(big, mesh, AUTO).xla
+    assert not coarse.diagnostics.plan(big, mesh, AUTO).xla
 
 
 def test_auto_keeps_the_proxies_with_emulated_links_hosts_or_no_mesh():
     tree = {"w": jnp.zeros((8,), jnp.float32)}
     mesh = coarse.make_mesh(workers=WORKERS)
     topo = coarse.Config(xla_below_bytes="auto", topology=coarse.Topology.preset("v100", WORKERS))
-    plan = coarse.plan(tree, mesh, topo)
+    plan = coarse.diagnostics.plan(tree, mesh, topo)
     assert not plan.xla and "emulated" in plan.summary()
-    assert not coarse.plan(tree, WORKERS, AUTO).xla  # a number of workers: no platform
+    assert not coarse.diagnostics.plan(tree, WORKERS, AUTO).xla  # a number of workers: no platform
     devices = np.array(jax.devices()[:8], dtype=object)
     host_mesh = jax.sharding.Mesh(devices.reshape(1, 2, 4), ("host", "tier", "data"))
-    plan = coarse.plan(tree, host_mesh, AUTO)
+    plan = coarse.diagnostics.plan(tree, host_mesh, AUTO)
     assert not plan.xla and "across hosts" in plan.summary()
 
 
 def test_the_route_reduces_a_mixed_tree_as_one_collective_with_the_reference_bits():
-    from coarse_jax.api import _xla_route
+    from coarse_jax.api import _latency_route
     from coarse_jax.mesh import workers_mesh
 
     mesh = coarse.make_mesh(workers=WORKERS)
@@ -179,7 +180,7 @@ def test_the_route_reduces_a_mixed_tree_as_one_collective_with_the_reference_bit
     leaves = jax.tree.leaves(x)
     fn = jax.jit(
         jax.shard_map(
-            lambda *v: _xla_route.all_reduce(
+            lambda *v: _latency_route.all_reduce(
                 [t[0] for t in v], WORKERS, where="test", platform="cpu"
             ),
             mesh=workers_mesh(mesh),
@@ -221,15 +222,20 @@ def test_the_route_refuses_vmap_differentiation_and_a_per_device_predicate_alike
         branch(jnp.ones(4), jnp.arange(6.0).reshape(2, 3))
 
 
-@pytest.mark.parametrize(("raw", "want"), [("auto", "auto"), ("0", 0), (" 4096 ", 4096)])
-def test_the_default_comes_from_the_environment(monkeypatch, raw, want):
-    monkeypatch.setenv("COARSE_JAX_XLA_BELOW_BYTES", raw)
-    assert coarse.Config().xla_below_bytes == want
-    monkeypatch.setenv("COARSE_JAX_XLA_BELOW_BYTES", "small")
-    with pytest.raises(ValueError, match=r"\$COARSE_JAX_XLA_BELOW_BYTES: expected 'auto'.*Fix"):
-        coarse.Config()
-    monkeypatch.delenv("COARSE_JAX_XLA_BELOW_BYTES")
-    assert coarse.Config().xla_below_bytes == "auto"
+@pytest.mark.parametrize("value", ["auto", 0, 4096])
+def test_the_default_comes_from_the_testing_hook_only(monkeypatch, value):
+    """A test sets the default in its own process; the environment has no say."""
+    monkeypatch.setenv("COARSE_JAX_XLA_BELOW_BYTES", "12345")  # the old variable: ignored
+    before = set_default_xla_below_bytes(value)
+    try:
+        assert coarse.Config().xla_below_bytes == value
+        assert coarse.Config(xla_below_bytes=64).xla_below_bytes == 64
+        with pytest.raises(ValueError, match=r"expected .auto. or a non-negative int.*Fix"):
+            set_default_xla_below_bytes("small")
+        assert coarse.Config().xla_below_bytes == value  # a refused value changes nothing
+    finally:
+        set_default_xla_below_bytes(before)
+    assert coarse.Config().xla_below_bytes == 0  # the suite's (tests/conftest.py)
 
 
 def test_a_reprofile_that_moves_the_threshold_across_a_tree_recompiles():

@@ -4,7 +4,7 @@
   registers their FFI targets, checks a platform can run them.
 * `coarse_jax._ffi.calls`: begin, push, proxy ring, worker ring, pull, each taking an
   explicit `CallSite` (plan, site, device ordinals).
-* `coarse_jax._ffi.hosts`: the in-host hand-out of the inter-host step.
+* `coarse_jax._ffi.host_gather`: the in-host hand-out of the inter-host step.
 * `coarse_jax._ffi.layout`: what the runtime derives from a plan (storage,
   exchange widths, optimizer state, the hosts' plan key), read from C++.
 
@@ -39,12 +39,12 @@ from coarse_jax._ffi.extension import (
     has_cuda_support,
     inject_dropped_push,
     live_sessions,
-    memory_stats,
     runtime_module,
+    runtime_stats,
     set_memory_limits,
     virtual_sync_seconds,
 )
-from coarse_jax._ffi.hosts import host_gather
+from coarse_jax._ffi.host_gather import host_gather
 from coarse_jax._ffi.layout import PlanLayout, host_plan_key, plan_layout
 from coarse_jax._ffi.primitive import route_join, route_marker, route_split
 
@@ -67,7 +67,6 @@ __all__ = [
     "host_plan_key",
     "inject_dropped_push",
     "live_sessions",
-    "memory_stats",
     "opt_count",
     "plan_layout",
     "proxy_ring",
@@ -79,6 +78,7 @@ __all__ = [
     "route_marker",
     "route_split",
     "runtime_module",
+    "runtime_stats",
     "set_memory_limits",
     "token",
     "vary",

@@ -54,7 +54,7 @@ class CallSite:
         buffers (the fused push, ffi/runtime/phases.h PushesInPlace): the
         pull then takes every pushed leaf as an operand, which keeps the
         buffers alive and unwritten until it runs. Only where devices share
-        memory and links are not emulated (`coarse_jax.api._context`).
+        memory and links are not emulated (`coarse_jax.dispatch.context`).
       site_attrs: attributes every call of the site carries besides the
         plan's: the first worker call of a session starts the proxies' jobs
         from them (ffi/runtime/service.h), whichever call that is. In a

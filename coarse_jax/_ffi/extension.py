@@ -155,9 +155,9 @@ def virtual_sync_seconds() -> list[float]:
       >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh,
       ...                    config=coarse.Config(topology=topo))
       >>> _ = jax.block_until_ready(step(jnp.ones((8, 256))))
-      >>> [round(s * 1e6, 1) for s in coarse.virtual_sync_seconds()]   # microseconds
+      >>> [round(s * 1e6, 1) for s in coarse.diagnostics.virtual_sync_seconds()]  # microseconds
       [...]
-      >>> coarse.virtual_sync_seconds()                                # taken: now empty
+      >>> coarse.diagnostics.virtual_sync_seconds()  # taken: now empty
       []
     """
     if _coarse_cpu is None:
@@ -315,14 +315,14 @@ def _check_limit(name: str, value: object) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(
-            f"coarse.set_memory_limits: {name} expected an int >= 0 or None (leave it "
+            f"coarse.diagnostics.set_memory_limits: {name} expected an int >= 0 or None (leave it "
             f"unchanged), got {type(value).__name__} {value!r}. Fix: pass e.g. "
             f"{name}={_EXAMPLE_LIMITS[name]}."
         )
     if int(value) < 0:
         raise ValueError(
-            f"coarse.set_memory_limits: {name} expected an int >= 0, got {value!r}. Fix: pass 0 "
-            f"to keep nothing, or e.g. {name}={_EXAMPLE_LIMITS[name]}."
+            f"coarse.diagnostics.set_memory_limits: {name} expected an int >= 0, got {value!r}. "
+            f"Fix: pass 0 to keep nothing, or e.g. {name}={_EXAMPLE_LIMITS[name]}."
         )
     return int(value)
 
@@ -388,9 +388,9 @@ def set_memory_limits(
 
     Example:
       >>> import coarse_jax as coarse
-      >>> coarse.set_memory_limits(spare_storage_bytes=256 << 20, spare_plans=2)
+      >>> coarse.diagnostics.set_memory_limits(spare_storage_bytes=256 << 20, spare_plans=2)
       {'spare_storage_bytes': 268435456, 'spare_plans': 2, 'cached_plans': 64}
-      >>> coarse.set_memory_limits()  # just reads them
+      >>> coarse.diagnostics.set_memory_limits()  # just reads them
       {'spare_storage_bytes': 268435456, 'spare_plans': 2, 'cached_plans': 64}
     """
     values = {
@@ -404,7 +404,7 @@ def set_memory_limits(
     return result
 
 
-def memory_stats() -> dict[str, int]:
+def runtime_stats() -> dict[str, int]:
     """What the runtime holds between (and during) steps, summed over the CPU and CUDA runtimes.
 
     Returns:
@@ -423,7 +423,7 @@ def memory_stats() -> dict[str, int]:
 
     Example:
       >>> import coarse_jax as coarse
-      >>> coarse.memory_stats()  # doctest: +SKIP
+      >>> coarse.diagnostics.runtime_stats()  # doctest: +SKIP
       {'spare_storage_bytes': 8388656, 'spare_sets': 1, 'spare_plans': 1, 'cached_plans': 3,
        'live_sessions': 0, 'runs_remembered': 12, 'step_counters': 3}
     """

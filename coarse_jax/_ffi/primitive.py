@@ -184,11 +184,11 @@ def _bind(
     return list(out)
 
 
-# The latency route's marker (`coarse_jax.api._xla_route`): the identity on a
+# The latency route's marker (`coarse_jax.api._latency_route`): the identity on a
 # tree that XLA, not the proxies, reduces (one psum). It lowers to nothing and
 # makes the route behave as the proxies' calls do, whatever the tree's size:
 # jax.vmap and differentiation are refused with the same messages, and
-# `coarse_jax.api._uniform` finds it under a per-device predicate.
+# `coarse_jax.dispatch.uniform` finds it under a per-device predicate.
 route_p = Primitive("coarse_latency_route")
 route_p.multiple_results = True
 _jax_compat.simple_impl(route_p)

@@ -1,15 +1,15 @@
-"""A typed face of one runtime store: the proxies' master parameters, optimizer state and
-snapshots for one `coarse.value_and_update` call site (ffi/runtime/param_store.h).
+"""The extension's calls on one runtime store: the proxies' master parameters, optimizer
+state and snapshots for one `coarse.value_and_update` call site (ffi/runtime/param_store.h).
 
 The runtime keeps each store by id in the extension of the platform that
-runs it; `RuntimeStore` is the only Python code that calls the extension's
-``store_*`` functions, so the API layer talks to a store through typed
-methods and never to the module.
+runs it. These functions are the only Python code that calls the
+extension's ``store_*`` functions; `coarse_jax.api._stores.ProxyStore`, the
+one Python object of a store, calls them, so the API layer talks to a store
+through typed methods and never to the module.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from coarse_jax._ffi.extension import runtime_module
@@ -18,54 +18,58 @@ from coarse_jax._ffi.extension import runtime_module
 Exported = tuple[int, list[int], list[list[bytes]]]
 
 
-@dataclasses.dataclass(frozen=True)
-class RuntimeStore:
-    """Store ``id`` of the runtime that runs ``platform`` ("cpu" or a GPU's)."""
+def _module(platform: str) -> Any:
+    return runtime_module(platform)
 
-    id: int
-    platform: str
 
-    def _module(self) -> Any:
-        return runtime_module(self.platform)
+def export(platform: str, store: int, *, snapshot: bool, for_writer: bool) -> Exported | None:
+    """The committed state (or, with ``snapshot``, the newest complete snapshot); None if
+    the store holds none. ``for_writer``: the snapshot writer takes that snapshot."""
+    got = _module(platform).store_export(store, snapshot=snapshot, for_writer=for_writer)
+    if got is None:
+        return None
+    count, leaves, values = got
+    return int(count), list(leaves), values
 
-    def export(self, *, snapshot: bool = False, for_writer: bool = False) -> Exported | None:
-        """The committed state (or, with ``snapshot``, the newest complete snapshot); None if
-        the store holds none. ``for_writer``: the snapshot writer takes that snapshot."""
-        got = self._module().store_export(self.id, snapshot=snapshot, for_writer=for_writer)
-        if got is None:
-            return None
-        count, leaves, values = got
-        return int(count), list(leaves), values
 
-    def load(self, name: str, count: int, leaves: list[int], values: list[list[bytes]]) -> None:
-        """The next update starts from this state (creating the store if it has none)."""
-        self._module().store_load(self.id, name, count, leaves, values)
+def load(
+    platform: str, store: int, name: str, count: int, leaves: list[int], values: list[list[bytes]]
+) -> None:
+    """The next update starts from this state (creating the store if it has none)."""
+    _module(platform).store_load(store, name, count, leaves, values)
 
-    def reset(self) -> None:
-        """The next update seeds the store from the params it gets."""
-        self._module().store_reset(self.id)
 
-    def drop(self) -> None:
-        """Frees the store (master, state, snapshots)."""
-        self._module().store_drop(self.id)
+def reset(platform: str, store: int) -> None:
+    """The next update seeds the store from the params it gets."""
+    _module(platform).store_reset(store)
 
-    def proxy_bytes(self) -> list[int]:
-        """The store's bytes on each proxy (both buffers); empty before its first update."""
-        return [int(b) for b in self._module().store_bytes(self.id)]
 
-    def attach_writer(self) -> None:
-        """A writer takes the snapshots: an update defers a due snapshot rather than copy over
-        one the writer has not taken."""
-        self._module().store_attach_writer(self.id)
+def drop(platform: str, store: int) -> None:
+    """Frees the store (master, state, snapshots)."""
+    _module(platform).store_drop(store)
 
-    def snapshot_now(self) -> int:
-        """Snapshots the committed state now (between steps); returns its step count."""
-        return int(self._module().store_snapshot_now(self.id))
 
-    def snapshot_serial(self) -> int:
-        """How many snapshots completed (0: none valid now)."""
-        return int(self._module().store_snapshot_serial(self.id))
+def proxy_bytes(platform: str, store: int) -> list[int]:
+    """The store's bytes on each proxy (both buffers); empty before its first update."""
+    return [int(b) for b in _module(platform).store_bytes(store)]
 
-    def snapshot_due(self) -> bool:
-        """Whether the next update takes a snapshot (between steps)."""
-        return bool(self._module().store_snapshot_due(self.id))
+
+def attach_writer(platform: str, store: int) -> None:
+    """A writer takes the snapshots: an update defers a due snapshot rather than copy over
+    one the writer has not taken."""
+    _module(platform).store_attach_writer(store)
+
+
+def snapshot_now(platform: str, store: int) -> int:
+    """Snapshots the committed state now (between steps); returns its step count."""
+    return int(_module(platform).store_snapshot_now(store))
+
+
+def snapshot_serial(platform: str, store: int) -> int:
+    """How many snapshots completed (0: none valid now)."""
+    return int(_module(platform).store_snapshot_serial(store))
+
+
+def snapshot_due(platform: str, store: int) -> bool:
+    """Whether the next update takes a snapshot (between steps)."""
+    return bool(_module(platform).store_snapshot_due(store))

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from coarse_jax import _ffi
-from coarse_jax.api import _hosts
+from coarse_jax.api import _inter_host
 from coarse_jax.plan import Plan
 
 
@@ -42,11 +42,11 @@ def finish(
     (gradients) the results may overwrite. ``update``: the proxies run the
     optimizer in their ring (`coarse.value_and_update`), and the pull brings
     back parameters. On a mesh across hosts the host's results then go
-    through the inter-host step (`coarse_jax.api._hosts`); with ``update``
+    through the inter-host step (`coarse_jax.api._inter_host`); with ``update``
     the sum over hosts happens inside the proxies' ring instead, before the
-    optimizer (`_hosts.ring_across_hosts`).
+    optimizer (`_inter_host.ring_across_hosts`).
     """
-    hosts = _hosts.spans_hosts()
+    hosts = _inter_host.spans_hosts()
     me = _ffi.who()
     out = list(leaves)
     has_proxy = plan.num_proxy_leaves > 0
@@ -55,7 +55,7 @@ def finish(
     token = None
     if has_proxy:
         if hosts and update is not None:
-            token = _hosts.ring_across_hosts(plan, call, me, pushed, update)
+            token = _inter_host.ring_across_hosts(plan, call, me, pushed, update)
         else:
             token = _ffi.proxy_ring(call, me, pushed, last=False, update=update)
     if has_lead:
@@ -73,5 +73,5 @@ def finish(
         for t, v in zip(plan.proxy_leaves, pulled, strict=True):
             out[t] = v
     if hosts and update is None:
-        out = _hosts.across_hosts(plan, call, out)
+        out = _inter_host.across_hosts(plan, call, out)
     return out

@@ -1,50 +1,16 @@
-"""`coarse.all_reduce` (a tree that already exists) and `coarse.on_workers` (deprecated)."""
+"""`coarse.all_reduce`: the mean or sum over the workers of a tree that already exists."""
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from coarse_jax import reference
-from coarse_jax.api import _context, _xla_route
+from coarse_jax.api import _latency_route
 from coarse_jax.api._phases import finish, push_in_order
 from coarse_jax.config import Config
-
-
-def on_workers(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Returns ``fn`` itself, with a `DeprecationWarning`: the step's program runs on the
-    workers alone.
-
-    The proxies run no XLA program (their work is the runtime's service), so
-    every computation of a `coarse.sync` step runs on the workers only, and
-    ``on_workers`` has nothing left to do. It stays for one release so
-    existing steps run unchanged. Fix: call ``fn`` directly. A coarse call
-    inside ``fn`` works as anywhere else in the step.
-
-    Args:
-      fn: a function of the step.
-
-    Returns:
-      ``fn``.
-
-    Example:
-      >>> import warnings
-      >>> with warnings.catch_warnings(record=True) as caught:
-      ...     warnings.simplefilter("always")
-      ...     f = coarse.on_workers(jnp.sin)
-      >>> f is jnp.sin, caught[0].category.__name__
-      (True, 'DeprecationWarning')
-    """
-    warnings.warn(
-        "coarse.on_workers is deprecated and does nothing: a coarse.sync step's program runs "
-        "on the workers only. Fix: call the function directly (drop coarse.on_workers).",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return fn
+from coarse_jax.dispatch import context
 
 
 def _check_op(op: str) -> bool:
@@ -82,7 +48,7 @@ def all_reduce(tree: Any, op: str = "mean", *, config: Config | None = None) -> 
       >>> float(out["mean"]), float(out["sum"])
       (14.0, 28.0)
     """
-    ctx = _context.current("coarse.all_reduce")
+    ctx = context.current("coarse.all_reduce")
     mean = _check_op(op)
     cfg = config or ctx.config
     plan = ctx.plan(jax.eval_shape(lambda t: t, tree), cfg, mean=mean, where="coarse.all_reduce")
@@ -92,7 +58,7 @@ def all_reduce(tree: Any, op: str = "mean", *, config: Config | None = None) -> 
     if plan.xla:  # the latency route (Config.xla_below_bytes)
         return jax.tree.unflatten(
             treedef,
-            _xla_route.all_reduce(
+            _latency_route.all_reduce(
                 leaves, ctx.workers, mean, where="coarse.all_reduce", platform=ctx.platform
             ),
         )

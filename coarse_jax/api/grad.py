@@ -12,9 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from coarse_jax import _ffi, reference
-from coarse_jax.api import _context, _nnx, _update, _xla_route
+from coarse_jax.api import _latency_route, _stores
 from coarse_jax.api._phases import finish
 from coarse_jax.config import Config
+from coarse_jax.dispatch import context
+from coarse_jax.dispatch import nnx as _nnx
 from coarse_jax.optim import ProxyOptimizer
 from coarse_jax.plan import BucketPlan, check_dtype
 
@@ -230,7 +232,7 @@ def _output_shape(
 class _Sync:
     """One traced value_and_grad / value_and_update: the call and what both paths share."""
 
-    ctx: _context.SyncContext
+    ctx: context.SyncContext
     fun: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
@@ -244,7 +246,7 @@ class _Sync:
     nums: tuple[int, ...]
     has_aux: bool
     call: _ffi.CallSite | None = None  # the ffi path's call site (the optimizer's attributes too)
-    site: _update.Site | None = None  # the ffi path's value_and_update site
+    store: _stores.ProxyStore | None = None  # the ffi path's value_and_update store
 
 
 def _vjp(
@@ -312,9 +314,11 @@ def _reference(sync: _Sync) -> Any:
     if sync.cfg.mode == "reference":
         leaves = reference.all_reduce(leaves, ctx.workers)
     else:
-        leaves = _xla_route.all_reduce(leaves, ctx.workers, where=sync.where, platform=ctx.platform)
+        leaves = _latency_route.all_reduce(
+            leaves, ctx.workers, where=sync.where, platform=ctx.platform
+        )
     if update is not None:
-        leaves[: sync.n_grad] = _update.reference_update(
+        leaves[: sync.n_grad] = _stores.reference_update(
             ctx, update, sync.args[0], leaves[: sync.n_grad]
         )
     return _result(sync, leaves, aux)
@@ -323,12 +327,12 @@ def _reference(sync: _Sync) -> Any:
 def _ffi_sync(sync: _Sync) -> Any:
     """mode="ffi": each bucket pushed from inside the backward pass, the proxies' ring
     (with the optimizer for `coarse.value_and_update`), the pull."""
-    plan, n_grad, call, site = sync.plan, sync.n_grad, sync.call, sync.site
+    plan, n_grad, call, store = sync.plan, sync.n_grad, sync.call, sync.store
     assert call is not None
     # value_and_update: the gradients are not returned, only pushed; the
     # chain's first token is differentiated too, so its cotangent (the last
     # push's token) comes out of the vjp and orders the ring after the pushes.
-    lean = site is not None
+    lean = store is not None
 
     def hooks(leaves: list[jax.Array], first_tok: jax.Array | None) -> tuple[list[jax.Array], Any]:
         # Chained in reverse plan order here, so that in the backward pass
@@ -365,21 +369,21 @@ def _ffi_sync(sync: _Sync) -> Any:
     seed = jnp.ones_like(loss) + 0.0 * tok.astype(loss.dtype)
     grads = list(vjp_fn(seed))
     update = None
-    if site is not None:
+    if store is not None:
         # The pushes' last token stands for the gradients. The pull writes the
         # new params over the old ones (donated, or copied by XLA): nothing the
         # size of the gradients stays alive.
         last_push, *head_leaves = _ffi.vary([grads[0], *head])
         params = list(jax.tree.leaves(sync.args[0]))
         leaves, pushed = params + head_leaves, [last_push]
-        update = site.ring_update(params, leaves)
+        update = store.ring_update(call, params, leaves)
     else:
         leaves = _ffi.vary(grads + head)
         # The pushed values (pass-through outputs) order the rest after the pushes.
         pushed = [leaves[t] for t in plan.proxy_leaves]
     leaves = finish(plan, call, leaves, pushed, in_place=True, update=update)
-    if site is not None:  # which step inputs and outputs these are (api/_params_check.py)
-        sync.ctx.update_io.append((site.store.id, params, leaves[: sync.n_grad]))
+    if store is not None:  # which step inputs and outputs these are (dispatch/params_check.py)
+        sync.ctx.update_io.append((store.id, params, leaves[: sync.n_grad]))
     return _result(sync, leaves, _ffi.vary(aux) if aux is not None else None)
 
 
@@ -405,12 +409,12 @@ def synced_value_and_grad(
     runs it, both through the same forward/backward (`_vjp`).
     """
     where = "coarse.value_and_update" if update is not None else "coarse.value_and_grad"
-    ctx = _context.current(where)
+    ctx = context.current(where)
     cfg = config or ctx.config
     if update is not None:
-        cfg = _update.check_config(cfg)
+        cfg = _stores.check_config(cfg)
         if delayed:
-            _update.check_delayed(cfg, update)
+            _stores.check_delayed(cfg, update)
     for i in nums:
         for path, leaf in jax.tree_util.tree_flatten_with_path(args[i])[0]:
             check_dtype(
@@ -438,13 +442,13 @@ def synced_value_and_grad(
     ] + ["loss"]
     plan = ctx.plan(shapes, cfg, groups=groups, names=names, where=where)
     n_grad = len(jax.tree.leaves(grads_shape))
-    call = site = None
+    call = store = None
     ffi = cfg.mode == "ffi" and not plan.xla  # plan.xla: Config.xla_below_bytes
     if ffi:
         call = ctx.call_site(plan, where, pulls_pushed=update is None)
         if update is not None:
-            site = _update.register(ctx, call, plan, update, args[0], n_grad, delayed)
-            call = site.call  # with the optimizer's attributes, on every call of the site
+            # call: with the optimizer's attributes, on every call of the site
+            store, call = _stores.register(ctx, call, plan, update, args[0], n_grad, delayed)
     sync = _Sync(
         ctx=ctx,
         fun=fun,
@@ -460,7 +464,7 @@ def synced_value_and_grad(
         nums=nums,
         has_aux=has_aux,
         call=call,
-        site=site,
+        store=store,
     )
     run = _ffi_sync if ffi else _reference
     return run(sync)

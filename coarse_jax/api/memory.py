@@ -1,4 +1,4 @@
-"""`coarse.memory_report`: what each tier of a step holds, XLA's buffers plus the runtime's.
+"""`coarse.diagnostics.memory_report`: each tier's bytes in a step, XLA's plus the runtime's.
 
 A `coarse.sync` step's XLA program spans the workers only, so XLA's part
 (arguments, outputs, temporaries: the compiled program's
@@ -59,7 +59,7 @@ class TierMemory:
         (proxies under `coarse.value_and_update`; 0 on workers).
 
     Example:
-      >>> t = coarse.TierMemory("worker", 100, 100, 100, 20, 0, 0)
+      >>> t = coarse.diagnostics.TierMemory("worker", 100, 100, 100, 20, 0, 0)
       >>> t.xla_bytes, t.total_bytes
       (120, 120)
     """
@@ -102,7 +102,7 @@ class MemoryReport:
 
     Example:
       >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh)
-      >>> report = coarse.memory_report(step, jnp.ones((8, 1024)))
+      >>> report = coarse.diagnostics.memory_report(step, jnp.ones((8, 1024)))
       >>> report.worker.tier, report.proxy_bytes >= report.proxy.runtime_storage_bytes
       ('worker', True)
     """
@@ -130,8 +130,9 @@ class MemoryReport:
           counted once), temp, runtime, optimizer and total.
 
         Example:
-          >>> report = coarse.MemoryReport(coarse.TierMemory("worker", 2**20, 0, 0, 0, 0, 0),
-          ...                              coarse.TierMemory("proxy", 2**20, 0, 0, 0, 0, 0))
+          >>> tier = coarse.diagnostics.TierMemory
+          >>> report = coarse.diagnostics.MemoryReport(tier("worker", 2**20, 0, 0, 0, 0, 0),
+          ...                                          tier("proxy", 2**20, 0, 0, 0, 0, 0))
           >>> print(report.table())  # doctest: +ELLIPSIS
           tier           args    outputs    aliased       temp    runtime  optimizer ...
           worker          1.0        0.0        0.0        0.0        0.0        0.0        1.0
@@ -163,7 +164,7 @@ def optimizer_bytes(store: Any) -> int:
     """The largest per-proxy bytes of a value_and_update store: measured, or before its first
     step the runtime's layout of it (what each proxy owns of the parameters, master plus
     slots, two buffers)."""
-    measured = store.runtime.proxy_bytes()
+    measured = store.proxy_bytes()
     if measured:
         return int(max(measured))
     layout = _ffi.plan_layout(
@@ -208,7 +209,7 @@ def memory_report(step: Any, *args: Any, **kwargs: Any) -> MemoryReport:
       ...     loss, params = coarse.value_and_update(f, opt)(params, batch)
       ...     return params, loss
       >>> params = {"w": jnp.zeros((1024, 256))}        # 1 MiB of f32
-      >>> report = coarse.memory_report(train_step, params, jnp.ones((8, 1024)))
+      >>> report = coarse.diagnostics.memory_report(train_step, params, jnp.ones((8, 1024)))
       >>> report.proxy.optimizer_bytes  # 1/4 of master + 2 moments, twice; 2x lr, bc1, bc2
       1572896
       >>> report.worker.optimizer_bytes
@@ -216,8 +217,8 @@ def memory_report(step: Any, *args: Any, **kwargs: Any) -> MemoryReport:
     """
     if not hasattr(step, "memory_report"):
         raise TypeError(
-            f"coarse.memory_report: step must be a coarse.sync step, got {type(step).__name__}. "
-            "Fix: decorate the train step with @coarse.sync(mesh)."
+            "coarse.diagnostics.memory_report: step must be a coarse.sync step, got "
+            f"{type(step).__name__}. Fix: decorate the train step with @coarse.sync(mesh)."
         )
     return step.memory_report(*args, **kwargs)
 
@@ -229,7 +230,7 @@ class StepMemory:
     compiled: Any  # XLA's memory analysis of the workers' program
     plans: list[Plan]  # the synchronizations it makes
     proxies: int  # q
-    stores: list[Any]  # its value_and_update stores (`coarse_jax.api._update.Store`)
+    stores: list[Any]  # its value_and_update stores (`coarse_jax.api._stores.ProxyStore`)
     proxy_argument_bytes: int  # the user's arrays on a proxy's device (placed on the mesh)
     proxy_output_bytes: int  # the outputs that follow them there
     proxies_on: str = "devices"  # the mesh's (coarse_jax.mesh.proxies_on)

@@ -3,8 +3,8 @@
 `ProxyState` gives `SyncedStep` its methods that reach the proxies' master
 parameters, optimizer state and snapshots (`optimizer_state`,
 `master_params`, `load_optimizer_state`, `reset_optimizer`, `snapshot`,
-`wait_snapshots`, `restore`), through the typed face of the runtime's store
-(`coarse_jax._ffi.store.RuntimeStore`, via `coarse_jax.api._update.Store`).
+`wait_snapshots`, `restore`), through each `coarse.value_and_update` call's
+`coarse_jax.api._stores.ProxyStore`, the one object of its runtime store.
 The step itself (layout, compile, dispatch) lives in `coarse_jax.api.sync`:
 this module is the service's side of the seam.
 """
@@ -17,11 +17,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from coarse_jax.api._params_check import ParamsCheck
-from coarse_jax.api._update import Store
+from coarse_jax.api._stores import ProxyStore
 from coarse_jax.api.snapshots import SnapshotWriter, read_latest, slot_names
-from coarse_jax.api.update import StoreAccess, to_jax
+from coarse_jax.api.update import to_jax
 from coarse_jax.config import Config
+from coarse_jax.dispatch.params_check import ParamsCheck
 
 
 class ProxyState:
@@ -30,8 +30,7 @@ class ProxyState:
 
     _name: str
     _config: Config
-    _stores: dict[int, Store]
-    _access: StoreAccess
+    _stores: dict[int, ProxyStore]
     _pending_load: Callable[[], None] | None
     _params_check: ParamsCheck
     _writer: SnapshotWriter | None
@@ -41,6 +40,34 @@ class ProxyState:
 
     def _wait_all(self) -> None:
         raise NotImplementedError  # the step's: blocks until its calls in flight finish
+
+    def _store(self, index: int | None, what: str) -> ProxyStore:
+        """The store of the step's value_and_update call ``index`` (the only one if None)."""
+        who = f"coarse.sync({self._name}).{what}"
+        if not self._stores:
+            raise RuntimeError(
+                f"{who}: the step has no coarse.value_and_update (or has not run yet): call it "
+                "once first."
+            )
+        if index is None:
+            if len(self._stores) > 1:
+                raise ValueError(
+                    f"{who}: the step has {len(self._stores)} value_and_update calls; pass "
+                    "index= (0 for the first) to say which."
+                )
+            index = next(iter(self._stores))
+        if index not in self._stores:
+            raise ValueError(
+                f"{who}: no value_and_update call {index}; the step has {sorted(self._stores)}."
+            )
+        return self._stores[index]
+
+    def _read(self, index: int | None, what: str) -> tuple[ProxyStore, int, list[Any]]:
+        """(store, count, [slot][params leaf] f32 arrays) once the calls in flight are done."""
+        store = self._store(index, what)
+        self._wait_all()
+        count, slots = store.read(f"coarse.sync({self._name}).{what}")
+        return store, count, slots
 
     def optimizer_state(self, index: int | None = None) -> Any:
         """The optax state of the optimizer the proxies run, as they hold it now.
@@ -71,7 +98,7 @@ class ProxyState:
         """
         if self._config.mode == "reference":
             return self._ref_held(index, "optimizer_state")[1]
-        store, count, slots = self._access.export(index, "optimizer_state", self._wait_all)
+        store, count, slots = self._read(index, "optimizer_state")
         master = to_jax(slots[0], store.treedef)
         moments = [to_jax(x, store.treedef) for x in slots[1:]]
         return store.optimizer.optax_state(master, count, moments)
@@ -102,8 +129,8 @@ class ProxyState:
         """
         if self._config.mode == "reference":
             return self._ref_held(index, "master_params")[0]
-        _, _, slots = self._access.export(index, "master_params", self._wait_all)
-        return to_jax(slots[0], self._access.store(index, "master_params").treedef)
+        store, _, slots = self._read(index, "master_params")
+        return to_jax(slots[0], store.treedef)
 
     def load_optimizer_state(self, params: Any, opt_state: Any, index: int | None = None) -> None:
         """Makes the proxies continue from ``params`` and an optax ``opt_state``.
@@ -143,9 +170,10 @@ class ProxyState:
             return
 
         def load() -> None:
-            store = self._access.store(index, "load_optimizer_state")
+            store = self._store(index, "load_optimizer_state")
             count, slots = store.optimizer.from_optax_state(opt_state)
-            self._access.load(store, params, count, slots, self._wait_all)
+            self._wait_all()
+            store.write(params, count, slots, f"coarse.sync({self._name}).load_optimizer_state")
             self._params_check.seeds_next()  # from the loaded state: nothing to check
 
         self._load_when_traced(load)
@@ -184,12 +212,12 @@ class ProxyState:
           1
         """
         self._refuse_reference("snapshot")
-        store = self._access.store(index, "snapshot")
+        store = self._store(index, "snapshot")
         self._wait_all()
         if self._writer is not None:  # the previous one on disk first (CheckFreq's rule)
             self._writer.offer(store)
             self._writer.wait_before_taking()
-        count = store.runtime.snapshot_now()
+        count = store.snapshot_now()
         if self._writer is not None:
             self._writer.offer(store)
         return count
@@ -225,9 +253,9 @@ class ProxyState:
             self._wait_all()
             for store in self._stores.values():
                 self._writer.offer(store)
-                if store.runtime.snapshot_due():
+                if store.snapshot_due():
                     self._writer.wait_before_taking()
-                    store.runtime.snapshot_now()
+                    store.snapshot_now()
                     self._writer.offer(store)
             self._writer.flush()
 
@@ -269,16 +297,16 @@ class ProxyState:
         """
         self._refuse_reference("restore")
         if directory is None:
-            store = self._access.store(index, "restore")
+            store = self._store(index, "restore")
             self._wait_all()
-            got = store.runtime.export(snapshot=True)
+            got = store.export(snapshot=True)
             if got is None:
                 raise RuntimeError(
                     f"coarse.sync({self._name}).restore: the proxies hold no complete snapshot. "
                     "Set Config(snapshot_every=K) or call step.snapshot() first."
                 )
             count, leaves, values = got
-            store.runtime.load(store.name, *got)
+            store.load(*got)
             self._params_check.seeds_next()
             master = store.slot_leaves(leaves, values[:1])[0]
             params = jax.tree.unflatten(
@@ -291,15 +319,16 @@ class ProxyState:
         params = jax.tree.map(jnp.asarray, tree["params"])
 
         def load() -> None:
-            store = self._access.store(index, "restore")
+            store = self._store(index, "restore")
             moments = [tree["opt_state"][name] for name in slot_names(store)]
-            self._access.load(store, params, int(tree["step"]), moments, self._wait_all)
+            self._wait_all()
+            store.write(params, int(tree["step"]), moments, f"coarse.sync({self._name}).restore")
             self._params_check.seeds_next()
 
         self._load_when_traced(load)
         self.restored_count = int(count)
         if self._access_ready():
-            store = self._access.store(index, "restore")
+            store = self._store(index, "restore")
             params = jax.tree.unflatten(
                 store.treedef,
                 [x.astype(d) for x, d in zip(jax.tree.leaves(params), store.dtypes, strict=True)],
@@ -330,9 +359,9 @@ class ProxyState:
             return
         if not self._access_ready():
             return
-        store = self._access.store(index, "reset_optimizer")
+        store = self._store(index, "reset_optimizer")
         self._wait_all()
-        store.runtime.reset()
+        store.reset()
         self._params_check.seeds_next()  # from the params it gets: nothing to check
 
     def _refuse_reference(self, what: str) -> None:

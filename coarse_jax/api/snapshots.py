@@ -31,17 +31,18 @@ from typing import Any
 import jax
 import numpy as np
 
-from coarse_jax.api._update import Store
+from coarse_jax._hooks import HOOKS
+from coarse_jax.api._stores import ProxyStore
 
 SLOT_NAMES = {0: (), 1: ("trace",), 2: ("mu", "nu")}
 _PARTIAL = ".partial-"
 
 
-def slot_names(store: Store) -> tuple[str, ...]:
+def slot_names(store: ProxyStore) -> tuple[str, ...]:
     return SLOT_NAMES[store.optimizer.slots]
 
 
-def to_trees(store: Store, count: int, slots: list[list[np.ndarray]]) -> dict[str, Any]:
+def to_trees(store: ProxyStore, count: int, slots: list[list[np.ndarray]]) -> dict[str, Any]:
     """The checkpoint pytree of a store's exported state (see the module docstring)."""
     master, *moments = (jax.tree.unflatten(store.treedef, leaves) for leaves in slots)
     return {
@@ -117,7 +118,7 @@ class SnapshotWriter:
         for name in os.listdir(self.directory):  # left by a process killed mid-write
             if _PARTIAL in name:
                 shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-        self._queue: queue.Queue[tuple[Store, float] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[ProxyStore, float] | None] = queue.Queue()
         self._offered: dict[int, int] = {}  # store id -> newest serial queued
         self._error: BaseException | None = None
         self._lock = threading.Lock()
@@ -135,7 +136,7 @@ class SnapshotWriter:
         """Whether a snapshot offered is not yet complete on disk."""
         return self._pending > 0
 
-    def offer(self, store: Store) -> None:
+    def offer(self, store: ProxyStore) -> None:
         """Queues the store's newest snapshot if it is new (cheap: one counter read)."""
         if store.id not in self._offered:
             # Before the store's second snapshot can be taken (the first is
@@ -146,16 +147,16 @@ class SnapshotWriter:
             # other counts than the other hosts' (their in-memory restore
             # must agree); there the loop's pacing alone keeps the rule.
             if jax.process_count() == 1:
-                store.runtime.attach_writer()
+                store.attach_writer()
             self._offered[store.id] = 0
-        serial = store.runtime.snapshot_serial()
+        serial = store.snapshot_serial()
         if serial > self._offered[store.id]:
             self._offered[store.id] = serial
             with self._lock:
                 self._pending += 1
             self._queue.put((store, time.perf_counter()))
 
-    def pace(self, stores: list[Store], wait_steps: Callable[[], None]) -> None:
+    def pace(self, stores: list[ProxyStore], wait_steps: Callable[[], None]) -> None:
         """Before a call: waits for the write in flight if that call would take a snapshot.
 
         ``wait_steps`` waits for the calls dispatched so far; it runs only
@@ -168,7 +169,7 @@ class SnapshotWriter:
         wait_steps()
         for store in stores:
             self.offer(store)  # a snapshot the finished calls took
-        if any(store.runtime.snapshot_due() for store in stores):
+        if any(store.snapshot_due() for store in stores):
             self.flush()
         self.waited_s += time.perf_counter() - began
 
@@ -219,8 +220,8 @@ class SnapshotWriter:
                     self._pending -= 1
                 self._queue.task_done()
 
-    def _write(self, store: Store, taken: float) -> None:
-        got = store.runtime.export(snapshot=True, for_writer=True)
+    def _write(self, store: ProxyStore, taken: float) -> None:
+        got = store.export(snapshot=True, for_writer=True)
         if got is None:
             return
         count, leaves, values = got
@@ -298,9 +299,9 @@ def _save_in_child(path: str, tree: dict[str, Any]) -> None:
 
 
 def _testing_crash_point(step: int) -> None:
-    """Tests: ``COARSE_JAX_TEST_KILL_BEFORE_RENAME=<step>`` kills the process (SIGKILL)
-    after that step's checkpoint was written but before it was renamed complete."""
-    if os.environ.get("COARSE_JAX_TEST_KILL_BEFORE_RENAME") == str(step):
+    """Tests (`coarse_jax.testing.kill_before_rename`): kills the process (SIGKILL) after
+    that step's checkpoint was written but before it was renamed complete."""
+    if HOOKS.kill_before_rename == step:
         os.kill(os.getpid(), 9)
 
 

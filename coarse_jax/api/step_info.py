@@ -14,15 +14,15 @@ import jax
 from jax.sharding import Mesh
 
 from coarse_jax import _ffi
-from coarse_jax.api import _placement
-from coarse_jax.api._arguments import Layout
-from coarse_jax.api._compiles import Compiles
-from coarse_jax.api._in_flight import InFlight
-from coarse_jax.api._update import Store
+from coarse_jax.api._stores import ProxyStore
 from coarse_jax.api.memory import MemoryReport, StepMemory, tally
 from coarse_jax.api.snapshots import SnapshotWriter
 from coarse_jax.api.timeline import Timeline
 from coarse_jax.config import Config
+from coarse_jax.dispatch import placement as _placement
+from coarse_jax.dispatch.arguments import Layout
+from coarse_jax.dispatch.compiles import Compiles
+from coarse_jax.dispatch.in_flight import InFlight
 from coarse_jax.mesh import Tiers, platform
 
 
@@ -38,7 +38,7 @@ class StepInfo:
     _compiles: Compiles
     _in_flight: InFlight
     _writer: SnapshotWriter | None
-    _stores: dict[int, Store]
+    _stores: dict[int, ProxyStore]
     _ref_state: dict[int, Any]
     _traced_plans: list[Any]
     _all_workers: Any
@@ -128,13 +128,13 @@ class StepInfo:
     def memory_report(self, *args: Any, **kwargs: Any) -> MemoryReport:
         """Per device and tier, the bytes the step holds when called with ``args``.
 
-        The same as `coarse.memory_report` (``coarse.memory_report(step, *args)``):
+        The same as ``coarse.diagnostics.memory_report(step, *args)``:
         compiles the step for ``args`` (arrays or ``jax.ShapeDtypeStruct``
         values; nothing runs) and adds the runtime's storage and the
         proxies' optimizer state.
 
         Returns:
-          A `coarse.MemoryReport`.
+          A `coarse.diagnostics.MemoryReport`.
 
         Example:
           >>> cfg = coarse.Config(xla_below_bytes=0)  # even a tiny tree: proxies

@@ -20,19 +20,20 @@ import jax
 from jax.sharding import Mesh
 
 from coarse_jax import _ffi
-from coarse_jax.api import _arguments, _arrival, _context, _nnx, _outputs, _placement, _uniform
-from coarse_jax.api._arguments import Layout
-from coarse_jax.api._compiles import Compiles
-from coarse_jax.api._in_flight import InFlight
-from coarse_jax.api._params_check import ParamsCheck
-from coarse_jax.api._program import compile_program
-from coarse_jax.api._update import Store
+from coarse_jax.api._stores import ProxyStore
+from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.proxy_state import ProxyState
 from coarse_jax.api.reprofile import changes_plans, check_reprofile, reprofiled
 from coarse_jax.api.snapshots import SnapshotWriter, flush_at_exit
 from coarse_jax.api.step_info import StepInfo
-from coarse_jax.api.update import StoreAccess
 from coarse_jax.config import Config
+from coarse_jax.dispatch import arguments as _arguments
+from coarse_jax.dispatch import arrival, context, nnx, outputs, placement, uniform
+from coarse_jax.dispatch.arguments import Layout
+from coarse_jax.dispatch.compiles import Compiles
+from coarse_jax.dispatch.in_flight import InFlight
+from coarse_jax.dispatch.params_check import ParamsCheck
+from coarse_jax.dispatch.program import compile_program
 from coarse_jax.mesh import DATA, Tiers, check_mesh, has_hosts, platform
 
 
@@ -85,7 +86,7 @@ class SyncedStep(ProxyState, StepInfo):
         self._across_processes = has_hosts(mesh) and jax.process_count() > 1
         self._fn = fn
         self._name: str = getattr(fn, "__name__", "step")
-        self._two_tier_outputs = _placement.TwoTierOutputs(self._name)  # old-style placement
+        self._two_tier_outputs = placement.TwoTierOutputs(self._name)  # old-style placement
         self._arguments = _arguments.Arguments(fn, self._name, **argument_options)
         self._batch_outputs = tuple(
             sorted(set(_arguments.indices(batch_outputs, "batch_outputs", self._name)))
@@ -100,21 +101,20 @@ class SyncedStep(ProxyState, StepInfo):
         # The first call's (what, signature) of each non-batch argument: the
         # proxies' state (value_and_update) is laid out for it.
         self._first_structure: tuple[tuple[str, _arguments.Signature], ...] | None = None
-        self._plans: list[_context.PlanRequest] = []  # what the traces planned
+        self._plans: list[context.PlanRequest] = []  # what the traces planned
         self._site_names: dict[int, str] = {}  # site -> "coarse.all_reduce", ... (traces)
         self._calls = 0
         self._reprofiles = 0
-        self._arrival = _arrival.Arrival(self._name)  # across hosts only
+        self._arrival = arrival.Arrival(self._name)  # across hosts only
         self._in_flight = InFlight(platform(tiers))  # Config.max_steps_in_flight
         # The proxies' optimizer stores, per value_and_update call of the step.
-        self._stores: dict[int, Store] = {}
-        self._access = StoreAccess(self._stores, f"coarse.sync({self._name})")
+        self._stores: dict[int, ProxyStore] = {}
         # A load asked for before the step's first trace (it names the stores).
         self._pending_load: Callable[[], None] | None = None
         self._writer: SnapshotWriter | None = None  # Config.snapshot_dir
         self.restored_count: int | None = None  # optimizer steps of the last restore()
         # mode="reference" value_and_update: (f32 master, optax state) per call
-        # position, threaded through the program (api/_update.reference_update).
+        # position, threaded through the program (api/_stores.reference_update).
         self._ref_state: dict[int, Any] = {}
         self._ref_optimizers: dict[int, Any] = {}
         self._traced_plans: list[Any] = []  # the plans of the latest trace
@@ -141,7 +141,7 @@ class SyncedStep(ProxyState, StepInfo):
         if repeat is not None:  # remembered only where nothing moved
             on_mesh, dyn = None, [t for t, _ in trees]
         else:
-            on_mesh, dyn = _placement.onto_workers(self.mesh, trees)
+            on_mesh, dyn = placement.onto_workers(self.mesh, trees)
             if on_mesh is None and all(d is t for d, (t, _) in zip(dyn, trees, strict=True)):
                 self._arguments.remember(args, kwargs, layout)
         base = (layout, cfg)
@@ -174,7 +174,7 @@ class SyncedStep(ProxyState, StepInfo):
             # Before anything runs: a coarse call that only some devices would
             # run (inside a cond on a mesh axis) is a TypeError, not a hang.
             # jit caches the trace, so the call below does not trace again.
-            _uniform.check(jitted.trace(*dyn, self._ref_state).jaxpr, self._site_names, self._name)
+            uniform.check(jitted.trace(*dyn, self._ref_state).jaxpr, self._site_names, self._name)
             if across:  # the trace just built this program's plans
                 keys = [int(plan.ffi_attrs()["plan_key"]) for plan in self._traced_plans]
                 try:
@@ -219,8 +219,8 @@ class SyncedStep(ProxyState, StepInfo):
                 (replicated, per_example, new_state), on_mesh
             )
         if layout.graph:
-            _nnx.update(graph_nodes, new_state)
-        result = _outputs.join(replicated, per_example, self._batch_outputs)
+            nnx.update(graph_nodes, new_state)
+        result = outputs.join(replicated, per_example, self._batch_outputs)
         if not layout.outer_trace:
             self._count_call()
             self._params_check.returned(base, result)
@@ -267,15 +267,16 @@ class SyncedStep(ProxyState, StepInfo):
             layout,
             name=self._name,
             batch_outputs=self._batch_outputs,
+            mean_state=all_reduce,
             check_params=check,
             on_io_map=functools.partial(self._params_check.traced, (layout, cfg)),
         )
 
     def _trace_context(
         self, cfg: Config, ref_in: dict[int, Any], check_params: bool
-    ) -> _context.SyncContext:
+    ) -> context.SyncContext:
         """The context of one trace of the step's program (`compile_program`'s body)."""
-        ctx = _context.SyncContext(
+        ctx = context.SyncContext(
             self._tiers,
             cfg,
             self._plans,

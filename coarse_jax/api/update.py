@@ -8,7 +8,8 @@ the all-gather carries the updated parameters, which the workers pull and
 cast to the params' dtype. The workers hold no optimizer state.
 
 `SyncedStep.optimizer_state` / `master_params` / `load_optimizer_state` /
-`reset_optimizer` read and write what the proxies hold (`StoreAccess`).
+`reset_optimizer` read and write what the proxies hold (`coarse_jax.api.proxy_state`,
+through each call's `coarse_jax.api._stores.ProxyStore`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from coarse_jax.api import _nnx
-from coarse_jax.api._update import Store
 from coarse_jax.api.grad import synced_value_and_grad
 from coarse_jax.config import Config
+from coarse_jax.dispatch import nnx
 from coarse_jax.optim import ProxyOptimizer
 
 
@@ -115,7 +115,7 @@ def value_and_update(
     def vu(*args: Any, **kwargs: Any) -> Any:
         if not args:
             raise TypeError("coarse.value_and_update: the function needs the params first.")
-        if _nnx.is_graph_node(args[0]):
+        if nnx.is_graph_node(args[0]):
             raise NotImplementedError(
                 "coarse.value_and_update takes params as a pytree, not an NNX module. Fix: "
                 "graphdef, params, rest = nnx.split(model, nnx.Param, ...), differentiate a "
@@ -135,78 +135,6 @@ def value_and_update(
         )
 
     return vu
-
-
-class StoreAccess:
-    """Reads and writes the proxies' master parameters and optimizer state of a step."""
-
-    def __init__(self, stores: dict[int, Store], name: str) -> None:
-        self._stores = stores
-        self._name = name
-
-    def store(self, index: int | None, what: str) -> Store:
-        if not self._stores:
-            raise RuntimeError(
-                f"{self._name}.{what}: the step has no coarse.value_and_update (or has not run "
-                "yet): call it once first."
-            )
-        if index is None:
-            if len(self._stores) > 1:
-                raise ValueError(
-                    f"{self._name}.{what}: the step has {len(self._stores)} value_and_update "
-                    "calls; pass index= (0 for the first) to say which."
-                )
-            index = next(iter(self._stores))
-        if index not in self._stores:
-            raise ValueError(
-                f"{self._name}.{what}: no value_and_update call {index}; the step has "
-                f"{sorted(self._stores)}."
-            )
-        return self._stores[index]
-
-    def export(
-        self, index: int | None, what: str, wait: Callable[[], None]
-    ) -> tuple[Store, int, list[list[np.ndarray]]]:
-        """(store, count, [slot][params leaf] f32 arrays), slot 0 the master.
-
-        ``wait`` blocks until the step's calls in flight are done (passed per
-        call, not kept: the step owns this object).
-        """
-        store = self.store(index, what)
-        wait()
-        got = store.runtime.export()
-        if got is None:
-            raise RuntimeError(
-                f"{self._name}.{what}: the proxies hold no state yet (no step has finished). "
-                "Run a step first."
-            )
-        count, leaves, values = got
-        return store, int(count), store.slot_leaves(leaves, values)
-
-    def load(
-        self, store: Store, params: Any, count: int, slots: list[Any], wait: Callable[[], None]
-    ) -> None:
-        """The next update of ``store`` starts from ``params`` (its master), ``count``
-        and the optimizer state ``slots`` (trees like the params)."""
-        leaves, treedef = jax.tree.flatten(params)
-        if treedef != store.treedef or [tuple(np.shape(x)) for x in leaves] != store.shapes:
-            raise ValueError(
-                f"{self._name}.load_optimizer_state: params must have the structure and "
-                f"shapes the step updates ({store.treedef}), got {treedef}."
-            )
-        trees = [leaves, *(jax.tree.leaves(s) for s in slots)]
-        ids = store.updated_sync_ids()
-        values = []
-        for tree in trees:
-            if len(tree) != len(leaves):
-                raise ValueError(
-                    f"{self._name}.load_optimizer_state: opt_state's moments have "
-                    f"{len(tree)} leaves, params have {len(leaves)}."
-                )
-            flat = [np.asarray(x, np.float32).ravel() for x in tree]
-            values.append([flat[store.plan.sync_order[s]].tobytes() for s in ids])
-        wait()
-        store.runtime.load(store.name, count, ids, values)
 
 
 def to_jax(tree_leaves: list[np.ndarray], treedef: Any) -> Any:

@@ -111,7 +111,7 @@ def main() -> None:
             args.emulate, p, time_scale=args.sync_time_scale, **where
         )
     sizes = [s for s in DEFAULT_SIZES if s <= args.max_size]
-    prof = coarse.profile(mesh, topology=probe_topo, sizes=sizes, reps=args.reps)
+    prof = coarse.diagnostics.profile(mesh, topology=probe_topo, sizes=sizes, reps=args.reps)
     print(prof.table())
     if args.save:
         prof.save(args.save)
@@ -137,8 +137,8 @@ def main() -> None:
     n = sum(math.prod(shape) * 4 for _, shape in RESNET50_SHAPES)
     # The profile was taken at profile_time_scale; T_FP/T_BP are real time.
     unscale = prof.time_scale
-    bw_proxy = float(prof.pp_bandwidth_gbps().mean()) * unscale
-    bw_gpu = float(prof.ww_bandwidth_gbps().mean()) * unscale
+    bw_proxy = float(prof.link("pp", "bandwidth_gbps").mean()) * unscale
+    bw_gpu = float(prof.link("ww", "bandwidth_gbps").mean()) * unscale
     boundaries = [0]
     for _, shape in RESNET50_SHAPES:
         boundaries.append(boundaries[-1] + math.prod(shape) * 4)
@@ -172,7 +172,7 @@ def main() -> None:
         scfg = schemes.scheme_config(scheme, dataclasses.replace(cfg, leading_bytes=0), p)
         measured = schemes.time_sync(mesh, tree, scfg, reps=args.reps)
         predicted = (
-            model.predict_plan_sync_s(coarse.plan(tree, mesh, scfg), sync_topo)
+            model.predict_plan_sync_s(coarse.diagnostics.plan(tree, mesh, scfg), sync_topo)
             if sync_topo
             else float("nan")
         )

@@ -243,7 +243,7 @@ def local_tiers(mesh: MeshLike) -> Tiers:
 
 def local_mesh(mesh: MeshLike) -> Mesh:
     """This process's workers, a coarse mesh of one host with this host's proxies (the mesh
-    itself on one host): what ``coarse.profile`` times across hosts."""
+    itself on one host): what ``coarse.diagnostics.profile`` times across hosts."""
     tiers = local_tiers(mesh)
     if tiers.workers is workers_mesh(mesh):
         return tiers.workers

@@ -74,7 +74,7 @@ def link_bound(plan: Any, topology: Any) -> LinkBound:
     """Lower bound on `coarse.all_reduce` of ``plan`` on an emulated ``topology``, links only.
 
     Args:
-      plan: a `coarse.Plan` (`coarse.plan(tree, mesh, config)`).
+      plan: a `coarse.diagnostics.Plan` (`coarse.diagnostics.plan(tree, mesh, config)`).
       topology: the `coarse.Topology` it runs on (its ``time_scale`` applies).
 
     Returns:
@@ -86,7 +86,7 @@ def link_bound(plan: Any, topology: Any) -> LinkBound:
     Example:
       >>> topo = coarse.Topology.preset("v100", workers=4, clock="virtual")
       >>> tree = {"w": jnp.zeros((256, 1024))}                  # 1 MiB per worker
-      >>> b = coarse.model.link_bound(coarse.plan(tree, mesh), topo)
+      >>> b = coarse.model.link_bound(coarse.diagnostics.plan(tree, mesh), topo)
       >>> print(f"{b.seconds * 1e6:.1f} us, bound by {b.binding}")
       119.5 us, bound by worker 0 out port
     """

@@ -3,7 +3,7 @@
 On a ``("host", "tier", "data")`` mesh each host first synchronizes on its
 own, exactly as on one host (`predict_plan_sync_s` of the host's plan), then
 the hosts exchange their results through XLA collectives over "host"
-(coarse_jax/api/_hosts.py) in the workers' program (the proxies run no XLA
+(coarse_jax/api/_inter_host.py) in the workers' program (the proxies run no XLA
 program): the synced leaves in p chunks, worker k carrying chunk k, in f32. Every byte of the host's
 result leaves through the host's one network link and every other host's
 comes in through it, so its NIC carries ``(hosts - 1)`` times the host's f32
@@ -30,7 +30,7 @@ def inter_host_bytes(plan: Any, hosts: int) -> int:
     """Bytes one host's network link carries each way in the inter-host step of ``plan``.
 
     Args:
-      plan: the `coarse.Plan` of one host (its ``workers`` are the host's).
+      plan: the `coarse.diagnostics.Plan` of one host (its ``workers`` are the host's).
       hosts: how many hosts (processes) the mesh spans.
 
     Returns:
@@ -41,7 +41,7 @@ def inter_host_bytes(plan: Any, hosts: int) -> int:
       ValueError: ``hosts`` is not an int >= 1.
 
     Example:
-      >>> plan = coarse.plan({"w": jnp.zeros((1024,), jnp.bfloat16)}, 4)
+      >>> plan = coarse.diagnostics.plan({"w": jnp.zeros((1024,), jnp.bfloat16)}, 4)
       >>> coarse.model.inter_host_bytes(plan, hosts=3)          # 2 x 1024 f32 values
       8192
     """
@@ -60,7 +60,7 @@ def predict_hosts_sync_s(plan: Any, topology: Any, hosts: int) -> float:
     One host (``hosts=1``) is `predict_plan_sync_s`.
 
     Args:
-      plan: the `coarse.Plan` of one host.
+      plan: the `coarse.diagnostics.Plan` of one host.
       topology: the `coarse.Topology` of one host's devices, with its inter-host link.
       hosts: how many hosts (processes).
 
@@ -73,7 +73,7 @@ def predict_hosts_sync_s(plan: Any, topology: Any, hosts: int) -> float:
 
     Example:
       >>> topo = coarse.Topology.preset("v100", workers=4, clock="virtual")
-      >>> plan = coarse.plan({"w": jnp.zeros((256, 1024))}, 4)   # 1 MiB per worker
+      >>> plan = coarse.diagnostics.plan({"w": jnp.zeros((256, 1024))}, 4)   # 1 MiB per worker
       >>> one = coarse.model.predict_hosts_sync_s(plan, topo, hosts=1)
       >>> two = coarse.model.predict_hosts_sync_s(plan, topo, hosts=2)
       >>> one == coarse.model.predict_plan_sync_s(plan, topo), two > one

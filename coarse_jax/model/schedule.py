@@ -37,12 +37,12 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
     `coarse.model.link_bound` is the floor under this schedule.
 
     Args:
-      plan: a `coarse.Plan` (`coarse.plan(tree, mesh, config)`).
+      plan: a `coarse.diagnostics.Plan` (`coarse.diagnostics.plan(tree, mesh, config)`).
       topology: the `coarse.Topology` it runs on (its ``time_scale`` applies).
 
     Returns:
       Seconds; on ``clock="virtual"`` the runtime's simulated time of the same
-      synchronization (`coarse.virtual_sync_seconds`) equals it.
+      synchronization (`coarse.diagnostics.virtual_sync_seconds`) equals it.
 
     Example:
       >>> topo = coarse.Topology.preset("v100", workers=4, clock="virtual")
@@ -50,8 +50,9 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
       >>> tree = {"w": jnp.ones((256, 1024))}                    # 1 MiB per worker
       >>> step = coarse.sync(lambda t, x: coarse.all_reduce(t), mesh=mesh, config=cfg)
       >>> _ = jax.block_until_ready(step(tree, jnp.ones((8,))))
-      >>> predicted = coarse.model.predict_plan_sync_s(coarse.plan(tree, mesh, cfg), topo)
-      >>> (simulated,) = coarse.virtual_sync_seconds()
+      >>> plan = coarse.diagnostics.plan(tree, mesh, cfg)
+      >>> predicted = coarse.model.predict_plan_sync_s(plan, topo)
+      >>> (simulated,) = coarse.diagnostics.virtual_sync_seconds()
       >>> abs(simulated - predicted) < 1e-8
       True
     """

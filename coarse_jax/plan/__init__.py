@@ -1,4 +1,4 @@
-"""`coarse.plan`: what happens to each leaf of a gradient tree.
+"""`coarse.diagnostics.plan`: what happens to each leaf of a gradient tree.
 
 The plan fixes, before anything runs, every decision the runtime follows:
 

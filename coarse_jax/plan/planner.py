@@ -1,4 +1,4 @@
-"""`coarse.plan`, the function: a tree and a mesh in, a `Plan` out (linear in the leaves)."""
+"""`coarse.diagnostics.plan`: a tree and a mesh in, a `Plan` out (linear in the leaves)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def auto_leading_bytes(leaf_bytes: list[int], config: Config, workers: int) -> i
     t_fp, t_bp = times
     run_scale = config.topology.time_scale if config.topology is not None else 1.0
     to_run_time = profile.time_scale / run_scale
-    bw_proxy = float(profile.pp_bandwidth_gbps().mean()) * to_run_time
-    bw_gpu = float(profile.ww_bandwidth_gbps().mean()) * to_run_time
+    bw_proxy = float(profile.link("pp", "bandwidth_gbps").mean()) * to_run_time
+    bw_gpu = float(profile.link("ww", "bandwidth_gbps").mean()) * to_run_time
     n = sum(leaf_bytes)
     prefix = [0]
     for b in leaf_bytes:
@@ -53,7 +53,7 @@ def plan(
     groups: Any = None,
     mean: bool = True,
     names: list[str] | None = None,
-    where: str = "coarse.plan",
+    where: str = "coarse.diagnostics.plan",
     proxies: int | None = None,
     xla_route: tuple[int, str] | None = None,
 ) -> Plan:
@@ -88,7 +88,7 @@ def plan(
     Example:
       >>> params = {"dense0": jnp.zeros((64, 256)), "dense1": jnp.zeros((256, 10))}
       >>> cfg = coarse.Config(leading_bytes=1 << 16, xla_below_bytes=0)  # no latency route
-      >>> p = coarse.plan(params, mesh, cfg)
+      >>> p = coarse.diagnostics.plan(params, mesh, cfg)
       >>> [p.leaves[i].name for i in p.leading_leaves]   # the first layer: worker ring
       ["['dense0']"]
       >>> print(p.summary())  # doctest: +ELLIPSIS

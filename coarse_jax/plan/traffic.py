@@ -4,7 +4,7 @@ On one host every device is the same memory, so the physical limit of a
 reduction is memory traffic: each worker's values read once and the result
 written once per worker, ``p·B`` read and ``p·B`` written for ``B`` bytes
 per worker. `cpu_traffic` says what the CPU runtime moves instead, path by
-path, in the names of the runtime's own counters (``coarse_jax._ffi.traffic``),
+path, in the names of the runtime's own counters (``coarse_jax._ffi.byte_counts``),
 against which ``tests/test_traffic.py`` holds it, byte for byte:
 
 * ``value_and_grad`` and ``all_reduce`` (the fused push): the proxies read
@@ -19,7 +19,7 @@ against which ``tests/test_traffic.py`` holds it, byte for byte:
   gradient, the master and each state slot once (``optimizer``); worker k
   copies the step's lr and bias corrections beside proxy k's state (12
   bytes, ``gather``); a params check, on a call whose params are not the
-  arrays the step returned (`coarse_jax.api._params_check`), reads the
+  arrays the step returned (`coarse_jax.dispatch.params_check`), reads the
   master and the params (``check``); the pull (``scatter``);
 * the leading layers (the workers' reduction): each worker sums the ring's
   chunks it would own straight from every worker's leaves, in the ring's
@@ -40,7 +40,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from coarse_jax._ffi.traffic import Traffic
+from coarse_jax._ffi.byte_counts import Traffic
 
 F32 = 4
 
@@ -108,7 +108,7 @@ def cpu_traffic(
     """The bytes one sync of ``plan`` moves on the CPU backend (module docstring).
 
     Args:
-      plan: the sync's plan (`coarse.plan`).
+      plan: the sync's plan (`coarse.diagnostics.plan`).
       optimizer_slots: None for ``value_and_grad`` and ``all_reduce``; for
         ``value_and_update``, the state the optimizer keeps per element:
         0 for SGD without momentum, 1 with it, 2 for Adam and AdamW.
@@ -127,7 +127,8 @@ def cpu_traffic(
     Example:
       >>> import jax.numpy as jnp
       >>> mesh = coarse.make_mesh(workers=4)
-      >>> pl = coarse.plan({"w": jnp.zeros((1024, 256))}, mesh, coarse.Config(leading_bytes=0))
+      >>> cfg = coarse.Config(leading_bytes=0)
+      >>> pl = coarse.diagnostics.plan({"w": jnp.zeros((1024, 256))}, mesh, cfg)
       >>> from coarse_jax.plan.traffic import cpu_traffic
       >>> t = cpu_traffic(pl)
       >>> t.read // 2**20, t.written // 2**20, t.minimum[0] // 2**20

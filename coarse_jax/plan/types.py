@@ -1,4 +1,4 @@
-"""The parts of a `coarse.plan`: `Plan` and its leaves, pieces and buckets.
+"""The parts of a `coarse.diagnostics.plan`: `Plan` and its leaves, pieces and buckets.
 
 Frozen records of the decisions `coarse_jax.plan.planner.plan` makes; a
 `Plan` also renders itself as the runtime's FFI attributes (`Plan.ffi_attrs`)
@@ -32,7 +32,7 @@ class LeafPlan:
       group: pieces never mix leaves of different groups (see `plan`).
 
     Example:
-      >>> leaf = coarse.plan({"w": jnp.zeros((4, 4))}, mesh).leaves[0]
+      >>> leaf = coarse.diagnostics.plan({"w": jnp.zeros((4, 4))}, mesh).leaves[0]
       >>> leaf.name, leaf.sync, leaf.size, leaf.nbytes
       ("['w']", 'proxy', 16, 64)
     """
@@ -69,7 +69,8 @@ class PiecePlan:
       dest: the proxy each worker sends it to.
 
     Example:
-      >>> p = coarse.plan({"w": jnp.zeros((1024, 512))}, mesh, coarse.Config(shard_bytes=1 << 20))
+      >>> cfg = coarse.Config(shard_bytes=1 << 20)
+      >>> p = coarse.diagnostics.plan({"w": jnp.zeros((1024, 512))}, mesh, cfg)
       >>> [(pc.nbytes, pc.dest) for pc in p.pieces]
       [(1048576, (0, 1, 2, 3)), (1048576, (0, 1, 2, 3))]
     """
@@ -92,7 +93,7 @@ class BucketPlan:
       num_pieces: how many pieces it fills.
 
     Example:
-      >>> p = coarse.plan({"a": jnp.zeros((8,)), "b": jnp.zeros((8,))}, mesh)
+      >>> p = coarse.diagnostics.plan({"a": jnp.zeros((8,)), "b": jnp.zeros((8,))}, mesh)
       >>> [(b.num_leaves, b.num_pieces) for b in p.buckets]
       [(2, 1)]
     """
@@ -105,7 +106,7 @@ class BucketPlan:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The decisions for one tree on one mesh, made by `coarse.plan`.
+    """The decisions for one tree on one mesh, made by `coarse.diagnostics.plan`.
 
     Fixed before anything runs: which leaves the workers reduce among
     themselves (the leading layers, a prefix of the flatten order up to
@@ -138,7 +139,8 @@ class Plan:
 
     Example:
       >>> tree = {"a": jnp.zeros((16,)), "b": jnp.zeros((1024, 1024))}   # flatten order: a, b
-      >>> p = coarse.plan(tree, mesh, coarse.Config(shard_bytes=1 << 20, leading_bytes=64))
+      >>> cfg = coarse.Config(shard_bytes=1 << 20, leading_bytes=64)
+      >>> p = coarse.diagnostics.plan(tree, mesh, cfg)
       >>> p.workers, len(p.pieces), p.total_bytes, p.proxy_bytes
       (4, 4, 4194368, 4194304)
       >>> [p.leaves[i].name for i in p.leading_leaves]   # the first 64 bytes: worker ring
@@ -201,7 +203,7 @@ class Plan:
           custom call of the step receives it.
 
         Example:
-          >>> attrs = coarse.plan({"w": jnp.zeros((8,))}, mesh).ffi_attrs()
+          >>> attrs = coarse.diagnostics.plan({"w": jnp.zeros((8,))}, mesh).ffi_attrs()
           >>> int(attrs["workers"]), int(attrs["num_proxy_leaves"])
           (4, 1)
         """
@@ -259,7 +261,7 @@ class Plan:
           latency threshold and the routes.
 
         Example:
-          >>> print(coarse.plan({"w": jnp.zeros((4, 4))}, mesh).summary())
+          >>> print(coarse.diagnostics.plan({"w": jnp.zeros((4, 4))}, mesh).summary())
           leaf      shape   dtype   bytes  sync   dest proxy per worker
           ---...
           ['w']     (4, 4)  float32    64  XLA psum    -
@@ -268,7 +270,7 @@ class Plan:
           1 leaves, 0.00 MiB, all through XLA's psum (one collective)
           shard 4194304 B, latency threshold 2097152 B, routes (lat, bw) per worker: ...
           >>> cfg = coarse.Config(xla_below_bytes=0)   # the proxies, however small
-          >>> print(coarse.plan({"w": jnp.zeros((4, 4))}, mesh, cfg).summary())
+          >>> print(coarse.diagnostics.plan({"w": jnp.zeros((4, 4))}, mesh, cfg).summary())
           leaf      shape   dtype   bytes  sync   dest proxy per worker
           ---...
           ['w']     (4, 4)  float32    64  proxy, piece 0    0,1,2,3

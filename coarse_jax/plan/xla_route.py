@@ -13,7 +13,7 @@ is decided here, at trace time, from the mesh the step runs on:
   ``lax.psum``'s time at one leaf of 1 KiB to 1 MiB, against 1.26-2.12x
   through the proxies, and a tree of 32 leaves of 1 KiB took 0.78 ms through
   the proxies against 2.9 ms as one psum per leaf (one psum for the whole
-  tree, as `coarse_jax.api._xla_route` does, is one collective). So a tree
+  tree, as `coarse_jax.api._latency_route` does, is one collective). So a tree
   up to ``Config.latency_threshold_bytes`` (the size under which pieces go
   to a latency proxy; measured by `Config.from_profile`) goes through XLA.
   Above it the two paths measured within noise of each other (4-64 MiB),

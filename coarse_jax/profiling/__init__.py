@@ -1,8 +1,8 @@
 """Measuring the mesh's links and planning from the measurements (paper Section III-E).
 
-* `measure.py`: `coarse.profile` (links through the runtime's own transport),
-  `coarse.measure_step_times`, `robust_time`.
-* `data.py`: `coarse.Profile`, the measurements (`file_format.py`: as JSON).
+* `measure.py`: `coarse.diagnostics.profile` (links through the runtime's own transport),
+  `coarse.diagnostics.measure_step_times`, `robust_time`.
+* `data.py`: `coarse.diagnostics.Profile`, the measurements (`file_format.py`: as JSON).
 * `links.py`: the kinds of link, the figures read from their times, and the
   face of a `Profile` that `routing` and `report` read.
 * `decision.py`, `rounds.py`: routing decisions, made from repeated rounds.

@@ -58,7 +58,7 @@ class Profile:
       workers: p.
       sizes: transfer sizes measured, bytes, strictly ascending.
       wp_oneway_s: ``[p, q, S]`` seconds to move ``sizes[j]`` bytes from
-        worker ``i`` to proxy ``k``, one direction (from `coarse.profile`:
+        worker ``i`` to proxy ``k``, one direction (from `coarse.diagnostics.profile`:
         the median over the rounds that measured the link).
       wp_bidir_s: ``[p, q, S]`` seconds until both a push worker ``i`` -> proxy
         ``k`` and a pull proxy ``k`` -> worker ``i`` of that size, run
@@ -80,7 +80,7 @@ class Profile:
         within this noise as tied.
       proxies: q, dividing p; ``0`` or ``None`` (the default, and what a
         profile saved before COARSE k:1 implies) mean p.
-      decisions: the routing decisions `coarse.profile` made from its
+      decisions: the routing decisions `coarse.diagnostics.profile` made from its
         repeated, interleaved measurements, one `Decision` per worker and
         kind (latency proxy, bandwidth proxy, threshold), each saying whether
         the measurements made it clear or it kept the model's (or the local)
@@ -98,15 +98,15 @@ class Profile:
     Example:
       >>> import os, tempfile
       >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-      >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+      >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
       >>> path = os.path.join(tempfile.mkdtemp(), "v100.json")
       >>> prof.save(path)
-      >>> coarse.Profile.load(path) == prof
+      >>> coarse.diagnostics.Profile.load(path) == prof
       True
       >>> cfg = coarse.Config.from_profile(prof, leading_bytes=64 << 10)
       >>> shared = coarse.make_mesh(workers=4, proxies=2)            # COARSE(2:1)
       >>> topo = coarse.Topology.preset("v100", 4, proxies=2, clock="virtual")
-      >>> prof = coarse.profile(shared, topology=topo, sizes=[1 << 10, 1 << 20])
+      >>> prof = coarse.diagnostics.profile(shared, topology=topo, sizes=[1 << 10, 1 << 20])
       >>> prof.proxies, prof.wp_oneway_s.shape, prof.pp_oneway_s.shape
       (2, (4, 2, 2), (2, 2, 2))
     """
@@ -157,7 +157,7 @@ class Profile:
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> d = prof.decision(0, "bandwidth")
           >>> d.choice, d.basis
           (1, 'measured')
@@ -205,8 +205,8 @@ class Profile:
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
-          >>> prof.allclose(coarse.Profile.from_json_dict(prof.to_json_dict()))
+          >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof.allclose(coarse.diagnostics.Profile.from_json_dict(prof.to_json_dict()))
           True
         """
         if not isinstance(other, Profile):
@@ -242,8 +242,8 @@ class Profile:
 
         Example:
           >>> topo = coarse.Topology.preset("t4", 4, proxies=2, clock="virtual")
-          >>> prof = coarse.profile(coarse.make_mesh(workers=4, proxies=2), topology=topo,
-          ...                       sizes=[1 << 10])
+          >>> shared = coarse.make_mesh(workers=4, proxies=2)
+          >>> prof = coarse.diagnostics.profile(shared, topology=topo, sizes=[1 << 10])
           >>> [prof.local_proxy(i) for i in range(4)]
           [0, 0, 1, 1]
         """
@@ -278,7 +278,7 @@ class Profile:
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> lat = prof.link("wp", "latency_us")     # v100: local 3 us, remote 8 us (+ 1 KiB)
           >>> bool(lat[0, 0] < lat[0, 1]), prof.link("pp", "bandwidth_curve_gbps").shape
           (True, (4, 2, 2))
@@ -296,52 +296,6 @@ class Profile:
         bidir = getattr(self, f"{kind}_bidir_s", None)
         return figure(getattr(self, f"{kind}_oneway_s"), bidir, self.sizes, what)
 
-    # The figures by their names before `link`, each ``link(kind, what)``.
-
-    def wp_bandwidth_curve_gbps(self) -> np.ndarray:
-        """``[p, q, S]`` ``link("wp", "bandwidth_curve_gbps")``."""
-        return self.link("wp", "bandwidth_curve_gbps")
-
-    def pp_bandwidth_curve_gbps(self) -> np.ndarray:
-        """``[q, 2, S]`` ``link("pp", "bandwidth_curve_gbps")``."""
-        return self.link("pp", "bandwidth_curve_gbps")
-
-    def ww_bandwidth_curve_gbps(self) -> np.ndarray:
-        """``[p, 2, S]`` ``link("ww", "bandwidth_curve_gbps")``."""
-        return self.link("ww", "bandwidth_curve_gbps")
-
-    def wp_latency_us(self) -> np.ndarray:
-        """``[p, q]`` ``link("wp", "latency_us")``."""
-        return self.link("wp", "latency_us")
-
-    def wp_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, q]`` ``link("wp", "bandwidth_gbps")``."""
-        return self.link("wp", "bandwidth_gbps")
-
-    def bidir_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, q]`` ``link("wp", "bidir_bandwidth_gbps")``."""
-        return self.link("wp", "bidir_bandwidth_gbps")
-
-    def pp_latency_us(self) -> np.ndarray:
-        """``[q, 2]`` ``link("pp", "latency_us")``."""
-        return self.link("pp", "latency_us")
-
-    def pp_bandwidth_gbps(self) -> np.ndarray:
-        """``[q, 2]`` ``link("pp", "bandwidth_gbps")``."""
-        return self.link("pp", "bandwidth_gbps")
-
-    def pp_bidir_bandwidth_gbps(self) -> np.ndarray:
-        """``[q, 2]`` ``link("pp", "bidir_bandwidth_gbps")``."""
-        return self.link("pp", "bidir_bandwidth_gbps")
-
-    def ww_latency_us(self) -> np.ndarray:
-        """``[p, 2]`` ``link("ww", "latency_us")``."""
-        return self.link("ww", "latency_us")
-
-    def ww_bandwidth_gbps(self) -> np.ndarray:
-        """``[p, 2]`` ``link("ww", "bandwidth_gbps")``."""
-        return self.link("ww", "bandwidth_gbps")
-
     # ---------------------------------------------------------------- JSON
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -352,7 +306,7 @@ class Profile:
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> d = prof.to_json_dict()
           >>> d["format"], d["workers"], d["proxies"], d["sizes"]
           ('coarse_jax.profile/1', 4, 4, [1024, 1048576])
@@ -379,8 +333,8 @@ class Profile:
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
-          >>> coarse.Profile.from_json_dict(prof.to_json_dict()) == prof
+          >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> coarse.diagnostics.Profile.from_json_dict(prof.to_json_dict()) == prof
           True
         """
         fields = file_format.from_json(data, source)
@@ -400,11 +354,11 @@ class Profile:
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> import os, tempfile
           >>> path = os.path.join(tempfile.mkdtemp(), "v100.json")
           >>> prof.save(path)
-          >>> coarse.Profile.load(path).workers
+          >>> coarse.diagnostics.Profile.load(path).workers
           4
         """
         with open(path, "w", encoding="utf-8") as f:
@@ -428,10 +382,10 @@ class Profile:
         Example:
           >>> import os, tempfile
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> path = os.path.join(tempfile.mkdtemp(), "v100.json")
           >>> prof.save(path)
-          >>> coarse.Profile.load(path).sizes
+          >>> coarse.diagnostics.Profile.load(path).sizes
           (1024, 1048576)
         """
         with open(path, encoding="utf-8") as f:
@@ -454,7 +408,7 @@ class Profile:
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> print(prof.table())  # doctest: +ELLIPSIS
           Profile v100: 4 workers on cpu, 8 devices; sizes 1KiB..1MiB (2 sizes)
           ...
@@ -474,7 +428,7 @@ class Profile:
 
         Example:
           >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+          >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> import os, tempfile
           >>> path = os.path.join(tempfile.mkdtemp(), "v100.png")
           >>> prof.plot(path)

@@ -20,7 +20,7 @@ DECISION_BASES = ("measured", "model", "local", "unclear")
 class Decision:
     """One routing decision of a measured `Profile`, and what it rests on.
 
-    `coarse.profile` decides, per worker, its latency proxy, its bandwidth
+    `coarse.diagnostics.profile` decides, per worker, its latency proxy, its bandwidth
     proxy and the threshold between them (the size where their transfer
     times cross), from repeated, interleaved measurements
     (`coarse_jax.profiling.rounds`). A decision the measurements make clear

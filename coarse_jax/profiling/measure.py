@@ -1,4 +1,4 @@
-"""`coarse.profile`: measure the mesh's links through the runtime's own transport.
+"""`coarse.diagnostics.profile`: measure the mesh's links through the runtime's own transport.
 
 One compiled program per transfer size runs the ``coarse_probe`` custom call
 on every device, the p workers and the q distinct proxies (q = p at COARSE
@@ -87,8 +87,8 @@ def _probe_mesh(mesh: Tiers) -> Mesh:
     devices = [*np.asarray(mesh.devices)[0], *proxy_devices(mesh)]
     if len(set(devices)) != len(devices):
         raise ValueError(
-            "coarse.profile: the mesh's workers and proxies must be distinct devices (the probe "
-            "times the links between them), got "
+            "coarse.diagnostics.profile: the mesh's workers and proxies must be distinct devices "
+            "(the probe times the links between them), got "
             f"{[[getattr(d, 'id', d) for d in row] for row in np.asarray(mesh.devices)]}. "
             "Build the mesh with coarse.make_mesh(workers=p, proxies=q)."
         )
@@ -216,7 +216,7 @@ def profile(
         ``wp_oneway_s`` holds each link's median over its rounds.
 
     Returns:
-      A `coarse.Profile` (``table()``, ``plot(path)``, ``save(path)``);
+      A `coarse.diagnostics.Profile` (``table()``, ``plot(path)``, ``save(path)``);
       `coarse.Config.from_profile` turns it into routes, threshold and shard size.
 
     With proxies in host memory (``make_mesh(..., proxies_on="host")``) the
@@ -233,67 +233,71 @@ def profile(
 
     Example:
       >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")   # exact, nothing sleeps
-      >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 16, 1 << 22])
+      >>> sizes = [1 << 10, 1 << 16, 1 << 22]
+      >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=sizes)
       >>> cfg = coarse.Config.from_profile(prof, topology=topo)
       >>> cfg.routes       # (latency proxy, bandwidth proxy) per worker: local, then next
       ((0, 1), (1, 2), (2, 3), (3, 0))
       >>> shared = coarse.make_mesh(workers=4, proxies=2)            # COARSE(2:1)
       >>> topo = coarse.Topology.preset("v100", 4, proxies=2, clock="virtual")
-      >>> prof = coarse.profile(shared, topology=topo, sizes=[1 << 10, 1 << 16, 1 << 22])
+      >>> prof = coarse.diagnostics.profile(shared, topology=topo, sizes=sizes)
       >>> coarse.Config.from_profile(prof, topology=topo).routes   # local i // 2, then the other
       ((0, 1), (0, 1), (1, 0), (1, 0))
       >>> host = coarse.make_mesh(workers=4, proxies=2, proxies_on="host")
       >>> topo = coarse.Topology.preset("pcie4", 4, proxies=2, proxies_on="host", clock="virtual")
-      >>> prof = coarse.profile(host, topology=topo, sizes=[1 << 10, 1 << 22])
+      >>> prof = coarse.diagnostics.profile(host, topology=topo, sizes=[1 << 10, 1 << 22])
       >>> us = float(prof.wp_oneway_s[0, 1, -1]) * 1e6    # 4 MiB at 12.5 GB/s (Gen4 shared) + 2 us
       >>> round(us, 1), round(topo.transfer_s("wp", 0, 1, 1 << 22) * 1e6, 1)
       (337.5, 337.5)
     """
-    tiers = check_mesh(mesh, "coarse.profile")
+    tiers = check_mesh(mesh, "coarse.diagnostics.profile")
     placement = proxies_on(tiers)
     if has_hosts(tiers):
         raise NotImplementedError(
-            "coarse.profile: the mesh spans hosts ('host' axis); the profiler times the links "
-            "within one host. Fix: profile this host's part, "
-            "coarse.profile(coarse_jax.mesh.local_mesh(mesh)), on every process, and pass the "
-            "same Config (Config.from_profile) on every process."
+            "coarse.diagnostics.profile: the mesh spans hosts ('host' axis); the profiler times "
+            "the links within one host. Fix: profile this host's part, "
+            "coarse.diagnostics.profile(coarse_jax.mesh.local_mesh(mesh)), on every process, and "
+            "pass the same Config (Config.from_profile) on every process."
         )
     _ffi.check_platform(tiers)
     p = tiers.shape[DATA]
     q = num_proxies(tiers)
     if topology is not None and (topology.workers, topology.proxies) != (p, q):
         raise ValueError(
-            f"coarse.profile: topology describes {topology.workers} workers and "
+            f"coarse.diagnostics.profile: topology describes {topology.workers} workers and "
             f"{topology.proxies} proxies, the mesh has {p} workers and {q} proxies. Fix: "
             f"coarse.Topology.preset(name, {p}, proxies={q}), or a Topology of {p}x{q} "
             "worker_proxy matrices."
         )
     if topology is not None and topology.proxies_on != placement:
         raise ValueError(
-            f"coarse.profile: topology describes proxies on {topology.proxies_on!r}, the mesh's "
-            f"are on {placement!r}. Fix: coarse.Topology.preset(name, {p}, proxies={q}, "
-            f"proxies_on={placement!r})."
+            "coarse.diagnostics.profile: topology describes proxies on "
+            f"{topology.proxies_on!r}, the mesh's are on {placement!r}. Fix: "
+            f"coarse.Topology.preset(name, {p}, proxies={q}, proxies_on={placement!r})."
         )
     probe_mesh = _probe_mesh(tiers)
     # The probe's transfers are host memcpys: no CUDA version yet.
     _ffi.check_gpu_target(
         "coarse_probe",
         platform(tiers),
-        " coarse.profile times host transfers: profile a CPU mesh or an emulated Topology, or "
-        "give the routes directly (Config(routes=..., latency_threshold_bytes=...)).",
+        " coarse.diagnostics.profile times host transfers: profile a CPU mesh or an emulated "
+        "Topology, or give the routes directly (Config(routes=..., latency_threshold_bytes=...)).",
     )
     sizes = tuple(int(s) for s in (DEFAULT_SIZES if sizes is None else sizes))
     if not sizes or any(s <= 0 for s in sizes) or list(sizes) != sorted(set(sizes)):
         raise ValueError(
-            f"coarse.profile: sizes must be ascending positive byte counts, got {sizes}."
+            "coarse.diagnostics.profile: sizes must be ascending positive byte counts, got "
+            f"{sizes}."
         )
     if reps < 2:
-        raise ValueError(f"coarse.profile: reps must be >= 2 (one is warm-up), got {reps}.")
+        raise ValueError(
+            f"coarse.diagnostics.profile: reps must be >= 2 (one is warm-up), got {reps}."
+        )
     if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s >= 0:
         raise ValueError(
-            f"coarse.profile: budget_s must be seconds >= 0 (the time to re-measure routing "
-            f"decisions that are not yet clear), got {budget_s!r}. Fix: e.g. budget_s=20, or 0 "
-            "to decide from one pass."
+            "coarse.diagnostics.profile: budget_s must be seconds >= 0 (the time to re-measure "
+            f"routing decisions that are not yet clear), got {budget_s!r}. Fix: e.g. budget_s=20, "
+            "or 0 to decide from one pass."
         )
 
     S = len(sizes)
@@ -421,11 +425,11 @@ def measure_step_times(
       >>> def loss_fn(params, batch):
       ...     return jnp.mean((batch @ params["w"]) ** 2)
       >>> params, batch_shard = {"w": jnp.ones((64, 8))}, jnp.ones((16, 64))
-      >>> t_fp, t_bp = coarse.measure_step_times(loss_fn, params, batch_shard)
+      >>> t_fp, t_bp = coarse.diagnostics.measure_step_times(loss_fn, params, batch_shard)
       >>> t_fp > 0 and t_bp >= 0
       True
       >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-      >>> prof = coarse.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
+      >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
       >>> cfg = coarse.Config.from_profile(prof, leading_bytes="auto", step_times_s=(t_fp, t_bp))
     """
     device = jax.devices()[0]

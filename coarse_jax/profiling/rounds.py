@@ -1,7 +1,7 @@
 """Routing decisions from repeated, interleaved rounds of measurement (`decide`).
 
 A measured `Profile` carries its decisions (`Profile.decisions`), made by
-`decide` from repeated, interleaved measurements (`coarse.profile` measures
+`decide` from repeated, interleaved measurements (`coarse.diagnostics.profile` measures
 every link once, then again, in a shuffled order each round, the links of the
 decisions still open; links compared with each other are measured in the
 same rounds). Each round gives one time per link (the fastest repetition of

@@ -17,7 +17,7 @@ for demos and benchmarks, host noise included. ``clock="virtual"`` runs the
 same protocol and gives the same results, but time is simulated: each device
 keeps its own clock, a transfer is booked from the simulated time its data was
 ready and a wait moves the waiter's clock to the arrival, so nothing sleeps.
-`coarse.profile` then measures exact, repeatable times, and
+`coarse.diagnostics.profile` then measures exact, repeatable times, and
 `virtual_sync_seconds` reads how long each synchronization took. Host work
 (copies, additions) takes no simulated time.
 

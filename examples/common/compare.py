@@ -90,7 +90,7 @@ def run_comparison(
     if "coarse" in impls:
         # value_and_update sends every parameter through the proxies (no worker ring).
         shown = cfg if config.optimizer != "proxy" else dataclasses.replace(cfg, leading_bytes=0)
-        print(coarse.plan(params, coarse_mesh, shown).summary())
+        print(coarse.diagnostics.plan(params, coarse_mesh, shown).summary())
     print()
 
     grad_diff = {}

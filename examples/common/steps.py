@@ -51,7 +51,7 @@ def coarse_train_step(mesh: Mesh, cfg: coarse.Config, make_loss: MakeLoss) -> St
 
 
 def coarse_proxy_train_step(
-    mesh: Mesh, cfg: coarse.Config, make_loss: MakeLoss, optimizer: coarse.ProxyOptimizer
+    mesh: Mesh, cfg: coarse.Config, make_loss: MakeLoss, optimizer: coarse.optim.ProxyOptimizer
 ) -> StepFn:
     """A step whose optimizer runs on the proxies (`coarse.value_and_update`).
 

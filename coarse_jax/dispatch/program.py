@@ -19,10 +19,9 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _jax_compat
-from coarse_jax.api import _axis_names, _context, _nnx, _outputs, _params_check
-from coarse_jax.api._arguments import Layout
-from coarse_jax.api.collectives import all_reduce
 from coarse_jax.config import Config
+from coarse_jax.dispatch import axis_names, context, nnx, outputs, params_check
+from coarse_jax.dispatch.arguments import Layout
 from coarse_jax.mesh import DATA, PROGRAM_HOST_AXES, Tiers, batch_axes, workers_mesh
 
 
@@ -31,7 +30,7 @@ class Traced(Protocol):
 
     def _trace_context(
         self, cfg: Config, ref_in: dict[int, Any], check_params: bool
-    ) -> _context.SyncContext:
+    ) -> context.SyncContext:
         """A new context for one trace (the step keeps the plans it builds)."""
         ...
 
@@ -49,8 +48,9 @@ def compile_program(
     *,
     name: str,
     batch_outputs: tuple[int, ...],
+    mean_state: Callable[[Any], Any],
     check_params: bool = True,
-    on_io_map: Callable[[_params_check.IoMap], None] | None = None,
+    on_io_map: Callable[[params_check.IoMap], None] | None = None,
 ) -> Callable[..., Any]:
     """The jitted program of ``layout``'s calls, given the passed arguments (the NNX state
     last) and the reference-mode update state; it returns (replicated, per-example, new
@@ -61,9 +61,12 @@ def compile_program(
     Python's cycle collector happens to run. The body looks the step up when
     it is traced, which is while the step is called.
 
+    ``mean_state``: the float mean over the workers that makes an NNX state the
+    same on every device (`coarse.all_reduce`, passed down by the step: the
+    dispatcher sits below the user's calls and imports none of them).
     ``check_params``: whether the proxies check the params of its
     value_and_updates; ``on_io_map`` gets, once traced, where their params and
-    new params are among its inputs and outputs (`coarse_jax.api._params_check`).
+    new params are among its inputs and outputs (`coarse_jax.dispatch.params_check`).
     """
     passed = [i for i in layout.dynamic() if i not in layout.graph]
     static = dict(layout.static)
@@ -85,13 +88,13 @@ def compile_program(
             args[i] = v
         nodes: tuple[Any, ...] = ()
         if layout.graph:
-            nodes = _nnx.merge(layout.graphdef, dyn[-1])
+            nodes = nnx.merge(layout.graphdef, dyn[-1])
             for i, node in zip(layout.graph, nodes, strict=True):
                 args[i] = node
         ctx = owner._trace_context(cfg, dict(ref_in), check_params or layout.outer_trace)
-        _context.stack().append(ctx)
+        context.stack().append(ctx)
         try:
-            put_rngs_back = _nnx.fold_rngs_by_worker(nodes) if nodes else None
+            put_rngs_back = nnx.fold_rngs_by_worker(nodes) if nodes else None
             try:
                 with _jax_compat.mean_gradients(batch_sizes):
                     out = layout.call(fn, args)
@@ -99,21 +102,21 @@ def compile_program(
                 unknown = _jax_compat.unbound_axis_name(err, program_mesh.axis_names)
                 if unknown is None:
                     raise
-                raise _axis_names.refusal(unknown, tuple(batch_sizes), name) from err
+                raise axis_names.refusal(unknown, tuple(batch_sizes), name) from err
             if on_io_map is not None and not layout.outer_trace:
-                on_io_map(_params_check.io_map(ctx.update_io, dyn[: len(passed)], out))
+                on_io_map(params_check.io_map(ctx.update_io, dyn[: len(passed)], out))
             new_state = None
             if nodes:
                 assert put_rngs_back is not None
                 put_rngs_back()
-                new_state = _nnx.consistent_state(nodes, all_reduce, ctx.workers)
+                new_state = nnx.consistent_state(nodes, mean_state, ctx.workers)
         finally:
-            _context.stack().pop()
-        out = _outputs.collapse_tier(out)
+            context.stack().pop()
+        out = outputs.collapse_tier(out)
         if new_state is not None:
-            new_state = _outputs.collapse_tier(new_state)
-        replicated, per_example = _outputs.split(out, batch_outputs, name)
-        _outputs.check_replicated(replicated, name, batch_outputs)
+            new_state = outputs.collapse_tier(new_state)
+        replicated, per_example = outputs.split(out, batch_outputs, name)
+        outputs.check_replicated(replicated, name, batch_outputs)
         if layout.outer_trace:
             # Counted where it runs: an outer jit traces this body once.
             jax.debug.callback(

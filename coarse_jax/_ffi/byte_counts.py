@@ -61,7 +61,7 @@ def counted() -> Iterator[Traffic]:
     (finish the sync inside the block, e.g. with ``jax.block_until_ready``).
 
     Example:
-      >>> from coarse_jax._ffi.traffic import counted
+      >>> from coarse_jax._ffi.byte_counts import counted
       >>> with counted() as t:
       ...     pass
       >>> (t.read, t.written)

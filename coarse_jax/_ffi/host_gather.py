@@ -1,6 +1,6 @@
 """The custom call of the inter-host step: ``coarse_host_gather`` (CPU only).
 
-After the XLA collective over "host" (`coarse_jax.api._hosts`), each of a
+After the XLA collective over "host" (`coarse_jax.api._inter_host`), each of a
 host's p workers holds one chunk of the global result: worker k chunk k of
 the synced leaves end to end. This call gives every worker of the host every
 chunk through the process's shared

@@ -30,7 +30,7 @@ import jax.extend.core as jax_core
 from coarse_jax import _jax_compat
 
 _COARSE_CALL = "coarse_custom_call"  # coarse_jax._ffi.primitive.custom_call_p
-_ROUTE = "coarse_latency_route"  # coarse_jax._ffi.primitive.route_p (api/_xla_route.py)
+_ROUTE = "coarse_latency_route"  # coarse_jax._ffi.primitive.route_p (api/_latency_route.py)
 
 
 def _varying(var: Any) -> tuple[str, ...]:

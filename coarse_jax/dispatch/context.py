@@ -35,11 +35,11 @@ class SyncContext:
     # re-profiling can re-plan them and see whether anything changed.
     plans: list[PlanRequest]
     # Shared with the step: the optimizer store of each value_and_update
-    # call, by its position in the step (api/_update.py).
+    # call, by its position in the step (api/_stores.py).
     stores: dict[int, Any] = dataclasses.field(default_factory=dict)
     step_name: str = "step"
     # mode="reference" value_and_update: the step state it reads and writes
-    # (master, optax state) by call position, and the optimizers (_update.py).
+    # (master, optax state) by call position, and the optimizers (_stores.py).
     ref_in: dict[int, Any] = dataclasses.field(default_factory=dict)
     ref_out: dict[int, Any] = dataclasses.field(default_factory=dict)
     ref_optimizers: dict[int, Any] = dataclasses.field(default_factory=dict)
@@ -51,7 +51,7 @@ class SyncContext:
     # ("coarse.all_reduce", ...), for errors about the traced program (_uniform.py).
     site_names: dict[int, str] = dataclasses.field(default_factory=dict)
     # Whether the proxies check the params each value_and_update gets
-    # (api/_params_check.py), and what each one's params and new params are.
+    # (dispatch/params_check.py), and what each one's params and new params are.
     check_params: bool = True
     update_io: list[tuple[int, list[Any], list[Any]]] = dataclasses.field(default_factory=list)
 

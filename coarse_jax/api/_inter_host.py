@@ -49,7 +49,6 @@ reproducibility.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 
 import jax
@@ -58,13 +57,10 @@ import numpy as np
 from jax import lax
 
 from coarse_jax import _ffi
-from coarse_jax.api import _context
+from coarse_jax._hooks import HOOKS
+from coarse_jax.dispatch import context
 from coarse_jax.mesh import DATA, HOST, traced_axes
 from coarse_jax.plan import Plan
-
-# Set (to anything) to hand out within the host by XLA's all_gather on CPU too,
-# as on GPUs: tests/multihost_script.py runs that path this way.
-XLA_HAND_OUT_ENV = "COARSE_JAX_XLA_HAND_OUT"
 
 
 def spans_hosts() -> bool:
@@ -152,8 +148,10 @@ def across_hosts(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> li
     if chunk == 0:
         return out
     mine = _host_sum(group, chunk, hosts, plan.mean)
-    ctx = _context.current("coarse.sync across hosts")
-    if ctx.mesh.devices.flat[0].platform == "cpu" and not os.environ.get(XLA_HAND_OUT_ENV):
+    ctx = context.current("coarse.sync across hosts")
+    # On CPU the runtime hands out; `coarse_jax.testing.xla_hand_out` takes XLA's
+    # all_gather there too, as on GPUs (tests/multihost_script.py runs that path).
+    if ctx.mesh.devices.flat[0].platform == "cpu" and not HOOKS.xla_hand_out:
         topo = plan.config.topology
         # Emulated links: the host's network link is charged in the hand-out
         # (coarse.Topology inter_host_*; coarse.model.predict_hosts_sync_s).

@@ -12,7 +12,7 @@ values added over the same workers), so the route's bits equal
 The tree first passes `coarse_jax._ffi.route_marker`, so that the route
 behaves as the proxies' calls do whatever the tree's size: ``jax.vmap`` and
 differentiation are refused with the same messages, and a call under a
-per-device predicate is refused at trace time (`coarse_jax.api._uniform`).
+per-device predicate is refused at trace time (`coarse_jax.dispatch.uniform`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The proxy optimizer's part of a traced step: stores, attributes, the ring's extra operands.
+"""The proxy optimizer's stores: `ProxyStore`, the one object of a runtime store, and its
+registration, attributes and the ring's extra operands in a traced step.
 
 `coarse.value_and_update` runs `coarse.value_and_grad`'s dataflow with one
 change: the proxies' ring gets the params and this step's scalars, and the
@@ -21,18 +22,29 @@ import numpy as np
 import optax
 
 from coarse_jax import _ffi
-from coarse_jax._ffi.store import RuntimeStore
-from coarse_jax.api import _context, _hosts
+from coarse_jax._ffi import store as ffi_store
+from coarse_jax.api import _inter_host
 from coarse_jax.config import Config
+from coarse_jax.dispatch import context
 from coarse_jax.optim import ProxyOptimizer
 from coarse_jax.plan import Plan
 
 _serials = itertools.count(1)
 
 
-@dataclasses.dataclass
-class Store:
-    """One value_and_update site of a step: its runtime store and what it holds."""
+@dataclasses.dataclass(eq=False)
+class ProxyStore:
+    """One value_and_update site of a step: the one Python object of its runtime store.
+
+    It names the runtime's store (``id`` on ``platform``), says what the
+    store holds (the params' structure, shapes and dtypes, the plan, the
+    optimizer) and is the only way the API reaches it: the runtime's calls
+    (`coarse_jax._ffi.store`), the conversion of its [slot][leaf] f32 bytes
+    to and from the params' trees, and the ring's optimizer operands of a
+    traced call. `SyncedStep`'s proxies' state methods
+    (`coarse_jax.api.proxy_state`) pick a store by the call's index and use
+    these.
+    """
 
     id: int
     name: str
@@ -44,15 +56,52 @@ class Store:
     platform: str
     delayed: bool = False  # value_and_update(delayed=True): a gradient may be pending
 
-    @property
-    def runtime(self) -> RuntimeStore:
-        """The runtime's store this site updates (its typed face)."""
-        return RuntimeStore(self.id, self.platform)
+    # -- the runtime's store -------------------------------------------------
+
+    def export(
+        self, *, snapshot: bool = False, for_writer: bool = False
+    ) -> ffi_store.Exported | None:
+        """The committed state, or with ``snapshot`` the newest complete snapshot (None if
+        there is none); ``for_writer``: the snapshot writer takes that snapshot."""
+        return ffi_store.export(self.platform, self.id, snapshot=snapshot, for_writer=for_writer)
+
+    def load(self, count: int, leaves: list[int], values: list[list[bytes]]) -> None:
+        """The next update starts from this exported state."""
+        ffi_store.load(self.platform, self.id, self.name, count, leaves, values)
+
+    def reset(self) -> None:
+        """The next update seeds the store from the params it gets."""
+        ffi_store.reset(self.platform, self.id)
+
+    def drop(self) -> None:
+        """Frees the runtime's store (master, state, snapshots)."""
+        ffi_store.drop(self.platform, self.id)
+
+    def proxy_bytes(self) -> list[int]:
+        """The store's bytes on each proxy (both buffers); empty before its first update."""
+        return ffi_store.proxy_bytes(self.platform, self.id)
+
+    def attach_writer(self) -> None:
+        """A snapshot writer takes this store's snapshots from now on."""
+        ffi_store.attach_writer(self.platform, self.id)
+
+    def snapshot_now(self) -> int:
+        """Snapshots the committed state now (between steps); returns its step count."""
+        return ffi_store.snapshot_now(self.platform, self.id)
+
+    def snapshot_serial(self) -> int:
+        """How many snapshots completed (0: none valid now)."""
+        return ffi_store.snapshot_serial(self.platform, self.id)
+
+    def snapshot_due(self) -> bool:
+        """Whether the next update takes a snapshot (between steps)."""
+        return ffi_store.snapshot_due(self.platform, self.id)
+
+    # -- the params' trees -----------------------------------------------------
 
     def slot_leaves(self, leaves: list[int], values: list[list[bytes]]) -> list[list[np.ndarray]]:
-        """The runtime's export (plan leaf ids, [slot][leaf] f32 bytes, as
-        `RuntimeStore.export` returns them) as [slot][params leaf] arrays in the params'
-        flatten order."""
+        """An export (plan leaf ids, [slot][leaf] f32 bytes) as [slot][params leaf] arrays
+        in the params' flatten order."""
         order = [self.plan.sync_order[s] for s in leaves]  # params leaf of each
         out = []
         for slot in values:
@@ -67,24 +116,53 @@ class Store:
         n = len(self.shapes)
         return [s for s in range(self.plan.num_proxy_leaves) if self.plan.sync_order[s] < n]
 
+    def read(self, who: str) -> tuple[int, list[list[np.ndarray]]]:
+        """(count, [slot][params leaf] f32 arrays), slot 0 the master; ``who`` names the
+        caller in the error when the store holds nothing yet."""
+        got = self.export()
+        if got is None:
+            raise RuntimeError(
+                f"{who}: the proxies hold no state yet (no step has finished). Run a step first."
+            )
+        count, leaves, values = got
+        return int(count), self.slot_leaves(leaves, values)
 
-@dataclasses.dataclass(frozen=True)
-class Site:
-    """A traced value_and_update: its store, call site and attributes."""
+    def write(self, params: Any, count: int, slots: list[Any], who: str) -> None:
+        """The next update starts from ``params`` (its master), ``count`` and the optimizer
+        state ``slots`` (trees like the params)."""
+        leaves, treedef = jax.tree.flatten(params)
+        if treedef != self.treedef or [tuple(np.shape(x)) for x in leaves] != self.shapes:
+            raise ValueError(
+                f"{who}: params must have the structure and shapes the step updates "
+                f"({self.treedef}), got {treedef}."
+            )
+        trees = [leaves, *(jax.tree.leaves(s) for s in slots)]
+        ids = self.updated_sync_ids()
+        values = []
+        for tree in trees:
+            if len(tree) != len(leaves):
+                raise ValueError(
+                    f"{who}: opt_state's moments have {len(tree)} leaves, params have "
+                    f"{len(leaves)}."
+                )
+            flat = [np.asarray(x, np.float32).ravel() for x in tree]
+            values.append([flat[self.plan.sync_order[s]].tobytes() for s in ids])
+        self.load(count, ids, values)
 
-    store: Store
-    call: _ffi.CallSite
-    attrs: dict[str, Any]
-    n_params: int
+    # -- a traced call -----------------------------------------------------------
 
-    def ring_update(self, params: list[jax.Array], leaves: list[jax.Array]) -> _ffi.RingUpdate:
-        """The ring's optimizer operands: this step's count and scalars, and the proxies'
+    def ring_update(
+        self, call: _ffi.CallSite, params: list[jax.Array], leaves: list[jax.Array]
+    ) -> _ffi.RingUpdate:
+        """The ring's optimizer operands of a traced call of this site (``call``, with the
+        attributes `register` gave it): this step's count and scalars, and the proxies'
         leaves (the params in place of their gradients, then the pushed loss)."""
-        plan, call = self.store.plan, self.call
-        count = _ffi.opt_count(call, _ffi.who(), self.attrs)
-        scalars = self.store.optimizer.scalars(count)
-        ops = [params[t] if t < self.n_params else leaves[t] for t in plan.proxy_leaves]
-        return _ffi.RingUpdate(ops, scalars, self.attrs)
+        attrs = call.site_attrs
+        count = _ffi.opt_count(call, _ffi.who(), attrs)
+        scalars = self.optimizer.scalars(count)
+        n_params = len(self.shapes)
+        ops = [params[t] if t < n_params else leaves[t] for t in self.plan.proxy_leaves]
+        return _ffi.RingUpdate(ops, scalars, attrs)
 
 
 def check_config(cfg: Config) -> Config:
@@ -108,7 +186,7 @@ def check_delayed(cfg: Config, optimizer: ProxyOptimizer) -> None:
         "snapshots (Config.snapshot_every / snapshot_dir: the pending gradient is not saved)": bool(
             cfg.snapshot_every or cfg.snapshot_dir
         ),
-        "a mesh across hosts": _hosts.spans_hosts(),
+        "a mesh across hosts": _inter_host.spans_hosts(),
     }
     found = [what for what, bad in refusals.items() if bad]
     if found:
@@ -119,7 +197,7 @@ def check_delayed(cfg: Config, optimizer: ProxyOptimizer) -> None:
 
 
 def reference_update(
-    ctx: _context.SyncContext, optimizer: ProxyOptimizer, params: Any, mean_grads: list[Any]
+    ctx: context.SyncContext, optimizer: ProxyOptimizer, params: Any, mean_grads: list[Any]
 ) -> list[Any]:
     """mode="reference": the same update in pure JAX (the optimizer's optax twin).
 
@@ -148,15 +226,16 @@ def reference_update(
 
 
 def register(
-    ctx: _context.SyncContext,
+    ctx: context.SyncContext,
     call: _ffi.CallSite,
     plan: Plan,
     optimizer: ProxyOptimizer,
     params: Any,
     n_params: int,
     delayed: bool = False,
-) -> Site:
-    """The store of the context's next value_and_update site (the same one every trace)."""
+) -> tuple[ProxyStore, _ffi.CallSite]:
+    """The store of the context's next value_and_update site (the same one every trace),
+    and ``call`` with the site's attributes, which every call of the site carries."""
     index = ctx.next_update
     ctx.next_update += 1
     leaves, treedef = jax.tree.flatten(params)
@@ -173,11 +252,11 @@ def register(
     if store is None:
         name = f"{ctx.step_name} update {index}"
         platform = ctx.mesh.devices.flat[0].platform
-        store = Store(next(_serials), name, optimizer, treedef, shapes, dtypes, plan, platform)
+        store = ProxyStore(next(_serials), name, optimizer, treedef, shapes, dtypes, plan, platform)
         ctx.stores[index] = store
         # The runtime's copy (master, state, snapshots) lives as long as the
         # step that owns this record.
-        weakref.finalize(store, store.runtime.drop)
+        weakref.finalize(store, ffi_store.drop, platform, store.id)
     store.optimizer, store.plan, store.dtypes = optimizer, plan, dtypes
     store.delayed = delayed
     decay = optimizer.decay_mask(params)
@@ -194,10 +273,10 @@ def register(
         "opt_delayed": np.int64(delayed),
         **optimizer.ffi_attrs(),
     }
-    if _hosts.spans_hosts():
-        # The proxies sum over the hosts inside their ring (_hosts.ring_across_hosts).
+    if _inter_host.spans_hosts():
+        # The proxies sum over the hosts inside their ring (_inter_host.ring_across_hosts).
         attrs["across_hosts"] = np.int64(1)
     # Every call of the site carries them: whichever worker call comes first
     # starts the proxies' jobs (ffi/runtime/service.h), which run the optimizer.
     call = dataclasses.replace(call, site_attrs=attrs)
-    return Site(store, call, attrs, n_params)
+    return store, call

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from coarse_jax.api import _nnx
+from coarse_jax.dispatch import nnx
 
 # (structure, ((shape, dtype) of every leaf)) of one argument: computed at every
 # call, so it stays as cheap as the flatten itself (paths only for messages).
@@ -325,7 +325,7 @@ class Arguments:
         n = len(full)
         if n == 0:
             raise TypeError(f"coarse.sync({step}): the step needs at least a batch argument.")
-        graph_at = _nnx.graph_positions(full)
+        graph_at = nnx.graph_positions(full)
         # Which positions are static, batch and donated depends on the call's
         # shape only (these keys), not its values: worked out once per shape,
         # so a call in a training loop pays a dict lookup.
@@ -346,7 +346,7 @@ class Arguments:
                     f"{type(full[i]).__name__}. Fix: pass a hashable value (a tuple, not a "
                     "list) or make it a regular argument."
                 ) from None
-        graphdef, graph_state = _nnx.split(tuple(full[i] for i in graph)) if graph else (None, None)
+        graphdef, graph_state = nnx.split(tuple(full[i] for i in graph)) if graph else (None, None)
         kept = [i for i in range(n) if i not in static and i not in batch and i not in graph]
         structure = tuple((label(i, n_pos, kwnames), signature_of(full[i])) for i in kept)
         if graph:

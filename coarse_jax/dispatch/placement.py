@@ -14,7 +14,7 @@ argument committed to that whole mesh places its outputs there too, as
 split over "data" where the mesh lists each device once), so they mix with
 the user's other arrays on it. That copies each replicated output to every
 proxy's device (on a COARSE k:1 mesh jax keeps one buffer per mesh position:
-k on a shared proxy's device) at every call: `coarse.memory_report` counts
+k on a shared proxy's device) at every call: `coarse.diagnostics.memory_report` counts
 those bytes on the proxy tier, and `coarse.sync` warns once with what the
 copies cost (`LegacyPlacement`).
 """
