@@ -190,7 +190,7 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
   xla::ffi::ErrorOr<std::optional<HostState>> Export();
   void Load(HostState state);
   void Reset();
-  // Bytes on each proxy (both buffers), for coarse.memory_report.
+  // Bytes on each proxy (both buffers), for coarse.diagnostics.memory_report.
   std::vector<int64_t> ProxyBytes();
   const std::string& name() const { return name_; }
 

@@ -7,7 +7,7 @@
 // pool and installs it when it loads: the CPU module host memory
 // (cpu/cpu_storage.cc), the CUDA module GPU memory on the mesh's devices
 // (cuda/cuda_storage.cc). Both keep their spare sets in a SpareSets, within
-// limits (SpareLimits) that Python can change (coarse.set_memory_limits).
+// limits (SpareLimits) that Python can change (coarse.diagnostics.set_memory_limits).
 #pragma once
 
 #include <cstdint>

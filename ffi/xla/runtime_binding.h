@@ -2,8 +2,8 @@
 // memory limits and statistics (set_memory_limits, memory_stats) and the
 // Ctrl-C hook (arm_interrupt_hook, interrupt_state, use_interrupt_state);
 // and the layouts the runtime derives from a plan (plan_layout, host_plan_key).
-// coarse_jax/_ffi/extension.py wraps them (coarse.set_memory_limits,
-// coarse.memory_stats).
+// coarse_jax/_ffi/extension.py wraps them (coarse.diagnostics.set_memory_limits,
+// coarse.diagnostics.runtime_stats).
 #pragma once
 
 #include <nanobind/nanobind.h>
