@@ -8,8 +8,8 @@ Two parameter trees at p = 4 (8 CPU devices), `coarse.value_and_update` with
   cheap synthetic loss, so the step is mostly synchronization and update and
   the snapshot's share is as large as it gets.
 
-For each: ``Config(snapshot_every=K)`` for K = 0 (off), 12 and 1, writing to a
-temporary ``snapshot_dir``; and, in the same run, the same training with the
+For each: ``Snapshots(every=K)`` for K = 0 (off), 12 and 1, writing to a
+temporary directory; and, in the same run, the same training with the
 optimizer on the workers (`lax.pmean` + optax) saving (params, opt_state) with
 orbax's asynchronous `CheckpointManager` from the workers every K steps; and
 coarse with its proxies in host memory (``proxies_on="host"``, issue 38),
@@ -93,10 +93,10 @@ def _time(step, state, batches, warm=None):
 
 def _coarse(params, loss, batches, every, directory, proxies_on="devices"):
     mesh = coarse.make_mesh(workers=WORKERS, proxies_on=proxies_on)
-    cfg = coarse.Config(snapshot_every=every, snapshot_dir=directory if every else None)
+    snaps = coarse.Snapshots(every=every, directory=directory if every else None)
     opt = coarse.optim.adamw(1e-4, weight_decay=0.01)
 
-    @coarse.sync(mesh, config=cfg)
+    @coarse.sync(mesh, snapshots=snaps)
     def step(params, batch):
         value, params = coarse.value_and_update(loss, opt)(params, batch)
         return params, value
@@ -234,9 +234,9 @@ def test_snapshot_write_time(case, benchmark):
 
     def measure():
         with tempfile.TemporaryDirectory() as d:
-            cfg = coarse.Config(snapshot_every=10_000, snapshot_dir=os.path.join(d, "ck"))
+            snaps = coarse.Snapshots(every=10_000, directory=os.path.join(d, "ck"))
 
-            @coarse.sync(mesh, config=cfg)
+            @coarse.sync(mesh, snapshots=snaps)
             def step(params, batch):
                 value, params = coarse.value_and_update(loss, opt)(params, batch)
                 return params, value

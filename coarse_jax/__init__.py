@@ -28,13 +28,21 @@ Example:
 from coarse_jax import diagnostics, kernels, model, optim, reference
 from coarse_jax._ffi import has_cuda_support
 from coarse_jax._version import __version__ as __version__
-from coarse_jax.api import SyncedStep, all_reduce, sync, value_and_grad, value_and_update
+from coarse_jax.api import (
+    Snapshots,
+    SyncedStep,
+    all_reduce,
+    sync,
+    value_and_grad,
+    value_and_update,
+)
 from coarse_jax.config import Config
 from coarse_jax.mesh import make_mesh
 from coarse_jax.profiling import Topology
 
 __all__ = [
     "Config",
+    "Snapshots",
     "SyncedStep",
     "Topology",
     "all_reduce",

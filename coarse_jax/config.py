@@ -135,25 +135,6 @@ class Config:
         whose other devices have no thread yet, and the step times out (or,
         for XLA's own collectives, aborts). Two in flight keep Python's
         dispatch overlapped with the run at no measurable cost. 0: unbounded.
-      snapshot_every: with `coarse.value_and_update`, every this many
-        optimizer steps the proxies keep a copy of the master parameters,
-        optimizer state and step count (see the snapshots guide), taken at
-        the start of the next step's update, in worker k's ring call for
-        proxy k's share.
-        0: off. `SyncedStep.snapshot` takes one on demand.
-      snapshot_dir: with ``snapshot_every``, a background thread writes each
-        snapshot as an orbax-checkpoint checkpoint ``<dir>/<step>/``
-        (atomically); None: in memory only. Across hosts process 0 writes it
-        (every host's proxies hold the same state) and every process restores
-        from it: use a directory all hosts can read. Guarantees (CheckFreq's
-        rule): a snapshot is complete on disk before the next one is taken
-        (a step that would take one while the writer is behind waits for it,
-        reported as ``step.stats()["snapshot_wait_s"]``), so after a crash
-        the newest complete checkpoint is at most ``2 * snapshot_every``
-        steps old; a clean interpreter exit (the script's end, ``sys.exit``,
-        an exception) writes every snapshot taken first, or exits with
-        status 1 saying which write failed.
-      snapshot_keep: how many checkpoints ``snapshot_dir`` keeps (newest).
       trace: record a timeline of every synchronization: per device and
         phase (push, proxy ring steps, optimizer, pull, waits) and piece, start
         and end times and bytes; `SyncedStep.timeline` returns it and writes a
@@ -188,9 +169,6 @@ class Config:
     step_times_s: tuple[float, float] | None = None
     reprofile_every: int = 0
     max_steps_in_flight: int | None = None
-    snapshot_every: int = 0
-    snapshot_dir: str | None = None
-    snapshot_keep: int = 2
     trace: bool = False
 
     def __post_init__(self) -> None:
@@ -200,7 +178,6 @@ class Config:
             "xla_below_bytes",
             "leading_bytes",
             "reprofile_every",
-            "snapshot_every",
         ):
             value = getattr(self, name)
             if name in ("leading_bytes", "xla_below_bytes") and value == "auto":
@@ -223,19 +200,6 @@ class Config:
                 "Config.reprofile_every needs the profile it re-measures: build the Config with "
                 "Config.from_profile(...)."
             )
-        if isinstance(self.snapshot_keep, bool) or not (
-            isinstance(self.snapshot_keep, int) and self.snapshot_keep >= 1
-        ):
-            raise ValueError(
-                f"Config.snapshot_keep: expected an int >= 1, got {self.snapshot_keep!r}."
-            )
-        if self.snapshot_dir is not None and not self.snapshot_every:
-            raise ValueError(
-                "Config.snapshot_dir is set but snapshot_every is 0, so nothing would be "
-                "written. Fix: Config(snapshot_every=K, snapshot_dir=...)."
-            )
-        if self.snapshot_dir is not None:
-            object.__setattr__(self, "snapshot_dir", str(self.snapshot_dir))
         if self.step_times_s is not None:
             t = tuple(float(v) for v in self.step_times_s)
             if len(t) != 2 or min(t) < 0:

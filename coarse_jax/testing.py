@@ -162,7 +162,7 @@ def xla_hand_out() -> Iterator[None]:
 
 def kill_before_rename(step: int | None) -> None:
     """Kills this process (SIGKILL) once optimizer step ``step``'s snapshot is written
-    to ``Config.snapshot_dir`` and before it is renamed complete. Test only.
+    to ``Snapshots.directory`` and before it is renamed complete. Test only.
 
     Args:
       step: the snapshot's optimizer step count; None turns it off.

@@ -182,13 +182,13 @@ def relative_distances(actual, expected) -> dict[str, float]:
     return out
 
 
-def coarse_update_step(mesh, opt, config=None, loss_fn=None):
+def coarse_update_step(mesh, opt, config=None, loss_fn=None, snapshots=None):
     """``(params, batch) -> (params, loss)`` with `coarse.value_and_update` under `coarse.sync`."""
     import coarse_jax as coarse
 
     loss_fn = loss_fn or mlp_loss
 
-    @coarse.sync(mesh, config=config)
+    @coarse.sync(mesh, config=config, snapshots=snapshots)
     def step(params, batch):
         loss, params = coarse.value_and_update(loss_fn, opt)(params, batch)
         return params, loss

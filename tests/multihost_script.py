@@ -323,10 +323,11 @@ def scenario_snapshots(mesh):
         global_batch(mesh, make_batch(jax.random.key(500 + i), 2 * workers, 6, 3))
         for i in range(10)
     ]
-    config = coarse.Config(shard_bytes=128, snapshot_every=4, snapshot_dir=directory)
+    config = coarse.Config(shard_bytes=128)
+    snaps = coarse.Snapshots(every=4, directory=directory)
 
     def make_step():
-        @coarse.sync(mesh, config=config)
+        @coarse.sync(mesh, config=config, snapshots=snaps)
         def step(params, batch):
             loss, params = coarse.value_and_update(mlp_loss, coarse.optim.adam(1e-2))(params, batch)
             return params, loss

@@ -151,17 +151,15 @@ def test_reset_starts_over_with_nothing_pending():
 
 @pytest.mark.parametrize(
     "what",
-    ["clip_norm", "snapshot_every", "reference"],
+    ["clip_norm", "snapshots", "reference"],
 )
 def test_what_a_delayed_update_does_not_support_is_refused(what):
     mesh = MESHES["device-proxies"]()
     opt = coarse.optim.adam(1e-3, clip_norm=1.0 if what == "clip_norm" else None)
-    cfg = coarse.Config(
-        snapshot_every=5 if what == "snapshot_every" else 0,
-        mode="reference" if what == "reference" else "ffi",
-    )
+    cfg = coarse.Config(mode="reference" if what == "reference" else "ffi")
+    snaps = coarse.Snapshots(every=5 if what == "snapshots" else 0)
 
-    @coarse.sync(mesh, config=cfg)
+    @coarse.sync(mesh, config=cfg, snapshots=snaps)
     def step(params, batch):
         loss, params = coarse.value_and_update(mlp_loss, opt, delayed=True)(params, batch)
         return params, loss

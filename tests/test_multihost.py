@@ -126,7 +126,7 @@ def test_snapshots_across_hosts_written_once_and_restored_on_every_host(tmp_path
     directory = tmp_path / "snapshots"
     r = _scenario(tmp_path, "snapshots", directory)
     assert r[("snapshots", 0)] == r[("snapshots", 1)]
-    # Steps 4 and 8 (snapshot_every=4 of 10), one directory each, no partial one left.
+    # Steps 4 and 8 (Snapshots(every=4), 10 steps), one directory each, no partial one left.
     assert sorted(p.name for p in directory.iterdir()) == ["4", "8"]
 
 

@@ -17,6 +17,7 @@ CORE = {
     "make_mesh",
     "Config",
     "SyncedStep",
+    "Snapshots",
     "Topology",
     "has_cuda_support",
 }

@@ -34,7 +34,7 @@ _TRAIN = textwrap.dedent(
 
     directory, total, kill_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     every_write = sys.argv[4] == "1"  # wait for each snapshot's write (deterministic tests)
-    every = int(sys.argv[5])  # Config.snapshot_every
+    every = int(sys.argv[5])  # Snapshots.every
     kill_at_once = sys.argv[6] == "1"  # kill after step kill_after without waiting for the writer
     if os.environ.get("KILL_BEFORE_RENAME"):  # this test's own switch, passed to the hook
         from coarse_jax.testing import kill_before_rename
@@ -50,10 +50,10 @@ _TRAIN = textwrap.dedent(
                 "y": rng.standard_normal((8, 4), np.float32)}
 
     mesh = coarse.make_mesh(workers=2)
-    cfg = coarse.Config(snapshot_every=every, snapshot_dir=directory, snapshot_keep=2)
+    snaps = coarse.Snapshots(every=every, directory=directory, keep=2)
     opt = coarse.optim.adamw(1e-2, weight_decay=0.01, clip_norm=1.0)
 
-    @coarse.sync(mesh, config=cfg)
+    @coarse.sync(mesh, snapshots=snaps)
     def step(params, batch):
         loss, params = coarse.value_and_update(loss_fn, opt)(params, batch)
         return params, loss
@@ -150,7 +150,7 @@ def test_kill_during_a_write_restarts_from_the_previous_checkpoint(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_kill_9_with_steps_faster_than_writes_loses_at_most_two_intervals(tmp_path):
-    """CheckFreq's bound: snapshot_every=5, steps of a few ms against writes of a second or
+    """CheckFreq's bound: Snapshots(every=5), steps of a few ms against writes of a second or
     so, kill -9 right after step 13 without waiting for the writer: a checkpoint at most
     2 x 5 steps old is on disk (5 at least: snapshot 10 is taken only once 5 is complete),
     and the restart ends bitwise where an uninterrupted run ends."""
@@ -180,9 +180,9 @@ _EXIT = textwrap.dedent(
         return jax.numpy.mean((jax.numpy.tanh(batch["x"] @ params["w"]) - batch["y"]) ** 2)
 
     mesh = coarse.make_mesh(workers=2)
-    cfg = coarse.Config(snapshot_every=5, snapshot_dir=directory, snapshot_keep=2)
+    snaps = coarse.Snapshots(every=5, directory=directory, keep=2)
 
-    @coarse.sync(mesh, config=cfg)
+    @coarse.sync(mesh, snapshots=snaps)
     def step(params, batch):
         loss, params = coarse.value_and_update(loss_fn, coarse.optim.adam(1e-2))(params, batch)
         return params, loss
@@ -216,7 +216,7 @@ _EXIT = textwrap.dedent(
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("ending", ["end", "no-block", "sys.exit", "raise"])
 def test_a_clean_exit_leaves_every_snapshot_on_disk(tmp_path, ending):
-    """10 steps, snapshot_every=5, the script ends right after its last step (no
+    """10 steps, Snapshots(every=5), the script ends right after its last step (no
     wait_snapshots): checkpoints 5 and 10 are complete and open with plain orbax."""
     d = tmp_path / "ck"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -260,14 +260,14 @@ def test_a_write_that_fails_at_exit_exits_non_zero_saying_so(tmp_path):
 def test_stats_report_the_writer(tmp_path):
     mesh = coarse.make_mesh(workers=2)
     params = mlp_init(jax.random.key(3), SIZES)
-    cfg = coarse.Config(snapshot_every=2, snapshot_dir=str(tmp_path / "ck"))
-    step = _step(mesh, coarse.optim.adam(1e-2), cfg)
+    snaps = coarse.Snapshots(every=2, directory=tmp_path / "ck")
+    step = _step(mesh, coarse.optim.adam(1e-2), snapshots=snaps)
     before = step.stats()
     assert before["snapshot_on_disk"] is None and before["snapshots_written"] == 0
     p = params
     for i in range(5):
         # Each step finished before the next: the pacing sees every snapshot taken, so
-        # they fall on multiples of snapshot_every (a loop running ahead may have one
+        # they fall on multiples of Snapshots.every (a loop running ahead may have one
         # deferred a step: test_a_snapshot_taken_by_a_step_in_flight_is_written...).
         p, _ = jax.block_until_ready(step(p, make_batch(jax.random.key(90 + i), 8, 8, 4)))
     step.wait_snapshots()  # 2 and 4 taken during steps 3 and 5 (the pacing keeps both)
@@ -287,7 +287,7 @@ def test_rollback_after_a_nan_equals_skipping_that_batch():
     bad = dict(batches[4], x=batches[4]["x"].at[0, 0].set(jnp.nan))
     opt = coarse.optim.adam(1e-2)
 
-    step = _step(mesh, opt, coarse.Config(snapshot_every=1))
+    step = _step(mesh, opt, snapshots=coarse.Snapshots(every=1))
     p = params
     losses = []
     for i, batch in enumerate(batches):
@@ -329,10 +329,8 @@ def test_snapshot_and_restore_round_trip(proxies_on, workers, proxies, tmp_path)
     batches = [make_batch(jax.random.key(70 + i), 4 * workers, 8, 4) for i in range(6)]
     opt = coarse.optim.sgd(0.05, momentum=0.9)
     # Leading layers asked for: value_and_update sends everything through the proxies.
-    cfg = coarse.Config(
-        leading_bytes=8 * 16 * 4 + 64, snapshot_every=5, snapshot_dir=str(tmp_path / "ck")
-    )
-    step = _step(mesh, opt, cfg)
+    cfg = coarse.Config(leading_bytes=8 * 16 * 4 + 64)
+    step = _step(mesh, opt, cfg, snapshots=coarse.Snapshots(every=5, directory=tmp_path / "ck"))
     p = params
     for batch in batches[:3]:
         p, _ = step(p, batch)
@@ -375,10 +373,9 @@ def test_a_snapshot_taken_by_a_step_in_flight_is_written_not_overwritten(tmp_pat
     monkeypatch.setattr(snapshots.SnapshotWriter, "_write", slow)
     mesh = coarse.make_mesh(workers=2)
     params = mlp_init(jax.random.key(5), SIZES)
-    cfg = coarse.Config(
-        snapshot_every=1, snapshot_dir=str(tmp_path), snapshot_keep=100, max_steps_in_flight=4
-    )
-    step = _step(mesh, coarse.optim.adam(1e-2), cfg)
+    cfg = coarse.Config(max_steps_in_flight=4)
+    snaps = coarse.Snapshots(every=1, directory=tmp_path, keep=100)
+    step = _step(mesh, coarse.optim.adam(1e-2), cfg, snapshots=snaps)
     p = params
     for i in range(16):
         p, _ = step(p, make_batch(jax.random.key(300 + i), 8, 8, 4))

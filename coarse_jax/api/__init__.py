@@ -18,11 +18,13 @@
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.grad import value_and_grad
 from coarse_jax.api.memory import MemoryReport, TierMemory, memory_report
+from coarse_jax.api.snapshots import Snapshots
 from coarse_jax.api.sync import SyncedStep, sync
 from coarse_jax.api.update import value_and_update
 
 __all__ = [
     "MemoryReport",
+    "Snapshots",
     "SyncedStep",
     "TierMemory",
     "all_reduce",

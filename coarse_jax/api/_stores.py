@@ -178,13 +178,13 @@ def check_config(cfg: Config) -> Config:
     return cfg
 
 
-def check_delayed(cfg: Config, optimizer: ProxyOptimizer) -> None:
+def check_delayed(cfg: Config, optimizer: ProxyOptimizer, snapshot_every: int) -> None:
     """Refuses what ``value_and_update(delayed=True)`` does not support, naming the fix."""
     refusals = {
         "mode='reference'": cfg.mode == "reference",
         "clip_norm (the norm of a gradient pending between calls)": bool(optimizer.clip_norm),
-        "snapshots (Config.snapshot_every / snapshot_dir: the pending gradient is not saved)": bool(
-            cfg.snapshot_every or cfg.snapshot_dir
+        "snapshots (coarse.sync(snapshots=...): the pending gradient is not saved)": bool(
+            snapshot_every
         ),
         "a mesh across hosts": _inter_host.spans_hosts(),
     }
@@ -268,7 +268,7 @@ def register(
         "opt_store": np.int64(store.id),
         "opt_name": store.name,
         "opt_leaf_flags": flags,
-        "opt_snapshot_every": np.int64(ctx.config.snapshot_every),
+        "opt_snapshot_every": np.int64(ctx.snapshot_every),
         "opt_check_params": np.int64(ctx.check_params),
         "opt_delayed": np.int64(delayed),
         **optimizer.ffi_attrs(),

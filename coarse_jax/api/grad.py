@@ -414,7 +414,7 @@ def synced_value_and_grad(
     if update is not None:
         cfg = _stores.check_config(cfg)
         if delayed:
-            _stores.check_delayed(cfg, update)
+            _stores.check_delayed(cfg, update, ctx.snapshot_every)
     for i in nums:
         for path, leaf in jax.tree_util.tree_flatten_with_path(args[i])[0]:
             check_dtype(

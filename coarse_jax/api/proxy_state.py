@@ -188,7 +188,7 @@ class ProxyState:
         """Takes a snapshot of the proxies' state now; returns its optimizer step count.
 
         Waits for the calls in flight, then copies the committed version in
-        the proxies' memory; with ``Config.snapshot_dir`` it is also queued for
+        the proxies' memory; with ``Snapshots.directory`` it is also queued for
         writing (`wait_snapshots` waits for the disk).
 
         Args:
@@ -223,15 +223,15 @@ class ProxyState:
         return count
 
     def wait_snapshots(self) -> None:
-        """Blocks until the proxies' newest snapshot is written to ``Config.snapshot_dir``.
+        """Blocks until the proxies' newest snapshot is written to ``Snapshots.directory``.
 
         Waits for the calls in flight first (a snapshot is taken when a step
         starts), takes a snapshot that is due and not yet taken (after the
-        step whose count is a multiple of ``snapshot_every``: the next step
+        step whose count is a multiple of ``Snapshots.every``: the next step
         would take it), then waits for the writer thread. A clean interpreter
         exit does the same by itself. Across processes only process 0 writes
         (every host holds the same state): elsewhere this returns at once.
-        Without ``Config.snapshot_dir`` it returns at once.
+        Without ``Snapshots.directory`` it returns at once.
 
         Raises:
           RuntimeError: writing a snapshot failed (the writer's error is its
@@ -239,8 +239,8 @@ class ProxyState:
 
         Example:
           >>> import tempfile
-          >>> cfg = coarse.Config(snapshot_every=1, snapshot_dir=tempfile.mkdtemp())
-          >>> @coarse.sync(mesh, config=cfg)
+          >>> snaps = coarse.Snapshots(every=1, directory=tempfile.mkdtemp())
+          >>> @coarse.sync(mesh, snapshots=snaps)
           ... def step(params, batch):
           ...     f = lambda p, b: jnp.mean((b @ p["w"]) ** 2)
           ...     return coarse.value_and_update(f, coarse.optim.sgd(0.1))(params, batch)[::-1]
@@ -270,7 +270,7 @@ class ProxyState:
         optimizer step count restored (the data position to resume from).
 
         Args:
-          directory: a ``Config.snapshot_dir`` to load the newest complete
+          directory: a ``Snapshots.directory`` to load the newest complete
             checkpoint from; None rolls back to the newest in-memory snapshot.
           index: which `coarse.value_and_update` call of the step (needed
             when there are several).
@@ -303,7 +303,8 @@ class ProxyState:
             if got is None:
                 raise RuntimeError(
                     f"coarse.sync({self._name}).restore: the proxies hold no complete snapshot. "
-                    "Set Config(snapshot_every=K) or call step.snapshot() first."
+                    "Fix: coarse.sync(..., snapshots=coarse.Snapshots(every=K)), or call "
+                    "step.snapshot() first."
                 )
             count, leaves, values = got
             store.load(*got)

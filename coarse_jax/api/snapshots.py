@@ -1,7 +1,7 @@
 """Snapshots on disk: orbax-checkpoint checkpoints of what the proxies hold.
 
 The proxies take snapshots in their own memory (ffi/runtime/param_store.h);
-this module writes them to ``Config.snapshot_dir`` from a background thread
+this module writes them to ``Snapshots.directory`` from a background thread
 and reads them back. A checkpoint is a plain orbax ``StandardCheckpointer``
 directory holding one pytree::
 
@@ -13,11 +13,12 @@ so ``orbax.checkpoint.StandardCheckpointer().restore(path)`` opens it without
 coarse_jax. Each is written into ``<dir>/<step>.partial-<pid>/`` and renamed
 to ``<dir>/<step>/`` when complete (a rename is atomic on one file system), so
 a process killed mid-write leaves no directory that looks complete; restore
-reads the newest ``<dir>/<step>/``. The newest ``Config.snapshot_keep`` are kept.
+reads the newest ``<dir>/<step>/``. The newest ``Snapshots.keep`` are kept.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import shutil
@@ -35,6 +36,68 @@ from coarse_jax._hooks import HOOKS
 from coarse_jax.api._stores import ProxyStore
 
 SLOT_NAMES = {0: (), 1: ("trace",), 2: ("mu", "nu")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshots:
+    """When the proxies snapshot their state, and where the snapshots are written.
+
+    Given to `coarse.sync` (``snapshots=``), for the step's
+    `coarse.value_and_update` calls. A snapshot is the proxies' copy of the
+    f32 master parameters, the optimizer state and the step count, taken in
+    their own memory at the start of the next step's update (in worker k's
+    ring call, for proxy k's share); `SyncedStep.snapshot` takes one on
+    demand, `SyncedStep.restore` continues from one.
+
+    Attributes:
+      every: every this many optimizer steps; 0: only on demand.
+      directory: a background thread writes each snapshot as an
+        orbax-checkpoint checkpoint ``<directory>/<step>/`` (atomically);
+        None: in memory only. Across hosts process 0 writes it (every host's
+        proxies hold the same state) and every process restores from it: use
+        a directory all hosts can read. Guarantees (CheckFreq's rule): a
+        snapshot is complete on disk before the next one is taken (a step that
+        would take one while the writer is behind waits for it, reported as
+        ``step.stats()["snapshot_wait_s"]``), so after a crash the newest
+        complete checkpoint is at most ``2 * every`` steps old; a clean
+        interpreter exit (the script's end, ``sys.exit``, an exception) writes
+        every snapshot taken first, or exits with status 1 saying which write
+        failed.
+      keep: how many checkpoints ``directory`` keeps (the newest).
+
+    Raises:
+      ValueError: a field out of range, or a ``directory`` with ``every=0``
+        (nothing would be written).
+
+    Example:
+      >>> import tempfile
+      >>> snaps = coarse.Snapshots(every=100, directory=tempfile.mkdtemp(), keep=3)
+      >>> snaps.every, snaps.keep
+      (100, 3)
+      >>> coarse.Snapshots(every=0, directory="ckpt")  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+        ...
+      ValueError: Snapshots.directory is set but every is 0, so nothing would be written. ...
+    """
+
+    every: int = 0
+    directory: str | None = None
+    keep: int = 2
+
+    def __post_init__(self) -> None:
+        for name, least in (("every", 0), ("keep", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"Snapshots.{name}: expected an int >= {least}, got {value!r}.")
+        if self.directory is not None and not self.every:
+            raise ValueError(
+                "Snapshots.directory is set but every is 0, so nothing would be written. "
+                "Fix: Snapshots(every=K, directory=...)."
+            )
+        if self.directory is not None:
+            object.__setattr__(self, "directory", os.fspath(self.directory))
+
+
 _PARTIAL = ".partial-"
 
 
@@ -79,7 +142,7 @@ def read_latest(directory: str) -> tuple[int, dict[str, Any]]:
     if not steps:
         raise FileNotFoundError(
             f"restore: no complete coarse_jax checkpoint in {directory!r} (expected "
-            "<dir>/<step>/ directories written by Config(snapshot_dir=...))."
+            "<dir>/<step>/ directories written by Snapshots(directory=...))."
         )
     path = os.path.join(os.path.abspath(directory), str(steps[-1]))
     tree = _checkpointer().restore(path)
@@ -91,11 +154,11 @@ class SnapshotWriter:
 
     The rule (the snapshots guide): a snapshot is complete on disk before the
     one after it is taken. The proxies take a snapshot at the start of the
-    update after a commit whose count is a multiple of ``snapshot_every``;
+    update after a commit whose count is a multiple of ``Snapshots.every``;
     `pace` runs before each call is dispatched and, while a write is in
     flight and that call would take the next snapshot, waits for the write
     (the wait is counted in ``waited_s``). So after a crash the newest
-    complete checkpoint is at most ``2 * snapshot_every`` steps old. While no
+    complete checkpoint is at most ``2 * Snapshots.every`` steps old. While no
     write is in flight `pace` costs one attribute read.
 
     `pace` cannot see a snapshot that a step still in flight will take (the
@@ -104,7 +167,7 @@ class SnapshotWriter:
     writer is attached (`offer`), an update never copies a due snapshot over
     one the writer has not taken; it defers the copy to a later update, so
     the snapshot is taken a step or two past its multiple of
-    ``snapshot_every`` rather than lost. (Across processes it does not: see
+    ``Snapshots.every`` rather than lost. (Across processes it does not: see
     `offer`.)
 
     One orbax checkpointer serves every write (creating one per save cost
@@ -181,7 +244,7 @@ class SnapshotWriter:
 
     @staticmethod
     def idle_stats() -> dict[str, Any]:
-        """`stats` of a step without a writer (no ``Config.snapshot_dir``, or not process 0)."""
+        """`stats` of a step without a writer (no ``Snapshots.directory``, or not process 0)."""
         return {
             "snapshot_on_disk": None,
             "snapshots_in_flight": 0,

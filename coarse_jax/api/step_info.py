@@ -76,13 +76,13 @@ class StepInfo:
           ``compiled`` (XLA compiles a program once per argument type and
           placement: a recompile warns once, naming the argument), calls
           ``in_flight`` (dispatched, not seen finished; at most
-          `Config.max_steps_in_flight`). With ``Config.snapshot_dir`` (on
+          `Config.max_steps_in_flight`). With ``Snapshots.directory`` (on
           the process that writes, process 0): ``snapshot_on_disk``, the
           optimizer step of the newest checkpoint this process completed (None
           before the first); ``snapshots_in_flight``, taken and not yet
           complete on disk; ``snapshots_written``; ``snapshot_wait_s``, the
           seconds the loop waited for the writer in all (a snapshot is on disk
-          before the next is taken: see `Config.snapshot_every`); and
+          before the next is taken: see `coarse.Snapshots`); and
           ``snapshot_write_s``, the last checkpoint's time from taken to
           complete on disk. Without a writer these are None / 0.
 

@@ -24,7 +24,7 @@ from coarse_jax.api._stores import ProxyStore
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.proxy_state import ProxyState
 from coarse_jax.api.reprofile import changes_plans, check_reprofile, reprofiled
-from coarse_jax.api.snapshots import SnapshotWriter, flush_at_exit
+from coarse_jax.api.snapshots import Snapshots, SnapshotWriter, flush_at_exit
 from coarse_jax.api.step_info import StepInfo
 from coarse_jax.config import Config
 from coarse_jax.dispatch import arguments as _arguments
@@ -71,6 +71,7 @@ class SyncedStep(ProxyState, StepInfo):
         tiers: Tiers,
         config: Config | None,
         batch_outputs: int | Sequence[int] | None = None,
+        snapshots: Snapshots | None = None,
         **argument_options: Any,
     ) -> None:
         # argument_options: `coarse.sync`'s *_argnums / *_argnames, for
@@ -111,7 +112,13 @@ class SyncedStep(ProxyState, StepInfo):
         self._stores: dict[int, ProxyStore] = {}
         # A load asked for before the step's first trace (it names the stores).
         self._pending_load: Callable[[], None] | None = None
-        self._writer: SnapshotWriter | None = None  # Config.snapshot_dir
+        if snapshots is not None and not isinstance(snapshots, Snapshots):
+            raise TypeError(
+                f"coarse.sync: snapshots must be a coarse.Snapshots, got {snapshots!r}. Fix: "
+                "snapshots=coarse.Snapshots(every=K, directory=...)."
+            )
+        self._snapshots = snapshots or Snapshots()
+        self._writer: SnapshotWriter | None = None  # Snapshots.directory
         self.restored_count: int | None = None  # optimizer steps of the last restore()
         # mode="reference" value_and_update: (f32 master, optax state) per call
         # position, threaded through the program (api/_stores.reference_update).
@@ -203,9 +210,10 @@ class SyncedStep(ProxyState, StepInfo):
         # Across processes every host's proxies hold the same master and state
         # (they apply the same update), so one process writes the directory;
         # every process can restore from it.
-        if cfg.snapshot_dir is not None and self._stores and jax.process_index() == 0:
+        snaps = self._snapshots
+        if snaps.directory is not None and self._stores and jax.process_index() == 0:
             if self._writer is None:
-                self._writer = SnapshotWriter(cfg.snapshot_dir, cfg.snapshot_keep)
+                self._writer = SnapshotWriter(snaps.directory, snaps.keep)
                 flush_at_exit(self)
             for store in self._stores.values():
                 self._writer.offer(store)
@@ -286,6 +294,7 @@ class SyncedStep(ProxyState, StepInfo):
             ref_in=ref_in,
             ref_optimizers=self._ref_optimizers,
             check_params=check_params,
+            snapshot_every=self._snapshots.every,
         )
         self._traced_plans = ctx.built
         return ctx
@@ -317,6 +326,7 @@ def sync(
     batch_argnames: str | Sequence[str] | None = None,
     static_argnames: str | Sequence[str] | None = None,
     donate_argnames: str | Sequence[str] | None = None,
+    snapshots: Snapshots | None = None,
 ) -> SyncedStep | Callable[[Callable[..., Any]], SyncedStep]:
     """Runs a train step as one SPMD program over the workers of a coarse mesh.
 
@@ -378,6 +388,10 @@ def sync(
         positional), with or instead of ``batch_argnums``.
       static_argnames: parameter names of static arguments, as in ``jax.jit``.
       donate_argnames: parameter names of donated arguments, as in ``jax.jit``.
+      snapshots: when the proxies snapshot the state of the step's
+        `coarse.value_and_update` calls and where they write it
+        (`coarse.Snapshots`); None: only on demand (`SyncedStep.snapshot`), in
+        memory.
 
     Returns:
       The compiled step, a `SyncedStep` (or, given only the mesh, a decorator
@@ -422,6 +436,6 @@ def sync(
     given = mesh if isinstance(mesh, Mesh) else tiers.workers
 
     def decorate(f: Callable[..., Any]) -> SyncedStep:
-        return SyncedStep(f, given, tiers, config, batch_outputs, **arguments)
+        return SyncedStep(f, given, tiers, config, batch_outputs, snapshots, **arguments)
 
     return decorate if fn is None else decorate(fn)

@@ -53,6 +53,8 @@ class SyncContext:
     # Whether the proxies check the params each value_and_update gets
     # (dispatch/params_check.py), and what each one's params and new params are.
     check_params: bool = True
+    # The step's Snapshots.every: the proxies snapshot every this many updates.
+    snapshot_every: int = 0
     update_io: list[tuple[int, list[Any], list[Any]]] = dataclasses.field(default_factory=list)
 
     @property
