@@ -207,8 +207,8 @@ def test_bytes_against_memory_bandwidth(benchmark: Any) -> None:
     bytes read once, the result written once per worker: 2 p B) would take
     at the triad's bandwidth; ``lax.pmean``'s time beside it.
     """
-    from coarse_jax._ffi.extension import cpu_module
     from coarse_jax._ffi.traffic import counted
+    from coarse_jax._lab import lab_cpu
 
     rng = np.random.default_rng(0)
     grads = collections.OrderedDict(
@@ -220,7 +220,7 @@ def test_bytes_against_memory_bandwidth(benchmark: Any) -> None:
         x = jax.block_until_ready(jax.device_put(grads, sharding))
         jax.block_until_ready(fn(x))
         fns[name] = (fn, x)
-    triad = cpu_module().HostOptimizerBench(1 << 22)
+    triad = lab_cpu().HostOptimizerBench(1 << 22)
 
     def triad_s() -> float:
         times = []

@@ -39,7 +39,7 @@ sys.path.insert(
 from helpers import make_batch, mlp_init, mlp_loss
 
 import coarse_jax as coarse
-from coarse_jax import _ffi
+from coarse_jax._lab import lab_cpu
 
 SIZES = tuple(
     int(x) for x in os.environ.get("COARSE_BENCH_FLOOR_SIZES", "512,2048,2048,512").split(",")
@@ -137,7 +137,7 @@ def test_host_proxy_step_against_its_floor(benchmark):
     src = np.ones(n, np.float32)
     dst = np.empty_like(src)
     t_copy = statistics.median(_timed(lambda: np.copyto(dst, src)) for _ in range(REPEATS * 3))
-    bench = _ffi.cpu_module().HostOptimizerBench(n)
+    bench = lab_cpu().HostOptimizerBench(n)
     bench.adam(False, True, True)
     t_adam = statistics.median(
         _timed(lambda: bench.adam(False, True, True)) for _ in range(REPEATS * 3)

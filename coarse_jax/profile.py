@@ -1,6 +1,6 @@
 """``python -m coarse_jax.profile``: the profiler's command line, kept under its first name.
 
-Only an entry point (the same as ``python -m coarse_jax.profiling``). Importing
+Only an entry point (the same as ``python -m coarse_jax.cli``). Importing
 it is refused: as a submodule it would replace the function ``coarse.profile``
 with this module on the package.
 """
@@ -11,6 +11,6 @@ if __name__ != "__main__":
         "function coarse_jax.profile (coarse.profile(mesh)) or the package coarse_jax.profiling."
     )
 
-from coarse_jax.bench.cli import main
+from coarse_jax.cli.profiler import main
 
 main()
