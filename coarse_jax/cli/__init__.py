@@ -2,7 +2,8 @@
 
 It profiles a mesh, plans from the profile and compares the sync schemes
 on a ResNet-50 gradient tree, so it imports from every layer below it,
-`coarse.sync` included; nothing in coarse_jax imports it (.importlinter).
+`coarse.sync` included; nothing in coarse_jax imports it but the entry point
+under its first name, ``python -m coarse_jax.profile`` (.importlinter).
 It lives here rather than in `coarse_jax.profiling`, which is a layer below
 `coarse_jax.api`: an entry point there would import upwards.
 
