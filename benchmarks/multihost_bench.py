@@ -17,7 +17,7 @@ The two are timed alternately, ``ROUNDS`` calls each after a warm-up; the
 medians and their ratio are printed as a ``RESULT`` line.
 
 With a second argument ``emulated`` it times instead COARSE and the
-AllReduce baseline (coarse_jax/bench/schemes.py) on the emulated "v100"
+AllReduce baseline (coarse_jax/cli/schemes.py) on the emulated "v100"
 links x300 with the preset's 100 Gb/s inter-host link, on the real clock,
 beside `coarse.model.predict_hosts_sync_s`, each also on each host alone
 (the intra-host part, beside `predict_plan_sync_s`). COARSE's routes,
@@ -44,7 +44,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
-from coarse_jax.bench.shapes import RESNET50_SHAPES
+from coarse_jax.cli.resnet50 import RESNET50_SHAPES
 from coarse_jax.launch import initialize
 from coarse_jax.mesh import local_mesh
 
@@ -78,8 +78,8 @@ def _time(
 
 def emulated(rounds: int) -> None:
     """COARSE vs AllReduce on emulated v100 links + a 100 Gb/s inter-host link (real clock)."""
-    from coarse_jax.bench import schemes
-    from coarse_jax.bench.shapes import resnet50_tree
+    from coarse_jax.cli import schemes
+    from coarse_jax.cli.resnet50 import resnet50_tree
     from coarse_jax.model import (
         inter_host_bytes,
         link_bound,

@@ -66,9 +66,9 @@ class Row:
 
 
 def _tree_bytes(tree: str) -> int | None:
-    """float32 bytes of a named tree, from coarse_jax.bench.shapes when it can be imported."""
+    """float32 bytes of a named tree, from model_shapes (benchmarks/) when it can be imported."""
     try:
-        from coarse_jax.bench.shapes import SHAPES
+        from model_shapes import SHAPES
     except ImportError:
         return None
     shapes = SHAPES.get(tree)

@@ -4,7 +4,7 @@ The ResNet-50 and BERT-base gradient trees, 4 workers, on the "pcie4" preset
 (`coarse_jax.profiling.host_link`: 25 GB/s per x16 link, two workers per root
 complex), with 4 proxies (1:1) and 2 proxies (2:1). Each row is the runtime's
 time on the emulated links beside `coarse.model.predict_plan_sync_s`'s
-prediction for the same plan, from `coarse_jax.bench.placement` (each
+prediction for the same plan, from `coarse_jax.cli.proxy_placement` (each
 placement routed from a profile of its own mesh).
 
 Clocks:
@@ -28,9 +28,9 @@ import dataclasses
 import os
 
 import pytest
+from model_shapes import bert_base_tree, resnet50_tree
 
-from coarse_jax.bench import placement
-from coarse_jax.bench.shapes import bert_base_tree, resnet50_tree
+from coarse_jax.cli import proxy_placement as placement
 
 WORKERS = 4
 PRESET = "pcie4"

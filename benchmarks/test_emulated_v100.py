@@ -21,8 +21,8 @@ import jax
 import pytest
 
 import coarse_jax as coarse
-from coarse_jax.bench import schemes
-from coarse_jax.bench.shapes import RESNET50_SHAPES, resnet50_tree
+from coarse_jax.cli import schemes
+from coarse_jax.cli.resnet50 import RESNET50_SHAPES, resnet50_tree
 from coarse_jax.model import link_bound, predict_plan_sync_s
 
 WORKERS = 4

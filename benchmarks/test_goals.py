@@ -209,7 +209,7 @@ def test_bytes_against_memory_bandwidth(benchmark: Any) -> None:
     at the triad's bandwidth; ``lax.pmean``'s time beside it.
     """
     from coarse_jax._ffi.byte_counts import counted
-    from coarse_jax._ffi.extension import cpu_module
+    from coarse_jax._lab import lab_cpu
 
     rng = np.random.default_rng(0)
     grads = collections.OrderedDict(
@@ -221,7 +221,7 @@ def test_bytes_against_memory_bandwidth(benchmark: Any) -> None:
         x = jax.block_until_ready(jax.device_put(grads, sharding))
         jax.block_until_ready(fn(x))
         fns[name] = (fn, x)
-    triad = cpu_module().HostOptimizerBench(1 << 22)
+    triad = lab_cpu().HostOptimizerBench(1 << 22)
 
     def measure() -> dict[str, float]:
         fn, x = fns["coarse"]

@@ -5,7 +5,7 @@ One run, three kinds of figures over the same number of f32 elements
 caches hold):
 
 * ``coarse_*``: one pass of the CPU backend's optimizer, what a proxy runs on
-  its share of the parameters (``_coarse_cpu.HostOptimizerBench``): the AVX2
+  its share of the parameters (``_coarse_lab_cpu.HostOptimizerBench``): the AVX2
   loop and the scalar one on one thread, and the AVX2 loop split over the
   bounded host pool (``_pool``, as a proxy runs a large share), each counted
   as 32 bytes per element (reads the gradient, the master weight and two
@@ -35,6 +35,7 @@ import optax
 import pytest
 
 from coarse_jax import _ffi
+from coarse_jax._lab import lab_cpu
 
 N = int(os.environ.get("COARSE_BENCH_HOST_N", 1 << 22))
 BYTES = {"coarse_adamw_avx2": 32, "coarse_adamw_scalar": 32, "coarse_adam_avx2": 32}
@@ -45,7 +46,7 @@ RESULTS: dict[str, float] = {}  # impl -> median seconds
 
 @pytest.fixture(scope="module")
 def host_bench():
-    bench = _ffi.cpu_module().HostOptimizerBench(N)
+    bench = lab_cpu().HostOptimizerBench(N)
     yield bench
     _print_summary()
 

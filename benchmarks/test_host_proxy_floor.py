@@ -38,7 +38,7 @@ sys.path.insert(
 from helpers import make_batch, mlp_init, mlp_loss
 
 import coarse_jax as coarse
-from coarse_jax import _ffi
+from coarse_jax._lab import lab_cpu
 
 SIZES = tuple(
     int(x) for x in os.environ.get("COARSE_BENCH_FLOOR_SIZES", "512,2048,2048,512").split(",")
@@ -117,7 +117,7 @@ def test_host_proxy_step_against_its_floor(benchmark):
     src = np.ones(n, np.float32)
     dst = np.empty_like(src)
     t_copy = median_s(lambda: np.copyto(dst, src), REPEATS * 3)
-    bench = _ffi.cpu_module().HostOptimizerBench(n)
+    bench = lab_cpu().HostOptimizerBench(n)
     t_adam = median_s(lambda: bench.adam(False, True, True), REPEATS * 3, warmup=1)
     piece = min(1.0, coarse.Config().shard_bytes / (4 * n))
     t_compute = t["compute alone (value_and_grad)"]

@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 from test_sync_resnet50 import WORKERS, coarse_sync, pmean_sync
 
 import coarse_jax as coarse
-from coarse_jax.bench.shapes import RESNET50_SHAPES
+from coarse_jax.cli.resnet50 import RESNET50_SHAPES
 
 _LINES: list[str] = []
 

@@ -1,6 +1,6 @@
 """CUDA kernels' throughput beside a device-to-device copy of the same bytes, on one GPU.
 
-For each size and dtype, one call of ``_coarse_cuda.bench_kernels`` times, with
+For each size and dtype, one call of ``_coarse_lab_cuda.bench_kernels`` times, with
 CUDA events, the median of ``ITERS`` runs of:
 
 * ``copy``:   ``cudaMemcpyAsync`` device to device of the packed buffer;
@@ -33,6 +33,8 @@ sys.path.insert(
 )
 from helpers import gpu_or_skip
 
+from coarse_jax._lab import lab_cuda
+
 ITERS = 50
 MIB = 1 << 20
 SIZES_MIB = [1, 16, 64, 256, 1024]
@@ -41,9 +43,9 @@ ROWS: list[dict] = []
 
 
 def _measure(benchmark, nelems, dtype, num_leaves, label):
-    device, ext = gpu_or_skip()
+    device, _ = gpu_or_skip()
     result = benchmark.pedantic(
-        ext.bench_kernels, args=(nelems, dtype, num_leaves, ITERS), rounds=1, iterations=1
+        lab_cuda().bench_kernels, args=(nelems, dtype, num_leaves, ITERS), rounds=1, iterations=1
     )
     copy_gbs = result["copy_bytes"] / result["copy_us"] / 1e3
     row = {"case": label, "dtype": dtype, "leaves": num_leaves, "gpu": device.device_kind}

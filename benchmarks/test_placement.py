@@ -38,7 +38,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
-from coarse_jax.bench.shapes import RESNET50_SHAPES
+from coarse_jax.cli.resnet50 import RESNET50_SHAPES
 from coarse_jax.mesh import LegacyPlacement, two_tier_mesh, workers_mesh
 
 WORKERS = 4

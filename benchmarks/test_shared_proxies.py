@@ -32,10 +32,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 from common.clock import median_s
+from model_shapes import bert_base_tree, resnet50_tree
 
 import coarse_jax as coarse
-from coarse_jax.bench import schemes
-from coarse_jax.bench.shapes import bert_base_tree, resnet50_tree
+from coarse_jax.cli import schemes
 from coarse_jax.model import link_bound, predict_plan_sync_s
 
 WORKERS = 4

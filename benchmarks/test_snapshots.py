@@ -4,7 +4,7 @@ Two parameter trees at p = 4 (8 CPU devices), `coarse.value_and_update` with
 `coarse.optim.adamw`:
 
 * the bert example's encoder (examples/bert, its default size) on its own batches;
-* a ResNet-50-sized tree (25.6 M parameters, `coarse_jax.bench.shapes`) with a
+* a ResNet-50-sized tree (25.6 M parameters, `coarse_jax.cli.resnet50`) with a
   cheap synthetic loss, so the step is mostly synchronization and update and
   the snapshot's share is as large as it gets.
 
@@ -41,7 +41,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
-from coarse_jax.bench.shapes import resnet50_tree
+from coarse_jax.cli.resnet50 import resnet50_tree
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "bert"))
 from configs.default import get_config

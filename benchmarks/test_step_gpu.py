@@ -10,7 +10,7 @@ the host proxies' pushes and pulls against a plain copy to pinned memory.
 * **host copy**: a 64 / 256 MiB ``coarse.all_reduce`` through one proxy in host memory:
   the push copies the GPU's bytes into pinned host memory, the pull copies them back.
   GB/s counts both directions; the baseline is ``cudaMemcpyAsync`` device-to-host plus
-  host-to-device of the same bytes, pinned (``_coarse_cuda.bench_host_copy``, CUDA
+  host-to-device of the same bytes, pinned (``_coarse_lab_cuda.bench_host_copy``, CUDA
   events).
 
 Timing: steps are dispatched back to back and the last result is waited for; a
@@ -37,6 +37,7 @@ from common.clock import interleaved, median_s, medians
 from helpers import gpu_or_skip, make_batch, mlp_init, mlp_loss
 
 import coarse_jax as coarse
+from coarse_jax._lab import lab_cuda
 from coarse_jax.testing import shared_device_mesh
 
 STEPS = 20
@@ -176,7 +177,7 @@ def test_grad_step_with_optax_against_jit_optax(benchmark, model):
 
 @pytest.mark.parametrize("mib", [64, 256])
 def test_host_proxy_push_pull_against_pinned_copies(benchmark, mib):
-    gpu, ext = gpu_or_skip()
+    gpu, _ = gpu_or_skip()
     n = mib * MIB // 4
     x = jax.device_put(jnp.linspace(-1.0, 1.0, n, dtype=jnp.float32), gpu)
     mesh = coarse.make_mesh(workers=1, proxies_on="host", devices=[gpu])
@@ -191,7 +192,7 @@ def test_host_proxy_push_pull_against_pinned_copies(benchmark, mib):
             y = reduce(y)
         _wait(y)
 
-    copies = ext.bench_host_copy(mib * MIB, 20)
+    copies = lab_cuda().bench_host_copy(mib * MIB, 20)
 
     def measure():
         run()  # compile, warm

@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
-from coarse_jax.bench.shapes import RESNET50_SHAPES  # the 161 leaves, written out
+from coarse_jax.cli.resnet50 import RESNET50_SHAPES  # the 161 leaves, written out
 
 WORKERS = 4  # the default; the *_p8 cases run 8
 MAX_WORKERS = 8

@@ -10,7 +10,7 @@ Parametrized over
   pushes to and pulls from proxy 0, on the host's real transport);
 * ``workers``: p = 1, 2, 4 (p workers + p proxies for the coarse impls);
 * ``tree``: ``resnet50`` (97.5 MiB), ``bert_base`` (417.6 MiB), ``vit_b16``
-  (330.2 MiB) from `coarse_jax.bench.shapes`, float32.
+  (330.2 MiB) from benchmarks/model_shapes.py, float32.
 
 Each worker reduces its own values: the tree is passed with a leading axis of
 one slice per worker. Compilation, a correctness check and a warm-up call
@@ -50,10 +50,10 @@ import pytest
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from model_shapes import SHAPES
 
 import coarse_jax as coarse
-from coarse_jax.bench import schemes
-from coarse_jax.bench.shapes import SHAPES
+from coarse_jax.cli import schemes
 
 WORKER_COUNTS = (1, 2, 4)
 ROUNDS = int(os.environ.get("COARSE_BENCH_ROUNDS", "3"))

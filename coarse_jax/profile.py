@@ -1,8 +1,8 @@
 """``python -m coarse_jax.profile``: the profiler's command line, kept under its first name.
 
-Only an entry point (the same as ``python -m coarse_jax.profiling``). Importing
-it is refused: as a submodule it would replace the function ``coarse.diagnostics.profile``
-with this module on the package.
+Only an entry point (the same as ``python -m coarse_jax.cli``). Importing
+it is refused: importing it would run the command line (the profiler
+itself is the function ``coarse.diagnostics.profile``).
 """
 
 if __name__ != "__main__":
@@ -11,6 +11,6 @@ if __name__ != "__main__":
         "function coarse.diagnostics.profile(mesh) or the package coarse_jax.profiling."
     )
 
-from coarse_jax.bench.cli import main
+from coarse_jax.cli.profiler import main
 
 main()

@@ -65,7 +65,7 @@ DOCTEST_MODULES = [
     "coarse_jax.profiling.rounds",
     "coarse_jax.profiling.topology",
     "coarse_jax.profiling.host_link",
-    "coarse_jax.bench.placement",
+    "coarse_jax.cli.proxy_placement",
     "coarse_jax._ffi.extension",
     "coarse_jax._ffi.byte_counts",
     "coarse_jax.diagnostics",

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import coarse_jax as coarse
-from coarse_jax.bench import schemes
+from coarse_jax.cli import schemes
 from coarse_jax.model import predict_plan_sync_s
 
 TREE = {

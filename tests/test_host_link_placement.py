@@ -1,4 +1,4 @@
-"""COARSE-host beside COARSE-devices, AllReduce and DENSE (`coarse_jax.bench.placement`) and the
+"""COARSE-host beside COARSE-devices, AllReduce and DENSE (`coarse_jax.cli.proxy_placement`) and the
 profiler's CLI that prints them.
 
 On the virtual clock every row's simulated time must equal the model's; which placement
@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from coarse_jax.bench import placement
+from coarse_jax.cli import proxy_placement as placement
 
 TREE = {
     "a": jax.ShapeDtypeStruct((400_000,), np.float32),
@@ -43,10 +43,10 @@ def test_placements_side_by_side_match_the_model(proxies, winner):
 
 
 def _cli(tmp_path, *args: str) -> str:
-    """``python -m coarse_jax.profiling ARGS``'s output: the installed package
+    """``python -m coarse_jax.cli ARGS``'s output: the installed package
     (cwd=tmp_path, not ./coarse_jax, which a clean clone builds no extension into)."""
     result = subprocess.run(
-        [sys.executable, "-m", "coarse_jax.profiling", *args],
+        [sys.executable, "-m", "coarse_jax.cli", *args],
         cwd=tmp_path,
         env=dict(os.environ, JAX_PLATFORMS="cpu"),
         capture_output=True,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import coarse_jax as coarse
-from coarse_jax.bench import schemes
-from coarse_jax.bench.shapes import resnet50_tree
+from coarse_jax.cli import schemes
+from coarse_jax.cli.resnet50 import resnet50_tree
 from coarse_jax.model import predict_plan_sync_s
 
 SIZES = (1 << 10, 1 << 16, 1 << 22)

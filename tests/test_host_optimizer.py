@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from coarse_jax import _coarse_cpu as cpu
+from coarse_jax._lab import lab_cpu
 
 STREAMING_FROM = 1 << 18  # kStreamStoresFrom
 
@@ -23,12 +23,12 @@ STREAMING_FROM = 1 << 18  # kStreamStoresFrom
 @pytest.mark.parametrize("offset", [0, 1, 3, 8, 13])
 @pytest.mark.parametrize("count", [7, 1000, STREAMING_FROM - 1, STREAMING_FROM + 5])
 def test_the_avx2_pass_gives_the_scalar_bits(adamw, offset, count):
-    bench = cpu.HostOptimizerBench(offset + count)
+    bench = lab_cpu().HostOptimizerBench(offset + count)
     bench.adam(adamw, True)  # a second state, moved on by one pass, as in training
     assert bench.first_mismatch_with_scalar(adamw, offset, count) == -1
 
 
 def test_a_range_past_the_state_is_refused():
-    bench = cpu.HostOptimizerBench(64)
+    bench = lab_cpu().HostOptimizerBench(64)
     with pytest.raises(IndexError):
         bench.first_mismatch_with_scalar(True, 60, 8)

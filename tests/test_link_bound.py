@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import coarse_jax as coarse
-from coarse_jax.bench import schemes
+from coarse_jax.cli import schemes
 from coarse_jax.model import (
     inter_host_bytes,
     link_bound,

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import coarse_jax as coarse
-from coarse_jax.bench import schemes
-from coarse_jax.bench.shapes import resnet50_tree
+from coarse_jax.cli import schemes
+from coarse_jax.cli.resnet50 import resnet50_tree
 from coarse_jax.model import predict_plan_sync_s
 from coarse_jax.profiling.routing import threshold_bytes
 

@@ -1,4 +1,5 @@
-"""The whole sync protocol on each device backend, outside XLA (ffi/runtime/sync_selftest.h).
+"""The whole sync protocol on each device backend, outside XLA (ffi/lab/sync_selftest.h),
+through the lab extensions (`coarse_jax._lab`).
 
 p threads run exactly what the workers' custom calls run, in a step's program
 order (push, proxy ring, worker ring, pull; in a value_and_update also the
@@ -30,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import gpu_or_skip
+
+from coarse_jax._lab import lab_cpu, lab_cuda
 
 # (p, q, proxy elements, piece, leading elements, route); q divides p.
 CASES = [
@@ -80,9 +83,12 @@ def _sgd_oracle(values, params, lr, momentum, proxy):
 
 
 def _cpu():
-    from coarse_jax import _coarse_cpu
+    return lab_cpu()
 
-    return _coarse_cpu
+
+def _cuda():
+    gpu_or_skip()
+    return lab_cuda()
 
 
 @pytest.mark.parametrize("p,q,proxy,piece,lead,route", CASES, ids=IDS)
@@ -137,7 +143,7 @@ SCRIPT = textwrap.dedent(
     """
     import importlib.util, sys
     import numpy as np
-    spec = importlib.util.spec_from_file_location("_coarse_cpu", sys.argv[1])
+    spec = importlib.util.spec_from_file_location("_coarse_lab_cpu", sys.argv[1])
     cpu = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cpu)
     inputs = np.load(sys.argv[2])
@@ -203,7 +209,7 @@ def test_streams_backend_with_chaos_matches_cpu_bitwise(tmp_path: Path):
 
 @pytest.mark.parametrize("p,q,proxy,piece,lead,route", CASES, ids=IDS)
 def test_cuda_sync_matches_cpu_bitwise(p, q, proxy, piece, lead, route):
-    cuda = gpu_or_skip()[1]
+    cuda = _cuda()
     values = _values(p, proxy + lead, steps=4)
     out = cuda.sync_selftest(values, lead, piece, route, q)
     _check_mean(out, values)
@@ -213,7 +219,7 @@ def test_cuda_sync_matches_cpu_bitwise(p, q, proxy, piece, lead, route):
 
 @pytest.mark.parametrize("p,q,proxy,piece,route,momentum", OPT_CASES, ids=OPT_IDS)
 def test_cuda_proxy_optimizer_matches_cpu_bitwise(p, q, proxy, piece, route, momentum):
-    cuda = gpu_or_skip()[1]
+    cuda = _cuda()
     values = _values(p, proxy + 37, steps=4)
     params = np.random.default_rng().standard_normal(proxy).astype(np.float32)
     args = (values, 37, piece, route, q, params, 0.05, momentum)
@@ -228,6 +234,6 @@ def test_cuda_proxy_optimizer_matches_cpu_bitwise(p, q, proxy, piece, route, mom
 def test_cuda_sync_many_steps_new_values():
     # Storage reused across sessions with different inputs: a step that read
     # the previous step's data (a missing wait) would show here.
-    cuda = gpu_or_skip()[1]
+    cuda = _cuda()
     values = _values(4, 65537 + 999, steps=20)
     _check_mean(cuda.sync_selftest(values, 999, 8192, "cross", 4), values)

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 import coarse_jax as coarse
 from coarse_jax._ffi import wakeups
-from coarse_jax._ffi.extension import cpu_module
+from coarse_jax._lab import lab_cpu
 
 WORKERS = 4
 
@@ -86,9 +86,9 @@ def test_no_thread_starts_after_warm_up():
 def test_no_lost_wake_up_under_seeded_delays(spin_ns):
     """Many threads, two per mailbox, meet at barriers with seeded random delays
     around each arrival, its notifies and each wait's park; a lost wake-up
-    would leave a waiter asleep until its timeout (runtime/wakeup_selftest.h).
+    would leave a waiter asleep until its timeout (lab/wakeup_selftest.h).
     """
-    cpu = cpu_module()
+    cpu = lab_cpu()
     for seed in range(10):
         r = cpu.wakeup_selftest(threads=8, rounds=200, seed=seed, timeout_ms=2000, spin_ns=spin_ns)
         assert r["lost"] == 0, (seed, r)

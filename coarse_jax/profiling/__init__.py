@@ -9,8 +9,10 @@
 * `routing.py`: LatProxy / BwProxy per worker, the threshold S, the shard size S'.
 * `report.py`: `Profile.table()` and `Profile.plot()`.
 * `topology.py`: `coarse.Topology`, emulated interconnects and their clocks.
-* `__main__.py`: ``python -m coarse_jax.profiling`` (also ``python -m coarse_jax.profile``),
-  the command line in `coarse_jax.bench.cli`.
+
+The command line that profiles a mesh and compares the sync schemes on it,
+``python -m coarse_jax.cli``, is `coarse_jax.cli`: it syncs through
+`coarse.sync`, a layer above this package.
 """
 
 from coarse_jax.profiling.data import Profile

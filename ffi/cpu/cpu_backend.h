@@ -34,7 +34,7 @@ void ScaleF32(float* x, float scale, int64_t n);
 void OptimizerF32(const OptScalars& o, const OptBuffers& b, int64_t n, bool vectorized = true);
 // `b` with its first `done` elements skipped.
 OptBuffers AdvanceBuffers(const OptBuffers& b, int64_t done);
-// a[i] = b[i] + s * c[i]: STREAM's triad (host_bench.h).
+// a[i] = b[i] + s * c[i]: STREAM's triad (lab/host_bench.h).
 void TriadF32(float* __restrict a, const float* __restrict b, const float* __restrict c, float s,
               int64_t n);
 // sum x[i]^2, accumulated in f64 in index order.

@@ -3,7 +3,7 @@
 // COARSE_JAX_BACKEND=streams a StreamDevice over the host stream of the
 // caller's mesh device (host_stream.h; a worker's stands for XLA's stream,
 // a proxy's is the one the runtime owns). Used by the handlers
-// (handlers_cpu.cc) and the self-test (cpu_selftest.cc) alike.
+// (handlers_cpu.cc) and the self-test (lab/cpu_selftest.cc) alike.
 #pragma once
 
 #include <memory>

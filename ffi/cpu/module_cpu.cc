@@ -1,9 +1,8 @@
 // coarse_jax._coarse_cpu: the CPU handlers (registrations()) and the testing
-// hooks (sync_selftest, inject_dropped_push, live_sessions, take_virtual_spans,
-// the NUMA helpers: numa_*, canonical_pci_bus_id), the memory limits and the
-// Ctrl-C hook (xla/runtime_binding.h), and the host optimizer's benchmark
-// (HostOptimizerBench, cpu/host_bench.h).
-// The CUDA twin: cuda/module_cuda.cc.
+// hooks (inject_dropped_push, live_sessions, take_virtual_spans, the NUMA
+// helpers: numa_*, canonical_pci_bus_id), the memory limits and the Ctrl-C
+// hook (xla/runtime_binding.h). The self-tests and benchmarks are the lab
+// module's (lab/module_lab_cpu.cc). The CUDA twin: cuda/module_cuda.cc.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -17,10 +16,8 @@
 #include <string>
 
 #include "cpu/cpu_backend_choice.h"
-#include "cpu/cpu_selftest.h"
 #include "cpu/cpu_storage.h"
 #include "cpu/cpu_traffic.h"
-#include "cpu/host_bench.h"
 #include "cpu/host_pool.h"
 #include "cpu/host_stream_check.h"
 #include "runtime/hand_out.h"
@@ -30,7 +27,6 @@
 #include "xla/encapsulate.h"
 #include "xla/ffi/api/ffi.h"
 #include "xla/runtime_binding.h"
-#include "xla/selftest_binding.h"
 
 namespace nb = nanobind;
 
@@ -130,30 +126,6 @@ NB_MODULE(_coarse_cpu, m) {
       "upload from pinned memory; returns (the stream's error or '', the value the upload "
       "copied: 42 if it ran after the host's write). ffi/cpu/host_stream_check.h.");
   coarse::DefineRuntimeFunctions(m);
-  m.def(
-      "sync_selftest",
-      [](coarse::SelfTestValues values, int64_t leading_elems, int64_t piece,
-         const std::string& route, int64_t proxies, std::optional<coarse::SelfTestParams> params,
-         float lr, float momentum, bool in_place) {
-        return coarse::RunSyncSelfTest(values, leading_elems, piece, route, proxies, params, lr,
-                                       momentum, in_place, coarse::CpuSelfTestPlatform());
-      },
-      COARSE_SELFTEST_ARGS, COARSE_SELFTEST_DOC " Runs on this module's backend (backend()).");
-  nb::class_<coarse::HostOptimizerBench>(
-      m, "HostOptimizerBench",
-      "Benchmarks: the host optimizer and a STREAM triad over n f32 elements in page-aligned "
-      "memory (ffi/cpu/host_bench.h): 32 bytes per element per optimizer pass, 12 per triad.")
-      .def(nb::init<int64_t>(), nb::arg("n"))
-      .def("adam", &coarse::HostOptimizerBench::Adam, nb::arg("adamw"), nb::arg("vectorized"),
-           nb::arg("parallel") = false,
-           "One Adam (adamw: AdamW) pass; vectorized: the AVX2 loop where the CPU has it; "
-           "parallel: on the bounded host pool, as a proxy runs it.")
-      .def("triad", &coarse::HostOptimizerBench::Triad, "One pass of a[i] = b[i] + s * c[i].")
-      .def("first_mismatch_with_scalar", &coarse::HostOptimizerBench::FirstMismatchWithScalar,
-           nb::arg("adamw"), nb::arg("offset"), nb::arg("count"),
-           "Testing: the AVX2 pass over [offset, offset + count) against the scalar pass, on "
-           "copies of the state: the first element differing in any bit, or -1.")
-      .def_prop_ro("n", &coarse::HostOptimizerBench::n);
   m.def("host_threads", &coarse::cpu::HostThreads,
         "The threads a proxy's optimizer may use on the host, its own included "
         "(min(hardware threads, COARSE_JAX_HOST_THREADS or 8)).");

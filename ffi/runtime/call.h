@@ -6,7 +6,7 @@
 // so peers stop waiting for this device at once instead of timing out; the
 // last call of the step on its device publishes its work and leaves the
 // session (FinishCall). The handlers (ffi/xla/handler.h) wrap these around the
-// XLA translation; the self-test (sync_selftest.h) calls them directly.
+// XLA translation; the self-test (lab/sync_selftest.h) calls them directly.
 #pragma once
 
 #include <cstddef>

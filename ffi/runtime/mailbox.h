@@ -64,7 +64,7 @@ bool SpinFor(const Cond& cond) {
 }
 
 // What a test may do inside a wait, with the mutex held, between the last
-// check of the condition and parking (wakeup_selftest.h delays there).
+// check of the condition and parking (lab/wakeup_selftest.h delays there).
 struct NoWaitHooks {
   void BeforePark() const {}
 };

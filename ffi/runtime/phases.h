@@ -2,7 +2,7 @@
 // against the device backend (device.h) and free of XLA buffers. The handler
 // files (ffi/xla/: push.cc, proxy_ring.cc, worker_ring.cc, pull.cc) translate XLA's
 // operands into these calls on the workers, the service (service.h) runs the
-// proxies' part; the self-test (sync_selftest.h) drives both without XLA.
+// proxies' part; the self-test (lab/sync_selftest.h) drives both without XLA.
 // One file each in runtime/phases/.
 #pragma once
 

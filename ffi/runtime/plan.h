@@ -100,7 +100,7 @@ inline int32_t HostPlanKey(int64_t key) { return static_cast<int32_t>(key & 0x7f
 
 // Derives what follows from the routes and segments (shard numbering, DENSE
 // holders, contributors, the proxies' storage layout). GetPlan
-// (ffi/xla/plan_attrs.h) calls it; so does the self-test (sync_selftest.h), which
+// (ffi/xla/plan_attrs.h) calls it; so does the self-test (lab/sync_selftest.h), which
 // builds a Plan by hand.
 void FinishPlan(Plan* plan);
 

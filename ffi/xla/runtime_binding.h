@@ -25,7 +25,6 @@
 #include "runtime/storage.h"
 #include "runtime/stream_ops.h"
 #include "runtime/trace.h"
-#include "runtime/wakeup_selftest.h"
 #include "runtime/wakeups.h"
 #include "xla/plan_attrs.h"
 
@@ -326,25 +325,6 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
   m.def("set_wait_spin_ns", &SetSpinNs, nb::arg("ns"),
         "How long the runtime's waits spin before they park (runtime/mailbox.h); a negative "
         "value restores the default for this host's cores. Returns the previous value.");
-  m.def(
-      "wakeup_selftest",
-      [](int64_t threads, int64_t rounds, uint64_t seed, int64_t timeout_ms, int64_t spin_ns) {
-        WakeupSelfTestResult r;
-        {
-          nb::gil_scoped_release release;
-          r = RunWakeupSelfTest(threads, rounds, seed, timeout_ms, spin_ns);
-        }
-        nb::dict d;
-        d["waits"] = r.waits;
-        d["lost"] = r.lost;
-        d["max_wait_ms"] = r.max_wait_ms;
-        return d;
-      },
-      nb::arg("threads"), nb::arg("rounds"), nb::arg("seed"), nb::arg("timeout_ms"),
-      nb::arg("spin_ns"),
-      "Testing: the mailboxes' stress test (runtime/wakeup_selftest.h): `threads` threads meet "
-      "at `rounds` barriers with seeded delays; returns waits, lost (waits that timed out) and "
-      "max_wait_ms.");
   m.def(
       "service_threads", []() { return TheServiceStats().threads; },
       "Threads the proxies' service pool holds now (runtime/service.h).");

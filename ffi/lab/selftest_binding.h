@@ -1,5 +1,5 @@
 // The nanobind binding both modules use for sync_selftest(...)
-// (runtime/sync_selftest.h).
+// (lab/sync_selftest.h).
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/sync_selftest.h"
+#include "lab/sync_selftest.h"
 
 namespace coarse {
 
@@ -77,6 +77,6 @@ inline nanobind::ndarray<nanobind::numpy, float, nanobind::ndim<3>> RunSyncSelfT
   "p) in pieces of `piece` elements routed `route` (local, cross, dense), the rest through the " \
   "worker ring. lr > 0: the proxy optimizer (sgd with `momentum`) updates `params` instead, "    \
   "each step's result the next step's params. in_place: push_in_place. Returns [steps, p, n]: "  \
-  "what each worker got. See ffi/runtime/sync_selftest.h."
+  "what each worker got. See ffi/lab/sync_selftest.h."
 
 }  // namespace coarse

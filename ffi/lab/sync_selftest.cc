@@ -1,6 +1,6 @@
 // SyncSelfTest: the workers' calls on p threads, the proxies' jobs from the
 // service, over a platform's devices (see sync_selftest.h).
-#include "runtime/sync_selftest.h"
+#include "lab/sync_selftest.h"
 
 #include <algorithm>
 #include <atomic>

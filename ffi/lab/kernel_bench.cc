@@ -1,6 +1,6 @@
 // BenchKernels (see kernel_bench.h): the launch functions timed with CUDA
 // events next to a device-to-device copy.
-#include "cuda/kernel_bench.h"
+#include "lab/kernel_bench.h"
 
 #include <cuda_runtime.h>
 

@@ -1,5 +1,5 @@
 // The sync self-test's CPU platform (see cpu_selftest.h).
-#include "cpu/cpu_selftest.h"
+#include "lab/cpu_selftest.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-"""``python -m coarse_jax.profiling``: profile a mesh, plan from it, compare the sync schemes.
+"""``python -m coarse_jax.cli``: profile a mesh, plan from it, compare the sync schemes.
 
 The schemes: DENSE, AllReduce and COARSE.
 
@@ -8,7 +8,7 @@ picks, and predicted vs measured sync time of a ResNet-50-shaped gradient
 tree for the three schemes. On an emulated board (``--emulate``) it also
 puts COARSE with proxies in host memory (COARSE-host) beside COARSE with
 proxy devices, AllReduce and DENSE, and names the placement the board
-favours (`coarse_jax.bench.placement`).
+favours (`coarse_jax.cli.proxy_placement`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m coarse_jax.profiling", description=__doc__.splitlines()[0]
+        prog="python -m coarse_jax.cli", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument(
@@ -93,8 +93,8 @@ def main() -> None:
 
     import coarse_jax as coarse
     from coarse_jax import model
-    from coarse_jax.bench import schemes
-    from coarse_jax.bench.shapes import RESNET50_SHAPES, resnet50_tree
+    from coarse_jax.cli import schemes
+    from coarse_jax.cli.resnet50 import RESNET50_SHAPES, resnet50_tree
     from coarse_jax.profiling.measure import DEFAULT_SIZES
     from coarse_jax.profiling.routing import shard_bytes_from_profile, threshold_bytes
 
@@ -178,7 +178,7 @@ def main() -> None:
         )
         print(f"{scheme:<10} {measured * 1e3:>12.1f} {predicted * 1e3:>13.1f}")
     if args.emulate and not args.no_placements:
-        from coarse_jax.bench import placement
+        from coarse_jax.cli import proxy_placement as placement
 
         rows = placement.compare_placements(
             tree,

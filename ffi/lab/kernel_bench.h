@@ -1,7 +1,7 @@
 // Kernel throughput next to a device-to-device copy of the same bytes, timed
-// with CUDA events on one GPU (benchmarks/test_kernels_gpu.py). Lives in the
+// with CUDA events on one GPU (benchmarks/test_kernels_gpu.py). Lives in an
 // extension so the numbers are the launch functions' own, without JAX's
-// dispatch in them.
+// dispatch in them (the lab module _coarse_lab_cuda).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The mailboxes' stress test (see wakeup_selftest.h).
-#include "runtime/wakeup_selftest.h"
+#include "lab/wakeup_selftest.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,5 +1,5 @@
 // Timing the host optimizer against this machine's memory bandwidth, for
-// benchmarks/test_host_optimizer.py (bound as _coarse_cpu.HostOptimizerBench).
+// benchmarks/test_host_optimizer.py (bound as _coarse_lab_cpu.HostOptimizerBench).
 //
 // One pass of the CPU backend's Adam/AdamW (cpu_backend.h, OptimizerF32) over
 // n elements reads the gradient, the master weight and two moments and

@@ -1,5 +1,5 @@
 // HostOptimizerBench (see host_bench.h).
-#include "cpu/host_bench.h"
+#include "lab/host_bench.h"
 
 #include <sys/mman.h>
 

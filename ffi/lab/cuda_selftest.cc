@@ -1,5 +1,5 @@
 // The sync self-test's CUDA platform (see cuda_selftest.h).
-#include "cuda/cuda_selftest.h"
+#include "lab/cuda_selftest.h"
 
 #include <cuda_runtime.h>
 

@@ -1,10 +1,10 @@
-// The sync self-test (runtime/sync_selftest.h) on one GPU: every worker and
+// The sync self-test (lab/sync_selftest.h) on one GPU: every worker and
 // every proxy its own non-blocking stream there, so the members' events,
 // staging buffers and peer-copy calls race as they would across GPUs. The
-// mirror image of cpu/cpu_selftest.h.
+// mirror image of lab/cpu_selftest.h.
 #pragma once
 
-#include "runtime/sync_selftest.h"
+#include "lab/sync_selftest.h"
 
 namespace coarse::cuda {
 

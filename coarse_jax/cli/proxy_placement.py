@@ -24,7 +24,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from coarse_jax.bench import schemes
+from coarse_jax.cli import schemes
 from coarse_jax.config import Config
 from coarse_jax.mesh import check_mesh, make_mesh
 from coarse_jax.model import predict_plan_sync_s
@@ -101,7 +101,7 @@ def favoured(rows: Sequence[PlacementRow], preset: str) -> str:
     Decided on the runtime's times where the rows have them, else on the model's.
 
     Example:
-      >>> from coarse_jax.bench.placement import PlacementRow, favoured
+      >>> from coarse_jax.cli.proxy_placement import PlacementRow, favoured
       >>> rows = [PlacementRow("COARSE-devices", 2.0, None), PlacementRow("COARSE-host", 1.0, None)]
       >>> print(favoured(rows, "pcie4"))
       pcie4 favours host proxies by 100.0%: COARSE-host 1000.0 ms

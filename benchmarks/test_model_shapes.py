@@ -1,13 +1,12 @@
-"""The model shape tables in `coarse_jax.bench.shapes`: leaf counts and exact parameter totals."""
+"""The model shape tables in benchmarks/model_shapes.py: leaf counts and exact parameter totals."""
 
 from __future__ import annotations
 
 import math
 
+import model_shapes as shapes
 import numpy as np
 import pytest
-
-from coarse_jax.bench import shapes
 
 
 def _params(table: shapes.Shapes) -> int:

@@ -17,7 +17,7 @@
 // share one GPU). The CPU module runs the same test on its backend, plain
 // or with stream semantics (COARSE_JAX_BACKEND=streams, with
 // COARSE_JAX_STREAM_CHAOS). tests/test_sync_selftest.py. The platforms:
-// cpu/cpu_selftest.h, cuda/cuda_selftest.h.
+// lab/cpu_selftest.h, lab/cuda_selftest.h.
 #pragma once
 
 #include <cstdint>
