@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 import optax
+from helpers import pmean_optax_body
 from jax.sharding import PartitionSpec as P
 
 
@@ -20,18 +21,9 @@ def pmean_optax_step(
     workers: int, loss: Callable[..., Any], tx: optax.GradientTransformation
 ) -> Callable[..., Any]:
     """``(params, opt_state, batch) -> (params, opt_state, loss)`` over a flat ("data",)
-    mesh of the first ``workers`` devices, not jitted (callers jit and donate)."""
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:workers]), ("data",))
-
-    @jax.shard_map(mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=P())
-    def step(params, opt_state, batch):
-        # Varying params: otherwise their gradients come back already summed.
-        value, grads = jax.value_and_grad(loss)(jax.lax.pcast(params, "data", to="varying"), batch)
-        value, grads = jax.lax.pmean((value, grads), "data")
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    return step
+    mesh of the first ``workers`` devices, not jitted (callers jit and donate): the
+    tests' oracle (tests/helpers.py)."""
+    return pmean_optax_body(workers, tx, loss)
 
 
 def psum_over(workers: int) -> tuple[Callable[[Any], Any], jax.sharding.Mesh]:

@@ -12,8 +12,9 @@ XLA:CPU. With the pass off the recomputation stays (and runs, with the same
 gradients). A program without optimization barriers, every other benchmark's,
 compiles the same either way.
 
-``examples/`` goes on ``sys.path`` (after this folder) so that the benchmarks
-time with the examples' clock, ``common.clock``: one helper per job.
+``examples/`` and ``tests/`` go on ``sys.path`` (after this folder) so that the
+benchmarks time with the examples' clock, ``common.clock``, and measure against
+the tests' oracle step (``helpers``): one helper per job.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ REMAT_FLAG = "--xla_disable_hlo_passes=cse_barrier_expander"
 if "--xla_disable_hlo_passes" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {REMAT_FLAG}".strip()
 EXAMPLES = str(pathlib.Path(__file__).resolve().parent.parent / "examples")
-if EXAMPLES not in sys.path:
-    sys.path.append(EXAMPLES)
+TESTS = str(pathlib.Path(__file__).resolve().parent.parent / "tests")
+for _folder in (EXAMPLES, TESTS):
+    if _folder not in sys.path:
+        sys.path.append(_folder)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -101,13 +101,17 @@ def pmean_optax_step(workers: int, tx, loss_fn=None):
     """The oracle train step: ``jax.value_and_grad`` + ``lax.pmean`` + an optax update over
     a flat ("data",) mesh of the first ``workers`` devices; ``(params, opt_state, batch)``
     -> ``(params, opt_state, loss)``. Shares no code with coarse_jax."""
+    return jax.jit(pmean_optax_body(workers, tx, loss_fn))
+
+
+def pmean_optax_body(workers: int, tx, loss_fn=None):
+    """`pmean_optax_step` not jitted (benchmarks/baselines.py jits and donates it)."""
     import optax
     from jax.sharding import PartitionSpec as P
 
     loss_fn = loss_fn or mlp_loss
     flat = jax.sharding.Mesh(np.array(jax.devices()[:workers]), ("data",))
 
-    @jax.jit
     @jax.shard_map(mesh=flat, in_specs=(P(), P(), P("data")), out_specs=P())
     def step(params, opt_state, batch):
         # Varying params: otherwise their gradients come back already summed.
