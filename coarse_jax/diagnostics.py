@@ -13,8 +13,9 @@ The top level of `coarse_jax` holds the training core (`sync`,
   `TierMemory`), `runtime_stats` (what the runtime keeps between steps, all
   steps together) and `set_memory_limits` (its bounds);
 * time: `virtual_sync_seconds` (each synchronization's simulated time on a
-  virtual-clock `coarse.Topology`); a step's own timeline is
-  ``SyncedStep.timeline`` with ``Config(trace=True)``;
+  virtual-clock `coarse.Topology`); a step's own timeline,
+  ``SyncedStep.timeline()`` with ``Config(trace=True)``, is a `Timeline` of
+  `Span` records;
 * the build: `CudaSupport`, what `coarse.has_cuda_support()` answers.
 
 Example:
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 from coarse_jax._ffi import CudaSupport, runtime_stats, set_memory_limits, virtual_sync_seconds
 from coarse_jax.api import MemoryReport, TierMemory, memory_report
+from coarse_jax.api.timeline import Span, Timeline
 from coarse_jax.plan import Plan, plan
 from coarse_jax.profiling import Profile, measure_step_times, profile
 
@@ -39,7 +41,9 @@ __all__ = [
     "MemoryReport",
     "Plan",
     "Profile",
+    "Span",
     "TierMemory",
+    "Timeline",
     "measure_step_times",
     "memory_report",
     "plan",

@@ -109,8 +109,8 @@ class StepInfo:
         process: spans of every traced step since the previous `timeline` call.
 
         Returns:
-          A `Timeline <coarse_jax.api.timeline.Timeline>` of `Span
-          <coarse_jax.api.timeline.Span>` s; ``.to_chrome(path)`` writes a
+          A `Timeline <coarse_jax.diagnostics.Timeline>` of `Span
+          <coarse_jax.diagnostics.Span>` s; ``.to_chrome(path)`` writes a
           Chrome trace, ``.plot(path)`` draws it. Empty without
           ``Config(trace=True)``.
 
