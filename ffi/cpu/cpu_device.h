@@ -1,12 +1,15 @@
 // The CPU device backend: every operation is a loop (or memcpy) over one
 // address space, finished when it returns, so Publish/Acquire do nothing.
+// Every device's storage is this process's memory, so it also sums peers'
+// buffers in place (InPlaceSums).
 #pragma once
 
 #include "runtime/device.h"
+#include "runtime/in_place_sums.h"
 
 namespace coarse {
 
-class CpuDevice final : public Device {
+class CpuDevice final : public Device, public InPlaceSums {
  public:
   xla::ffi::Error Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
                          int64_t dst_len) override;
@@ -37,7 +40,7 @@ class CpuDevice final : public Device {
                            const std::string& what) override;
   xla::ffi::Error SynchronizeHost(const char*) override { return xla::ffi::Error::Success(); }
   bool SupportsEmulation() const override { return true; }
-  bool ReadsPeersInPlace() const override { return true; }
+  InPlaceSums* in_place() override { return this; }
 };
 
 }  // namespace coarse

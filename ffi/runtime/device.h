@@ -26,6 +26,8 @@
 
 namespace coarse {
 
+class InPlaceSums;  // runtime/in_place_sums.h
+
 // One optimizer update of n elements on a proxy's own storage (see
 // ApplyOptimizer): the mean gradient in, the new parameters out in the same
 // place (the ring's all-gather then circulates them), the master weights and
@@ -80,20 +82,6 @@ class Device {
   // own[i] = peer[i].
   virtual xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device,
                                    int64_t n) = 0;
-  // dst[i] = (src[num-1][i] + (... + (src[1][i] + src[0][i]))) * scale: the sum a
-  // ring's reduce-scatter makes of one chunk, in the same order (so the same
-  // bits), in one pass; `dst` may be one of the sources. Only backends that
-  // ReadsPeersInPlace() run it (the one-shot reduce-scatter, reduce_pieces.cc).
-  virtual xla::ffi::Error SumInRingOrder(float* dst, const float* const* srcs, int64_t num,
-                                         int64_t n, float scale) = 0;
-  // For i in [lo, hi): dst[i - lo] = (g[num-1](i) + (... + g[0](i))) * scale,
-  // where g[t](i) sums group t's clients' pushed values of piece element i
-  // (widened to f32, client order, 0 for no client): what SumSlots then
-  // SumInRingOrder make of the same pushes copied into storage, the same
-  // bits, without the copies. Only backends that ReadsPeersInPlace() run it.
-  virtual xla::ffi::Error SumPushesInRingOrder(
-      float* dst, int64_t lo, int64_t hi, const std::vector<std::vector<const PushedRuns*>>& groups,
-      float scale) = 0;
   // x[i] *= scale (local).
   virtual xla::ffi::Error Scale(float* x, int64_t n, float scale) = 0;
 
@@ -110,7 +98,7 @@ class Device {
   // `master` and `scratch` are storage of mesh device `scratch_device` (this
   // one or a peer, as Gather's `dst`); `scratch` (`scratch_len` floats,
   // written at each buf_off) may receive the runs widened first; a backend
-  // that ReadsPeersInPlace() compares in place and writes nothing. Blocks the
+  // with in_place() sums compares in place and writes nothing. Blocks the
   // host like SumSquares, once for all the runs (on a GPU, one small read per
   // step: one per run cost an H200 step 8-11% of its time, benchmarks/RESULTS.md).
   virtual xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun* runs,
@@ -146,10 +134,13 @@ class Device {
 
   // Whether this backend can run an emulated topology (host-timed links).
   virtual bool SupportsEmulation() const = 0;
-  // Whether every device's storage is this process's memory, so reading a
-  // peer's buffer costs what reading one's own does (CPU): the pull then
-  // reads each proxy's reduced chunks in place (GatherPull, phases.h).
-  virtual bool ReadsPeersInPlace() const = 0;
+  // Where every device's storage is this process's memory, so reading a
+  // peer's buffer costs what reading one's own does (CPU): the sums that read
+  // peers' buffers in place (runtime/in_place_sums.h), and with them the
+  // in-place path through the protocol, for the whole session (GatherPull,
+  // phases.h). nullptr, the default, on a backend of separate memories: the
+  // protocol copies there, and no device has an operation it cannot run.
+  virtual InPlaceSums* in_place() { return nullptr; }
 
   // Enqueues what this device holds back to merge: a device with streams
   // merges consecutive packs, unpacks and optimizer updates into one launch

@@ -61,15 +61,6 @@ class HostProxyDevice final : public Device {
   xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) override {
     return host_->CopyFrom(own, peer, peer_device, n);
   }
-  xla::ffi::Error SumPushesInRingOrder(float* dst, int64_t lo, int64_t hi,
-                                       const std::vector<std::vector<const PushedRuns*>>& groups,
-                                       float scale) override {
-    return host_->SumPushesInRingOrder(dst, lo, hi, groups, scale);
-  }
-  xla::ffi::Error SumInRingOrder(float* dst, const float* const* srcs, int64_t num, int64_t n,
-                                 float scale) override {
-    return host_->SumInRingOrder(dst, srcs, num, n, scale);
-  }
   xla::ffi::Error Scale(float* x, int64_t n, float scale) override {
     return host_->Scale(x, n, scale);
   }
@@ -106,9 +97,9 @@ class HostProxyDevice final : public Device {
   }
   xla::ffi::Error SynchronizeHost(const char*) override { return xla::ffi::Error::Success(); }
   bool SupportsEmulation() const override { return false; }
-  // As the workers' StreamDevice: every device of a session must take the
-  // same path through the protocol (GatherPull, PushesInPlace: phases.h).
-  bool ReadsPeersInPlace() const override { return false; }
+  // No in_place() sums, as the workers' StreamDevice has none: every device
+  // of a session takes the same path through the protocol (GatherPull,
+  // PushesInPlace: phases.h).
 
  private:
   std::unique_ptr<Device> host_;

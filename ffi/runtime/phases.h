@@ -14,6 +14,7 @@
 #include "runtime/call.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "runtime/in_place_sums.h"
 #include "runtime/param_store.h"
 #include "runtime/session.h"
 #include "xla/ffi/api/ffi.h"
@@ -152,8 +153,8 @@ xla::ffi::Error WorkerRingAllReduce(
 // place from all the proxies, straight into its outputs: the all-gather's
 // copies into the proxies' storage, 2(p-1)/p of every piece per proxy, are
 // not made. DENSE pieces are read from their holder alike.
-inline bool GatherPull(const Session& session, const Device& dev) {
-  return !session.emulated() && dev.ReadsPeersInPlace();
+inline bool GatherPull(const Session& session, Device& dev) {
+  return !session.emulated() && dev.in_place() != nullptr;
 }
 
 // Whether the workers reduce their leading layers in one pass instead of
@@ -164,7 +165,7 @@ inline bool GatherPull(const Session& session, const Device& dev) {
 // chunks into its outputs. p R + p W of widening and 3(p - 1) R + 2(p - 1) W
 // of ring steps become p R + 1 W of sums (in units of the leading layers' f32
 // bytes; the pulls' p R + p W stay).
-inline bool OneShotLeading(const Session& session, const Device& dev) {
+inline bool OneShotLeading(const Session& session, Device& dev) {
   return session.plan().workers > 1 && GatherPull(session, dev);
 }
 
@@ -175,11 +176,11 @@ inline bool OneShotLeading(const Session& session, const Device& dev) {
 // stay alive (and unwritten) until the worker's pull. A push then only
 // publishes its runs (Session::pushed_runs) and never waits; each proxy sums
 // the chunks it owns straight from all the workers' buffers, in the ring's
-// order (Device::SumPushesInRingOrder); a worker's pull overwrites a piece
+// order (InPlaceSums::SumPushesInRingOrder); a worker's pull overwrites a piece
 // (its outputs may alias the pushed leaves) only once every proxy has
 // reduced it. The copy of every gradient into the proxies' storage, p·n
 // written per step, is not made.
-inline bool PushesInPlace(const Session& session, const Device& dev, bool in_place) {
+inline bool PushesInPlace(const Session& session, Device& dev, bool in_place) {
   return in_place && GatherPull(session, dev);
 }
 

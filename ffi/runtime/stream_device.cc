@@ -258,20 +258,6 @@ ffi::Error StreamDevice::CopyFrom(float* own, const float* peer, int64_t peer_de
                          "ring: peer copy");
 }
 
-ffi::Error StreamDevice::SumInRingOrder(float*, const float* const*, int64_t, int64_t, float) {
-  // The ring runs here (ReadsPeersInPlace() is false): peers' memory is not this device's.
-  return ffi::Error::Internal(
-      "coarse_jax: SumInRingOrder reads peers in place; a stream device runs the ring instead");
-}
-
-ffi::Error StreamDevice::SumPushesInRingOrder(float*, int64_t, int64_t,
-                                              const std::vector<std::vector<const PushedRuns*>>&,
-                                              float) {
-  // Pushes are copied here (ReadsPeersInPlace() is false).
-  return ffi::Error::Internal(
-      "coarse_jax: SumPushesInRingOrder reads pushes in place; a stream device copies them");
-}
-
 ffi::Error StreamDevice::Scale(float* x, int64_t n, float scale) {
   if (ffi::Error held = Flush(); held.failure()) return held;
   const float* in[1] = {x};

@@ -33,11 +33,6 @@ class StreamDevice final : public Device {
   xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
                           float scale) override;
   xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) override;
-  xla::ffi::Error SumPushesInRingOrder(float* dst, int64_t lo, int64_t hi,
-                                       const std::vector<std::vector<const PushedRuns*>>& groups,
-                                       float scale) override;
-  xla::ffi::Error SumInRingOrder(float* dst, const float* const* srcs, int64_t num, int64_t n,
-                                 float scale) override;
   xla::ffi::Error Scale(float* x, int64_t n, float scale) override;
   xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
   xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override;
@@ -61,7 +56,6 @@ class StreamDevice final : public Device {
   // Emulated links are timed on the host around operations that finish when
   // they return (CpuDevice); here they return when enqueued.
   bool SupportsEmulation() const override { return false; }
-  bool ReadsPeersInPlace() const override { return false; }
   xla::ffi::Error Flush() override;
 
   // The stream itself, for a caller's own small copies (xla/stream_host_io.h):

@@ -76,7 +76,7 @@ ffi::Error OneShotReduceLeading(Call& call, Device& dev, const std::vector<LeafR
     if (hi <= lo) continue;
     RingAddOrder(r, c, p, order.data());
     for (int64_t t = 0; t < p; ++t) groups[t] = {&session.leading_runs(order[t])};
-    err = dev.SumPushesInRingOrder(scratch + lo, lo, hi, groups, MeanScale(plan));
+    err = dev.in_place()->SumPushesInRingOrder(scratch + lo, lo, hi, groups, MeanScale(plan));
     if (err.failure()) return err;
   }
   err = dev.Publish();

@@ -136,7 +136,7 @@ class PieceReducer {
     return SumOwnedChunks(s, announce, [&](int64_t lo, int64_t hi, const int64_t* order) {
       for (int64_t t = 0; t < q_; ++t)
         srcs[t] = session_.arena(order[t]) + plan_.slot(order[t], s, 0) + lo;
-      return dev_.SumInRingOrder(own + lo, srcs.data(), q_, hi - lo, MeanScale(plan_));
+      return dev_.in_place()->SumInRingOrder(own + lo, srcs.data(), q_, hi - lo, MeanScale(plan_));
     });
   }
 
@@ -171,11 +171,12 @@ class PieceReducer {
     }
     TraceScope span(session_, w_ + k_, "reduce-scatter", s, RingBytes(s));
     float* own = Own(s);
-    if (dense) return dev_.SumPushesInRingOrder(own, 0, n, {pushes_to(k_)}, MeanScale(plan_));
+    InPlaceSums& sums = *dev_.in_place();  // fused_: GatherPull, so there are some
+    if (dense) return sums.SumPushesInRingOrder(own, 0, n, {pushes_to(k_)}, MeanScale(plan_));
     std::vector<std::vector<const PushedRuns*>> groups(q_);
     return SumOwnedChunks(s, announce, [&](int64_t lo, int64_t hi, const int64_t* order) {
       for (int64_t t = 0; t < q_; ++t) groups[t] = pushes_to(order[t]);
-      return dev_.SumPushesInRingOrder(own + lo, lo, hi, groups, MeanScale(plan_));
+      return sums.SumPushesInRingOrder(own + lo, lo, hi, groups, MeanScale(plan_));
     });
   }
 
