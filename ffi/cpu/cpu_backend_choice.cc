@@ -1,9 +1,12 @@
-// ChooseCpuBackend and the chaos seed (see cpu_backend_choice.h).
+// ChooseCpuBackend, the chaos seed and LoadCpuBackend (see cpu_backend_choice.h).
 #include "cpu/cpu_backend_choice.h"
 
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
+#include <string>
+
+#include "cpu/cpu_storage.h"
 
 namespace coarse {
 
@@ -62,5 +65,17 @@ const char* CpuBackendName(CpuBackend backend) {
 }
 
 std::optional<uint64_t> StreamChaosSeed() { return TheChoice().seed; }
+
+std::string LoadCpuBackend() {
+  CpuBackend backend = CpuBackend::kCpu;
+  std::string error;
+  try {
+    backend = ChooseCpuBackend();
+  } catch (const std::invalid_argument& e) {
+    error = e.what();
+  }
+  InstallHostStoragePool(backend == CpuBackend::kStreams);
+  return error;
+}
 
 }  // namespace coarse

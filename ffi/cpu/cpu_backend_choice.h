@@ -26,4 +26,12 @@ const char* CpuBackendName(CpuBackend backend);
 // The chaos seed, if COARSE_JAX_STREAM_CHAOS set one.
 std::optional<uint64_t> StreamChaosSeed();
 
+// What a CPU module does when it loads (module_cpu.cc, and the lab's
+// module_lab_cpu.cc): chooses the backend (ChooseCpuBackend) and installs the
+// host storage pool for it. A value not understood leaves the plain backend
+// and is returned ("" if none), for the module's backend() to raise: an
+// error raised while the module loads would reach Python as an ImportError,
+// which reads as "not built".
+std::string LoadCpuBackend();
+
 }  // namespace coarse

@@ -50,20 +50,11 @@ NB_MODULE(_coarse_cpu, m) {
   m.doc() =
       "coarse_jax CPU runtime: XLA FFI handlers for begin, push, proxy ring, worker ring, pull, "
       "probe, pack, unpack, reduce.";
-  // The device backend, chosen once from COARSE_JAX_BACKEND. A value not
-  // understood leaves the plain backend and makes backend() raise the error
-  // (the variable, the value, the choices), which coarse_jax's import calls:
-  // an error raised here would reach Python as an ImportError, which reads
-  // as "not built".
-  static std::string backend_error;
-  coarse::CpuBackend backend = coarse::CpuBackend::kCpu;
-  try {
-    backend = coarse::ChooseCpuBackend();
-  } catch (const std::invalid_argument& e) {
-    backend_error = e.what();
-  }
-  // This module's sessions keep their storage in host memory.
-  coarse::InstallHostStoragePool(backend == coarse::CpuBackend::kStreams);
+  // The device backend, chosen once from COARSE_JAX_BACKEND; this module's
+  // sessions keep their storage in host memory. A value not understood
+  // makes backend() raise the error (the variable, the value, the choices),
+  // which coarse_jax's import calls.
+  static const std::string backend_error = coarse::LoadCpuBackend();
   // Ctrl-C reaches a step waiting in the runtime (runtime/interrupt.h).
   coarse::ArmInterruptHook();
   m.def(

@@ -30,15 +30,8 @@ namespace nb = nanobind;
 NB_MODULE(_coarse_lab_cpu, m) {
   m.doc() = "coarse_jax's CPU lab: self-tests and benchmarks of the runtime, for tests only.";
   // The backend as _coarse_cpu chooses it; a value not understood makes
-  // backend() raise (an error here would read as "not built").
-  static std::string backend_error;
-  coarse::CpuBackend backend = coarse::CpuBackend::kCpu;
-  try {
-    backend = coarse::ChooseCpuBackend();
-  } catch (const std::invalid_argument& e) {
-    backend_error = e.what();
-  }
-  coarse::InstallHostStoragePool(backend == coarse::CpuBackend::kStreams);
+  // backend() raise.
+  static const std::string backend_error = coarse::LoadCpuBackend();
   m.def(
       "backend",
       []() {
