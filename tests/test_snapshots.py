@@ -19,7 +19,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from helpers import assert_tree_close, coarse_update_step, make_batch, mlp_init
+from helpers import assert_tree_close, coarse_update_step, make_batch, mlp_init, mlp_loss
 
 import coarse_jax as coarse
 
@@ -358,11 +358,31 @@ def test_snapshot_and_restore_round_trip(proxies_on, workers, proxies, tmp_path)
     assert jax.tree.structure(fresh.optimizer_state()) == jax.tree.structure(want.init(params))
 
 
-def test_a_snapshot_taken_by_a_step_in_flight_is_written_not_overwritten(tmp_path, monkeypatch):
+@pytest.mark.parametrize("first_call", ["quick", "late"])
+def test_a_snapshot_taken_by_a_step_in_flight_is_written_not_overwritten(
+    tmp_path, monkeypatch, first_call
+):
     """The loop's pacing cannot see a snapshot a step still in flight takes; with a slow
     writer and steps dispatched ahead, the runtime defers the next snapshot instead of
-    copying over one the writer has not taken: every snapshot taken reaches the disk."""
+    copying over one the writer has not taken: every snapshot taken reaches the disk.
+
+    "late": the first call's update runs only after the step has attached its writer
+    (its forward pass waits in a host callback), so the runtime's store does not exist
+    yet when the writer attaches: attaching creates it (it was a no-op, and a loaded
+    machine then lost snapshots)."""
     from coarse_jax.api import snapshots
+
+    calls = []
+
+    def late(x):
+        calls.append(None)
+        if first_call == "late" and len(calls) <= 2:  # the first call, on each worker
+            time.sleep(0.5)
+        return x
+
+    def loss_fn(params, batch):
+        x = jax.pure_callback(late, jax.ShapeDtypeStruct((), jnp.float32), jnp.float32(1))
+        return mlp_loss(params, batch) * x
 
     write = snapshots.SnapshotWriter._write
 
@@ -375,7 +395,7 @@ def test_a_snapshot_taken_by_a_step_in_flight_is_written_not_overwritten(tmp_pat
     params = mlp_init(jax.random.key(5), SIZES)
     cfg = coarse.Config(max_steps_in_flight=4)
     snaps = coarse.Snapshots(every=1, directory=tmp_path, keep=100)
-    step = _step(mesh, coarse.optim.adam(1e-2), cfg, snapshots=snaps)
+    step = _step(mesh, coarse.optim.adam(1e-2), cfg, loss_fn=loss_fn, snapshots=snaps)
     p = params
     for i in range(16):
         p, _ = step(p, make_batch(jax.random.key(300 + i), 8, 8, 4))

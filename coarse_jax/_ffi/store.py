@@ -54,10 +54,11 @@ def proxy_bytes(platform: str, store: int) -> list[int]:
     return [int(b) for b in _module(platform).store_bytes(store)]
 
 
-def attach_writer(platform: str, store: int) -> None:
+def attach_writer(platform: str, store: int, name: str) -> None:
     """A writer takes the snapshots: an update defers a due snapshot rather than copy over
-    one the writer has not taken."""
-    _module(platform).store_attach_writer(store)
+    one the writer has not taken. Creates the store (named ``name``) if no update has yet:
+    a step's first call may not have reached its update when its writer attaches."""
+    _module(platform).store_attach_writer(store, name)
 
 
 def snapshot_now(platform: str, store: int) -> int:

@@ -83,7 +83,7 @@ class ProxyStore:
 
     def attach_writer(self) -> None:
         """A snapshot writer takes this store's snapshots from now on."""
-        ffi_store.attach_writer(self.platform, self.id)
+        ffi_store.attach_writer(self.platform, self.id, self.name)
 
     def snapshot_now(self) -> int:
         """Snapshots the committed state now (between steps); returns its step count."""

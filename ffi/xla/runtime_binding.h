@@ -140,13 +140,15 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       "snapshot writer takes the snapshot (see store_attach_writer).");
   m.def(
       "store_attach_writer",
-      [](int64_t id) {
-        auto store = FindParamStore(id);
-        if (store) store->AttachWriter();
-      },
-      nb::arg("store"),
+      // Creates the store if no update has yet (the step's first call runs
+      // asynchronously, and may not have reached its update when the writer
+      // attaches): the update that creates it otherwise would find no writer,
+      // and copy over a snapshot the writer has not taken.
+      [](int64_t id, const std::string& name) { GetParamStore(id, name)->AttachWriter(); },
+      nb::arg("store"), nb::arg("name"),
       "A writer takes the store's snapshots: an update defers a due snapshot rather than copy "
-      "over one the writer has not taken (store_export(for_writer=True)).");
+      "over one the writer has not taken (store_export(for_writer=True)). Creates the store "
+      "(empty, named `name`) if no update has yet.");
   m.def(
       "store_snapshot_now",
       [](int64_t id) {
