@@ -32,6 +32,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+# Run as a script, not under pytest: the paths benchmarks/conftest.py adds,
+# for the tests' helpers and the examples' clock (test_step_gpu imports both).
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+)
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 )
