@@ -73,10 +73,6 @@ class ProxyStore:
         """The next update seeds the store from the params it gets."""
         ffi_store.reset(self.platform, self.id)
 
-    def drop(self) -> None:
-        """Frees the runtime's store (master, state, snapshots)."""
-        ffi_store.drop(self.platform, self.id)
-
     def proxy_bytes(self) -> list[int]:
         """The store's bytes on each proxy (both buffers); empty before its first update."""
         return ffi_store.proxy_bytes(self.platform, self.id)

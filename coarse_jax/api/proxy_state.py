@@ -41,9 +41,13 @@ class ProxyState:
     def _wait_all(self) -> None:
         raise NotImplementedError  # the step's: blocks until its calls in flight finish
 
+    def _who(self, what: str) -> str:
+        """How an error names method ``what`` of this step."""
+        return f"coarse.sync({self._name}).{what}"
+
     def _store(self, index: int | None, what: str) -> ProxyStore:
         """The store of the step's value_and_update call ``index`` (the only one if None)."""
-        who = f"coarse.sync({self._name}).{what}"
+        who = self._who(what)
         if not self._stores:
             raise RuntimeError(
                 f"{who}: the step has no coarse.value_and_update (or has not run yet): call it "
@@ -66,7 +70,7 @@ class ProxyState:
         """(store, count, [slot][params leaf] f32 arrays) once the calls in flight are done."""
         store = self._store(index, what)
         self._wait_all()
-        count, slots = store.read(f"coarse.sync({self._name}).{what}")
+        count, slots = store.read(self._who(what))
         return store, count, slots
 
     def optimizer_state(self, index: int | None = None) -> Any:
@@ -173,7 +177,7 @@ class ProxyState:
             store = self._store(index, "load_optimizer_state")
             count, slots = store.optimizer.from_optax_state(opt_state)
             self._wait_all()
-            store.write(params, count, slots, f"coarse.sync({self._name}).load_optimizer_state")
+            store.write(params, count, slots, self._who("load_optimizer_state"))
             self._params_check.seeds_next()  # from the loaded state: nothing to check
 
         self._load_when_traced(load)
@@ -302,7 +306,7 @@ class ProxyState:
             got = store.export(snapshot=True)
             if got is None:
                 raise RuntimeError(
-                    f"coarse.sync({self._name}).restore: the proxies hold no complete snapshot. "
+                    f"{self._who('restore')}: the proxies hold no complete snapshot. "
                     "Fix: coarse.sync(..., snapshots=coarse.Snapshots(every=K)), or call "
                     "step.snapshot() first."
                 )
@@ -323,7 +327,7 @@ class ProxyState:
             store = self._store(index, "restore")
             moments = [tree["opt_state"][name] for name in slot_names(store)]
             self._wait_all()
-            store.write(params, int(tree["step"]), moments, f"coarse.sync({self._name}).restore")
+            store.write(params, int(tree["step"]), moments, self._who("restore"))
             self._params_check.seeds_next()
 
         self._load_when_traced(load)
@@ -368,13 +372,13 @@ class ProxyState:
     def _refuse_reference(self, what: str) -> None:
         if self._config.mode == "reference":
             raise NotImplementedError(
-                f"coarse.sync({self._name}).{what}: snapshots are taken by the runtime on the "
+                f"{self._who(what)}: snapshots are taken by the runtime on the "
                 "proxies, which Config(mode='reference') does not use. Fix: mode='ffi', or "
                 "save step.optimizer_state() and step.master_params() yourself."
             )
         if any(store.delayed for store in self._stores.values()):
             raise NotImplementedError(
-                f"coarse.sync({self._name}).{what}: a value_and_update(delayed=True) holds a "
+                f"{self._who(what)}: a value_and_update(delayed=True) holds a "
                 "pending gradient a snapshot would not keep. Fix: drop delayed=True to take "
                 "snapshots."
             )
@@ -384,7 +388,7 @@ class ProxyState:
         i = index or 0
         if i not in self._ref_state:
             raise RuntimeError(
-                f"coarse.sync({self._name}).{what}: no state for value_and_update call {i} "
+                f"{self._who(what)}: no state for value_and_update call {i} "
                 "(the step has none, or has not run yet): call it once first."
             )
         return self._ref_state[i]

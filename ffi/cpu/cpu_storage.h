@@ -5,7 +5,7 @@
 namespace coarse {
 
 // Installs the host pool as this module's storage pool (the CPU module's
-// initializer calls it once). `streams`: the sets also hold what a
+// initializer calls it once, through LoadCpuBackend). `streams`: the sets also hold what a
 // StreamDevice needs (runtime/stream.h: per device staging, a span table,
 // scalars, an event), and freeing a set or a state buffer first waits for
 // every host stream (as cudaFree waits for the GPU).

@@ -16,7 +16,6 @@
 #include <string>
 
 #include "cpu/cpu_backend_choice.h"
-#include "cpu/cpu_storage.h"
 #include "cpu/cpu_traffic.h"
 #include "cpu/host_pool.h"
 #include "cpu/host_stream_check.h"

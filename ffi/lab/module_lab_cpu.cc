@@ -18,7 +18,6 @@
 #include <string>
 
 #include "cpu/cpu_backend_choice.h"
-#include "cpu/cpu_storage.h"
 #include "lab/cpu_selftest.h"
 #include "lab/host_bench.h"
 #include "lab/selftest_binding.h"
