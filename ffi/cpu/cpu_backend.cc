@@ -2,6 +2,7 @@
 // conversion and the f32 sums, vectorized where the compiler can.
 #include "cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -125,6 +126,20 @@ void AddScaleF32(float* __restrict acc, const float* __restrict x, float scale, 
 COARSE_VECTOR_CLONES
 void ScaleF32(float* x, float scale, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= scale;
+}
+
+void SumInOrderF32(float* dst, const float* const* srcs, int64_t num, int64_t n, float scale) {
+  // Block by block through a stack buffer: every source's block is read
+  // before `dst`'s (possibly one of them) is written.
+  constexpr int64_t kBlock = 2048;
+  float acc[kBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t m = std::min(kBlock, n - i0);
+    std::memcpy(acc, srcs[0] + i0, m * sizeof(float));
+    for (int64_t t = 1; t < num; ++t) AddF32(acc, srcs[t] + i0, m);  // a + b == b + a
+    if (scale != 1.0f) ScaleF32(acc, scale, m);
+    std::memcpy(dst + i0, acc, m * sizeof(float));
+  }
 }
 
 namespace {

@@ -28,6 +28,9 @@ void AddF32(float* __restrict acc, const float* __restrict x, int64_t n);
 void AddScaleF32(float* __restrict acc, const float* __restrict x, float scale, int64_t n);
 // x[i] *= scale
 void ScaleF32(float* x, float scale, int64_t n);
+// dst[i] = (srcs[0][i] + srcs[1][i] + ... + srcs[num-1][i]) * scale, added in
+// that order, in one pass; `dst` may be one of the sources.
+void SumInOrderF32(float* dst, const float* const* srcs, int64_t num, int64_t n, float scale);
 // The proxy optimizer over n elements (Device::ApplyOptimizer). Adam and
 // AdamW run 8 elements at a time with AVX2 where the CPU has it, the same
 // bits as the scalar loop (`vectorized` false: the scalar loop alone).

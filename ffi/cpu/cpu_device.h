@@ -1,15 +1,14 @@
 // The CPU device backend: every operation is a loop (or memcpy) over one
 // address space, finished when it returns, so Publish/Acquire do nothing.
-// Every device's storage is this process's memory, so it also sums peers'
-// buffers in place (InPlaceSums).
+// (Sums that read peers' buffers in place are the session's shared-memory
+// strategy, cpu/shared_memory_sums.h, not this device's.)
 #pragma once
 
 #include "runtime/device.h"
-#include "runtime/in_place_sums.h"
 
 namespace coarse {
 
-class CpuDevice final : public Device, public InPlaceSums {
+class CpuDevice final : public Device {
  public:
   xla::ffi::Error Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
                          int64_t dst_len) override;
@@ -19,11 +18,6 @@ class CpuDevice final : public Device, public InPlaceSums {
   xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
                           float scale) override;
   xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) override;
-  xla::ffi::Error SumPushesInRingOrder(float* dst, int64_t lo, int64_t hi,
-                                       const std::vector<std::vector<const PushedRuns*>>& groups,
-                                       float scale) override;
-  xla::ffi::Error SumInRingOrder(float* dst, const float* const* srcs, int64_t num, int64_t n,
-                                 float scale) override;
   xla::ffi::Error Scale(float* x, int64_t n, float scale) override;
   xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
   xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override;
@@ -40,7 +34,6 @@ class CpuDevice final : public Device, public InPlaceSums {
                            const std::string& what) override;
   xla::ffi::Error SynchronizeHost(const char*) override { return xla::ffi::Error::Success(); }
   bool SupportsEmulation() const override { return true; }
-  InPlaceSums* in_place() override { return this; }
 };
 
 }  // namespace coarse

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cpu/host_stream.h"
+#include "cpu/shared_memory_sums.h"
 #include "runtime/host_memory.h"
 #include "runtime/numa.h"
 #include "runtime/storage.h"
@@ -68,6 +69,10 @@ class HostStorage : public Storage {
   float* arena(int64_t proxy) override { return arenas_[proxy]; }
   float* scratch(int64_t worker) override { return scratch_[worker]; }
   int64_t bytes() const override { return bytes_; }
+  // The plain CPU backend's sets: one address space, host loops
+  // (cpu/shared_memory_sums.h). The streams backend's sets wrap one of
+  // these without offering it: its devices reach a peer only by copies.
+  SharedMemory* shared_memory() const override { return &TheHostSharedMemory(); }
 
  private:
   numa::HostPages pages_;  // unmapped when the set is freed

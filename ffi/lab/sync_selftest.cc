@@ -137,7 +137,7 @@ ffi::Error WorkerStep(const Run& run, int64_t w, const float* grad, const float*
     e = begin();
     if (e.success())
       e = PullPieces(call, dev, leaves_at(res),
-                     PushesInPlace(*call.session, dev, spec.in_place) ? &pushed : nullptr);
+                     PushesInPlace(*call.session, spec.in_place) ? &pushed : nullptr);
   }
   e = FinishCall(call, dev, std::move(e), /*last=*/true);
   member->CallReturns();

@@ -26,8 +26,6 @@
 
 namespace coarse {
 
-class InPlaceSums;  // runtime/in_place_sums.h
-
 // One optimizer update of n elements on a proxy's own storage (see
 // ApplyOptimizer): the mean gradient in, the new parameters out in the same
 // place (the ring's all-gather then circulates them), the master weights and
@@ -50,8 +48,8 @@ struct LeafRun {
 };
 
 // What a worker pushed of one piece when the proxies read it in place
-// (PushesInPlace, phases.h): its runs, sorted by buf_off (the offset in the
-// piece), pointing into the worker's gradient buffers.
+// (PushesInPlace, phases.h; runtime/shared_memory.h): its runs, sorted by buf_off (the offset in
+// the piece), pointing into the worker's gradient buffers.
 using PushedRuns = std::vector<LeafRun>;
 
 struct Mismatch {
@@ -98,7 +96,7 @@ class Device {
   // `master` and `scratch` are storage of mesh device `scratch_device` (this
   // one or a peer, as Gather's `dst`); `scratch` (`scratch_len` floats,
   // written at each buf_off) may receive the runs widened first; a backend
-  // with in_place() sums compares in place and writes nothing. Blocks the
+  // whose host loops read the params where they are (CPU) writes nothing. Blocks the
   // host like SumSquares, once for all the runs (on a GPU, one small read per
   // step: one per run cost an H200 step 8-11% of its time, benchmarks/RESULTS.md).
   virtual xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun* runs,
@@ -134,13 +132,6 @@ class Device {
 
   // Whether this backend can run an emulated topology (host-timed links).
   virtual bool SupportsEmulation() const = 0;
-  // Where every device's storage is this process's memory, so reading a
-  // peer's buffer costs what reading one's own does (CPU): the sums that read
-  // peers' buffers in place (runtime/in_place_sums.h), and with them the
-  // in-place path through the protocol, for the whole session (GatherPull,
-  // phases.h). nullptr, the default, on a backend of separate memories: the
-  // protocol copies there, and no device has an operation it cannot run.
-  virtual InPlaceSums* in_place() { return nullptr; }
 
   // Enqueues what this device holds back to merge: a device with streams
   // merges consecutive packs, unpacks and optimizer updates into one launch

@@ -97,9 +97,9 @@ class HostProxyDevice final : public Device {
   }
   xla::ffi::Error SynchronizeHost(const char*) override { return xla::ffi::Error::Success(); }
   bool SupportsEmulation() const override { return false; }
-  // No in_place() sums, as the workers' StreamDevice has none: every device
-  // of a session takes the same path through the protocol (GatherPull,
-  // PushesInPlace: phases.h).
+  // Its session has no shared-memory strategy (the streams' storage offers
+  // none): every device of a session takes the same path through the
+  // protocol (GatherPull, PushesInPlace: phases.h).
 
  private:
   std::unique_ptr<Device> host_;

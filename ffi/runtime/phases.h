@@ -14,9 +14,9 @@
 #include "runtime/call.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
-#include "runtime/in_place_sums.h"
 #include "runtime/param_store.h"
 #include "runtime/session.h"
+#include "runtime/shared_memory.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse {
@@ -145,43 +145,45 @@ xla::ffi::Error WorkerRingAllReduce(
     Session& session, Device& dev, const Who& who, std::optional<Clock::time_point> values_ready,
     const std::function<xla::ffi::Error(int64_t, int64_t)>& on_final);
 
-// Whether this session skips the proxies' all-gather: on a backend whose
-// devices share the process's memory (CPU), unless links are emulated (the
-// emulated schedule is the paper's: all-gather on the proxy links, then each
-// worker pulls from its proxy). After the reduce-scatter every proxy owns
-// its chunks of each piece (ring.h), and every device's pull reads them in
-// place from all the proxies, straight into its outputs: the all-gather's
-// copies into the proxies' storage, 2(p-1)/p of every piece per proxy, are
-// not made. DENSE pieces are read from their holder alike.
-inline bool GatherPull(const Session& session, Device& dev) {
-  return !session.emulated() && dev.in_place() != nullptr;
+// The shared-memory strategy's shortcuts (runtime/shared_memory.h), each
+// taken for a whole session or not at all, as Session::shared_memory was
+// chosen when the session was created.
+//
+// GatherPull: the session skips the proxies' all-gather. After the
+// reduce-scatter every proxy owns its chunks of each piece (ring.h), and
+// every device's pull reads them in place from all the proxies, straight
+// into its outputs: the all-gather's copies into the proxies' storage,
+// 2(p-1)/p of every piece per proxy, are not made. DENSE pieces are read
+// from their holder alike. (Not with emulated links, whose schedule is the
+// paper's: all-gather on the proxy links, then each worker pulls from its
+// proxy; the session then has no strategy.)
+inline bool GatherPull(const Session& session) { return session.shared_memory() != nullptr; }
+
+// OneShotLeading: the workers reduce their leading layers in one pass
+// instead of the ring (phases/reduce_leading.cc). Each worker publishes
+// where its leading leaves lie, sums the ring's chunks it would own straight
+// from every worker's leaves, in the ring's order (the ring's bits), and
+// once all have, narrows every owner's chunks into its outputs. p R + p W of
+// widening and 3(p - 1) R + 2(p - 1) W of ring steps become p R + 1 W of
+// sums (in units of the leading layers' f32 bytes; the pulls' p R + p W
+// stay).
+inline bool OneShotLeading(const Session& session) {
+  return session.plan().workers > 1 && GatherPull(session);
 }
 
-// Whether the workers reduce their leading layers in one pass instead of
-// the ring (phases/reduce_leading.cc), where devices share memory
-// (GatherPull): each worker publishes where its leading leaves lie, sums the
-// ring's chunks it would own straight from every worker's leaves, in the
-// ring's order (the ring's bits), and once all have, narrows every owner's
-// chunks into its outputs. p R + p W of widening and 3(p - 1) R + 2(p - 1) W
-// of ring steps become p R + 1 W of sums (in units of the leading layers' f32
-// bytes; the pulls' p R + p W stay).
-inline bool OneShotLeading(const Session& session, Device& dev) {
-  return session.plan().workers > 1 && GatherPull(session, dev);
-}
-
-// Whether the proxies read the workers' pushes in place instead of a copy
-// (the fused push): with GatherPull, when the three calls of the sync say
-// `in_place` (attribute push_in_place), which the Python side sets only when
-// the pull takes every pushed leaf as an operand, so each push's buffers
-// stay alive (and unwritten) until the worker's pull. A push then only
-// publishes its runs (Session::pushed_runs) and never waits; each proxy sums
-// the chunks it owns straight from all the workers' buffers, in the ring's
-// order (InPlaceSums::SumPushesInRingOrder); a worker's pull overwrites a piece
+// PushesInPlace: the proxies read the workers' pushes in place instead of a
+// copy (the fused push), when the three calls of the sync say `in_place`
+// (attribute push_in_place), which the Python side sets only when the pull
+// takes every pushed leaf as an operand, so each push's buffers stay alive
+// (and unwritten) until the worker's pull. A push then only publishes its
+// runs (Session::pushed_runs) and never waits; each proxy sums the chunks it
+// owns straight from all the workers' buffers, in the ring's order
+// (SharedMemory::SumPushesInRingOrder); a worker's pull overwrites a piece
 // (its outputs may alias the pushed leaves) only once every proxy has
 // reduced it. The copy of every gradient into the proxies' storage, p·n
 // written per step, is not made.
-inline bool PushesInPlace(const Session& session, Device& dev, bool in_place) {
-  return in_place && GatherPull(session, dev);
+inline bool PushesInPlace(const Session& session, bool in_place) {
+  return in_place && GatherPull(session);
 }
 
 // coarse_pull: a worker writes the reduced proxy pieces into its leaves

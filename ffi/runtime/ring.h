@@ -83,7 +83,7 @@ inline int64_t OwnedChunk(int ring, int64_t index, int64_t p, int64_t n, int64_t
 // The members in the order ring r adds chunk c of its half: the member at
 // position c first, then c + 1, ..., the chunk's owner (position c - 1)
 // last; order[0..p). A one-pass reduce-scatter that adds in this order
-// (InPlaceSums::SumInRingOrder) gives the ring's bits.
+// (SharedMemory::SumInRingOrder) gives the ring's bits.
 inline void RingAddOrder(int ring, int64_t c, int64_t p, int64_t* order) {
   for (int64_t t = 0; t < p; ++t) {
     const int64_t pos = (c + t) % p;

@@ -208,6 +208,7 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
     proxy_steps_ = Counters<int64_t>(q * S * 2 * (RingSteps(q) + 1), kNever);
     worker_steps_ = Counters<int64_t>(p * 2 * (RingSteps(p) + 1), kNever);
   }
+  if (storage_ && !emulator_) shared_memory_ = storage_->shared_memory();
 }
 
 Clock::time_point Session::Now(int64_t device) const {

@@ -144,6 +144,11 @@ class Session {
   // host's steady clock, or with a virtual clock simulated time since the
   // session opened. Without a topology nothing is booked and nothing waits.
   bool emulated() const { return emulator_ != nullptr; }
+  // The shared-memory strategy (runtime/shared_memory.h), chosen once when
+  // the session is created: its storage's, unless links are emulated (the
+  // emulated schedule is the paper's, with every copy timed); null where
+  // the protocol copies (phases.h: GatherPull).
+  SharedMemory* shared_memory() const { return shared_memory_; }
   // Device `device`'s current time.
   Clock::time_point Now(int64_t device) const;
   // Device `device` waits until `t`: sleeps (real clock) or moves its
@@ -287,6 +292,7 @@ class Session {
   std::unique_ptr<std::atomic<int32_t>[]> pushes_of_;  // [piece]
   std::unique_ptr<Mailbox[]> mailboxes_;
   std::unique_ptr<Emulator> emulator_;  // null without a topology
+  SharedMemory* shared_memory_ = nullptr;
   // Emulated sessions only; Clock::duration counts (see the accessors above).
   std::unique_ptr<std::atomic<int64_t>[]> clock_;       // [device], virtual clock only
   std::unique_ptr<std::atomic<int64_t>[]> push_ready_;  // [worker * S + piece]

@@ -21,6 +21,8 @@
 
 namespace coarse {
 
+class SharedMemory;  // runtime/shared_memory.h
+
 // A mesh device's ordinal (the "ordinals" attribute) is the platform's
 // device number, except for a proxy in host memory
 // (make_mesh(..., proxies_on="host")): it is no device, and proxy k's
@@ -40,6 +42,11 @@ class Storage {
   // for it before they pull (Stream::WaitValue). Null where the pull waits
   // on the host instead (CPU, device proxies).
   virtual uint32_t* ready_flags(int64_t /*proxy*/) { return nullptr; }
+  // The shared-memory strategy (runtime/shared_memory.h) where every
+  // device's buffers of this set are this process's memory and host loops
+  // may read them in place (the CPU platform's host storage); null, the
+  // default, where the protocol must copy (device streams, GPUs).
+  virtual SharedMemory* shared_memory() const { return nullptr; }
   // A new value for the flags, one per session that takes the set (from 1,
   // growing): the last session's value never satisfies the next one's wait.
   uint32_t NextUse() { return ++uses_; }

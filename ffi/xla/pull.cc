@@ -25,8 +25,7 @@ ffi::Error PullBody(Call& call, Device& dev, ffi::RemainingArgs leaves, ffi::Rem
     ffi::Result<ffi::AnyBuffer> out = outs.get<ffi::AnyBuffer>(leaf).value();
     return LeafRef{out->untyped_data(), out->element_type()};
   };
-  if (!PushesInPlace(*call.session, dev, PushInPlaceAttr(attrs)))
-    return PullPieces(call, dev, out_of);
+  if (!PushesInPlace(*call.session, PushInPlaceAttr(attrs))) return PullPieces(call, dev, out_of);
   if (leaves.size() != outs.size())
     return ffi::Error::InvalidArgument(
         "coarse_pull: push_in_place=1 needs the pushed leaves as operands, one per result");

@@ -114,7 +114,7 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
   const Plan& plan = call.plan();
   Session& session = *call.session;
   const int64_t p = plan.workers, me = call.who.index;
-  const bool gather = GatherPull(session, dev);
+  const bool gather = GatherPull(session);
   if (pushed) {
     ffi::Error err = CheckPushedInPlace(call, *pushed);
     if (err.failure()) return err;

@@ -33,7 +33,7 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
   Session& session = *call.session;
   if (session.TakeDroppedPush(i)) return ffi::Error::Success();  // testing: a lost push
   TraceScope all(session, call.device(), "push");
-  const bool fused = PushesInPlace(session, dev, in_place);
+  const bool fused = PushesInPlace(session, in_place);
   std::vector<LeafRun> runs;
   for (int64_t s = first_piece; s < first_piece + num_pieces; ++s) {
     TraceScope piece(session, call.device(), "push piece", s, plan.piece_nbytes[s]);

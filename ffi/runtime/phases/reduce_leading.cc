@@ -76,7 +76,8 @@ ffi::Error OneShotReduceLeading(Call& call, Device& dev, const std::vector<LeafR
     if (hi <= lo) continue;
     RingAddOrder(r, c, p, order.data());
     for (int64_t t = 0; t < p; ++t) groups[t] = {&session.leading_runs(order[t])};
-    err = dev.in_place()->SumPushesInRingOrder(scratch + lo, lo, hi, groups, MeanScale(plan));
+    err = session.shared_memory()->SumPushesInRingOrder(scratch + lo, lo, hi, groups,
+                                                        MeanScale(plan));
     if (err.failure()) return err;
   }
   err = dev.Publish();
@@ -135,7 +136,7 @@ ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who,
 ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
                          const std::vector<LeafRun>& out_runs) {
   TraceScope all(*call.session, call.device(), "worker ring", -1, call.plan().leading_nbytes);
-  if (OneShotLeading(*call.session, dev)) return OneShotReduceLeading(call, dev, in_runs, out_runs);
+  if (OneShotLeading(*call.session)) return OneShotReduceLeading(call, dev, in_runs, out_runs);
   const Plan& plan = call.plan();
   Session& session = *call.session;
   const int64_t me = call.who.index;

@@ -50,8 +50,8 @@ class PieceReducer {
         w_(plan_.workers),
         q_(plan_.proxies),
         k_(call.who.index),
-        gather_pull_(GatherPull(session_, dev)),
-        fused_(PushesInPlace(session_, dev, in_place)) {}
+        gather_pull_(GatherPull(session_)),
+        fused_(PushesInPlace(session_, in_place)) {}
 
   bool updates(int64_t s) const { return update_ && update_->spec->updates_piece(plan_, s); }
   bool copies_from_holder(int64_t s) const {
@@ -136,7 +136,8 @@ class PieceReducer {
     return SumOwnedChunks(s, announce, [&](int64_t lo, int64_t hi, const int64_t* order) {
       for (int64_t t = 0; t < q_; ++t)
         srcs[t] = session_.arena(order[t]) + plan_.slot(order[t], s, 0) + lo;
-      return dev_.in_place()->SumInRingOrder(own + lo, srcs.data(), q_, hi - lo, MeanScale(plan_));
+      return session_.shared_memory()->SumInRingOrder(own + lo, srcs.data(), q_, hi - lo,
+                                                      MeanScale(plan_));
     });
   }
 
@@ -171,7 +172,7 @@ class PieceReducer {
     }
     TraceScope span(session_, w_ + k_, "reduce-scatter", s, RingBytes(s));
     float* own = Own(s);
-    InPlaceSums& sums = *dev_.in_place();  // fused_: GatherPull, so there are some
+    SharedMemory& sums = *session_.shared_memory();  // fused_: GatherPull, so there is one
     if (dense) return sums.SumPushesInRingOrder(own, 0, n, {pushes_to(k_)}, MeanScale(plan_));
     std::vector<std::vector<const PushedRuns*>> groups(q_);
     return SumOwnedChunks(s, announce, [&](int64_t lo, int64_t hi, const int64_t* order) {

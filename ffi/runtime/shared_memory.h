@@ -1,10 +1,14 @@
-// Sums that read peers' buffers in place: what a backend whose devices all
-// share this process's memory (the CPU backend) can do and a backend of
-// separate memories (streams, CUDA, a proxy in host memory beside stream
-// workers) cannot. A Device offers them through Device::in_place(), nullptr
-// where it has none; the phases take the in-place path for the whole session
-// or for none of it (GatherPull, phases.h), so no device answers an
-// operation it cannot run with an error.
+// The shared-memory strategy: how a session runs where every mesh device's
+// buffers are this process's memory (the CPU platform's host storage), so a
+// host loop reads a peer's buffer as cheaply as its own. The strategy is
+// chosen once, when a session is created (Session::shared_memory): its
+// storage offers it (Storage::shared_memory) unless links are emulated; the
+// streams backend, CUDA, and proxies in host memory beside stream workers
+// have none. With it the phases take three shortcuts for the whole session
+// (phases.h: GatherPull, OneShotLeading, PushesInPlace) and run the sums
+// below in place of copies; without it they run the GPU's paths. No Device
+// method exists for one platform only: the sums are the strategy's, not a
+// device's.
 #pragma once
 
 #include <cstdint>
@@ -15,9 +19,9 @@
 
 namespace coarse {
 
-class InPlaceSums {
+class SharedMemory {
  public:
-  virtual ~InPlaceSums() = default;
+  virtual ~SharedMemory() = default;
 
   // dst[i] = (src[num-1][i] + (... + (src[1][i] + src[0][i]))) * scale: the sum a
   // ring's reduce-scatter makes of one chunk, in the same order (so the same
