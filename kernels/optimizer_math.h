@@ -71,32 +71,47 @@ COARSE_HD int32_t OptSlots(OptKind kind, float momentum) {
   return kind == OptKind::kSgd ? (momentum != 0.0f ? 1 : 0) : 2;
 }
 
+// The scalar lane: one float, the square root of the platform. A vector
+// lane (cpu/adam_avx2.cc: eight floats) supplies its own Sqrt.
+struct ScalarLane {
+  static COARSE_HD float Sqrt(float x) {
+#if defined(__CUDACC__)
+    return sqrtf(x);
+#else
+    return std::sqrt(x);
+#endif
+  }
+};
+
+// Adam / AdamW on one lane of elements (a float, or a vector of them: the
+// host's AVX2 loop runs this very function eight elements at a time, so the
+// formulas exist once for every platform). Returns the new weight; the
+// moments are written through s0, s1. The flags are the caller's, one per
+// call, so a branch on them costs no lane anything.
+template <typename T, typename Lane = ScalarLane>
+COARSE_HD T AdamStep(const OptScalars& o, T g, T w, T* s0, T* s1) {
+  if (o.clip) g = (g / o.norm) * o.clip_norm;
+  const T m = o.one_minus_b1 * g + o.b1 * *s0;
+  const T v = o.one_minus_b2 * (g * g) + o.b2 * *s1;
+  *s0 = m;
+  *s1 = v;
+  T u = (m / o.bc1) / (Lane::Sqrt(v / o.bc2) + o.eps);
+  if (o.kind == OptKind::kAdamW && o.decay) u = u + o.weight_decay * w;
+  return w + (-o.lr) * u;
+}
+
 // One element: `g` the mean gradient, `w` the f32 master weight, `s0`, `s1`
 // the state slots (read, then overwritten). Returns the new weight; the new
 // state is written through s0/s1.
 COARSE_HD float OptStep(const OptScalars& o, float g, float w, float* s0, float* s1) {
+  if (o.kind != OptKind::kSgd) return AdamStep(o, g, w, s0, s1);
   if (o.clip) g = (g / o.norm) * o.clip_norm;
-  float u;
-  if (o.kind == OptKind::kSgd) {
-    if (o.decay) g = g + o.weight_decay * w;
-    if (o.momentum != 0.0f) {
-      const float t = g + o.momentum * *s0;
-      *s0 = t;
-      u = o.nesterov ? g + o.momentum * t : t;
-    } else {
-      u = g;
-    }
-  } else {
-    const float m = o.one_minus_b1 * g + o.b1 * *s0;
-    const float v = o.one_minus_b2 * (g * g) + o.b2 * *s1;
-    *s0 = m;
-    *s1 = v;
-#if defined(__CUDACC__)
-    u = (m / o.bc1) / (sqrtf(v / o.bc2) + o.eps);
-#else
-    u = (m / o.bc1) / (std::sqrt(v / o.bc2) + o.eps);
-#endif
-    if (o.kind == OptKind::kAdamW && o.decay) u = u + o.weight_decay * w;
+  if (o.decay) g = g + o.weight_decay * w;
+  float u = g;
+  if (o.momentum != 0.0f) {
+    const float t = g + o.momentum * *s0;
+    *s0 = t;
+    u = o.nesterov ? g + o.momentum * t : t;
   }
   return w + (-o.lr) * u;
 }

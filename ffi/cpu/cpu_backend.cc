@@ -14,6 +14,7 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define COARSE_ADAM_AVX2 1
+#include "cpu/adam_avx2.h"
 #endif
 
 // The loops are memory-bound but a wide vector unit still helps; GCC builds
@@ -145,61 +146,6 @@ void SumInOrderF32(float* dst, const float* const* srcs, int64_t num, int64_t n,
 namespace {
 
 #if defined(COARSE_ADAM_AVX2)
-// From this many elements in one call the new weight and moments go out with
-// streaming stores: they are read again a step later, long evicted by then,
-// and a plain store first reads each line it writes (12 more bytes per
-// element on top of the 32 the pass must move). One pass over 2^22 elements
-// on this project's 2-core EPYC took 5.5 ms instead of 10.0 (0.95-0.99 of
-// one thread's STREAM triad, was 0.56). Below it the arrays may still be in
-// the caches, which streaming stores would bypass. The weight written into
-// the gradient's place is stored plainly: the pulls read it next.
-constexpr int64_t kStreamStoresFrom = 1 << 18;
-inline bool Aligned32(const float* p) { return (reinterpret_cast<uintptr_t>(p) & 31) == 0; }
-
-// Adam/AdamW on 8 elements at a time, the first n / 8 * 8; returns how many
-// it did. OptStep's operations in its order, each rounded as the scalar
-// code rounds it (AVX2 without FMA: no multiply-add is fused), so the same
-// bits. The loop the compiler would not vectorize: std::sqrt may set errno,
-// which the build does not turn off.
-__attribute__((target("avx2"))) int64_t AdamAvx2(const OptScalars& o, const OptBuffers& b,
-                                                 int64_t n) {
-  const __m256 omb1 = _mm256_set1_ps(o.one_minus_b1), b1 = _mm256_set1_ps(o.b1);
-  const __m256 omb2 = _mm256_set1_ps(o.one_minus_b2), b2 = _mm256_set1_ps(o.b2);
-  const __m256 bc1 = _mm256_set1_ps(o.bc1), bc2 = _mm256_set1_ps(o.bc2);
-  const __m256 eps = _mm256_set1_ps(o.eps), wd = _mm256_set1_ps(o.weight_decay);
-  const __m256 neg_lr = _mm256_set1_ps(-o.lr);
-  const __m256 norm = _mm256_set1_ps(o.norm), clip_norm = _mm256_set1_ps(o.clip_norm);
-  const bool clip = o.clip != 0, decay = o.kind == OptKind::kAdamW && o.decay;
-  const int64_t vec = n / 8 * 8;
-  const bool stream = n >= kStreamStoresFrom && Aligned32(b.w_out) && Aligned32(b.s_out[0]) &&
-                      Aligned32(b.s_out[1]);
-  for (int64_t i = 0; i < vec; i += 8) {
-    __m256 g = _mm256_loadu_ps(b.grad_io + i);
-    if (clip) g = _mm256_mul_ps(_mm256_div_ps(g, norm), clip_norm);
-    const __m256 w = _mm256_loadu_ps(b.w_in + i);
-    const __m256 m =
-        _mm256_add_ps(_mm256_mul_ps(omb1, g), _mm256_mul_ps(b1, _mm256_loadu_ps(b.s_in[0] + i)));
-    const __m256 v = _mm256_add_ps(_mm256_mul_ps(omb2, _mm256_mul_ps(g, g)),
-                                   _mm256_mul_ps(b2, _mm256_loadu_ps(b.s_in[1] + i)));
-    __m256 u = _mm256_div_ps(_mm256_div_ps(m, bc1),
-                             _mm256_add_ps(_mm256_sqrt_ps(_mm256_div_ps(v, bc2)), eps));
-    if (decay) u = _mm256_add_ps(u, _mm256_mul_ps(wd, w));
-    const __m256 out = _mm256_add_ps(w, _mm256_mul_ps(neg_lr, u));
-    _mm256_storeu_ps(b.grad_io + i, out);
-    if (stream) {
-      _mm256_stream_ps(b.w_out + i, out);
-      _mm256_stream_ps(b.s_out[0] + i, m);
-      _mm256_stream_ps(b.s_out[1] + i, v);
-    } else {
-      _mm256_storeu_ps(b.w_out + i, out);
-      _mm256_storeu_ps(b.s_out[0] + i, m);
-      _mm256_storeu_ps(b.s_out[1] + i, v);
-    }
-  }
-  if (stream) _mm_sfence();
-  return vec;
-}
-
 bool HasAvx2() {
   static const bool has = __builtin_cpu_supports("avx2");
   return has;
@@ -266,7 +212,8 @@ void OptimizerF32(const OptScalars& with_step, const OptBuffers& given, int64_t 
     ScalarSteps(o, b, pre);
     b = AdvanceBuffers(b, pre);
     n -= pre;
-    const int64_t done = AdamAvx2(o, b, n);
+    const int64_t done =
+        AdamAvx2(o, b.grad_io, b.w_in, b.w_out, b.s_in[0], b.s_in[1], b.s_out[0], b.s_out[1], n);
     b = AdvanceBuffers(b, done);
     n -= done;
   }
