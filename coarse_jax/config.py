@@ -51,6 +51,19 @@ def _default_mode() -> str:
     return os.environ.get("COARSE_JAX_MODE", "ffi")
 
 
+def check_bytes(where: str, value: object, auto: bool, fix: str = "") -> None:
+    """Raises ValueError unless ``value`` is a non-negative int (or "auto", if allowed).
+
+    The one check of a size in bytes, for Config's fields and the test hook
+    that sets ``xla_below_bytes``'s default (`coarse_jax.testing`).
+    """
+    if auto and value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        also = ' or "auto"' if auto else ""
+        raise ValueError(f"{where}: expected a non-negative int{also}, got {value!r}.{fix}")
+
+
 def _default_xla_below_bytes() -> int | str:
     """The default of ``Config.xla_below_bytes``: "auto", unless a test set another.
 
@@ -179,14 +192,8 @@ class Config:
             "leading_bytes",
             "reprofile_every",
         ):
-            value = getattr(self, name)
-            if name in ("leading_bytes", "xla_below_bytes") and value == "auto":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                also = ' or "auto"' if name in ("leading_bytes", "xla_below_bytes") else ""
-                raise ValueError(
-                    f"Config.{name}: expected a non-negative int{also}, got {value!r}."
-                )
+            auto = name in ("leading_bytes", "xla_below_bytes")
+            check_bytes(f"Config.{name}", getattr(self, name), auto)
         if self.leading_bytes == "auto" and (self.profile is None or self.step_times_s is None):
             raise ValueError(
                 'Config.leading_bytes="auto" needs profile= (a coarse.diagnostics.Profile) and '

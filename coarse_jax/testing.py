@@ -40,6 +40,7 @@ from jax.sharding import Mesh
 from coarse_jax import _ffi
 from coarse_jax._ffi.stream_ops import StreamOps, reset_stream_ops, stream_ops
 from coarse_jax._hooks import HOOKS
+from coarse_jax.config import check_bytes
 from coarse_jax.mesh import AXES
 
 __all__ = [
@@ -134,11 +135,12 @@ def set_default_xla_below_bytes(value: int | str) -> int | str:
       (0, 64)
       >>> _ = set_default_xla_below_bytes(before)
     """
-    if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(
-            "set_default_xla_below_bytes: expected 'auto' or a non-negative int of bytes, got "
-            f"{value!r}. Fix: pass 0 (every tree through the proxies) or 'auto'."
-        )
+    check_bytes(
+        "set_default_xla_below_bytes",
+        value,
+        auto=True,
+        fix=" Fix: pass 0 (every tree through the proxies) or 'auto'.",
+    )
     before, HOOKS.xla_below_bytes = HOOKS.xla_below_bytes, value
     return before
 
