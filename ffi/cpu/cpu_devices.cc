@@ -30,8 +30,13 @@ ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue*
         std::make_unique<CpuDevice>(), std::make_unique<HostStream>(q), *res, s.p(),
         call.who.Describe() + s.DescribeStep(), s.PeerWaitLimit(), StreamChaosSeed()));
   }
+  // A worker of a session with a proxy in host memory copies down to it on
+  // a copy stream of its own.
+  std::unique_ptr<Stream> copies;
+  if (call.who.tier == kWorker && HasHostProxy(call.plan(), *res))
+    copies = std::make_unique<HostStream>(CopyQueue(ordinal));
   return std::unique_ptr<Device>(
-      new StreamDevice(std::make_unique<HostStream>(q), call.device(), *res));
+      new StreamDevice(std::make_unique<HostStream>(q), call.device(), *res, std::move(copies)));
 }
 
 const MakeProxyDevice& CpuProxies() {

@@ -131,11 +131,15 @@ class HostStreamStorage final : public Storage, public StreamResources {
       spans_.emplace_back(new kernels::Span[max_runs_]());
       scalars_.emplace_back(new double[kScalarSlots]());
       events_.emplace_back(new HostEvent);
+      copy_events_.emplace_back(new HostEvent[2]);
       on_host_.push_back(d < static_cast<int64_t>(ordinals.size()) && d >= plan.workers &&
                          IsHostOrdinal(ordinals[d]));
       ordinals_.push_back(d < static_cast<int64_t>(ordinals.size()) ? ordinals[d] : d);
     }
     published_ = std::make_unique<std::atomic<uint64_t>[]>(plan.devices());
+    marks_.resize(plan.workers);
+    for (int64_t w = 0; w < plan.workers; ++w)
+      marks_[w] = CopyMarks{&copy_events_[w][0], &copy_events_[w][1]};
     const int64_t S = std::max<int64_t>(1, plan.num_pieces());
     for (int64_t k = 0; k < plan.proxies; ++k) {
       flags_.push_back(nullptr);
@@ -170,6 +174,9 @@ class HostStreamStorage final : public Storage, public StreamResources {
     return a == b || (!on_host_[a] && !on_host_[b] && ordinals_[a] == ordinals_[b]);
   }
   std::atomic<uint64_t>& published(int64_t device) override { return published_[device]; }
+  CopyMarks* copy_marks(int64_t device) override {
+    return device < static_cast<int64_t>(marks_.size()) ? &marks_[device] : nullptr;
+  }
 
  private:
   HostStorage base_;
@@ -180,6 +187,8 @@ class HostStreamStorage final : public Storage, public StreamResources {
   std::vector<std::unique_ptr<kernels::Span[]>> spans_;
   std::vector<std::unique_ptr<double[]>> scalars_;
   std::vector<std::unique_ptr<HostEvent>> events_;
+  std::vector<std::unique_ptr<HostEvent[]>> copy_events_;  // per device: CopyMarks' two
+  std::vector<CopyMarks> marks_;                           // per worker
   std::vector<bool> on_host_;
   std::vector<const void*> noted_;  // the host proxies' arenas, registered
   // The flags: registered host memory too (a list: its elements never move).

@@ -83,6 +83,9 @@ struct HostEvent {
 // both are keyed by the platform's device number and live for the process.
 HostQueue& WorkerQueue(int64_t ordinal);
 HostQueue& ProxyQueue(int64_t ordinal);
+// A worker's copy stream (StreamDevice's `copies`: its copies down to a proxy
+// in host memory), as a GPU's copy engine runs beside its compute.
+HostQueue& CopyQueue(int64_t ordinal);
 // Waits until every stream has run what was enqueued on it so far (before
 // memory a stream may still touch is freed, as cudaFree waits for the GPU).
 void DrainAllHostQueues();

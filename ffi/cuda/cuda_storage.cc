@@ -202,14 +202,25 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
         static_cast<kernels::Span*>(Alloc(d, max_runs_ * sizeof(kernels::Span), "span table")));
     scalars_.push_back(
         static_cast<double*>(Alloc(d, StreamResources::kScalarSlots * sizeof(double), "scalars")));
-    cudaEvent_t ev = nullptr;
-    DeviceScope scope(ordinal(d));
-    if (error_.empty() && cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
-      cudaGetLastError();
-      error_ = "coarse_jax: cudaEventCreate failed on GPU " + std::to_string(ordinal(d));
-    }
-    events_.push_back(ev);
+    events_.push_back(NewEvent(d));
   }
+  // A worker's copy stream's marks (StreamDevice: copies down to a proxy in
+  // host memory), after the devices' events so events_[d] stays device d's.
+  for (int64_t w = 0; w < p; ++w) {
+    events_.push_back(NewEvent(w));
+    events_.push_back(NewEvent(w));
+    marks_.push_back(CopyMarks{events_[events_.size() - 2], events_.back()});
+  }
+}
+
+cudaEvent_t CudaStorage::NewEvent(int64_t device) {
+  cudaEvent_t ev = nullptr;
+  DeviceScope scope(ordinal(device));
+  if (error_.empty() && cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
+    cudaGetLastError();
+    error_ = "coarse_jax: cudaEventCreate failed on GPU " + std::to_string(ordinal(device));
+  }
+  return ev;
 }
 
 void* CudaStorage::HostAlloc(size_t bytes, const char* what) {

@@ -55,9 +55,14 @@ class CudaStorage final : public Storage, public StreamResources {
     return a == b || (!in_host_memory(a) && !in_host_memory(b) && ordinals_[a] == ordinals_[b]);
   }
   std::atomic<uint64_t>& published(int64_t device) override { return published_[device]; }
+  CopyMarks* copy_marks(int64_t device) override {
+    return device < static_cast<int64_t>(marks_.size()) ? &marks_[device] : nullptr;
+  }
 
  private:
   void* Alloc(int64_t device, size_t bytes, const char* what);
+  // An event on mesh device `device`'s GPU (null, and error_ set, on failure).
+  cudaEvent_t NewEvent(int64_t device);
   void* HostAlloc(size_t bytes, const char* what);
   // Pinned pages on the NUMA node of the GPU with `ordinal` (a proxy's arena).
   void* PinnedAlloc(size_t bytes, int64_t ordinal, const char* what);
@@ -67,7 +72,8 @@ class CudaStorage final : public Storage, public StreamResources {
   std::vector<float*> arenas_, scratch_, staging_;
   std::vector<kernels::Span*> spans_;
   std::vector<double*> scalars_;
-  std::vector<cudaEvent_t> events_;
+  std::vector<cudaEvent_t> events_;  // per device; then per worker its CopyMarks' two
+  std::vector<CopyMarks> marks_;     // per worker
   std::vector<std::pair<int, void*>> allocations_;      // (ordinal, pointer)
   std::vector<void*> host_allocations_;                 // cudaHostAlloc'd, registered
   std::vector<std::unique_ptr<PinnedPages>> pinned_;    // PinnedAlloc'd, registered

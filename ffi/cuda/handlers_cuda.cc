@@ -27,36 +27,49 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+// The runtime's own streams, one of each kind per GPU: created on first use
+// and never destroyed (a job may still hold one while the process exits).
+// kProxy: a proxy's. Jobs of several sessions may share it; their work is
+// ordered after the workers' pushes by the session's events
+// (StreamDevice::Acquire), and the workers' pulls after theirs the same
+// way, so no job blocks a stream on the host. With a proxy sharing a
+// worker's GPU (coarse_jax.testing shared_device_mesh) it is a stream of
+// its own beside XLA's. kCopies: a worker's copies down to a proxy in host
+// memory (StreamDevice's `copies`), beside XLA's stream, so the backward
+// pass goes on while they run.
+enum class RuntimeStreamKind { kProxy, kCopies };
+ffi::ErrorOr<cudaStream_t> RuntimeStream(RuntimeStreamKind kind, int ordinal) {
+  static std::mutex mu;
+  static auto* streams = new std::map<std::pair<RuntimeStreamKind, int>, cudaStream_t>;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = streams->find({kind, ordinal});
+  if (it != streams->end()) return it->second;
+  cudaStream_t stream = nullptr;
+  ffi::Error e =
+      Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+            std::string("creating the ") + (kind == RuntimeStreamKind::kProxy ? "proxy" : "copy") +
+                " stream of GPU " + std::to_string(ordinal));
+  if (e.failure()) return ffi::Unexpected(e);
+  (*streams)[{kind, ordinal}] = stream;
+  return stream;
+}
+
 auto DeviceMaker(cudaStream_t stream, int32_t ordinal) {
   return [stream, ordinal](const Call& call) -> ffi::ErrorOr<std::unique_ptr<Device>> {
     auto& storage = static_cast<CudaStorage&>(call.session->storage());
     if (!storage.error().empty()) return ffi::Unexpected(ffi::Error::Internal(storage.error()));
     ffi::Error e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
     if (e.failure()) return ffi::Unexpected(e);
-    return std::unique_ptr<Device>(new StreamDevice(
-        std::make_unique<CudaStream>(stream, ordinal, storage.ordinals()), call.device(), storage));
+    std::unique_ptr<Stream> copies;
+    if (HasHostProxy(call.plan(), storage)) {
+      auto copy_stream = RuntimeStream(RuntimeStreamKind::kCopies, ordinal);
+      if (copy_stream.has_error()) return ffi::Unexpected(copy_stream.error());
+      copies = std::make_unique<CudaStream>(copy_stream.value(), ordinal, storage.ordinals());
+    }
+    return std::unique_ptr<Device>(
+        new StreamDevice(std::make_unique<CudaStream>(stream, ordinal, storage.ordinals()),
+                         call.device(), storage, std::move(copies)));
   };
-}
-
-// One stream per proxy GPU, owned by the runtime: created on first use and
-// never destroyed (a job may still hold it while the process exits). Jobs
-// of several sessions may share it; their work is ordered after the
-// workers' pushes by the session's events (StreamDevice::Acquire), and the
-// workers' pulls after theirs the same way, so no job blocks a stream on
-// the host. With a proxy sharing a worker's GPU (coarse_jax.testing
-// shared_device_mesh) it is a stream of its own beside XLA's.
-ffi::ErrorOr<cudaStream_t> ProxyStream(int ordinal) {
-  static std::mutex mu;
-  static auto* streams = new std::map<int, cudaStream_t>;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = streams->find(ordinal);
-  if (it != streams->end()) return it->second;
-  cudaStream_t stream = nullptr;
-  ffi::Error e = Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                       "creating the proxy stream of GPU " + std::to_string(ordinal));
-  if (e.failure()) return ffi::Unexpected(e);
-  (*streams)[ordinal] = stream;
-  return stream;
 }
 
 // The device a proxy's job runs on: its GPU (the session's ordinals), on
@@ -79,7 +92,7 @@ const MakeProxyDevice& CudaProxies() {
     const int ordinal = static_cast<int>(storage.ordinal(call.device()));
     ffi::Error e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
     if (e.failure()) return ffi::Unexpected(e);
-    auto stream = ProxyStream(ordinal);
+    auto stream = RuntimeStream(RuntimeStreamKind::kProxy, ordinal);
     if (stream.has_error()) return ffi::Unexpected(stream.error());
     return std::unique_ptr<Device>(
         new StreamDevice(std::make_unique<CudaStream>(stream.value(), ordinal, storage.ordinals()),

@@ -110,6 +110,21 @@ inline void WriteFlag(uint32_t* flag, uint32_t value) {
 }
 inline uint32_t ReadFlag(const uint32_t* flag) { return __atomic_load_n(flag, __ATOMIC_ACQUIRE); }
 
+// A worker's copy stream's bookkeeping in a storage set (StreamDevice: its
+// copies down to a proxy in host memory run on a stream of their own, so
+// the worker's stream, XLA's, goes on with the backward pass while they
+// run). Touched only by the worker's own calls, one after another.
+struct CopyMarks {
+  StreamEvent main = nullptr;    // a point of the worker's stream the copy stream waits for
+  StreamEvent copied = nullptr;  // a point of the copy stream after its copies
+  bool unjoined = false;         // the copy stream has work the worker's stream has not waited for
+  // Staging is handed out from here on, across calls (StreamDevice::Stage):
+  // what the copy stream may still read lies below it, so the worker's
+  // stream waits for the copy stream only when staging runs out and the
+  // cursor starts again at 0, not before every push.
+  int64_t cursor = 0;
+};
+
 // What a StreamDevice needs of the session's storage besides the arenas and
 // scratch: per mesh device, a staging buffer for peer copies, a span table,
 // a few scalars of scratch and its event.
@@ -139,7 +154,18 @@ class StreamResources {
   // after recording its event): a stream that waited for the event at
   // generation g need not wait again while it is still g.
   virtual std::atomic<uint64_t>& published(int64_t device) = 0;
+  // Worker `device`'s copy stream's marks (CopyMarks); null on a device
+  // without one (a proxy), whose copies all run on its one stream.
+  virtual CopyMarks* copy_marks(int64_t device) = 0;
 };
+
+// Whether a proxy of `plan` is in host memory: then the workers copy down
+// to it on copy streams of their own (StreamDevice's `copies`).
+inline bool HasHostProxy(const Plan& plan, const StreamResources& res) {
+  for (int64_t k = 0; k < plan.proxies; ++k)
+    if (res.in_host_memory(plan.workers + k)) return true;
+  return false;
+}
 
 // Which publication of each mesh device (StreamResources::published) a waiter
 // last waited for: one that has not published since need not be waited for

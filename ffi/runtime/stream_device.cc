@@ -45,12 +45,39 @@ bool ToKernelDType(ffi::DataType t, kernels::DType* out) {
   }
 }
 
-StreamDevice::StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources)
-    : stream_(Counted(std::move(stream), resources)), self_(self), res_(resources) {}
+StreamDevice::StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources,
+                           std::unique_ptr<Stream> copies)
+    : stream_(Counted(std::move(stream), resources)), self_(self), res_(resources) {
+  if (copies != nullptr) marks_ = resources.copy_marks(self);
+  if (marks_ != nullptr) copies_ = Counted(std::move(copies), resources);
+}
 
 Stream* StreamDevice::Enqueue() {
   dirty_ = true;
+  marked_ = false;
   return stream_.get();
+}
+
+ffi::Error StreamDevice::CopyDown(const Outbound& o) {
+  ffi::Error e;
+  if (!marked_) {
+    // Not Enqueue: a record is no work of its own.
+    e = stream_->Record(marks_->main);
+    if (e.success()) e = copies_->Wait(marks_->main, self_);
+    if (e.failure()) return e;
+    marked_ = true;
+  }
+  marks_->unjoined = true;
+  return copies_->Download(o.dst, o.src, static_cast<size_t>(o.n) * sizeof(float),
+                           "push: copy down to the proxy in host memory");
+}
+
+ffi::Error StreamDevice::JoinCopies() {
+  if (marks_ == nullptr || !marks_->unjoined) return ffi::Error::Success();
+  ffi::Error e = copies_->Record(marks_->copied);
+  if (e.success()) e = Enqueue()->Wait(marks_->copied, self_);
+  if (e.success()) marks_->unjoined = false;
+  return e;
 }
 
 ffi::Error StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64_t num_runs,
@@ -116,7 +143,9 @@ ffi::Error StreamDevice::Flush() {
     while (i < out.size() && out[i].dst_device == o.dst_device && out[i].dst == o.dst + o.n &&
            out[i].src == o.src + o.n)
       o.n += out[i++].n;
-    e = Transfer(o.dst, o.dst_device, o.src, self_, o.n, "push: peer copy to the proxy");
+    e = copies_ != nullptr && res_.in_host_memory(o.dst_device)
+            ? CopyDown(o)
+            : Transfer(o.dst, o.dst_device, o.src, self_, o.n, "push: peer copy to the proxy");
   }
   return e;
 }
@@ -126,15 +155,24 @@ ffi::ErrorOr<float*> StreamDevice::Stage(Queued::Kind kind, int64_t n, int64_t n
     return ffi::Unexpected(ffi::Error::Internal("coarse_jax: a transfer of " + std::to_string(n) +
                                                 " elements exceeds the staging buffer (" +
                                                 std::to_string(res_.staging_len()) + ")"));
-  const bool room = staged_ + n <= res_.staging_len() &&
+  // Without a copy stream staging is free again once nothing held claims
+  // it (stream order); with one, it is handed out from the storage's
+  // cursor on, and taken back only once the copy stream is joined.
+  int64_t& next = marks_ != nullptr ? marks_->cursor : staged_;
+  const bool room = next + n <= res_.staging_len() &&
                     static_cast<int64_t>(queued_.spans.size()) + num_runs <= res_.max_runs();
   if (queued_.kind != kind || !room) {
     ffi::Error e = Flush();
     if (e.failure()) return ffi::Unexpected(e);
   }
-  if (queued_.kind == Queued::Kind::kNone) staged_ = 0;  // nothing held claims staging
-  float* at = res_.staging(self_) + staged_;
-  staged_ += n;
+  if (marks_ == nullptr && queued_.kind == Queued::Kind::kNone) staged_ = 0;
+  if (marks_ != nullptr && next + n > res_.staging_len()) {
+    // The copy stream may still read any of it (a push's copies down).
+    if (ffi::Error e = JoinCopies(); e.failure()) return ffi::Unexpected(e);
+    next = 0;
+  }
+  float* at = res_.staging(self_) + next;
+  next += n;
   return at;
 }
 
@@ -239,7 +277,8 @@ ffi::Error StreamDevice::AddFrom(float* own, const float* peer, int64_t peer_dev
     if (n + shift > res_.staging_len() + 4)
       return ffi::Error::Internal("coarse_jax: a ring chunk exceeds the staging buffer");
     float* recv = res_.staging(self_) + shift;
-    ffi::Error e = PeerCopy(recv, self_, peer, peer_device, n, "ring: peer copy");
+    ffi::Error e = JoinCopies();  // staging is written next
+    if (e.success()) e = PeerCopy(recv, self_, peer, peer_device, n, "ring: peer copy");
     if (e.failure()) return e;
     x = recv;
   }
@@ -290,6 +329,21 @@ ffi::Error StreamDevice::CopyFromHost(void* own, const void* host, size_t bytes)
 
 ffi::Error StreamDevice::Publish() {
   ffi::Error e = Flush();
+  if (e.success() && marks_ != nullptr && marks_->unjoined) {
+    // The copy stream has work this stream has not waited for: the event
+    // is recorded there, after it waits for everything enqueued here.
+    if (!marked_) {
+      e = stream_->Record(marks_->main);
+      if (e.success()) e = copies_->Wait(marks_->main, self_);
+      if (e.success()) marked_ = true;
+    }
+    if (e.success()) e = copies_->Record(res_.event(self_));
+    if (e.success()) {
+      res_.published(self_).fetch_add(1, std::memory_order_acq_rel);
+      dirty_ = false;
+    }
+    return e;
+  }
   // Nothing enqueued since this device's last record (a wait counts): that
   // record still marks everything, and its count stays.
   if (e.failure() || !dirty_) return e;

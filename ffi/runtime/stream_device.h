@@ -9,7 +9,10 @@
 // host). No other call blocks the host. A proxy in host memory
 // (StreamResources::in_host_memory) is reached by device-to-host and
 // host-to-device copies instead of peer copies (PeerCopy decides); it runs
-// on a HostProxyDevice (runtime/host_proxy_device.h), not on this.
+// on a HostProxyDevice (runtime/host_proxy_device.h), not on this. A
+// worker's copies down to it run on a copy stream of their own where the
+// platform gives one (see StreamDevice's constructor), so the worker's
+// stream goes on with the backward pass while they run.
 #pragma once
 
 #include <memory>
@@ -23,7 +26,17 @@ namespace coarse {
 class StreamDevice final : public Device {
  public:
   // `self`: the caller's mesh device index (worker i -> i, proxy k -> p + k).
-  StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources);
+  // `copies` (a worker's, where a proxy is in host memory; else null): the
+  // stream its copies down to host memory run on. Ordering: the copy stream
+  // waits for a mark of this stream after the pack that filled staging; this
+  // stream waits for the copy stream (JoinCopies) before it writes staging
+  // again or the host synchronizes; while the copy stream has work this
+  // stream has not waited for, Publish records this device's event on the
+  // copy stream, after it waits for everything enqueued here, so whoever
+  // waits for the event (the host proxy's HostWait, the next session's
+  // first call) waits for both (StreamResources::copy_marks).
+  StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources,
+               std::unique_ptr<Stream> copies = nullptr);
 
   xla::ffi::Error Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
                          int64_t dst_len) override;
@@ -51,6 +64,7 @@ class StreamDevice final : public Device {
   }
   xla::ffi::Error SynchronizeHost(const char* what) override {
     xla::ffi::Error e = Flush();
+    if (e.success()) e = JoinCopies();
     return e.failure() ? e : Enqueue()->Synchronize(what);
   }
   // Emulated links are timed on the host around operations that finish when
@@ -113,7 +127,18 @@ class StreamDevice final : public Device {
   xla::ffi::Error Transfer(float* dst, int64_t dst_device, const float* src, int64_t src_device,
                            int64_t n, const char* what);
 
+  // Copies down to a proxy in host memory on the copy stream: this stream
+  // marks where the pack that filled staging ends, the copy stream waits for
+  // it and copies (Flush).
+  xla::ffi::Error CopyDown(const Outbound& o);
+  // This stream waits for everything the copy stream was asked so far (before
+  // staging is written again, and before the host synchronizes).
+  xla::ffi::Error JoinCopies();
+
   std::unique_ptr<Stream> stream_;
+  std::unique_ptr<Stream> copies_;  // null: every copy on stream_
+  CopyMarks* marks_ = nullptr;      // with copies_: its bookkeeping in this storage set
+  bool marked_ = false;             // copies_ waited for stream_'s last enqueued work
   int64_t self_;
   StreamResources& res_;
   Queued queued_;
