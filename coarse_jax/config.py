@@ -60,8 +60,8 @@ def check_bytes(where: str, value: object, auto: bool, fix: str = "") -> None:
     if auto and value == "auto":
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        also = ' or "auto"' if auto else ""
-        raise ValueError(f"{where}: expected a non-negative int{also}, got {value!r}.{fix}")
+        either = '"auto" or ' if auto else ""
+        raise ValueError(f"{where}: expected {either}a non-negative int, got {value!r}.{fix}")
 
 
 def _default_xla_below_bytes() -> int | str:

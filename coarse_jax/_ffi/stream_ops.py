@@ -33,6 +33,9 @@ class StreamOps:
       host_waits: the host waiting for device work (a proxy in host memory
         waiting for a worker's copy).
       host_syncs: the host waiting for a whole stream (a blocking read).
+      table_uploads: of ``copies_h2d``, the span tables uploaded (a merged
+        pack or unpack whose table none of the device's resident tables
+        held; a step's tables repeat where its leaves' buffers stay put).
       hand_offs: runtime threads woken by another thread's progress (the
         wake-ups of ``coarse_jax._ffi.wakeups``: ``notify_sleeper``).
     """
@@ -50,6 +53,7 @@ class StreamOps:
     stream_waits: int = 0
     host_waits: int = 0
     host_syncs: int = 0
+    table_uploads: int = 0
     hand_offs: int = 0
 
     @property

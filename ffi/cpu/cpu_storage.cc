@@ -128,7 +128,7 @@ class HostStreamStorage final : public Storage, public StreamResources {
     max_runs_ = sizes.max_runs;
     for (int64_t d = 0; d < plan.devices(); ++d) {
       staging_.emplace_back(new float[staging_len_ + 4]());
-      spans_.emplace_back(new kernels::Span[max_runs_]());
+      spans_.emplace_back(new kernels::Span[kSpanTables * max_runs_]());
       scalars_.emplace_back(new double[kScalarSlots]());
       events_.emplace_back(new HostEvent);
       copy_events_.emplace_back(new HostEvent[2]);
@@ -137,6 +137,7 @@ class HostStreamStorage final : public Storage, public StreamResources {
       ordinals_.push_back(d < static_cast<int64_t>(ordinals.size()) ? ordinals[d] : d);
     }
     published_ = std::make_unique<std::atomic<uint64_t>[]>(plan.devices());
+    tables_ = std::make_unique<SpanTables[]>(plan.devices());
     marks_.resize(plan.workers);
     for (int64_t w = 0; w < plan.workers; ++w)
       marks_[w] = CopyMarks{&copy_events_[w][0], &copy_events_[w][1]};
@@ -164,6 +165,7 @@ class HostStreamStorage final : public Storage, public StreamResources {
   float* staging(int64_t device) override { return staging_[device].get(); }
   int64_t staging_len() const override { return staging_len_; }
   kernels::Span* spans(int64_t device) override { return spans_[device].get(); }
+  SpanTables& span_tables(int64_t device) override { return tables_[device]; }
   int64_t max_runs() const override { return max_runs_; }
   double* scalars(int64_t device) override { return scalars_[device].get(); }
   StreamEvent event(int64_t device) override { return events_[device].get(); }
@@ -185,6 +187,7 @@ class HostStreamStorage final : public Storage, public StreamResources {
   int64_t staging_len_ = 1, max_runs_ = 1;
   std::vector<std::unique_ptr<float[]>> staging_;
   std::vector<std::unique_ptr<kernels::Span[]>> spans_;
+  std::unique_ptr<SpanTables[]> tables_;  // per device
   std::vector<std::unique_ptr<double[]>> scalars_;
   std::vector<std::unique_ptr<HostEvent>> events_;
   std::vector<std::unique_ptr<HostEvent[]>> copy_events_;  // per device: CopyMarks' two

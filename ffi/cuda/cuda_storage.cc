@@ -164,6 +164,7 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
   }
   EnablePeerAccess();
   published_ = std::make_unique<std::atomic<uint64_t>[]>(devices);
+  tables_ = std::make_unique<SpanTables[]>(devices);
   const StagingSizes sizes = StagingSizesOf(plan);
   staging_len_ = sizes.staging_len;
   max_runs_ = sizes.max_runs;
@@ -198,8 +199,8 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
     }
     staging_.push_back(
         static_cast<float*>(Alloc(d, (staging_len_ + 4) * sizeof(float), "staging")));
-    spans_.push_back(
-        static_cast<kernels::Span*>(Alloc(d, max_runs_ * sizeof(kernels::Span), "span table")));
+    spans_.push_back(static_cast<kernels::Span*>(
+        Alloc(d, kSpanTables * max_runs_ * sizeof(kernels::Span), "span tables")));
     scalars_.push_back(
         static_cast<double*>(Alloc(d, StreamResources::kScalarSlots * sizeof(double), "scalars")));
     events_.push_back(NewEvent(d));

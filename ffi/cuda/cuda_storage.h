@@ -55,6 +55,7 @@ class CudaStorage final : public Storage, public StreamResources {
     return a == b || (!in_host_memory(a) && !in_host_memory(b) && ordinals_[a] == ordinals_[b]);
   }
   std::atomic<uint64_t>& published(int64_t device) override { return published_[device]; }
+  SpanTables& span_tables(int64_t device) override { return tables_[device]; }
   CopyMarks* copy_marks(int64_t device) override {
     return device < static_cast<int64_t>(marks_.size()) ? &marks_[device] : nullptr;
   }
@@ -79,6 +80,7 @@ class CudaStorage final : public Storage, public StreamResources {
   std::vector<std::unique_ptr<PinnedPages>> pinned_;    // PinnedAlloc'd, registered
   std::vector<uint32_t*> flags_;                        // per proxy; null on a GPU
   std::unique_ptr<std::atomic<uint64_t>[]> published_;  // per mesh device
+  std::unique_ptr<SpanTables[]> tables_;                // per mesh device
   int64_t staging_len_ = 0, max_runs_ = 0;
   int64_t bytes_ = 0;  // allocated, on all GPUs together
   std::string error_;

@@ -132,11 +132,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Unpack, UnpackImpl,
                                   .RemainingRets()                           // leaves, any shapes
                                   .Attr<float>("scale"));  // multiplies every element
 
+// Pure stream work (its launches take every pointer by value, and it has no
+// host side effect), so XLA may capture it into a command buffer (a CUDA
+// graph) and replay it. Pack and unpack are not: each uploads a span table
+// from host memory that a replay would not refresh.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Reduce, ReduceImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
-                                  .RemainingArgs()         // 1..8 arrays, one shape and dtype
-                                  .Ret<ffi::AnyBuffer>()   // scale * their sum
-                                  .Attr<float>("scale"));  // applied once, after the sum
+                                  .RemainingArgs()        // 1..8 arrays, one shape and dtype
+                                  .Ret<ffi::AnyBuffer>()  // scale * their sum
+                                  .Attr<float>("scale"),  // applied once, after the sum
+                              {ffi::Traits::kCmdBufferCompatible});
 
 }  // namespace coarse::cuda

@@ -4,6 +4,7 @@
 #include "runtime/stream_device.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,28 @@
 
 namespace coarse {
 namespace ffi = xla::ffi;
+
+int SpanTables::Find(const kernels::Span* table, int64_t n) {
+  for (int i = 0; i < kSpanTables; ++i) {
+    const std::vector<kernels::Span>& h = held_[i];
+    if (used_[i] == 0 || static_cast<int64_t>(h.size()) != n) continue;
+    // Span has no implicit padding (kernels/span.h): bytes compare as fields.
+    if (n == 0 || std::memcmp(h.data(), table, n * sizeof(kernels::Span)) == 0) {
+      used_[i] = ++clock_;
+      return i;
+    }
+  }
+  return -1;
+}
+
+int SpanTables::Claim(const kernels::Span* table, int64_t n) {
+  int victim = 0;
+  for (int i = 1; i < kSpanTables; ++i)
+    if (used_[i] < used_[victim]) victim = i;
+  held_[victim].assign(table, table + n);
+  used_[victim] = ++clock_;
+  return victim;
+}
 
 StagingSizes StagingSizesOf(const Plan& plan) {
   int64_t max_piece = 0, max_segs = 0;
@@ -125,13 +148,23 @@ ffi::Error StreamDevice::Flush() {
   for (size_t r = 0; r < spans.size(); ++r) spans[r].buf_off = queued_.at[r] - base;
   const int64_t num = static_cast<int64_t>(spans.size());
   const int64_t total = kernels::SetBegins(spans.data(), num);
-  // The span table is reused by this device's next launch: stream order
-  // keeps this upload behind the kernel that read the previous table.
-  ffi::Error e = Enqueue()->Upload(res_.spans(self_), spans.data(), num * sizeof(kernels::Span),
-                                   "uploading a span table");
+  // A table a slot already holds is launched on as it is (SpanTables);
+  // another is uploaded into the least recently used slot, behind every
+  // launch that read it in stream order.
+  SpanTables& tables = res_.span_tables(self_);
+  int slot = tables.Find(spans.data(), num);
+  ffi::Error e;
+  if (slot < 0) {
+    slot = tables.Claim(spans.data(), num);
+    e = Enqueue()->Upload(res_.spans(self_) + slot * res_.max_runs(), spans.data(),
+                          num * sizeof(kernels::Span), "uploading a span table");
+    if (e.failure()) tables.Forget(slot);
+    CountStreamOp(StreamOp::kTableUploads);
+  }
+  const kernels::Span* table = res_.spans(self_) + slot * res_.max_runs();
   if (e.success())
-    e = kind == Queued::Kind::kPack ? Enqueue()->Pack(res_.spans(self_), num, total, base)
-                                    : Enqueue()->Unpack(base, res_.spans(self_), num, total);
+    e = kind == Queued::Kind::kPack ? Enqueue()->Pack(table, num, total, base)
+                                    : Enqueue()->Unpack(base, table, num, total);
   spans.clear();
   queued_.at.clear();
   // The pack's copies out of staging, one per range contiguous at both ends

@@ -10,9 +10,9 @@ namespace {
 constexpr int kKinds = static_cast<int>(StreamOp::kCount);
 std::array<std::atomic<int64_t>, kKinds> g_counts{};
 constexpr std::array<const char*, kKinds> kNames = {
-    "launches",     "copies_d2d", "copies_peer", "copies_d2h", "copies_h2d",
-    "bytes_d2d",    "bytes_peer", "bytes_d2h",   "bytes_h2d",  "records",
-    "stream_waits", "host_waits", "host_syncs"};
+    "launches",     "copies_d2d", "copies_peer", "copies_d2h",   "copies_h2d",
+    "bytes_d2d",    "bytes_peer", "bytes_d2h",   "bytes_h2d",    "records",
+    "stream_waits", "host_waits", "host_syncs",  "table_uploads"};
 
 void Add(StreamOp op, int64_t n = 1) {
   g_counts[static_cast<int>(op)].fetch_add(n, std::memory_order_relaxed);
@@ -125,6 +125,8 @@ std::vector<std::pair<std::string, int64_t>> StreamOpCounts() {
     out.emplace_back(kNames[i], g_counts[i].load(std::memory_order_relaxed));
   return out;
 }
+
+void CountStreamOp(StreamOp op) { Add(op); }
 
 void ResetStreamOps() {
   for (auto& c : g_counts) c.store(0, std::memory_order_relaxed);

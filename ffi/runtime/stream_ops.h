@@ -12,6 +12,8 @@
 //   stream_waits  a stream made to wait (for an event, or for a host flag)
 //   host_waits    the host waiting for device work (HostWait)
 //   host_syncs    the host waiting for a whole stream (Synchronize)
+//   table_uploads of copies_h2d, the span tables a StreamDevice uploaded (a
+//                 merged pack or unpack whose table no slot held: SpanTables)
 #pragma once
 
 #include <atomic>
@@ -39,12 +41,15 @@ enum class StreamOp : int {
   kStreamWaits,
   kHostWaits,
   kHostSyncs,
+  kTableUploads,
   kCount,
 };
 
 // (name, count) of every kind, in StreamOp order.
 std::vector<std::pair<std::string, int64_t>> StreamOpCounts();
 void ResetStreamOps();
+// Counts one of `op` that no Stream call stands for (kTableUploads).
+void CountStreamOp(StreamOp op);
 
 // `stream`, its every call counted; `resources` tells which mesh devices are
 // host memory (a copy to or from one crosses PCIe).
