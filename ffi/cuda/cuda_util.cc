@@ -1,5 +1,5 @@
-// CUDA errors as FFI errors and the pinned,
-// never-waiting host->device upload (see cuda_util.h).
+// CUDA errors as FFI errors, the pinned, never-waiting host->device upload
+// and the runtime's own streams (see cuda_util.h).
 #include "cuda/cuda_util.h"
 
 #include <algorithm>
@@ -73,6 +73,20 @@ cudaError_t UploadAsync(int device, void* dst, const void* src, size_t bytes, cu
   if (bytes == 0) return cudaSuccess;
   static PinnedBlocks* blocks = new PinnedBlocks;  // lives for the process
   return blocks->Upload(device, dst, src, bytes, stream);
+}
+
+ffi::ErrorOr<cudaStream_t> OwnedStream(const std::string& key, const std::string& what) {
+  static std::mutex mu;
+  static auto* streams = new std::map<std::string, cudaStream_t>;  // never destroyed
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = streams->find(key);
+  if (it != streams->end()) return it->second;
+  cudaStream_t stream = nullptr;
+  ffi::Error e =
+      Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating " + what);
+  if (e.failure()) return ffi::Unexpected(e);
+  (*streams)[key] = stream;
+  return stream;
 }
 
 }  // namespace coarse::cuda

@@ -27,4 +27,9 @@ using ::coarse::ToKernelDType;
 // `device` is the ordinal `stream` belongs to.
 cudaError_t UploadAsync(int device, void* dst, const void* src, size_t bytes, cudaStream_t stream);
 
+// A non-blocking stream the runtime owns, one per `key`, on the current GPU:
+// created on first use and never destroyed (a job may still hold it while
+// the process exits). `what` names it in the error if creating it fails.
+xla::ffi::ErrorOr<cudaStream_t> OwnedStream(const std::string& key, const std::string& what);
+
 }  // namespace coarse::cuda

@@ -8,9 +8,7 @@
 // runtime owns on the proxy GPUs (CudaProxies below).
 #include <cuda_runtime.h>
 
-#include <map>
 #include <memory>
-#include <mutex>
 
 #include "cpu/cpu_device.h"
 #include "cuda/cuda_storage.h"
@@ -39,19 +37,9 @@ namespace {
 // pass goes on while they run.
 enum class RuntimeStreamKind { kProxy, kCopies };
 ffi::ErrorOr<cudaStream_t> RuntimeStream(RuntimeStreamKind kind, int ordinal) {
-  static std::mutex mu;
-  static auto* streams = new std::map<std::pair<RuntimeStreamKind, int>, cudaStream_t>;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = streams->find({kind, ordinal});
-  if (it != streams->end()) return it->second;
-  cudaStream_t stream = nullptr;
-  ffi::Error e =
-      Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-            std::string("creating the ") + (kind == RuntimeStreamKind::kProxy ? "proxy" : "copy") +
-                " stream of GPU " + std::to_string(ordinal));
-  if (e.failure()) return ffi::Unexpected(e);
-  (*streams)[{kind, ordinal}] = stream;
-  return stream;
+  const std::string name = kind == RuntimeStreamKind::kProxy ? "proxy" : "copy";
+  return OwnedStream(name + " " + std::to_string(ordinal),
+                     "the " + name + " stream of GPU " + std::to_string(ordinal));
 }
 
 auto DeviceMaker(cudaStream_t stream, int32_t ordinal) {

@@ -4,8 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -71,21 +69,12 @@ class CudaWorker final : public SelfTestWorker {
 };
 
 // Proxy k's stream on GPU `ordinal`: one per proxy, owned by the runtime
-// like the service's (handlers_cuda.cc ProxyStream), created on first use
-// and never destroyed. The service proper keeps one per GPU; here all the
-// proxies share one GPU, and a stream each keeps them racing.
+// like the service's (handlers_cuda.cc RuntimeStream). The service proper
+// keeps one per GPU; here all the proxies share one GPU, and a stream each
+// keeps them racing.
 ffi::ErrorOr<cudaStream_t> SelfTestProxyStream(int ordinal, int64_t k) {
-  static std::mutex mu;
-  static auto* streams = new std::map<std::pair<int, int64_t>, cudaStream_t>;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = streams->find({ordinal, k});
-  if (it != streams->end()) return it->second;
-  cudaStream_t stream = nullptr;
-  ffi::Error e = Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                       "creating the self-test's stream of proxy " + std::to_string(k));
-  if (e.failure()) return ffi::Unexpected(e);
-  (*streams)[{ordinal, k}] = stream;
-  return stream;
+  return OwnedStream("self-test " + std::to_string(ordinal) + " " + std::to_string(k),
+                     "the self-test's stream of proxy " + std::to_string(k));
 }
 
 }  // namespace
