@@ -15,9 +15,9 @@ namespace coarse {
 // on that slot with no upload (StreamDevice::Flush): a step's calls repeat
 // their tables step after step wherever XLA gives the leaves' buffers the
 // same addresses again, and then the uploads are made once, not per call
-// (how often it does is measured in the performance guide). A slot is refilled least recently used first; the upload that
-// refills it is enqueued after every launch that read it, on the same stream.
-// Touched only by the device's own calls, one after another.
+// (how often it does is measured in the performance guide). A slot is refilled least recently used
+// first; the upload that refills it is enqueued after every launch that read it, on the same
+// stream. Touched only by the device's own calls, one after another.
 inline constexpr int kSpanTables = 16;
 class SpanTables {
  public:
