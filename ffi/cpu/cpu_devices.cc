@@ -32,11 +32,13 @@ ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue*
   }
   // A worker of a session with a proxy in host memory copies down to it on
   // a copy stream of its own.
-  std::unique_ptr<Stream> copies;
-  if (call.who.tier == kWorker && HasHostProxy(call.plan(), *res))
+  std::unique_ptr<Stream> copies, ups;
+  if (call.who.tier == kWorker && HasHostProxy(call.plan(), *res)) {
     copies = std::make_unique<HostStream>(CopyQueue(ordinal));
-  return std::unique_ptr<Device>(
-      new StreamDevice(std::make_unique<HostStream>(q), call.device(), *res, std::move(copies)));
+    ups = std::make_unique<HostStream>(CopyUpQueue(ordinal));
+  }
+  return std::unique_ptr<Device>(new StreamDevice(std::make_unique<HostStream>(q), call.device(),
+                                                  *res, std::move(copies), std::move(ups)));
 }
 
 const MakeProxyDevice& CpuProxies() {

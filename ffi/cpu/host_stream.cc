@@ -115,7 +115,8 @@ namespace {
 
 struct Registry {
   std::mutex mu;
-  std::map<std::pair<int, int64_t>, HostQueue*> queues;  // (0 worker / 1 proxy / 2 copy, ordinal)
+  std::map<std::pair<int, int64_t>, HostQueue*>
+      queues;  // (0 worker / 1 proxy / 2 copy / 3 copy-up, ordinal)
 };
 
 Registry& TheRegistry() {
@@ -127,6 +128,7 @@ Registry& TheRegistry() {
 std::string QueueName(int kind, int64_t ordinal) {
   if (kind == 0) return "worker stream " + std::to_string(ordinal);
   if (kind == 2) return "worker copy stream " + std::to_string(ordinal);
+  if (kind == 3) return "worker copy-up stream " + std::to_string(ordinal);
   if (IsHostOrdinal(ordinal))
     return "host proxy stream " + std::to_string(HostProxyOfOrdinal(ordinal));
   return "proxy stream " + std::to_string(ordinal);
@@ -145,6 +147,7 @@ HostQueue& QueueFor(int kind, int64_t ordinal) {
 HostQueue& WorkerQueue(int64_t ordinal) { return QueueFor(0, ordinal); }
 HostQueue& ProxyQueue(int64_t ordinal) { return QueueFor(1, ordinal); }
 HostQueue& CopyQueue(int64_t ordinal) { return QueueFor(2, ordinal); }
+HostQueue& CopyUpQueue(int64_t ordinal) { return QueueFor(3, ordinal); }
 
 void DrainAllHostQueues() {
   std::vector<HostQueue*> all;

@@ -86,6 +86,9 @@ HostQueue& ProxyQueue(int64_t ordinal);
 // A worker's copy stream (StreamDevice's `copies`: its copies down to a proxy
 // in host memory), as a GPU's copy engine runs beside its compute.
 HostQueue& CopyQueue(int64_t ordinal);
+// Its copy-up stream (StreamDevice's `ups`: a pull's copies from a proxy in
+// host memory and the flag waits that gate them).
+HostQueue& CopyUpQueue(int64_t ordinal);
 // Waits until every stream has run what was enqueued on it so far (before
 // memory a stream may still touch is freed, as cudaFree waits for the GPU).
 void DrainAllHostQueues();

@@ -205,12 +205,13 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
         static_cast<double*>(Alloc(d, StreamResources::kScalarSlots * sizeof(double), "scalars")));
     events_.push_back(NewEvent(d));
   }
-  // A worker's copy stream's marks (StreamDevice: copies down to a proxy in
-  // host memory), after the devices' events so events_[d] stays device d's.
+  // A worker's copy streams' marks (StreamDevice: copies down to a proxy in
+  // host memory and up from it), after the devices' events so events_[d]
+  // stays device d's.
   for (int64_t w = 0; w < p; ++w) {
-    events_.push_back(NewEvent(w));
-    events_.push_back(NewEvent(w));
-    marks_.push_back(CopyMarks{events_[events_.size() - 2], events_.back()});
+    for (int i = 0; i < 4; ++i) events_.push_back(NewEvent(w));
+    const size_t e = events_.size() - 4;
+    marks_.push_back(CopyMarks{events_[e], events_[e + 1], events_[e + 2], events_[e + 3]});
   }
 }
 

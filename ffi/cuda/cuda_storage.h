@@ -73,7 +73,7 @@ class CudaStorage final : public Storage, public StreamResources {
   std::vector<float*> arenas_, scratch_, staging_;
   std::vector<kernels::Span*> spans_;
   std::vector<double*> scalars_;
-  std::vector<cudaEvent_t> events_;  // per device; then per worker its CopyMarks' two
+  std::vector<cudaEvent_t> events_;  // per device; then per worker its CopyMarks' four
   std::vector<CopyMarks> marks_;     // per worker
   std::vector<std::pair<int, void*>> allocations_;      // (ordinal, pointer)
   std::vector<void*> host_allocations_;                 // cudaHostAlloc'd, registered

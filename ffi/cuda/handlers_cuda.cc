@@ -34,10 +34,14 @@ namespace {
 // worker's GPU (coarse_jax.testing shared_device_mesh) it is a stream of
 // its own beside XLA's. kCopies: a worker's copies down to a proxy in host
 // memory (StreamDevice's `copies`), beside XLA's stream, so the backward
-// pass goes on while they run.
-enum class RuntimeStreamKind { kProxy, kCopies };
+// pass goes on while they run; kCopiesUp: its copies up from one, with the
+// flag waits that gate them (`ups`), so XLA's stream does not stall on a
+// flag: the two directions of PCIe run at once.
+enum class RuntimeStreamKind { kProxy, kCopies, kCopiesUp };
 ffi::ErrorOr<cudaStream_t> RuntimeStream(RuntimeStreamKind kind, int ordinal) {
-  const std::string name = kind == RuntimeStreamKind::kProxy ? "proxy" : "copy";
+  const std::string name = kind == RuntimeStreamKind::kProxy    ? "proxy"
+                           : kind == RuntimeStreamKind::kCopies ? "copy"
+                                                                : "copy-up";
   return OwnedStream(name + " " + std::to_string(ordinal),
                      "the " + name + " stream of GPU " + std::to_string(ordinal));
 }
@@ -48,15 +52,18 @@ auto DeviceMaker(cudaStream_t stream, int32_t ordinal) {
     if (!storage.error().empty()) return ffi::Unexpected(ffi::Error::Internal(storage.error()));
     ffi::Error e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
     if (e.failure()) return ffi::Unexpected(e);
-    std::unique_ptr<Stream> copies;
+    std::unique_ptr<Stream> copies, ups;
     if (HasHostProxy(call.plan(), storage)) {
-      auto copy_stream = RuntimeStream(RuntimeStreamKind::kCopies, ordinal);
-      if (copy_stream.has_error()) return ffi::Unexpected(copy_stream.error());
-      copies = std::make_unique<CudaStream>(copy_stream.value(), ordinal, storage.ordinals());
+      auto down = RuntimeStream(RuntimeStreamKind::kCopies, ordinal);
+      if (down.has_error()) return ffi::Unexpected(down.error());
+      auto up = RuntimeStream(RuntimeStreamKind::kCopiesUp, ordinal);
+      if (up.has_error()) return ffi::Unexpected(up.error());
+      copies = std::make_unique<CudaStream>(down.value(), ordinal, storage.ordinals());
+      ups = std::make_unique<CudaStream>(up.value(), ordinal, storage.ordinals());
     }
     return std::unique_ptr<Device>(
         new StreamDevice(std::make_unique<CudaStream>(stream, ordinal, storage.ordinals()),
-                         call.device(), storage, std::move(copies)));
+                         call.device(), storage, std::move(copies), std::move(ups)));
   };
 }
 

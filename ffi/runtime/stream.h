@@ -118,7 +118,10 @@ inline uint32_t ReadFlag(const uint32_t* flag) { return __atomic_load_n(flag, __
 struct CopyMarks {
   StreamEvent main = nullptr;    // a point of the worker's stream the copy stream waits for
   StreamEvent copied = nullptr;  // a point of the copy stream after its copies
-  bool unjoined = false;         // the copy stream has work the worker's stream has not waited for
+  // The same two for the copies up (a pull's, from the proxy's pinned memory).
+  StreamEvent up_main = nullptr;
+  StreamEvent up_done = nullptr;
+  bool unjoined = false;  // the copy stream has work the worker's stream has not waited for
   // Staging is handed out from here on, across calls (StreamDevice::Stage):
   // what the copy stream may still read lies below it, so the worker's
   // stream waits for the copy stream only when staging runs out and the

@@ -46,10 +46,28 @@ bool ToKernelDType(ffi::DataType t, kernels::DType* out) {
 }
 
 StreamDevice::StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources,
-                           std::unique_ptr<Stream> copies)
+                           std::unique_ptr<Stream> copies, std::unique_ptr<Stream> ups)
     : stream_(Counted(std::move(stream), resources)), self_(self), res_(resources) {
   if (copies != nullptr) marks_ = resources.copy_marks(self);
   if (marks_ != nullptr) copies_ = Counted(std::move(copies), resources);
+  if (marks_ != nullptr && ups != nullptr) ups_ = Counted(std::move(ups), resources);
+}
+
+ffi::Error StreamDevice::StartUps() {
+  if (ups_started_) return ffi::Error::Success();
+  // Not Enqueue: a record is no work of its own.
+  ffi::Error e = stream_->Record(marks_->up_main);
+  if (e.success()) e = ups_->Wait(marks_->up_main, self_);
+  if (e.success()) ups_started_ = true;
+  return e;
+}
+
+ffi::Error StreamDevice::JoinUps() {
+  if (!ups_unjoined_) return ffi::Error::Success();
+  ffi::Error e = ups_->Record(marks_->up_done);
+  if (e.success()) e = Enqueue()->Wait(marks_->up_done, self_);
+  if (e.success()) ups_unjoined_ = false;
+  return e;
 }
 
 Stream* StreamDevice::Enqueue() {
@@ -111,6 +129,8 @@ ffi::Error StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64
 ffi::Error StreamDevice::Flush() {
   const Queued::Kind kind = queued_.kind;
   if (kind == Queued::Kind::kNone) return ffi::Error::Success();
+  // What is held may read what the copy-up stream copied.
+  if (ffi::Error e = JoinUps(); e.failure()) return e;
   queued_.kind = Queued::Kind::kNone;
   // Whatever is held is enqueued below: staging written after it comes later
   // in stream order, so all of it is free again.
@@ -177,8 +197,11 @@ ffi::ErrorOr<float*> StreamDevice::Stage(Queued::Kind kind, int64_t n, int64_t n
   }
   if (marks_ == nullptr && queued_.kind == Queued::Kind::kNone) staged_ = 0;
   if (marks_ != nullptr && next + n > res_.staging_len()) {
-    // The copy stream may still read any of it (a push's copies down).
+    // The copy stream may still read any of it (a push's copies down), and
+    // this stream's launches (an unpack) may still read what the copy-up
+    // stream would overwrite.
     if (ffi::Error e = JoinCopies(); e.failure()) return ffi::Unexpected(e);
+    ups_started_ = false;
     next = 0;
   }
   float* at = res_.staging(self_) + next;
@@ -199,7 +222,13 @@ ffi::Error StreamDevice::Transfer(float* dst, int64_t dst_device, const float* s
   if (n <= 0) return ffi::Error::Success();
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   if (res_.in_host_memory(dst_device)) return Enqueue()->Download(dst, src, bytes, what);
-  if (res_.in_host_memory(src_device)) return Enqueue()->UploadPinned(dst, src, bytes, what);
+  if (res_.in_host_memory(src_device)) {
+    if (ups_ == nullptr) return Enqueue()->UploadPinned(dst, src, bytes, what);
+    ffi::Error e = StartUps();
+    if (e.success()) e = ups_->UploadPinned(dst, src, bytes, what);
+    if (e.success()) ups_unjoined_ = true;
+    return e;
+  }
   return Enqueue()->Copy(dst, dst_device, src, src_device, bytes, what);
 }
 
@@ -339,6 +368,7 @@ ffi::Error StreamDevice::CopyFromHost(void* own, const void* host, size_t bytes)
 
 ffi::Error StreamDevice::Publish() {
   ffi::Error e = Flush();
+  if (e.success()) e = JoinUps();
   if (e.success() && marks_ != nullptr && marks_->unjoined) {
     // The copy stream has work this stream has not waited for: the event
     // is recorded there, after it waits for everything enqueued here.

@@ -35,8 +35,16 @@ class StreamDevice final : public Device {
   // copy stream, after it waits for everything enqueued here, so whoever
   // waits for the event (the host proxy's HostWait, the next session's
   // first call) waits for both (StreamResources::copy_marks).
+  //
+  // `ups` (with `copies`): the stream its copies up from a proxy in host
+  // memory run on, with the flag waits that gate them (WaitFlag), so this
+  // stream does not stall on a flag while it has other work. The copy-up
+  // stream waits for this stream once per call, and again when the staging
+  // cursor wraps, before it writes staging; this stream waits for it before
+  // anything held is launched (Flush), so the unpack that reads what it
+  // copied, and every later Publish, come after it.
   StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources,
-               std::unique_ptr<Stream> copies = nullptr);
+               std::unique_ptr<Stream> copies = nullptr, std::unique_ptr<Stream> ups = nullptr);
 
   xla::ffi::Error Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
                          int64_t dst_len) override;
@@ -58,12 +66,20 @@ class StreamDevice final : public Device {
   xla::ffi::Error CopyFromHost(void* own, const void* host, size_t bytes) override;
   xla::ffi::Error Publish() override;
   xla::ffi::Error Acquire(int64_t device) override;
+  // With a copy-up stream, the wait gates that stream: the copies up after
+  // it, and (Flush) whatever this stream launches after them.
   xla::ffi::Error WaitFlag(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
                            const std::string& what) override {
-    return Enqueue()->WaitValue(flag, value, timeout, what);
+    if (ups_ == nullptr) return Enqueue()->WaitValue(flag, value, timeout, what);
+    // (It touches no staging: the copy-up stream waits for this one later,
+    // before its first copy, StartUps.)
+    xla::ffi::Error e = ups_->WaitValue(flag, value, timeout, what);
+    if (e.success()) ups_unjoined_ = true;
+    return e;
   }
   xla::ffi::Error SynchronizeHost(const char* what) override {
     xla::ffi::Error e = Flush();
+    if (e.success()) e = JoinUps();
     if (e.success()) e = JoinCopies();
     return e.failure() ? e : Enqueue()->Synchronize(what);
   }
@@ -134,11 +150,20 @@ class StreamDevice final : public Device {
   // This stream waits for everything the copy stream was asked so far (before
   // staging is written again, and before the host synchronizes).
   xla::ffi::Error JoinCopies();
+  // The copy-up stream waits for everything enqueued on this stream so far
+  // (before it writes staging), unless it has since this call began or the
+  // cursor last wrapped.
+  xla::ffi::Error StartUps();
+  // This stream waits for everything the copy-up stream was asked so far.
+  xla::ffi::Error JoinUps();
 
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<Stream> copies_;  // null: every copy on stream_
   CopyMarks* marks_ = nullptr;      // with copies_: its bookkeeping in this storage set
   bool marked_ = false;             // copies_ waited for stream_'s last enqueued work
+  std::unique_ptr<Stream> ups_;     // null: every copy up on stream_
+  bool ups_started_ = false;        // ups_ waited for stream_ in this call (since the last wrap)
+  bool ups_unjoined_ = false;       // ups_ has work stream_ has not waited for
   int64_t self_;
   StreamResources& res_;
   Queued queued_;
