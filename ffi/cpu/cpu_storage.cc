@@ -131,17 +131,16 @@ class HostStreamStorage final : public Storage, public StreamResources {
       spans_.emplace_back(new kernels::Span[kSpanTables * max_runs_]());
       scalars_.emplace_back(new double[kScalarSlots]());
       events_.emplace_back(new HostEvent);
-      copy_events_.emplace_back(new HostEvent[4]);
       on_host_.push_back(d < static_cast<int64_t>(ordinals.size()) && d >= plan.workers &&
                          IsHostOrdinal(ordinals[d]));
       ordinals_.push_back(d < static_cast<int64_t>(ordinals.size()) ? ordinals[d] : d);
     }
     published_ = std::make_unique<std::atomic<uint64_t>[]>(plan.devices());
     tables_ = std::make_unique<SpanTables[]>(plan.devices());
-    marks_.resize(plan.workers);
-    for (int64_t w = 0; w < plan.workers; ++w)
-      marks_[w] = CopyMarks{&copy_events_[w][0], &copy_events_[w][1], &copy_events_[w][2],
-                            &copy_events_[w][3]};
+    for (int64_t w = 0; w < plan.workers; ++w) {
+      HostEvent* e = copy_events_.emplace_back(new HostEvent[4]).get();
+      marks_.push_back(CopyMarks{&e[0], &e[1], &e[2], &e[3]});
+    }
     const int64_t S = std::max<int64_t>(1, plan.num_pieces());
     for (int64_t k = 0; k < plan.proxies; ++k) {
       flags_.push_back(nullptr);
@@ -191,7 +190,7 @@ class HostStreamStorage final : public Storage, public StreamResources {
   std::unique_ptr<SpanTables[]> tables_;  // per device
   std::vector<std::unique_ptr<double[]>> scalars_;
   std::vector<std::unique_ptr<HostEvent>> events_;
-  std::vector<std::unique_ptr<HostEvent[]>> copy_events_;  // per device: CopyMarks' four
+  std::vector<std::unique_ptr<HostEvent[]>> copy_events_;  // per worker: CopyMarks' four
   std::vector<CopyMarks> marks_;                           // per worker
   std::vector<bool> on_host_;
   std::vector<const void*> noted_;  // the host proxies' arenas, registered

@@ -53,49 +53,10 @@ StreamDevice::StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamR
   if (marks_ != nullptr && ups != nullptr) ups_ = Counted(std::move(ups), resources);
 }
 
-ffi::Error StreamDevice::StartUps() {
-  if (ups_started_) return ffi::Error::Success();
-  // Not Enqueue: a record is no work of its own.
-  ffi::Error e = stream_->Record(marks_->up_main);
-  if (e.success()) e = ups_->Wait(marks_->up_main, self_);
-  if (e.success()) ups_started_ = true;
-  return e;
-}
-
-ffi::Error StreamDevice::JoinUps() {
-  if (!ups_unjoined_) return ffi::Error::Success();
-  ffi::Error e = ups_->Record(marks_->up_done);
-  if (e.success()) e = Enqueue()->Wait(marks_->up_done, self_);
-  if (e.success()) ups_unjoined_ = false;
-  return e;
-}
-
 Stream* StreamDevice::Enqueue() {
   dirty_ = true;
   marked_ = false;
   return stream_.get();
-}
-
-ffi::Error StreamDevice::CopyDown(const Outbound& o) {
-  ffi::Error e;
-  if (!marked_) {
-    // Not Enqueue: a record is no work of its own.
-    e = stream_->Record(marks_->main);
-    if (e.success()) e = copies_->Wait(marks_->main, self_);
-    if (e.failure()) return e;
-    marked_ = true;
-  }
-  marks_->unjoined = true;
-  return copies_->Download(o.dst, o.src, static_cast<size_t>(o.n) * sizeof(float),
-                           "push: copy down to the proxy in host memory");
-}
-
-ffi::Error StreamDevice::JoinCopies() {
-  if (marks_ == nullptr || !marks_->unjoined) return ffi::Error::Success();
-  ffi::Error e = copies_->Record(marks_->copied);
-  if (e.success()) e = Enqueue()->Wait(marks_->copied, self_);
-  if (e.success()) marks_->unjoined = false;
-  return e;
 }
 
 ffi::Error StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64_t num_runs,
@@ -372,11 +333,7 @@ ffi::Error StreamDevice::Publish() {
   if (e.success() && marks_ != nullptr && marks_->unjoined) {
     // The copy stream has work this stream has not waited for: the event
     // is recorded there, after it waits for everything enqueued here.
-    if (!marked_) {
-      e = stream_->Record(marks_->main);
-      if (e.success()) e = copies_->Wait(marks_->main, self_);
-      if (e.success()) marked_ = true;
-    }
+    e = MarkForCopies();
     if (e.success()) e = copies_->Record(res_.event(self_));
     if (e.success()) {
       res_.published(self_).fetch_add(1, std::memory_order_acq_rel);

@@ -150,6 +150,14 @@ class StreamDevice final : public Device {
   // This stream waits for everything the copy stream was asked so far (before
   // staging is written again, and before the host synchronizes).
   xla::ffi::Error JoinCopies();
+  // `side` waits for everything enqueued on this stream so far (`mark`
+  // recorded here); this stream waits for everything `side` was asked so
+  // far (`mark` recorded there).
+  xla::ffi::Error SideWaits(Stream& side, StreamEvent mark);
+  xla::ffi::Error WaitForSide(Stream& side, StreamEvent mark);
+  // SideWaits for the copy stream, unless it has since this stream's last
+  // enqueued work (marked_).
+  xla::ffi::Error MarkForCopies();
   // The copy-up stream waits for everything enqueued on this stream so far
   // (before it writes staging), unless it has since this call began or the
   // cursor last wrapped.
