@@ -212,6 +212,45 @@ def test_a_large_share_on_the_host_pool_matches_optax():
     assert_tree_close(got, jax.device_get(want), rtol=1e-5, atol_scale=1e-5)
 
 
+def test_pushes_that_wrap_the_staging_ring_match_optax():
+    """Three pushes of 16 MiB each, one per leaf, in a step: more than a worker's staging
+    ring holds (two calls' worth, 2 x 16 MiB on a stream platform), so the third push's
+    pack reuses the first push's staging while that push's copy down may still be running
+    on the copy stream (runtime/stream.h, CopyMarks). The pack must wait for that copy;
+    under COARSE_JAX_STREAM_CHAOS (make test-streams) the copy stream stalls at random.
+    Against optax's trajectory (p = 1: the sum is the worker's own), at the tolerance
+    of the test above; a staging race corrupts whole pieces, far beyond it."""
+
+    def loss(params, batch):
+        h = jnp.tanh(batch["x"] @ params["w1"])
+        h = jnp.tanh(h @ params["w2"])
+        return jnp.mean((h @ params["w3"] - batch["y"]) ** 2)
+
+    keys = jax.random.split(jax.random.key(5), 5)
+    params = {
+        "w1": jax.random.normal(keys[0], (1024, 4096)) * 0.02,
+        "w2": jax.random.normal(keys[1], (4096, 1024)) * 0.02,
+        "w3": jax.random.normal(keys[2], (1024, 4096)) * 0.02,
+    }
+    batch = {
+        "x": jax.random.normal(keys[3], (4, 1024)),
+        "y": jax.random.normal(keys[4], (4, 4096)),
+    }
+    # SGD with momentum: linear in the gradient, so rounding stays rounding (Adam's
+    # g / sqrt(v) turns a rounding difference in a near-zero gradient into a step).
+    tx = optax.sgd(0.05, momentum=0.9)
+    cfg = coarse.Config(shard_bytes=16 << 20)
+    mesh = _host(1, 1)
+    assert len(coarse.diagnostics.plan(params, mesh, cfg).buckets) == 3
+    step = coarse_update_step(mesh, coarse.optim.sgd(0.05, momentum=0.9), cfg, loss)
+    got, want, state = params, params, tx.init(params)
+    for _ in range(3):
+        got, _ = step(got, batch)
+        updates, state = tx.update(jax.grad(loss)(want, batch), state, want)
+        want = optax.apply_updates(want, updates)
+        assert_tree_close(got, want, rtol=1e-5, atol_scale=1e-5)
+
+
 def test_one_gpu_with_a_host_proxy_matches_the_oracles():
     """One GPU worker and its proxy in host memory (tools/gpu_check.sh; skipped without a
     GPU): every copy between the GPU and the proxy's pinned pages, the ready flags the

@@ -25,7 +25,7 @@ Budgets that hold, asserted per steady step (issue 51):
 * with the proxy in host memory, the worker's launches, copies and events are per
   call: pushed pieces are packed side by side in staging by one launch and copied
   out where contiguous, on a copy stream beside the worker's (a mark and a wait
-  per push, a join when the staging cursor wraps), pulled pieces copied in side
+  per push, a join when the pushes' staging ring wraps), pulled pieces copied in side
   by side and unpacked by one launch, one stream wait per group of pieces (up to
   4 MiB); halving ``shard_bytes`` changes none of them.
 
@@ -197,8 +197,8 @@ def _assert_steady_and_within_budgets(counts: dict) -> None:
                 # while they run): per push the worker's stream marks the pack, the
                 # copy stream waits for the mark and records the worker's event
                 # after its copy (+1 over the one record a push made before), and
-                # once per wrap of the staging cursor (here each step, at the pull)
-                # a record and a wait join the two (+2). The pull's copies up run
+                # once per wrap of the pushes' staging ring (two calls' worth: here
+                # every other step) a record and a wait join the two (+2). The pull's copies up run
                 # on a copy-up stream with the flag waits that gate them (one per
                 # group of pieces, 4 MiB, here one): it waits for the worker's
                 # stream before its first copy and the worker's stream waits for

@@ -127,19 +127,27 @@ class HostStreamStorage final : public Storage, public StreamResources {
     staging_len_ = sizes.staging_len;
     max_runs_ = sizes.max_runs;
     for (int64_t d = 0; d < plan.devices(); ++d) {
-      staging_.emplace_back(new float[staging_len_ + 4]());
-      spans_.emplace_back(new kernels::Span[kSpanTables * max_runs_]());
-      scalars_.emplace_back(new double[kScalarSlots]());
-      events_.emplace_back(new HostEvent);
       on_host_.push_back(d < static_cast<int64_t>(ordinals.size()) && d >= plan.workers &&
                          IsHostOrdinal(ordinals[d]));
       ordinals_.push_back(d < static_cast<int64_t>(ordinals.size()) ? ordinals[d] : d);
+    }
+    // A worker of a session with a proxy in host memory: its pushes' copy
+    // ring in its staging, and its pulls' (CopyMarks).
+    const bool host_proxy = HasHostProxy(plan, *this);
+    const int64_t ring = CopyRing(staging_len_) + 4;
+    for (int64_t d = 0; d < plan.devices(); ++d) {
+      const bool rings = host_proxy && d < plan.workers;
+      staging_.emplace_back(new float[rings ? ring : staging_len_ + 4]());
+      spans_.emplace_back(new kernels::Span[kSpanTables * max_runs_]());
+      scalars_.emplace_back(new double[kScalarSlots]());
+      events_.emplace_back(new HostEvent);
     }
     published_ = std::make_unique<std::atomic<uint64_t>[]>(plan.devices());
     tables_ = std::make_unique<SpanTables[]>(plan.devices());
     for (int64_t w = 0; w < plan.workers; ++w) {
       HostEvent* e = copy_events_.emplace_back(new HostEvent[4]).get();
       marks_.push_back(CopyMarks{&e[0], &e[1], &e[2], &e[3]});
+      if (host_proxy) marks_.back().up_staging = staging_.emplace_back(new float[ring]()).get();
     }
     const int64_t S = std::max<int64_t>(1, plan.num_pieces());
     for (int64_t k = 0; k < plan.proxies; ++k) {
@@ -185,7 +193,7 @@ class HostStreamStorage final : public Storage, public StreamResources {
   std::vector<int64_t> ordinals_;
   std::unique_ptr<std::atomic<uint64_t>[]> published_;
   int64_t staging_len_ = 1, max_runs_ = 1;
-  std::vector<std::unique_ptr<float[]>> staging_;
+  std::vector<std::unique_ptr<float[]>> staging_;  // per device; then the workers' up_staging
   std::vector<std::unique_ptr<kernels::Span[]>> spans_;
   std::unique_ptr<SpanTables[]> tables_;  // per device
   std::vector<std::unique_ptr<double[]>> scalars_;

@@ -189,6 +189,7 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
   for (int64_t w = 0; w < p; ++w)
     scratch_.push_back(static_cast<float*>(
         Alloc(w, std::max<int64_t>(1, plan.leading_nelems) * sizeof(float), "worker scratch")));
+  const bool host_proxy = HasHostProxy(plan, *this);
   for (int64_t d = 0; d < devices; ++d) {
     if (in_host_memory(d)) {  // no stream of its own: no staging, span table, scalars, event
       staging_.push_back(nullptr);
@@ -197,8 +198,9 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
       events_.push_back(nullptr);
       continue;
     }
-    staging_.push_back(
-        static_cast<float*>(Alloc(d, (staging_len_ + 4) * sizeof(float), "staging")));
+    // A worker's, with a proxy in host memory: its pushes' copy ring (CopyMarks).
+    const int64_t len = host_proxy && d < p ? CopyRing(staging_len_) : staging_len_;
+    staging_.push_back(static_cast<float*>(Alloc(d, (len + 4) * sizeof(float), "staging")));
     spans_.push_back(static_cast<kernels::Span*>(
         Alloc(d, kSpanTables * max_runs_ * sizeof(kernels::Span), "span tables")));
     scalars_.push_back(
@@ -208,10 +210,16 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
   // A worker's copy streams' marks (StreamDevice: copies down to a proxy in
   // host memory and up from it), after the devices' events so events_[d]
   // stays device d's.
+  // With a proxy in host memory, each worker's pulls get a copy ring of
+  // their own (CopyMarks::up_staging), after the devices' staging so
+  // staging_[d] stays device d's.
   for (int64_t w = 0; w < p; ++w) {
     for (int i = 0; i < 4; ++i) events_.push_back(NewEvent(w));
     const size_t e = events_.size() - 4;
     marks_.push_back(CopyMarks{events_[e], events_[e + 1], events_[e + 2], events_[e + 3]});
+    if (host_proxy)
+      marks_.back().up_staging = staging_.emplace_back(static_cast<float*>(
+          Alloc(w, (CopyRing(staging_len_) + 4) * sizeof(float), "pull staging")));
   }
 }
 

@@ -122,12 +122,27 @@ struct CopyMarks {
   StreamEvent up_main = nullptr;
   StreamEvent up_done = nullptr;
   bool unjoined = false;  // the copy stream has work the worker's stream has not waited for
-  // Staging is handed out from here on, across calls (StreamDevice::Stage):
-  // what the copy stream may still read lies below it, so the worker's
-  // stream waits for the copy stream only when staging runs out and the
-  // cursor starts again at 0, not before every push.
+  // Each direction has a staging ring of its own (CopyRing floats: two
+  // calls' worth), handed out from a cursor across calls
+  // (StreamDevice::Stage), so neither direction waits for the other, and a
+  // call never waits for the previous call's copies. Pushes pack into the
+  // device's staging (StreamResources::staging): what the copy stream may
+  // still read lies below `cursor`, so the worker's stream waits for the
+  // copy stream only when the cursor starts again at 0. Pulls are copied up
+  // into `up_staging`: what the worker's unpacks may still read lies below
+  // `up_cursor`; the copy-up stream waits for the worker's stream before a
+  // call's first copy up and again when the cursor starts again at 0. A call that finds less than a
+  // call's worth (staging_len()) left starts at 0, so a wrap never splits a call's pieces into two
+  // launches and two copies (double buffering).
   int64_t cursor = 0;
+  float* up_staging = nullptr;
+  int64_t up_cursor = 0;
 };
+
+// The length of a worker's staging rings (CopyMarks), with staging_len()
+// floats per call: two calls' worth, so one call fills a half while the
+// other's copies run.
+inline int64_t CopyRing(int64_t staging_len) { return 2 * staging_len; }
 
 // What a StreamDevice needs of the session's storage besides the arenas and
 // scratch: per mesh device, a staging buffer for peer copies, span tables,
@@ -135,7 +150,9 @@ struct CopyMarks {
 class StreamResources {
  public:
   virtual ~StreamResources() = default;
-  virtual float* staging(int64_t device) = 0;  // staging_len() + 4 floats (alignment shifts)
+  // staging_len() + 4 floats (alignment shifts); a worker's, where a proxy
+  // is in host memory, CopyRing(staging_len()) + 4 (its pushes' ring).
+  virtual float* staging(int64_t device) = 0;
   virtual int64_t staging_len() const = 0;
   // kSpanTables * max_runs() spans, and which tables they hold (SpanTables).
   virtual kernels::Span* spans(int64_t device) = 0;

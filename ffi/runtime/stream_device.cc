@@ -147,25 +147,40 @@ ffi::ErrorOr<float*> StreamDevice::Stage(Queued::Kind kind, int64_t n, int64_t n
                                                 " elements exceeds the staging buffer (" +
                                                 std::to_string(res_.staging_len()) + ")"));
   // Without a copy stream staging is free again once nothing held claims
-  // it (stream order); with one, it is handed out from the storage's
-  // cursor on, and taken back only once the copy stream is joined.
-  int64_t& next = marks_ != nullptr ? marks_->cursor : staged_;
-  const bool room = next + n <= res_.staging_len() &&
-                    static_cast<int64_t>(queued_.spans.size()) + num_runs <= res_.max_runs();
+  // it (stream order); with one, each direction's ring is handed out from
+  // its cursor in the storage on (CopyMarks), and taken back only when the
+  // cursor wraps: a push's once the copy stream is joined, a pull's once
+  // the copy-up stream has waited for this stream (StartUps, at the next
+  // copy up), past every unpack that read it.
+  const bool up = kind == Queued::Kind::kUnpack;
+  int64_t& next = marks_ == nullptr ? staged_ : up ? marks_->up_cursor : marks_->cursor;
+  const int64_t len = marks_ == nullptr ? res_.staging_len() : CopyRing(res_.staging_len());
+  const bool room =
+      next + n <= len && static_cast<int64_t>(queued_.spans.size()) + num_runs <= res_.max_runs();
   if (queued_.kind != kind || !room) {
     ffi::Error e = Flush();
     if (e.failure()) return ffi::Unexpected(e);
   }
-  if (marks_ == nullptr && queued_.kind == Queued::Kind::kNone) staged_ = 0;
-  if (marks_ != nullptr && next + n > res_.staging_len()) {
-    // The copy stream may still read any of it (a push's copies down), and
-    // this stream's launches (an unpack) may still read what the copy-up
-    // stream would overwrite.
-    if (ffi::Error e = JoinCopies(); e.failure()) return ffi::Unexpected(e);
-    ups_started_ = false;
+  if (marks_ == nullptr) {
+    if (queued_.kind == Queued::Kind::kNone) staged_ = 0;
+    float* at = res_.staging(self_) + staged_;
+    staged_ += n;
+    return at;
+  }
+  // A call's first transfer this way wraps where less than a call's worth
+  // is left, so the call's pieces stay side by side (one launch, one copy).
+  bool& begun = up ? staged_up_ : staged_down_;
+  const bool wrap = next + n > len || (!begun && next + res_.staging_len() > len);
+  begun = true;
+  if (wrap) {
+    if (up) {
+      ups_started_ = false;
+    } else if (ffi::Error e = JoinCopies(); e.failure()) {
+      return ffi::Unexpected(e);
+    }
     next = 0;
   }
-  float* at = res_.staging(self_) + next;
+  float* at = (up ? marks_->up_staging : res_.staging(self_)) + next;
   next += n;
   return at;
 }

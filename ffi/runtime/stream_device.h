@@ -39,10 +39,11 @@ class StreamDevice final : public Device {
   // `ups` (with `copies`): the stream its copies up from a proxy in host
   // memory run on, with the flag waits that gate them (WaitFlag), so this
   // stream does not stall on a flag while it has other work. The copy-up
-  // stream waits for this stream once per call, and again when the staging
-  // cursor wraps, before it writes staging; this stream waits for it before
-  // anything held is launched (Flush), so the unpack that reads what it
-  // copied, and every later Publish, come after it.
+  // stream waits for this stream before its first copy of a call, and
+  // again when its staging ring wraps (past every unpack that read the
+  // ring); this stream waits for it before anything held is launched
+  // (Flush), so the unpack that reads what it copied, and every later
+  // Publish, come after it.
   StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources,
                std::unique_ptr<Stream> copies = nullptr, std::unique_ptr<Stream> ups = nullptr);
 
@@ -159,8 +160,8 @@ class StreamDevice final : public Device {
   // enqueued work (marked_).
   xla::ffi::Error MarkForCopies();
   // The copy-up stream waits for everything enqueued on this stream so far
-  // (before it writes staging), unless it has since this call began or the
-  // cursor last wrapped.
+  // (before it writes its staging ring), unless it has since this call
+  // began or the ring's cursor last wrapped.
   xla::ffi::Error StartUps();
   // This stream waits for everything the copy-up stream was asked so far.
   xla::ffi::Error JoinUps();
@@ -172,6 +173,8 @@ class StreamDevice final : public Device {
   std::unique_ptr<Stream> ups_;     // null: every copy up on stream_
   bool ups_started_ = false;        // ups_ waited for stream_ in this call (since the last wrap)
   bool ups_unjoined_ = false;       // ups_ has work stream_ has not waited for
+  bool staged_down_ = false;        // this call staged a push in the copy ring (Stage)
+  bool staged_up_ = false;          // this call staged a pull in the copy-up ring
   int64_t self_;
   StreamResources& res_;
   Queued queued_;
