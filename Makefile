@@ -60,7 +60,7 @@ STREAMS_CORE = test_matches_per_worker_mean_f32 or test_leading_bytes_split or \
   test_half_precision_params or test_dtypes_and_ops or test_crossing_routes_fig10 or \
   test_adam_across_workers_routes_and_leading or test_params_that_are_not_what or \
   test_snapshot_and_restore_round_trip or test_value_and_update_matches_optax_under_pmean or \
-  test_value_and_grad_and_all_reduce_match_float64
+  test_value_and_grad_and_all_reduce_match_float64 or test_a_lost_push_names_the_shared_proxy
 test-streams: $(STAMP)
 	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
 	  $(VENV)/bin/pytest -q tests/test_value_and_grad.py tests/test_all_reduce.py \

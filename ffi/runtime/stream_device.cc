@@ -60,7 +60,7 @@ Stream* StreamDevice::Enqueue() {
 }
 
 ffi::Error StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64_t num_runs,
-                                   float* buf, int64_t buf_len) {
+                                   float* buf, int64_t buf_len, int64_t lo) {
   if (num_runs > res_.max_runs())
     return ffi::Error::Internal("coarse_jax: " + std::to_string(num_runs) +
                                 " runs exceed the span table (" + std::to_string(res_.max_runs()) +
@@ -73,7 +73,8 @@ ffi::Error StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64
   }
   queued_.kind = kind;
   for (int64_t r = 0; r < num_runs; ++r) {
-    if (runs[r].buf_off < 0 || runs[r].buf_off + runs[r].len > buf_len)
+    const int64_t off = runs[r].buf_off - lo;
+    if (off < 0 || off + runs[r].len > buf_len)
       return ffi::Error::Internal("coarse_jax: a run falls outside its buffer");
     kernels::Span span{};
     span.leaf = runs[r].leaf;
@@ -82,7 +83,7 @@ ffi::Error StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64
       return ffi::Error::InvalidArgument(
           "coarse_jax: only float32, bfloat16 and float16 leaves are synchronized");
     queued_.spans.push_back(span);
-    queued_.at.push_back(buf + runs[r].buf_off);
+    queued_.at.push_back(buf + off);
   }
   return ffi::Error::Success();
 }
@@ -127,8 +128,8 @@ ffi::Error StreamDevice::Flush() {
   queued_.at.clear();
   // The pack's copies out of staging, one per range contiguous at both ends
   // (a push's pieces to one proxy lie side by side in its arena at p = 1).
-  std::vector<Outbound> out;
-  out.swap(outbound_);
+  // (Neither CopyDown nor Transfer flushes, so nothing is added meanwhile.)
+  const std::vector<Outbound>& out = outbound_;
   for (size_t i = 0; i < out.size() && e.success();) {
     Outbound o = out[i++];
     while (i < out.size() && out[i].dst_device == o.dst_device && out[i].dst == o.dst + o.n &&
@@ -138,6 +139,7 @@ ffi::Error StreamDevice::Flush() {
             ? CopyDown(o)
             : Transfer(o.dst, o.dst_device, o.src, self_, o.n, "push: peer copy to the proxy");
   }
+  outbound_.clear();
   return e;
 }
 
@@ -232,13 +234,11 @@ ffi::Error StreamDevice::Gather(const LeafRun* runs, int64_t num_runs, float* ds
         "coarse_jax: runs gathered into a peer's buffer must tile one range without gaps or "
         "overlaps (got " +
         std::to_string(covered) + " elements over a range of " + std::to_string(hi - lo) + ")");
-  std::vector<LeafRun> shifted(runs, runs + num_runs);
-  for (LeafRun& r : shifted) r.buf_off -= lo;
   // Packed beside the call's other pieces in staging (one launch for them
   // all), copied out once the pack is launched (Flush: Outbound).
   ffi::ErrorOr<float*> at = Stage(Queued::Kind::kPack, hi - lo, num_runs);
   if (at.has_error()) return at.error();
-  ffi::Error e = QueueRuns(Queued::Kind::kPack, shifted.data(), num_runs, at.value(), hi - lo);
+  ffi::Error e = QueueRuns(Queued::Kind::kPack, runs, num_runs, at.value(), hi - lo, lo);
   if (e.success()) outbound_.push_back({dst + lo, dst_device, at.value(), hi - lo});
   return e;
 }
@@ -457,6 +457,9 @@ ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master, const Le
   for (int64_t r = 0; r < num_runs && e.success(); ++r)
     e = Gather(&runs[r], 1, scratch, scratch_device, scratch_len);
   if (e.success()) e = Flush();
+  // Scratch in host memory (a host proxy's) is written by copies down on the
+  // copy stream: the compare below reads it on this one.
+  if (e.success()) e = JoinCopies();
   for (int64_t r = 0; r < num_runs && e.success(); ++r) {
     const LeafRun& run = runs[r];
     kernels::DType t;

@@ -109,9 +109,10 @@ class StreamDevice final : public Device {
     int64_t n = 0;
   };
   // Holds `runs` back as a pack into (or unpack out of) `buf`, `buf_len`
-  // floats, merged with what is held if it is of the same kind.
+  // floats, merged with what is held if it is of the same kind; a run's
+  // place in `buf` is its buf_off - `lo`.
   xla::ffi::Error QueueRuns(Queued::Kind kind, const LeafRun* runs, int64_t num_runs, float* buf,
-                            int64_t buf_len);
+                            int64_t buf_len, int64_t lo = 0);
   // `n` floats of this device's staging buffer for held work of `kind`
   // (Flush first where held work of another kind, or too little room or
   // span table, is left); they stay its own until the next Flush. Work per
