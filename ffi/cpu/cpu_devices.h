@@ -19,6 +19,10 @@ namespace coarse {
 // The device `call` runs on. With the streams backend `*queue` (if given)
 // names its stream; else it is left alone.
 xla::ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue** queue);
+// A worker's call's device: with the streams backend a StreamDevice kept in
+// the storage set across its calls (KeptStreamDevice), else the one
+// stateless CpuDevice; `*queue` as MakeCpuDevice's.
+xla::ffi::ErrorOr<DeviceHandle> CpuWorkerDevice(const Call& call, HostQueue** queue);
 
 // The proxies' jobs run on the same backend (runtime/service.h).
 const MakeProxyDevice& CpuProxies();

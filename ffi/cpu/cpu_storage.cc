@@ -144,6 +144,7 @@ class HostStreamStorage final : public Storage, public StreamResources {
     }
     published_ = std::make_unique<std::atomic<uint64_t>[]>(plan.devices());
     tables_ = std::make_unique<SpanTables[]>(plan.devices());
+    kept_ = std::make_unique<KeptDevice[]>(plan.workers);
     for (int64_t w = 0; w < plan.workers; ++w) {
       HostEvent* e = copy_events_.emplace_back(new HostEvent[4]).get();
       marks_.push_back(CopyMarks{&e[0], &e[1], &e[2], &e[3]});
@@ -187,6 +188,9 @@ class HostStreamStorage final : public Storage, public StreamResources {
   CopyMarks* copy_marks(int64_t device) override {
     return device < static_cast<int64_t>(marks_.size()) ? &marks_[device] : nullptr;
   }
+  KeptDevice* kept_device(int64_t device) override {
+    return device < static_cast<int64_t>(marks_.size()) ? &kept_[device] : nullptr;
+  }
 
  private:
   HostStorage base_;
@@ -201,6 +205,8 @@ class HostStreamStorage final : public Storage, public StreamResources {
   std::vector<std::unique_ptr<HostEvent[]>> copy_events_;  // per worker: CopyMarks' four
   std::vector<CopyMarks> marks_;                           // per worker
   std::vector<bool> on_host_;
+  // Per worker; last, so a kept device (its streams) goes before the rest.
+  std::unique_ptr<KeptDevice[]> kept_;
   std::vector<const void*> noted_;  // the host proxies' arenas, registered
   // The flags: registered host memory too (a list: its elements never move).
   std::list<HostVector<uint32_t>> flag_pages_;

@@ -37,7 +37,7 @@ ffi::Error RunCpuCall(ffi::RunId run_id, ffi::AnyBuffer& who, const ffi::Diction
   HostQueue* queue = nullptr;
   ffi::Error e = RunCall(
       run_id, Caller{&who, {}}, attrs,
-      [&](const Call& call) { return MakeCpuDevice(call, &queue); }, std::forward<Body>(body),
+      [&](const Call& call) { return CpuWorkerDevice(call, &queue); }, std::forward<Body>(body),
       CpuProxies());
   if (queue != nullptr) queue->Drain();
   return e;

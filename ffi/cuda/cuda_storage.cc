@@ -213,6 +213,7 @@ CudaStorage::CudaStorage(const Plan& plan, const std::vector<int64_t>& ordinals)
   // With a proxy in host memory, each worker's pulls get a copy ring of
   // their own (CopyMarks::up_staging), after the devices' staging so
   // staging_[d] stays device d's.
+  kept_ = std::make_unique<KeptDevice[]>(p);
   for (int64_t w = 0; w < p; ++w) {
     for (int i = 0; i < 4; ++i) events_.push_back(NewEvent(w));
     const size_t e = events_.size() - 4;

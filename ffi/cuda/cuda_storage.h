@@ -59,6 +59,9 @@ class CudaStorage final : public Storage, public StreamResources {
   CopyMarks* copy_marks(int64_t device) override {
     return device < static_cast<int64_t>(marks_.size()) ? &marks_[device] : nullptr;
   }
+  KeptDevice* kept_device(int64_t device) override {
+    return device < static_cast<int64_t>(marks_.size()) ? &kept_[device] : nullptr;
+  }
 
  private:
   void* Alloc(int64_t device, size_t bytes, const char* what);
@@ -84,6 +87,8 @@ class CudaStorage final : public Storage, public StreamResources {
   int64_t staging_len_ = 0, max_runs_ = 0;
   int64_t bytes_ = 0;  // allocated, on all GPUs together
   std::string error_;
+  // Per worker; last, so a kept device (its streams) goes before the rest.
+  std::unique_ptr<KeptDevice[]> kept_;
 };
 
 // Installs the GPU pool as this module's storage pool (the CUDA module's

@@ -47,23 +47,28 @@ ffi::ErrorOr<cudaStream_t> RuntimeStream(RuntimeStreamKind kind, int ordinal) {
 }
 
 auto DeviceMaker(cudaStream_t stream, int32_t ordinal) {
-  return [stream, ordinal](const Call& call) -> ffi::ErrorOr<std::unique_ptr<Device>> {
+  return [stream, ordinal](const Call& call) -> ffi::ErrorOr<DeviceHandle> {
     auto& storage = static_cast<CudaStorage&>(call.session->storage());
     if (!storage.error().empty()) return ffi::Unexpected(ffi::Error::Internal(storage.error()));
     ffi::Error e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
     if (e.failure()) return ffi::Unexpected(e);
-    std::unique_ptr<Stream> copies, ups;
-    if (HasHostProxy(call.plan(), storage)) {
-      auto down = RuntimeStream(RuntimeStreamKind::kCopies, ordinal);
-      if (down.has_error()) return ffi::Unexpected(down.error());
-      auto up = RuntimeStream(RuntimeStreamKind::kCopiesUp, ordinal);
-      if (up.has_error()) return ffi::Unexpected(up.error());
-      copies = std::make_unique<CudaStream>(down.value(), ordinal, storage.ordinals());
-      ups = std::make_unique<CudaStream>(up.value(), ordinal, storage.ordinals());
-    }
-    return std::unique_ptr<Device>(
-        new StreamDevice(std::make_unique<CudaStream>(stream, ordinal, storage.ordinals()),
-                         call.device(), storage, std::move(copies), std::move(ups)));
+    // Kept in the storage set across the worker's calls, built again only
+    // when XLA's stream changed (KeptStreamDevice).
+    return KeptStreamDevice(
+        storage, call.device(), stream, [&]() -> ffi::ErrorOr<std::unique_ptr<StreamDevice>> {
+          std::unique_ptr<Stream> copies, ups;
+          if (HasHostProxy(call.plan(), storage)) {
+            auto down = RuntimeStream(RuntimeStreamKind::kCopies, ordinal);
+            if (down.has_error()) return ffi::Unexpected(down.error());
+            auto up = RuntimeStream(RuntimeStreamKind::kCopiesUp, ordinal);
+            if (up.has_error()) return ffi::Unexpected(up.error());
+            copies = std::make_unique<CudaStream>(down.value(), ordinal, storage.ordinals());
+            ups = std::make_unique<CudaStream>(up.value(), ordinal, storage.ordinals());
+          }
+          return std::make_unique<StreamDevice>(
+              std::make_unique<CudaStream>(stream, ordinal, storage.ordinals()), call.device(),
+              storage, std::move(copies), std::move(ups));
+        });
   };
 }
 

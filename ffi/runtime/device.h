@@ -15,10 +15,13 @@
 // waits on the host for GPU work, only for other handlers' host progress.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/optimizer_math.h"
@@ -140,6 +143,33 @@ class Device {
   // and RunCall flushes at the end of each call. A device whose operations
   // are done when they return holds nothing back.
   virtual xla::ffi::Error Flush() { return xla::ffi::Error::Success(); }
+};
+
+// The device one handler call runs on (RunCall, xla/handler.h): its own,
+// built for the call, or one kept across calls (a worker's StreamDevice in
+// its storage set, KeptStreamDevice in runtime/stream_device.h; the CPU
+// backend's one stateless CpuDevice), so a steady call builds nothing. A
+// kept one's `busy` flag is cleared when the call lets go of it.
+class DeviceHandle {
+ public:
+  DeviceHandle(std::unique_ptr<Device> owned)  // NOLINT: a call's own device converts
+      : owned_(std::move(owned)), device_(owned_.get()) {}
+  DeviceHandle(Device& kept, std::atomic<bool>* busy) : device_(&kept), busy_(busy) {}
+  DeviceHandle(DeviceHandle&& other) noexcept
+      : owned_(std::move(other.owned_)),
+        device_(other.device_),
+        busy_(std::exchange(other.busy_, nullptr)) {}
+  DeviceHandle& operator=(DeviceHandle&&) = delete;
+  ~DeviceHandle() {
+    if (busy_ != nullptr) busy_->store(false, std::memory_order_release);
+  }
+  Device& operator*() const { return *device_; }
+  Device* operator->() const { return device_; }
+
+ private:
+  std::unique_ptr<Device> owned_;
+  Device* device_;
+  std::atomic<bool>* busy_ = nullptr;
 };
 
 }  // namespace coarse

@@ -23,8 +23,8 @@ void NoteStep(Session& session, const RingMember& m, int r, int32_t g,
 // Steps [from, to) of both rings. The completion of step `to` - 1 is
 // announced only if `announce_last` (see RingReduceScatter).
 ffi::Error RunSteps(Session& session, Device& dev, const Who& who, int64_t n, float scale,
-                    const RingMember& m, const std::function<std::string(int, int32_t)>& what,
-                    int32_t from, int32_t to, bool announce_last) {
+                    const RingMember& m, FunctionRef<std::string(int, int32_t)> what, int32_t from,
+                    int32_t to, bool announce_last) {
   const int64_t p = m.members;
   // The member's time in the emulated schedule: the latest arrival it has
   // waited for. Steps are booked from it, not from when the thread woke up:
@@ -101,8 +101,8 @@ void RingChunk(int ring, int32_t g, int64_t position, int64_t p, int64_t n, int6
 }
 
 ffi::Error RingReduceScatter(Session& session, Device& dev, const Who& who, int64_t n, float scale,
-                             const RingMember& m,
-                             const std::function<std::string(int, int32_t)>& what, bool announce) {
+                             const RingMember& m, FunctionRef<std::string(int, int32_t)> what,
+                             bool announce) {
   const int64_t p = m.members;
   if (p == 1 && scale != 1.0f) {  // no ring step to fold it into
     ffi::Error e = dev.Scale(m.own, n, scale);
@@ -134,15 +134,13 @@ ffi::Error RingAnnounceOwned(Session& session, Device& dev, const RingMember& m)
 }
 
 ffi::Error RingAllGather(Session& session, Device& dev, const Who& who, int64_t n,
-                         const RingMember& m,
-                         const std::function<std::string(int, int32_t)>& what) {
+                         const RingMember& m, FunctionRef<std::string(int, int32_t)> what) {
   const int32_t last = static_cast<int32_t>(m.members - 1);
   return RunSteps(session, dev, who, n, 1.0f, m, what, last, RingSteps(m.members), true);
 }
 
 ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int64_t n, float scale,
-                         const RingMember& m,
-                         const std::function<std::string(int, int32_t)>& what) {
+                         const RingMember& m, FunctionRef<std::string(int, int32_t)> what) {
   ffi::Error e = RingReduceScatter(session, dev, who, n, scale, m, what, true);
   if (e.failure()) return e;
   return RingAllGather(session, dev, who, n, m, what);

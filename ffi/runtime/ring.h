@@ -100,8 +100,7 @@ inline int32_t RingSteps(int64_t p) { return static_cast<int32_t>(2 * (p - 1)); 
 // result as is. `what(ring, step)` names what a wait was for, for the timeout
 // error.
 xla::ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int64_t n, float scale,
-                              const RingMember& m,
-                              const std::function<std::string(int, int32_t)>& what);
+                              const RingMember& m, FunctionRef<std::string(int, int32_t)> what);
 
 // The two halves of RingAllReduce, for a member that changes the chunks it
 // owns in between (the proxy optimizer turns its mean gradient into new
@@ -112,11 +111,9 @@ xla::ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int
 // RingAllGather finishes.
 xla::ffi::Error RingReduceScatter(Session& session, Device& dev, const Who& who, int64_t n,
                                   float scale, const RingMember& m,
-                                  const std::function<std::string(int, int32_t)>& what,
-                                  bool announce);
+                                  FunctionRef<std::string(int, int32_t)> what, bool announce);
 xla::ffi::Error RingAnnounceOwned(Session& session, Device& dev, const RingMember& m);
 xla::ffi::Error RingAllGather(Session& session, Device& dev, const Who& who, int64_t n,
-                              const RingMember& m,
-                              const std::function<std::string(int, int32_t)>& what);
+                              const RingMember& m, FunctionRef<std::string(int, int32_t)> what);
 
 }  // namespace coarse

@@ -357,8 +357,8 @@ ffi::Error Session::StopInterrupted(const Who& who, const std::string& doing) {
   return ffi::Error(ffi::ErrorCode::kCancelled, msg);
 }
 
-ffi::Error Session::Wait(const Who& who, Waits kind, const std::function<bool()>& ready,
-                         const std::function<std::string()>& what) {
+ffi::Error Session::Wait(const Who& who, Waits kind, FunctionRef<bool()> ready,
+                         FunctionRef<std::string()> what) {
   if (ready()) return ffi::Error::Success();
   Mailbox& m = mailboxes_[who.device(p())];
   const auto timeout = WaitLimit(kind);

@@ -35,6 +35,7 @@
 
 #include "runtime/device.h"
 #include "runtime/emulator.h"
+#include "runtime/function_ref.h"
 #include "runtime/host_memory.h"
 #include "runtime/mailbox.h"
 #include "runtime/plan.h"
@@ -194,8 +195,9 @@ class Session {
   // The wait sleeps in slices of kInterruptPoll (interrupt.h): a SIGINT
   // (Ctrl-C) since the run started poisons the session the same way, with
   // an error saying it was interrupted.
-  xla::ffi::Error Wait(const Who& who, Waits kind, const std::function<bool()>& ready,
-                       const std::function<std::string()>& what);
+  // (FunctionRef: a wait per piece builds no std::function.)
+  xla::ffi::Error Wait(const Who& who, Waits kind, FunctionRef<bool()> ready,
+                       FunctionRef<std::string()> what);
 
   // Marks the session failed with `error` and wakes everyone.
   void Poison(const std::string& error);

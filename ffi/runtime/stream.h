@@ -13,10 +13,12 @@
 // only touches a peer's memory through Copy, as a GPU must.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -144,6 +146,15 @@ struct CopyMarks {
 // other's copies run.
 inline int64_t CopyRing(int64_t staging_len) { return 2 * staging_len; }
 
+// A worker's device kept in its storage set across its calls
+// (KeptStreamDevice, runtime/stream_device.h): `key` names the stream it
+// runs on; `busy` while a call holds it.
+struct KeptDevice {
+  std::unique_ptr<Device> device;
+  const void* key = nullptr;
+  std::atomic<bool> busy{false};
+};
+
 // What a StreamDevice needs of the session's storage besides the arenas and
 // scratch: per mesh device, a staging buffer for peer copies, span tables,
 // a few scalars of scratch and its event.
@@ -180,6 +191,8 @@ class StreamResources {
   // Worker `device`'s copy stream's marks (CopyMarks); null on a device
   // without one (a proxy), whose copies all run on its one stream.
   virtual CopyMarks* copy_marks(int64_t device) = 0;
+  // Worker `device`'s kept device (KeptDevice); null on a proxy.
+  virtual KeptDevice* kept_device(int64_t device) = 0;
 };
 
 // Whether a proxy of `plan` is in host memory: then the workers copy down
@@ -208,6 +221,9 @@ class PublicationsSeen {
     if (e.success()) seen_[device] = now;
     return e;
   }
+
+  // As if it had waited for none (keeps the vector's room).
+  void Forget() { std::fill(seen_.begin(), seen_.end(), 0); }
 
  private:
   std::vector<uint64_t> seen_;  // per mesh device: 1 + its count when last waited for; 0 none

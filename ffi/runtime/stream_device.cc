@@ -53,6 +53,19 @@ StreamDevice::StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamR
   if (marks_ != nullptr && ups != nullptr) ups_ = Counted(std::move(ups), resources);
 }
 
+void StreamDevice::BeginCall() {
+  queued_.kind = Queued::Kind::kNone;
+  queued_.spans.clear();
+  queued_.at.clear();
+  outbound_.clear();
+  staged_ = 0;
+  acquired_.Forget();
+  dirty_ = true;
+  marked_ = false;
+  ups_started_ = false;
+  staged_down_ = staged_up_ = false;
+}
+
 Stream* StreamDevice::Enqueue() {
   dirty_ = true;
   marked_ = false;

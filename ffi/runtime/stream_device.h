@@ -93,6 +93,13 @@ class StreamDevice final : public Device {
   // only between operations of this device, with nothing held back (Flush).
   Stream& stream() { return *Enqueue(); }
 
+  // A kept device (KeptStreamDevice) starts another call as a new one
+  // would: nothing held (a failed call's held work is dropped, as a
+  // device built per call dropped it), no wait or mark of this call yet.
+  // What outlives a call stays: the vectors' room, and ups_unjoined_ (a
+  // failed call's copies up are still joined before the next launch).
+  void BeginCall();
+
  private:
   // Work held back to merge (Device::Flush): packs into, or unpacks out of,
   // f32 buffers (a peer's this device addresses, its own, its staging), in
@@ -184,5 +191,35 @@ class StreamDevice final : public Device {
   PublicationsSeen acquired_;       // Acquire waits once per publication of a device
   bool dirty_ = true;               // work enqueued since this device's last record (Publish)
 };
+
+// The device of worker `device`'s call, kept in its storage set across calls
+// (StreamResources::kept_device), so a steady call allocates no device, stream
+// wrappers or vectors: `build()` (ErrorOr<std::unique_ptr<StreamDevice>>)
+// makes one on the worker's first call, when the stream it runs on (`key`)
+// changed, and, as the call's own, while another call holds the kept one.
+template <typename Build>
+xla::ffi::ErrorOr<DeviceHandle> KeptStreamDevice(StreamResources& res, int64_t device,
+                                                 const void* key, Build&& build) {
+  KeptDevice* kept = res.kept_device(device);
+  bool idle = false;
+  if (kept == nullptr ||
+      !kept->busy.compare_exchange_strong(idle, true, std::memory_order_acq_rel)) {
+    auto made = build();
+    if (made.has_error()) return xla::ffi::Unexpected(made.error());
+    return DeviceHandle(std::unique_ptr<Device>(std::move(made.value())));
+  }
+  if (kept->device == nullptr || kept->key != key) {
+    auto made = build();
+    if (made.has_error()) {
+      kept->busy.store(false, std::memory_order_release);
+      return xla::ffi::Unexpected(made.error());
+    }
+    kept->device = std::move(made.value());
+    kept->key = key;
+  } else {
+    static_cast<StreamDevice&>(*kept->device).BeginCall();
+  }
+  return DeviceHandle(*kept->device, &kept->busy);
+}
 
 }  // namespace coarse

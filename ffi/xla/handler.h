@@ -51,7 +51,8 @@ xla::ffi::Error EndCall(Call& call, Device& device, xla::ffi::Error status,
 xla::ffi::Error StartProxyService(Call& call, const xla::ffi::Dictionary& attrs,
                                   const MakeProxyDevice& make_proxy_device);
 
-// BeginCall, a device from `make_device(call)`, the proxies' jobs
+// BeginCall, a device from `make_device(call)` (a DeviceHandle, or a
+// std::unique_ptr<Device> of the call's own), the proxies' jobs
 // (StartProxyService), AcquireStorage, `body(call, device)`, EndCall: the
 // whole life of one handler call.
 template <typename MakeDevice, typename Body>
@@ -61,13 +62,14 @@ xla::ffi::Error RunCall(xla::ffi::RunId run_id, const Caller& caller,
   auto begun = BeginCall(run_id, caller, attrs);
   if (begun.has_error()) return begun.error();
   Call call = std::move(begun.value());
-  auto device = make_device(call);
-  if (device.has_error()) {
-    call.session->Poison(device.error().message());
+  auto made = make_device(call);
+  if (made.has_error()) {
+    call.session->Poison(made.error().message());
     call.session->Finish(call.device());
-    return device.error();
+    return made.error();
   }
-  Device& dev = *device.value();
+  const DeviceHandle device(std::move(made.value()));
+  Device& dev = *device;
   xla::ffi::Error status = StartProxyService(call, attrs, make_proxy_device);
   if (status.success()) status = AcquireStorage(call, dev);
   if (status.success()) status = body(call, dev);

@@ -119,7 +119,7 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
     ffi::Error err = CheckPushedInPlace(call, *pushed);
     if (err.failure()) return err;
   }
-  std::vector<LeafRun> runs;
+  std::vector<LeafRun> runs, piece_runs;  // reused: no allocation per piece
   TraceScope all(session, call.device(), "pull");
   // Until proxy k has reduced piece s (and enqueued the work that did it).
   auto reduced = [&](int64_t k, int64_t s) {
@@ -177,10 +177,9 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
         runs.clear();
         int64_t u = t, len = 0;
         for (;; ++u) {
-          std::vector<LeafRun> piece;
-          RunsOfPiece(plan, u, leaf_of, piece);
-          for (LeafRun& r : piece) r.buf_off += len;
-          runs.insert(runs.end(), piece.begin(), piece.end());
+          RunsOfPiece(plan, u, leaf_of, piece_runs);
+          for (LeafRun& r : piece_runs) r.buf_off += len;
+          runs.insert(runs.end(), piece_runs.begin(), piece_runs.end());
           len += plan.piece_nelems[u];
           if (u == s || plan.slot(k, u + 1, 0) != base + len) break;
         }
