@@ -504,3 +504,32 @@ def test_batch_argnums_empty_means_no_batch():
     np.testing.assert_array_equal(none(tree), tree)  # the mean of 4 equal copies
     default = coarse.sync(lambda t: coarse.all_reduce(t), mesh=mesh)
     np.testing.assert_array_equal(default(tree), [3.0, 4.0])  # the mean of the 4 slices
+
+
+def test_a_key_as_the_last_argument_is_not_taken_for_the_batch_silently():
+    """``train_step(state, batch, rng)`` (Linen's VAE, dropout): without batch_argnums the
+    default batch is the last argument, here a PRNG key that no worker can split. The
+    error names the batch's likely position; with it the step runs, the key is the same
+    on every worker (returned as it came) and folding in the worker gives each its own
+    draws."""
+    mesh = coarse.make_mesh(workers=4)
+    w = jnp.arange(6.0).reshape(3, 2)
+    x = jnp.arange(24.0).reshape(8, 3)
+    key = jax.random.key(0)
+
+    def train_step(w, batch, rng):
+        noise = jax.random.normal(jax.random.fold_in(rng, lax.axis_index("data")), (1,))
+        loss, grads = coarse.value_and_grad(lambda w: jnp.mean((batch @ w) ** 2))(w)
+        return w - 0.1 * grads, loss, coarse.all_reduce(noise, op="sum"), rng
+
+    with pytest.raises(ValueError, match=r"argument 2 is taken as the batch .*\(a PRNG key\)"):
+        coarse.sync(mesh)(train_step)(w, x, key)
+    with pytest.raises(ValueError, match=r"coarse.sync\(mesh, batch_argnums=1\)"):
+        coarse.sync(mesh)(train_step)(w, x, key)
+    new_w, loss, noise_sum, rng = coarse.sync(mesh, batch_argnums=1)(train_step)(w, x, key)
+    want_loss, want_grads = jax.value_and_grad(lambda w: jnp.mean((x @ w) ** 2))(w)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    np.testing.assert_allclose(new_w, w - 0.1 * want_grads, rtol=1e-6)
+    draws = [jax.random.normal(jax.random.fold_in(key, i), (1,)) for i in range(4)]
+    np.testing.assert_allclose(noise_sum, sum(draws), rtol=1e-5)
+    assert jax.random.key_data(rng).tolist() == jax.random.key_data(key).tolist()

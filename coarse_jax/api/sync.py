@@ -252,7 +252,9 @@ class SyncedStep(ProxyState, StepInfo):
     ) -> tuple[Layout, tuple[Any, ...], Any]:
         """(the call's layout, all its arguments in order, the state of its NNX arguments)."""
         layout, full, graph_state = self._arguments.layout(args, kwargs)
-        _arguments.check_batch(full, layout, self._all_workers, self._name)
+        _arguments.check_batch(
+            full, layout, self._all_workers, self._name, self._arguments.batch_chosen
+        )
         self._check_structure(layout)
         return layout, full, graph_state
 

@@ -172,17 +172,48 @@ def label(i: int, n_pos: int, kwnames: tuple[str, ...]) -> str:
     return f"argument {i}" if i < n_pos else f"keyword argument {kwnames[i - n_pos]!r}"
 
 
-def check_batch(full: Sequence[Any], layout: Layout, p: int, step: str) -> None:
-    """Every batch leaf has a leading axis divisible by the ``p`` workers."""
+def _splits(value: Any, p: int) -> bool:
+    """Whether every leaf of ``value`` has a leading axis divisible by ``p`` (and one leaf)."""
+    leaves = jax.tree.leaves(value)
+    return bool(leaves) and all(jnp.ndim(x) and jnp.shape(x)[0] % p == 0 for x in leaves)
+
+
+def check_batch(
+    full: Sequence[Any], layout: Layout, p: int, step: str, chosen: bool = True
+) -> None:
+    """Every batch leaf has a leading axis divisible by the ``p`` workers. ``chosen``: the
+    user named the batch (``batch_argnums`` / ``batch_argnames``); else it is the default,
+    the last argument, and an argument that cannot be a batch (a PRNG key, a scalar) is
+    more likely a step's ``rng`` than a batch: the error then says how to name the batch,
+    with the argument before it that splits, if one does."""
     for i in layout.batch:
         for x in jax.tree.leaves(full[i]):
             shape = x.shape if isinstance(x, jax.Array) else jnp.shape(x)
-            if not shape or shape[0] % p:
+            if shape and shape[0] % p == 0:
+                continue
+            what = label(i, layout.n_pos, layout.kwnames)
+            key = isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+            got = f"got a leaf of shape {jnp.shape(x)}" + (" (a PRNG key)" if key else "")
+            fix = f"use a global batch size that is a multiple of {p}"
+            if not chosen:
+                others = [
+                    j
+                    for j in range(layout.n_pos)
+                    if j != i and j not in dict(layout.static) and j not in layout.graph
+                    if _splits(full[j], p)
+                ]
+                name = f"batch_argnums={others[-1]}" if others else "batch_argnums=<its position>"
                 raise ValueError(
-                    f"coarse.sync({step}): batch {label(i, layout.n_pos, layout.kwnames)} must "
-                    f"have a leading axis divisible by the {p} workers, got a leaf of shape "
-                    f"{jnp.shape(x)}. Fix: use a global batch size that is a multiple of {p}."
+                    f"coarse.sync({step}): {what} is taken as the batch (without "
+                    "batch_argnums, the batch is the last argument without a default) and must "
+                    f"have a leading axis divisible by the {p} workers, {got}. Fix: name the "
+                    f"batch, coarse.sync(mesh, {name}) (or batch_argnames=...); every other "
+                    f"argument is replicated. If {what} is the batch, {fix}."
                 )
+            raise ValueError(
+                f"coarse.sync({step}): batch {what} must have a leading axis divisible by the "
+                f"{p} workers, {got}. Fix: {fix}."
+            )
 
 
 class Arguments:
@@ -204,6 +235,7 @@ class Arguments:
         # batch_argnums=() (or batch_argnames=()) says the step has no batch: every
         # argument is replicated. Only None (not given) means the default, the last.
         self._batch_given = batch_argnums is not None or batch_argnames is not None
+        self.batch_chosen = self._batch_given  # the user named the batch (check_batch)
         self.batch_argnums = indices(batch_argnums, "batch_argnums", step)
         self.static_argnums = indices(static_argnums, "static_argnums", step)
         self.donate_argnums = indices(donate_argnums, "donate_argnums", step)
