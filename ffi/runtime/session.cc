@@ -61,7 +61,7 @@ void AtomicMax(std::atomic<int64_t>& a, int64_t v) {
 class Registry {
  public:
   std::shared_ptr<Session> Join(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
-                                int64_t device, const std::vector<int64_t>& ordinals) {
+                                int64_t device, ffi::Span<const int64_t> ordinals) {
     std::lock_guard<std::mutex> lock(mu_);
     RunState& run = RunLocked(run_id);
     const int64_t iteration = run.iterations[std::make_pair(site, device)];
@@ -79,8 +79,9 @@ class Registry {
         ++s;
     }
     const int64_t step = NextStepLocked(plan->key, site);
-    auto session = std::make_shared<Session>(std::move(plan), run_id, site, iteration, step,
-                                             run.interrupts_at_start, ordinals);
+    auto session = std::make_shared<Session>(
+        std::move(plan), run_id, site, iteration, step, run.interrupts_at_start,
+        std::vector<int64_t>(ordinals.begin(), ordinals.end()));
     sessions_.emplace(key, session);
     return session;
   }
@@ -473,7 +474,7 @@ bool Session::TakeDroppedPush(int64_t worker) {
 }
 
 std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
-                                     int64_t device, const std::vector<int64_t>& ordinals) {
+                                     int64_t device, ffi::Span<const int64_t> ordinals) {
   return TheRegistry().Join(std::move(plan), run_id, site, device, ordinals);
 }
 

@@ -325,8 +325,9 @@ class Session {
 // Finds or creates the session of (run_id, site, the caller's current
 // iteration of them) for `plan`; `device` is the caller's mesh device index.
 // `ordinals`: see StoragePool::Take.
+// (`ordinals` is copied only into a new session: a call's attribute, read in place.)
 std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
-                                     int64_t device, const std::vector<int64_t>& ordinals);
+                                     int64_t device, xla::ffi::Span<const int64_t> ordinals);
 
 // Testing hook, exposed by the nanobind module: the next session created (by
 // whatever mesh, in this module) loses the first push of `worker`, so its

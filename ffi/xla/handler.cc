@@ -11,12 +11,13 @@
 namespace coarse {
 namespace ffi = xla::ffi;
 
-static ffi::ErrorOr<std::vector<int64_t>> ReadOrdinals(const ffi::Dictionary& attrs,
-                                                       int64_t devices) {
-  if (!attrs.contains("ordinals")) return std::vector<int64_t>{};
+// Read in place (the attribute outlives the call): no copy per call.
+static ffi::ErrorOr<ffi::Span<const int64_t>> ReadOrdinals(const ffi::Dictionary& attrs,
+                                                           int64_t devices) {
+  if (!attrs.contains("ordinals")) return ffi::Span<const int64_t>{};
   auto span = attrs.get<ffi::Span<const int64_t>>("ordinals");
   if (span.has_error()) return ffi::Unexpected(span.error());
-  std::vector<int64_t> out(span.value().begin(), span.value().end());
+  const ffi::Span<const int64_t> out = span.value();
   if (static_cast<int64_t>(out.size()) != devices)
     return ffi::Unexpected(ffi::Error::InvalidArgument(
         "coarse_jax: attribute 'ordinals' has " + std::to_string(out.size()) +
@@ -24,7 +25,7 @@ static ffi::ErrorOr<std::vector<int64_t>> ReadOrdinals(const ffi::Dictionary& at
   return out;
 }
 
-static ffi::ErrorOr<Who> WhoByOrdinal(int64_t ordinal, const std::vector<int64_t>& ordinals,
+static ffi::ErrorOr<Who> WhoByOrdinal(int64_t ordinal, ffi::Span<const int64_t> ordinals,
                                       int64_t p) {
   for (int64_t d = 0; d < static_cast<int64_t>(ordinals.size()); ++d)
     if (ordinals[d] == ordinal) return Who{d < p ? kWorker : kProxy, d < p ? d : d - p};
