@@ -64,6 +64,7 @@ void StreamDevice::BeginCall() {
   marked_ = false;
   ups_started_ = false;
   staged_down_ = staged_up_ = false;
+  ups_unjoined_ = false;
 }
 
 Stream* StreamDevice::Enqueue() {

@@ -95,9 +95,12 @@ class StreamDevice final : public Device {
 
   // A kept device (KeptStreamDevice) starts another call as a new one
   // would: nothing held (a failed call's held work is dropped, as a
-  // device built per call dropped it), no wait or mark of this call yet.
-  // What outlives a call stays: the vectors' room, and ups_unjoined_ (a
-  // failed call's copies up are still joined before the next launch).
+  // device built per call dropped it), no wait or mark of this call yet,
+  // nothing of the copy-up stream to join (a failed call may leave flag
+  // waits there for a session that failed: joining them stalled the next
+  // call's stream until they timed out, and the step after a lost push
+  // refused its params on the streams backend). Only the vectors' room
+  // outlives a call.
   void BeginCall();
 
  private:
