@@ -97,10 +97,10 @@ class StreamDevice final : public Device {
   // would: nothing held (a failed call's held work is dropped, as a
   // device built per call dropped it), no wait or mark of this call yet,
   // nothing of the copy-up stream to join (a failed call may leave flag
-  // waits there for a session that failed: joining them stalled the next
-  // call's stream until they timed out, and the step after a lost push
-  // refused its params on the streams backend). Only the vectors' room
-  // outlives a call.
+  // waits there for a session that failed: joining them would stall the
+  // next call's stream until they time out; the copies up it makes itself
+  // queue behind them on that in-order stream, and its unpack joins those).
+  // Only the vectors' room outlives a call.
   void BeginCall();
 
  private:
