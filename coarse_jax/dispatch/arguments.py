@@ -183,9 +183,10 @@ def check_batch(
 ) -> None:
     """Every batch leaf has a leading axis divisible by the ``p`` workers. ``chosen``: the
     user named the batch (``batch_argnums`` / ``batch_argnames``); else it is the default,
-    the last argument, and an argument that cannot be a batch (a PRNG key, a scalar) is
-    more likely a step's ``rng`` than a batch: the error then says how to name the batch,
-    with the argument before it that splits, if one does."""
+    the last argument, and one that cannot be a batch at all (a PRNG key, a scalar: no
+    leading axis) is a step's ``rng`` or the like, not a batch of the wrong size: the
+    error then says how to name the batch, with the argument before it that splits, if
+    one does."""
     for i in layout.batch:
         for x in jax.tree.leaves(full[i]):
             shape = x.shape if isinstance(x, jax.Array) else jnp.shape(x)
@@ -195,7 +196,7 @@ def check_batch(
             key = isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
             got = f"got a leaf of shape {jnp.shape(x)}" + (" (a PRNG key)" if key else "")
             fix = f"use a global batch size that is a multiple of {p}"
-            if not chosen:
+            if not chosen and (not shape or key):
                 others = [
                     j
                     for j in range(layout.n_pos)
