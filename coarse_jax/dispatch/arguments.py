@@ -236,7 +236,6 @@ class Arguments:
         # batch_argnums=() (or batch_argnames=()) says the step has no batch: every
         # argument is replicated. Only None (not given) means the default, the last.
         self._batch_given = batch_argnums is not None or batch_argnames is not None
-        self.batch_chosen = self._batch_given  # the user named the batch (check_batch)
         self.batch_argnums = indices(batch_argnums, "batch_argnums", step)
         self.static_argnums = indices(static_argnums, "static_argnums", step)
         self.donate_argnums = indices(donate_argnums, "donate_argnums", step)
@@ -348,6 +347,11 @@ class Arguments:
             if p.name in wanted:
                 found.add(j)
         return found
+
+    @property
+    def batch_chosen(self) -> bool:
+        """Whether the user named the batch (``batch_*``), not the default (check_batch)."""
+        return self._batch_given
 
     def layout(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -205,12 +205,12 @@ class HostStreamStorage final : public Storage, public StreamResources {
   std::vector<std::unique_ptr<HostEvent[]>> copy_events_;  // per worker: CopyMarks' four
   std::vector<CopyMarks> marks_;                           // per worker
   std::vector<bool> on_host_;
-  // Per worker; last, so a kept device (its streams) goes before the rest.
-  std::unique_ptr<KeptDevice[]> kept_;
   std::vector<const void*> noted_;  // the host proxies' arenas, registered
   // The flags: registered host memory too (a list: its elements never move).
   std::list<HostVector<uint32_t>> flag_pages_;
   std::vector<uint32_t*> flags_;
+  // Per worker; last, so a kept device (its streams) goes before the rest.
+  std::unique_ptr<KeptDevice[]> kept_;
 };
 
 class HostPool : public StoragePool {

@@ -164,7 +164,6 @@ class DeviceHandle {
     if (busy_ != nullptr) busy_->store(false, std::memory_order_release);
   }
   Device& operator*() const { return *device_; }
-  Device* operator->() const { return device_; }
 
  private:
   std::unique_ptr<Device> owned_;
