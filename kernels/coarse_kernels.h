@@ -47,12 +47,13 @@ cudaError_t LaunchOptimizer(const coarse::OptScalars& o, float* grad_io, const f
 // kSumSquaresBlocks doubles of scratch.
 cudaError_t LaunchSumSquares(const float* x, int64_t n, double* partial, double* out,
                              cudaStream_t stream);
-// *first = min(*first, base + the first i where given[i] differs bitwise
-// from master[i] rounded to `dtype`); the caller sets *first beforehand (to
-// at least base + n). `base` lets several runs share one result: the first
-// mismatch of all of them by buffer offset, read back once.
-cudaError_t LaunchFirstMismatch(const float* master, const float* given, int64_t n, DType dtype,
-                                unsigned long long base, unsigned long long* first,
-                                cudaStream_t stream);
+// *first = min(*first, base + the first i where given[i], an element of
+// `given_dtype` (`dtype`: the params where they are; f32: widened), differs
+// bitwise from master[i] rounded to `dtype`); the caller sets *first
+// beforehand (to at least base + n). `base` lets several runs share one
+// result: the first mismatch of all of them by buffer offset, read back once.
+cudaError_t LaunchFirstMismatch(const float* master, DType dtype, const void* given,
+                                DType given_dtype, int64_t n, unsigned long long base,
+                                unsigned long long* first, cudaStream_t stream);
 
 }  // namespace coarse::kernels

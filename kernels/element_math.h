@@ -90,6 +90,12 @@ COARSE_HD float RoundTrip(float v, DType t) {
   if (t == DType::kF16) return F16ToF32(F32ToF16(v));
   return v;
 }
+// Element i of `p`, an array of `t`, widened to f32 (exact).
+COARSE_HD float WidenAt(const void* p, DType t, int64_t i) {
+  if (t == DType::kBF16) return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
+  if (t == DType::kF16) return F16ToF32(static_cast<const uint16_t*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
 // Bitwise: a NaN the step returned must come back as the same NaN.
 COARSE_HD bool SameBits(float a, float b) { return F32ToBits(a) == F32ToBits(b); }
 

@@ -91,12 +91,13 @@ __global__ void SumPartialsKernel(const double* partial, int n, double* out) {
   if (threadIdx.x == 0) *out = acc[0];
 }
 
-__global__ void FirstMismatchKernel(const float* master, const float* given, int64_t n, DType t,
-                                    unsigned long long base, unsigned long long* first) {
+__global__ void FirstMismatchKernel(const float* master, DType t, const void* given, DType gt,
+                                    int64_t n, unsigned long long base, unsigned long long* first) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float r = RoundTrip(master[i], t);
-    if (!SameBits(r, given[i])) atomicMin(first, base + static_cast<unsigned long long>(i));
+    if (!SameBits(r, WidenAt(given, gt, i)))
+      atomicMin(first, base + static_cast<unsigned long long>(i));
   }
 }
 
@@ -145,12 +146,12 @@ cudaError_t LaunchSumSquares(const float* x, int64_t n, double* partial, double*
   return cudaGetLastError();
 }
 
-cudaError_t LaunchFirstMismatch(const float* master, const float* given, int64_t n, DType dtype,
-                                unsigned long long base, unsigned long long* first,
-                                cudaStream_t stream) {
+cudaError_t LaunchFirstMismatch(const float* master, DType dtype, const void* given,
+                                DType given_dtype, int64_t n, unsigned long long base,
+                                unsigned long long* first, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  FirstMismatchKernel<<<ElementBlocks(n, 1), kThreads, 0, stream>>>(master, given, n, dtype, base,
-                                                                    first);
+  FirstMismatchKernel<<<ElementBlocks(n, 1), kThreads, 0, stream>>>(master, dtype, given,
+                                                                    given_dtype, n, base, first);
   return cudaGetLastError();
 }
 

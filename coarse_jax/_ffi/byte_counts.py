@@ -1,7 +1,7 @@
 """The bytes the CPU runtime moves, counted where it moves them (issue 39).
 
 Every device operation of the CPU backend adds the bytes its loop reads and
-writes to a process-wide counter of its kind (``ffi/cpu/cpu_traffic.h``):
+writes to a process-wide counter of its kind (``ffi/runtime/traffic.h``):
 
 * ``gather``: leaves widened into f32 storage (a copying push; the worker
   ring's scratch on emulated links);

@@ -1,9 +1,11 @@
 // Which device backend the CPU extension runs its sessions on, read once from
 // the environment when the extension loads (module_cpu.cc):
-//   COARSE_JAX_BACKEND        unset or "cpu": CpuDevice (one address space,
-//                             every operation done when it returns);
-//                             "streams": StreamDevice over host streams
-//                             (host_stream.h), the CUDA backend's semantics.
+//   COARSE_JAX_BACKEND        unset or "cpu": StreamDevice over the inline
+//                             stream (inline_stream.h: one address space,
+//                             every operation done when it returns, the
+//                             shared-memory strategy); "streams": over
+//                             threaded host streams (host_stream.h), the
+//                             CUDA backend's semantics.
 //   COARSE_JAX_STREAM_CHAOS   with "streams": an integer seed turns on seeded
 //                             random delays and yields in the streams.
 #pragma once

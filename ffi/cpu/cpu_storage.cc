@@ -69,10 +69,6 @@ class HostStorage : public Storage {
   float* arena(int64_t proxy) override { return arenas_[proxy]; }
   float* scratch(int64_t worker) override { return scratch_[worker]; }
   int64_t bytes() const override { return bytes_; }
-  // The plain CPU backend's sets: one address space, host loops
-  // (cpu/shared_memory_sums.h). The streams backend's sets wrap one of
-  // these without offering it: its devices reach a peer only by copies.
-  SharedMemory* shared_memory() const override { return &TheHostSharedMemory(); }
 
  private:
   numa::HostPages pages_;  // unmapped when the set is freed
@@ -112,23 +108,33 @@ class HostStateBuffer : public HostAddressedStateBuffer {
   float* data_ = nullptr;
 };
 
-// A HostStorage plus the StreamResources of the streams backend. Each
-// device's extras are its own allocation; the arenas and scratch stay one
-// mapping (a peer's memory is reached only through the stream's copies, so
-// where it sits does not matter). A proxy in host memory is what it is on a
-// GPU machine: its arena is the runtime's registered host memory (page
-// aligned, as cudaHostAlloc's; a device Copy or Memset there is refused,
-// runtime/host_memory.h), reached by the workers' Download / UploadPinned,
-// and it has a page of ready flags (Storage::ready_flags).
+// A HostStorage plus the StreamResources of the CPU platform's streams,
+// in one of two modes, chosen with the backend:
+//  * shared (the default backend, on the inline stream): one address space.
+//    Every device's kernels address every other's memory (shares_memory),
+//    so nothing is staged or copied (staging is a token one float), a proxy
+//    "in host memory" is one like any other (the CPU's memory is host
+//    memory), and the session's shared-memory strategy is offered
+//    (cpu/shared_memory_sums.h: the one-pass sums, in-place pulls).
+//  * streams (COARSE_JAX_BACKEND=streams): what a GPU machine is. A device
+//    reaches a peer only by copies (one jax device at two places of the mesh
+//    excepted: testing.shared_device_mesh), and a proxy in host memory has
+//    the runtime's registered host memory as its arena (page aligned, as
+//    cudaHostAlloc's; a device Copy or Memset there is refused,
+//    runtime/host_memory.h), reached by the workers' Download /
+//    UploadPinned, with a page of ready flags (Storage::ready_flags).
+// Each device's extras are their own allocation; the arenas and scratch stay
+// one mapping.
 class HostStreamStorage final : public Storage, public StreamResources {
  public:
-  HostStreamStorage(const Plan& plan, const std::vector<int64_t>& ordinals) : base_(plan) {
+  HostStreamStorage(const Plan& plan, const std::vector<int64_t>& ordinals, bool shared)
+      : base_(plan), shared_(shared) {
     const StagingSizes sizes = StagingSizesOf(plan);
-    staging_len_ = sizes.staging_len;
+    staging_len_ = shared ? 1 : sizes.staging_len;
     max_runs_ = sizes.max_runs;
     for (int64_t d = 0; d < plan.devices(); ++d) {
-      on_host_.push_back(d < static_cast<int64_t>(ordinals.size()) && d >= plan.workers &&
-                         IsHostOrdinal(ordinals[d]));
+      on_host_.push_back(!shared && d < static_cast<int64_t>(ordinals.size()) &&
+                         d >= plan.workers && IsHostOrdinal(ordinals[d]));
       ordinals_.push_back(d < static_cast<int64_t>(ordinals.size()) ? ordinals[d] : d);
     }
     // A worker of a session with a proxy in host memory: its pushes' copy
@@ -162,13 +168,16 @@ class HostStreamStorage final : public Storage, public StreamResources {
   }
   // Work queued on a stream may still read or write this set.
   ~HostStreamStorage() override {
-    DrainAllHostQueues();
+    if (!shared_) DrainAllHostQueues();
     for (const void* p : noted_) ForgetHostMemory(p);
   }
 
   float* arena(int64_t proxy) override { return base_.arena(proxy); }
   float* scratch(int64_t worker) override { return base_.scratch(worker); }
   int64_t bytes() const override { return base_.bytes(); }
+  SharedMemory* shared_memory() const override {
+    return shared_ ? &TheHostSharedMemory() : nullptr;
+  }
   uint32_t* ready_flags(int64_t proxy) override { return flags_[proxy]; }
 
   float* staging(int64_t device) override { return staging_[device].get(); }
@@ -179,10 +188,10 @@ class HostStreamStorage final : public Storage, public StreamResources {
   double* scalars(int64_t device) override { return scalars_[device].get(); }
   StreamEvent event(int64_t device) override { return events_[device].get(); }
   bool in_host_memory(int64_t device) const override { return on_host_[device]; }
-  // One jax device at two places of the mesh (testing.shared_device_mesh):
-  // what one GPU is on a GPU machine.
+  // Shared: all of them. Else one jax device at two places of the mesh
+  // (testing.shared_device_mesh): what one GPU is on a GPU machine.
   bool shares_memory(int64_t a, int64_t b) const override {
-    return a == b || (!on_host_[a] && !on_host_[b] && ordinals_[a] == ordinals_[b]);
+    return shared_ || a == b || (!on_host_[a] && !on_host_[b] && ordinals_[a] == ordinals_[b]);
   }
   std::atomic<uint64_t>& published(int64_t device) override { return published_[device]; }
   CopyMarks* copy_marks(int64_t device) override {
@@ -194,6 +203,7 @@ class HostStreamStorage final : public Storage, public StreamResources {
 
  private:
   HostStorage base_;
+  bool shared_;
   std::vector<int64_t> ordinals_;
   std::unique_ptr<std::atomic<uint64_t>[]> published_;
   int64_t staging_len_ = 1, max_runs_ = 1;
@@ -230,8 +240,7 @@ class HostPool : public StoragePool {
     // Streams: host proxies' sets differ from device proxies' (registered
     // arenas, flags), so the ordinals are part of the key.
     if (auto set = spares_.Take(plan.key, streams_ ? ordinals : std::vector<int64_t>{})) return set;
-    if (streams_) return std::make_unique<HostStreamStorage>(plan, ordinals);
-    return std::make_unique<HostStorage>(plan);
+    return std::make_unique<HostStreamStorage>(plan, ordinals, /*shared=*/!streams_);
   }
 
   // Two sets of one plan may be spare at once: the next step's session can

@@ -1,18 +1,18 @@
 // The CPU bindings of coarse_begin / coarse_push / coarse_proxy_ring / coarse_worker_ring /
 // coarse_pull / coarse_probe: the caller is named by the (tier, data)
 // operand, and each call's translation (xla/sync_ops.h, xla/probe.h) runs inside
-// RunCall (xla/handler.h) on a CpuDevice, or with COARSE_JAX_BACKEND=streams
-// (cpu_backend_choice.h) on a StreamDevice over the caller's host stream
-// (host_stream.h), the CUDA backend's orchestration. coarse_host_gather
-// (xla/host_gather.h, CPU only) runs outside any session, on a CpuDevice. The
-// CUDA twin: cuda/handlers_cuda.cc.
+// RunCall (xla/handler.h) on a StreamDevice, the CUDA backend's
+// orchestration, over the CPU platform's inline stream, or with
+// COARSE_JAX_BACKEND=streams (cpu_backend_choice.h) over the caller's host
+// stream (cpu_devices.h). coarse_host_gather (xla/host_gather.h, CPU only)
+// runs outside any session, on an inline stream of its own. The CUDA twin:
+// cuda/handlers_cuda.cc.
 #include <cstring>
 #include <memory>
 
-#include "cpu/cpu_backend_choice.h"
-#include "cpu/cpu_device.h"
 #include "cpu/cpu_devices.h"
 #include "cpu/host_stream.h"
+#include "cpu/inline_stream.h"
 #include "runtime/stream_device.h"
 #include "xla/handler.h"
 #include "xla/host_gather.h"
@@ -57,25 +57,9 @@ ffi::Error PushImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer after,
   });
 }
 
-// CPU buffers are host memory: CpuDevice reads and writes them in place; a
-// StreamDevice through its stream, as the CUDA backend does (StreamHostIo).
-const HostIo& CpuHostIo() {
-  static const HostIo io{[](ffi::AnyBuffer src, void* dst, size_t bytes) {
-                           std::memcpy(dst, src.untyped_data(), bytes);
-                           return ffi::Error::Success();
-                         },
-                         [](const void* src, ffi::Result<ffi::AnyBuffer> dst, size_t bytes) {
-                           std::memcpy(dst->untyped_data(), src, bytes);
-                           return ffi::Error::Success();
-                         }};
-  return io;
-}
-
-HostIo IoOf(Device& dev) {
-  if (ActiveCpuBackend() == CpuBackend::kStreams)
-    return StreamHostIo(static_cast<StreamDevice&>(dev).stream());
-  return CpuHostIo();
-}
+// The host's copies to and from XLA's buffers, on the device's stream in
+// its order, as the CUDA backend makes them (StreamHostIo).
+HostIo IoOf(Device& dev) { return StreamHostIo(static_cast<StreamDevice&>(dev).stream()); }
 
 ffi::Error ProxyRingImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::RemainingArgs args,
                          ffi::RemainingRets outs, ffi::Dictionary attrs) {
@@ -112,8 +96,8 @@ ffi::Error HostGatherImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
                           ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                           ffi::Dictionary attrs) {
   (void)leaves;  // aliased to the results; every element is overwritten
-  CpuDevice dev;
-  return HostGatherBody(run_id, who, chunk, outs, attrs, dev);
+  InlineHostStream host;
+  return HostGatherBody(run_id, who, chunk, outs, attrs, host);
 }
 
 ffi::Error ProbeImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer pairs,

@@ -1,85 +1,76 @@
-// The host loops of the kernels (see host_kernels.h). Element by element,
-// through the kernels' own functions: the stream-semantics backend checks
-// ordering and arithmetic, not speed.
+// The host loops of the kernels (see host_kernels.h).
 #include "cpu/host_kernels.h"
 
+#include <cstring>
+
+#include "cpu/cpu_backend.h"
+#include "cpu/host_pool.h"
 #include "kernels/element_math.h"
-#include "kernels/optimizer_math.h"
+#include "runtime/dtype.h"
 
 namespace coarse::host_kernels {
 
-namespace {
-
-float Widen(const void* leaf, kernels::DType t, int64_t i) {
+xla::ffi::DataType ToXlaDType(kernels::DType t) {
   switch (t) {
-    case kernels::DType::kBF16: return kernels::Bf16ToF32(static_cast<const uint16_t*>(leaf)[i]);
-    case kernels::DType::kF16: return kernels::F16ToF32(static_cast<const uint16_t*>(leaf)[i]);
-    default: return static_cast<const float*>(leaf)[i];
+    case kernels::DType::kBF16: return xla::ffi::DataType::BF16;
+    case kernels::DType::kF16: return xla::ffi::DataType::F16;
+    default: return xla::ffi::DataType::F32;
   }
 }
-
-void Narrow(void* leaf, kernels::DType t, int64_t i, float v) {
-  switch (t) {
-    case kernels::DType::kBF16: static_cast<uint16_t*>(leaf)[i] = kernels::F32ToBf16(v); return;
-    case kernels::DType::kF16: static_cast<uint16_t*>(leaf)[i] = kernels::F32ToF16(v); return;
-    default: static_cast<float*>(leaf)[i] = v; return;
-  }
-}
-
-}  // namespace
 
 void Pack(const kernels::Span* spans, int64_t num_spans, float* buf) {
-  for (int64_t s = 0; s < num_spans; ++s) {
-    const kernels::Span& sp = spans[s];
-    float* at = buf + sp.buf_off;
-    for (int64_t i = 0; i < sp.len; ++i)
-      at[i] = kernels::PackValue(Widen(sp.leaf, sp.leaf_dtype, i), 1.0f);
-  }
+  for (int64_t s = 0; s < num_spans; ++s)
+    cpu::WidenToF32(ToXlaDType(spans[s].leaf_dtype), spans[s].leaf, buf + spans[s].buf_off,
+                    spans[s].len);
 }
 
 void Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans) {
-  for (int64_t s = 0; s < num_spans; ++s) {
-    const kernels::Span& sp = spans[s];
-    const float* at = buf + sp.buf_off;
-    for (int64_t i = 0; i < sp.len; ++i)
-      Narrow(sp.leaf, sp.leaf_dtype, i, kernels::PackValue(at[i], 1.0f));
-  }
+  for (int64_t s = 0; s < num_spans; ++s)
+    cpu::NarrowFromF32(ToXlaDType(spans[s].leaf_dtype), buf + spans[s].buf_off, spans[s].leaf,
+                       spans[s].len);
 }
 
 void Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n, float scale) {
-  for (int64_t i = 0; i < n; ++i) {
-    float acc = inputs[0][i];
-    for (int k = 1; k < num_inputs; ++k) acc = kernels::ReduceAdd(acc, inputs[k][i]);
-    out[i] = kernels::ReduceResult(acc, scale);
+  // In place, one or two inputs: the rings' and the scaling passes' loops;
+  // else one pass over every input, block by block (the same bits: each
+  // add rounds to f32 either way).
+  if (out == inputs[0] && num_inputs == 1) {
+    if (scale != 1.0f) cpu::ScaleF32(out, scale, n);
+  } else if (out == inputs[0] && num_inputs == 2) {
+    if (scale != 1.0f)
+      cpu::AddScaleF32(out, inputs[1], scale, n);
+    else
+      cpu::AddF32(out, inputs[1], n);
+  } else {
+    cpu::SumInOrderF32(out, inputs, num_inputs, n, scale);
   }
 }
 
-void Optimizer(const OptScalars& given, const OptBuffers& b, int64_t n) {
-  const OptScalars o = WithStep(given);  // read as the task runs, after the copy that wrote them
-  const int32_t slots = OptSlots(o.kind, o.momentum);
-  for (int64_t i = 0; i < n; ++i) {
-    float s0 = slots > 0 ? b.s_in[0][i] : 0.0f, s1 = slots > 1 ? b.s_in[1][i] : 0.0f;
-    const float w = OptStep(o, b.grad_io[i], b.w_in[i], &s0, &s1);
-    b.w_out[i] = w;
-    b.grad_io[i] = w;
-    if (slots > 0) b.s_out[0][i] = s0;
-    if (slots > 1) b.s_out[1][i] = s1;
+void Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
+  // A large share (a host proxy's of a big model) on the bounded host pool:
+  // element-wise, so the same bits however it is split. (OptimizerF32 reads
+  // the step's scalars when it runs: WithStep.)
+  cpu::ParallelFor(n, cpu::kParallelMinElems, [&](int64_t lo, int64_t hi) {
+    cpu::OptimizerF32(o, cpu::AdvanceBuffers(b, lo), hi - lo);
+  });
+}
+
+void SumSquares(const float* x, int64_t n, double* out) { *out = cpu::SumSquaresF32(x, n); }
+
+void FirstMismatch(const float* master, kernels::DType dtype, const void* given,
+                   kernels::DType given_dtype, int64_t n, unsigned long long base,
+                   unsigned long long* first) {
+  if (base >= *first) return;
+  int64_t at = -1;
+  if (given_dtype == dtype) {
+    at = cpu::FirstMismatchIn(master, given, n, ToXlaDType(dtype));
+  } else {  // widened to f32
+    const float* g = static_cast<const float*>(given);
+    for (int64_t i = 0; i < n && at < 0; ++i)
+      if (!kernels::SameBits(kernels::RoundTrip(master[i], dtype), g[i])) at = i;
   }
-}
-
-void SumSquares(const float* x, int64_t n, double* out) {
-  double acc = 0;
-  for (int64_t i = 0; i < n; ++i) acc = kernels::SquareAdd(acc, x[i]);
-  *out = acc;
-}
-
-void FirstMismatch(const float* master, const float* given, int64_t n, kernels::DType dtype,
-                   unsigned long long base, unsigned long long* first) {
-  for (int64_t i = 0; i < n && base + static_cast<unsigned long long>(i) < *first; ++i)
-    if (!kernels::SameBits(kernels::RoundTrip(master[i], dtype), given[i])) {
-      *first = base + static_cast<unsigned long long>(i);
-      return;
-    }
+  if (at >= 0 && base + static_cast<unsigned long long>(at) < *first)
+    *first = base + static_cast<unsigned long long>(at);
 }
 
 }  // namespace coarse::host_kernels

@@ -1,7 +1,10 @@
-// The kernels of kernels/coarse_kernels.h as host loops, for the host stream
-// (host_stream.h): the same signatures' meaning and the same per-element
-// arithmetic (kernels/element_math.h, kernels/optimizer_math.h). Each runs
-// on the stream's thread when the stream reaches it.
+// The kernels of kernels/coarse_kernels.h on the host: the CPU platform's
+// arithmetic, one implementation for both of its streams (host_stream.h:
+// the threaded stream-semantics one and the inline default). Each is a
+// loop of the CPU backend (cpu_backend.h: vectorized, the optimizer split
+// over the host pool for a large share), with the kernels' per-element
+// arithmetic (kernels/element_math.h, kernels/optimizer_math.h): the same
+// bits as the CUDA kernels.
 #pragma once
 
 #include <cstdint>
@@ -18,10 +21,16 @@ void Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans);
 // out[i] = (in[0][i] + ... + in[k-1][i]) * scale, in input order; out may alias in[0].
 void Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n, float scale);
 void Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n);
-// *out = sum x[i]^2 in f64, in index order (the default CPU backend's order).
+// *out = sum x[i]^2 in f64, in index order.
 void SumSquares(const float* x, int64_t n, double* out);
-// *first = min(*first, base + the first bitwise mismatch).
-void FirstMismatch(const float* master, const float* given, int64_t n, kernels::DType dtype,
-                   unsigned long long base, unsigned long long* first);
+// *first = min(*first, base + the first i where master[i] rounded to `dtype`
+// differs bitwise from given[i], an element of `given_dtype` (`dtype`: the
+// params where they are; f32: widened); runs at or past *first are skipped.
+void FirstMismatch(const float* master, kernels::DType dtype, const void* given,
+                   kernels::DType given_dtype, int64_t n, unsigned long long base,
+                   unsigned long long* first);
+
+// The XLA element type of a kernels' one.
+xla::ffi::DataType ToXlaDType(kernels::DType t);
 
 }  // namespace coarse::host_kernels

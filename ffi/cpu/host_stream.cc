@@ -195,10 +195,11 @@ ffi::Error HostStream::SumSquares(const float* x, int64_t n, double*, double* ou
   return ffi::Error::Success();
 }
 
-ffi::Error HostStream::FirstMismatch(const float* master, const float* given, int64_t n,
-                                     kernels::DType dtype, unsigned long long base,
+ffi::Error HostStream::FirstMismatch(const float* master, kernels::DType dtype, const void* given,
+                                     kernels::DType given_dtype, int64_t n, unsigned long long base,
                                      unsigned long long* first) {
-  q_.Enqueue([=] { host_kernels::FirstMismatch(master, given, n, dtype, base, first); });
+  q_.Enqueue(
+      [=] { host_kernels::FirstMismatch(master, dtype, given, given_dtype, n, base, first); });
   return ffi::Error::Success();
 }
 

@@ -106,8 +106,8 @@ class HostStream final : public Stream {
                          float scale) override;
   xla::ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
   xla::ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) override;
-  xla::ffi::Error FirstMismatch(const float* master, const float* given, int64_t n,
-                                kernels::DType dtype, unsigned long long base,
+  xla::ffi::Error FirstMismatch(const float* master, kernels::DType dtype, const void* given,
+                                kernels::DType given_dtype, int64_t n, unsigned long long base,
                                 unsigned long long* first) override;
   xla::ffi::Error Memset(void* dst, size_t bytes, const char* what) override;
   xla::ffi::Error Copy(void* dst, int64_t dst_device, const void* src, int64_t src_device,

@@ -16,13 +16,13 @@
 #include <string>
 
 #include "cpu/cpu_backend_choice.h"
-#include "cpu/cpu_traffic.h"
 #include "cpu/host_pool.h"
 #include "cpu/host_stream_check.h"
 #include "runtime/hand_out.h"
 #include "runtime/interrupt.h"
 #include "runtime/numa.h"
 #include "runtime/session.h"
+#include "runtime/traffic.h"
 #include "xla/encapsulate.h"
 #include "xla/ffi/api/ffi.h"
 #include "xla/runtime_binding.h"
@@ -123,14 +123,14 @@ NB_MODULE(_coarse_cpu, m) {
       "traffic",
       [] {
         nb::dict out;
-        const std::vector<coarse::cpu::TrafficCount> counts = coarse::cpu::Traffic();
+        const std::vector<coarse::TrafficCount> counts = coarse::Traffic();
         for (size_t i = 0; i < counts.size(); ++i)
-          out[coarse::cpu::TrafficOpName(static_cast<coarse::cpu::TrafficOp>(i))] =
+          out[coarse::TrafficOpName(static_cast<coarse::TrafficOp>(i))] =
               nb::make_tuple(counts[i].read, counts[i].written);
         return out;
       },
       "Bytes (read, written) by the CPU backend's device operations, per kind of operation, "
-      "since the process started, over every session (ffi/cpu/cpu_traffic.h): take the "
+      "since the process started, over every session (ffi/runtime/traffic.h): take the "
       "difference around a sync.");
   m.def("numa_node_of_pci_bus", &coarse::numa::NumaNodeOfPciBus, nb::arg("pci_bus_id"),
         nb::arg("sysfs_root") = "/sys",

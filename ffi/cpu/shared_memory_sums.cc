@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "cpu/cpu_backend.h"
-#include "cpu/cpu_traffic.h"
 #include "runtime/leaf_runs.h"
+#include "runtime/traffic.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -16,7 +16,7 @@ constexpr int64_t kF32 = sizeof(float);
 ffi::Error HostSharedMemory::SumInRingOrder(float* dst, const float* const* srcs, int64_t num,
                                             int64_t n, float scale) {
   cpu::SumInOrderF32(dst, srcs, num, n, scale);
-  cpu::CountTraffic(cpu::TrafficOp::kSum, num * n * kF32, n * kF32);
+  CountTraffic(TrafficOp::kSum, num * n * kF32, n * kF32);
   return ffi::Error::Success();
 }
 
@@ -67,7 +67,7 @@ ffi::Error HostSharedMemory::SumPushesInRingOrder(
     if (scale != 1.0f) cpu::ScaleF32(acc, scale, m);
     std::memcpy(dst + (a - lo), acc, m * sizeof(float));
   }
-  cpu::CountTraffic(cpu::TrafficOp::kSum, read, (hi - lo) * kF32);
+  CountTraffic(TrafficOp::kSum, read, (hi - lo) * kF32);
   return ffi::Error::Success();
 }
 

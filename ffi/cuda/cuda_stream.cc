@@ -51,11 +51,12 @@ ffi::Error CudaStream::SumSquares(const float* x, int64_t n, double* partial, do
   return Check(kernels::LaunchSumSquares(x, n, partial, out, stream_), "sum-of-squares kernel");
 }
 
-ffi::Error CudaStream::FirstMismatch(const float* master, const float* given, int64_t n,
-                                     kernels::DType dtype, unsigned long long base,
+ffi::Error CudaStream::FirstMismatch(const float* master, kernels::DType dtype, const void* given,
+                                     kernels::DType given_dtype, int64_t n, unsigned long long base,
                                      unsigned long long* first) {
-  return Check(kernels::LaunchFirstMismatch(master, given, n, dtype, base, first, stream_),
-               "params-check kernel");
+  return Check(
+      kernels::LaunchFirstMismatch(master, dtype, given, given_dtype, n, base, first, stream_),
+      "params-check kernel");
 }
 
 ffi::Error CudaStream::Memset(void* dst, size_t bytes, const char* what) {

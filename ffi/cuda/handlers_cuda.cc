@@ -10,7 +10,7 @@
 
 #include <memory>
 
-#include "cpu/cpu_device.h"
+#include "cpu/inline_stream.h"
 #include "cuda/cuda_storage.h"
 #include "cuda/cuda_stream.h"
 #include "cuda/cuda_util.h"
@@ -80,12 +80,12 @@ const MakeProxyDevice& CudaProxies() {
     auto& storage = static_cast<CudaStorage&>(call.session->storage());
     if (!storage.error().empty()) return ffi::Unexpected(ffi::Error::Internal(storage.error()));
     if (storage.in_host_memory(call.device())) {
-      // A proxy in host memory: the CPU backend's loops in this job's thread
+      // A proxy in host memory: the CPU platform's loops in this job's thread
       // over its pinned storage; a CUDA stream object only for its host
       // waits on the workers' events (runtime/host_proxy_device.h).
       Session& s = *call.session;
       return std::unique_ptr<Device>(new HostProxyDevice(
-          std::make_unique<CpuDevice>(),
+          std::make_unique<InlineHostStream>(),
           std::make_unique<CudaStream>(nullptr, storage.ordinal(0), storage.ordinals()), storage,
           s.p(), call.who.Describe() + s.DescribeStep(), s.PeerWaitLimit()));
     }

@@ -1,6 +1,9 @@
 // The device backend: everything the protocol does to memory, behind one
 // interface, so push / proxy ring / worker ring / pull are written once for
-// every platform.
+// every platform. Two implementations: StreamDevice (runtime/stream_device.h),
+// the one orchestration over the stream API of every platform (CUDA, the
+// CPU's inline stream, its threaded streams), and HostProxyDevice
+// (runtime/host_proxy_device.h), a proxy in host memory beside them.
 //
 // Storage pointers (arenas, scratch) belong to a mesh device; an operation
 // that reads or writes another device's storage names that device, so a
@@ -9,10 +12,10 @@
 // the device's own work respect it:
 //   producer: enqueue writes; Publish(); bump the counter; Notify
 //   consumer: Wait for the counter; Acquire(producer); enqueue reads
-// On CPU every operation is finished when it returns, so Publish/Acquire do
-// nothing; on CUDA operations are enqueued on XLA's stream and
-// Publish/Acquire are an event record / a stream wait on it: a handler never
-// waits on the host for GPU work, only for other handlers' host progress.
+// On the CPU's inline stream every operation is finished when it returns,
+// so the events Publish records mark nothing left to do; on CUDA operations are enqueued on XLA's
+// stream and Publish/Acquire are an event record / a stream wait on it: a handler never waits on
+// the host for GPU work, only for other handlers' host progress.
 #pragma once
 
 #include <atomic>
@@ -147,8 +150,8 @@ class Device {
 
 // The device one handler call runs on (RunCall, xla/handler.h): its own,
 // built for the call, or one kept across calls (a worker's StreamDevice in
-// its storage set, KeptStreamDevice in runtime/stream_device.h; the CPU
-// backend's one stateless CpuDevice), so a steady call builds nothing. A
+// its storage set, KeptStreamDevice in runtime/stream_device.h), so a
+// steady call builds nothing. A
 // kept one's `busy` flag is cleared when the call lets go of it.
 class DeviceHandle {
  public:

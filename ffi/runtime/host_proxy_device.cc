@@ -5,22 +5,123 @@
 #include <thread>
 #include <utility>
 
+#include "kernels/element_math.h"
+#include "runtime/dtype.h"
 #include "runtime/stream_ops.h"
+#include "runtime/traffic.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
 
-HostProxyDevice::HostProxyDevice(std::unique_ptr<Device> host, std::unique_ptr<Stream> waits,
+HostProxyDevice::HostProxyDevice(std::unique_ptr<Stream> host, std::unique_ptr<Stream> waits,
                                  StreamResources& resources, int64_t workers, std::string who,
                                  std::chrono::milliseconds timeout,
                                  std::optional<uint64_t> chaos_seed)
-    : host_(std::move(host)),
+    : host_(std::move(host)),  // host loops, not device work: not counted (stream_ops.h)
       waits_(Counted(std::move(waits), resources)),
       res_(resources),
       workers_(workers),
       who_(std::move(who)),
       timeout_(timeout) {
   if (chaos_seed) chaos_.emplace(*chaos_seed ^ std::hash<std::string>{}(who_));
+}
+
+namespace {
+constexpr int64_t kF32 = sizeof(float);
+}  // namespace
+
+ffi::Error HostProxyDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t,
+                                   int64_t) {
+  int64_t total = 0;
+  ffi::Error e = SpansOf(runs, num_runs, &spans_, &total);
+  if (e.failure() || num_runs == 0) return e;
+  CountGather(runs, num_runs);
+  return host_->Pack(spans_.data(), num_runs, total, dst);
+}
+
+ffi::Error HostProxyDevice::Scatter(const float* src, int64_t, int64_t, const LeafRun* runs,
+                                    int64_t num_runs) {
+  int64_t total = 0;
+  ffi::Error e = SpansOf(runs, num_runs, &spans_, &total);
+  if (e.failure() || num_runs == 0) return e;
+  CountScatter(runs, num_runs);
+  return host_->Unpack(src, spans_.data(), num_runs, total);
+}
+
+ffi::Error HostProxyDevice::AddFrom(float* own, const float* peer, int64_t, int64_t n,
+                                    float scale) {
+  CountTraffic(TrafficOp::kRingStep, 2 * n * kF32, n * kF32);
+  const float* in[2] = {own, peer};
+  return n == 0 ? ffi::Error::Success() : host_->Reduce(in, 2, own, n, scale);
+}
+
+ffi::Error HostProxyDevice::CopyFrom(float* own, const float* peer, int64_t peer_device,
+                                     int64_t n) {
+  CountTraffic(TrafficOp::kRingStep, n * kF32, n * kF32);
+  return n <= 0 ? ffi::Error::Success()
+                : host_->Copy(own, workers_, peer, peer_device, n * sizeof(float), "ring copy");
+}
+
+ffi::Error HostProxyDevice::Scale(float* x, int64_t n, float scale) {
+  CountTraffic(TrafficOp::kScale, n * kF32, n * kF32);
+  const float* in[1] = {x};
+  return n == 0 ? ffi::Error::Success() : host_->Reduce(in, 1, x, n, scale);
+}
+
+ffi::Error HostProxyDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
+  Stall();
+  const int64_t moved = (2 + OptSlots(o.kind, o.momentum)) * n * kF32;
+  CountTraffic(TrafficOp::kOptimizer, moved, moved);
+  return n <= 0 ? ffi::Error::Success() : host_->Optimizer(o, b, n);
+}
+
+ffi::ErrorOr<double> HostProxyDevice::SumSquares(const float* x, int64_t n) {
+  CountTraffic(TrafficOp::kCheck, n * kF32, 0);
+  double out = 0;
+  ffi::Error e = host_->SumSquares(x, n, nullptr, &out);
+  if (e.failure()) return ffi::Unexpected(e);
+  return out;
+}
+
+ffi::ErrorOr<Mismatch> HostProxyDevice::FirstMismatch(const float* master, const LeafRun* runs,
+                                                      int64_t num_runs, float*, int64_t, int64_t) {
+  // Host memory: the params compared where they are, in their dtype.
+  Mismatch m;
+  unsigned long long first = ~0ull;
+  for (int64_t r = 0; r < num_runs; ++r) {
+    const LeafRun& run = runs[r];
+    kernels::DType t;
+    if (!ToKernelDType(run.dtype, &t))
+      return ffi::Unexpected(ffi::Error::InvalidArgument("coarse_jax: unsupported params dtype"));
+    ffi::Error e = host_->FirstMismatch(master + run.buf_off, t, run.leaf, t, run.len,
+                                        static_cast<unsigned long long>(run.buf_off), &first);
+    if (e.failure()) return ffi::Unexpected(e);
+  }
+  for (int64_t r = 0; r < num_runs && m.run < 0; ++r) {
+    const LeafRun& run = runs[r];
+    const bool here = first < static_cast<unsigned long long>(run.buf_off + run.len);
+    const int64_t compared = here ? static_cast<int64_t>(first) - run.buf_off + 1 : run.len;
+    CountTraffic(TrafficOp::kCheck, compared * (kF32 + xla::ffi::ByteWidth(run.dtype)), 0);
+    if (!here) continue;
+    kernels::DType t;
+    ToKernelDType(run.dtype, &t);
+    m.run = r;
+    m.index = compared - 1;
+    m.given = kernels::WidenAt(run.leaf, t, m.index);
+    m.held = kernels::RoundTrip(master[first], t);
+  }
+  return m;
+}
+
+ffi::Error HostProxyDevice::ZeroBytes(void* dst, size_t bytes) {
+  CountTraffic(TrafficOp::kBytes, 0, static_cast<int64_t>(bytes));
+  return bytes == 0 ? ffi::Error::Success() : host_->Memset(dst, bytes, "zeroing a result");
+}
+
+ffi::Error HostProxyDevice::CopyBytes(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return ffi::Error::Success();
+  CountTraffic(TrafficOp::kBytes, static_cast<int64_t>(bytes), static_cast<int64_t>(bytes));
+  return host_->Copy(dst, workers_, src, workers_, bytes, "copying bytes");
 }
 
 void HostProxyDevice::Stall() {

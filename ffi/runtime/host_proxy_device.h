@@ -1,7 +1,7 @@
 // A proxy in host memory on a platform with device streams (the streams
 // backend, CUDA): what it is on a GPU machine. Its storage is pinned host
 // memory; its sums and optimizer run on the host, in the proxy's job thread,
-// on `host` (the CPU backend's device: loops, one-pass sums); the workers
+// on `host` (the CPU platform's inline stream: its loops); the workers
 // reach it by copies on their own streams (StreamDevice::PeerCopy).
 //
 // Ordering, with nothing enqueued on its side:
@@ -30,70 +30,53 @@ namespace coarse {
 
 class HostProxyDevice final : public Device {
  public:
-  // `waits`: a stream of this platform, used only for HostWait; `workers`:
-  // mesh devices below it are workers; `who`: how errors name this proxy
-  // and the step; `timeout`: a host wait's limit; `chaos_seed` (the
-  // stream-semantics CPU backend's COARSE_JAX_STREAM_CHAOS): seeded random
-  // stalls before its sums and optimizer, so a worker's stream that reads a
-  // piece before the proxy made it final reads it stale (tests).
-  HostProxyDevice(std::unique_ptr<Device> host, std::unique_ptr<Stream> waits,
+  // `host`: the host's stream whose work is done when enqueued (the CPU
+  // platform's inline stream, Stream::DoneWhenEnqueued), running the host
+  // loops on this job's thread; `waits`: a stream of this platform, used
+  // only for HostWait; `workers`: mesh devices below it are workers; `who`:
+  // how errors name this proxy and the step; `timeout`: a host wait's
+  // limit; `chaos_seed` (the stream-semantics CPU backend's
+  // COARSE_JAX_STREAM_CHAOS): seeded random stalls before its sums and
+  // optimizer, so a worker's stream that reads a piece before the proxy made
+  // it final reads it stale (tests).
+  HostProxyDevice(std::unique_ptr<Stream> host, std::unique_ptr<Stream> waits,
                   StreamResources& resources, int64_t workers, std::string who,
                   std::chrono::milliseconds timeout,
                   std::optional<uint64_t> chaos_seed = std::nullopt);
 
+  // Every operation below works on host memory, its own or (the proxies'
+  // ring) another host proxy's, read in place.
   xla::ffi::Error Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
-                         int64_t dst_len) override {
-    return host_->Gather(runs, num_runs, dst, dst_device, dst_len);
-  }
+                         int64_t dst_len) override;
   xla::ffi::Error Scatter(const float* src, int64_t src_device, int64_t src_len,
-                          const LeafRun* runs, int64_t num_runs) override {
-    return host_->Scatter(src, src_device, src_len, runs, num_runs);
-  }
+                          const LeafRun* runs, int64_t num_runs) override;
   xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots, float scale) override {
     Stall();
-    return host_->SumSlots(own, n, slots, scale);
+    return SumSlotsOn(*host_, own, n, slots, scale);
   }
-  // Peers are host proxies too (the proxies' ring): host memory, read in place.
   xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                          float scale) override {
-    return host_->AddFrom(own, peer, peer_device, n, scale);
-  }
-  xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) override {
-    return host_->CopyFrom(own, peer, peer_device, n);
-  }
-  xla::ffi::Error Scale(float* x, int64_t n, float scale) override {
-    return host_->Scale(x, n, scale);
-  }
-  xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override {
-    Stall();
-    return host_->ApplyOptimizer(o, b, n);
-  }
-  xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override {
-    return host_->SumSquares(x, n);
-  }
+                          float scale) override;
+  xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) override;
+  xla::ffi::Error Scale(float* x, int64_t n, float scale) override;
+  xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
+  xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override;
   xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun* runs,
                                             int64_t num_runs, float* scratch,
-                                            int64_t scratch_device, int64_t scratch_len) override {
-    return host_->FirstMismatch(master, runs, num_runs, scratch, scratch_device, scratch_len);
-  }
-  xla::ffi::Error ZeroBytes(void* dst, size_t bytes) override {
-    return host_->ZeroBytes(dst, bytes);
-  }
-  xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) override {
-    return host_->CopyBytes(dst, src, bytes);
-  }
+                                            int64_t scratch_device, int64_t scratch_len) override;
+  xla::ffi::Error ZeroBytes(void* dst, size_t bytes) override;
+  xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) override;
   xla::ffi::Error CopyToHost(void* host, const void* own, size_t bytes) override {
-    return host_->CopyToHost(host, own, bytes);
+    return CopyBytes(host, own, bytes);
   }
   xla::ffi::Error CopyFromHost(void* own, const void* host, size_t bytes) override {
-    return host_->CopyFromHost(own, host, bytes);
+    return CopyBytes(own, host, bytes);
   }
   // Its work is done when it returns; its flags announce it to the workers.
   xla::ffi::Error Publish() override { return xla::ffi::Error::Success(); }
   xla::ffi::Error Acquire(int64_t device) override;
   xla::ffi::Error WaitFlag(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
                            const std::string& what) override {
-    return host_->WaitFlag(flag, value, timeout, what);
+    return host_->WaitValue(flag, value, timeout, what);  // on this thread: done when enqueued
   }
   xla::ffi::Error SynchronizeHost(const char*) override { return xla::ffi::Error::Success(); }
   bool SupportsEmulation() const override { return false; }
@@ -102,7 +85,8 @@ class HostProxyDevice final : public Device {
   // protocol (GatherPull, PushesInPlace: phases.h).
 
  private:
-  std::unique_ptr<Device> host_;
+  std::unique_ptr<Stream> host_;
+  std::vector<kernels::Span> spans_;  // a pack's or unpack's (SpansOf), kept for its room
   std::unique_ptr<Stream> waits_;
   StreamResources& res_;
   int64_t workers_;

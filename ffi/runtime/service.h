@@ -47,8 +47,8 @@ struct ProxyJob {
   OptimizerSpec spec;                 // with a store: the optimizer it runs
 };
 
-// Makes the device backend a proxy's job runs on (the platform's; on CPU a
-// plain CpuDevice).
+// Makes the device backend a proxy's job runs on (the platform's: a
+// StreamDevice on its stream, a HostProxyDevice for a proxy in host memory).
 using MakeProxyDevice = std::function<xla::ffi::ErrorOr<std::unique_ptr<Device>>(const Call& call)>;
 
 // Starts proxy k's job of `session` for every proxy k, unless the session's

@@ -51,11 +51,13 @@ class Stream {
   virtual xla::ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) = 0;
   // *out = sum x[i]^2 in f64; `partial`: kSumSquaresBlocks doubles of scratch.
   virtual xla::ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) = 0;
-  // *first = min(*first, base + the first bitwise mismatch of given vs master
-  // rounded to dtype): several runs share one result (StreamDevice::FirstMismatch).
-  virtual xla::ffi::Error FirstMismatch(const float* master, const float* given, int64_t n,
-                                        kernels::DType dtype, unsigned long long base,
-                                        unsigned long long* first) = 0;
+  // *first = min(*first, base + the first i where master[i] rounded to
+  // `dtype` differs bitwise from given[i], an element of `given_dtype`:
+  // `dtype` (the params read where they are) or f32 (widened into scratch
+  // first). Several runs share one result (StreamDevice::FirstMismatch).
+  virtual xla::ffi::Error FirstMismatch(const float* master, kernels::DType dtype,
+                                        const void* given, kernels::DType given_dtype, int64_t n,
+                                        unsigned long long base, unsigned long long* first) = 0;
 
   // dst[0, bytes) = 0, this device's memory.
   virtual xla::ffi::Error Memset(void* dst, size_t bytes, const char* what) = 0;
@@ -99,6 +101,11 @@ class Stream {
   // release their flags when they fail).
   virtual xla::ffi::Error WaitValue(const uint32_t* flag, uint32_t value,
                                     std::chrono::milliseconds timeout, const std::string& what) = 0;
+
+  // Whether every call has done its work when it returns (the CPU's inline
+  // stream, cpu/inline_stream.h): then the host's clock times the work
+  // (emulated links), and holding work back to merge saves nothing.
+  virtual bool DoneWhenEnqueued() const { return false; }
 };
 
 // The flags WaitValue reads: a counter that only grows (a storage set's use
@@ -195,6 +202,11 @@ class StreamResources {
   virtual KeptDevice* kept_device(int64_t device) = 0;
 };
 
+// own[i] = (sum_j own[j * n + i]) * scale over `slots` slots on `stream`
+// (Device::SumSlots), in slot order, in launches of up to
+// kernels::kMaxReduceInputs inputs; its bytes counted (runtime/traffic.h).
+xla::ffi::Error SumSlotsOn(Stream& stream, float* own, int64_t n, int64_t slots, float scale);
+
 // Whether a proxy of `plan` is in host memory: then the workers copy down
 // to it on copy streams of their own (StreamDevice's `copies`).
 inline bool HasHostProxy(const Plan& plan, const StreamResources& res) {
@@ -241,5 +253,11 @@ StagingSizes StagingSizesOf(const Plan& plan);
 
 // The kernels' element type of an XLA one (F32/BF16/F16); false otherwise.
 bool ToKernelDType(xla::ffi::DataType t, kernels::DType* out);
+
+// `runs` as a span table in `*spans` (its room reused), each at its
+// buf_off, begins set; `*total` their elements. For a pack or unpack of
+// memory the caller's kernels read where it is (host memory on the host).
+xla::ffi::Error SpansOf(const LeafRun* runs, int64_t num_runs, std::vector<kernels::Span>* spans,
+                        int64_t* total);
 
 }  // namespace coarse

@@ -8,10 +8,16 @@
 #include <vector>
 
 #include "kernels/element_math.h"
+#include "runtime/dtype.h"
 #include "runtime/stream_ops.h"
+#include "runtime/traffic.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
+
+namespace {
+constexpr int64_t kF32 = sizeof(float);
+}  // namespace
 
 StagingSizes StagingSizesOf(const Plan& plan) {
   int64_t max_piece = 0, max_segs = 0;
@@ -45,9 +51,29 @@ bool ToKernelDType(ffi::DataType t, kernels::DType* out) {
   }
 }
 
+ffi::Error SpansOf(const LeafRun* runs, int64_t num_runs, std::vector<kernels::Span>* spans,
+                   int64_t* total) {
+  spans->resize(num_runs);
+  for (int64_t r = 0; r < num_runs; ++r) {
+    kernels::Span& span = (*spans)[r];
+    span = kernels::Span{};
+    span.leaf = runs[r].leaf;
+    span.len = runs[r].len;
+    span.buf_off = runs[r].buf_off;
+    if (!ToKernelDType(runs[r].dtype, &span.leaf_dtype))
+      return ffi::Error::InvalidArgument(
+          "coarse_jax: only float32, bfloat16 and float16 leaves are synchronized");
+  }
+  *total = kernels::SetBegins(spans->data(), num_runs);
+  return ffi::Error::Success();
+}
+
 StreamDevice::StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources,
                            std::unique_ptr<Stream> copies, std::unique_ptr<Stream> ups)
-    : stream_(Counted(std::move(stream), resources)), self_(self), res_(resources) {
+    : stream_(Counted(std::move(stream), resources)),
+      holds_(!stream_->DoneWhenEnqueued()),
+      self_(self),
+      res_(resources) {
   if (copies != nullptr) marks_ = resources.copy_marks(self);
   if (marks_ != nullptr) copies_ = Counted(std::move(copies), resources);
   if (marks_ != nullptr && ups != nullptr) ups_ = Counted(std::move(ups), resources);
@@ -99,7 +125,7 @@ ffi::Error StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64
     queued_.spans.push_back(span);
     queued_.at.push_back(buf + off);
   }
-  return ffi::Error::Success();
+  return holds_ ? ffi::Error::Success() : Flush();
 }
 
 ffi::Error StreamDevice::Flush() {
@@ -121,20 +147,24 @@ ffi::Error StreamDevice::Flush() {
   for (size_t r = 0; r < spans.size(); ++r) spans[r].buf_off = queued_.at[r] - base;
   const int64_t num = static_cast<int64_t>(spans.size());
   const int64_t total = kernels::SetBegins(spans.data(), num);
-  // A table a slot already holds is launched on as it is (SpanTables);
-  // another is uploaded into the least recently used slot, behind every
-  // launch that read it in stream order.
-  SpanTables& tables = res_.span_tables(self_);
-  int slot = tables.Find(spans.data(), num);
+  // A stream whose work is done when enqueued reads the table where it is,
+  // in host memory. Else a table a slot already holds is launched on as it
+  // is (SpanTables); another is uploaded into the least recently used slot,
+  // behind every launch that read it in stream order.
+  const kernels::Span* table = spans.data();
   ffi::Error e;
-  if (slot < 0) {
-    slot = tables.Claim(spans.data(), num);
-    e = Enqueue()->Upload(res_.spans(self_) + slot * res_.max_runs(), spans.data(),
-                          num * sizeof(kernels::Span), "uploading a span table");
-    if (e.failure()) tables.Forget(slot);
-    CountStreamOp(StreamOp::kTableUploads);
+  if (holds_) {
+    SpanTables& tables = res_.span_tables(self_);
+    int slot = tables.Find(spans.data(), num);
+    if (slot < 0) {
+      slot = tables.Claim(spans.data(), num);
+      e = Enqueue()->Upload(res_.spans(self_) + slot * res_.max_runs(), spans.data(),
+                            num * sizeof(kernels::Span), "uploading a span table");
+      if (e.failure()) tables.Forget(slot);
+      CountStreamOp(StreamOp::kTableUploads);
+    }
+    table = res_.spans(self_) + slot * res_.max_runs();
   }
-  const kernels::Span* table = res_.spans(self_) + slot * res_.max_runs();
   if (e.success())
     e = kind == Queued::Kind::kPack ? Enqueue()->Pack(table, num, total, base)
                                     : Enqueue()->Unpack(base, table, num, total);
@@ -229,6 +259,7 @@ ffi::Error StreamDevice::Gather(const LeafRun* runs, int64_t num_runs, float* ds
   if (num_runs == 0 || dst_len == 0) return ffi::Error::Success();
   // Its own memory, or a peer's on the same GPU: packed in place, merged
   // with the call's other packs (a push of a bucket is one launch).
+  CountGather(runs, num_runs);
   if (Addressable(dst_device)) return QueueRuns(Queued::Kind::kPack, runs, num_runs, dst, dst_len);
   // A peer's storage: pack here, then one peer copy of what the runs cover,
   // [lo, hi) of `dst`. A push's runs tile a whole piece; worker k seeding
@@ -260,6 +291,7 @@ ffi::Error StreamDevice::Gather(const LeafRun* runs, int64_t num_runs, float* ds
 ffi::Error StreamDevice::Scatter(const float* src, int64_t src_device, int64_t src_len,
                                  const LeafRun* runs, int64_t num_runs) {
   if (num_runs == 0 || src_len == 0) return ffi::Error::Success();
+  CountScatter(runs, num_runs);
   float* from = const_cast<float*>(src);  // read only: an unpack's source
   if (!Addressable(src_device)) {
     // A peer's storage: copied into staging beside the call's other pieces
@@ -275,31 +307,40 @@ ffi::Error StreamDevice::Scatter(const float* src, int64_t src_device, int64_t s
   return QueueRuns(Queued::Kind::kUnpack, runs, num_runs, from, src_len);
 }
 
-ffi::Error StreamDevice::SumSlots(float* own, int64_t n, int64_t slots, float scale) {
-  // One slot, unscaled: the sum is already there (nothing to enqueue, so
-  // nothing held back need go first).
+ffi::Error SumSlotsOn(Stream& stream, float* own, int64_t n, int64_t slots, float scale) {
+  // One slot, unscaled: the sum is already there.
   if (n == 0 || (slots == 1 && scale == 1.0f)) return ffi::Error::Success();
-  if (ffi::Error held = Flush(); held.failure()) return held;
-  if (slots == 0) return Enqueue()->Memset(own, n * sizeof(float), "zeroing a slot");
-  if (slots == 1) return scale != 1.0f ? Scale(own, n, scale) : ffi::Error::Success();
-  // Slot order, as on CPU: ((s0 + s1) + s2) + ..., in launches of up to 8
-  // inputs; the last launch scales.
-  for (int64_t j = 1; j < slots;) {
+  if (slots <= 1) CountSumSlots(n, slots, scale);
+  if (slots == 0) return stream.Memset(own, n * sizeof(float), "zeroing a slot");
+  // Slot order: ((s0 + s1) + s2) + ..., in launches of up to 8 inputs; the
+  // last launch scales.
+  for (int64_t j = 1; j < slots || slots == 1;) {
     const float* in[kernels::kMaxReduceInputs] = {own};
     int count = 1;
     for (; count < kernels::kMaxReduceInputs && j < slots; ++count, ++j) in[count] = own + j * n;
-    ffi::Error e = Enqueue()->Reduce(in, count, own, n, j == slots ? scale : 1.0f);
-    if (e.failure()) return e;
+    if (count > 1) CountSumSlots(n, count, 1.0f);  // one pass over `count` slots
+    ffi::Error e = stream.Reduce(in, count, own, n, j >= slots ? scale : 1.0f);
+    if (e.failure() || j >= slots) return e;
   }
   return ffi::Error::Success();
+}
+
+ffi::Error StreamDevice::SumSlots(float* own, int64_t n, int64_t slots, float scale) {
+  // (Nothing to enqueue: nothing held back need go first.)
+  if (n == 0 || (slots == 1 && scale == 1.0f)) return ffi::Error::Success();
+  if (ffi::Error held = Flush(); held.failure()) return held;
+  return SumSlotsOn(*Enqueue(), own, n, slots, scale);
 }
 
 ffi::Error StreamDevice::AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
                                  float scale) {
   if (ffi::Error held = Flush(); held.failure()) return held;
   if (n == 0) return ffi::Error::Success();
+  CountTraffic(TrafficOp::kRingStep, 2 * n * kF32, n * kF32);
+  // A peer's memory this device's kernels address (one GPU's, the host's)
+  // is read where it is; any other's is copied into staging first.
   const float* x = peer;
-  if (peer_device != self_) {
+  if (!Addressable(peer_device)) {
     // Received at the accumulator's own 16-byte offset, so the reduce kernel
     // peels the same head from both and runs the rest vectorized.
     const int64_t shift = (reinterpret_cast<uintptr_t>(own) / sizeof(float)) % 4;
@@ -322,12 +363,14 @@ ffi::Error StreamDevice::CopyFrom(float* own, const float* peer, int64_t peer_de
   // with `own` not this device's: for a proxy in host memory a host-to-host
   // copy on this stream (on CUDA with UVA, as host memory is mapped).
   if (n <= 0) return ffi::Error::Success();
+  CountTraffic(TrafficOp::kRingStep, n * kF32, n * kF32);
   return Enqueue()->Copy(own, self_, peer, peer_device, static_cast<size_t>(n) * sizeof(float),
                          "ring: peer copy");
 }
 
 ffi::Error StreamDevice::Scale(float* x, int64_t n, float scale) {
   if (ffi::Error held = Flush(); held.failure()) return held;
+  CountTraffic(TrafficOp::kScale, n * kF32, n * kF32);
   const float* in[1] = {x};
   return Enqueue()->Reduce(in, 1, x, n, scale);
 }
@@ -335,24 +378,28 @@ ffi::Error StreamDevice::Scale(float* x, int64_t n, float scale) {
 ffi::Error StreamDevice::ZeroBytes(void* dst, size_t bytes) {
   if (ffi::Error held = Flush(); held.failure()) return held;
   if (bytes == 0) return ffi::Error::Success();
+  CountTraffic(TrafficOp::kBytes, 0, static_cast<int64_t>(bytes));
   return Enqueue()->Memset(dst, bytes, "zeroing a result");
 }
 
 ffi::Error StreamDevice::CopyBytes(void* dst, const void* src, size_t bytes) {
   if (ffi::Error held = Flush(); held.failure()) return held;
   if (bytes == 0 || dst == src) return ffi::Error::Success();
+  CountTraffic(TrafficOp::kBytes, static_cast<int64_t>(bytes), static_cast<int64_t>(bytes));
   return Enqueue()->Copy(dst, self_, src, self_, bytes, "copying a pass-through result");
 }
 
 ffi::Error StreamDevice::CopyToHost(void* host, const void* own, size_t bytes) {
   if (ffi::Error held = Flush(); held.failure()) return held;
   if (bytes == 0) return ffi::Error::Success();
+  CountTraffic(TrafficOp::kBytes, static_cast<int64_t>(bytes), static_cast<int64_t>(bytes));
   return Enqueue()->Download(host, own, bytes, "copying to host memory");
 }
 
 ffi::Error StreamDevice::CopyFromHost(void* own, const void* host, size_t bytes) {
   if (ffi::Error held = Flush(); held.failure()) return held;
   if (bytes == 0) return ffi::Error::Success();
+  CountTraffic(TrafficOp::kBytes, static_cast<int64_t>(bytes), static_cast<int64_t>(bytes));
   return Enqueue()->Upload(own, host, bytes, "copying from host memory");
 }
 
@@ -415,6 +462,10 @@ bool Continues(const OptBuffers& a, int64_t n, const OptBuffers& b, int32_t slot
 
 ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
   if (n <= 0) return ffi::Error::Success();
+  // The gradient, the master and each state slot read; the master, the
+  // gradient's buffer (the updated params, for the pull) and each slot written.
+  const int64_t moved = (2 + OptSlots(o.kind, o.momentum)) * n * kF32;
+  CountTraffic(TrafficOp::kOptimizer, moved, moved);
   // Consecutive updates of consecutive elements with the same scalars (a
   // proxy's segments, its pieces) are one launch: the same arithmetic per
   // element.
@@ -429,7 +480,7 @@ ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b
   queued_.o = o;
   queued_.b = b;
   queued_.n = n;
-  return ffi::Error::Success();
+  return holds_ ? ffi::Error::Success() : Flush();
 }
 
 // The two below block the host on the stream: they serve global-norm
@@ -439,6 +490,7 @@ ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b
 // one set per device serves every call.
 ffi::ErrorOr<double> StreamDevice::SumSquares(const float* x, int64_t n) {
   if (ffi::Error held = Flush(); held.failure()) return ffi::Unexpected(held);
+  CountTraffic(TrafficOp::kCheck, n * kF32, 0);
   double* scratch = res_.scalars(self_);
   double out = 0;
   ffi::Error e = Enqueue()->SumSquares(x, n, scratch, scratch + kernels::kSumSquaresBlocks);
@@ -456,9 +508,8 @@ ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master, const Le
                                                    int64_t scratch_device, int64_t scratch_len) {
   Mismatch m;
   if (num_runs == 0) return m;
-  // Every run widened beside the master (Gather), then compared there; the
-  // kernels share one result, the smallest buffer offset of a mismatch, so
-  // the host reads it back once for all the runs.
+  // The kernels share one result, the smallest buffer offset of a mismatch,
+  // so the host reads it back once for all the runs.
   unsigned long long end = 0;
   for (int64_t r = 0; r < num_runs; ++r)
     end = std::max(end, static_cast<unsigned long long>(runs[r].buf_off + runs[r].len));
@@ -467,25 +518,42 @@ ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master, const Le
   unsigned long long host = end;
   ffi::Error e = Flush();
   if (e.success()) e = Enqueue()->Upload(first, &host, sizeof host, "params check");
-  // Widened first (one pack where the scratch is addressable), then compared.
-  for (int64_t r = 0; r < num_runs && e.success(); ++r)
-    e = Gather(&runs[r], 1, scratch, scratch_device, scratch_len);
-  if (e.success()) e = Flush();
-  // Scratch in host memory (a host proxy's) is written by copies down on the
-  // copy stream: the compare below reads it on this one.
-  if (e.success()) e = JoinCopies();
+  // Where this device's kernels address the master's memory, the params are
+  // compared where they are, in their dtype; else each run is widened beside
+  // the master first (Gather), then compared there.
+  const bool in_place = Addressable(scratch_device);
+  if (!in_place) {
+    for (int64_t r = 0; r < num_runs && e.success(); ++r)
+      e = Gather(&runs[r], 1, scratch, scratch_device, scratch_len);
+    if (e.success()) e = Flush();
+    // Scratch in host memory (a host proxy's) is written by copies down on
+    // the copy stream: the compare below reads it on this one.
+    if (e.success()) e = JoinCopies();
+  }
   for (int64_t r = 0; r < num_runs && e.success(); ++r) {
     const LeafRun& run = runs[r];
     kernels::DType t;
     if (!ToKernelDType(run.dtype, &t))
       return ffi::Unexpected(ffi::Error::InvalidArgument("coarse_jax: unsupported params dtype"));
-    e = Enqueue()->FirstMismatch(master + run.buf_off, scratch + run.buf_off, run.len, t,
-                                 static_cast<unsigned long long>(run.buf_off), first);
+    e = in_place ? Enqueue()->FirstMismatch(master + run.buf_off, t, run.leaf, t, run.len,
+                                            static_cast<unsigned long long>(run.buf_off), first)
+                 : Enqueue()->FirstMismatch(master + run.buf_off, t, scratch + run.buf_off,
+                                            kernels::DType::kF32, run.len,
+                                            static_cast<unsigned long long>(run.buf_off), first);
   }
   if (e.success()) e = Enqueue()->Download(&host, first, sizeof host, "params check");
   // The host reads `host` next.
   if (e.success()) e = Enqueue()->Synchronize("params check");
   if (e.failure()) return ffi::Unexpected(e);
+  // Read: the master and the params, up to the first mismatch (all of them
+  // when none).
+  for (int64_t r = 0; r < num_runs; ++r) {
+    const LeafRun& run = runs[r];
+    const bool at_or_past = host < static_cast<unsigned long long>(run.buf_off + run.len);
+    const int64_t compared =
+        at_or_past ? std::max<int64_t>(0, static_cast<int64_t>(host) - run.buf_off + 1) : run.len;
+    CountTraffic(TrafficOp::kCheck, compared * (kF32 + xla::ffi::ByteWidth(run.dtype)), 0);
+  }
   if (host >= end) return m;
   const int64_t at = static_cast<int64_t>(host);
   for (int64_t r = 0; r < num_runs && m.run < 0; ++r)
@@ -498,13 +566,21 @@ ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master, const Le
   m.index = at - run.buf_off;
   kernels::DType t;
   ToKernelDType(run.dtype, &t);
-  float values[2] = {0, 0};
-  e = Enqueue()->Download(&values[0], scratch + at, sizeof(float), "params check");
-  if (e.success()) e = Enqueue()->Download(&values[1], master + at, sizeof(float), "params check");
+  // The params' element (read where it is, in its dtype, or its widened
+  // copy) and the master's, read back together.
+  float held = 0;
+  uint32_t given = 0;  // room for one element of any supported dtype
+  const kernels::DType given_dtype = in_place ? t : kernels::DType::kF32;
+  const void* given_at =
+      in_place ? ElementPtr(run.leaf, run.dtype, m.index) : static_cast<const void*>(scratch + at);
+  e = Enqueue()->Download(&held, master + at, sizeof(float), "params check");
+  if (e.success())
+    e = Enqueue()->Download(&given, given_at, in_place ? xla::ffi::ByteWidth(run.dtype) : kF32,
+                            "params check");
   if (e.success()) e = Enqueue()->Synchronize("params check");
   if (e.failure()) return ffi::Unexpected(e);
-  m.given = values[0];
-  m.held = kernels::RoundTrip(values[1], t);  // the master's value as the params' dtype
+  m.given = kernels::WidenAt(&given, given_dtype, 0);
+  m.held = kernels::RoundTrip(held, t);  // the master's value as the params' dtype
   return m;
 }
 

@@ -85,8 +85,9 @@ class StreamDevice final : public Device {
     return e.failure() ? e : Enqueue()->Synchronize(what);
   }
   // Emulated links are timed on the host around operations that finish when
-  // they return (CpuDevice); here they return when enqueued.
-  bool SupportsEmulation() const override { return false; }
+  // they return: the inline stream's (Stream::DoneWhenEnqueued), not a
+  // stream whose work runs later.
+  bool SupportsEmulation() const override { return !holds_; }
   xla::ffi::Error Flush() override;
 
   // The stream itself, for a caller's own small copies (xla/stream_host_io.h):
@@ -178,6 +179,11 @@ class StreamDevice final : public Device {
   xla::ffi::Error JoinUps();
 
   std::unique_ptr<Stream> stream_;
+  // Whether work is held back to merge (Flush): not on a stream whose work
+  // is done when enqueued, where a launch costs nothing to save, and where
+  // the host's loops (the shared-memory strategy's sums, runtime/
+  // shared_memory.h) then read what every call before them wrote.
+  bool holds_;
   std::unique_ptr<Stream> copies_;  // null: every copy on stream_
   CopyMarks* marks_ = nullptr;      // with copies_: its bookkeeping in this storage set
   bool marked_ = false;             // copies_ waited for stream_'s last enqueued work

@@ -23,6 +23,7 @@ class CountingStream final : public Stream {
   CountingStream(std::unique_ptr<Stream> inner, StreamResources& res)
       : inner_(std::move(inner)), res_(res) {}
 
+  bool DoneWhenEnqueued() const override { return inner_->DoneWhenEnqueued(); }
   ffi::Error Pack(const kernels::Span* spans, int64_t num_spans, int64_t total,
                   float* buf) override {
     Add(StreamOp::kLaunches);
@@ -46,10 +47,11 @@ class CountingStream final : public Stream {
     Add(StreamOp::kLaunches);
     return inner_->SumSquares(x, n, partial, out);
   }
-  ffi::Error FirstMismatch(const float* master, const float* given, int64_t n, kernels::DType dtype,
-                           unsigned long long base, unsigned long long* first) override {
+  ffi::Error FirstMismatch(const float* master, kernels::DType dtype, const void* given,
+                           kernels::DType given_dtype, int64_t n, unsigned long long base,
+                           unsigned long long* first) override {
     Add(StreamOp::kLaunches);
-    return inner_->FirstMismatch(master, given, n, dtype, base, first);
+    return inner_->FirstMismatch(master, dtype, given, given_dtype, n, base, first);
   }
   ffi::Error Memset(void* dst, size_t bytes, const char* what) override {
     Add(StreamOp::kLaunches);

@@ -16,6 +16,7 @@
 #include "runtime/emulator.h"
 #include "runtime/hand_out.h"
 #include "runtime/leaf_runs.h"
+#include "runtime/traffic.h"
 #include "xla/handler.h"
 
 namespace coarse {
@@ -68,7 +69,7 @@ ffi::Error ChargeInterHostLink(int64_t run_id, int64_t site, const ffi::Dictiona
 }  // namespace
 
 ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer chunk,
-                          ffi::RemainingRets outs, const ffi::Dictionary& attrs, Device& dev) {
+                          ffi::RemainingRets outs, const ffi::Dictionary& attrs, Stream& host) {
   int64_t v[4];
   const char* names[4] = {"workers", "site", "timeout_ms", "chunk"};
   for (int i = 0; i < 4; ++i) {
@@ -101,11 +102,17 @@ ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument(
         "coarse_host_gather: the leaves hold more elements than p chunks (attribute chunk)");
   ffi::Error failed = ffi::Error::Success();
+  std::vector<kernels::Span> spans;
   auto take = [&](int64_t k, const void* src) {
     std::vector<LeafRun> runs = ClipRuns(leaves, k * c, (k + 1) * c, k * c);
     if (runs.empty()) return;
-    ffi::Error e = dev.Scatter(static_cast<const float*>(src), k, c, runs.data(),
-                               static_cast<int64_t>(runs.size()));
+    int64_t n = 0;
+    ffi::Error e = SpansOf(runs.data(), static_cast<int64_t>(runs.size()), &spans, &n);
+    if (e.success()) {
+      CountScatter(runs.data(), static_cast<int64_t>(runs.size()));
+      e = host.Unpack(static_cast<const float*>(src), spans.data(),
+                      static_cast<int64_t>(spans.size()), n);
+    }
     if (e.failure() && failed.success()) failed = std::move(e);
   };
   auto describe = [](int64_t k) { return Who{kWorker, k}.Describe(); };

@@ -2,7 +2,7 @@
 // step, written into the synced leaves. Bound for CPU in cpu/handlers_cpu.cc.
 #pragma once
 
-#include "runtime/device.h"
+#include "runtime/stream.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse {
@@ -12,9 +12,11 @@ namespace coarse {
 // leaves. Attributes: workers (p), site, timeout_ms, chunk (the elements of
 // a chunk that count); on emulated links also hosts,
 // emu_host_s_per_byte, emu_host_latency_s, emu_virtual (the inter-host link,
-// charged after the hand-out; xla/host_gather.cc).
+// charged after the hand-out; xla/host_gather.cc). `host`: a stream whose
+// work is done when enqueued (the CPU's inline stream), which unpacks the
+// chunks, host memory, into the leaves.
 xla::ffi::Error HostGatherBody(xla::ffi::RunId run_id, xla::ffi::AnyBuffer who,
                                xla::ffi::AnyBuffer chunk, xla::ffi::RemainingRets outs,
-                               const xla::ffi::Dictionary& attrs, Device& dev);
+                               const xla::ffi::Dictionary& attrs, Stream& host);
 
 }  // namespace coarse

@@ -1,6 +1,8 @@
-// Bytes the CPU backend's device operations read and write (issue 39: the
-// bytes per path, counted where they are moved, not read off the code).
-// Every CpuDevice operation adds what its loop touches to its own counter:
+// Bytes the device operations read and write (the bytes per path, counted
+// where they are moved, not read off the code). Every Device operation of
+// StreamDevice and HostProxyDevice adds what its work touches to the counter
+// of its kind (the helpers below), on every platform; the CPU module reports
+// them (the CUDA module does not: on a GPU the bytes are the profiler's):
 // a sum of k sources over n floats reads 4kn bytes and writes 4n; widening a
 // bf16 run reads 2 bytes an element and writes 4. Relaxed atomics, one add
 // per operation (an operation covers a piece or a run, never one element),
@@ -13,7 +15,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace coarse::cpu {
+#include "runtime/device.h"
+
+namespace coarse {
 
 // One counter per kind of operation; TrafficOpName gives its name.
 enum class TrafficOp : int {
@@ -37,4 +41,12 @@ void CountTraffic(TrafficOp op, int64_t read, int64_t written);
 // Indexed by TrafficOp.
 std::vector<TrafficCount> Traffic();
 
-}  // namespace coarse::cpu
+// What one Device operation moves, by kind (StreamDevice, HostProxyDevice):
+// leaves widened into f32 (kGather) or narrowed out of it (kScatter).
+void CountGather(const LeafRun* runs, int64_t num_runs);
+void CountScatter(const LeafRun* runs, int64_t num_runs);
+// A sum of `slots` slots of n floats into one (Device::SumSlots): zeros
+// written for none; a scaling pass for one scaled; else one pass.
+void CountSumSlots(int64_t n, int64_t slots, float scale);
+
+}  // namespace coarse

@@ -1,9 +1,12 @@
-// The CPU backend's byte counters (see cpu_traffic.h).
-#include "cpu/cpu_traffic.h"
+// The byte counters (see traffic.h).
+#include "runtime/traffic.h"
 
-namespace coarse::cpu {
+#include "xla/ffi/api/ffi.h"
+
+namespace coarse {
 namespace {
 
+constexpr int64_t kF32 = sizeof(float);
 constexpr int kOps = static_cast<int>(TrafficOp::kCount);
 std::atomic<int64_t> read_bytes[kOps], written_bytes[kOps];
 
@@ -37,4 +40,36 @@ std::vector<TrafficCount> Traffic() {
   return out;
 }
 
-}  // namespace coarse::cpu
+namespace {
+
+struct RunBytes {
+  int64_t leaf = 0, f32 = 0;
+};
+RunBytes BytesOf(const LeafRun* runs, int64_t num_runs) {
+  RunBytes b;
+  for (int64_t r = 0; r < num_runs; ++r) {
+    b.leaf += runs[r].len * xla::ffi::ByteWidth(runs[r].dtype);
+    b.f32 += runs[r].len * kF32;
+  }
+  return b;
+}
+
+}  // namespace
+
+void CountGather(const LeafRun* runs, int64_t num_runs) {
+  const RunBytes b = BytesOf(runs, num_runs);
+  CountTraffic(TrafficOp::kGather, b.leaf, b.f32);
+}
+
+void CountScatter(const LeafRun* runs, int64_t num_runs) {
+  const RunBytes b = BytesOf(runs, num_runs);
+  CountTraffic(TrafficOp::kScatter, b.f32, b.leaf);
+}
+
+void CountSumSlots(int64_t n, int64_t slots, float scale) {
+  if (slots == 0) CountTraffic(TrafficOp::kSum, 0, n * kF32);
+  if (slots == 1 && scale != 1.0f) CountTraffic(TrafficOp::kScale, n * kF32, n * kF32);
+  if (slots > 1) CountTraffic(TrafficOp::kSum, slots * n * kF32, n * kF32);
+}
+
+}  // namespace coarse

@@ -1,0 +1,93 @@
+// InlineHostStream (see inline_stream.h).
+#include "cpu/inline_stream.h"
+
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "cpu/host_kernels.h"
+
+namespace coarse {
+namespace ffi = xla::ffi;
+
+ffi::Error InlineHostStream::Pack(const kernels::Span* spans, int64_t num_spans, int64_t,
+                                  float* buf) {
+  host_kernels::Pack(spans, num_spans, buf);
+  return ffi::Error::Success();
+}
+
+ffi::Error InlineHostStream::Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
+                                    int64_t) {
+  host_kernels::Unpack(buf, spans, num_spans);
+  return ffi::Error::Success();
+}
+
+ffi::Error InlineHostStream::Reduce(const float* const* inputs, int num_inputs, float* out,
+                                    int64_t n, float scale) {
+  if (num_inputs < 1 || num_inputs > kernels::kMaxReduceInputs)
+    return ffi::Error::Internal("coarse_jax: a reduce takes 1 to " +
+                                std::to_string(kernels::kMaxReduceInputs) + " inputs, got " +
+                                std::to_string(num_inputs));
+  host_kernels::Reduce(inputs, num_inputs, out, n, scale);
+  return ffi::Error::Success();
+}
+
+ffi::Error InlineHostStream::Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
+  host_kernels::Optimizer(o, b, n);
+  return ffi::Error::Success();
+}
+
+ffi::Error InlineHostStream::SumSquares(const float* x, int64_t n, double*, double* out) {
+  host_kernels::SumSquares(x, n, out);
+  return ffi::Error::Success();
+}
+
+ffi::Error InlineHostStream::FirstMismatch(const float* master, kernels::DType dtype,
+                                           const void* given, kernels::DType given_dtype, int64_t n,
+                                           unsigned long long base, unsigned long long* first) {
+  host_kernels::FirstMismatch(master, dtype, given, given_dtype, n, base, first);
+  return ffi::Error::Success();
+}
+
+ffi::Error InlineHostStream::Memset(void* dst, size_t bytes, const char*) {
+  std::memset(dst, 0, bytes);
+  return ffi::Error::Success();
+}
+
+ffi::Error InlineHostStream::Copy(void* dst, int64_t, const void* src, int64_t, size_t bytes,
+                                  const char*) {
+  if (dst != src) std::memcpy(dst, src, bytes);
+  return ffi::Error::Success();
+}
+
+ffi::Error InlineHostStream::Upload(void* dst, const void* src, size_t bytes, const char* what) {
+  return Copy(dst, 0, src, 0, bytes, what);
+}
+
+ffi::Error InlineHostStream::Download(void* dst, const void* src, size_t bytes, const char* what) {
+  return Copy(dst, 0, src, 0, bytes, what);
+}
+
+ffi::Error InlineHostStream::UploadPinned(void* dst, const void* src, size_t bytes,
+                                          const char* what) {
+  return Copy(dst, 0, src, 0, bytes, what);
+}
+
+ffi::Error InlineHostStream::WaitValue(const uint32_t* flag, uint32_t value,
+                                       std::chrono::milliseconds timeout, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::chrono::microseconds nap(1);
+  uint32_t now = ReadFlag(flag);
+  while (!FlagReached(now, value)) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      return ffi::Error::Internal(what + ": timed out after " + std::to_string(timeout.count()) +
+                                  " ms waiting for its flag to reach " + std::to_string(value) +
+                                  " (it holds " + std::to_string(now) + ")");
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(50));
+    now = ReadFlag(flag);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace coarse
