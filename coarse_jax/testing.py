@@ -10,8 +10,8 @@ give the memory a real proxy device gives. Results are bitwise those of a
 mesh with separate proxy devices (tests/test_shared_device.py).
 
 `active_backend` names the device backend the runtime's sessions run on, so
-a test can tell the plain CPU backend from the stream-semantics one
-(``COARSE_JAX_BACKEND=streams``).
+a test can tell the default CPU backend (an inline stream, one address
+space) from the stream-semantics one (``COARSE_JAX_BACKEND=streams``).
 
 Test switches, each a call in the process it changes (never an environment
 variable, so none leaks into a user's run): `set_default_xla_below_bytes`
@@ -23,7 +23,7 @@ write and its rename).
 `stream_ops` counts, per kind, what the runtime asked of its streams (kernel
 launches, copies by direction with their bytes, event records, stream waits,
 host waits and synchronizations, hand-offs between threads) on CUDA and on the
-stream-semantics CPU backend, so what a GPU step would be asked to do can be
+CPU's streams (the default inline one copies nothing), so what a GPU step would be asked to do can be
 counted, and held to a budget, on a machine with no GPU; `reset_stream_ops`
 zeroes it.
 """
@@ -90,8 +90,8 @@ def active_backend(platform: str | None = None) -> str:
 
     On CPU it is chosen once, from the environment variable
     ``COARSE_JAX_BACKEND``, when the CPU extension loads: ``"cpu"`` (the
-    default: every operation is done when it returns, devices read each
-    other's memory in place) or ``"streams"`` (each device has its own
+    default: the same orchestration on an inline stream, every operation done
+    when it returns, devices reading each other's memory in place) or ``"streams"`` (each device has its own
     memory and one in-order stream, with events between them: the CUDA
     backend's semantics, run on the CPU). On GPUs it is ``"cuda"``.
 

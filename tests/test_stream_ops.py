@@ -10,7 +10,8 @@ and seed), twice, at two piece sizes. What holds today, and is asserted here:
 * the counts are the same step after step (hand-offs between threads aside: whether
   a waiter was parked depends on timing);
 * halving ``shard_bytes`` moves the same bytes between devices and to the host;
-* the plain CPU backend has no streams and counts nothing.
+* the default CPU backend (an inline stream, one address space) copies nothing and
+  never syncs the host.
 
 Budgets that hold, asserted per steady step (issue 51):
 
@@ -164,16 +165,20 @@ def _assert_steady_and_within_budgets(counts: dict) -> None:
         for kind in ("bytes_peer", "bytes_d2h", "bytes_d2d"):
             assert big[kind] == small[kind], (placement, kind, big[kind], small[kind])
     # With the proxy in host memory the worker's work is per call, not per piece:
-    # halving the pieces changes no launch, copy, record or stream wait.
-    big, small = counts["host/16384"][0], counts["host/8192"][0]
-    kinds = ("launches", "stream_waits", "copies_d2h", "copies_peer")
+    # halving the pieces changes no launch or copy, and the records and stream
+    # waits by at most one each in a 4-step window. That one is timing's, found:
+    # a session takes a spare storage set from the pool, and when the previous
+    # step's last thread has not yet given its set back, the step runs on the
+    # other spare set, whose push staging ring wraps at another step (each set
+    # keeps its own cursor, CopyMarks): that window has one wrap join fewer or
+    # more (a record and a wait; seen as 13 vs 12.75 records on jax 0.12, and
+    # 9 vs 8.75 waits on jax 0.10, in about one window of 20, before and after
+    # the CPU's inline stream). Per piece it would be 3 or more a window.
+    kinds = ("launches", "copies_d2h", "copies_peer")
     for kind in kinds:
         assert big[kind] == small[kind], ("host", kind, big[kind], small[kind])
-    # Records are timed (_TIMED): on jax 0.12 one run of `make test-newest`
-    # counted 13 a step at one size and 12.75 at the other (one record fewer in
-    # a 4-step window); which record timing skipped is not found yet. Held to
-    # that one, not to the pieces: per piece it would be 3 or more a window.
-    assert abs(big["records"] - small["records"]) <= 0.25, ("host", big, small)
+    for kind in ("records", "stream_waits"):
+        assert abs(big[kind] - small[kind]) <= 0.25, ("host", kind, big, small)
     assert _data_up(big) == _data_up(small), ("host", big, small)
     # A proxy in host memory is reached over PCIe only: no peer copies, and host waits.
     host = counts["host/16384"][0]

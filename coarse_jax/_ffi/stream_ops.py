@@ -1,9 +1,11 @@
 """What the runtime asks of its streams (``ffi/runtime/stream_ops.h``), counted per kind.
 
-Every call the orchestration makes on a stream, on CUDA and on the
-stream-semantics CPU backend (``COARSE_JAX_BACKEND=streams``), goes through one
-counting layer, so a count taken on this machine describes what a GPU would be
-asked to do. The plain CPU backend has no streams: its counts stay 0.
+Every call the orchestration makes on a stream, on CUDA and on the CPU's
+streams, goes through one counting layer, so a count taken on the
+stream-semantics CPU backend (``COARSE_JAX_BACKEND=streams``) describes what a
+GPU would be asked to do. The default CPU backend's inline stream counts its
+launches, records and waits too, but copies nothing between devices (one
+address space) and never waits on the host.
 Process-wide and cumulative, summed over the CPU and CUDA runtimes;
 `coarse_jax.testing.stream_ops` is the public reader.
 """

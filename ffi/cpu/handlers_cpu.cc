@@ -7,7 +7,6 @@
 // stream (cpu_devices.h). coarse_host_gather (xla/host_gather.h, CPU only)
 // runs outside any session, on an inline stream of its own. The CUDA twin:
 // cuda/handlers_cuda.cc.
-#include <cstring>
 #include <memory>
 
 #include "cpu/cpu_devices.h"

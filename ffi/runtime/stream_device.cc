@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "kernels/element_math.h"
-#include "runtime/dtype.h"
 #include "runtime/stream_ops.h"
 #include "runtime/traffic.h"
 
@@ -257,9 +256,10 @@ ffi::Error StreamDevice::Transfer(float* dst, int64_t dst_device, const float* s
 ffi::Error StreamDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst,
                                 int64_t dst_device, int64_t dst_len) {
   if (num_runs == 0 || dst_len == 0) return ffi::Error::Success();
-  // Its own memory, or a peer's on the same GPU: packed in place, merged
-  // with the call's other packs (a push of a bucket is one launch).
   CountGather(runs, num_runs);
+  // Its own memory, or a peer's it addresses (one GPU's, the host's): packed
+  // in place, merged with the call's other packs (a push of a bucket is one
+  // launch).
   if (Addressable(dst_device)) return QueueRuns(Queued::Kind::kPack, runs, num_runs, dst, dst_len);
   // A peer's storage: pack here, then one peer copy of what the runs cover,
   // [lo, hi) of `dst`. A push's runs tile a whole piece; worker k seeding
@@ -481,107 +481,6 @@ ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b
   queued_.b = b;
   queued_.n = n;
   return holds_ ? ffi::Error::Success() : Flush();
-}
-
-// The two below block the host on the stream: they serve global-norm
-// clipping and the params check, a few scalars per step on the proxies.
-// The scratch is this device's scalars (StreamResources): the stream is in
-// order and the host reads the result before it enqueues anything else, so
-// one set per device serves every call.
-ffi::ErrorOr<double> StreamDevice::SumSquares(const float* x, int64_t n) {
-  if (ffi::Error held = Flush(); held.failure()) return ffi::Unexpected(held);
-  CountTraffic(TrafficOp::kCheck, n * kF32, 0);
-  double* scratch = res_.scalars(self_);
-  double out = 0;
-  ffi::Error e = Enqueue()->SumSquares(x, n, scratch, scratch + kernels::kSumSquaresBlocks);
-  if (e.success())
-    e = Enqueue()->Download(&out, scratch + kernels::kSumSquaresBlocks, sizeof out,
-                            "copying the sum of squares");
-  // The host reads `out` next: wait for the stream to have written it.
-  if (e.success()) e = Enqueue()->Synchronize("sum of squares");
-  if (e.failure()) return ffi::Unexpected(e);
-  return out;
-}
-
-ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master, const LeafRun* runs,
-                                                   int64_t num_runs, float* scratch,
-                                                   int64_t scratch_device, int64_t scratch_len) {
-  Mismatch m;
-  if (num_runs == 0) return m;
-  // The kernels share one result, the smallest buffer offset of a mismatch,
-  // so the host reads it back once for all the runs.
-  unsigned long long end = 0;
-  for (int64_t r = 0; r < num_runs; ++r)
-    end = std::max(end, static_cast<unsigned long long>(runs[r].buf_off + runs[r].len));
-  auto* first = reinterpret_cast<unsigned long long*>(res_.scalars(self_) +
-                                                      StreamResources::kScalarSlots - 1);
-  unsigned long long host = end;
-  ffi::Error e = Flush();
-  if (e.success()) e = Enqueue()->Upload(first, &host, sizeof host, "params check");
-  // Where this device's kernels address the master's memory, the params are
-  // compared where they are, in their dtype; else each run is widened beside
-  // the master first (Gather), then compared there.
-  const bool in_place = Addressable(scratch_device);
-  if (!in_place) {
-    for (int64_t r = 0; r < num_runs && e.success(); ++r)
-      e = Gather(&runs[r], 1, scratch, scratch_device, scratch_len);
-    if (e.success()) e = Flush();
-    // Scratch in host memory (a host proxy's) is written by copies down on
-    // the copy stream: the compare below reads it on this one.
-    if (e.success()) e = JoinCopies();
-  }
-  for (int64_t r = 0; r < num_runs && e.success(); ++r) {
-    const LeafRun& run = runs[r];
-    kernels::DType t;
-    if (!ToKernelDType(run.dtype, &t))
-      return ffi::Unexpected(ffi::Error::InvalidArgument("coarse_jax: unsupported params dtype"));
-    e = in_place ? Enqueue()->FirstMismatch(master + run.buf_off, t, run.leaf, t, run.len,
-                                            static_cast<unsigned long long>(run.buf_off), first)
-                 : Enqueue()->FirstMismatch(master + run.buf_off, t, scratch + run.buf_off,
-                                            kernels::DType::kF32, run.len,
-                                            static_cast<unsigned long long>(run.buf_off), first);
-  }
-  if (e.success()) e = Enqueue()->Download(&host, first, sizeof host, "params check");
-  // The host reads `host` next.
-  if (e.success()) e = Enqueue()->Synchronize("params check");
-  if (e.failure()) return ffi::Unexpected(e);
-  // Read: the master and the params, up to the first mismatch (all of them
-  // when none).
-  for (int64_t r = 0; r < num_runs; ++r) {
-    const LeafRun& run = runs[r];
-    const bool at_or_past = host < static_cast<unsigned long long>(run.buf_off + run.len);
-    const int64_t compared =
-        at_or_past ? std::max<int64_t>(0, static_cast<int64_t>(host) - run.buf_off + 1) : run.len;
-    CountTraffic(TrafficOp::kCheck, compared * (kF32 + xla::ffi::ByteWidth(run.dtype)), 0);
-  }
-  if (host >= end) return m;
-  const int64_t at = static_cast<int64_t>(host);
-  for (int64_t r = 0; r < num_runs && m.run < 0; ++r)
-    if (runs[r].buf_off <= at && at < runs[r].buf_off + runs[r].len) m.run = r;
-  if (m.run < 0)
-    return ffi::Unexpected(
-        ffi::Error::Internal("coarse_jax: the params check found a mismatch at buffer offset " +
-                             std::to_string(at) + ", in none of its runs"));
-  const LeafRun& run = runs[m.run];
-  m.index = at - run.buf_off;
-  kernels::DType t;
-  ToKernelDType(run.dtype, &t);
-  // The params' element (read where it is, in its dtype, or its widened
-  // copy) and the master's, read back together.
-  float held = 0;
-  uint32_t given = 0;  // room for one element of any supported dtype
-  const kernels::DType given_dtype = in_place ? t : kernels::DType::kF32;
-  const void* given_at =
-      in_place ? ElementPtr(run.leaf, run.dtype, m.index) : static_cast<const void*>(scratch + at);
-  e = Enqueue()->Download(&held, master + at, sizeof(float), "params check");
-  if (e.success())
-    e = Enqueue()->Download(&given, given_at, in_place ? xla::ffi::ByteWidth(run.dtype) : kF32,
-                            "params check");
-  if (e.success()) e = Enqueue()->Synchronize("params check");
-  if (e.failure()) return ffi::Unexpected(e);
-  m.given = kernels::WidenAt(&given, given_dtype, 0);
-  m.held = kernels::RoundTrip(held, t);  // the master's value as the params' dtype
-  return m;
 }
 
 }  // namespace coarse
