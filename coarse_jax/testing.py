@@ -23,9 +23,9 @@ write and its rename).
 `stream_ops` counts, per kind, what the runtime asked of its streams (kernel
 launches, copies by direction with their bytes, event records, stream waits,
 host waits and synchronizations, hand-offs between threads) on CUDA and on the
-CPU's streams (the default inline one copies nothing), so what a GPU step would be asked to do can be
-counted, and held to a budget, on a machine with no GPU; `reset_stream_ops`
-zeroes it.
+CPU's streams (the default inline one copies nothing), so what a GPU step
+would be asked to do can be counted, and held to a budget, on a machine with
+no GPU; `reset_stream_ops` zeroes it.
 """
 
 from __future__ import annotations
@@ -91,9 +91,10 @@ def active_backend(platform: str | None = None) -> str:
     On CPU it is chosen once, from the environment variable
     ``COARSE_JAX_BACKEND``, when the CPU extension loads: ``"cpu"`` (the
     default: the same orchestration on an inline stream, every operation done
-    when it returns, devices reading each other's memory in place) or ``"streams"`` (each device has its own
-    memory and one in-order stream, with events between them: the CUDA
-    backend's semantics, run on the CPU). On GPUs it is ``"cuda"``.
+    when it returns, devices reading each other's memory in place) or
+    ``"streams"`` (each device has its own memory and one in-order stream,
+    with events between them: the CUDA backend's semantics, run on the CPU).
+    On GPUs it is ``"cuda"``.
 
     Args:
       platform: ``"cpu"`` or ``"gpu"``/``"cuda"``; default: jax's default backend.
