@@ -33,7 +33,7 @@ bool Inline() { return ActiveCpuBackend() != CpuBackend::kStreams; }
 // The stream `call`'s device runs on: the inline one, or the host stream
 // `q` (the caller's).
 std::unique_ptr<Stream> StreamOn(HostQueue* q) {
-  if (q == nullptr) return std::make_unique<InlineHostStream>();
+  if (q == nullptr) return MakeInlineHostStream();
   return std::make_unique<HostStream>(*q);
 }
 
@@ -65,7 +65,7 @@ ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue*
     // GPU workers (host_proxy_device.h); its stream only serves host waits.
     Session& s = *call.session;
     return std::unique_ptr<Device>(new HostProxyDevice(
-        std::make_unique<InlineHostStream>(), StreamOn(q), *res.value(), s.p(),
+        MakeInlineHostStream(), StreamOn(q), *res.value(), s.p(),
         call.who.Describe() + s.DescribeStep(), s.PeerWaitLimit(), StreamChaosSeed()));
   }
   return std::unique_ptr<Device>(new StreamDevice(StreamOn(q), call.device(), *res.value()));

@@ -95,8 +95,8 @@ ffi::Error HostGatherImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
                           ffi::RemainingArgs leaves, ffi::RemainingRets outs,
                           ffi::Dictionary attrs) {
   (void)leaves;  // aliased to the results; every element is overwritten
-  InlineHostStream host;
-  return HostGatherBody(run_id, who, chunk, outs, attrs, host);
+  std::unique_ptr<Stream> host = MakeInlineHostStream();
+  return HostGatherBody(run_id, who, chunk, outs, attrs, *host);
 }
 
 ffi::Error ProbeImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer pairs,

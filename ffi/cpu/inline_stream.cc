@@ -1,6 +1,7 @@
 // InlineHostStream (see inline_stream.h).
 #include "cpu/inline_stream.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -10,84 +11,100 @@
 namespace coarse {
 namespace ffi = xla::ffi;
 
-ffi::Error InlineHostStream::Pack(const kernels::Span* spans, int64_t num_spans, int64_t,
-                                  float* buf) {
-  host_kernels::Pack(spans, num_spans, buf);
-  return ffi::Error::Success();
-}
+namespace {
 
-ffi::Error InlineHostStream::Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
-                                    int64_t) {
-  host_kernels::Unpack(buf, spans, num_spans);
-  return ffi::Error::Success();
-}
-
-ffi::Error InlineHostStream::Reduce(const float* const* inputs, int num_inputs, float* out,
-                                    int64_t n, float scale) {
-  if (num_inputs < 1 || num_inputs > kernels::kMaxReduceInputs)
-    return ffi::Error::Internal("coarse_jax: a reduce takes 1 to " +
-                                std::to_string(kernels::kMaxReduceInputs) + " inputs, got " +
-                                std::to_string(num_inputs));
-  host_kernels::Reduce(inputs, num_inputs, out, n, scale);
-  return ffi::Error::Success();
-}
-
-ffi::Error InlineHostStream::Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
-  host_kernels::Optimizer(o, b, n);
-  return ffi::Error::Success();
-}
-
-ffi::Error InlineHostStream::SumSquares(const float* x, int64_t n, double*, double* out) {
-  host_kernels::SumSquares(x, n, out);
-  return ffi::Error::Success();
-}
-
-ffi::Error InlineHostStream::FirstMismatch(const float* master, kernels::DType dtype,
-                                           const void* given, kernels::DType given_dtype, int64_t n,
-                                           unsigned long long base, unsigned long long* first) {
-  host_kernels::FirstMismatch(master, dtype, given, given_dtype, n, base, first);
-  return ffi::Error::Success();
-}
-
-ffi::Error InlineHostStream::Memset(void* dst, size_t bytes, const char*) {
-  std::memset(dst, 0, bytes);
-  return ffi::Error::Success();
-}
-
-ffi::Error InlineHostStream::Copy(void* dst, int64_t, const void* src, int64_t, size_t bytes,
-                                  const char*) {
-  if (dst != src) std::memcpy(dst, src, bytes);
-  return ffi::Error::Success();
-}
-
-ffi::Error InlineHostStream::Upload(void* dst, const void* src, size_t bytes, const char* what) {
-  return Copy(dst, 0, src, 0, bytes, what);
-}
-
-ffi::Error InlineHostStream::Download(void* dst, const void* src, size_t bytes, const char* what) {
-  return Copy(dst, 0, src, 0, bytes, what);
-}
-
-ffi::Error InlineHostStream::UploadPinned(void* dst, const void* src, size_t bytes,
-                                          const char* what) {
-  return Copy(dst, 0, src, 0, bytes, what);
-}
-
-ffi::Error InlineHostStream::WaitValue(const uint32_t* flag, uint32_t value,
-                                       std::chrono::milliseconds timeout, const std::string& what) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::chrono::microseconds nap(1);
-  uint32_t now = ReadFlag(flag);
-  while (!FlagReached(now, value)) {
-    if (std::chrono::steady_clock::now() >= deadline)
-      return ffi::Error::Internal(what + ": timed out after " + std::to_string(timeout.count()) +
-                                  " ms waiting for its flag to reach " + std::to_string(value) +
-                                  " (it holds " + std::to_string(now) + ")");
-    std::this_thread::sleep_for(nap);
-    nap = std::min(nap * 2, std::chrono::microseconds(50));
-    now = ReadFlag(flag);
+class InlineHostStream final : public Stream {
+ public:
+  ffi::Error Pack(const kernels::Span* spans, int64_t num_spans, int64_t, float* buf) override {
+    host_kernels::Pack(spans, num_spans, buf);
+    return ffi::Error::Success();
   }
-  return ffi::Error::Success();
-}
+
+  ffi::Error Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
+                    int64_t) override {
+    host_kernels::Unpack(buf, spans, num_spans);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                    float scale) override {
+    if (num_inputs < 1 || num_inputs > kernels::kMaxReduceInputs)
+      return ffi::Error::Internal("coarse_jax: a reduce takes 1 to " +
+                                  std::to_string(kernels::kMaxReduceInputs) + " inputs, got " +
+                                  std::to_string(num_inputs));
+    host_kernels::Reduce(inputs, num_inputs, out, n, scale);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override {
+    host_kernels::Optimizer(o, b, n);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error SumSquares(const float* x, int64_t n, double*, double* out) override {
+    host_kernels::SumSquares(x, n, out);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error FirstMismatch(const float* master, kernels::DType dtype, const void* given,
+                           kernels::DType given_dtype, int64_t n, unsigned long long base,
+                           unsigned long long* first) override {
+    host_kernels::FirstMismatch(master, dtype, given, given_dtype, n, base, first);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Memset(void* dst, size_t bytes, const char*) override {
+    std::memset(dst, 0, bytes);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Copy(void* dst, int64_t, const void* src, int64_t, size_t bytes,
+                  const char*) override {
+    if (dst != src) std::memcpy(dst, src, bytes);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Upload(void* dst, const void* src, size_t bytes, const char* what) override {
+    return Copy(dst, 0, src, 0, bytes, what);
+  }
+
+  ffi::Error Download(void* dst, const void* src, size_t bytes, const char* what) override {
+    return Copy(dst, 0, src, 0, bytes, what);
+  }
+
+  ffi::Error UploadPinned(void* dst, const void* src, size_t bytes, const char* what) override {
+    return Copy(dst, 0, src, 0, bytes, what);
+  }
+
+  ffi::Error WaitValue(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
+                       const std::string& what) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::chrono::microseconds nap(1);
+    uint32_t now = ReadFlag(flag);
+    while (!FlagReached(now, value)) {
+      if (std::chrono::steady_clock::now() >= deadline)
+        return ffi::Error::Internal(what + ": timed out after " + std::to_string(timeout.count()) +
+                                    " ms waiting for its flag to reach " + std::to_string(value) +
+                                    " (it holds " + std::to_string(now) + ")");
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(50));
+      now = ReadFlag(flag);
+    }
+    return ffi::Error::Success();
+  }
+
+  // Nothing is left to mark or wait for: the work is done.
+  ffi::Error Record(StreamEvent) override { return ffi::Error::Success(); }
+  ffi::Error Wait(StreamEvent, int64_t) override { return ffi::Error::Success(); }
+  ffi::Error Synchronize(const char*) override { return ffi::Error::Success(); }
+  ffi::Error HostWait(StreamEvent, std::chrono::milliseconds, const std::string&) override {
+    return ffi::Error::Success();
+  }
+  bool DoneWhenEnqueued() const override { return true; }
+};
+
+}  // namespace
+
+std::unique_ptr<Stream> MakeInlineHostStream() { return std::make_unique<InlineHostStream>(); }
 
 }  // namespace coarse

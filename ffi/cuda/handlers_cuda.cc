@@ -85,7 +85,7 @@ const MakeProxyDevice& CudaProxies() {
       // waits on the workers' events (runtime/host_proxy_device.h).
       Session& s = *call.session;
       return std::unique_ptr<Device>(new HostProxyDevice(
-          std::make_unique<InlineHostStream>(),
+          MakeInlineHostStream(),
           std::make_unique<CudaStream>(nullptr, storage.ordinal(0), storage.ordinals()), storage,
           s.p(), call.who.Describe() + s.DescribeStep(), s.PeerWaitLimit()));
     }
