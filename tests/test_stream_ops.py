@@ -48,6 +48,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import jax.numpy as jnp
 import pytest
 from helpers import gpu_or_skip
@@ -273,7 +274,8 @@ def test_the_default_cpu_backend_copies_nothing_and_never_syncs():
         config=coarse.Config(xla_below_bytes=0),
     )
     reset_stream_ops()
-    step(jnp.ones((3,)), jnp.ones((4, 3)))
+    jax.block_until_ready(step(jnp.ones((3,)), jnp.ones((4, 3))))
+    step._wait_all()  # the proxies' jobs too: nothing of the step counts after the reset
     ops = stream_ops()
     assert ops.launches > 0, ops
     copies = ops.copies_d2d + ops.copies_peer + ops.copies_d2h + ops.copies_h2d
