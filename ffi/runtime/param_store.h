@@ -32,12 +32,12 @@
 #include "kernels/optimizer_math.h"
 #include "runtime/device.h"
 #include "runtime/plan.h"
+#include "runtime/session.h"
 #include "runtime/storage.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse {
 
-class Session;
 struct Who;
 
 // The optimizer of a value_and_update call, from its attributes.
@@ -106,7 +106,7 @@ struct HostState {
   std::vector<std::vector<std::vector<float>>> values;  // [1 + slots][leaf][element]
 };
 
-class ParamStore : public std::enable_shared_from_this<ParamStore> {
+class ParamStore : public SessionHold, public std::enable_shared_from_this<ParamStore> {
  public:
   ParamStore(int64_t id, std::string name) : id_(id), name_(std::move(name)) {}
 
@@ -115,7 +115,7 @@ class ParamStore : public std::enable_shared_from_this<ParamStore> {
   xla::ffi::Error Enter(const std::shared_ptr<Session>& session, const Who& who);
   // Ends `session`'s hold (no-op if it holds none): commits when `ok` and
   // every proxy applied its update (MarkApplied).
-  void Close(const Session* session, bool ok);
+  void Close(const Session* session, bool ok) override;
 
   // Under the hold, by each proxy: lays the buffers out for the session's
   // plan and optimizer (once per session; a changed plan moves the state).

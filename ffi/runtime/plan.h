@@ -98,6 +98,10 @@ struct Plan {
 // the extension (host_plan_key), never computing it again.
 inline int32_t HostPlanKey(int64_t key) { return static_cast<int32_t>(key & 0x7fffffff); }
 
+// Steps in one ring of p members (runtime/ring.h): reduce-scatter then
+// all-gather. Here, below the session, which sizes its step counters by it.
+inline int32_t RingSteps(int64_t p) { return static_cast<int32_t>(2 * (p - 1)); }
+
 // Derives what follows from the routes and segments (shard numbering, DENSE
 // holders, contributors, the proxies' storage layout). GetPlan
 // (ffi/xla/plan_attrs.h) calls it; so does the self-test (lab/sync_selftest.h), which

@@ -91,9 +91,6 @@ inline void RingAddOrder(int ring, int64_t c, int64_t p, int64_t* order) {
   }
 }
 
-// Steps in one ring: reduce-scatter then all-gather.
-inline int32_t RingSteps(int64_t p) { return static_cast<int32_t>(2 * (p - 1)); }
-
 // Marks the member ready (progress 0) and runs all steps. The member that
 // completes a chunk's sum (last reduce-scatter step) multiplies it by `scale`
 // in the same pass, so the mean costs no extra pass and readers can copy the

@@ -13,8 +13,6 @@
 #include <utility>
 
 #include "runtime/interrupt.h"
-#include "runtime/param_store.h"
-#include "runtime/ring.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -427,7 +425,7 @@ void Session::End() {
     if (g_virtual_spans.size() >= 4096) g_virtual_spans.erase(g_virtual_spans.begin());
     g_virtual_spans.push_back(std::chrono::duration<double>(Clock::duration(span)).count());
   }
-  std::shared_ptr<ParamStore> store;
+  std::shared_ptr<SessionHold> store;
   {
     std::lock_guard<std::mutex> lock(store_mu_);
     store = store_;
@@ -436,7 +434,7 @@ void Session::End() {
   TheRegistry().Remove(run_id_, site_, iteration_, this);
 }
 
-void Session::set_store(std::shared_ptr<ParamStore> store) {
+void Session::set_store(std::shared_ptr<SessionHold> store) {
   std::lock_guard<std::mutex> lock(store_mu_);
   store_ = std::move(store);
 }

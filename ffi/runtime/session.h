@@ -44,7 +44,17 @@
 
 namespace coarse {
 
-class ParamStore;
+class Session;
+
+// What a session holds until it ends (ParamStore, runtime/param_store.h,
+// implements it): the session's end closes the hold, committing only when
+// every device finished without error. An interface here, so the session
+// needs nothing of the store above it.
+class SessionHold {
+ public:
+  virtual ~SessionHold() = default;
+  virtual void Close(const Session* session, bool ok) = 0;
+};
 
 enum Tier : int32_t { kWorker = 0, kProxy = 1 };
 
@@ -219,7 +229,7 @@ class Session {
   // The proxy optimizer's store this session holds (ParamStore::Enter sets
   // it): the session's end closes the hold, committing only a session that
   // finished on every device without error.
-  void set_store(std::shared_ptr<ParamStore> store);
+  void set_store(std::shared_ptr<SessionHold> store);
   // Global-norm clipping: proxy k posts the f64 sum of squares of the mean
   // gradient it owns; once all p have, NormTotal() sums them in proxy order.
   void PostNormPart(int64_t proxy, double sum_sq);
@@ -309,7 +319,7 @@ class Session {
   std::atomic<int64_t> proxies_left_{0};              // proxies finished (after left_)
   std::atomic<int64_t> dropped_push_worker_{-1};      // InjectDroppedPush, taken at creation
   std::mutex store_mu_;
-  std::shared_ptr<ParamStore> store_;
+  std::shared_ptr<SessionHold> store_;
   std::unique_ptr<double[]> norm_parts_;  // [proxy]
   std::atomic<bool> proxies_started_{false};
   std::unique_ptr<std::atomic<int32_t>[]> update_posted_;  // [proxy]
