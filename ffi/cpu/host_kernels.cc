@@ -1,14 +1,38 @@
 // The host loops of the kernels (see host_kernels.h).
 #include "cpu/host_kernels.h"
 
+#include <algorithm>
 #include <cstring>
+#include <string>
+#include <thread>
 
 #include "cpu/cpu_backend.h"
 #include "cpu/host_pool.h"
 #include "kernels/element_math.h"
 #include "runtime/dtype.h"
+#include "runtime/stream.h"
 
 namespace coarse::host_kernels {
+
+xla::ffi::Error CheckReduceInputs(int num_inputs) {
+  if (num_inputs >= 1 && num_inputs <= kernels::kMaxReduceInputs) return xla::ffi::Error::Success();
+  return xla::ffi::Error::Internal("coarse_jax: a reduce takes 1 to " +
+                                   std::to_string(kernels::kMaxReduceInputs) + " inputs, got " +
+                                   std::to_string(num_inputs));
+}
+
+bool PollFlag(const uint32_t* flag, uint32_t value, std::chrono::steady_clock::time_point deadline,
+              uint32_t* held) {
+  std::chrono::microseconds nap(1);
+  *held = ReadFlag(flag);
+  while (!FlagReached(*held, value)) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(50));
+    *held = ReadFlag(flag);
+  }
+  return true;
+}
 
 xla::ffi::DataType ToXlaDType(kernels::DType t) {
   switch (t) {

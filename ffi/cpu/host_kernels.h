@@ -7,6 +7,7 @@
 // bits as the CUDA kernels.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 
 #include "kernels/span.h"
@@ -29,6 +30,17 @@ void SumSquares(const float* x, int64_t n, double* out);
 void FirstMismatch(const float* master, kernels::DType dtype, const void* given,
                    kernels::DType given_dtype, int64_t n, unsigned long long base,
                    unsigned long long* first);
+
+// Whether a reduce of `num_inputs` inputs is one the kernels take
+// (1..kernels::kMaxReduceInputs): both host streams check it when enqueued.
+xla::ffi::Error CheckReduceInputs(int num_inputs);
+
+// Polls the host-written flag on the calling thread, backing off from 1 to
+// 50 us between reads (as a GPU's front end polls a cuStreamWaitValue32
+// flag), until FlagReached(it, value) or `deadline`; false on the deadline.
+// `*held`: the flag's last value read. Both host streams' WaitValue.
+bool PollFlag(const uint32_t* flag, uint32_t value, std::chrono::steady_clock::time_point deadline,
+              uint32_t* held);
 
 // The XLA element type of a kernels' one.
 xla::ffi::DataType ToXlaDType(kernels::DType t);

@@ -175,10 +175,7 @@ ffi::Error HostStream::Unpack(const float* buf, const kernels::Span* spans, int6
 
 ffi::Error HostStream::Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
                               float scale) {
-  if (num_inputs < 1 || num_inputs > kernels::kMaxReduceInputs)
-    return ffi::Error::Internal("coarse_jax: a reduce takes 1 to " +
-                                std::to_string(kernels::kMaxReduceInputs) + " inputs, got " +
-                                std::to_string(num_inputs));
+  if (ffi::Error e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
   std::array<const float*, kernels::kMaxReduceInputs> in{};
   for (int k = 0; k < num_inputs; ++k) in[k] = inputs[k];
   q_.Enqueue([=] { host_kernels::Reduce(in.data(), num_inputs, out, n, scale); });
@@ -316,21 +313,11 @@ ffi::Error HostStream::WaitValue(const uint32_t* flag, uint32_t value,
   HostQueue* q = &q_;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   q_.Enqueue([=] {
-    // Polls as the GPU's front end polls the flag's memory, backing off to
-    // 50 us between reads.
-    std::chrono::microseconds nap(1);
-    uint32_t now = ReadFlag(flag);
-    while (!FlagReached(now, value)) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        q->SetError(what + ": " + q->name() + " timed out after " +
-                    std::to_string(timeout.count()) + " ms waiting for its flag to reach " +
-                    std::to_string(value) + " (it holds " + std::to_string(now) + ")");
-        return;
-      }
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, std::chrono::microseconds(50));
-      now = ReadFlag(flag);
-    }
+    uint32_t now = 0;
+    if (!host_kernels::PollFlag(flag, value, deadline, &now))
+      q->SetError(what + ": " + q->name() + " timed out after " + std::to_string(timeout.count()) +
+                  " ms waiting for its flag to reach " + std::to_string(value) + " (it holds " +
+                  std::to_string(now) + ")");
   });
   return ffi::Error::Success();
 }

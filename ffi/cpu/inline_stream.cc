@@ -1,10 +1,8 @@
 // InlineHostStream (see inline_stream.h).
 #include "cpu/inline_stream.h"
 
-#include <algorithm>
 #include <cstring>
 #include <string>
-#include <thread>
 
 #include "cpu/host_kernels.h"
 
@@ -28,10 +26,7 @@ class InlineHostStream final : public Stream {
 
   ffi::Error Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
                     float scale) override {
-    if (num_inputs < 1 || num_inputs > kernels::kMaxReduceInputs)
-      return ffi::Error::Internal("coarse_jax: a reduce takes 1 to " +
-                                  std::to_string(kernels::kMaxReduceInputs) + " inputs, got " +
-                                  std::to_string(num_inputs));
+    if (ffi::Error e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
     host_kernels::Reduce(inputs, num_inputs, out, n, scale);
     return ffi::Error::Success();
   }
@@ -78,18 +73,11 @@ class InlineHostStream final : public Stream {
 
   ffi::Error WaitValue(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
                        const std::string& what) override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::chrono::microseconds nap(1);
-    uint32_t now = ReadFlag(flag);
-    while (!FlagReached(now, value)) {
-      if (std::chrono::steady_clock::now() >= deadline)
-        return ffi::Error::Internal(what + ": timed out after " + std::to_string(timeout.count()) +
-                                    " ms waiting for its flag to reach " + std::to_string(value) +
-                                    " (it holds " + std::to_string(now) + ")");
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, std::chrono::microseconds(50));
-      now = ReadFlag(flag);
-    }
+    uint32_t now = 0;
+    if (!host_kernels::PollFlag(flag, value, std::chrono::steady_clock::now() + timeout, &now))
+      return ffi::Error::Internal(what + ": timed out after " + std::to_string(timeout.count()) +
+                                  " ms waiting for its flag to reach " + std::to_string(value) +
+                                  " (it holds " + std::to_string(now) + ")");
     return ffi::Error::Success();
   }
 

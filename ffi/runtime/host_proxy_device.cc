@@ -70,8 +70,7 @@ ffi::Error HostProxyDevice::Scale(float* x, int64_t n, float scale) {
 
 ffi::Error HostProxyDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
   Stall();
-  const int64_t moved = (2 + OptSlots(o.kind, o.momentum)) * n * kF32;
-  CountTraffic(TrafficOp::kOptimizer, moved, moved);
+  CountOptimizer(o, n);
   return n <= 0 ? ffi::Error::Success() : host_->Optimizer(o, b, n);
 }
 
@@ -97,16 +96,14 @@ ffi::ErrorOr<Mismatch> HostProxyDevice::FirstMismatch(const float* master, const
                                         static_cast<unsigned long long>(run.buf_off), &first);
     if (e.failure()) return ffi::Unexpected(e);
   }
+  CountCheck(runs, num_runs, first);
   for (int64_t r = 0; r < num_runs && m.run < 0; ++r) {
     const LeafRun& run = runs[r];
-    const bool here = first < static_cast<unsigned long long>(run.buf_off + run.len);
-    const int64_t compared = here ? static_cast<int64_t>(first) - run.buf_off + 1 : run.len;
-    CountTraffic(TrafficOp::kCheck, compared * (kF32 + xla::ffi::ByteWidth(run.dtype)), 0);
-    if (!here) continue;
+    if (first >= static_cast<unsigned long long>(run.buf_off + run.len)) continue;
     kernels::DType t;
     ToKernelDType(run.dtype, &t);
     m.run = r;
-    m.index = compared - 1;
+    m.index = static_cast<int64_t>(first) - run.buf_off;
     m.given = kernels::WidenAt(run.leaf, t, m.index);
     m.held = kernels::RoundTrip(master[first], t);
   }

@@ -50,19 +50,26 @@ bool ToKernelDType(ffi::DataType t, kernels::DType* out) {
   }
 }
 
+namespace {
+
+// `run` as a span at its buf_off (begin unset).
+ffi::Error SpanOf(const LeafRun& run, kernels::Span* span) {
+  *span = kernels::Span{};
+  span->leaf = run.leaf;
+  span->len = run.len;
+  span->buf_off = run.buf_off;
+  if (ToKernelDType(run.dtype, &span->leaf_dtype)) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(
+      "coarse_jax: only float32, bfloat16 and float16 leaves are synchronized");
+}
+
+}  // namespace
+
 ffi::Error SpansOf(const LeafRun* runs, int64_t num_runs, std::vector<kernels::Span>* spans,
                    int64_t* total) {
   spans->resize(num_runs);
-  for (int64_t r = 0; r < num_runs; ++r) {
-    kernels::Span& span = (*spans)[r];
-    span = kernels::Span{};
-    span.leaf = runs[r].leaf;
-    span.len = runs[r].len;
-    span.buf_off = runs[r].buf_off;
-    if (!ToKernelDType(runs[r].dtype, &span.leaf_dtype))
-      return ffi::Error::InvalidArgument(
-          "coarse_jax: only float32, bfloat16 and float16 leaves are synchronized");
-  }
+  for (int64_t r = 0; r < num_runs; ++r)
+    if (ffi::Error e = SpanOf(runs[r], &(*spans)[r]); e.failure()) return e;
   *total = kernels::SetBegins(spans->data(), num_runs);
   return ffi::Error::Success();
 }
@@ -115,12 +122,8 @@ ffi::Error StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64
     const int64_t off = runs[r].buf_off - lo;
     if (off < 0 || off + runs[r].len > buf_len)
       return ffi::Error::Internal("coarse_jax: a run falls outside its buffer");
-    kernels::Span span{};
-    span.leaf = runs[r].leaf;
-    span.len = runs[r].len;
-    if (!ToKernelDType(runs[r].dtype, &span.leaf_dtype))
-      return ffi::Error::InvalidArgument(
-          "coarse_jax: only float32, bfloat16 and float16 leaves are synchronized");
+    kernels::Span span;  // its buf_off set by Flush, from `at`
+    if (ffi::Error e = SpanOf(runs[r], &span); e.failure()) return e;
     queued_.spans.push_back(span);
     queued_.at.push_back(buf + off);
   }
@@ -462,10 +465,7 @@ bool Continues(const OptBuffers& a, int64_t n, const OptBuffers& b, int32_t slot
 
 ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
   if (n <= 0) return ffi::Error::Success();
-  // The gradient, the master and each state slot read; the master, the
-  // gradient's buffer (the updated params, for the pull) and each slot written.
-  const int64_t moved = (2 + OptSlots(o.kind, o.momentum)) * n * kF32;
-  CountTraffic(TrafficOp::kOptimizer, moved, moved);
+  CountOptimizer(o, n);
   // Consecutive updates of consecutive elements with the same scalars (a
   // proxy's segments, its pieces) are one launch: the same arithmetic per
   // element.

@@ -78,15 +78,7 @@ ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master, const Le
   // The host reads `host` next.
   if (e.success()) e = Enqueue()->Synchronize("params check");
   if (e.failure()) return ffi::Unexpected(e);
-  // Read: the master and the params, up to the first mismatch (all of them
-  // when none).
-  for (int64_t r = 0; r < num_runs; ++r) {
-    const LeafRun& run = runs[r];
-    const bool at_or_past = host < static_cast<unsigned long long>(run.buf_off + run.len);
-    const int64_t compared =
-        at_or_past ? std::max<int64_t>(0, static_cast<int64_t>(host) - run.buf_off + 1) : run.len;
-    CountTraffic(TrafficOp::kCheck, compared * (kF32 + xla::ffi::ByteWidth(run.dtype)), 0);
-  }
+  CountCheck(runs, num_runs, host);
   if (host >= end) return m;
   const int64_t at = static_cast<int64_t>(host);
   for (int64_t r = 0; r < num_runs && m.run < 0; ++r)

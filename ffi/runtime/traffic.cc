@@ -1,6 +1,8 @@
 // The byte counters (see traffic.h).
 #include "runtime/traffic.h"
 
+#include <algorithm>
+
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse {
@@ -64,6 +66,21 @@ void CountGather(const LeafRun* runs, int64_t num_runs) {
 void CountScatter(const LeafRun* runs, int64_t num_runs) {
   const RunBytes b = BytesOf(runs, num_runs);
   CountTraffic(TrafficOp::kScatter, b.f32, b.leaf);
+}
+
+void CountOptimizer(const OptScalars& o, int64_t n) {
+  const int64_t moved = (2 + OptSlots(o.kind, o.momentum)) * n * kF32;
+  CountTraffic(TrafficOp::kOptimizer, moved, moved);
+}
+
+void CountCheck(const LeafRun* runs, int64_t num_runs, unsigned long long first) {
+  for (int64_t r = 0; r < num_runs; ++r) {
+    const LeafRun& run = runs[r];
+    const bool here = first < static_cast<unsigned long long>(run.buf_off + run.len);
+    const int64_t compared =
+        here ? std::max<int64_t>(0, static_cast<int64_t>(first) - run.buf_off + 1) : run.len;
+    CountTraffic(TrafficOp::kCheck, compared * (kF32 + xla::ffi::ByteWidth(run.dtype)), 0);
+  }
 }
 
 void CountSumSlots(int64_t n, int64_t slots, float scale) {

@@ -48,5 +48,13 @@ void CountScatter(const LeafRun* runs, int64_t num_runs);
 // A sum of `slots` slots of n floats into one (Device::SumSlots): zeros
 // written for none; a scaling pass for one scaled; else one pass.
 void CountSumSlots(int64_t n, int64_t slots, float scale);
+// One optimizer update of n elements (Device::ApplyOptimizer): the
+// gradient, the master and each state slot read; the master, the gradient's
+// buffer (the updated params, for the pull) and each slot written.
+void CountOptimizer(const OptScalars& o, int64_t n);
+// The params check over `runs` (in buf_off order) that found its first
+// mismatch at buffer offset `first` (none: past every run): the master and
+// the params read up to it.
+void CountCheck(const LeafRun* runs, int64_t num_runs, unsigned long long first);
 
 }  // namespace coarse
