@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import Mesh
 
 from coarse_jax import _ffi
@@ -31,7 +32,7 @@ from coarse_jax.dispatch import arguments as _arguments
 from coarse_jax.dispatch import arrival, context, nnx, outputs, placement, uniform
 from coarse_jax.dispatch.arguments import Layout
 from coarse_jax.dispatch.compiles import Compiles
-from coarse_jax.dispatch.in_flight import InFlight
+from coarse_jax.dispatch.in_flight import DeviceOrder, InFlight
 from coarse_jax.dispatch.params_check import ParamsCheck
 from coarse_jax.dispatch.program import compile_program
 from coarse_jax.mesh import DATA, Tiers, check_mesh, has_hosts, platform
@@ -108,6 +109,10 @@ class SyncedStep(ProxyState, StepInfo):
         self._reprofiles = 0
         self._arrival = arrival.Arrival(self._name)  # across hosts only
         self._in_flight = InFlight(platform(tiers))  # Config.max_steps_in_flight
+        # The streams backend: programs of a device in dispatch order across steps.
+        self._device_order = DeviceOrder(
+            [*np.asarray(tiers.devices).flat, *(d for row in tiers.proxies.devices for d in row)]
+        )
         # The proxies' optimizer stores, per value_and_update call of the step.
         self._stores: dict[int, ProxyStore] = {}
         # A load asked for before the step's first trace (it names the stores).
@@ -198,6 +203,7 @@ class SyncedStep(ProxyState, StepInfo):
             self._writer.pace(list(self._stores.values()), self._wait_all)
         if not layout.outer_trace:  # Config.max_steps_in_flight, with this call
             self._in_flight.make_room(cfg)
+            self._device_order.wait_for_others()
         if new and not layout.outer_trace:
             self._compiles.first_call(key, self._arguments.named(layout, passed, dyn))
         *results, self._ref_state = jitted(*dyn, self._ref_state)
@@ -222,6 +228,7 @@ class SyncedStep(ProxyState, StepInfo):
             # An NNX step may return nothing else; wait_all waits for steps whose
             # proxies hold state, or that trace.
             self._in_flight.add(cfg, results, keep_last=bool(self._stores) or cfg.trace)
+            self._device_order.note(results)
         if on_mesh is not None:  # outputs follow arguments put on a two-tier mesh
             replicated, per_example, new_state = self._two_tier_outputs.place(
                 (replicated, per_example, new_state), on_mesh

@@ -3,20 +3,81 @@
 `Config.max_steps_in_flight` bounds them: XLA:CPU can starve a run queued
 behind many others. One output leaf stands for its call: a program's outputs
 are ready when every device finished it.
+
+`DeviceOrder` keeps, on the stream-semantics CPU backend, a device's
+programs in dispatch order across steps, as a GPU runs them. XLA:CPU runs
+two programs that share no buffer at once, each device's part as a task of
+one thread pool, while the streams backend gives each device one in-order
+stream that every program's calls enqueue on, and drains it before a call
+returns (the host's stand-in for XLA's next kernel waiting in stream order).
+A call of one program then waited for another program's work: a pull's
+wait for its proxy's flag, which needs a push of a device whose task found
+every pool thread taken by such waits (a 1-worker step dispatched between
+two calls of an 8-worker step with a proxy in host memory timed out that
+way, every time). On a GPU the launches of a device's programs are in
+dispatch order and nothing of them holds a host thread, so this order is
+the GPU's, not a restriction of it.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 from typing import Any
 
 import jax
 
+from coarse_jax import _ffi
 from coarse_jax.config import Config
 
 # Config.max_steps_in_flight=None per platform (0: unbounded).
 DEFAULT_MAX_IN_FLIGHT = {"cpu": 2}
+
+
+class DeviceOrder:
+    """The latest call of any step per device, on the streams backend (see the module).
+
+    Before a step's call, `wait_for_others` waits for the latest call of every
+    other step that touches one of its devices (workers, and device proxies,
+    whose runtime streams the programs share too); `note` records the call.
+    Calls of one step keep `InFlight`'s bound: they already wait for one
+    another in stream order without taking the other step's threads.
+    """
+
+    _last: dict[int, tuple[int, jax.Array]] = {}  # device id -> (step's serial, output leaf)
+    _serials = itertools.count(1)
+
+    def __init__(self, devices: list[Any]) -> None:
+        self._ids = sorted({int(d.id) for d in devices})
+        self._on = bool(devices) and devices[0].platform == "cpu" and _streams_backend()
+        self._serial = next(self._serials)
+
+    def wait_for_others(self) -> None:
+        if not self._on:
+            return
+        for i in self._ids:
+            last = self._last.get(i)
+            if last is None or last[0] == self._serial:
+                continue
+            self._last.pop(i, None)
+            if not last[1].is_deleted():  # donated to a later call: that one waits for it
+                # A failed call raises where its caller reads it, not here.
+                with contextlib.suppress(Exception):
+                    last[1].block_until_ready()
+
+    def note(self, out: Any) -> None:
+        if not self._on:
+            return
+        leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
+        if leaves:
+            smallest = min(leaves, key=lambda x: x.size)
+            for i in self._ids:
+                self._last[i] = (self._serial, smallest)
+
+
+def _streams_backend() -> bool:
+    return str(_ffi.cpu_module().backend()) == "streams"
 
 
 class InFlight:

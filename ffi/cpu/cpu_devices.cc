@@ -71,13 +71,16 @@ ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue*
   return std::unique_ptr<Device>(new StreamDevice(StreamOn(q), call.device(), *res.value()));
 }
 
-ffi::ErrorOr<DeviceHandle> CpuWorkerDevice(const Call& call, HostQueue** queue) {
+ffi::ErrorOr<DeviceHandle> CpuWorkerDevice(const Call& call, WorkerStreams* streams) {
   auto res = ResourcesOf(call);
   if (res.has_error()) return ffi::Unexpected(res.error());
   // The inline stream is the same whoever runs it: the key of every inline device.
   static const char kInline = 0;
   HostQueue* q = Inline() ? nullptr : &WorkerQueue(OrdinalOf(call));
-  if (queue != nullptr && q != nullptr) *queue = q;
+  if (streams != nullptr && q != nullptr) {
+    streams->main = q;
+    if (HasHostProxy(call.plan(), *res.value())) streams->ups = &CopyUpQueue(OrdinalOf(call));
+  }
   const void* key = q != nullptr ? static_cast<const void*>(q) : &kInline;
   return KeptStreamDevice(*res.value(), call.device(), key,
                           [&]() -> ffi::ErrorOr<std::unique_ptr<StreamDevice>> {

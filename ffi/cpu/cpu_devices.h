@@ -22,9 +22,17 @@ namespace coarse {
 // The device `call` runs on. With the streams backend `*queue` (if given)
 // names its stream; else it is left alone.
 xla::ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue** queue);
+// With the streams backend, the streams a worker's call enqueues on that it
+// answers for before it returns (handlers_cpu.cc): its own, and with a proxy
+// in host memory its copy-up stream (whose flag waits report their timeouts
+// there); null on the inline stream.
+struct WorkerStreams {
+  HostQueue* main = nullptr;
+  HostQueue* ups = nullptr;
+};
 // A worker's call's device: a StreamDevice kept in the storage set across
-// its calls (KeptStreamDevice); `*queue` as MakeCpuDevice's.
-xla::ffi::ErrorOr<DeviceHandle> CpuWorkerDevice(const Call& call, HostQueue** queue);
+// its calls (KeptStreamDevice); `*streams` (if given) names its streams.
+xla::ffi::ErrorOr<DeviceHandle> CpuWorkerDevice(const Call& call, WorkerStreams* streams);
 
 // The proxies' jobs run on the same backend (runtime/service.h).
 const MakeProxyDevice& CpuProxies();

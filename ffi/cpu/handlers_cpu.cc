@@ -7,7 +7,9 @@
 // stream (cpu_devices.h). coarse_host_gather (xla/host_gather.h, CPU only)
 // runs outside any session, on an inline stream of its own. The CUDA twin:
 // cuda/handlers_cuda.cc.
+#include <chrono>
 #include <memory>
+#include <string>
 
 #include "cpu/cpu_devices.h"
 #include "cpu/host_stream.h"
@@ -30,16 +32,39 @@ namespace {
 // differs from a GPU, where XLA's next kernel waits in stream order instead.
 // (Outputs are then complete when XLA reads them; what is checked is the
 // order among the devices' streams within the call and the proxies' jobs.)
+// The drain has a deadline, and what the call's streams failed at (a flag
+// wait that timed out, whose copies then ran on) fails the call: a call
+// never returns success over work its streams did not do.
+ffi::Error DrainCall(const WorkerStreams& streams, const ffi::Dictionary& attrs) {
+  // Twice a peer's wait (Session::WaitLimit): the stream's own waits have that.
+  auto timeout_ms = attrs.get<int64_t>("timeout_ms");
+  const int64_t ms = 2 * (timeout_ms.has_value() ? *timeout_ms : 120000) + 1000;
+  if (!streams.main->DrainUntil(std::chrono::steady_clock::now() + std::chrono::milliseconds(ms)))
+    return ffi::Error::Internal(
+        "coarse_jax: " + streams.main->name() + " did not finish this call's work within " +
+        std::to_string(ms / 1000) +
+        " s (twice the step's timeout): it waits for work that never came, of this program "
+        "or of another one on the same device. This is a coarse_jax bug: please report it "
+        "with the step's code.");
+  for (HostQueue* q : {streams.main, streams.ups}) {
+    if (q == nullptr) continue;
+    const std::string error = q->TakeError();
+    if (!error.empty()) return ffi::Error::Internal(error);
+  }
+  return ffi::Error::Success();
+}
+
 template <typename Body>
 ffi::Error RunCpuCall(ffi::RunId run_id, ffi::AnyBuffer& who, const ffi::Dictionary& attrs,
                       Body&& body) {
-  HostQueue* queue = nullptr;
+  WorkerStreams streams;
   ffi::Error e = RunCall(
       run_id, Caller{&who, {}}, attrs,
-      [&](const Call& call) { return CpuWorkerDevice(call, &queue); }, std::forward<Body>(body),
+      [&](const Call& call) { return CpuWorkerDevice(call, &streams); }, std::forward<Body>(body),
       CpuProxies());
-  if (queue != nullptr) queue->Drain();
-  return e;
+  if (streams.main == nullptr) return e;
+  ffi::Error drained = DrainCall(streams, attrs);
+  return e.failure() ? e : drained;
 }
 
 ffi::Error BeginImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::Result<ffi::AnyBuffer> token,

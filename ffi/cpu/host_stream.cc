@@ -79,6 +79,15 @@ void HostQueue::Drain() {
   WaitFor(last);
 }
 
+bool HostQueue::DrainUntil(std::chrono::steady_clock::time_point deadline) {
+  uint64_t last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last = enqueued_;
+  }
+  return WaitUntil(last, deadline);
+}
+
 void HostQueue::ChaosBeforeTask(bool record) {
   // Delays long enough to outlast a host's round of counters and wake-ups
   // (tens of microseconds), short enough that a step stays well inside its

@@ -45,6 +45,8 @@ class HostQueue {
   bool WaitUntil(uint64_t ticket, std::chrono::steady_clock::time_point deadline);
   // WaitFor(the last ticket given out so far).
   void Drain();
+  // Drain, at most until `deadline`; false if it passed first.
+  bool DrainUntil(std::chrono::steady_clock::time_point deadline);
   // The stream's error (a WaitValue that timed out), set by its thread;
   // TakeError returns it once ("" if none).
   void SetError(const std::string& error);

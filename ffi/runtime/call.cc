@@ -85,6 +85,10 @@ ffi::Error FinishCall(Call& call, Device& device, ffi::Error status, bool last) 
       ffi::Error e = s.Wait(
           call.who, Session::Waits::kPeer, [&] { return s.ProxiesFinished(); },
           [] { return std::string("the proxies to leave the session (their service jobs)"); });
+      // The proxies also leave a session that failed: their last act may be
+      // releasing the ready flags a pull's copies waited for, over values
+      // no proxy finished. The step then fails here, never returns them.
+      if (e.success()) e = s.FailureOf(call.who, "finishing its last call");
       if (e.failure()) {
         s.Finish(call.device());
         return e;

@@ -336,6 +336,10 @@ std::string Session::DescribeStep() const {
   return out;
 }
 
+ffi::Error Session::FailureOf(const Who& who, const std::string& doing) {
+  return poisoned() ? GaveUp(who, doing) : ffi::Error::Success();
+}
+
 ffi::Error Session::GaveUp(const Who& who, const std::string& doing) {
   std::lock_guard<std::mutex> elock(error_mu_);
   return ffi::Error::Internal("coarse_jax: " + who.Describe() + " gave up" + DescribeStep() +

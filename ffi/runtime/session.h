@@ -211,6 +211,11 @@ class Session {
 
   // Marks the session failed with `error` and wakes everyone.
   void Poison(const std::string& error);
+  // Success, or once the session is poisoned the error of `who`, which
+  // stops `doing` something because another device failed first: for a
+  // wait whose condition may hold even so (the proxies leave a failed
+  // session too).
+  xla::ffi::Error FailureOf(const Who& who, const std::string& doing);
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
   int64_t run_id() const { return run_id_; }
   // Whether `device` has made a call of this session and not finished it.
