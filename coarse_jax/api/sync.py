@@ -28,7 +28,7 @@ from coarse_jax.api.snapshots import Snapshots, SnapshotWriter, flush_at_exit
 from coarse_jax.api.step_info import StepInfo
 from coarse_jax.config import Config
 from coarse_jax.dispatch import arguments as _arguments
-from coarse_jax.dispatch import arrival, context, nnx, outputs, placement, uniform
+from coarse_jax.dispatch import arrival, context, nnx, outputs, placement, static_leaves, uniform
 from coarse_jax.dispatch.arguments import Layout
 from coarse_jax.dispatch.compiles import Compiles
 from coarse_jax.dispatch.in_flight import InFlight
@@ -232,7 +232,7 @@ class SyncedStep(ProxyState, StepInfo):
         if not layout.outer_trace:
             self._count_call()
             self._params_check.returned(base, result)
-        return result
+        return static_leaves.release(result)
 
     def _program(self, base: tuple[Layout, Config], check: bool) -> Any:
         """The jitted program of ``base`` (layout, config) with or without the params check."""

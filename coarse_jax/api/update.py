@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from coarse_jax.api import _filter
 from coarse_jax.api.grad import synced_value_and_grad
 from coarse_jax.config import Config
 from coarse_jax.dispatch import nnx
@@ -122,8 +123,19 @@ def value_and_update(
                 "function of params that merges them, and nnx.update the model with the new "
                 "params."
             )
-        return synced_value_and_grad(
-            fun,
+        rest = None
+        if _filter.needs_filter(args[0]):
+            # An Equinox Module: the proxies hold its floating array leaves; the
+            # rest (functions, flags, integer arrays) stays here, as it came.
+            diff, rest = _filter.partition(args[0])
+            whole = fun
+
+            def fun_of_diff(d: Any, *a: Any, **k: Any) -> Any:
+                return whole(_filter.combine(d, rest), *a, **k)
+
+            args = (diff, *args[1:])
+        out, new_params = synced_value_and_grad(
+            fun if rest is None else fun_of_diff,
             args,
             kwargs,
             nums=(0,),
@@ -133,6 +145,7 @@ def value_and_update(
             update=optimizer,
             delayed=delayed,
         )
+        return out, (new_params if rest is None else _filter.combine(new_params, rest))
 
     return vu
 
