@@ -7,8 +7,9 @@ its own rows, so the new state differs per worker; ``State.set`` refuses a new
 value whose type differs from the old one's, varying axes included
 ("Old and new values have different structures/shapes/dtypes"), though under
 ``jax.jit`` the same code runs. So, as `coarse.sync` does for Flax NNX state
-(`coarse_jax.dispatch.nnx`): a ``State`` argument enters the step cast to
-vary over the workers (each worker's own copy, equal at the start), and every
+(`coarse_jax.dispatch.nnx`): a ``State`` argument's floating arrays enter the
+step cast to vary over the workers (each worker's own copy, equal at the
+start; integer leaves, counters, stay as they are), and every
 ``State`` the step returns leaves as the workers' mean (floats through
 `coarse.all_reduce`, as Flax's data-parallel examples average batch
 statistics; integers and flags as XLA's psum, divided).
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from coarse_jax import _ffi
 from coarse_jax.dispatch import nnx
@@ -41,11 +43,18 @@ def _has_state(tree: Any) -> bool:
     )
 
 
+def _vary_floats(state: Any) -> Any:
+    return jax.tree.map(
+        lambda x: _ffi.vary(x) if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else x, state
+    )
+
+
 def per_worker(tree: Any) -> Any:
-    """``tree`` with every ``State``'s arrays cast to vary over the workers."""
+    """``tree`` with every ``State``'s floating arrays cast to vary over the workers (an
+    integer leaf, a counter, stays the same on every worker, and keeps its weak type)."""
     if not _has_state(tree):
         return tree
-    return jax.tree.map(lambda x: _ffi.vary(x) if is_state(x) else x, tree, is_leaf=is_state)
+    return jax.tree.map(lambda x: _vary_floats(x) if is_state(x) else x, tree, is_leaf=is_state)
 
 
 def mean_over_workers(tree: Any, all_reduce: Callable[[Any], Any], workers: int) -> Any:
