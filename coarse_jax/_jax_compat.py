@@ -427,10 +427,12 @@ def in_coarse_trace() -> bool:
 def _vmap_only_axes(axes: Sequence[Any]) -> tuple[list[Any], list[Any]]:
     """(axes to keep, vmap axes to leave out) of a ``pvary`` inside a coarse step."""
     mesh_axes = set(getattr(jax.sharding.get_abstract_mesh(), "axis_names", ()) or ())
-    env = _core.get_axis_env()
+    get_env = getattr(_core, "get_axis_env", None)  # a jax without it: nothing left out
+    env = get_env() if get_env is not None else None
+    exists = getattr(env, "axis_exists", lambda _: False)
     keep, vmapped = [], []
     for a in axes:
-        if isinstance(a, str) and a not in mesh_axes and env.axis_exists(a):
+        if isinstance(a, str) and a not in mesh_axes and exists(a):
             vmapped.append(a)
         else:
             keep.append(a)

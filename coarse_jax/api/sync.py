@@ -125,6 +125,8 @@ class SyncedStep(ProxyState, StepInfo):
         self._ref_state: dict[int, Any] = {}
         self._ref_optimizers: dict[int, Any] = {}
         self._traced_plans: list[Any] = []  # the plans of the latest trace
+        # Whether a trace's outputs held non-array leaves (dispatch/static_leaves.py).
+        self._static_outputs = False
 
     def _wait_all(self) -> None:
         """Blocks until every call dispatched so far finished (errors are the caller's)."""
@@ -232,7 +234,8 @@ class SyncedStep(ProxyState, StepInfo):
         if not layout.outer_trace:
             self._count_call()
             self._params_check.returned(base, result)
-        return static_leaves.release(result)
+        # Only a step whose outputs hold leaves compiled in pays for looking.
+        return static_leaves.release(result) if self._static_outputs else result
 
     def _program(self, base: tuple[Layout, Config], check: bool) -> Any:
         """The jitted program of ``base`` (layout, config) with or without the params check."""
@@ -303,6 +306,9 @@ class SyncedStep(ProxyState, StepInfo):
 
     def _count_outer_call(self) -> None:
         self._calls += 1
+
+    def _outputs_hold_static(self) -> None:
+        self._static_outputs = True
 
     def _reprofile(self) -> None:
         new = reprofiled(self._tiers, self._config)

@@ -46,6 +46,11 @@ class Traced(Protocol):
         """Counts one call of the step run under an outer jit."""
         ...
 
+    def _outputs_hold_static(self) -> None:
+        """Says that a trace's outputs hold leaves compiled in (`static_leaves`): the step
+        releases them from its results from now on."""
+        ...
+
 
 def compile_program(
     step: weakref.ref[Traced],
@@ -114,7 +119,10 @@ def compile_program(
             # Non-array leaves of what it returns (a Module's activation) leave as
             # the program's static output structure, as eqx.filter_jit returns them.
             out = eqx_state.mean_over_workers(out, mean_state, ctx.workers)
-            out = static_leaves.hold(out, "the step's output", name)
+            held = static_leaves.hold(out, "the step's output", name)
+            if held is not out:
+                owner._outputs_hold_static()
+            out = held
             if on_io_map is not None and not layout.outer_trace:
                 on_io_map(params_check.io_map(ctx.update_io, dyn[: len(passed)], out))
             new_state = None

@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 _SCALARS = (bool, int, float, complex)
+_ARRAYS = (jax.Array, np.ndarray, np.generic)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -59,7 +60,7 @@ class Held:
 
 def is_array(x: Any) -> bool:
     """What ``eqx.is_array`` traces: jax arrays (tracers too) and numpy arrays and scalars."""
-    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+    return isinstance(x, _ARRAYS)
 
 
 def is_module(x: Any) -> bool:
@@ -75,9 +76,12 @@ def _traced(x: Any, in_module: bool) -> bool:
 def needs_hold(tree: Any) -> bool:
     """Whether `hold` would change ``tree`` (cheap when every leaf is an array)."""
     leaves = jax.tree.leaves(tree)
-    if all(is_array(x) for x in leaves):
+    for x in leaves:  # the common case, every leaf an array: one pass, no calls
+        if not isinstance(x, _ARRAYS):
+            break
+    else:
         return False
-    if not all(is_array(x) or isinstance(x, _SCALARS) for x in leaves):
+    if not all(isinstance(x, _ARRAYS + _SCALARS) for x in leaves):
         return True
     return any(is_module(x) for x in jax.tree.leaves(tree, is_leaf=is_module))
 
