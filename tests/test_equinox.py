@@ -338,3 +338,39 @@ def test_an_axis_name_nothing_binds_is_still_refused_and_says_so():
 
     with pytest.raises(ValueError, match=r"'batch'.*no jax\.vmap.*Fix: name the axis 'data'"):
         step(jnp.ones((8,)))
+
+
+def test_python_numbers_are_traced_outside_a_module_and_compiled_in_inside():
+    """As jax.jit, a Python float argument is traced (another value: no new compile); as
+    eqx.filter_jit, a Module's Python flags are compiled in (Dropout's ``if inference:``
+    would fail on a tracer), and another flag value compiles another program."""
+    mesh = coarse.make_mesh(workers=4, proxies=4)
+
+    class Noisy(eqx.Module):
+        linear: eqx.nn.Linear
+        dropout: eqx.nn.Dropout
+
+        def __call__(self, x, key):
+            return self.dropout(self.linear(x), key=key)
+
+    @coarse.sync(mesh, batch_argnums=1)
+    def step(model, x, scale, key):
+        def loss(m, x):
+            keys = jax.random.split(key, x.shape[0])
+            return jnp.mean(jax.vmap(m)(x, keys) ** 2) * scale
+
+        return coarse.value_and_grad(loss)(model, x)
+
+    model = Noisy(eqx.nn.Linear(3, 2, key=jax.random.key(8)), eqx.nn.Dropout(0.5, inference=True))
+    x = jax.random.normal(jax.random.key(9), (8, 3))
+    key = jax.random.key(10)
+    loss1, _ = step(model, x, 1.0, key)
+    loss2, _ = step(model, x, 2.0, key)
+    assert step.stats()["compiled"] == 1  # the float was traced
+    np.testing.assert_allclose(float(loss2), 2 * float(loss1), rtol=RTOL)
+    want = float(jnp.mean(jax.vmap(model.linear)(x) ** 2))  # inference: no dropout
+    np.testing.assert_allclose(float(loss1), want, rtol=RTOL)
+    training = eqx.nn.inference_mode(model, value=False)
+    loss3, _ = step(training, x, 1.0, key)  # another flag: another program, dropout on
+    assert step.stats()["compiled"] == 2
+    assert abs(float(loss3) - want) > 1e-3
