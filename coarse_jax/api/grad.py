@@ -74,6 +74,10 @@ def value_and_grad(
     logits), or return per-example values through
     ``coarse.sync(..., batch_outputs=...)``.
 
+    An Equinox Module (or a tree holding a leaf that is neither an array nor a
+    Python number) is differentiated as ``eqx.filter_value_and_grad`` does: its
+    floating-point array leaves, the gradients ``None`` at every other leaf.
+
     Args:
       fun: the loss function, as for `jax.value_and_grad`.
       argnums: which positional argument(s) to differentiate; for an NNX module also

@@ -351,6 +351,13 @@ def sync(
     changed per worker (batch statistics, metrics, RNG counts) is averaged
     over the workers; each worker draws its own random numbers.
 
+    Equinox Modules are taken as ``eqx.filter_jit`` takes them: array leaves
+    are traced; every other leaf (a function, a string, and inside a Module a
+    Python number or flag) is compiled in, hashed and compared, and comes back
+    in the outputs as it went in. Elsewhere a Python number is traced, as
+    ``jax.jit`` traces it. An ``eqx.nn.State`` is each worker's inside the step
+    and leaves it as the workers' mean.
+
     A step is called as the function it wraps, keyword arguments included,
     as ``jax.jit`` takes them: a keyword naming a positional parameter takes
     its position (``*_argnums`` count it), a default it skips over is

@@ -45,6 +45,10 @@ def value_and_update(
     ``loss`` the mean over the workers, ``new_params`` in the params' own
     dtypes (bf16 params get an f32 master on the proxies).
 
+    An Equinox Module as params: the proxies hold its floating-point array
+    leaves; the rest (functions, flags, integer arrays) stays on the workers,
+    and ``new_params`` is the whole Module.
+
     State lives on the proxies, per call site of the step: the first call
     seeds the master from the params it gets. Every later call must get the
     params the step returned; other params raise an error naming the first
