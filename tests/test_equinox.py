@@ -274,8 +274,9 @@ def test_batch_norm_under_vmap_axis_name_matches_per_worker_batch_norm(on):
 
 
 def test_a_running_loss_carry_that_starts_as_a_constant():
-    """lax.scan and fori_loop whose carry starts at jnp.zeros(()) and adds each worker's own
-    micro-batch loss (jax's "carry input and carry output must have equal types" before),
+    """lax.scan, fori_loop and while_loop whose carry starts at a constant and adds each
+    worker's own micro-batch values (jax's "carry input and carry output must have equal
+    types" before),
     and a scan whose carry is the gradient accumulated from coarse.value_and_grad: the
     per-worker sums equal numpy's, reduced over the workers."""
     mesh = coarse.make_mesh(workers=4, proxies=4)
@@ -291,20 +292,24 @@ def test_a_running_loss_carry_that_starts_as_a_constant():
 
         by_scan, _ = lax.scan(body, jnp.zeros(()), micro)
         by_fori = lax.fori_loop(0, 2, lambda j, t: t + jnp.sum(micro[j]), jnp.zeros(()))
+        _, by_while = lax.while_loop(  # a while_loop's carry, with a counter beside it
+            lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] + jnp.sum(micro[c[0]])), (0, 0.0)
+        )
 
         def grads_body(acc, xb):
             loss, g = coarse.value_and_grad(lambda w, xb: jnp.mean((xb @ w) ** 2))(w, xb)
             return acc + g * jnp.mean(xb), loss  # per worker: g times the worker's own mean
 
         acc, _ = lax.scan(grads_body, jnp.zeros((3,)), micro)
-        return coarse.all_reduce((by_scan, by_fori, acc))
+        return coarse.all_reduce((by_scan, by_fori, by_while, acc))
 
-    by_scan, by_fori, acc = step(w, batch)
+    by_scan, by_fori, by_while, acc = step(w, batch)
     rows = np.asarray(batch, np.float64).reshape(4, 2, 2, 3)  # worker, micro, rows, features
     want_scan = np.mean([sum(np.mean((m @ np.asarray(w)) ** 2) for m in r) for r in rows])
     want_fori = np.mean([r.sum() for r in rows])
     np.testing.assert_allclose(float(by_scan), want_scan, rtol=RTOL)
     np.testing.assert_allclose(float(by_fori), want_fori, rtol=RTOL)
+    np.testing.assert_allclose(float(by_while), want_fori, rtol=RTOL)
     assert acc.shape == (3,)
 
 
