@@ -276,9 +276,8 @@ def test_batch_norm_under_vmap_axis_name_matches_per_worker_batch_norm(on):
 def test_a_running_loss_carry_that_starts_as_a_constant():
     """lax.scan, fori_loop and while_loop whose carry starts at a constant and adds each
     worker's own micro-batch values (jax's "carry input and carry output must have equal
-    types" before),
-    and a scan whose carry is the gradient accumulated from coarse.value_and_grad: the
-    per-worker sums equal numpy's, reduced over the workers."""
+    types" before), and a scan whose carry accumulates coarse.value_and_grad's gradient:
+    the per-worker sums equal numpy's, reduced over the workers."""
     mesh = coarse.make_mesh(workers=4, proxies=4)
     w = jnp.arange(3.0)
     batch = jax.random.normal(jax.random.key(7), (16, 3))
