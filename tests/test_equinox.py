@@ -309,7 +309,11 @@ def test_a_running_loss_carry_that_starts_as_a_constant():
     np.testing.assert_allclose(float(by_scan), want_scan, rtol=RTOL)
     np.testing.assert_allclose(float(by_fori), want_fori, rtol=RTOL)
     np.testing.assert_allclose(float(by_while), want_fori, rtol=RTOL)
-    assert acc.shape == (3,)
+    wn = np.asarray(w, np.float64)
+    # Micro-batch j's gradient: the workers' mean of d/dw mean((m @ w)^2) = 2 m^T (m w) / rows.
+    g = [np.mean([2 * r[j].T @ (r[j] @ wn) / len(r[j]) for r in rows], axis=0) for j in range(2)]
+    want_acc = np.mean([sum(g[j] * np.mean(r[j]) for j in range(2)) for r in rows], axis=0)
+    np.testing.assert_allclose(np.asarray(acc), want_acc, rtol=RTOL, atol=RTOL)
 
 
 def test_an_unhashable_non_array_leaf_is_named_with_its_path():
