@@ -58,6 +58,9 @@ try:
     # ad.primitive_transposes, ad.Zero: checked on 0.10.2, 0.12.0.1.
     from jax._src.interpreters import ad as _ad
 
+    # batching.fancy_primitive_batchers: checked on 0.10.2.
+    from jax._src.interpreters import batching as _batching
+
     # partial_eval.dce_rules: checked on 0.10.2, 0.11.2, 0.12.0.1.
     from jax._src.interpreters import partial_eval as _pe
 
@@ -222,6 +225,9 @@ def unbound_axis_name(err: BaseException, known: Sequence[str]) -> str | None:
     match = _UNBOUND_AXIS.search(str(err))
     if match and match.group(1) not in known:
         return match.group(1)
+    # A name a jax.vmap binds around the failure is bound (its frame holds it as
+    # axis_name too): an error there is another error, not an unbound name.
+    known = [*known, *_vmap_bound_names(err)]
     for tb in _tracebacks(err):
         t: types.TracebackType | None = tb
         while t is not None:
@@ -236,6 +242,22 @@ def unbound_axis_name(err: BaseException, known: Sequence[str]) -> str | None:
                                 return name
             t = t.tb_next
     return None
+
+
+def _vmap_bound_names(err: BaseException) -> list[str]:
+    """The axis names that ``jax.vmap`` frames (``vmap_f``) in ``err``'s traceback bind."""
+    found = []
+    for tb in _tracebacks(err):
+        t: types.TracebackType | None = tb
+        while t is not None:
+            frame = t.tb_frame
+            path = frame.f_code.co_filename.replace("\\", "/")
+            if "/jax/" in path and frame.f_code.co_name.startswith("vmap"):
+                name = frame.f_locals.get("axis_name")
+                if isinstance(name, str):
+                    found.append(name)
+            t = t.tb_next
+    return found
 
 
 def user_location(eqn: Any) -> str:
@@ -365,3 +387,154 @@ for _prim, _axes_param, _divide in (
     _rule = _ad.primitive_transposes[_prim]
     if not hasattr(_rule, "__wrapped__"):  # importlib.reload keeps one wrapper
         _ad.primitive_transposes[_prim] = _mean_normalized(_rule, _axes_param, _divide)
+
+
+def in_coarse_trace() -> bool:
+    """Whether this thread is tracing a coarse step's body (`mean_gradients` is open)."""
+    return bool(_current_sizes())
+
+
+# --- Collectives over a jax.vmap axis inside a coarse step (issue 63) ---------
+#
+# Inside ``shard_map`` (which checks varying-manual-axes types, as a coarse
+# step's does) jax casts a collective's operand to vary over the axes it
+# reduces (``pvary``) before it binds the collective. For an axis that
+# ``jax.vmap(..., axis_name=...)`` binds (``eqx.nn.BatchNorm`` under
+# ``jax.vmap(model, axis_name="batch")``), jax 0.10.2 fails that cast with a bare
+# ``AssertionError`` (``core.pvary``: the name is no mesh axis), though under
+# ``jax.jit`` the same code runs. A vmap axis is not a mesh axis: a value
+# varies over it by being batched, which the varying-axes types do not track,
+# so the cast has nothing to do for it. Inside a coarse step's trace the cast
+# leaves out such names (bound in jax's axis environment, not in the mesh).
+# Then ``psum_invariant``'s batching rule turns the vmap axis into a
+# positional one, which the same primitive's type check refuses: inside a
+# coarse step's trace the sum over the vmap axis is ``lax.reduce_sum`` over
+# the batch dimension instead (it keeps the value's varying axes, so the
+# backward pass types too), and the mesh axes left, if any, are summed by
+# ``psum_invariant`` as before. pmean, and eqx.nn.BatchNorm's statistics, are
+# that sum divided by the axis size.
+# A name nothing binds is left in: jax fails as before and `coarse.sync`
+# refuses it (`coarse_jax.dispatch.axis_names`); `unbound_axis_name` does not
+# take a name a jax.vmap frame binds for an unbound one.
+#
+# Why internal: ``lax.psum``/``pmean``/``all_gather`` call ``core.pvary``
+# through the name ``jax._src.lax.parallel.pvary``, and a primitive's batching
+# rule lives in ``batching.fancy_primitive_batchers``; neither has a public hook.
+# Checked on 0.10.2 (where it fails); a jax whose collectives no longer cast
+# through that name simply never calls the wrapper.
+
+
+def _vmap_only_axes(axes: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """(axes to keep, vmap axes to leave out) of a ``pvary`` inside a coarse step."""
+    mesh_axes = set(getattr(jax.sharding.get_abstract_mesh(), "axis_names", ()) or ())
+    get_env = getattr(_core, "get_axis_env", None)  # a jax without it: nothing left out
+    env = get_env() if get_env is not None else None
+    exists = getattr(env, "axis_exists", lambda _: False)
+    keep, vmapped = [], []
+    for a in axes:
+        if isinstance(a, str) and a not in mesh_axes and exists(a):
+            vmapped.append(a)
+        else:
+            keep.append(a)
+    return keep, vmapped
+
+
+def _pvary_without_vmap_axes(pvary: Callable[..., Any]) -> Callable[..., Any]:
+    def cast(x: Any, axis_name: Any) -> Any:
+        if not in_coarse_trace() or not axis_name:
+            return pvary(x, axis_name)
+        axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+        keep, vmapped = _vmap_only_axes(axes)
+        if not vmapped:
+            return pvary(x, axis_name)
+        return pvary(x, tuple(keep)) if keep else x
+
+    cast.__wrapped__ = pvary  # type: ignore[attr-defined]
+    return cast
+
+
+def _psum_over_vmap_axis_first(rule: Callable[..., Any]) -> Callable[..., Any]:
+    """``psum_invariant``'s batching rule, summing over the vmap axis as ``lax.reduce_sum``
+    over the batch dimension (which keeps the value's varying axes), then over the mesh
+    axes left. jax 0.10.2's own rule binds ``psum_invariant`` with the vmap axis turned
+    positional, which its type check refuses; ``psum_p`` (``check_vma=False``'s psum)
+    takes it but forgets the varying axes, so the backward pass's types break."""
+
+    def batched(axis_data: Any, vals_in: Any, dims_in: Any, **params: Any) -> Any:
+        axes = tuple(params.get("axes", ()))
+        name = getattr(axis_data, "name", None)
+        if not in_coarse_trace() or name not in axes or set(params) != {"axes"}:
+            return rule(axis_data, vals_in, dims_in, **params)
+        (v,), (d,) = vals_in, dims_in
+        v = v * axis_data.size if d is None else jax.lax.reduce_sum(v, (d,))
+        rest = tuple(a for a in axes if a != name)
+        return (_parallel.psum_invariant_p.bind(v, axes=rest) if rest else v), None
+
+    batched.__wrapped__ = rule  # type: ignore[attr-defined]
+    return batched
+
+
+if hasattr(_parallel, "pvary") and not hasattr(_parallel.pvary, "__wrapped__"):
+    _parallel.pvary = _pvary_without_vmap_axes(_parallel.pvary)
+_batchers: dict[Any, Any] = getattr(_batching, "fancy_primitive_batchers", {})
+_psum_batcher = _batchers.get(_parallel.psum_invariant_p)
+if _psum_batcher is not None and not hasattr(_psum_batcher, "__wrapped__"):
+    _batchers[_parallel.psum_invariant_p] = _psum_over_vmap_axis_first(_psum_batcher)
+
+
+# --- A loop carry that starts the same on every worker (issue 63) ------------
+#
+# ``lax.scan``/``fori_loop``/``while_loop`` inside ``shard_map`` require the
+# carry's output type to equal its input type, varying axes included. A carry
+# that starts as a constant (``jnp.zeros(())``) and adds per-worker values (a
+# running loss over micro-batches) starts "the same on every worker" and
+# comes out "per worker", so jax fails with "carry input and carry output
+# must have equal types ... This might be fixed by applying
+# jax.lax.pcast(..., to='varying') to the initial carry", though under
+# ``jax.jit`` the same code runs. Inside a coarse step's trace the loops do
+# what that message says: a carry whose output varies over mesh axes its
+# input does not gets its initial value cast to vary over them (each worker
+# starts from the same value, as the program says), in the second pass jax's
+# loops already make for weakly typed initial values. The cast is ``pvary``,
+# whose transpose inside a coarse step is the workers' mean, so gradients
+# through the initial value stay those of the mean loss. A carry whose type
+# only settles after more than one such pass (one part of it made varying by
+# another part) still fails with jax's message, which names the carry and
+# the one-line fix.
+#
+# Why internal: the loops' second pass is the private
+# ``jax._src.lax.control_flow.loops._promote_weak_typed_input``, looked up by
+# name at every loop; no public hook sees the carry's output type before the
+# check. Checked on 0.10.2; a jax without the name keeps its own loops.
+
+_loops: Any
+try:
+    from jax._src.lax.control_flow import loops as _loops
+except ImportError:  # pragma: no cover - a jax that moved it: its own loops
+    _loops = None
+
+
+def _varying(aval: Any) -> frozenset[Any] | None:
+    mat = getattr(aval, "mat", None)
+    found = getattr(mat, "varying", None) if mat is not None else getattr(aval, "vma", None)
+    return frozenset(found) if found is not None else None
+
+
+def _promote_carry(promote: Callable[..., Any]) -> Callable[..., Any]:
+    def promoted(in_val: Any, in_aval: Any, out_aval: Any) -> tuple[Any, bool]:
+        val, changed = promote(in_val, in_aval, out_aval)
+        if not in_coarse_trace():
+            return val, changed
+        was, now = _varying(in_aval), _varying(out_aval)
+        if was is None or now is None or not now - was:
+            return val, changed
+        missing = tuple(a for a in now - was if isinstance(a, str))
+        return jax.lax.pcast(val, missing, to="varying"), True
+
+    promoted.__wrapped__ = promote  # type: ignore[attr-defined]
+    return promoted
+
+
+_promote = getattr(_loops, "_promote_weak_typed_input", None)
+if _promote is not None and not hasattr(_promote, "__wrapped__"):
+    _loops._promote_weak_typed_input = _promote_carry(_promote)

@@ -327,12 +327,13 @@ def sgd(
     nesterov: bool = False,
     weight_decay: float = 0.0,
     *,
+    mask: Any = None,
     clip_norm: float | None = None,
 ) -> ProxyOptimizer:
-    """SGD on the proxies; optax's ``sgd`` after ``add_decayed_weights(weight_decay)``.
+    """SGD on the proxies; optax's ``sgd`` after ``add_decayed_weights(weight_decay, mask)``.
 
     The decay is added to the gradient before the momentum, as in PyTorch's
-    SGD.
+    SGD; ``mask`` says which parameters decay, as `adamw`'s does.
 
     Args:
       learning_rate: a float, or an optax schedule of the step count (XLA
@@ -340,6 +341,8 @@ def sgd(
       momentum: 0 for plain SGD (no state), else the momentum of the trace.
       nesterov: Nesterov momentum.
       weight_decay: L2 decay added to the gradient (0: none).
+      mask: which parameters decay, as optax's ``mask``: a pytree of bools
+        like the params, or a function of the params returning one; None: all.
       clip_norm: clip the mean gradient to this global norm first
         (``optax.clip_by_global_norm``); None: no clipping.
 
@@ -354,6 +357,9 @@ def sgd(
       >>> opt = coarse.optim.sgd(0.1, momentum=0.9)
       >>> opt.slots, opt.optax() is not None
       (1, True)
+      >>> no_bias = coarse.optim.sgd(0.1, weight_decay=1e-4, mask={"b": False, "w": True})
+      >>> no_bias.decay_mask({"b": jnp.zeros(2), "w": jnp.zeros(2)})
+      [False, True]
     """
     return _build(
         "sgd",
@@ -361,6 +367,7 @@ def sgd(
         momentum=_positive("momentum", momentum, "sgd"),
         nesterov=bool(nesterov),
         weight_decay=_positive("weight_decay", weight_decay, "sgd"),
+        mask=mask,
         clip_norm=clip_norm,
     )
 

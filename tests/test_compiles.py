@@ -89,6 +89,27 @@ def test_another_placement_on_the_workers_is_named():
     assert step.stats()["compiled"] == 2
 
 
+@pytest.mark.parametrize(
+    ("batch", "cause", "fix"),
+    [
+        (np.ones((16, 3), np.float32), "shape changed", "one shape"),
+        (np.ones((8, 3), np.float16), "dtype changed", "x.astype(jnp.float32)"),
+    ],
+    ids=["shape", "dtype"],
+)
+def test_a_batch_of_another_shape_or_dtype_names_that_cause_and_its_fix(batch, cause, fix):
+    """The recompile warning names the cause it found and a fix for that cause, not the
+    placement's fix ("host arrays, or NamedSharding") whatever the cause."""
+    step = _step(coarse.make_mesh(workers=4))
+    state, _ = step(_state(), BATCH)
+    with pytest.warns(RuntimeWarning) as caught:
+        step(state, batch)
+    (warning,) = [w for w in caught if "compiled the step again" in str(w.message)]
+    message = str(warning.message)
+    assert "batch argument 1 (batch)" in message and cause in message, message
+    assert fix in message and "host arrays" not in message, message
+
+
 def test_a_pmap_output_replicated_on_the_workers_runs_the_same_executable():
     """pmap's ``out_axes=None`` output lives on the same devices under another mesh:
     it is taken as the step's own outputs are (no compile, no copy)."""

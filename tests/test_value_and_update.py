@@ -52,6 +52,11 @@ CASES = [
         coarse.optim.sgd(0.05, momentum=0.9, nesterov=True, weight_decay=1e-3),
         optax.chain(optax.add_decayed_weights(1e-3), optax.sgd(0.05, 0.9, nesterov=True)),
     ),
+    (
+        "sgd-momentum-decay-mask",
+        coarse.optim.sgd(0.05, momentum=0.9, weight_decay=0.05, mask=_biases_only),
+        optax.chain(optax.add_decayed_weights(0.05, _biases_only), optax.sgd(0.05, 0.9)),
+    ),
     ("adam", coarse.optim.adam(1e-2), optax.adam(1e-2)),
     (
         "adam-clip-schedule",

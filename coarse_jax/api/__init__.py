@@ -6,6 +6,7 @@
   `proxy_state.py` reaches the proxies' state, `snapshots.py` writes it,
   `step_info.py` and `timeline.py` tell what a step did.
 * `grad.py`: `coarse.value_and_grad`, pushing gradients from the backward pass.
+  `_filter.py`: what it differentiates in an Equinox Module (its floating arrays).
 * `update.py`: `coarse.value_and_update`, the optimizer on the proxies, and the
   step's access to their state (`_stores.py`: stores and the ring's operands).
 * `collectives.py`: `coarse.all_reduce`.

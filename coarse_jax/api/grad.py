@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from coarse_jax import _ffi, reference
-from coarse_jax.api import _latency_route, _stores
+from coarse_jax.api import _filter, _latency_route, _stores
 from coarse_jax.api._phases import finish
 from coarse_jax.config import Config
 from coarse_jax.dispatch import context
@@ -74,6 +74,10 @@ def value_and_grad(
     logits), or return per-example values through
     ``coarse.sync(..., batch_outputs=...)``.
 
+    An Equinox Module (or a tree holding a leaf that is neither an array nor a
+    Python number) is differentiated as ``eqx.filter_value_and_grad`` does: its
+    floating-point array leaves, the gradients ``None`` at every other leaf.
+
     Args:
       fun: the loss function, as for `jax.value_and_grad`.
       argnums: which positional argument(s) to differentiate; for an NNX module also
@@ -128,6 +132,20 @@ def value_and_grad(
         return vg_pytrees(*args, **kwargs)
 
     def vg_pytrees(*args: Any, **kwargs: Any) -> Any:
+        filtered = [i for i in nums if _filter.needs_filter(args[i])]
+        if filtered:  # an Equinox Module: its floating array leaves, as eqx differentiates
+            parts = {i: _filter.partition(args[i]) for i in filtered}
+
+            def on_diff(*a: Any, **k: Any) -> Any:
+                whole = [
+                    _filter.combine(x, parts[i][1]) if i in parts else x for i, x in enumerate(a)
+                ]
+                return fun(*whole, **k)
+
+            diff_args = tuple(parts[i][0] if i in parts else x for i, x in enumerate(args))
+            return synced_value_and_grad(
+                on_diff, diff_args, kwargs, nums=nums, single=single, has_aux=has_aux, config=config
+            )
         return synced_value_and_grad(
             fun, args, kwargs, nums=nums, single=single, has_aux=has_aux, config=config
         )

@@ -29,7 +29,7 @@ from coarse_jax.api.snapshots import Snapshots, SnapshotWriter, flush_at_exit
 from coarse_jax.api.step_info import StepInfo
 from coarse_jax.config import Config
 from coarse_jax.dispatch import arguments as _arguments
-from coarse_jax.dispatch import arrival, context, nnx, outputs, placement, uniform
+from coarse_jax.dispatch import arrival, context, nnx, outputs, placement, static_leaves, uniform
 from coarse_jax.dispatch.arguments import Layout
 from coarse_jax.dispatch.compiles import Compiles
 from coarse_jax.dispatch.in_flight import DeviceOrder, InFlight
@@ -130,6 +130,8 @@ class SyncedStep(ProxyState, StepInfo):
         self._ref_state: dict[int, Any] = {}
         self._ref_optimizers: dict[int, Any] = {}
         self._traced_plans: list[Any] = []  # the plans of the latest trace
+        # Whether a trace's outputs held non-array leaves (dispatch/static_leaves.py).
+        self._static_outputs = False
 
     def _wait_all(self) -> None:
         """Blocks until every call dispatched so far finished (errors are the caller's)."""
@@ -239,7 +241,8 @@ class SyncedStep(ProxyState, StepInfo):
         if not layout.outer_trace:
             self._count_call()
             self._params_check.returned(base, result)
-        return result
+        # Only a step whose outputs hold leaves compiled in pays for looking.
+        return static_leaves.release(result) if self._static_outputs else result
 
     def _program(self, base: tuple[Layout, Config], check: bool) -> Any:
         """The jitted program of ``base`` (layout, config) with or without the params check."""
@@ -311,6 +314,9 @@ class SyncedStep(ProxyState, StepInfo):
     def _count_outer_call(self) -> None:
         self._calls += 1
 
+    def _outputs_hold_static(self) -> None:
+        self._static_outputs = True
+
     def _reprofile(self) -> None:
         new = reprofiled(self._tiers, self._config)
         self._reprofiles += 1
@@ -351,6 +357,13 @@ def sync(
     arguments behave as under ``nnx.jit``: updated in place. State the step
     changed per worker (batch statistics, metrics, RNG counts) is averaged
     over the workers; each worker draws its own random numbers.
+
+    Equinox Modules are taken as ``eqx.filter_jit`` takes them: array leaves
+    are traced; every other leaf (a function, a string, and inside a Module a
+    Python number or flag) is compiled in, hashed and compared, and comes back
+    in the outputs as it went in. Elsewhere a Python number is traced, as
+    ``jax.jit`` traces it. An ``eqx.nn.State`` is each worker's inside the step
+    and leaves it as the workers' mean.
 
     A step is called as the function it wraps, keyword arguments included,
     as ``jax.jit`` takes them: a keyword naming a positional parameter takes

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from coarse_jax.api import _filter
 from coarse_jax.api.grad import synced_value_and_grad
 from coarse_jax.config import Config
 from coarse_jax.dispatch import nnx
@@ -43,6 +44,10 @@ def value_and_update(
     ``(loss, new_params)`` (``((loss, aux), new_params)`` with ``has_aux``),
     ``loss`` the mean over the workers, ``new_params`` in the params' own
     dtypes (bf16 params get an f32 master on the proxies).
+
+    An Equinox Module as params: the proxies hold its floating-point array
+    leaves; the rest (functions, flags, integer arrays) stays on the workers,
+    and ``new_params`` is the whole Module.
 
     State lives on the proxies, per call site of the step: the first call
     seeds the master from the params it gets. Every later call must get the
@@ -122,8 +127,19 @@ def value_and_update(
                 "function of params that merges them, and nnx.update the model with the new "
                 "params."
             )
-        return synced_value_and_grad(
-            fun,
+        rest = None
+        if _filter.needs_filter(args[0]):
+            # An Equinox Module: the proxies hold its floating array leaves; the
+            # rest (functions, flags, integer arrays) stays here, as it came.
+            diff, rest = _filter.partition(args[0])
+            whole = fun
+
+            def fun_of_diff(d: Any, *a: Any, **k: Any) -> Any:
+                return whole(_filter.combine(d, rest), *a, **k)
+
+            args = (diff, *args[1:])
+        out, new_params = synced_value_and_grad(
+            fun if rest is None else fun_of_diff,
             args,
             kwargs,
             nums=(0,),
@@ -133,6 +149,7 @@ def value_and_update(
             update=optimizer,
             delayed=delayed,
         )
+        return out, (new_params if rest is None else _filter.combine(new_params, rest))
 
     return vu
 

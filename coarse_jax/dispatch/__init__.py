@@ -16,5 +16,8 @@ step's call goes through, below them (it imports none of them):
   may return, the axis names it may use, every device running every coarse
   call, and whether its params need the proxies' check;
 * `arrival.py`: across hosts, every process dispatches each call;
-* `nnx.py`: Flax NNX objects as arguments.
+* `nnx.py`: Flax NNX objects as arguments;
+* `static_leaves.py`: arguments' and outputs' leaves that are not arrays, compiled in
+  (an Equinox Module's functions and flags), as ``eqx.filter_jit`` does;
+* `eqx_state.py`: an ``eqx.nn.State`` each worker's inside the step, the mean after.
 """

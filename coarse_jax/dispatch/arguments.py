@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from coarse_jax.dispatch import nnx
+from coarse_jax.dispatch import nnx, static_leaves
 
 # (structure, ((shape, dtype) of every leaf)) of one argument: computed at every
 # call, so it stays as cheap as the flatten itself (paths only for messages).
@@ -384,6 +384,7 @@ class Arguments:
                     "list) or make it a regular argument."
                 ) from None
         graphdef, graph_state = nnx.split(tuple(full[i] for i in graph)) if graph else (None, None)
+        full = self._hold(full, n_pos, kwnames, static, graph)
         kept = [i for i in range(n) if i not in static and i not in batch and i not in graph]
         structure = tuple((label(i, n_pos, kwnames), signature_of(full[i])) for i in kept)
         if graph:
@@ -403,6 +404,27 @@ class Arguments:
             structure=structure,
         )
         return layout, full, graph_state
+
+    def _hold(
+        self,
+        full: tuple[Any, ...],
+        n_pos: int,
+        kwnames: tuple[str, ...],
+        static: tuple[int, ...],
+        graph: tuple[int, ...],
+    ) -> tuple[Any, ...]:
+        """``full`` with the non-array leaves of every passed argument compiled in
+        (`coarse_jax.dispatch.static_leaves`: an Equinox Module's functions and flags)."""
+        params = self._positional_params()
+        out = list(full)
+        for i, value in enumerate(full):
+            if i in static or i in graph or not static_leaves.needs_hold(value):
+                continue
+            what = label(i, n_pos, kwnames)
+            if i < n_pos and i < len(params):
+                what += f" ({params[i].name})"
+            out[i] = static_leaves.hold(value, what, self._step)
+        return tuple(out)
 
     def _work_out_roles(
         self,

@@ -46,8 +46,14 @@ def signature(named: Sequence[tuple[str, Any]]) -> list[Entry]:
 def _change(before: tuple[Any, ...], now: tuple[Any, ...]) -> str:
     shape0, dtype0, weak0, where0 = before
     shape1, dtype1, weak1, where1 = now
-    if (shape0, dtype0) != (shape1, dtype1):
-        return f"its type changed from {dtype0}{list(shape0 or ())} to {dtype1}{list(shape1 or ())}"
+    if shape0 != shape1:
+        return (
+            f"its shape changed from {dtype0}{list(shape0 or ())} to {dtype1}{list(shape1 or ())}"
+        )
+    if dtype0 != dtype1:
+        return (
+            f"its dtype changed from {dtype0}{list(shape0 or ())} to {dtype1}{list(shape1 or ())}"
+        )
     if weak0 != weak1:
         return (
             f"its weak type changed ({dtype0}, weak_type={weak0} -> weak_type={weak1}): a Python "
@@ -57,12 +63,26 @@ def _change(before: tuple[Any, ...], now: tuple[Any, ...]) -> str:
 
 
 def _fix(what: str, before: tuple[Any, ...], now: tuple[Any, ...]) -> str:
+    """The fix for the first change `_change` names: shape, dtype, weak type, placement."""
+    batch = what.startswith("batch ")
+    if before[0] != now[0]:
+        if batch:
+            return (
+                "Fix: give every batch one shape (drop or pad the last, smaller batch, e.g. "
+                "drop_remainder=True), or expect one compile per batch shape, as jax.jit does"
+            )
+        return "Fix: keep its shape the same every call (one compile per shape, as jax.jit)"
+    if before[1] != now[1]:
+        return (
+            f"Fix: give it one dtype every call, e.g. x.astype(jnp.{before[1]}) where it is made "
+            "(a data loader that yields float64 or int64 numpy arrays, say)"
+        )
     if before[2] != now[2]:
         return (
             f"Fix: give it one type every call, e.g. jnp.asarray(x, jnp.{now[1]}) where it is "
             "made (a TrainState's step, a DynamicScale's scale, a restored checkpoint)"
         )
-    if what.startswith("batch "):
+    if batch:
         return (
             "Fix: pass the batch the same way every call: host arrays (numpy), or arrays "
             'placed with NamedSharding(mesh, P("data")) on the mesh coarse.make_mesh returned'

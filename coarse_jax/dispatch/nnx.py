@@ -143,7 +143,12 @@ def consistent_state(nodes: tuple[Any, ...], all_reduce: Callable[[Any], Any], w
     ``all_reduce``: the float mean over workers (`coarse.all_reduce`); integer
     leaves use XLA collectives (the runtime reduces floats only).
     """
-    state = _nnx().state(nodes)
+    return mean_of_varying(_nnx().state(nodes), all_reduce, workers)
+
+
+def mean_of_varying(state: Any, all_reduce: Callable[[Any], Any], workers: int) -> Any:
+    """``state`` with every leaf that varies over the workers replaced by their mean (floats
+    through ``all_reduce``, integers and bools as XLA's psum over the workers, divided)."""
     leaves, treedef = jax.tree.flatten(state)
     axes = traced_axes()  # across hosts: over the workers of every host
     if HOST in axes:
@@ -161,7 +166,8 @@ def consistent_state(nodes: tuple[Any, ...], all_reduce: Callable[[Any], Any], w
         if i in floats:
             continue
         x = _ffi.vary(leaves[i])
-        total = lax.psum(x, axes)
+        wide = x.astype(jnp.int32) if x.dtype == jnp.bool_ else x
+        total = lax.psum(wide, axes)
         leaves[i] = (total // workers).astype(x.dtype)
     return jax.tree.unflatten(treedef, leaves)
 

@@ -20,7 +20,15 @@ from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _jax_compat
 from coarse_jax.config import Config
-from coarse_jax.dispatch import axis_names, context, nnx, outputs, params_check
+from coarse_jax.dispatch import (
+    axis_names,
+    context,
+    eqx_state,
+    nnx,
+    outputs,
+    params_check,
+    static_leaves,
+)
 from coarse_jax.dispatch.arguments import Layout
 from coarse_jax.mesh import DATA, PROGRAM_HOST_AXES, Tiers, batch_axes, workers_mesh
 
@@ -36,6 +44,11 @@ class Traced(Protocol):
 
     def _count_outer_call(self) -> None:
         """Counts one call of the step run under an outer jit."""
+        ...
+
+    def _outputs_hold_static(self) -> None:
+        """Says that a trace's outputs hold leaves compiled in (`static_leaves`): the step
+        releases them from its results from now on."""
         ...
 
 
@@ -85,7 +98,7 @@ def compile_program(
         for i, v in static.items():
             args[i] = v
         for i, v in zip(passed, dyn, strict=False):
-            args[i] = v
+            args[i] = eqx_state.per_worker(static_leaves.release(v))
         nodes: tuple[Any, ...] = ()
         if layout.graph:
             nodes = nnx.merge(layout.graphdef, dyn[-1])
@@ -103,6 +116,13 @@ def compile_program(
                 if unknown is None:
                     raise
                 raise axis_names.refusal(unknown, tuple(batch_sizes), name) from err
+            # Non-array leaves of what it returns (a Module's activation) leave as
+            # the program's static output structure, as eqx.filter_jit returns them.
+            out = eqx_state.mean_over_workers(out, mean_state, ctx.workers)
+            held = static_leaves.hold(out, "the step's output", name)
+            if held is not out:
+                owner._outputs_hold_static()
+            out = held
             if on_io_map is not None and not layout.outer_trace:
                 on_io_map(params_check.io_map(ctx.update_io, dyn[: len(passed)], out))
             new_state = None
