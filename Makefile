@@ -50,6 +50,8 @@ test: $(STAMP)
 # device its own memory and one in-order stream, events between them, the
 # CUDA backend's orchestration; seeded random delays (COARSE_JAX_STREAM_CHAOS)
 # so a missing event wait or host synchronization reads data not there yet.
+# Many different steps in one process (tests/test_steps_in_sequence.py) run
+# under a second chaos seed too, with other sequences.
 # mode="reference" cases are left out: they never reach the runtime. The same
 # training under both backends, compared bitwise, is tests/test_streams_backend.py
 # (its own subprocesses pick the backends), which `make test` runs. Last, two
@@ -68,7 +70,10 @@ test-streams: $(STAMP)
 	  -k "($(STREAMS_CORE)) and not reference"
 	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
 	  $(VENV)/bin/pytest -q tests/test_fuzz.py tests/test_arguments.py tests/test_sync_selftest.py \
-	  tests/test_host_proxies.py tests/test_delayed_update.py tests/test_params_check.py
+	  tests/test_host_proxies.py tests/test_delayed_update.py tests/test_params_check.py \
+	  tests/test_steps_in_sequence.py
+	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=3 COARSE_SEQUENCE_SEEDS=6-8 \
+	  $(VENV)/bin/pytest -q tests/test_steps_in_sequence.py -k match_their_oracles
 	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
 	  $(VENV)/bin/pytest -q tests/test_multihost.py -k "test_twenty_optax_steps or \
 	  test_value_and_update_across_hosts_matches_pmean_and_optax[2-None-None]"

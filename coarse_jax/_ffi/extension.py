@@ -236,6 +236,18 @@ def runtime_module(platform: str) -> Any:
     return _coarse_cuda
 
 
+def inject_stale_flags() -> None:
+    """Testing hook: the next session reuses its storage set's previous ready value.
+
+    A deliberate bug in state kept across sessions (a use counter not
+    advanced): on the streams backend, a proxy in host memory then finds a
+    ready flag already at this session's value and refuses the step, naming
+    the piece, instead of letting a pull copy what an earlier session left.
+    Consumed by the next session created, whatever its mesh.
+    """
+    cpu_module().inject_stale_flags()
+
+
 def inject_dropped_push(worker: int) -> None:
     """Testing hook: the next session loses the first push of ``worker``.
 

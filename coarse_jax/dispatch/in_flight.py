@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 
@@ -45,8 +45,9 @@ class DeviceOrder:
     another in stream order without taking the other step's threads.
     """
 
-    _last: dict[int, tuple[int, jax.Array]] = {}  # device id -> (step's serial, output leaf)
-    _serials = itertools.count(1)
+    # Per device id, the step's serial and one output leaf of its latest call: process-wide.
+    _last: ClassVar[dict[int, tuple[int, jax.Array]]] = {}
+    _serials: ClassVar[itertools.count[int]] = itertools.count(1)
 
     def __init__(self, devices: list[Any]) -> None:
         self._ids = sorted({int(d.id) for d in devices})

@@ -105,6 +105,9 @@ NB_MODULE(_coarse_cpu, m) {
         "Testing: the next session created loses the first push of `worker` (its proxy must "
         "time out, not hang); that session consumes the hook even if its mesh has no such "
         "worker.");
+  m.def("inject_stale_flags", &coarse::InjectStaleFlags,
+        "Testing: the next session created reuses its storage set's previous ready value "
+        "(a stale counter); a proxy in host memory with device streams refuses it.");
   m.def(
       "check_flag_wait",
       [](int64_t timeout_ms, int64_t delay_ms, bool write) {

@@ -199,6 +199,7 @@ void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob
   }
   Device& dev = *device.value();
   ffi::Error status = AcquireStorage(call, dev);
+  if (status.success()) status = CheckReadyFlags(*session, k);
   if (status.success()) {
     if (job.store) {
       ProxyUpdate update{job.store, &job.spec, 0.0f, 0.0f, 0.0f, {}};

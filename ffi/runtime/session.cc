@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "runtime/interrupt.h"
+#include "runtime/stream.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -27,6 +28,7 @@ std::unique_ptr<std::atomic<T>[]> Counters(size_t n, T init) {
 }
 
 std::atomic<int64_t> g_dropped_push_worker{-1};
+std::atomic<bool> g_stale_flags{false};
 
 std::mutex g_spans_mu;
 std::vector<double> g_virtual_spans;  // bounded: a caller that never reads loses the oldest
@@ -183,7 +185,8 @@ Session::Session(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
                 S = plan_->num_pieces();
   dropped_push_worker_.store(g_dropped_push_worker.exchange(-1), std::memory_order_relaxed);
   storage_ = TheStoragePool().Take(*plan_, ordinals_);
-  ready_value_ = storage_ ? storage_->NextUse() : 0;
+  const bool stale = g_stale_flags.exchange(false);  // testing: InjectStaleFlags
+  ready_value_ = storage_ ? (stale ? storage_->SameUse() : storage_->NextUse()) : 0;
   first_call_ = Counters<int32_t>(D, 0);
   finished_ = Counters<int32_t>(D, 0);
   arrived_ = Counters<int32_t>(q * S, 0);
@@ -481,6 +484,29 @@ std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t r
 }
 
 void InjectDroppedPush(int64_t worker) { g_dropped_push_worker.store(worker); }
+void InjectStaleFlags() { g_stale_flags.store(true); }
+
+ffi::Error CheckReadyFlags(Session& session, int64_t proxy) {
+  const Plan& plan = session.plan();
+  for (int64_t s = 0; s < plan.num_pieces(); ++s) {
+    const uint32_t* flag = session.ready_flag(proxy, s);
+    if (flag == nullptr) return ffi::Error::Success();
+    const uint32_t held = ReadFlag(flag);
+    if (!FlagReached(held, session.ready_value())) continue;
+    const std::string msg =
+        "coarse_jax: " + session.proxy(proxy).Describe() + session.DescribeStep() +
+        ": stale state in the storage set this session took from the pool: the ready flag of " +
+        plan.DescribePiece(s) + " already holds " + std::to_string(held) +
+        ", the value that tells the workers' pulls it is final in this session (" +
+        std::to_string(session.ready_value()) +
+        "), before this proxy reduced it, so a pull would copy what an earlier session left. "
+        "The step was stopped before any pull could. This is a coarse_jax bug: please report "
+        "it with the steps the process ran.";
+    session.Poison(msg);
+    return ffi::Error::Internal(msg);
+  }
+  return ffi::Error::Success();
+}
 
 int64_t LiveSessions() { return TheRegistry().Stats().live_sessions; }
 

@@ -350,6 +350,16 @@ std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t r
 // when its mesh has no such worker (then nothing is dropped): it never stays
 // armed for a later mesh or step.
 void InjectDroppedPush(int64_t worker);
+// Testing hook: the next session created takes its storage set's previous
+// ready value again (Storage::SameUse), a stale counter of state reused
+// across sessions; CheckReadyFlags must refuse it.
+void InjectStaleFlags();
+
+// Before a proxy in host memory reduces anything: none of its ready flags
+// (Storage::ready_flags) may already say "final in this session", or a
+// pull's copies would pass their wait over what an earlier session left.
+// An error naming the piece and the values (the session poisoned) if one does.
+xla::ffi::Error CheckReadyFlags(Session& session, int64_t proxy);
 int64_t LiveSessions();
 // The live sessions of one execution (its sync sites).
 std::vector<std::shared_ptr<Session>> SessionsOfRun(int64_t run_id);

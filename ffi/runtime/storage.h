@@ -50,6 +50,9 @@ class Storage {
   // A new value for the flags, one per session that takes the set (from 1,
   // growing): the last session's value never satisfies the next one's wait.
   uint32_t NextUse() { return ++uses_; }
+  // Testing (InjectStaleFlags): the previous session's value again, as a
+  // set whose use count was not advanced would give.
+  uint32_t SameUse() { return uses_ == 0 ? NextUse() : uses_; }
 
  private:
   uint32_t uses_ = 0;

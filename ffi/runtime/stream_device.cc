@@ -203,6 +203,14 @@ ffi::ErrorOr<float*> StreamDevice::Stage(Queued::Kind kind, int64_t n, int64_t n
   const bool up = kind == Queued::Kind::kUnpack;
   int64_t& next = marks_ == nullptr ? staged_ : up ? marks_->up_cursor : marks_->cursor;
   const int64_t len = marks_ == nullptr ? res_.staging_len() : CopyRing(res_.staging_len());
+  // The ring's cursor outlives the call (the storage set keeps it): a value
+  // outside the ring is state no call of this set left, never a place to write.
+  if (next < 0 || next > len)
+    return ffi::Unexpected(ffi::Error::Internal(
+        "coarse_jax: stale state in a storage set: worker " + std::to_string(self_) + "'s " +
+        (up ? "pulls'" : "pushes'") + " staging ring cursor is " + std::to_string(next) +
+        ", outside its ring of " + std::to_string(len) +
+        " floats. This is a coarse_jax bug: please report it with the steps the process ran."));
   const bool room =
       next + n <= len && static_cast<int64_t>(queued_.spans.size()) + num_runs <= res_.max_runs();
   if (queued_.kind != kind || !room) {
