@@ -13,8 +13,12 @@ params): `coarse.value_and_update` with `lax.pmean` + optax, one step of the
 oracle from coarse's previous params and the oracle's own optimizer state;
 `coarse.value_and_grad` and `coarse.all_reduce` with float64 numpy. The
 tolerance is rounding level: the coarse sums add in another order than
-XLA's psum (measured: at most 4e-7 relative over these sequences; allowed 2e-5,
-and atol 2e-6 of the leaf's largest value).
+XLA's psum. Allowed: rtol 2e-5 and atol 2e-6 of the leaf's largest value
+(params after an update: atol 1e-5, below). Measured on this 2-core VM: the
+largest error is 2.1% of what is allowed over sequences 0-9 on the default
+backend (`python tests/test_steps_in_sequence.py 0 1 ...` prints it); a
+lost, stale or misplaced push is off by the gradient itself (the reduced
+case of issue 62: 100% of the elements, up to 10x).
 
 `make test` runs it on the default CPU backend, `make test-streams` on the
 stream-semantics backend under its chaos seed; ``COARSE_SEQUENCE_SEEDS``
@@ -42,8 +46,8 @@ from coarse_jax import _ffi
 RTOL, ATOL_SCALE = 2e-5, 2e-6
 # Params after an update: Adam's first steps move each weight by about lr * g / |g|, so a
 # gradient's rounding (another reduction order) moves it by lr * dg / |g|, large where g
-# is tiny: measured at most 6e-7 at lr 1e-2 over these sequences; a lost or stale push
-# moves it by lr or more.
+# is tiny: seen up to 6.0e-7 at lr 1e-2 (sequence 29, streams backend, chaos 11); a lost
+# or stale push moves it by lr or more.
 PARAMS_ATOL = 1e-5
 WORST = [0.0]  # the largest |actual - expected| / allowed so far (python this_file.py prints it)
 
