@@ -346,3 +346,26 @@ def test_a_stale_counter_in_a_reused_storage_set_is_refused():
         runner.call()
     runner.pending.clear()
     runner.call()  # checked against float64 numpy: the state left is right
+
+
+def test_the_sequence_issue_62_reported():
+    """Issue 62's report: 4 steps each of 7:1, 5:1 and 3:1 device meshes (value_and_update
+    with tiny pieces, a companion all_reduce, dispatched without blocking, the last not
+    blocked on), then 8 steps of sgd with momentum, decay and a schedule on 6 workers with
+    one proxy in host memory: 100-byte pieces, params donated, `max_steps_in_flight=2`,
+    every 5th step blocked on, batches as numpy arrays, each against optax in lockstep."""
+    for p in (7, 5, 3):
+        pre = Case(kind="update", p=p, q=1, on="devices", sizes=(10, 30, 5), shard_bytes=100,
+                   crossing=False, donate=True, block_every=3, steps=4, optimizer="adam",
+                   companion=True, in_flight=2)  # fmt: skip
+        pending = Runner(pre, 6200 + p)
+        for _ in range(4 if p > 3 else 3):
+            pending.call()  # the 3:1 step's 4th call comes below, between the target's
+    target = Case(kind="update", p=6, q=1, on="host", sizes=(14, 45, 3), shard_bytes=100,
+                  crossing=False, donate=True, block_every=5, steps=8, optimizer="sgd",
+                  companion=False, in_flight=2)  # fmt: skip
+    runner = Runner(target, 6206)
+    runner.call()
+    pending.call()  # a 3:1 call between the target's first two, not blocked on
+    while not runner.done():
+        runner.call()
