@@ -41,8 +41,11 @@ class DeviceOrder:
     Before a step's call, `wait_for_others` waits for the latest call of every
     other step that touches one of its devices (workers, and device proxies,
     whose runtime streams the programs share too); `note` records the call.
-    Calls of one step keep `InFlight`'s bound: they already wait for one
-    another in stream order without taking the other step's threads.
+    Calls of one step are not ordered here, only bounded by `InFlight`
+    (`Config.max_steps_in_flight`, 2 on CPU by default): the same wait could
+    in principle form between two calls of one step that share no buffer;
+    none of the sequences tests/test_steps_in_sequence.py draws formed it. A
+    call with no array output is not recorded (nothing stands for it).
     """
 
     # Per device id, the step's serial and one output leaf of its latest call: process-wide.
