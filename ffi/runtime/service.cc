@@ -168,6 +168,33 @@ void ReleaseFlags(Session& session, int64_t k) {
     if (uint32_t* flag = session.ready_flag(k, s)) WriteFlag(flag, session.ready_value());
 }
 
+// Before a proxy in host memory reduces anything: none of its ready flags
+// (Storage::ready_flags) may already say "final in this session", or a
+// pull's copies would pass their wait over what an earlier session left
+// (issue 62). An error naming the piece and the values, the session
+// poisoned, if one does.
+ffi::Error CheckReadyFlags(Session& session, int64_t proxy) {
+  const Plan& plan = session.plan();
+  for (int64_t s = 0; s < plan.num_pieces(); ++s) {
+    const uint32_t* flag = session.ready_flag(proxy, s);
+    if (flag == nullptr) return ffi::Error::Success();
+    const uint32_t held = ReadFlag(flag);
+    if (!FlagReached(held, session.ready_value())) continue;
+    const std::string msg =
+        "coarse_jax: " + session.proxy(proxy).Describe() + session.DescribeStep() +
+        ": stale state in the storage set this session took from the pool: the ready flag of " +
+        plan.DescribePiece(s) + " already holds " + std::to_string(held) +
+        ", the value that tells the workers' pulls it is final in this session (" +
+        std::to_string(session.ready_value()) +
+        "), before this proxy reduced it, so a pull would copy what an earlier session left. "
+        "The step was stopped before any pull could. This is a coarse_jax bug: please report "
+        "it with the steps the process ran.";
+    session.Poison(msg);
+    return ffi::Error::Internal(msg);
+  }
+  return ffi::Error::Success();
+}
+
 // Counts a proxy's job starting, `submitted` when the first worker call
 // queued it, and whether it starts late: a push of its session is already
 // there (the job was not ready before the first push).

@@ -13,7 +13,6 @@
 #include <utility>
 
 #include "runtime/interrupt.h"
-#include "runtime/stream.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -339,10 +338,6 @@ std::string Session::DescribeStep() const {
   return out;
 }
 
-ffi::Error Session::FailureOf(const Who& who, const std::string& doing) {
-  return poisoned() ? GaveUp(who, doing) : ffi::Error::Success();
-}
-
 ffi::Error Session::GaveUp(const Who& who, const std::string& doing) {
   std::lock_guard<std::mutex> elock(error_mu_);
   return ffi::Error::Internal("coarse_jax: " + who.Describe() + " gave up" + DescribeStep() +
@@ -485,28 +480,6 @@ std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t r
 
 void InjectDroppedPush(int64_t worker) { g_dropped_push_worker.store(worker); }
 void InjectStaleFlags() { g_stale_flags.store(true); }
-
-ffi::Error CheckReadyFlags(Session& session, int64_t proxy) {
-  const Plan& plan = session.plan();
-  for (int64_t s = 0; s < plan.num_pieces(); ++s) {
-    const uint32_t* flag = session.ready_flag(proxy, s);
-    if (flag == nullptr) return ffi::Error::Success();
-    const uint32_t held = ReadFlag(flag);
-    if (!FlagReached(held, session.ready_value())) continue;
-    const std::string msg =
-        "coarse_jax: " + session.proxy(proxy).Describe() + session.DescribeStep() +
-        ": stale state in the storage set this session took from the pool: the ready flag of " +
-        plan.DescribePiece(s) + " already holds " + std::to_string(held) +
-        ", the value that tells the workers' pulls it is final in this session (" +
-        std::to_string(session.ready_value()) +
-        "), before this proxy reduced it, so a pull would copy what an earlier session left. "
-        "The step was stopped before any pull could. This is a coarse_jax bug: please report "
-        "it with the steps the process ran.";
-    session.Poison(msg);
-    return ffi::Error::Internal(msg);
-  }
-  return ffi::Error::Success();
-}
 
 int64_t LiveSessions() { return TheRegistry().Stats().live_sessions; }
 

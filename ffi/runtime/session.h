@@ -215,7 +215,9 @@ class Session {
   // stops `doing` something because another device failed first: for a
   // wait whose condition may hold even so (the proxies leave a failed
   // session too).
-  xla::ffi::Error FailureOf(const Who& who, const std::string& doing);
+  xla::ffi::Error FailureOf(const Who& who, const std::string& doing) {
+    return poisoned() ? GaveUp(who, doing) : xla::ffi::Error::Success();
+  }
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
   int64_t run_id() const { return run_id_; }
   // Whether `device` has made a call of this session and not finished it.
@@ -352,14 +354,8 @@ std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t r
 void InjectDroppedPush(int64_t worker);
 // Testing hook: the next session created takes its storage set's previous
 // ready value again (Storage::SameUse), a stale counter of state reused
-// across sessions; CheckReadyFlags must refuse it.
+// across sessions; a proxy's job must refuse it (CheckReadyFlags, service.cc).
 void InjectStaleFlags();
-
-// Before a proxy in host memory reduces anything: none of its ready flags
-// (Storage::ready_flags) may already say "final in this session", or a
-// pull's copies would pass their wait over what an earlier session left.
-// An error naming the piece and the values (the session poisoned) if one does.
-xla::ffi::Error CheckReadyFlags(Session& session, int64_t proxy);
 int64_t LiveSessions();
 // The live sessions of one execution (its sync sites).
 std::vector<std::shared_ptr<Session>> SessionsOfRun(int64_t run_id);
