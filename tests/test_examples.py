@@ -23,7 +23,7 @@ def run_example(name, tmp_path, *flags):
     return result
 
 
-@pytest.mark.parametrize("name", ["demo", "cnn", "resnet18", "bert"])
+@pytest.mark.parametrize("name", ["demo", "cnn", "resnet18", "bert", "equinox_mnist"])
 def test_example_runs(name, tmp_path):
     result = run_example(name, tmp_path, "--steps", "2")
     assert "loss curves match (relative diff < 1e-4): True" in result.stdout, result.stdout
@@ -34,6 +34,15 @@ def test_example_with_the_optimizer_on_the_proxies(tmp_path):
     """--optimizer proxy: coarse.value_and_update + coarse.optim.sgd, on pmean + optax's curve."""
     result = run_example("bert", tmp_path, "--steps", "3", "--optimizer", "proxy")
     assert "loss curves match (relative diff < 1e-4): True" in result.stdout, result.stdout
+
+
+def test_equinox_example_with_the_optimizer_on_the_proxies(tmp_path):
+    """Equinox's CNN, --optimizer proxy: coarse.value_and_update + coarse.optim.adam, on the
+    curve of eqx.filter_jit + shard_map + lax.pmean + optax.adam."""
+    result = run_example("equinox_mnist", tmp_path, "--steps", "3", "--optimizer", "proxy")
+    assert "loss curves match (relative diff < 1e-4): True" in result.stdout, result.stdout
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {r["impl"] for r in records} == {"equinox", "coarse"}
 
 
 def test_example_plot(tmp_path):
