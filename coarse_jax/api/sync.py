@@ -111,7 +111,8 @@ class SyncedStep(ProxyState, StepInfo):
         self._in_flight = InFlight(platform(tiers))  # Config.max_steps_in_flight
         # The streams backend: programs of a device in dispatch order across steps.
         self._device_order = DeviceOrder(
-            [*np.asarray(tiers.devices).flat, *(d for row in tiers.proxies.devices for d in row)]
+            [*np.asarray(tiers.devices).flat, *(d for row in tiers.proxies.devices for d in row)],
+            own_calls=tiers.proxies.on == "host",
         )
         # The proxies' optimizer stores, per value_and_update call of the step.
         self._stores: dict[int, ProxyStore] = {}

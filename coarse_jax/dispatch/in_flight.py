@@ -41,19 +41,23 @@ class DeviceOrder:
     Before a step's call, `wait_for_others` waits for the latest call of every
     other step that touches one of its devices (workers, and device proxies,
     whose runtime streams the programs share too); `note` records the call.
-    Calls of one step are not ordered here, only bounded by `InFlight`
-    (`Config.max_steps_in_flight`, 2 on CPU by default): the same wait could
-    in principle form between two calls of one step that share no buffer;
-    none of the sequences tests/test_steps_in_sequence.py draws formed it. A
-    call with no array output is not recorded (nothing stands for it).
+    ``own_calls``: the step's own calls wait for one another too. Only a
+    stream's flag wait blocks it on work not yet enqueued (a pull's, for a
+    proxy in host memory: every other stream wait is for an event already
+    recorded), so that is where two calls of one step that share no buffer
+    formed the same wait (sequence 33 under chaos 7, once); a step with
+    device proxies keeps `InFlight`'s bound (`Config.max_steps_in_flight`),
+    its calls overlapping as on a GPU. A call with no array output is not
+    recorded (nothing stands for it).
     """
 
     # Per device id, the step's serial and one output leaf of its latest call: process-wide.
     _last: ClassVar[dict[int, tuple[int, jax.Array]]] = {}
     _serials: ClassVar[itertools.count[int]] = itertools.count(1)
 
-    def __init__(self, devices: list[Any]) -> None:
+    def __init__(self, devices: list[Any], own_calls: bool = False) -> None:
         self._ids = sorted({int(d.id) for d in devices})
+        self._own_calls = own_calls
         self._on = bool(devices) and devices[0].platform == "cpu" and _streams_backend()
         self._serial = next(self._serials)
 
@@ -62,7 +66,7 @@ class DeviceOrder:
             return
         for i in self._ids:
             last = self._last.get(i)
-            if last is None or last[0] == self._serial:
+            if last is None or (last[0] == self._serial and not self._own_calls):
                 continue
             self._last.pop(i, None)
             if not last[1].is_deleted():  # donated to a later call: that one waits for it
