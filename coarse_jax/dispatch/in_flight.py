@@ -77,15 +77,23 @@ class DeviceOrder:
     def note(self, out: Any) -> None:
         if not self._on:
             return
-        leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
-        if leaves:
-            smallest = min(leaves, key=lambda x: x.size)
+        leaf = standing_leaf(out)
+        if leaf is not None:
             for i in self._ids:
-                self._last[i] = (self._serial, smallest)
+                self._last[i] = (self._serial, leaf)
 
 
 def _streams_backend() -> bool:
     return str(_ffi.cpu_module().backend()) == "streams"
+
+
+def standing_leaf(out: Any) -> jax.Array | None:
+    """The output leaf that stands for a call (its smallest array), or None: a program's
+    outputs are ready when every device finished it."""
+    leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
+    if not leaves:
+        return None
+    return min(leaves, key=lambda x: x.size) if len(leaves) > 1 else leaves[0]
 
 
 class InFlight:
@@ -135,10 +143,9 @@ class InFlight:
         limit = self.limit(cfg)
         if not limit and not keep_last:
             return
-        leaves = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
-        if not leaves:
+        smallest = standing_leaf(out)
+        if smallest is None:
             return
-        smallest = min(leaves, key=lambda x: x.size) if len(leaves) > 1 else leaves[0]
         if keep_last:
             self._last = smallest
         if limit:

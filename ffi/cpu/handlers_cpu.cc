@@ -36,7 +36,8 @@ namespace {
 // wait that timed out, whose copies then ran on) fails the call: a call
 // never returns success over work its streams did not do.
 ffi::Error DrainCall(const WorkerStreams& streams, const ffi::Dictionary& attrs) {
-  // Twice a peer's wait (Session::WaitLimit): the stream's own waits have that.
+  // Longer than any wait a task of the stream makes itself (a flag wait: the
+  // session's peer limit, Session::WaitLimit, 1.25x the timeout).
   auto timeout_ms = attrs.get<int64_t>("timeout_ms");
   const int64_t ms = 2 * (timeout_ms.has_value() ? *timeout_ms : 120000) + 1000;
   if (!streams.main->DrainUntil(std::chrono::steady_clock::now() + std::chrono::milliseconds(ms)))
