@@ -98,16 +98,11 @@ def _table(title: str, header: str, rows: list[str]) -> None:
     lines += ["|" + "---|" * (header.count("|") - 1), *rows, ""]
     TABLES[title] = lines
     print("\n" + "\n".join(lines))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _write_tables():
-    yield
     out = os.environ.get("COARSE_BENCH_OUT")
-    if out and TABLES:
+    if out:  # every table so far, rewritten after each: a run cut short keeps its tables
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "multi_gpu.md"), "w") as f:
-            f.write("\n".join(line for lines in TABLES.values() for line in lines) + "\n")
+            f.write("\n".join(line for table in TABLES.values() for line in table) + "\n")
 
 
 def _busbw(p: int, nbytes: int, seconds: float) -> float:
