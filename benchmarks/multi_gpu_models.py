@@ -30,7 +30,7 @@ import numpy as np
 import optax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "bert"))
-from train import Bert, make_loss  # noqa: E402
+from train import Bert, make_loss
 
 
 class Bottleneck(nn.Module):
@@ -135,7 +135,8 @@ def bert_base(full: bool) -> Model:
             "weights": weights,
         }
 
-    return Model("BERT-base" if full else "BERT (reduced)", module, make_loss(module.apply), example)
+    name = "BERT-base" if full else "BERT (reduced)"
+    return Model(name, module, make_loss(module.apply), example)
 
 
 def n_params(params: Any) -> int:

@@ -32,6 +32,7 @@ models there too; ``COARSE_BENCH_FULL=0`` the smoke run on GPUs.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from collections.abc import Callable
@@ -133,12 +134,12 @@ def test_all_reduce_against_psum(benchmark: Any, on: str) -> None:
             xs = jax.device_put(x, NamedSharding(flat, P("data")))
             # Small integers: every order of the sum is exact, so the results are equal.
             np.testing.assert_array_equal(np.asarray(step(xc)), np.asarray(psum(xs)))
-            runs = {"coarse": lambda: step(xc), "psum": lambda: psum(xs)}
+            runs = {"coarse": functools.partial(step, xc), "psum": functools.partial(psum, xs)}
             for run in runs.values():
                 warm_up(run, 2)
             t = medians(interleaved(runs, _calls(nbytes)))
             rows.append((nbytes, t["coarse"], t["psum"]))
-            del step, xc, xs
+            del step, xc, xs, runs  # the proxies' storage for this size goes with the step
 
     benchmark.pedantic(measure, rounds=1, iterations=1)
     benchmark.extra_info.update({"machine": machine(), "layout": layout.id, "rows": rows})
