@@ -187,9 +187,9 @@ def test_value_and_update_matches_optax_under_pmean(platform, layout):
     _update_against_optax(platform, layout)
 
 
-@pytest.mark.parametrize("layout", [LAYOUTS[1], LAYOUTS[4]], ids=lambda x: x.id)
-def test_the_comparison_catches_a_worker_given_another_workers_rows(layout):
-    """A deliberate bug: the last worker trains on the first worker's rows. A step that
-    read another device's buffer would do this; the comparison with optax fails."""
-    with pytest.raises(AssertionError, match=r"step 0|Not equal to tolerance"):
-        _update_against_optax("cpu", layout, corrupt_worker_batch=True)
+def test_the_comparison_catches_a_worker_given_another_workers_rows():
+    """A deliberate bug: the last worker trains on the first worker's rows (2:1 on 3
+    devices). A step that read another device's buffer would do this; the comparison
+    with optax under pmean, fed the true rows, fails at the first step."""
+    with pytest.raises(AssertionError, match=r"step 0"):
+        _update_against_optax("cpu", LAYOUTS[4], corrupt_worker_batch=True)
