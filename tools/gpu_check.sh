@@ -64,7 +64,7 @@ cd /tmp  # import the installed package, not the source tree
 : > "$OUT/tests.log"; : > "$OUT/bench.log"
 # The multi-GPU layouts first; with one GPU each skips at once, naming its count.
 if fits 300 "multi-GPU tests: 2, 3, 4 and 8 GPUs against lax.pmean + optax (NCCL)"; then
-  timeout $T $PY -m pytest -q -p no:cacheprovider -rs --timeout=150 -k gpu \
+  timeout $T $PY -m pytest -q -p no:cacheprovider -rs --timeout=150 \
     "$REPO/tests/test_multi_gpu.py" 2>&1 | tee -a "$OUT/tests.log" | tail -12
 fi
 if (( NGPU >= 2 )) && fits 360 "multi-GPU benchmark on $NGPU GPUs: all_reduce vs psum, ResNet-50 and BERT-base steps"; then
