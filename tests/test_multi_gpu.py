@@ -18,6 +18,14 @@ means of each worker's ``jax.value_and_grad`` on its own device, and
 ``lax.pmean``/``lax.psum`` + optax under ``shard_map`` over the same worker
 devices (NCCL on GPUs).
 
+Each layout must also move its bytes between memories, counted by
+`coarse_jax.testing.stream_ops` (the same counts on CUDA and on the streams
+backend): each worker's gradient past the first layer out to a proxy (a
+peer copy, or to host memory) and back. Two deliberate bugs show the checks
+can fail: a worker given another worker's rows (the comparison with optax
+fails at the first step), and the proxies left on the workers' own devices
+(the byte count fails).
+
 Tolerances are rounding-level, for float32 sums of p <= 8 terms in another
 order (the proxies' rings against psum's tree; 2:1 sums a group first): a
 sum's error is at most (p - 1) * 2^-24 of the sum of its magnitudes, so 1e-6
@@ -54,7 +62,8 @@ from multi_gpu_cases import (
 )
 
 import coarse_jax as coarse
-from coarse_jax.testing import reset_stream_ops, stream_ops
+from coarse_jax.mesh import workers_mesh
+from coarse_jax.testing import reset_stream_ops, shared_device_mesh, stream_ops
 
 SIZES = (8, 32, 16, 4)
 PER_WORKER = 4
@@ -96,19 +105,9 @@ def test_value_and_grad_and_all_reduce_match_float64_and_pmean(platform, layout)
     mesh = layout.mesh(pool)
     workers = list(mesh.devices.flat)
     p = layout.workers
-    cfg = _config(layout)
     params = mlp_init(jax.random.key(p * 10 + layout.proxies), SIZES)
     batch = make_batch(jax.random.key(7), PER_WORKER * p, SIZES[0], SIZES[-1])
-
-    @coarse.sync(mesh, config=cfg)
-    def vg(params, batch):
-        loss, grads = coarse.value_and_grad(loss_fn)(params, batch)
-        return loss, grads, coarse.all_reduce(batch["y"], op="sum")
-
-    jax.block_until_ready(vg(*_placed(mesh, params, batch)))  # compiles; plans the pieces
-    reset_stream_ops()
-    loss, grads, total = jax.block_until_ready(vg(*_placed(mesh, params, batch)))
-    ops = stream_ops()
+    (loss, grads, total), ops = _grads_counted(mesh, layout, params, batch)
 
     want_loss, want_grads = per_worker_float64(loss_fn, params, batch, workers)
     np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
@@ -125,14 +124,51 @@ def test_value_and_grad_and_all_reduce_match_float64_and_pmean(platform, layout)
         assert_replicated(tree)
         assert {d for x in jax.tree.leaves(tree) for d in x.sharding.device_set} == set(workers)
 
-    # The bytes crossed between memories: each worker's gradient past the first
-    # layer leaves its device, to a proxy's device (a peer copy) or to host
-    # memory, and comes back summed.
-    pushed = (_nbytes(params) - LEADING_BYTES) * p
+    _assert_crossed(ops, layout, params)
+
+
+def _assert_crossed(ops, layout: Layout, params) -> None:
+    """The bytes that crossed between memories: each worker's gradient past the first
+    layer leaves its device, to a proxy's device (a peer copy) or to host memory, and
+    comes back summed."""
+    pushed = (_nbytes(params) - LEADING_BYTES) * layout.workers
     if layout.on == "host":
         assert ops.bytes_d2h >= pushed and ops.bytes_h2d >= pushed, ops
     else:
         assert ops.bytes_peer >= 2 * pushed, ops
+
+
+def _grads_counted(mesh, layout: Layout, params, batch):
+    """``(loss, grads, all_reduce(y))`` from the second call of a `coarse.value_and_grad`
+    step (the first compiles and plans), and the stream operations that call asked for."""
+
+    @coarse.sync(mesh, config=_config(layout))
+    def vg(params, batch):
+        loss, grads = coarse.value_and_grad(loss_fn)(params, batch)
+        return loss, grads, coarse.all_reduce(batch["y"], op="sum")
+
+    on = workers_mesh(mesh)  # `mesh` itself, but of a two-tier mesh its workers' row
+    jax.block_until_ready(vg(*_placed(on, params, batch)))
+    reset_stream_ops()
+    out = jax.block_until_ready(vg(*_placed(on, params, batch)))
+    return out, stream_ops()
+
+
+def test_the_byte_count_catches_proxies_left_on_the_workers_devices():
+    """A deliberate bug: the proxies of the 2 + 2 layout left on the workers' own devices
+    (`shared_device_mesh`). A worker's pieces for its local proxy then stay on its
+    device; what still crosses (the pieces routed to the other proxy, the proxies'
+    ring) is below the bound every device layout above meets (7544 bytes against
+    9536 here; 16760 with the proxies on devices of their own)."""
+    pool = devices_or_skip("cpu", 2)
+    layout = LAYOUTS[2]  # 2 workers + 2 proxies
+    params = mlp_init(jax.random.key(5), SIZES)
+    batch = make_batch(jax.random.key(7), PER_WORKER * 2, SIZES[0], SIZES[-1])
+    _, ops = _grads_counted(shared_device_mesh(2, devices=pool), layout, params, batch)
+    with pytest.raises(AssertionError, match=r"bytes_peer="):
+        _assert_crossed(ops, layout, params)
+    _, ops = _grads_counted(layout.mesh(devices_or_skip("cpu", 4)), layout, params, batch)
+    _assert_crossed(ops, layout, params)
 
 
 OPT = coarse.optim.adamw(optax.linear_schedule(1e-2, 1e-3, 20), weight_decay=0.01, clip_norm=0.3)
