@@ -216,6 +216,7 @@ def _update_against_optax(platform: str, layout: Layout, corrupt_worker_batch: b
         np.testing.assert_allclose(
             np.asarray(a, np.float64), b, rtol=1e-5, atol=1e-5 * (np.abs(b).max(initial=0) or 1)
         )
+    assert_tree_close(step.master_params(), got, rtol=0, atol_scale=0)  # what the proxies hold
 
 
 @pytest.mark.parametrize("platform, layout", cases())
