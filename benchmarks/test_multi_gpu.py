@@ -208,8 +208,9 @@ def test_step_against_jit_pmean_optax(benchmark: Any, name: str, on: str) -> Non
         "value_and_grad + optax": _loop(grad_step, states["grad"], on_mesh),
         "value_and_update": _loop(update_step, states["update"], on_mesh),
     }
-    # A first step of each from the same parameters: the same loss (each program
-    # rounds its own way); then a round of each untimed (compiles are done).
+    # A first step of each from the same parameters: the same loss, to 1% (each
+    # program rounds its own way; a GPU's default matmuls are TF32), a check that
+    # the three run the same model on the same rows; then a round of each, untimed.
     first = []
     for (step, state), b in zip(
         ((pmean, states["pmean"]), (grad_step, states["grad"]), (update_step, states["update"])),
@@ -219,7 +220,7 @@ def test_step_against_jit_pmean_optax(benchmark: Any, name: str, on: str) -> Non
         *args, loss = step(*state[0], b)
         state[0] = tuple(args)
         first.append(float(loss))
-    np.testing.assert_allclose(first, first[0], rtol=1e-3)
+    np.testing.assert_allclose(first, first[0], rtol=1e-2)
     for run in runs.values():
         warm_up(run, 1)
 
