@@ -62,7 +62,8 @@ test: $(STAMP)
 # run in the second command, their GPU cases skipped; last, the multi-GPU
 # benchmark's smoke run on 8 CPU devices of the default backend, as a user's
 # `pytest benchmarks/test_multi_gpu.py` runs on a host without GPUs (two sizes,
-# reduced models: it checks the benchmark runs and prints its ratios).
+# reduced models: it checks the benchmark runs and prints its ratios). The two
+# cost 66 s and 71 s on the 2-core machine at load 5-6 (34 s of CPU each), cold.
 STREAMS_CORE = test_matches_per_worker_mean_f32 or test_leading_bytes_split or \
   test_half_precision_params or test_dtypes_and_ops or test_crossing_routes_fig10 or \
   test_adam_across_workers_routes_and_leading or test_params_that_are_not_what or \
