@@ -58,6 +58,12 @@ test: $(STAMP)
 # processes: twenty optax steps, and value_and_update, whose chunks for the
 # other hosts pass through the runtime's host memory (a device copy or memset
 # there is refused on this backend, as CUDA fails it: runtime/host_memory.h).
+# COARSE's own layouts on 2, 4 and 8 devices (tests/test_multi_gpu.py, issue 65)
+# run in the second command, their GPU cases skipped; last, the multi-GPU
+# benchmark's smoke run on 8 CPU devices of the default backend, as a user's
+# `pytest benchmarks/test_multi_gpu.py` runs on a host without GPUs (two sizes,
+# reduced models: it checks the benchmark runs and prints its ratios). The two
+# cost 66 s and 71 s on the 2-core machine at load 5-6 (34 s of CPU each), cold.
 STREAMS_CORE = test_matches_per_worker_mean_f32 or test_leading_bytes_split or \
   test_half_precision_params or test_dtypes_and_ops or test_crossing_routes_fig10 or \
   test_adam_across_workers_routes_and_leading or test_params_that_are_not_what or \
@@ -71,12 +77,13 @@ test-streams: $(STAMP)
 	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
 	  $(VENV)/bin/pytest -q tests/test_fuzz.py tests/test_arguments.py tests/test_sync_selftest.py \
 	  tests/test_host_proxies.py tests/test_delayed_update.py tests/test_params_check.py \
-	  tests/test_steps_in_sequence.py
+	  tests/test_steps_in_sequence.py tests/test_multi_gpu.py
 	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=3 COARSE_SEQUENCE_SEEDS=6-8 \
 	  $(VENV)/bin/pytest -q tests/test_steps_in_sequence.py -k match_their_oracles
 	COARSE_JAX_BACKEND=streams COARSE_JAX_STREAM_CHAOS=$${COARSE_JAX_STREAM_CHAOS:-11} \
 	  $(VENV)/bin/pytest -q tests/test_multihost.py -k "test_twenty_optax_steps or \
 	  test_value_and_update_across_hosts_matches_pmean_and_optax[2-None-None]"
+	JAX_PLATFORMS=cpu $(VENV)/bin/pytest -q -p no:cacheprovider benchmarks/test_multi_gpu.py
 
 # The tests whose tolerances depend on rounding (pytest marker "rounding"),
 # again under other codegen: XLA:CPU compiles for the host's CPU, so another
