@@ -13,7 +13,7 @@
 
 #include "cpu/cpu_devices.h"
 #include "cpu/host_stream.h"
-#include "cpu/inline_stream.h"
+#include "host/inline_stream.h"
 #include "runtime/stream_device.h"
 #include "xla/handler.h"
 #include "xla/host_gather.h"

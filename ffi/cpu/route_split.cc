@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-#include "cpu/cpu_backend.h"
+#include "host/element_loops.h"
 #include "runtime/dtype.h"
 #include "xla/ffi/api/ffi.h"
 

@@ -10,10 +10,10 @@
 
 #include <memory>
 
-#include "cpu/inline_stream.h"
 #include "cuda/cuda_storage.h"
 #include "cuda/cuda_stream.h"
 #include "cuda/cuda_util.h"
+#include "host/inline_stream.h"
 #include "runtime/host_proxy_device.h"
 #include "runtime/stream_device.h"
 #include "xla/handler.h"

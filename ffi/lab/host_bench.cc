@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "cpu/cpu_backend.h"
-#include "cpu/host_pool.h"
+#include "host/element_loops.h"
+#include "host/host_pool.h"
 
 namespace coarse {
 
