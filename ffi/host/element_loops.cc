@@ -1,4 +1,4 @@
-// The CPU backend's element loops (see cpu_backend.h): bf16/f16 <-> f32
+// The CPU backend's element loops (see element_loops.h): bf16/f16 <-> f32
 // conversion and the f32 sums, vectorized where the compiler can.
 #include "host/element_loops.h"
 
