@@ -12,6 +12,26 @@
 namespace coarse {
 namespace ffi = xla::ffi;
 
+namespace {
+
+// The emu_* tables the call has (coarse.Topology.ffi_attrs); none: empty.
+TopologyAttrs TopologyOf(const ffi::Dictionary& attrs) {
+  auto table = [&](const char* name) {
+    auto v = attrs.get<ffi::Span<const double>>(name);
+    return v.has_value() ? v.value() : ffi::Span<const double>();
+  };
+  auto flag = [&](const char* name) {
+    auto v = attrs.get<int64_t>(name);
+    return v.has_value() && v.value() != 0;
+  };
+  return TopologyAttrs{table("emu_wp_s_per_byte"), table("emu_wp_latency_s"),
+                       table("emu_pp_s_per_byte"), table("emu_pp_latency_s"),
+                       table("emu_ww_s_per_byte"), table("emu_ww_latency_s"),
+                       flag("emu_virtual"),        flag("emu_host_proxies")};
+}
+
+}  // namespace
+
 ffi::Error ProbeBody(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyBuffer pairs_buf,
                      ffi::AnyBuffer payload, ffi::Result<ffi::AnyBuffer> times,
                      const ffi::Dictionary& attrs) {
@@ -21,7 +41,8 @@ ffi::Error ProbeBody(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyBuffer p
   if (workers.has_error() || site.has_error() || timeout_ms.has_error())
     return ffi::Error::InvalidArgument("coarse_probe: missing workers/site/timeout_ms");
   const int64_t p = workers.value();
-  auto proxies = ReadProxies(attrs, p);
+  auto given = attrs.get<int64_t>("proxies");  // absent: 1:1
+  auto proxies = CheckProxies(given.has_value() ? given.value() : p, p);
   if (proxies.has_error()) return proxies.error();
   const int64_t q = proxies.value();
   auto who = ReadWho(who_buf, p, q);
@@ -31,7 +52,7 @@ ffi::Error ProbeBody(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyBuffer p
     return ffi::Error::InvalidArgument("coarse_probe: expects int32[4] pairs and float32 times");
 
   Topology topo;
-  auto emulated = ParseTopology(attrs, p, q, &topo);
+  auto emulated = ParseTopology(TopologyOf(attrs), p, q, &topo);
   if (emulated.has_error()) return emulated.error();
 
   ProbeRequest request;
