@@ -100,9 +100,9 @@ def check_file(root: pathlib.Path, path: pathlib.Path) -> list[str]:
         if target is None:
             if name.startswith(XLA_HEADER):
                 if "XLA" not in allowed:
-                    errors.append(f"{where}: \"{name}\": {layer}/ takes no XLA type")
+                    errors.append(f'{where}: "{name}": {layer}/ takes no XLA type')
                 continue
-            errors.append(f"{where}: \"{name}\" is no file of the tree (ffi/, kernels/)")
+            errors.append(f'{where}: "{name}" is no file of the tree (ffi/, kernels/)')
             continue
         into = layer_of(root, target)
         if into == layer:
@@ -110,7 +110,7 @@ def check_file(root: pathlib.Path, path: pathlib.Path) -> list[str]:
         if into not in allowed:
             may = ", ".join(a + "/" for a in allowed if a not in ("XLA", "CUDA")) or "nothing"
             errors.append(
-                f"{where}: \"{name}\" runs from {layer}/ into {into}/; {layer}/ may include "
+                f'{where}: "{name}" runs from {layer}/ into {into}/; {layer}/ may include '
                 f"{may} (the contract: docs/guides/design.md, The C++ layers)"
             )
     return errors
@@ -129,7 +129,9 @@ def check(root: pathlib.Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    root = pathlib.Path(argv[1]) if len(argv) > 1 else pathlib.Path(__file__).resolve().parent.parent
+    root = (
+        pathlib.Path(argv[1]) if len(argv) > 1 else pathlib.Path(__file__).resolve().parent.parent
+    )
     errors = check(root)
     for e in errors:
         print(e, file=sys.stderr)
