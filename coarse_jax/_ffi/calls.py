@@ -211,6 +211,13 @@ def _call_attrs(
     }
 
 
+def site_of(attrs: Mapping[str, Any]) -> int:
+    """The call site a coarse custom call's attributes name: a sync call's ``call`` group,
+    else its own ``site`` (``coarse_host_gather``); -1 where none (a kernel op)."""
+    group = attrs.get("call")
+    return int(group["site"]) if isinstance(group, Mapping) else int(attrs.get("site", -1))
+
+
 def _call(
     target: str,
     call: CallSite,

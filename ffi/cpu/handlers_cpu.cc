@@ -118,11 +118,13 @@ ffi::Error PullImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer token,
 }
 
 ffi::Error HostGatherImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer chunk,
-                          ffi::RemainingArgs leaves, ffi::RemainingRets outs,
-                          ffi::Dictionary attrs) {
+                          ffi::RemainingArgs leaves, ffi::RemainingRets outs, int64_t workers,
+                          int64_t site, int64_t timeout_ms, int64_t chunk_size,
+                          InterHostLinkAttrs link) {
   (void)leaves;  // aliased to the results; every element is overwritten
   std::unique_ptr<Stream> host = MakeInlineHostStream();
-  return HostGatherBody(run_id, who, chunk, outs, attrs, *host);
+  return HostGatherBody(run_id, who, chunk, outs,
+                        HostGatherAttrs{workers, site, timeout_ms, chunk_size, link}, *host);
 }
 
 ffi::Error ProbeImpl(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer pairs,
@@ -191,14 +193,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Pull, PullImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HostGather, HostGatherImpl,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::RunId>()      // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()  // int32[2] (tier, data index)
-                                  .Arg<ffi::AnyBuffer>()  // f32[width] this device's chunk
-                                  .RemainingArgs()        // the synced leaves (aliased)
-                                  .RemainingRets()        // the same leaves, global values
-                                  // A dictionary: the inter-host link's attributes come only
-                                  // on emulated links (xla/host_gather.h).
-                                  .Attrs<ffi::Dictionary>());
+                                  .Ctx<ffi::RunId>()            // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()        // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()        // f32[width] this device's chunk
+                                  .RemainingArgs()              // the synced leaves (aliased)
+                                  .RemainingRets()              // the same leaves, global values
+                                  .Attr<int64_t>("workers")     // p
+                                  .Attr<int64_t>("site")        // the rendezvous key, with the run
+                                  .Attr<int64_t>("timeout_ms")  // the wait for the host's workers
+                                  .Attr<int64_t>("chunk")       // a chunk's elements that count
+                                  .Attr<InterHostLinkAttrs>("link"));  // xla/host_gather.h
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Probe, ProbeImpl,
                               ffi::Ffi::Bind()
