@@ -2,7 +2,10 @@
 // timeout_ms, the emu_* topology, optional host_proxies) and the operands (the (tier, data) index,
 // int32[4] device pairs, the payload) into a ProbeRequest and runs the probe
 // (runtime/probe.h) into the float32[reps] result. CPU only:
-// cpu/handlers_cpu.cc binds it.
+// cpu/handlers_cpu.cc binds it. The one call that keeps ffi::Dictionary:
+// its set varies with what is profiled (coarse_jax/profiling/measure.py
+// passes proxies, the emu_* tables and host_proxies only for k:1 meshes,
+// emulated links and host proxies), so it is read here by name.
 #include "xla/probe.h"
 
 #include "runtime/probe.h"
