@@ -12,7 +12,7 @@ SOURCES := pyproject.toml CMakeLists.txt $(shell find ffi kernels coarse_jax -ty
 BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "jax==0.10.2" "jaxlib==0.10.2"
 XLA_CPU := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: demo test bench install clean lint types imports check format fuzz wheel wheel-newest \
+.PHONY: demo test bench install clean lint types imports includes check format fuzz wheel wheel-newest \
 	test-newest test-py313 test-cuda-wheel test-isa test-streams bench-versions bench-sweep docs
 
 # The newest end of the supported range: Python 3.12 (pyenv's, else the first
@@ -260,7 +260,9 @@ bench-sweep: $(STAMP)
 
 # The checks .ci/run makes before the tests; each fails the build on its own.
 #   lint:  ruff's rules and formatting (Python), clang-format (C++/CUDA);
-#   types: mypy on the package;  imports: the layer contract in .importlinter.
+#   types: mypy on the package;  imports: the layer contract in .importlinter;
+#   includes: the C++ layer contract (tools/check_includes.py: which folder of
+#   ffi/ and kernels/ may include which).
 PY_TREE := coarse_jax tests benchmarks examples cuda_plugin
 CLANG_FORMAT := CLANG_FORMAT=$(CURDIR)/$(VENV)/bin/clang-format bash tools/check_format.sh
 
@@ -275,7 +277,10 @@ types: $(STAMP)
 imports: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-check: lint types imports
+includes: $(PY)
+	$(PY) tools/check_includes.py
+
+check: lint types imports includes
 
 # The documentation site (Sphinx, MyST pages, API reference from the
 # docstrings) into docs/_build/html, offline, warnings as errors, every

@@ -1,4 +1,4 @@
-"""The host optimizer's AVX2 pass gives the scalar pass's bits (ffi/cpu/cpu_backend.cc).
+"""The host optimizer's AVX2 pass gives the scalar pass's bits (ffi/host/element_loops.cc).
 
 A proxy's Adam/AdamW runs 8 elements at a time with AVX2 where the CPU has
 it, with streaming stores for the new weight and moments from 2^18 elements

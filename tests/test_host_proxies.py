@@ -187,7 +187,7 @@ def test_memory_report_puts_the_proxies_bytes_in_host_memory():
 
 def test_a_large_share_on_the_host_pool_matches_optax():
     """A proxy's share of 2^20 elements: its optimizer runs split over the bounded host pool
-    (ffi/cpu/host_pool.h), the same updates as one thread's."""
+    (ffi/host/host_pool.h), the same updates as one thread's."""
 
     def loss(params, batch):
         return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)

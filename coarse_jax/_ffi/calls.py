@@ -139,12 +139,93 @@ def _result(x: jax.Array, varying: bool) -> Any:
     return jax.typeof(x) if varying else jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
+# The typed attributes of the sync calls, the one place Python writes them;
+# ffi/xla/call_attrs.h reads them (XLA checks names and types: a set that
+# differs from the C++ binding fails the call). Every call carries "call"
+# (plan, optimizer, site, ordinals, push_in_place, across_hosts, last);
+# a push and the proxy ring add their own. What a call may lack is passed
+# empty, so the set is fixed: no emulated links, empty topology tables; no
+# optimizer (a value_and_grad's sync), store -1.
+_TABLES = tuple(f"{t}_{m}" for t in ("wp", "pp", "ww") for m in ("s_per_byte", "latency_s"))
+_PLAN_INTS = ("plan_key", "workers", "timeout_ms", "num_proxy_leaves", "leading_nbytes")
+_PLAN_ARRAYS = ("piece_nelems", "piece_nbytes", "piece_dest", "segments", "leaf_nelems")
+_PLAN_KEYS = {*_PLAN_INTS, *_PLAN_ARRAYS, "proxies", "mean", "leaf_names", "trace"}
+_OPT_FLOATS = (
+    *("b1", "b2", "eps", "one_minus_b1", "one_minus_b2"),
+    *("weight_decay", "momentum", "clip_norm"),
+)
+
+
+def _plan_attrs(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """``Plan.ffi_attrs()`` (flat) as the typed ``plan`` group (PlanAttrs, ffi/xla/call_attrs.h)."""
+    unknown = sorted(k for k in plan if k not in _PLAN_KEYS and not k.startswith("emu_"))
+    if unknown:
+        raise ValueError(f"coarse_jax: plan attributes {unknown} have no place in the call")
+    out: dict[str, Any] = {k: np.int64(plan[k]) for k in _PLAN_INTS}
+    out |= {k: np.asarray(plan[k], np.int64).reshape(-1) for k in _PLAN_ARRAYS}
+    out["proxies"] = np.int64(plan.get("proxies", plan["workers"]))
+    out["mean"] = np.bool_(plan["mean"])
+    out["leaf_names"] = str(plan["leaf_names"])
+    out["trace"] = np.bool_(plan.get("trace", 0))
+    topology: dict[str, Any] = {
+        t: np.asarray(plan.get("emu_" + t, ()), np.float64).reshape(-1) for t in _TABLES
+    }
+    topology["virtual_clock"] = np.bool_(plan.get("emu_virtual", 0))
+    topology["host_proxies"] = np.bool_(plan.get("emu_host_proxies", 0))
+    out["topology"] = topology
+    return out
+
+
+def _optimizer_attrs(opt: Mapping[str, Any]) -> dict[str, Any]:
+    """A value_and_update's ``opt_*`` attributes (coarse_jax/optim.py and the store's) as the
+    typed ``optimizer`` group (OptimizerAttrs, ffi/xla/call_attrs.h); none: store -1."""
+    if "opt_store" not in opt:
+        out: dict[str, Any] = {"store": np.int64(-1), "name": "", "kind": np.int64(0)}
+        out |= {k: np.float64(0.0) for k in _OPT_FLOATS}
+        out |= {"nesterov": np.bool_(False), "leaf_flags": np.zeros((0,), np.int64)}
+        out |= {"snapshot_every": np.int64(0), "check_params": np.bool_(True)}
+        return out | {"delayed": np.bool_(False)}
+    out = {"store": np.int64(opt["opt_store"]), "name": str(opt["opt_name"])}
+    out["kind"] = np.int64(opt["opt_kind"])
+    out |= {k: np.float64(opt["opt_" + k]) for k in _OPT_FLOATS}
+    out["nesterov"] = np.bool_(opt["opt_nesterov"])
+    out["leaf_flags"] = np.asarray(opt["opt_leaf_flags"], np.int64).reshape(-1)
+    out["snapshot_every"] = np.int64(opt["opt_snapshot_every"])
+    out["check_params"] = np.bool_(opt.get("opt_check_params", 1))
+    return out | {"delayed": np.bool_(opt.get("opt_delayed", 0))}
+
+
+def _call_attrs(
+    call: CallSite, last: bool, optimizer: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``call`` group every sync call carries (CallAttrs, ffi/xla/call_attrs.h)."""
+    opt = call.site_attrs if optimizer is None else optimizer
+    return {
+        "plan": _plan_attrs(call.plan_attrs),
+        "optimizer": _optimizer_attrs(opt),
+        "site": np.int64(call.site),
+        "ordinals": np.asarray(call.ordinals, np.int64).reshape(-1),
+        "push_in_place": np.bool_(call.push_in_place),
+        "across_hosts": np.bool_(call.site_attrs.get("across_hosts", 0)),
+        "last": np.bool_(last),
+    }
+
+
+def site_of(attrs: Mapping[str, Any]) -> int:
+    """The call site a coarse custom call's attributes name: a sync call's ``call`` group,
+    else its own ``site`` (``coarse_host_gather``); -1 where none (a kernel op)."""
+    group = attrs.get("call")
+    return int(group["site"]) if isinstance(group, Mapping) else int(attrs.get("site", -1))
+
+
 def _call(
     target: str,
     call: CallSite,
     results: Sequence[Any],
     operands: Sequence[jax.Array],
     aliases: dict[int, int],
+    last: bool,
+    optimizer: Mapping[str, Any] | None = None,
     **attrs: Any,
 ) -> Any:
     # Side effect for XLA, no JAX effect: jit's fast dispatch (`custom_call`),
@@ -153,15 +234,7 @@ def _call(
     axes = set().union(*(jax.typeof(x).mat.varying for x in operands))
     operands = [_vary(x, tuple(sorted(axes))) for x in operands]
     ffi = custom_call(target, results, aliases)
-    merged = {
-        **call.plan_attrs,
-        **call.site_attrs,
-        "push_in_place": np.int64(call.push_in_place),
-        "site": call.site,
-        "ordinals": call.ordinals,
-        **attrs,
-    }
-    return ffi(*operands, **merged)
+    return ffi(*operands, call=_call_attrs(call, last, optimizer), **attrs)
 
 
 def _aliases(n: int, first_operand: int, alias: bool) -> dict[int, int]:
@@ -187,7 +260,7 @@ def begin(call: CallSite, me: jax.Array) -> jax.Array:
     be the only free one, and XLA:CPU removes those.
     """
     tok = jax.typeof(me).update(shape=(), dtype=jnp.dtype(jnp.float32))  # varies like me
-    (out,) = _call("coarse_begin", call, [tok], [me], {}, last=np.int64(0))
+    (out,) = _call("coarse_begin", call, [tok], [me], {}, last=False)
     return out
 
 
@@ -215,11 +288,11 @@ def push(
         [me, after, *leaves],
         # The token result in the previous token's buffer: nothing to write.
         {**_aliases(len(leaves), 2, passthrough), 1: len(leaves) if passthrough else 0},
+        last=False,
         first_leaf=np.int64(bucket.first_leaf),
         first_piece=np.int64(bucket.first_piece),
         num_pieces=np.int64(bucket.num_pieces),
-        passthrough=np.int64(passthrough),
-        last=np.int64(0),
+        passthrough=np.bool_(passthrough),
     )
     return list(out[:-1]), out[-1]
 
@@ -232,7 +305,8 @@ class RingUpdate:
       params: the step's params, one per proxy leaf in sync order (the loss's
         place holds the loss: it is not updated).
       scalars: f32[3] (learning rate, 1 - b1^t, 1 - b2^t) of this step.
-      attrs: the optimizer's and its store's attributes (ffi/xla/optimizer_attrs.h).
+      attrs: the optimizer's and its store's attributes (``opt_*``, ffi/xla/call_attrs.h
+        OptimizerAttrs).
     """
 
     params: Sequence[jax.Array]
@@ -243,10 +317,12 @@ class RingUpdate:
 def _ring_operands(
     call: CallSite, me: jax.Array, deps: Sequence[jax.Array], update: RingUpdate | None
 ) -> tuple[list[jax.Array], dict[str, Any]]:
+    # The ring's own attributes: num_deps (operands before the params) and,
+    # with an update, its optimizer (the site's).
     operands = [me, *(_vary(d, call.axes) for d in deps)]
-    attrs: dict[str, Any] = {}
+    attrs: dict[str, Any] = {"num_deps": np.int64(len(deps))}
     if update is not None:
-        attrs = {**update.attrs, "opt_num_deps": np.int64(len(deps))}
+        attrs["optimizer"] = update.attrs
         operands += [_vary(x, call.axes) for x in (*update.params, update.scalars)]
     return operands, attrs
 
@@ -271,7 +347,8 @@ def proxy_ring(
         [_result(me, True)],
         operands,
         {},
-        last=np.int64(last),
+        last=last,
+        hosts_stage=np.int64(0),
         **attrs,
     )
     return ring_token
@@ -299,7 +376,7 @@ def proxy_ring_to_hosts(
         [_result(me, True), chunks],
         operands,
         {},
-        last=np.int64(0),
+        last=False,
         hosts_stage=np.int64(1),
         **attrs,
     )
@@ -327,7 +404,7 @@ def proxy_ring_from_hosts(
         [_result(me, True)],
         operands,
         {},
-        last=np.int64(0),
+        last=False,
         hosts_stage=np.int64(2),
         **attrs,
     )
@@ -348,8 +425,8 @@ def opt_count(call: CallSite, me: jax.Array, attrs: Mapping[str, Any]) -> jax.Ar
         [_result(count, True)],
         [me],
         {},
-        last=np.int64(0),
-        **{k: attrs[k] for k in ("opt_store", "opt_name")},
+        last=False,
+        optimizer=attrs,
     )
     return out
 
@@ -370,7 +447,7 @@ def worker_ring(
         [*(_result(x, False) for x in leaves), _result(me, True)],
         [me, after, *leaves],
         _aliases(len(leaves), 2, alias),
-        last=np.int64(last),
+        last=last,
     )
     return list(out[:-1]), out[-1]
 
@@ -391,6 +468,6 @@ def pull(
         [_result(x, False) for x in leaves],
         [me, after, *(leaves if held else [])],
         _aliases(len(leaves), 2, alias),
-        last=np.int64(1),
+        last=True,
     )
     return list(out)

@@ -69,6 +69,16 @@ def host_gather(
         [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in ins],
         {2 + i: i for i in range(len(ins))},
     )
+    # Typed attributes (ffi/xla/host_gather.h HostGatherAttrs): a fixed set,
+    # the link's members unread unless emulated.
+    ih = dict(inter_host or {})
+    link = {
+        "emulated": np.bool_(inter_host is not None),
+        "hosts": np.int64(ih.get("hosts", 1)),
+        "s_per_byte": np.float64(ih.get("emu_host_s_per_byte", 0.0)),
+        "latency_s": np.float64(ih.get("emu_host_latency_s", 0.0)),
+        "virtual_clock": np.bool_(ih.get("emu_virtual", 0)),
+    }
     out = call(
         me,
         _vary(chunk),
@@ -77,6 +87,6 @@ def host_gather(
         site=np.int64(site),
         timeout_ms=np.int64(timeout_ms),
         chunk=np.int64(chunk_size),
-        **dict(inter_host or {}),
+        link=link,
     )
     return list(out)

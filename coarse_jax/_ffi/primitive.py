@@ -42,24 +42,34 @@ custom_call_p.multiple_results = True
 _jax_compat.simple_impl(custom_call_p)
 
 
+def _digest_into(digest: Any, value: Any) -> None:
+    if isinstance(value, Mapping):  # a group of typed attributes (ffi/xla/call_attrs.h)
+        digest.update(b"{")
+        for key in sorted(value):
+            digest.update(key.encode())
+            _digest_into(digest, value[key])
+        digest.update(b"}")
+        return
+    raw = value.encode() if isinstance(value, str) else np.asarray(value)
+    if isinstance(raw, np.ndarray):
+        digest.update(str(raw.dtype).encode())
+        digest.update(str(raw.shape).encode())
+        raw = raw.tobytes()
+    digest.update(raw)
+
+
 class _Attributes:
-    """The call's attributes (numpy arrays, strings, scalars), hashable by value.
+    """The call's attributes (numpy arrays, strings, scalars, and dicts of them), hashable by
+    value.
 
     Primitive parameters must hash; the plan's attributes hold arrays, so the
-    digest of their bytes stands for them.
+    digest of their bytes (types and shapes included) stands for them.
     """
 
     def __init__(self, attrs: Mapping[str, Any]) -> None:
         self.attrs = dict(attrs)
         digest = hashlib.blake2b(digest_size=16)
-        for key in sorted(self.attrs):
-            value = self.attrs[key]
-            digest.update(key.encode())
-            raw = value.encode() if isinstance(value, str) else np.asarray(value)
-            if isinstance(raw, np.ndarray):
-                digest.update(str(raw.dtype).encode())
-                raw = raw.tobytes()
-            digest.update(raw)
+        _digest_into(digest, self.attrs)
         self._key = digest.digest()
 
     def __hash__(self) -> int:
@@ -156,7 +166,8 @@ def custom_call(
     """Like ``jax.ffi.ffi_call(target, results, has_side_effect=True, ...)``, with no JAX effect.
 
     Returns a function of the operands and the attributes (keyword arguments:
-    numpy arrays, strings, numpy scalars) that returns a list of results.
+    numpy arrays, strings, numpy scalars, dicts of them: an FFI dictionary
+    attribute, which C++ binds as a struct) that returns a list of results.
     ``results``: ShapeDtypeStructs or avals (``jax.typeof(x)`` keeps a
     varying type); ``aliases``: operand index -> result index.
     """

@@ -28,6 +28,7 @@ from typing import Any
 import jax.extend.core as jax_core
 
 from coarse_jax import _jax_compat
+from coarse_jax._ffi.calls import site_of
 
 _COARSE_CALL = "coarse_custom_call"  # coarse_jax._ffi.primitive.custom_call_p
 _ROUTE = "coarse_latency_route"  # coarse_jax._ffi.primitive.route_p (api/_latency_route.py)
@@ -60,7 +61,7 @@ def _split_of(eqn: Any) -> _Split | None:
 
 def _error(call: Any, split: _Split, site_names: Mapping[int, str], step: str) -> TypeError:
     attrs = call.params["attributes"].attrs
-    name = site_names.get(int(attrs.get("site", -1)), "a coarse synchronization")
+    name = site_names.get(site_of(attrs), "a coarse synchronization")
     return _split_error(
         name,
         f"its custom call {call.params['target']}",

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "cpu/cpu_backend_choice.h"
-#include "cpu/inline_stream.h"
+#include "host/inline_stream.h"
 #include "runtime/host_proxy_device.h"
 #include "runtime/stream_device.h"
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cpu/cpu_backend_choice.h"
-#include "cpu/host_kernels.h"
+#include "host/host_kernels.h"
 #include "runtime/host_memory.h"
 #include "runtime/storage.h"
 #include "runtime/wakeups.h"

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/cpu_backend.h"
+#include "host/element_loops.h"
 #include "runtime/dtype.h"
 #include "xla/kernel_ops.h"
 

@@ -16,8 +16,8 @@
 #include <string>
 
 #include "cpu/cpu_backend_choice.h"
-#include "cpu/host_pool.h"
 #include "cpu/host_stream_check.h"
+#include "host/host_pool.h"
 #include "runtime/hand_out.h"
 #include "runtime/interrupt.h"
 #include "runtime/numa.h"

@@ -7,11 +7,11 @@
 // each is a loop per leaf in one custom call: the join widens each leaf to f32
 // (exact), the split narrows each piece into its leaf's dtype, rounding to
 // nearest even as XLA's convert does (the CPU backend's own loops,
-// cpu/cpu_backend.h; a NaN may come back as another NaN pattern).
+// host/element_loops.h; a NaN may come back as another NaN pattern).
 #include <cstdint>
 #include <string>
 
-#include "cpu/cpu_backend.h"
+#include "host/element_loops.h"
 #include "runtime/dtype.h"
 #include "xla/ffi/api/ffi.h"
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cpu/cpu_backend.h"
+#include "host/element_loops.h"
 #include "runtime/leaf_runs.h"
 #include "runtime/traffic.h"
 

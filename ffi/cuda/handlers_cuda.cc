@@ -3,17 +3,17 @@
 // runtime/phases.h) inside RunCall (xla/handler.h), run on a StreamDevice
 // (runtime/stream_device.h) over a CudaStream on XLA's stream. The caller is named by its device
 // ordinal (the (tier, data) operand is on the GPU, so the host cannot read it), looked up in the
-// "ordinals" attribute the Python side adds for the mesh. The proxies' part
-// of a step runs in the runtime's service (runtime/service.h) on streams the
-// runtime owns on the proxy GPUs (CudaProxies below).
+// call's ordinals (CallAttrs, xla/call_attrs.h) the Python side adds for the mesh. The proxies'
+// part of a step runs in the runtime's service (runtime/service.h) on streams the runtime owns on
+// the proxy GPUs (CudaProxies below).
 #include <cuda_runtime.h>
 
 #include <memory>
 
-#include "cpu/inline_stream.h"
 #include "cuda/cuda_storage.h"
 #include "cuda/cuda_stream.h"
 #include "cuda/cuda_util.h"
+#include "host/inline_stream.h"
 #include "runtime/host_proxy_device.h"
 #include "runtime/stream_device.h"
 #include "xla/handler.h"
@@ -104,7 +104,7 @@ const MakeProxyDevice& CudaProxies() {
 Caller ByOrdinal(int32_t ordinal) { return Caller{nullptr, static_cast<int64_t>(ordinal)}; }
 
 ffi::Error BeginImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
-                     ffi::Result<ffi::AnyBuffer> token, ffi::Dictionary attrs) {
+                     ffi::Result<ffi::AnyBuffer> token, CallAttrs attrs) {
   return RunCall(
       run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
       [&](Call& call, Device& dev) { return BeginBody(call, dev, token); }, CudaProxies());
@@ -112,11 +112,13 @@ ffi::Error BeginImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ff
 
 ffi::Error PushImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
                     ffi::AnyBuffer after, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
-                    ffi::Dictionary attrs) {
+                    CallAttrs attrs, int64_t first_leaf, int64_t first_piece, int64_t num_pieces,
+                    bool passthrough) {
+  const PushAttrs bucket{first_leaf, first_piece, num_pieces, passthrough};
   return RunCall(
       run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
       [&](Call& call, Device& dev) {
-        return PushBody(call, dev, after.untyped_data(), leaves, outs, attrs);
+        return PushBody(call, dev, after.untyped_data(), leaves, outs, bucket, attrs.push_in_place);
       },
       CudaProxies());
 }
@@ -126,26 +128,29 @@ ffi::Error PushImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi
 HostIo IoOf(Device& dev) { return StreamHostIo(static_cast<StreamDevice&>(dev).stream()); }
 
 ffi::Error ProxyRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
-                         ffi::RemainingArgs args, ffi::RemainingRets outs, ffi::Dictionary attrs) {
+                         ffi::RemainingArgs args, ffi::RemainingRets outs, CallAttrs attrs,
+                         int64_t hosts_stage, int64_t num_deps) {
   return RunCall(
       run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
       [&](Call& call, Device& dev) {
-        return ProxyRingBody(call, dev, args, outs, attrs, IoOf(dev));
+        return ProxyRingBody(call, dev, args, outs, attrs, hosts_stage, num_deps, IoOf(dev));
       },
       CudaProxies());
 }
 
 ffi::Error OptCountImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
-                        ffi::Result<ffi::AnyBuffer> count, ffi::Dictionary attrs) {
+                        ffi::Result<ffi::AnyBuffer> count, CallAttrs attrs) {
   return RunCall(
       run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-      [&](Call& call, Device& dev) { return OptCountBody(call, dev, count, attrs, IoOf(dev)); },
+      [&](Call& call, Device& dev) {
+        return OptCountBody(call, dev, count, attrs.optimizer, IoOf(dev));
+      },
       CudaProxies());
 }
 
 ffi::Error WorkerRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
                           ffi::AnyBuffer, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
-                          ffi::Dictionary attrs) {
+                          CallAttrs attrs) {
   return RunCall(
       run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
       [&](Call& call, Device& dev) { return WorkerRingBody(call, dev, leaves, outs); },
@@ -154,10 +159,12 @@ ffi::Error WorkerRingImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_i
 
 ffi::Error PullImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run_id, ffi::AnyBuffer,
                     ffi::AnyBuffer, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
-                    ffi::Dictionary attrs) {
+                    CallAttrs attrs) {
   return RunCall(
       run_id, ByOrdinal(ordinal), attrs, DeviceMaker(stream, ordinal),
-      [&](Call& call, Device& dev) { return PullBody(call, dev, leaves, outs, attrs); },
+      [&](Call& call, Device& dev) {
+        return PullBody(call, dev, leaves, outs, attrs.push_in_place);
+      },
       CudaProxies());
 }
 
@@ -169,21 +176,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Begin, BeginImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
                                   .Ctx<ffi::DeviceOrdinal>()                 // names the caller
-                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
-                                  .Ret<ffi::AnyBuffer>()       // f32[] token for the first push
-                                  .Attrs<ffi::Dictionary>());  // plan, ordinals [, store]
+                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
+                                  .Ret<ffi::AnyBuffer>()      // f32[] token for the first push
+                                  .Attr<CallAttrs>("call"));  // plan, site, ordinals, ...
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Push, PushImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
                                   .Ctx<ffi::DeviceOrdinal>()                 // names the caller
-                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
-                                  .Arg<ffi::AnyBuffer>()       // token of the previous push
-                                  .RemainingArgs()             // the bucket's gradient leaves
-                                  .RemainingRets()             // [the same leaves, aliased,] token
-                                  .Attrs<ffi::Dictionary>());  // plan, bucket, ordinals
+                                  .Ctx<ffi::RunId>()            // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()        // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()        // token of the previous push
+                                  .RemainingArgs()              // the bucket's gradient leaves
+                                  .RemainingRets()              // [the same leaves, aliased,] token
+                                  .Attr<CallAttrs>("call")      // plan, site, ordinals, ...
+                                  .Attr<int64_t>("first_leaf")  // the bucket's first leaf
+                                  .Attr<int64_t>("first_piece")  // the bucket's first piece
+                                  .Attr<int64_t>("num_pieces")   // the bucket's pieces
+                                  .Attr<bool>("passthrough"));   // the leaves come back
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     ProxyRing, ProxyRingImpl,
@@ -192,39 +203,41 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ctx<ffi::DeviceOrdinal>()                 // names the caller
         .Ctx<ffi::RunId>()                         // rendezvous key: one execution
         .Arg<ffi::AnyBuffer>()                     // int32[2] (tier, data index)
-        .RemainingArgs()             // push outputs [, params, scalars][, chunks, keys]
-        .RemainingRets()             // token for the next call [, chunks]
-        .Attrs<ffi::Dictionary>());  // plan, ordinals [, optimizer]
+        .RemainingArgs()               // push outputs [, params, scalars][, chunks, keys]
+        .RemainingRets()               // token for the next call [, chunks]
+        .Attr<CallAttrs>("call")       // plan, site, ordinals, ...
+        .Attr<int64_t>("hosts_stage")  // across hosts: 1 or 2; 0 within one host
+        .Attr<int64_t>("num_deps"));   // operands before the params (the pushes' outputs)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OptCount, OptCountImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
                                   .Ctx<ffi::DeviceOrdinal>()                 // names the caller
-                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
-                                  .Ret<ffi::AnyBuffer>()       // int32[] the step count
-                                  .Attrs<ffi::Dictionary>());  // plan, ordinals, store
+                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
+                                  .Ret<ffi::AnyBuffer>()      // int32[] the step count
+                                  .Attr<CallAttrs>("call"));  // plan, site, ordinals, ...
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(WorkerRing, WorkerRingImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
                                   .Ctx<ffi::DeviceOrdinal>()                 // names the caller
-                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
-                                  .Arg<ffi::AnyBuffer>()       // token: after the proxy ring
-                                  .RemainingArgs()             // leading leaves
-                                  .RemainingRets()             // reduced leading leaves, token
-                                  .Attrs<ffi::Dictionary>());  // plan, ordinals
+                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()      // token: after the proxy ring
+                                  .RemainingArgs()            // leading leaves
+                                  .RemainingRets()            // reduced leading leaves, token
+                                  .Attr<CallAttrs>("call"));  // plan, site, ordinals, ...
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Pull, PullImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
                                   .Ctx<ffi::DeviceOrdinal>()                 // names the caller
-                                  .Ctx<ffi::RunId>()           // rendezvous key: one execution
-                                  .Arg<ffi::AnyBuffer>()       // int32[2] (tier, data index)
-                                  .Arg<ffi::AnyBuffer>()       // token: after proxy/worker ring
-                                  .RemainingArgs()             // proxy leaves (aliased to results)
-                                  .RemainingRets()             // the reduced proxy leaves
-                                  .Attrs<ffi::Dictionary>());  // plan, ordinals
+                                  .Ctx<ffi::RunId>()          // rendezvous key: one execution
+                                  .Arg<ffi::AnyBuffer>()      // int32[2] (tier, data index)
+                                  .Arg<ffi::AnyBuffer>()      // token: after proxy/worker ring
+                                  .RemainingArgs()            // proxy leaves (aliased to results)
+                                  .RemainingRets()            // the reduced proxy leaves
+                                  .Attr<CallAttrs>("call"));  // plan, site, ordinals, ...
 
 }  // namespace coarse::cuda

@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "cpu/cpu_backend.h"
-#include "cpu/host_pool.h"
+#include "host/element_loops.h"
+#include "host/host_pool.h"
 
 namespace coarse {
 
@@ -69,7 +69,7 @@ void HostOptimizerBench::Adam(bool adamw, bool vectorized, bool parallel) {
   b.s_out[0] = arrays_[3 + out];
   b.s_in[1] = arrays_[5 + in];
   b.s_out[1] = arrays_[5 + out];
-  if (parallel)  // as the host stream's optimizer runs it (cpu/host_kernels.cc)
+  if (parallel)  // as the host stream's optimizer runs it (host/host_kernels.cc)
     cpu::ParallelFor(n_, cpu::kParallelMinElems, [&](int64_t lo, int64_t hi) {
       cpu::OptimizerF32(o, cpu::AdvanceBuffers(b, lo), hi - lo, vectorized);
     });

@@ -1,7 +1,7 @@
 // Timing the host optimizer against this machine's memory bandwidth, for
 // benchmarks/test_host_optimizer.py (bound as _coarse_lab_cpu.HostOptimizerBench).
 //
-// One pass of the CPU backend's Adam/AdamW (cpu_backend.h, OptimizerF32) over
+// One pass of the CPU backend's Adam/AdamW (host/element_loops.h, OptimizerF32) over
 // n elements reads the gradient, the master weight and two moments and
 // writes the new weight (twice: the master's other buffer and the gradient's
 // place, which the ring's all-gather carries) and two moments: 32 bytes per

@@ -103,7 +103,7 @@ class Stream {
                                     std::chrono::milliseconds timeout, const std::string& what) = 0;
 
   // Whether every call has done its work when it returns (the CPU's inline
-  // stream, cpu/inline_stream.h): then the host's clock times the work
+  // stream, host/inline_stream.h): then the host's clock times the work
   // (emulated links), and holding work back to merge saves nothing.
   virtual bool DoneWhenEnqueued() const { return false; }
 };

@@ -11,18 +11,16 @@
 namespace coarse {
 namespace ffi = xla::ffi;
 
-// Read in place (the attribute outlives the call): no copy per call.
-static ffi::ErrorOr<ffi::Span<const int64_t>> ReadOrdinals(const ffi::Dictionary& attrs,
-                                                           int64_t devices) {
-  if (!attrs.contains("ordinals")) return ffi::Span<const int64_t>{};
-  auto span = attrs.get<ffi::Span<const int64_t>>("ordinals");
-  if (span.has_error()) return ffi::Unexpected(span.error());
-  const ffi::Span<const int64_t> out = span.value();
-  if (static_cast<int64_t>(out.size()) != devices)
+// Read in place (the attribute outlives the call): no copy per call. Empty:
+// none given (a CPU call may name its caller by the (tier, data) operand).
+static ffi::ErrorOr<ffi::Span<const int64_t>> CheckOrdinals(ffi::Span<const int64_t> ordinals,
+                                                            int64_t devices) {
+  if (ordinals.size() == 0) return ordinals;
+  if (static_cast<int64_t>(ordinals.size()) != devices)
     return ffi::Unexpected(ffi::Error::InvalidArgument(
-        "coarse_jax: attribute 'ordinals' has " + std::to_string(out.size()) +
+        "coarse_jax: attribute 'ordinals' has " + std::to_string(ordinals.size()) +
         " entries, the mesh has " + std::to_string(devices) + " devices"));
-  return out;
+  return ordinals;
 }
 
 static ffi::ErrorOr<Who> WhoByOrdinal(int64_t ordinal, ffi::Span<const int64_t> ordinals,
@@ -49,14 +47,11 @@ ffi::ErrorOr<Who> ReadWho(ffi::AnyBuffer who, int64_t workers, int64_t proxies) 
   return Who{static_cast<Tier>(v[0]), v[1]};
 }
 
-ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller,
-                             const ffi::Dictionary& attrs) {
-  auto plan = GetPlan(attrs);
+ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller, const CallAttrs& attrs) {
+  auto plan = GetPlan(attrs.plan);
   if (plan.has_error()) return ffi::Unexpected(plan.error());
-  auto site = attrs.get<int64_t>("site");
-  if (site.has_error()) return ffi::Unexpected(site.error());
   const int64_t p = plan.value()->workers;
-  auto ordinals = ReadOrdinals(attrs, plan.value()->devices());
+  auto ordinals = CheckOrdinals(attrs.ordinals, plan.value()->devices());
   if (ordinals.has_error()) return ffi::Unexpected(ordinals.error());
   auto who = caller.ordinal.has_value() ? WhoByOrdinal(*caller.ordinal, ordinals.value(), p)
                                         : ReadWho(*caller.who_operand, p, plan.value()->proxies);
@@ -68,12 +63,12 @@ ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller,
         "(ffi/runtime/service.h), started by the workers' calls. Run the step's program on the "
         "workers only (coarse.sync does; a hand-made program must shard_map over "
         "coarse_jax.mesh.workers_mesh(mesh))."));
-  return Call{JoinSession(plan.value(), run_id.run_id, site.value(), who.value().device(p),
-                          ordinals.value()),
-              who.value()};
+  return Call{
+      JoinSession(plan.value(), run_id.run_id, attrs.site, who.value().device(p), ordinals.value()),
+      who.value()};
 }
 
-ffi::Error StartProxyService(Call& call, const ffi::Dictionary& attrs,
+ffi::Error StartProxyService(Call& call, const CallAttrs& attrs,
                              const MakeProxyDevice& make_proxy_device) {
   if (call.session->proxies_started()) return ffi::Error::Success();
   auto job = ReadProxyJob(attrs, call.plan());
@@ -82,10 +77,9 @@ ffi::Error StartProxyService(Call& call, const ffi::Dictionary& attrs,
   return ffi::Error::Success();
 }
 
-ffi::Error EndCall(Call& call, Device& device, ffi::Error status, const ffi::Dictionary& attrs) {
-  if (status.failure()) return FinishCall(call, device, std::move(status), false);
-  auto last = attrs.get<int64_t>("last");
-  return FinishCall(call, device, std::move(status), last.has_value() && last.value() != 0);
+ffi::Error EndCall(Call& call, Device& device, ffi::Error status, const CallAttrs& attrs) {
+  const bool last = status.success() && attrs.last;
+  return FinishCall(call, device, std::move(status), last);
 }
 
 }  // namespace coarse

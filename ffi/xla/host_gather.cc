@@ -24,43 +24,24 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-ffi::ErrorOr<int64_t> GetInt(const ffi::Dictionary& attrs, const char* name) {
-  auto v = attrs.get<int64_t>(name);
-  if (v.has_error())
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        std::string("coarse_host_gather: missing int64 attribute '") + name + "'"));
-  return v.value();
-}
-
-// An emulated inter-host link (attributes emu_host_s_per_byte,
-// emu_host_latency_s, hosts; coarse.Topology inter_host_*): every device of
+// An emulated inter-host link (InterHostLinkAttrs; coarse.Topology
+// inter_host_*): every device of
 // the host waits until the host's NIC has carried, each way, (hosts - 1)
 // times the host's f32 result (`elems`: every synced leaf, no padding),
 // booked from when the host's own synchronization ended. The XLA collective
 // before this call moved the bytes for real in the meantime; the hand-out
 // above also ran inside the window. Real clock only: a virtual-clock
 // topology does not time the inter-host step (coarse_jax/model/hosts.py).
-ffi::Error ChargeInterHostLink(int64_t run_id, int64_t site, const ffi::Dictionary& attrs,
+ffi::Error ChargeInterHostLink(int64_t run_id, int64_t site, const InterHostLinkAttrs& link,
                                int64_t elems) {
-  if (!attrs.contains("emu_host_s_per_byte")) return ffi::Error::Success();
-  auto s_per_byte = attrs.get<double>("emu_host_s_per_byte");
-  auto latency = attrs.get<double>("emu_host_latency_s");
-  auto hosts = attrs.get<int64_t>("hosts");
-  auto virtual_clock = attrs.get<int64_t>("emu_virtual");
-  if (s_per_byte.has_error() || latency.has_error() || hosts.has_error() ||
-      virtual_clock.has_error())
-    return ffi::Error::InvalidArgument(
-        "coarse_host_gather: an emulated inter-host link needs f64 attributes "
-        "emu_host_s_per_byte, emu_host_latency_s and int64 hosts, emu_virtual "
-        "(coarse.Topology.inter_host_attrs)");
-  if (virtual_clock.value() != 0) return ffi::Error::Success();
+  if (!link.emulated || link.virtual_clock) return ffi::Error::Success();
   const std::optional<Clock::time_point> ready = SyncEnd(run_id, site);
   if (!ready)
     return ffi::Error::Internal(
         "coarse_host_gather: no emulated in-host synchronization of this step ended before the "
         "inter-host step (Config(topology=...) must be the same for both)");
-  const double nbytes = static_cast<double>(hosts.value() - 1) * 4.0 * static_cast<double>(elems);
-  const double seconds = latency.value() + nbytes * s_per_byte.value();
+  const double nbytes = static_cast<double>(link.hosts - 1) * 4.0 * static_cast<double>(elems);
+  const double seconds = link.latency_s + nbytes * link.s_per_byte;
   SleepUntil(*ready +
              std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
   return ffi::Error::Success();
@@ -69,15 +50,9 @@ ffi::Error ChargeInterHostLink(int64_t run_id, int64_t site, const ffi::Dictiona
 }  // namespace
 
 ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer chunk,
-                          ffi::RemainingRets outs, const ffi::Dictionary& attrs, Stream& host) {
-  int64_t v[4];
-  const char* names[4] = {"workers", "site", "timeout_ms", "chunk"};
-  for (int i = 0; i < 4; ++i) {
-    auto got = GetInt(attrs, names[i]);
-    if (got.has_error()) return got.error();
-    v[i] = got.value();
-  }
-  const int64_t p = v[0], site = v[1], timeout_ms = v[2], c = v[3];
+                          ffi::RemainingRets outs, const HostGatherAttrs& attrs, Stream& host) {
+  const int64_t p = attrs.workers, site = attrs.site, timeout_ms = attrs.timeout_ms,
+                c = attrs.chunk;
   auto me = ReadWho(who, p, p);
   if (me.has_error()) return me.error();
   const int64_t width = static_cast<int64_t>(chunk.element_count());
@@ -120,7 +95,7 @@ ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
                               timeout_ms, take, describe);
   if (status.failure()) return std::move(status);
   if (failed.failure()) return std::move(failed);
-  return ChargeInterHostLink(run_id.run_id, site, attrs, total);
+  return ChargeInterHostLink(run_id.run_id, site, attrs.link, total);
 }
 
 }  // namespace coarse

@@ -20,36 +20,24 @@ ffi::Error Invalid(const std::string& what) {
   return ffi::Error::InvalidArgument("coarse_jax: malformed plan: " + what);
 }
 
-ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, int64_t key) {
+ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const PlanAttrs& attrs) {
   auto plan = std::make_shared<Plan>();
-  plan->key = key;
-#define COARSE_GET(var, T, name)                                      \
-  auto var##_or = Need<T>(attrs, name);                               \
-  if (var##_or.has_error()) return ffi::Unexpected(var##_or.error()); \
-  auto var = var##_or.value();
-  COARSE_GET(workers, int64_t, "workers");
-  COARSE_GET(timeout_ms, int64_t, "timeout_ms");
-  COARSE_GET(mean, int64_t, "mean");
-  COARSE_GET(num_proxy_leaves, int64_t, "num_proxy_leaves");
-  COARSE_GET(piece_nelems, ffi::Span<const int64_t>, "piece_nelems");
-  COARSE_GET(piece_nbytes, ffi::Span<const int64_t>, "piece_nbytes");
-  COARSE_GET(leading_nbytes, int64_t, "leading_nbytes");
-  COARSE_GET(piece_dest, ffi::Span<const int64_t>, "piece_dest");
-  COARSE_GET(segments, ffi::Span<const int64_t>, "segments");
-  COARSE_GET(leaf_nelems, ffi::Span<const int64_t>, "leaf_nelems");
-  COARSE_GET(leaf_names, std::string_view, "leaf_names");
-#undef COARSE_GET
+  plan->key = attrs.plan_key;
+  const int64_t workers = attrs.workers, timeout_ms = attrs.timeout_ms;
+  const int64_t num_proxy_leaves = attrs.num_proxy_leaves, leading_nbytes = attrs.leading_nbytes;
+  const ffi::Span<const int64_t> piece_nelems = attrs.piece_nelems,
+                                 piece_nbytes = attrs.piece_nbytes, piece_dest = attrs.piece_dest,
+                                 segments = attrs.segments, leaf_nelems = attrs.leaf_nelems;
+  const std::string_view leaf_names = attrs.leaf_names;
   const int64_t p = workers;
   const int64_t S = static_cast<int64_t>(piece_nelems.size());
   const int64_t L = static_cast<int64_t>(leaf_nelems.size());
   if (p < 1) return ffi::Unexpected(Invalid("workers must be >= 1, got " + std::to_string(p)));
-  auto proxies = ReadProxies(attrs, p);
+  auto proxies = CheckProxies(attrs.proxies, p);
   if (proxies.has_error()) return ffi::Unexpected(proxies.error());
   const int64_t q = proxies.value();
   if (timeout_ms < 0)
     return ffi::Unexpected(Invalid("timeout_ms must be >= 0, got " + std::to_string(timeout_ms)));
-  if (mean != 0 && mean != 1)
-    return ffi::Unexpected(Invalid("mean must be 0 or 1, got " + std::to_string(mean)));
   if (num_proxy_leaves < 0 || num_proxy_leaves > L)
     return ffi::Unexpected(Invalid("num_proxy_leaves must be in [0, " + std::to_string(L) +
                                    "] (the length of leaf_nelems), got " +
@@ -75,17 +63,13 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
   plan->workers = p;
   plan->proxies = q;
   plan->timeout_ms = timeout_ms;
-  plan->mean = mean != 0;
+  plan->mean = attrs.mean;
   plan->num_proxy_leaves = num_proxy_leaves;
   plan->piece_nelems.assign(piece_nelems.begin(), piece_nelems.end());
   plan->piece_nbytes.assign(piece_nbytes.begin(), piece_nbytes.end());
   plan->leading_nbytes = leading_nbytes;
-  if (attrs.contains("trace")) {
-    auto trace = attrs.get<int64_t>("trace");
-    if (trace.has_error()) return ffi::Unexpected(trace.error());
-    plan->trace = trace.value() != 0;
-  }
-  auto emulated = ParseTopology(attrs, p, q, &plan->topology);
+  plan->trace = attrs.trace;
+  auto emulated = ParseTopology(attrs.topology, p, q, &plan->topology);
   if (emulated.has_error()) return ffi::Unexpected(emulated.error());
   plan->emulated = emulated.value();
   plan->piece_dest.reserve(piece_dest.size());
@@ -151,63 +135,44 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const ffi::Dictionary& attrs, in
   return std::shared_ptr<const Plan>(std::move(plan));
 }
 
-ffi::ErrorOr<bool> ReadTable(const ffi::Dictionary& attrs, const char* rate, const char* lat,
-                             int64_t rows, int64_t cols, LinkTable* out) {
-  auto r = attrs.get<ffi::Span<const double>>(rate);
-  auto l = attrs.get<ffi::Span<const double>>(lat);
-  if (r.has_error() || l.has_error()) return false;
-  if (static_cast<int64_t>(r.value().size()) != rows * cols ||
-      static_cast<int64_t>(l.value().size()) != rows * cols)
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        std::string("coarse_jax: topology attribute ") + rate + " is not " + std::to_string(rows) +
-        "x" + std::to_string(cols)));
+ffi::ErrorOr<bool> ReadTable(ffi::Span<const double> rate, ffi::Span<const double> lat,
+                             const char* name, int64_t rows, int64_t cols, LinkTable* out) {
+  if (static_cast<int64_t>(rate.size()) != rows * cols ||
+      static_cast<int64_t>(lat.size()) != rows * cols)
+    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string("coarse_jax: topology table ") +
+                                                       name + " is not " + std::to_string(rows) +
+                                                       "x" + std::to_string(cols)));
   out->cols = cols;
-  out->s_per_byte.assign(r.value().begin(), r.value().end());
-  out->latency_s.assign(l.value().begin(), l.value().end());
+  out->s_per_byte.assign(rate.begin(), rate.end());
+  out->latency_s.assign(lat.begin(), lat.end());
   return true;
 }
 
 }  // namespace
 
-ffi::ErrorOr<int64_t> ReadProxies(const ffi::Dictionary& attrs, int64_t workers) {
-  int64_t q = workers;  // absent: 1:1
-  if (attrs.contains("proxies")) {
-    auto proxies = attrs.get<int64_t>("proxies");
-    if (proxies.has_error()) return ffi::Unexpected(proxies.error());
-    q = proxies.value();
-  }
-  if (q < 1 || q > workers || workers % q != 0)
+ffi::ErrorOr<int64_t> CheckProxies(int64_t proxies, int64_t workers) {
+  if (proxies < 1 || proxies > workers || workers % proxies != 0)
     return ffi::Unexpected(
         ffi::Error::InvalidArgument("coarse_jax: attribute proxies must divide workers (" +
-                                    std::to_string(workers) + "), got " + std::to_string(q)));
-  return q;
+                                    std::to_string(workers) + "), got " + std::to_string(proxies)));
+  return proxies;
 }
 
-ffi::ErrorOr<bool> ParseTopology(const ffi::Dictionary& attrs, int64_t workers, int64_t proxies,
+ffi::ErrorOr<bool> ParseTopology(const TopologyAttrs& attrs, int64_t workers, int64_t proxies,
                                  Topology* out) {
   out->workers = workers;
   out->proxies = proxies;
-  auto wp = ReadTable(attrs, "emu_wp_s_per_byte", "emu_wp_latency_s", workers, proxies, &out->wp);
-  if (wp.has_error() || !wp.value()) return wp;
-  auto pp = ReadTable(attrs, "emu_pp_s_per_byte", "emu_pp_latency_s", proxies, proxies, &out->pp);
+  if (attrs.wp_s_per_byte.size() == 0 && attrs.pp_s_per_byte.size() == 0 &&
+      attrs.ww_s_per_byte.size() == 0)
+    return false;
+  auto wp = ReadTable(attrs.wp_s_per_byte, attrs.wp_latency_s, "wp", workers, proxies, &out->wp);
+  if (wp.has_error()) return wp;
+  auto pp = ReadTable(attrs.pp_s_per_byte, attrs.pp_latency_s, "pp", proxies, proxies, &out->pp);
   if (pp.has_error()) return pp;
-  auto ww = ReadTable(attrs, "emu_ww_s_per_byte", "emu_ww_latency_s", workers, workers, &out->ww);
+  auto ww = ReadTable(attrs.ww_s_per_byte, attrs.ww_latency_s, "ww", workers, workers, &out->ww);
   if (ww.has_error()) return ww;
-  if (!pp.value() || !ww.value())
-    return ffi::Unexpected(
-        ffi::Error::InvalidArgument("coarse_jax: incomplete topology attributes"));
-  out->virtual_clock = false;
-  if (attrs.contains("emu_virtual")) {
-    auto v = attrs.get<int64_t>("emu_virtual");
-    if (v.has_error()) return ffi::Unexpected(v.error());
-    out->virtual_clock = v.value() != 0;
-  }
-  out->host_proxies = false;
-  if (attrs.contains("emu_host_proxies")) {
-    auto h = attrs.get<int64_t>("emu_host_proxies");
-    if (h.has_error()) return ffi::Unexpected(h.error());
-    out->host_proxies = h.value() != 0;
-  }
+  out->virtual_clock = attrs.virtual_clock;
+  out->host_proxies = attrs.host_proxies;
   return true;
 }
 
@@ -273,13 +238,11 @@ PlanCache& ThePlanCache() {
 
 }  // namespace
 
-ffi::ErrorOr<std::shared_ptr<const Plan>> GetPlan(const ffi::Dictionary& attrs) {
-  auto key = Need<int64_t>(attrs, "plan_key");
-  if (key.has_error()) return ffi::Unexpected(key.error());
-  if (auto cached = ThePlanCache().Find(key.value())) return cached;
-  auto parsed = Parse(attrs, key.value());
+ffi::ErrorOr<std::shared_ptr<const Plan>> GetPlan(const PlanAttrs& attrs) {
+  if (auto cached = ThePlanCache().Find(attrs.plan_key)) return cached;
+  auto parsed = Parse(attrs);
   if (parsed.has_error()) return parsed;
-  return ThePlanCache().Insert(key.value(), parsed.value());
+  return ThePlanCache().Insert(attrs.plan_key, parsed.value());
 }
 
 void SetPlanCacheLimit(int64_t plans) { ThePlanCache().SetLimit(plans); }

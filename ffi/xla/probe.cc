@@ -2,7 +2,10 @@
 // timeout_ms, the emu_* topology, optional host_proxies) and the operands (the (tier, data) index,
 // int32[4] device pairs, the payload) into a ProbeRequest and runs the probe
 // (runtime/probe.h) into the float32[reps] result. CPU only:
-// cpu/handlers_cpu.cc binds it.
+// cpu/handlers_cpu.cc binds it. The one call that keeps ffi::Dictionary:
+// its set varies with what is profiled (coarse_jax/profiling/measure.py
+// passes proxies, the emu_* tables and host_proxies only for k:1 meshes,
+// emulated links and host proxies), so it is read here by name.
 #include "xla/probe.h"
 
 #include "runtime/probe.h"
@@ -11,6 +14,26 @@
 
 namespace coarse {
 namespace ffi = xla::ffi;
+
+namespace {
+
+// The emu_* tables the call has (coarse.Topology.ffi_attrs); none: empty.
+TopologyAttrs TopologyOf(const ffi::Dictionary& attrs) {
+  auto table = [&](const char* name) {
+    auto v = attrs.get<ffi::Span<const double>>(name);
+    return v.has_value() ? v.value() : ffi::Span<const double>();
+  };
+  auto flag = [&](const char* name) {
+    auto v = attrs.get<int64_t>(name);
+    return v.has_value() && v.value() != 0;
+  };
+  return TopologyAttrs{table("emu_wp_s_per_byte"), table("emu_wp_latency_s"),
+                       table("emu_pp_s_per_byte"), table("emu_pp_latency_s"),
+                       table("emu_ww_s_per_byte"), table("emu_ww_latency_s"),
+                       flag("emu_virtual"),        flag("emu_host_proxies")};
+}
+
+}  // namespace
 
 ffi::Error ProbeBody(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyBuffer pairs_buf,
                      ffi::AnyBuffer payload, ffi::Result<ffi::AnyBuffer> times,
@@ -21,7 +44,8 @@ ffi::Error ProbeBody(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyBuffer p
   if (workers.has_error() || site.has_error() || timeout_ms.has_error())
     return ffi::Error::InvalidArgument("coarse_probe: missing workers/site/timeout_ms");
   const int64_t p = workers.value();
-  auto proxies = ReadProxies(attrs, p);
+  auto given = attrs.get<int64_t>("proxies");  // absent: 1:1
+  auto proxies = CheckProxies(given.has_value() ? given.value() : p, p);
   if (proxies.has_error()) return proxies.error();
   const int64_t q = proxies.value();
   auto who = ReadWho(who_buf, p, q);
@@ -31,7 +55,7 @@ ffi::Error ProbeBody(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyBuffer p
     return ffi::Error::InvalidArgument("coarse_probe: expects int32[4] pairs and float32 times");
 
   Topology topo;
-  auto emulated = ParseTopology(attrs, p, q, &topo);
+  auto emulated = ParseTopology(TopologyOf(attrs), p, q, &topo);
   if (emulated.has_error()) return emulated.error();
 
   ProbeRequest request;

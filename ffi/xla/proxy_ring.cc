@@ -3,12 +3,12 @@
 // call zeroes the token result, whose operands (the pushes' outputs) order
 // its pull after its pushes.
 //
-// In a value_and_update (attribute opt_store, xla/optimizer_attrs.h) the
-// operands after the first opt_num_deps are the step's params (one per
+// In a value_and_update (an optimizer store, xla/optimizer_attrs.h) the
+// operands after the first num_deps are the step's params (one per
 // proxy leaf, sync order; the loss's place holds the loss) and f32[3]
 // (lr, bc1, bc2) for this step: worker k sets the store up for proxy k with
 // them and hands proxy k the scalars (BeginUpdateForProxy, phases.h).
-// Attribute opt_check_params = 0 (coarse_jax/api/_params_check.py: the
+// The optimizer's check_params = false (coarse_jax/dispatch/params_check.py: the
 // params are the very arrays the step returned last time) skips the params
 // check, and with it the host's wait for its result.
 //
@@ -18,7 +18,10 @@
 // to export them); stage 2 takes the chunks summed over the hosts and
 // int32[hosts], every host's plan key, as its last two operands, and hands
 // the chunks back to proxy k's job, which updates and all-gathers.
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/phases.h"
@@ -65,13 +68,11 @@ ffi::Error CheckSamePlan(const Plan& plan, ffi::AnyBuffer keys, const HostIo& io
 }  // namespace
 
 ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::RemainingRets outs,
-                         const ffi::Dictionary& attrs, const HostIo& io) {
+                         const CallAttrs& attrs, int64_t hosts_stage, int64_t num_deps,
+                         const HostIo& io) {
   HostsStage hosts;
-  if (attrs.contains("hosts_stage")) {
-    auto stage = attrs.get<int64_t>("hosts_stage");
-    if (stage.has_error()) return stage.error();
-    hosts.kind = stage.value() == 1 ? HostsStage::kToHosts : HostsStage::kFromHosts;
-  }
+  if (hosts_stage != 0)
+    hosts.kind = hosts_stage == 1 ? HostsStage::kToHosts : HostsStage::kFromHosts;
   auto token = outs.get<ffi::AnyBuffer>(0);
   if (token.has_error()) return token.error();
   ffi::Error e = dev.ZeroBytes(token.value()->untyped_data(), token.value()->size_bytes());
@@ -115,15 +116,12 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
   // worker's call orders its pull after its pushes and, in a
   // value_and_update, sets the store up for its local proxy with the params
   // the step got and hands over this step's scalars.
-  auto store = ReadStore(attrs);
-  if (store.has_error()) return store.error();
-  if (!store.value().has_value()) return ffi::Error::Success();
+  const std::optional<std::shared_ptr<ParamStore>> store = ReadStore(attrs.optimizer);
+  if (!store.has_value()) return ffi::Error::Success();
   const Plan& plan = call.plan();
-  auto spec = ReadOptimizer(attrs, plan);
+  auto spec = ReadOptimizer(attrs.optimizer, plan);
   if (spec.has_error()) return spec.error();
-  auto num_deps = attrs.get<int64_t>("opt_num_deps");
-  if (num_deps.has_error()) return num_deps.error();
-  const int64_t first = num_deps.value();
+  const int64_t first = num_deps;
   if (num_args != first + plan.num_proxy_leaves + 1)
     return ffi::Error::InvalidArgument(
         "coarse_jax: coarse_proxy_ring of a value_and_update expects " +
@@ -144,16 +142,12 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
         "coarse_jax: coarse_proxy_ring's last operand must be f32[3] (lr, bc1, bc2)");
   // The scalars stay in device memory: the proxy's kernels read a copy
   // (ProxyUpdate::scalars_in), no host reads them.
-  ProxyUpdate update{store.value().value(), &spec.value(), 0.0f, 1.0f, 1.0f, [&](int64_t leaf) {
+  ProxyUpdate update{store.value(), &spec.value(), 0.0f, 1.0f, 1.0f, [&](int64_t leaf) {
                        ffi::AnyBuffer x = args.get<ffi::AnyBuffer>(first + leaf).value();
                        return LeafRef{x.untyped_data(), x.element_type()};
                      }};
   update.scalars_in = static_cast<const float*>(scalars.value().untyped_data());
-  if (attrs.contains("opt_check_params")) {
-    auto check = attrs.get<int64_t>("opt_check_params");
-    if (check.has_error()) return check.error();
-    update.check_params = check.value() != 0;
-  }
+  update.check_params = attrs.optimizer.check_params;
   e = BeginUpdateForProxy(call, dev, update);
   if (e.failure() || hosts.kind != HostsStage::kToHosts) return e;
   // Stage 1: proxy k's owned chunks after the reduce-scatter within the host,
@@ -185,28 +179,27 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
   return dev.ZeroBytes(dst + n, static_cast<size_t>(width - n) * sizeof(float));
 }
 
-ffi::ErrorOr<ProxyJob> ReadProxyJob(const ffi::Dictionary& attrs, const Plan& plan) {
+ffi::ErrorOr<ProxyJob> ReadProxyJob(const CallAttrs& attrs, const Plan& plan) {
   ProxyJob job;
-  job.in_place = PushInPlaceAttr(attrs);
-  job.across_hosts = attrs.contains("across_hosts");
-  auto store = ReadStore(attrs);
-  if (store.has_error()) return ffi::Unexpected(store.error());
-  if (!store.value().has_value()) return job;
-  auto spec = ReadOptimizer(attrs, plan);
+  job.in_place = attrs.push_in_place;
+  job.across_hosts = attrs.across_hosts;
+  std::optional<std::shared_ptr<ParamStore>> store = ReadStore(attrs.optimizer);
+  if (!store.has_value()) return job;
+  auto spec = ReadOptimizer(attrs.optimizer, plan);
   if (spec.has_error()) return ffi::Unexpected(spec.error());
-  job.store = store.value().value();
+  job.store = std::move(store.value());
   job.spec = spec.value();
   return job;
 }
 
 ffi::Error OptCountBody(Call& call, Device& dev, ffi::Result<ffi::AnyBuffer> count,
-                        const ffi::Dictionary& attrs, const HostIo& io) {
+                        const OptimizerAttrs& attrs, const HostIo& io) {
   (void)dev;
-  auto store = ReadStore(attrs);
-  if (store.has_error()) return store.error();
-  if (!store.value().has_value())
-    return ffi::Error::InvalidArgument("coarse_jax: coarse_opt_count needs attribute opt_store");
-  auto n = OptimizerCount(call, *store.value().value());
+  std::optional<std::shared_ptr<ParamStore>> store = ReadStore(attrs);
+  if (!store.has_value())
+    return ffi::Error::InvalidArgument(
+        "coarse_jax: coarse_opt_count needs an optimizer store (attribute call.optimizer.store)");
+  auto n = OptimizerCount(call, *store.value());
   if (n.has_error()) return n.error();
   const int32_t v = static_cast<int32_t>(n.value());
   return io.write(&v, count, sizeof v);

@@ -10,7 +10,7 @@ namespace coarse {
 namespace ffi = xla::ffi;
 
 ffi::Error PullBody(Call& call, Device& dev, ffi::RemainingArgs leaves, ffi::RemainingRets outs,
-                    const ffi::Dictionary& attrs) {
+                    bool push_in_place) {
   const Plan& plan = call.plan();
   if (static_cast<int64_t>(outs.size()) != plan.num_proxy_leaves)
     return ffi::Error::InvalidArgument("coarse_pull: expected one result per proxy leaf");
@@ -25,7 +25,7 @@ ffi::Error PullBody(Call& call, Device& dev, ffi::RemainingArgs leaves, ffi::Rem
     ffi::Result<ffi::AnyBuffer> out = outs.get<ffi::AnyBuffer>(leaf).value();
     return LeafRef{out->untyped_data(), out->element_type()};
   };
-  if (!PushesInPlace(*call.session, PushInPlaceAttr(attrs))) return PullPieces(call, dev, out_of);
+  if (!PushesInPlace(*call.session, push_in_place)) return PullPieces(call, dev, out_of);
   if (leaves.size() != outs.size())
     return ffi::Error::InvalidArgument(
         "coarse_pull: push_in_place=1 needs the pushed leaves as operands, one per result");

@@ -4,7 +4,8 @@
 // the previous token, and runs
 // PushPieces (runtime/phases/push_pieces.cc) over the bucket. Operands:
 // the bucket's leaves; results: [the same leaves,] then the token; attributes
-// first_leaf, first_piece, num_pieces, passthrough besides the plan's.
+// first_leaf, first_piece, num_pieces, passthrough (PushAttrs, xla/sync_ops.h)
+// besides every call's.
 #include <string>
 
 #include "runtime/phases.h"
@@ -15,22 +16,14 @@ namespace coarse {
 namespace ffi = xla::ffi;
 
 ffi::Error PushBody(Call& call, Device& dev, const void* after, ffi::RemainingArgs leaves,
-                    ffi::RemainingRets outs, const ffi::Dictionary& attrs) {
+                    ffi::RemainingRets outs, const PushAttrs& bucket, bool push_in_place) {
   const Plan& plan = call.plan();
-  auto first_leaf = attrs.get<int64_t>("first_leaf");
-  auto first_piece = attrs.get<int64_t>("first_piece");
-  auto num_pieces = attrs.get<int64_t>("num_pieces");
-  if (first_leaf.has_error() || first_piece.has_error() || num_pieces.has_error())
-    return ffi::Error::InvalidArgument(
-        "coarse_push: missing bucket attributes first_leaf, first_piece, num_pieces");
-  auto passthrough_attr = attrs.get<int64_t>("passthrough");
-  if (passthrough_attr.has_error()) return passthrough_attr.error();
-  const bool passthrough = passthrough_attr.value() != 0;
+  const bool passthrough = bucket.passthrough;
   // The bucket must lie inside the plan: its leaves among the proxy leaves,
   // its pieces among the plan's, and every segment of its pieces in one of
   // its leaves (PushPieces reads them through the operands).
   const int64_t nleaves = static_cast<int64_t>(leaves.size());
-  const int64_t fl = first_leaf.value(), fp = first_piece.value(), np = num_pieces.value();
+  const int64_t fl = bucket.first_leaf, fp = bucket.first_piece, np = bucket.num_pieces;
   if (fl < 0 || fl > plan.num_proxy_leaves - nleaves)
     return ffi::Error::InvalidArgument("coarse_push: attribute first_leaf=" + std::to_string(fl) +
                                        " with " + std::to_string(nleaves) +
@@ -51,8 +44,8 @@ ffi::Error PushBody(Call& call, Device& dev, const void* after, ffi::RemainingAr
   for (size_t a = 0; a < leaves.size(); ++a) {
     auto in = leaves.get<ffi::AnyBuffer>(a);
     if (in.has_error()) return in.error();
-    ffi::Error e = CheckLeaf(plan, first_leaf.value() + a, in.value().element_type(),
-                             in.value().element_count(), "coarse_push");
+    ffi::Error e = CheckLeaf(plan, fl + a, in.value().element_type(), in.value().element_count(),
+                             "coarse_push");
     if (e.failure()) return e;
     if (!passthrough) continue;
     // Aliased to the input; copied only if XLA did not alias.
@@ -71,12 +64,12 @@ ffi::Error PushBody(Call& call, Device& dev, const void* after, ffi::RemainingAr
     if (e.failure()) return e;
   }
   return PushPieces(
-      call, dev, first_piece.value(), num_pieces.value(),
+      call, dev, fp, np,
       [&](int64_t leaf) {
-        ffi::AnyBuffer b = leaves.get<ffi::AnyBuffer>(leaf - first_leaf.value()).value();
+        ffi::AnyBuffer b = leaves.get<ffi::AnyBuffer>(leaf - fl).value();
         return LeafRef{b.untyped_data(), b.element_type()};
       },
-      PushInPlaceAttr(attrs));
+      push_in_place);
 }
 
 }  // namespace coarse

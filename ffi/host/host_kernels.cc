@@ -1,13 +1,13 @@
 // The host loops of the kernels (see host_kernels.h).
-#include "cpu/host_kernels.h"
+#include "host/host_kernels.h"
 
 #include <algorithm>
 #include <cstring>
 #include <string>
 #include <thread>
 
-#include "cpu/cpu_backend.h"
-#include "cpu/host_pool.h"
+#include "host/element_loops.h"
+#include "host/host_pool.h"
 #include "kernels/element_math.h"
 #include "runtime/dtype.h"
 #include "runtime/stream.h"

@@ -1,7 +1,7 @@
 // AdamAvx2 (see adam_avx2.h). Built with -mavx2 alone (CMakeLists.txt).
-#include "cpu/adam_avx2.h"
+#include "host/adam_avx2.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)  // as cpu_backend.cc's COARSE_ADAM_AVX2
+#if defined(__x86_64__) && defined(__GNUC__)  // as element_loops.cc's COARSE_ADAM_AVX2
 #include <immintrin.h>
 
 namespace coarse::cpu {

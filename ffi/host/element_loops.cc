@@ -1,6 +1,6 @@
-// The CPU backend's element loops (see cpu_backend.h): bf16/f16 <-> f32
+// The CPU backend's element loops (see element_loops.h): bf16/f16 <-> f32
 // conversion and the f32 sums, vectorized where the compiler can.
-#include "cpu/cpu_backend.h"
+#include "host/element_loops.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -14,7 +14,7 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define COARSE_ADAM_AVX2 1
-#include "cpu/adam_avx2.h"
+#include "host/adam_avx2.h"
 #endif
 
 // The loops are memory-bound but a wide vector unit still helps; GCC builds

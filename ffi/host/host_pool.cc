@@ -1,5 +1,5 @@
 // The bounded host pool (see host_pool.h).
-#include "cpu/host_pool.h"
+#include "host/host_pool.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,10 +1,10 @@
 // InlineHostStream (see inline_stream.h).
-#include "cpu/inline_stream.h"
+#include "host/inline_stream.h"
 
 #include <cstring>
 #include <string>
 
-#include "cpu/host_kernels.h"
+#include "host/host_kernels.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;

@@ -3,7 +3,7 @@
 // a vector of eight floats), so the formulas exist once for every platform.
 // Its file alone is built for AVX2 (without FMA: no multiply-add is fused,
 // so each operation rounds as the scalar one does, and the bits are the
-// scalar loop's); cpu_backend.cc calls it only where the CPU has AVX2. The
+// scalar loop's); element_loops.cc calls it only where the CPU has AVX2. The
 // file includes nothing but the formulas: an inline function of a shared
 // header built there could be the copy the linker keeps for every caller.
 #pragma once
