@@ -201,7 +201,7 @@ class SnapshotWriter:
 
     def offer(self, store: ProxyStore) -> None:
         """Queues the store's newest snapshot if it is new (cheap: one counter read)."""
-        if store.id not in self._offered:
+        if store.runtime.id not in self._offered:
             # Before the store's second snapshot can be taken (the first is
             # taken by the update of its second call at the earliest): the
             # runtime then never copies a snapshot over one not yet written.
@@ -210,11 +210,11 @@ class SnapshotWriter:
             # other counts than the other hosts' (their in-memory restore
             # must agree); there the loop's pacing alone keeps the rule.
             if jax.process_count() == 1:
-                store.attach_writer()
-            self._offered[store.id] = 0
-        serial = store.snapshot_serial()
-        if serial > self._offered[store.id]:
-            self._offered[store.id] = serial
+                store.runtime.attach_writer()
+            self._offered[store.runtime.id] = 0
+        serial = store.runtime.snapshot_serial()
+        if serial > self._offered[store.runtime.id]:
+            self._offered[store.runtime.id] = serial
             with self._lock:
                 self._pending += 1
             self._queue.put((store, time.perf_counter()))
@@ -232,7 +232,7 @@ class SnapshotWriter:
         wait_steps()
         for store in stores:
             self.offer(store)  # a snapshot the finished calls took
-        if any(store.snapshot_due() for store in stores):
+        if any(store.runtime.snapshot_due() for store in stores):
             self.flush()
         self.waited_s += time.perf_counter() - began
 
@@ -284,7 +284,7 @@ class SnapshotWriter:
                 self._queue.task_done()
 
     def _write(self, store: ProxyStore, taken: float) -> None:
-        got = store.export(snapshot=True, for_writer=True)
+        got = store.runtime.export(snapshot=True, for_writer=True)
         if got is None:
             return
         count, leaves, values = got

@@ -1,9 +1,9 @@
 """What a `coarse.sync` step tells about itself: its config, counters, timeline and memory.
 
-A base class of `SyncedStep <coarse_jax.api.sync.SyncedStep>`, as
-`ProxyState <coarse_jax.api.proxy_state.ProxyState>` is: it reads what the step
-owns (its config, counters, compiled programs, calls in flight and plans) and
-changes none of it.
+A base class of `SyncedStep <coarse_jax.api.sync.SyncedStep>` holding no
+state: it reads what the step owns (its config, counters, compiled programs,
+calls in flight, plans, and its `ProxyState <coarse_jax.api.proxy_state.ProxyState>`)
+and changes none of it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import jax
 from jax.sharding import Mesh
 
 from coarse_jax import _ffi
-from coarse_jax.api._stores import ProxyStore
 from coarse_jax.api.memory import MemoryReport, StepMemory, tally
+from coarse_jax.api.proxy_state import ProxyState
 from coarse_jax.api.snapshots import SnapshotWriter
 from coarse_jax.api.timeline import Timeline
 from coarse_jax.config import Config
@@ -37,9 +37,7 @@ class StepInfo:
     _compiled: dict[Any, Any]
     _compiles: Compiles
     _in_flight: InFlight
-    _writer: SnapshotWriter | None
-    _stores: dict[int, ProxyStore]
-    _ref_state: dict[int, Any]
+    _proxies: ProxyState
     _traced_plans: list[Any]
     _all_workers: Any
 
@@ -93,13 +91,14 @@ class StepInfo:
           >>> stats["calls"], stats["compiled"], stats["snapshots_written"]
           (1, 1, 0)
         """
-        writer = SnapshotWriter.idle_stats() if self._writer is None else self._writer.stats()
+        writer = self._proxies.writer
+        writer_stats = SnapshotWriter.idle_stats() if writer is None else writer.stats()
         return {
             "calls": self._calls,
             "reprofiles": self._reprofiles,
             "compiled": self._compiles.total(list(self._compiled.values())),
             "in_flight": len(self._in_flight),
-            **writer,
+            **writer_stats,
         }
 
     def timeline(self) -> Timeline:
@@ -155,10 +154,13 @@ class StepInfo:
         # Shapes only: a call would move arrays committed elsewhere onto the workers.
         dyn = _placement.abstract_off_workers(dyn, self.mesh)
         jitted: Any = self._compile(cfg, layout, check=False)  # (the same memory either way)
-        compiled = jitted.lower(*dyn, self._ref_state).compile()
+        ref_state = self._proxies.ref_state
+        compiled = jitted.lower(*dyn, ref_state).compile()
         plans = [p for p in self._traced_plans if not p.xla]  # XLA's own: no runtime storage
         home = _placement.home(self.mesh, full)  # outputs follow onto the two-tier mesh
-        outputs = jax.eval_shape(jitted, *dyn, self._ref_state)[:3] if home is not None else None
+        outputs = (
+            jax.eval_shape(jitted, *dyn, self._proxies.ref_state)[:3] if home is not None else None
+        )
         arg_bytes, out_bytes = _placement.bytes_on_a_proxy(
             self._tiers, home, full, outputs, self._all_workers
         )
@@ -166,7 +168,7 @@ class StepInfo:
             compiled.memory_analysis(),
             plans,
             self._tiers.proxies.count,
-            list(self._stores.values()),
+            list(self._proxies.stores.values()),
             arg_bytes,
             out_bytes,
             self._tiers.proxies.on,

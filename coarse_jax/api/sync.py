@@ -14,18 +14,17 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
 from coarse_jax import _ffi
-from coarse_jax.api._stores import ProxyStore
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.proxy_state import ProxyState
 from coarse_jax.api.reprofile import changes_plans, check_reprofile, reprofiled
-from coarse_jax.api.snapshots import Snapshots, SnapshotWriter, flush_at_exit
+from coarse_jax.api.snapshots import Snapshots
 from coarse_jax.api.step_info import StepInfo
 from coarse_jax.config import Config
 from coarse_jax.dispatch import arguments as _arguments
@@ -37,8 +36,23 @@ from coarse_jax.dispatch.params_check import ParamsCheck
 from coarse_jax.dispatch.program import compile_program
 from coarse_jax.mesh import DATA, Tiers, check_mesh, has_hosts, platform
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
-class SyncedStep(ProxyState, StepInfo):
+
+def _to_proxies(
+    method: Callable[Concatenate[ProxyState, _P], _R],
+) -> Callable[Concatenate[SyncedStep, _P], _R]:
+    """A `SyncedStep` method that is its `ProxyState`'s (the same signature and docs)."""
+
+    @functools.wraps(method)
+    def forward(step: SyncedStep, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return method(step._proxies, *args, **kwargs)
+
+    return forward
+
+
+class SyncedStep(StepInfo):
     """A train step compiled by `coarse.sync`; call it like the function it wraps.
 
     Calling it runs one step on the workers (the proxies' part runs in the
@@ -114,22 +128,20 @@ class SyncedStep(ProxyState, StepInfo):
             [*np.asarray(tiers.devices).flat, *(d for row in tiers.proxies.devices for d in row)],
             own_calls=tiers.proxies.on == "host",
         )
-        # The proxies' optimizer stores, per value_and_update call of the step.
-        self._stores: dict[int, ProxyStore] = {}
-        # A load asked for before the step's first trace (it names the stores).
-        self._pending_load: Callable[[], None] | None = None
         if snapshots is not None and not isinstance(snapshots, Snapshots):
             raise TypeError(
                 f"coarse.sync: snapshots must be a coarse.Snapshots, got {snapshots!r}. Fix: "
                 "snapshots=coarse.Snapshots(every=K, directory=...)."
             )
-        self._snapshots = snapshots or Snapshots()
-        self._writer: SnapshotWriter | None = None  # Snapshots.directory
-        self.restored_count: int | None = None  # optimizer steps of the last restore()
-        # mode="reference" value_and_update: (f32 master, optax state) per call
-        # position, threaded through the program (api/_stores.reference_update).
-        self._ref_state: dict[int, Any] = {}
-        self._ref_optimizers: dict[int, Any] = {}
+        # The proxies' state (value_and_update's stores, snapshots, the
+        # reference mode's state): its one holder.
+        self._proxies = ProxyState(
+            self._name,
+            self._config.mode == "reference",
+            self._in_flight.wait_all,
+            self._params_check,
+            snapshots or Snapshots(),
+        )
         self._traced_plans: list[Any] = []  # the plans of the latest trace
         # Whether a trace's outputs held non-array leaves (dispatch/static_leaves.py).
         self._static_outputs = False
@@ -137,6 +149,21 @@ class SyncedStep(ProxyState, StepInfo):
     def _wait_all(self) -> None:
         """Blocks until every call dispatched so far finished (errors are the caller's)."""
         self._in_flight.wait_all()
+
+    # The proxies' state: its holder's methods (`coarse_jax.api.proxy_state`).
+    optimizer_state = _to_proxies(ProxyState.optimizer_state)
+    master_params = _to_proxies(ProxyState.master_params)
+    load_optimizer_state = _to_proxies(ProxyState.load_optimizer_state)
+    reset_optimizer = _to_proxies(ProxyState.reset_optimizer)
+    snapshot = _to_proxies(ProxyState.snapshot)
+    wait_snapshots = _to_proxies(ProxyState.wait_snapshots)
+    restore = _to_proxies(ProxyState.restore)
+
+    @property
+    def restored_count(self) -> int | None:
+        """After `restore`, the optimizer step count restored (the data position to
+        resume from); None before any."""
+        return self._proxies.restored_count
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         repeat = self._arguments.repeat(args, kwargs)  # a training loop's next call
@@ -163,11 +190,12 @@ class SyncedStep(ProxyState, StepInfo):
         unused = [c for c in (False, True) if (*base, c) not in self._compiled]
         if layout.outer_trace:
             self._params_check.outer_trace()
+        proxies = self._proxies
         check = self._params_check.needed(
             base,
-            [s.id for s in self._stores.values()],
+            [s.runtime.id for s in proxies.stores.values()],
             [full[i] for i in passed],
-            lambda: self._program(base, False).trace(*dyn, self._ref_state),
+            lambda: self._program(base, False).trace(*dyn, proxies.ref_state),
         )
         key = (layout, cfg, check)
         new = check in unused  # (the map's trace may have built it, not called it)
@@ -189,7 +217,7 @@ class SyncedStep(ProxyState, StepInfo):
             # Before anything runs: a coarse call that only some devices would
             # run (inside a cond on a mesh axis) is a TypeError, not a hang.
             # jit caches the trace, so the call below does not trace again.
-            uniform.check(jitted.trace(*dyn, self._ref_state).jaxpr, self._site_names, self._name)
+            uniform.check(jitted.trace(*dyn, proxies.ref_state).jaxpr, self._site_names, self._name)
             if across:  # the trace just built this program's plans
                 keys = [int(plan.ffi_attrs()["plan_key"]) for plan in self._traced_plans]
                 try:
@@ -197,40 +225,25 @@ class SyncedStep(ProxyState, StepInfo):
                 except ValueError:
                     del self._compiled[key]  # checked again, on every process, next call
                     raise
-        if self._pending_load is not None:
-            if not self._stores:  # trace now: the stores come from the trace
-                jitted.trace(*dyn, self._ref_state)
-            load, self._pending_load = self._pending_load, None
-            load()
-        if self._writer is not None:  # a snapshot on disk before the next is taken
-            self._writer.pace(list(self._stores.values()), self._wait_all)
+        proxies.before_call(lambda: jitted.trace(*dyn, proxies.ref_state))
         if not layout.outer_trace:  # Config.max_steps_in_flight, with this call
             self._in_flight.make_room(cfg)
             self._device_order.wait_for_others()
         if new and not layout.outer_trace:
             self._compiles.first_call(key, self._arguments.named(layout, passed, dyn))
-        *results, self._ref_state = jitted(*dyn, self._ref_state)
+        *results, proxies.ref_state = jitted(*dyn, proxies.ref_state)
         if not layout.outer_trace:
             self._params_check.dispatched()
         if repeat is None and not layout.outer_trace:  # a repeat's types meet jit's cache
             self._compiles.after_call(
                 key, jitted, lambda: self._arguments.named(layout, passed, dyn)
             )
-        # Across processes every host's proxies hold the same master and state
-        # (they apply the same update), so one process writes the directory;
-        # every process can restore from it.
-        snaps = self._snapshots
-        if snaps.directory is not None and self._stores and jax.process_index() == 0:
-            if self._writer is None:
-                self._writer = SnapshotWriter(snaps.directory, snaps.keep)
-                flush_at_exit(self)
-            for store in self._stores.values():
-                self._writer.offer(store)
+        proxies.after_call()
         replicated, per_example, new_state = results
         if not layout.outer_trace:
             # An NNX step may return nothing else; wait_all waits for steps whose
             # proxies hold state, or that trace.
-            self._in_flight.add(cfg, results, keep_last=bool(self._stores) or cfg.trace)
+            self._in_flight.add(cfg, results, keep_last=bool(proxies.stores) or cfg.trace)
             self._device_order.note(results)
         if on_mesh is not None:  # outputs follow arguments put on a two-tier mesh
             replicated, per_example, new_state = self._two_tier_outputs.place(
@@ -274,7 +287,7 @@ class SyncedStep(ProxyState, StepInfo):
         retraces), unless the proxies hold state laid out for the first one."""
         if self._first_structure is None:
             self._first_structure = layout.structure
-        elif self._stores:
+        elif self._proxies.stores:
             _arguments.check_structure(self._first_structure, layout.structure, self._name)
 
     def _compile(self, cfg: Config, layout: Layout, check: bool) -> Callable[..., Any]:
@@ -301,13 +314,13 @@ class SyncedStep(ProxyState, StepInfo):
             self._tiers,
             cfg,
             self._plans,
-            stores=self._stores,
+            stores=self._proxies.stores,
             step_name=self._name,
             site_names=self._site_names,
             ref_in=ref_in,
-            ref_optimizers=self._ref_optimizers,
+            ref_optimizers=self._proxies.ref_optimizers,
             check_params=check_params,
-            snapshot_every=self._snapshots.every,
+            snapshot_every=self._proxies.snapshots.every,
         )
         self._traced_plans = ctx.built
         return ctx
