@@ -65,7 +65,7 @@ DOCTEST_MODULES = [
     "coarse_jax.profiling.rounds",
     "coarse_jax.profiling.to_config",
     "coarse_jax.emulation.topology",
-    "coarse_jax.emulation.host_link",
+    "coarse_jax.emulation.pcie_link",
     "coarse_jax.cli.proxy_placement",
     "coarse_jax._ffi.extension",
     "coarse_jax._ffi.byte_counts",

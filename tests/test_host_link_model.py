@@ -1,7 +1,7 @@
 """Host proxies on an emulated host link: the presets and the model, against hand-computed values.
 
 Pure arithmetic (no devices run): every expected time below is written out
-from the figures (`coarse_jax.emulation.host_link`), not computed by the
+from the figures (`coarse_jax.emulation.pcie_link`), not computed by the
 model's code. The runtime's own times on the virtual clock are compared with
 the model in tests/test_host_link_emulated.py.
 """

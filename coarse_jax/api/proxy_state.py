@@ -8,7 +8,7 @@ load asked for before the first trace, the snapshot writer and, with
 methods (`optimizer_state`, `master_params`, `load_optimizer_state`,
 `reset_optimizer`, `snapshot`, `wait_snapshots`, `restore`) are the step's,
 which forwards to them; `before_call` and `after_call` are what a call of the
-step does with that state. The step itself (layout, compile, dispatch) lives
+step does with that state. The step itself (binding, compile, dispatch) lives
 in `coarse_jax.api.sync`.
 """
 

@@ -20,7 +20,7 @@ from coarse_jax.api.snapshots import SnapshotWriter
 from coarse_jax.api.timeline import Timeline
 from coarse_jax.config import Config
 from coarse_jax.dispatch import placement as _placement
-from coarse_jax.dispatch.arguments import Layout
+from coarse_jax.dispatch.binding import CallBinding
 from coarse_jax.dispatch.compiles import Compiles
 from coarse_jax.dispatch.in_flight import InFlight
 from coarse_jax.mesh import Tiers, platform
@@ -44,11 +44,11 @@ class StepInfo:
     def _wait_all(self) -> None:
         raise NotImplementedError  # the step's: blocks until its calls in flight finish
 
-    def _layout(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Layout, Any, Any]:
-        raise NotImplementedError  # the step's: the call's layout, arguments, NNX state
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[CallBinding, Any, Any]:
+        raise NotImplementedError  # the step's: the call's binding, arguments, NNX state
 
-    def _compile(self, cfg: Config, layout: Layout, check: bool) -> Any:
-        raise NotImplementedError  # the step's: the jitted program of a layout
+    def _compile(self, cfg: Config, binding: CallBinding, check: bool) -> Any:
+        raise NotImplementedError  # the step's: the jitted program of a binding
 
     def config(self) -> Config:
         """The `Config` in use (re-profiling may have replaced the one given).
@@ -146,14 +146,14 @@ class StepInfo:
     def _memory_parts(self, *args: Any, **kwargs: Any) -> StepMemory:
         """XLA's memory analysis of the program for ``args``, the plans it builds, and the
         bytes of arguments and outputs on one proxy's device where they follow the mesh."""
-        layout, full, graph_state = self._layout(args, kwargs)
+        binding, full, graph_state = self._bind(args, kwargs)
         cfg = self._config
-        dyn = [full[i] for i in layout.dynamic() if i not in layout.graph]
-        if layout.graph:
+        dyn = [full[i] for i in binding.dynamic() if i not in binding.graph]
+        if binding.graph:
             dyn.append(graph_state)
         # Shapes only: a call would move arrays committed elsewhere onto the workers.
         dyn = _placement.abstract_off_workers(dyn, self.mesh)
-        jitted: Any = self._compile(cfg, layout, check=False)  # (the same memory either way)
+        jitted: Any = self._compile(cfg, binding, check=False)  # (the same memory either way)
         ref_state = self._proxies.ref_state
         compiled = jitted.lower(*dyn, ref_state).compile()
         plans = [p for p in self._traced_plans if not p.xla]  # XLA's own: no runtime storage

@@ -4,7 +4,7 @@ The proxies run no XLA program: their part of each step is the runtime's
 service (ffi/runtime/service.h), started by the workers' custom calls.
 
 `SyncedStep` dispatches the calls; the jobs it hands out: the arguments'
-layout (`_arguments`), the program (`_program`), whether the params are
+binding (`_arguments`), the program (`_program`), whether the params are
 checked (`_params_check`), the calls in flight (`_in_flight`), the proxies'
 state (`proxy_state`), and what it tells about itself (`step_info`).
 """
@@ -29,7 +29,8 @@ from coarse_jax.api.step_info import StepInfo
 from coarse_jax.config import Config
 from coarse_jax.dispatch import arguments as _arguments
 from coarse_jax.dispatch import arrival, context, nnx, outputs, placement, static_leaves, uniform
-from coarse_jax.dispatch.arguments import Layout
+from coarse_jax.dispatch import binding as _binding
+from coarse_jax.dispatch.binding import CallBinding
 from coarse_jax.dispatch.compiles import Compiles
 from coarse_jax.dispatch.in_flight import DeviceOrder, InFlight
 from coarse_jax.dispatch.params_check import ParamsCheck
@@ -105,18 +106,18 @@ class SyncedStep(StepInfo):
         self._two_tier_outputs = placement.TwoTierOutputs(self._name)  # old-style placement
         self._arguments = _arguments.Arguments(fn, self._name, **argument_options)
         self._batch_outputs = tuple(
-            sorted(set(_arguments.indices(batch_outputs, "batch_outputs", self._name)))
+            sorted(set(_binding.indices(batch_outputs, "batch_outputs", self._name)))
         )
         # The config can change when re-profiling re-plans; a compiled program
         # is kept per config, so an unchanged plan never recompiles.
         self._config = config or Config()
-        # Per (layout, config, whether the proxies check the params): its program.
-        self._compiled: dict[tuple[Layout, Config, bool], Callable[..., Any]] = {}
+        # Per (binding, config, whether the proxies check the params): its program.
+        self._compiled: dict[tuple[CallBinding, Config, bool], Callable[..., Any]] = {}
         self._params_check = ParamsCheck()  # which of the two a call runs
         self._compiles = Compiles(self._name)  # XLA's compiles of those programs
         # The first call's (what, signature) of each non-batch argument: the
         # proxies' state (value_and_update) is laid out for it.
-        self._first_structure: tuple[tuple[str, _arguments.Signature], ...] | None = None
+        self._first_structure: tuple[tuple[str, _binding.Signature], ...] | None = None
         self._plans: list[context.PlanRequest] = []  # what the traces planned
         self._site_names: dict[int, str] = {}  # site -> "coarse.all_reduce", ... (traces)
         self._calls = 0
@@ -168,16 +169,16 @@ class SyncedStep(StepInfo):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         repeat = self._arguments.repeat(args, kwargs)  # a training loop's next call
         if repeat is not None:
-            layout, full, graph_state = repeat, args, None
+            binding, full, graph_state = repeat, args, None
         else:
-            layout, full, graph_state = self._layout(args, kwargs)
+            binding, full, graph_state = self._bind(args, kwargs)
         cfg = self._config
         if cfg.reprofile_every:
-            check_reprofile(self._tiers, layout.outer_trace, self._name)
-        graph_nodes = tuple(full[i] for i in layout.graph)
-        passed = [i for i in layout.dynamic() if i not in layout.graph]
-        trees = [(full[i], i in layout.batch) for i in passed]
-        if layout.graph:
+            check_reprofile(self._tiers, binding.outer_trace, self._name)
+        graph_nodes = tuple(full[i] for i in binding.graph)
+        passed = [i for i in binding.dynamic() if i not in binding.graph]
+        trees = [(full[i], i in binding.batch) for i in passed]
+        if binding.graph:
             trees.append((graph_state, False))
         # on_mesh: where the outputs go (None: they stay on the workers).
         if repeat is not None:  # remembered only where nothing moved
@@ -185,10 +186,10 @@ class SyncedStep(StepInfo):
         else:
             on_mesh, dyn = placement.onto_workers(self.mesh, trees)
             if on_mesh is None and all(d is t for d, (t, _) in zip(dyn, trees, strict=True)):
-                self._arguments.remember(args, kwargs, layout)
-        base = (layout, cfg)
+                self._arguments.remember(args, kwargs, binding)
+        base = (binding, cfg)
         unused = [c for c in (False, True) if (*base, c) not in self._compiled]
-        if layout.outer_trace:
+        if binding.outer_trace:
             self._params_check.outer_trace()
         proxies = self._proxies
         check = self._params_check.needed(
@@ -197,15 +198,15 @@ class SyncedStep(StepInfo):
             [full[i] for i in passed],
             lambda: self._program(base, False).trace(*dyn, proxies.ref_state),
         )
-        key = (layout, cfg, check)
+        key = (binding, cfg, check)
         new = check in unused  # (the map's trace may have built it, not called it)
         jitted = self._program(base, check)
-        if layout.outer_trace:  # inside the user's jit: its outputs are tracers
+        if binding.outer_trace:  # inside the user's jit: its outputs are tracers
             on_mesh = None
         # Ctrl-C abandons a step stalled in the runtime (unless the program
         # installed its own SIGINT handler); checked per call, about 2.5 us.
         _ffi.arm_interrupt_hook()
-        across = self._across_processes and not layout.outer_trace
+        across = self._across_processes and not binding.outer_trace
         if across:
             # Every process must dispatch this call: a host that never comes
             # fails the others here, naming it, instead of a hang in the
@@ -226,21 +227,21 @@ class SyncedStep(StepInfo):
                     del self._compiled[key]  # checked again, on every process, next call
                     raise
         proxies.before_call(lambda: jitted.trace(*dyn, proxies.ref_state))
-        if not layout.outer_trace:  # Config.max_steps_in_flight, with this call
+        if not binding.outer_trace:  # Config.max_steps_in_flight, with this call
             self._in_flight.make_room(cfg)
             self._device_order.wait_for_others()
-        if new and not layout.outer_trace:
-            self._compiles.first_call(key, self._arguments.named(layout, passed, dyn))
+        if new and not binding.outer_trace:
+            self._compiles.first_call(key, self._arguments.named(binding, passed, dyn))
         *results, proxies.ref_state = jitted(*dyn, proxies.ref_state)
-        if not layout.outer_trace:
+        if not binding.outer_trace:
             self._params_check.dispatched()
-        if repeat is None and not layout.outer_trace:  # a repeat's types meet jit's cache
+        if repeat is None and not binding.outer_trace:  # a repeat's types meet jit's cache
             self._compiles.after_call(
-                key, jitted, lambda: self._arguments.named(layout, passed, dyn)
+                key, jitted, lambda: self._arguments.named(binding, passed, dyn)
             )
         proxies.after_call()
         replicated, per_example, new_state = results
-        if not layout.outer_trace:
+        if not binding.outer_trace:
             # An NNX step may return nothing else; wait_all waits for steps whose
             # proxies hold state, or that trace.
             self._in_flight.add(cfg, results, keep_last=bool(proxies.stores) or cfg.trace)
@@ -249,17 +250,17 @@ class SyncedStep(StepInfo):
             replicated, per_example, new_state = self._two_tier_outputs.place(
                 (replicated, per_example, new_state), on_mesh
             )
-        if layout.graph:
+        if binding.graph:
             nnx.update(graph_nodes, new_state)
         result = outputs.join(replicated, per_example, self._batch_outputs)
-        if not layout.outer_trace:
+        if not binding.outer_trace:
             self._count_call()
             self._params_check.returned(base, result)
         # Only a step whose outputs hold leaves compiled in pays for looking.
         return static_leaves.release(result) if self._static_outputs else result
 
-    def _program(self, base: tuple[Layout, Config], check: bool) -> Any:
-        """The jitted program of ``base`` (layout, config) with or without the params check."""
+    def _program(self, base: tuple[CallBinding, Config], check: bool) -> Any:
+        """The jitted program of ``base`` (binding, config) with or without the params check."""
         key = (*base, check)
         if key not in self._compiled:
             self._compiled[key] = self._compile(base[1], base[0], check)
@@ -271,26 +272,26 @@ class SyncedStep(StepInfo):
         if cfg.reprofile_every and self._calls % cfg.reprofile_every == 0:
             self._reprofile()
 
-    def _layout(
+    def _bind(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Layout, tuple[Any, ...], Any]:
-        """(the call's layout, all its arguments in order, the state of its NNX arguments)."""
-        layout, full, graph_state = self._arguments.layout(args, kwargs)
-        _arguments.check_batch(
-            full, layout, self._all_workers, self._name, self._arguments.batch_chosen
+    ) -> tuple[CallBinding, tuple[Any, ...], Any]:
+        """(the call's binding, all its arguments in order, the state of its NNX arguments)."""
+        binding, full, graph_state = self._arguments.binding(args, kwargs)
+        _binding.check_batch(
+            full, binding, self._all_workers, self._name, self._arguments.batch_chosen
         )
-        self._check_structure(layout)
-        return layout, full, graph_state
+        self._check_structure(binding)
+        return binding, full, graph_state
 
-    def _check_structure(self, layout: Layout) -> None:
+    def _check_structure(self, binding: CallBinding) -> None:
         """A new structure of the non-batch arguments compiles a new program (as ``jax.jit``
         retraces), unless the proxies hold state laid out for the first one."""
         if self._first_structure is None:
-            self._first_structure = layout.structure
+            self._first_structure = binding.structure
         elif self._proxies.stores:
-            _arguments.check_structure(self._first_structure, layout.structure, self._name)
+            _binding.check_structure(self._first_structure, binding.structure, self._name)
 
-    def _compile(self, cfg: Config, layout: Layout, check: bool) -> Callable[..., Any]:
+    def _compile(self, cfg: Config, binding: CallBinding, check: bool) -> Callable[..., Any]:
         if cfg.mode == "ffi":
             _ffi.check_platform(self._tiers)
         return compile_program(
@@ -298,12 +299,12 @@ class SyncedStep(StepInfo):
             self._tiers,
             self._fn,
             cfg,
-            layout,
+            binding,
             name=self._name,
             batch_outputs=self._batch_outputs,
             mean_state=all_reduce,
             check_params=check,
-            on_io_map=functools.partial(self._params_check.traced, (layout, cfg)),
+            on_io_map=functools.partial(self._params_check.traced, (binding, cfg)),
         )
 
     def _trace_context(

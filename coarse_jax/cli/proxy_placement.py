@@ -9,7 +9,7 @@ For an emulated board (`coarse.EmulatedTopology.preset`), p workers and q proxie
   profile of that mesh;
 * ``COARSE-host``: COARSE with q proxies in host memory
   (``make_mesh(workers=p, proxies=q, proxies_on="host")``, p devices, the
-  preset's host link, `coarse_jax.emulation.host_link`), routed from a
+  preset's PCIe link, `coarse_jax.emulation.pcie_link`), routed from a
   profile of that mesh.
 
 Each row has the model's time (`coarse.perf_model.predict_plan_sync_s`) and,

@@ -6,7 +6,7 @@ interconnect and predicts what the runtime then books:
 
 * `topology.py`: `coarse.EmulatedTopology` (the design card's name:
   `coarse.Topology`), the links, ports and clocks the runtime enforces.
-* `host_link.py`: the figures of each worker's PCIe link to host memory,
+* `pcie_link.py`: the figures of each worker's PCIe link to host memory,
   where host proxies live, and its shared root complex.
 * `schedule.py`: the runtime's schedule on those links, piece by piece
   (`predict_plan_sync_s`, also `coarse.perf_model.predict_plan_sync_s`),

@@ -25,7 +25,7 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
     * leading layers: the worker ring (same two rings on worker links).
 
     With host proxies (``EmulatedTopology(proxies_on="host")``) a worker<->proxy
-    transfer runs over the worker's host link at its root-complex share
+    transfer runs over the worker's PCIe link at its root-complex share
     (`coarse.EmulatedTopology.effective_worker_proxy_gbps`) and books only the
     worker's port: host memory has no serial-bus port, so k clients of one
     host proxy do not queue on it.

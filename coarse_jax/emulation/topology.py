@@ -35,10 +35,10 @@ transfer. The virtual clock does not time the inter-host step.
 
 Proxies in host memory (``make_mesh(..., proxies_on="host")``,
 ``EmulatedTopology(proxies_on="host")``): the worker<->proxy links are each worker's
-host link (PCIe to the CPU), shared with the other workers on its root
+PCIe link to the CPU, shared with the other workers on its root
 complex (``root_complex_gbps``, ``root_complex_workers``), and a host proxy
 has no serial-bus port of its own; both clocks emulate it. The figures and
-what is modelled: `coarse_jax.emulation.host_link`.
+what is modelled: `coarse_jax.emulation.pcie_link`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from coarse_jax.emulation import host_link
+from coarse_jax.emulation import pcie_link
 from coarse_jax.mesh import local_proxy
 
 Matrix = tuple[tuple[float, ...], ...]
@@ -98,11 +98,11 @@ class EmulatedTopology:
         default) means p.
       proxies_on: "devices" (the default) or "host", as the mesh's
         (``coarse.make_mesh(..., proxies_on=...)``). With "host",
-        ``worker_proxy_*`` are the workers' host links (the same to every
+        ``worker_proxy_*`` are the workers' PCIe links (the same to every
         host proxy, as every host proxy is reached over the one link), a host
         proxy has no port of its own, and the links share a root complex.
       root_complex_gbps: with host proxies, the aggregate bandwidth per
-        direction of one root complex, shared by its workers' host links:
+        direction of one root complex, shared by its workers' PCIe links:
         each runs at ``min(link, root_complex_gbps / workers on it)``
         (`effective_worker_proxy_gbps`). ``math.inf`` (the default): no cap.
       root_complex_workers: workers per root complex, consecutive (worker i
@@ -195,7 +195,7 @@ class EmulatedTopology:
             )
         if not self.time_scale > 0:
             raise ValueError(f"EmulatedTopology.time_scale: expected > 0, got {self.time_scale!r}.")
-        host_link.check_placement(
+        pcie_link.check_placement(
             self.proxies_on, self.root_complex_gbps, self.root_complex_workers
         )
         object.__setattr__(self, "root_complex_gbps", float(self.root_complex_gbps))
@@ -238,11 +238,11 @@ class EmulatedTopology:
 
         With ``proxies_on="host"`` (a mesh of ``make_mesh(...,
         proxies_on="host")``) the proxies are host memory: each worker
-        reaches every proxy over its host link, the preset's PCIe generation
+        reaches every proxy over its PCIe link, the preset's PCIe generation
         (the paper's boards are Gen3: pcie3), two workers share one root
         complex of one x16 link's bandwidth, and proxy<->proxy copies run in
         host memory (20 GB/s, 1 us); the worker<->worker links stay the
-        preset's. Figures and sources: `coarse_jax.emulation.host_link`.
+        preset's. Figures and sources: `coarse_jax.emulation.pcie_link`.
 
         Args:
           name: "t4", "v100", "p100", "pcie3", "pcie4" or "pcie5".
@@ -274,12 +274,12 @@ class EmulatedTopology:
             "v100": ((9.0, 3.0), (16.0, 8.0)),
             "p100": ((25.0, 3.0), (18.0, 8.0)),
         }
-        names = sorted(boards) + sorted(host_link.PCIE)
+        names = sorted(boards) + sorted(pcie_link.PCIE)
         if name not in names:
             raise ValueError(f"EmulatedTopology.preset: name must be one of {names}, got {name!r}.")
-        if proxies_on not in host_link.PLACEMENTS:
+        if proxies_on not in pcie_link.PLACEMENTS:
             raise ValueError(
-                f"EmulatedTopology.preset: proxies_on must be one of {host_link.PLACEMENTS}, got "
+                f"EmulatedTopology.preset: proxies_on must be one of {pcie_link.PLACEMENTS}, got "
                 f"{proxies_on!r}; pass the mesh's (coarse_jax.mesh.proxies_on(mesh))."
             )
         p = workers
@@ -290,8 +290,8 @@ class EmulatedTopology:
                 f"workers={p}, got "
                 f"{proxies!r}."
             )
-        gen = host_link.BOARD_PCIE.get(name, name)
-        pcie_bw, pcie_us = host_link.PCIE[gen]
+        gen = pcie_link.BOARD_PCIE.get(name, name)
+        pcie_bw, pcie_us = pcie_link.PCIE[gen]
         (local_bw, local_us), (remote_bw, remote_us) = boards.get(
             name, ((pcie_bw, pcie_us), (pcie_bw, pcie_us))
         )
@@ -301,11 +301,11 @@ class EmulatedTopology:
         if proxies_on == "host":
             local_bw = remote_bw = pcie_bw
             local_us = remote_us = pcie_us
-            pp_bw, pp_us = host_link.HOST_MEMORY
+            pp_bw, pp_us = pcie_link.HOST_MEMORY
             extra = {
                 "proxies_on": "host",
                 "root_complex_gbps": pcie_bw,
-                "root_complex_workers": host_link.ROOT_COMPLEX_WORKERS,
+                "root_complex_workers": pcie_link.ROOT_COMPLEX_WORKERS,
             }
         return EmulatedTopology(
             name=name + ("+host" if proxies_on == "host" else ""),
@@ -337,9 +337,9 @@ class EmulatedTopology:
         """
         if self.proxies_on != "host":
             return self.worker_proxy_gbps
-        sharing = host_link.group_sizes(self.workers, self.root_complex_workers)
+        sharing = pcie_link.group_sizes(self.workers, self.root_complex_workers)
         return tuple(
-            tuple(host_link.shared_gbps(bw, self.root_complex_gbps, sharing[i]) for bw in row)
+            tuple(pcie_link.shared_gbps(bw, self.root_complex_gbps, sharing[i]) for bw in row)
             for i, row in enumerate(self.worker_proxy_gbps)
         )
 
@@ -348,7 +348,7 @@ class EmulatedTopology:
 
         Args:
           kind: "wp" (indexed [worker][proxy], both directions; with host
-            proxies the worker's host link, its root complex shared), "pp" or "ww".
+            proxies the worker's PCIe link, its root complex shared), "pp" or "ww".
           a: the first index (worker, or sending proxy / worker).
           b: the second index (proxy, or receiving proxy / worker).
 
@@ -385,7 +385,7 @@ class EmulatedTopology:
         Example:
           >>> round(coarse.EmulatedTopology.preset("v100", 4).transfer_s("wp", 0, 1, 16e9), 6)
           1.000008
-          >>> host = coarse.EmulatedTopology.preset("pcie5", 4, proxies_on="host")  # host link:
+          >>> host = coarse.EmulatedTopology.preset("pcie5", 4, proxies_on="host")  # PCIe link:
           >>> round(host.transfer_s("wp", 0, 3, 25e9), 6)     # 50 GB/s shared by two, 2 us
           1.000002
         """
@@ -408,7 +408,7 @@ class EmulatedTopology:
         return self.time_scale * (self.inter_host_us * 1e-6 + nbytes / (self.inter_host_gbps * 1e9))
 
     def inter_host_attrs(self) -> dict[str, Any]:
-        """The inter-host link as FFI attributes of ``coarse_host_gather`` (scaled; real clock).
+        """The inter-PCIe link as FFI attributes of ``coarse_host_gather`` (scaled; real clock).
 
         Returns:
           A dict of numpy scalars (seconds per byte, latency seconds, and

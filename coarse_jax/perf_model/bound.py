@@ -12,7 +12,7 @@ resource is busy, plus the latency a byte cannot avoid on its way:
   serves. DENSE: proxy 0's in port carries p·n, its out port p·n. At
   COARSE k:1 a proxy's ports carry its k clients' pushes and pulls. A host
   proxy (``EmulatedTopology(proxies_on="host")``) has no port: only the workers'
-  host links count, each at its root-complex share.
+  PCIe links count, each at its root-complex share.
 * ring links: a ring of m members (q proxies, or p workers) over m bytes (two rings in opposite
   directions, halves of the bytes) moves (p-1)/p·m over each directed link
   between neighbours (with p = 2 the one link per direction carries both

@@ -1,4 +1,4 @@
-"""The host link: each worker's PCIe link to host memory, where host proxies live.
+"""The PCIe link from each worker to host memory, where host proxies live.
 
 With ``make_mesh(..., proxies_on="host")`` the proxies are host memory, and a
 worker reaches them over its own PCIe link to the CPU (the paper's memory
@@ -32,7 +32,7 @@ way) two GPUs sit behind one PCIe switch whose one x16 uplink goes to the CPU
 pair their GPUs behind PCIe switches the same way). So the presets put
 ``root_complex_workers = 2`` consecutive workers on one uplink that carries
 one x16 link's effective bandwidth (``root_complex_gbps``) per direction.
-The share is static: each worker's host link runs at
+The share is static: each worker's PCIe link runs at
 ``min(link, root_complex_gbps / workers on its root complex)``, its fair share
 when all of them move data at once, which is what a synchronization does
 (every worker pushes, then every worker pulls). A worker that moves data
@@ -68,7 +68,7 @@ def group_sizes(workers: int, per_group: int) -> list[int]:
       A list of p ints.
 
     Example:
-      >>> from coarse_jax.emulation.host_link import group_sizes
+      >>> from coarse_jax.emulation.pcie_link import group_sizes
       >>> group_sizes(5, 2)
       [2, 2, 2, 2, 1]
     """
@@ -77,7 +77,7 @@ def group_sizes(workers: int, per_group: int) -> list[int]:
 
 
 def shared_gbps(link_gbps: float, root_complex_gbps: float, sharing: int) -> float:
-    """A host link's bandwidth with its root complex shared by ``sharing`` workers.
+    """A PCIe link's bandwidth with its root complex shared by ``sharing`` workers.
 
     Args:
       link_gbps: the link's own bandwidth, GB/s.
@@ -89,7 +89,7 @@ def shared_gbps(link_gbps: float, root_complex_gbps: float, sharing: int) -> flo
       ``min(link_gbps, root_complex_gbps / sharing)``.
 
     Example:
-      >>> from coarse_jax.emulation.host_link import shared_gbps
+      >>> from coarse_jax.emulation.pcie_link import shared_gbps
       >>> shared_gbps(25.0, 25.0, 2), shared_gbps(25.0, float("inf"), 2)
       (12.5, 25.0)
     """
@@ -122,6 +122,6 @@ def check_placement(proxies_on: object, root_complex_gbps: object, per_group: ob
         raise ValueError(
             "EmulatedTopology.root_complex_gbps / root_complex_workers: the root complex is shared "
             "by "
-            "host links, which only host proxies use; got them with proxies_on='devices'. "
+            "PCIe links, which only host proxies use; got them with proxies_on='devices'. "
             "Fix: pass proxies_on='host', or leave them at their defaults."
         )
