@@ -97,7 +97,7 @@ def shared_gbps(link_gbps: float, root_complex_gbps: float, sharing: int) -> flo
 
 
 def check_placement(proxies_on: object, root_complex_gbps: object, per_group: object) -> None:
-    """Raises ValueError naming the argument when a host-link field is invalid."""
+    """Raises ValueError naming the argument when a PCIe-link field is invalid."""
     if proxies_on not in PLACEMENTS:
         raise ValueError(
             f"EmulatedTopology.proxies_on: expected one of {PLACEMENTS}, got {proxies_on!r}; "

@@ -408,7 +408,7 @@ class EmulatedTopology:
         return self.time_scale * (self.inter_host_us * 1e-6 + nbytes / (self.inter_host_gbps * 1e9))
 
     def inter_host_attrs(self) -> dict[str, Any]:
-        """The inter-PCIe link as FFI attributes of ``coarse_host_gather`` (scaled; real clock).
+        """The inter-host link as FFI attributes of ``coarse_host_gather`` (scaled; real clock).
 
         Returns:
           A dict of numpy scalars (seconds per byte, latency seconds, and

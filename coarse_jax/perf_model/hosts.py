@@ -13,7 +13,7 @@ clock), from the end of the host's own synchronization.
 
 Not modelled: the in-host hand-out afterwards (every device gets every chunk
 through the process's memory, ffi/runtime/hand_out.h; on GPUs an all-gather
-over in-PCIe links), the XLA ops around the collective, and the
+over in-host links), the XLA ops around the collective, and the
 collective's own wall time where it outlasts the emulated transfer.
 """
 
@@ -55,13 +55,13 @@ def predict_hosts_sync_s(plan: Any, topology: Any, hosts: int) -> float:
     """Predicted seconds for one `coarse.all_reduce` of ``plan`` across ``hosts`` hosts.
 
     The host's own synchronization (`predict_plan_sync_s`) followed by the
-    inter-host exchange on ``topology``'s inter-PCIe link:
+    inter-host exchange on ``topology``'s inter-host link:
     ``time_scale * (inter_host_us + inter_host_bytes / inter_host_gbps)``.
     One host (``hosts=1``) is `predict_plan_sync_s`.
 
     Args:
       plan: the `coarse.diagnostics.Plan` of one host.
-      topology: the `coarse.EmulatedTopology` of one host's devices, with its inter-PCIe link.
+      topology: the `coarse.EmulatedTopology` of one host's devices, with its inter-host link.
       hosts: how many hosts (processes).
 
     Returns:

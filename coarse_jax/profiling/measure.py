@@ -220,7 +220,7 @@ def profile(
       `coarse.Config.from_profile` turns it into routes, threshold and shard size.
 
     With proxies in host memory (``make_mesh(..., proxies_on="host")``) the
-    worker<->proxy links are the workers' PCIe links: give a host-link
+    worker<->proxy links are the workers' PCIe links: give a PCIe-link
     topology (``EmulatedTopology.preset(name, p, proxies=q, proxies_on="host")``) to
     measure the emulated link; without one the probe times the host's own
     copies, which on CPU devices are memory-to-memory copies.
