@@ -43,7 +43,9 @@ class Snapshots:
     """When the proxies snapshot their state, and where the snapshots are written.
 
     Given to `coarse.sync` (``snapshots=``), for the step's
-    `coarse.value_and_update` calls. A snapshot is the proxies' copy of the
+    `coarse.value_and_update` calls: a setting, held with the snapshots' writer
+    by the step's one holder of the proxies' state
+    (`coarse_jax.api.proxy_state.ProxyState`). A snapshot is the proxies' copy of the
     f32 master parameters, the optimizer state and the step count, taken in
     their own memory at the start of the next step's update (in worker k's
     ring call, for proxy k's share); `SyncedStep.snapshot` takes one on
