@@ -68,8 +68,6 @@ class SyncedStep(StepInfo):
 
     Attributes:
       mesh: the mesh it was decorated with (`coarse.make_mesh`'s: its workers).
-      restored_count: after `restore`, the optimizer step count restored (the
-        data position to resume from).
 
     Example:
       >>> @coarse.sync(mesh)
