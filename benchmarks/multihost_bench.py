@@ -80,7 +80,7 @@ def emulated(rounds: int) -> None:
     """COARSE vs AllReduce on emulated v100 links + a 100 Gb/s inter-host link (real clock)."""
     from coarse_jax.cli import schemes
     from coarse_jax.cli.resnet50 import resnet50_tree
-    from coarse_jax.model import (
+    from coarse_jax.perf_model import (
         inter_host_bytes,
         link_bound,
         predict_hosts_sync_s,

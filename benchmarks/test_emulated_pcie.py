@@ -1,7 +1,7 @@
 """COARSE-host, COARSE-devices, AllReduce and DENSE on emulated PCIe boards (issue 38, item 6).
 
 The ResNet-50 and BERT-base gradient trees, 4 workers, on the "pcie4" preset
-(`coarse_jax.profiling.host_link`: 25 GB/s per x16 link, two workers per root
+(`coarse_jax.emulation.pcie_link`: 25 GB/s per x16 link, two workers per root
 complex), with 4 proxies (1:1) and 2 proxies (2:1). Each row is the runtime's
 time on the emulated links beside `coarse.model.predict_plan_sync_s`'s
 prediction for the same plan, from `coarse_jax.cli.proxy_placement` (each

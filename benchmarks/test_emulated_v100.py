@@ -23,7 +23,7 @@ import pytest
 import coarse_jax as coarse
 from coarse_jax.cli import schemes
 from coarse_jax.cli.resnet50 import RESNET50_SHAPES, resnet50_tree
-from coarse_jax.model import link_bound, predict_plan_sync_s
+from coarse_jax.perf_model import link_bound, predict_plan_sync_s
 
 WORKERS = 4
 SYNC_SCALE = 300.0

@@ -49,7 +49,7 @@ from baselines import pmean_optax_step
 from common.clock import call_times
 
 import coarse_jax as coarse
-from coarse_jax.model import paper
+from coarse_jax.perf_model import paper
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "bert"))
 from train import Bert, make_loss

@@ -36,7 +36,7 @@ from model_shapes import bert_base_tree, resnet50_tree
 
 import coarse_jax as coarse
 from coarse_jax.cli import schemes
-from coarse_jax.model import link_bound, predict_plan_sync_s
+from coarse_jax.perf_model import link_bound, predict_plan_sync_s
 
 WORKERS = 4
 SCALE = 300.0

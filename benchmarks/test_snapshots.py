@@ -250,8 +250,8 @@ def test_snapshot_write_time(case, benchmark):
                 if i:  # the first write pays the checkpointer's creation
                     times.append(step.stats()["snapshot_write_s"])
             rows["coarse_jax writer"] = float(np.median(times))
-            (store,) = step._stores.values()
-            exported = store.export(snapshot=True)
+            (store,) = step._proxies.stores.values()
+            exported = store.runtime.export(snapshot=True)
             assert exported is not None, "the step took snapshots"
             count, leaves, values = exported
             tree = snapshots.to_trees(store, count, store.slot_leaves(leaves, values))

@@ -22,10 +22,11 @@ Example:
 
 # The training core, and its modules: `coarse.diagnostics` holds what looks at a
 # step rather than runs it (plan, profile, memory, virtual clock), `coarse.optim`
-# the proxies' optimizers, `coarse.model` the paper's performance model,
+# the proxies' optimizers, `coarse.perf_model` the paper's performance model
+# (the design card's name, `coarse.model`, is the same module),
 # `coarse.kernels` the reduction kernels, `coarse.reference` the pure-JAX oracle.
 # `coarse_jax.mesh` has the proxies' record and the two-tier mesh on request.
-from coarse_jax import diagnostics, kernels, model, optim, reference
+from coarse_jax import diagnostics, kernels, optim, perf_model, reference
 from coarse_jax._ffi import has_cuda_support
 from coarse_jax._version import __version__ as __version__
 from coarse_jax.api import (
@@ -37,21 +38,26 @@ from coarse_jax.api import (
     value_and_update,
 )
 from coarse_jax.config import Config
+from coarse_jax.emulation import EmulatedTopology
 from coarse_jax.mesh import make_mesh
-from coarse_jax.profiling import Topology
+
+# The design card's names for the two above (docs/guides/design.md, the
+# CHANGELOG's table of renames): the same objects.
+model = perf_model
+Topology = EmulatedTopology
 
 __all__ = [
     "Config",
+    "EmulatedTopology",
     "Snapshots",
     "SyncedStep",
-    "Topology",
     "all_reduce",
     "diagnostics",
     "has_cuda_support",
     "kernels",
     "make_mesh",
-    "model",
     "optim",
+    "perf_model",
     "reference",
     "sync",
     "value_and_grad",

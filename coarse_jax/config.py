@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from coarse_jax._hooks import HOOKS
+from coarse_jax.emulation.topology import EmulatedTopology
 from coarse_jax.mesh import local_proxy
-from coarse_jax.profiling import routing
-
-if TYPE_CHECKING:
-    from coarse_jax.profiling.data import Profile
-    from coarse_jax.profiling.topology import Topology
 
 Mode = Literal["ffi", "reference"]
 _MODES = ("ffi", "reference")
@@ -137,7 +133,7 @@ class Config:
         tracing for the same reason. The proxies' jobs start ahead of the
         forward pass (``coarse_begin``), so their wait for the first push
         spans the forward pass: it too must take less than this.
-      topology: run on an emulated interconnect (`coarse.Topology`): every
+      topology: run on an emulated interconnect (`coarse.EmulatedTopology`): every
         transfer of the runtime (push, ring steps, pull, worker ring) lasts as
         long as that link says. ``None``: the host's real transport.
       max_steps_in_flight: how many calls of a `coarse.sync` step may be
@@ -177,8 +173,10 @@ class Config:
     leading_bytes: int | Literal["auto"] = 0
     mode: str = dataclasses.field(default_factory=_default_mode)
     timeout_s: float = 120.0
-    topology: Topology | None = None
-    profile: Profile | None = dataclasses.field(default=None, compare=False, repr=False)
+    topology: EmulatedTopology | None = None
+    # A coarse.diagnostics.Profile, typed Any: the profiler is a layer above
+    # (it builds Configs), and a Config only carries it to the planner.
+    profile: Any = dataclasses.field(default=None, compare=False, repr=False)
     step_times_s: tuple[float, float] | None = None
     reprofile_every: int = 0
     max_steps_in_flight: int | None = None
@@ -242,37 +240,16 @@ class Config:
             object.__setattr__(self, "routes", _check_routes(self.routes))
 
     @staticmethod
-    def from_profile(profile: Profile, **overrides: Any) -> Config:
+    def from_profile(profile: Any, **overrides: Any) -> Config:
         """A Config whose routes, latency threshold and shard size come from ``profile``.
 
-        The paper's planner (Section III-E, `coarse_jax.profiling.routing`):
-
-        * ``routes``: per worker, LatProxy = lowest measured latency, BwProxy =
-          highest peak bandwidth among the profile's q proxies
-          (`routing.routes_from_profile`), so they are valid for a mesh of
-          the profile's p workers and q proxies (``routes_for(p, q)``). A
-          profile from `coarse.diagnostics.profile` carries its decisions
-          (`Profile.decisions`): each is clear from repeated measurements by
-          a 5% margin, or, where the measurements left it unclear within
-          the profiler's time budget, the emulated topology's model's choice
-          (the local proxy on the host's own devices); these are followed.
-        * ``latency_threshold_bytes``: the largest `routing.threshold_bytes`
-          (where the two proxies' transfer times cross, measured or, when
-          not clear, the model's) over workers: one value
-          serves the whole mesh. 0 when LatProxy == BwProxy everywhere (the
-          value cannot matter then).
-        * ``shard_bytes``: the largest `routing.shard_bytes_from_profile` (the
-          smallest measured size reaching 95% of the BwProxy link's peak) over
-          workers, at least 4, so every worker's shards reach full bandwidth.
-
-        ``profile`` itself is kept (for ``leading_bytes="auto"`` and
-        re-profiling). ``profile.topology`` is only a name, so ``topology`` is
-        left at its default; pass ``topology=coarse.Topology...`` to run on the
-        emulated links that were measured. ``overrides`` replace any field.
+        The design card's entry to `coarse.diagnostics.config_from_profile`,
+        which documents the rules; the profiler is imported only when this is
+        called, so a Config stays a plain value (`coarse_jax.config` imports
+        nothing from `coarse_jax.profiling`: the import contract checks it).
 
         Args:
-          profile: a `coarse.diagnostics.Profile` (from `coarse.diagnostics.profile` or
-            `Profile.load`).
+          profile: a `coarse.diagnostics.Profile`.
           **overrides: Config fields to set instead (``leading_bytes``,
             ``topology``, ``step_times_s``, ...).
 
@@ -283,36 +260,15 @@ class Config:
           ValueError: an override that is not a Config field, or a value Config rejects.
 
         Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
-          >>> sizes = [1 << 10, 1 << 16, 1 << 22]
-          >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=sizes)
-          >>> cfg = coarse.Config.from_profile(prof, topology=topo, leading_bytes=1 << 16)
-          >>> cfg.routes, cfg.shard_bytes, cfg.leading_bytes
-          (((0, 1), (1, 2), (2, 3), (3, 0)), 4194304, 65536)
-          >>> shared = coarse.make_mesh(workers=4, proxies=2)                 # COARSE(2:1)
-          >>> topo = coarse.Topology.preset("v100", 4, proxies=2, clock="virtual")
-          >>> prof = coarse.diagnostics.profile(shared, topology=topo, sizes=sizes)
-          >>> coarse.Config.from_profile(prof, topology=topo).routes_for(4, proxies=2)
-          ((0, 1), (0, 1), (1, 0), (1, 0))
+          >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
+          >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 22])
+          >>> cfg = coarse.Config.from_profile(prof, topology=topo)
+          >>> cfg == coarse.diagnostics.config_from_profile(prof, topology=topo)
+          True
         """
-        fields = {f.name for f in dataclasses.fields(Config)}
-        unknown = sorted(set(overrides) - fields)
-        if unknown:
-            raise ValueError(
-                f"Config.from_profile: unknown Config field(s) {unknown}; expected some of "
-                f"{sorted(fields)}."
-            )
-        workers = range(profile.workers)
-        thresholds = [routing.threshold_bytes(profile, i) for i in workers]
-        known = [t for t in thresholds if t is not None]
-        cfg = Config(
-            shard_bytes=max(4, *(routing.shard_bytes_from_profile(profile, i) for i in workers)),
-            latency_threshold_bytes=max(known) if known else 0,
-            routes=routing.routes_from_profile(profile),
-            profile=profile,
-        )
-        cfg.routes_for(profile.workers, profile.proxies)  # the planner names proxies 0..q-1
-        return dataclasses.replace(cfg, **overrides)
+        from coarse_jax.profiling.to_config import config_from_profile
+
+        return config_from_profile(profile, **overrides)
 
     def routes_for(self, workers: int, proxies: int | None = None) -> tuple[tuple[int, int], ...]:
         """The routing table for ``workers`` workers and ``proxies`` proxies, checked.

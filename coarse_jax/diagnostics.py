@@ -7,19 +7,20 @@ The top level of `coarse_jax` holds the training core (`sync`,
 * the plan: `plan` (what happens to each leaf of a tree) and `Plan`
   (``Plan.summary()``);
 * the links: `profile` measures them and returns a `Profile`, which
-  `coarse.Config.from_profile` plans from; `measure_step_times` times the
+  `config_from_profile` plans a `coarse.Config` from (also reached as
+  `coarse.Config.from_profile`, the design card's name); `measure_step_times` times the
   forward and backward passes for ``Config(leading_bytes="auto")``;
 * memory: `memory_report` (what each tier of one step holds: `MemoryReport`,
   `TierMemory`), `runtime_stats` (what the runtime keeps between steps, all
   steps together) and `set_memory_limits` (its bounds);
 * time: `virtual_sync_seconds` (each synchronization's simulated time on a
-  virtual-clock `coarse.Topology`); a step's own timeline,
+  virtual-clock `coarse.EmulatedTopology`); a step's own timeline,
   ``SyncedStep.timeline()`` with ``Config(trace=True)``, is a `Timeline` of
   `Span` records;
 * the build: `CudaSupport`, what `coarse.has_cuda_support()` answers.
 
 Example:
-  >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+  >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
   >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
   >>> prof.workers, prof.proxies
   (4, 4)
@@ -35,6 +36,7 @@ from coarse_jax.api import MemoryReport, TierMemory, memory_report
 from coarse_jax.api.timeline import Span, Timeline
 from coarse_jax.plan import Plan, plan
 from coarse_jax.profiling import Profile, measure_step_times, profile
+from coarse_jax.profiling.to_config import config_from_profile
 
 __all__ = [
     "CudaSupport",
@@ -44,6 +46,7 @@ __all__ = [
     "Span",
     "TierMemory",
     "Timeline",
+    "config_from_profile",
     "measure_step_times",
     "memory_report",
     "plan",

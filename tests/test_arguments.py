@@ -454,7 +454,7 @@ def test_every_kind_of_argument_against_jit(drawn):
 
 
 def test_a_repeated_call_reuses_its_layout_and_a_changed_one_does_not(mesh4):
-    """`Arguments.repeat` finds the layout of a call with the same arrays' shapes, dtypes
+    """`Arguments.repeat` finds the binding of a call with the same arrays' shapes, dtypes
     and shardings; any difference there takes the full path: placement onto the mesh, the
     batch check, a new program. Every result against plain numpy."""
     w = np.array([1.0, 0.5, -1.0], np.float32)
@@ -471,7 +471,7 @@ def test_a_repeated_call_reuses_its_layout_and_a_changed_one_does_not(mesh4):
     batch = jax.device_put(jnp.arange(24.0).reshape(8, 3), NamedSharding(workers, P("data")))
     np.testing.assert_allclose(step(on_workers, batch), want(batch), rtol=1e-6)
     assert len(step._arguments._repeats) == 1
-    for k in range(3):  # the repeats: same layout, new values
+    for k in range(3):  # the repeats: same binding, new values
         b = batch + k
         assert step._arguments.repeat((on_workers, b), {}) is not None
         np.testing.assert_allclose(step(on_workers, b), want(b), rtol=1e-6)

@@ -15,7 +15,7 @@
   these names predefined: ``coarse`` (coarse_jax), ``jax``, ``jnp``, ``np``,
   ``optax`` and ``mesh = coarse.make_mesh(workers=4)``.
 * The API reference (docs/api/index.md) lists every public name of
-  ``coarse_jax.__all__``, ``coarse_jax.optim`` and ``coarse_jax.model``.
+  ``coarse_jax.__all__``, ``coarse_jax.optim`` and ``coarse_jax.perf_model``.
   `make docs` builds it with warnings as errors.
 """
 
@@ -55,16 +55,17 @@ DOCTEST_MODULES = [
     "coarse_jax.optim",
     "coarse_jax.kernels",
     "coarse_jax.reference",
-    "coarse_jax.model.paper",
-    "coarse_jax.model.dag",
-    "coarse_jax.model.bound",
-    "coarse_jax.model.hosts",
-    "coarse_jax.model.schedule",
+    "coarse_jax.perf_model.paper",
+    "coarse_jax.perf_model.dag",
+    "coarse_jax.perf_model.bound",
+    "coarse_jax.perf_model.hosts",
+    "coarse_jax.emulation.schedule",
     "coarse_jax.profiling.data",
     "coarse_jax.profiling.measure",
     "coarse_jax.profiling.rounds",
-    "coarse_jax.profiling.topology",
-    "coarse_jax.profiling.host_link",
+    "coarse_jax.profiling.to_config",
+    "coarse_jax.emulation.topology",
+    "coarse_jax.emulation.pcie_link",
     "coarse_jax.cli.proxy_placement",
     "coarse_jax._ffi.extension",
     "coarse_jax._ffi.byte_counts",

@@ -20,7 +20,7 @@ import pytest
 
 import coarse_jax as coarse
 from coarse_jax.cli import schemes
-from coarse_jax.model import predict_plan_sync_s
+from coarse_jax.perf_model import predict_plan_sync_s
 
 TREE = {
     "a": jax.ShapeDtypeStruct((300_000,), np.float32),

@@ -1,7 +1,7 @@
 """Host proxies on an emulated host link: the presets and the model, against hand-computed values.
 
 Pure arithmetic (no devices run): every expected time below is written out
-from the figures (`coarse_jax.profiling.host_link`), not computed by the
+from the figures (`coarse_jax.emulation.pcie_link`), not computed by the
 model's code. The runtime's own times on the virtual clock are compared with
 the model in tests/test_host_link_emulated.py.
 """
@@ -15,7 +15,7 @@ import pytest
 
 import coarse_jax as coarse
 from coarse_jax.cli import schemes
-from coarse_jax.model import link_bound, predict_plan_sync_s
+from coarse_jax.perf_model import link_bound, predict_plan_sync_s
 
 MIB = 1 << 20
 

@@ -12,7 +12,7 @@ import pytest
 import coarse_jax as coarse
 from coarse_jax.cli import schemes
 from coarse_jax.cli.resnet50 import resnet50_tree
-from coarse_jax.model import predict_plan_sync_s
+from coarse_jax.perf_model import predict_plan_sync_s
 
 SIZES = (1 << 10, 1 << 16, 1 << 22)
 

@@ -14,7 +14,7 @@ import pytest
 
 import coarse_jax as coarse
 from coarse_jax.cli import schemes
-from coarse_jax.model import (
+from coarse_jax.perf_model import (
     inter_host_bytes,
     link_bound,
     predict_hosts_sync_s,

@@ -1,4 +1,4 @@
-"""coarse_jax.model: hand-computed cases and properties of the analytic models.
+"""coarse_jax.perf_model: hand-computed cases and properties of the analytic models.
 
 Bandwidths of ``B`` GB/s are written as ``B * GB`` with ``GB = 1e-9`` so that
 ``1 * GB`` is 1 byte/s and the expected times are small exact numbers.
@@ -10,7 +10,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from coarse_jax.model import (
+from coarse_jax.perf_model import (
     Layer,
     best_split,
     coarse_sync_s,

@@ -23,7 +23,7 @@ import pytest
 import coarse_jax as coarse
 from coarse_jax.cli import schemes
 from coarse_jax.cli.resnet50 import resnet50_tree
-from coarse_jax.model import predict_plan_sync_s
+from coarse_jax.perf_model import predict_plan_sync_s
 from coarse_jax.profiling.routing import threshold_bytes
 
 SIZES = (1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22)

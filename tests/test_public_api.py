@@ -18,7 +18,7 @@ CORE = {
     "Config",
     "SyncedStep",
     "Snapshots",
-    "Topology",
+    "EmulatedTopology",
     "has_cuda_support",
 }
 
@@ -29,6 +29,14 @@ def test_the_top_level_is_small_and_holds_the_core():
     for name in coarse.__all__:
         assert hasattr(coarse, name), name
     assert "diagnostics" in coarse.__all__
+
+
+def test_the_design_cards_names_are_the_renamed_objects():
+    """``coarse.model`` and ``coarse.Topology`` (the design card's names) stay, as the
+    very objects now named ``coarse.perf_model`` and ``coarse.EmulatedTopology``."""
+    assert coarse.model is coarse.perf_model
+    assert coarse.Topology is coarse.EmulatedTopology
+    assert coarse.Topology.preset("v100", 2).workers == 2
 
 
 def test_no_public_name_shadows_a_module():

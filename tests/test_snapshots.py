@@ -400,8 +400,8 @@ def test_a_snapshot_taken_by_a_step_in_flight_is_written_not_overwritten(
     for i in range(16):
         p, _ = step(p, make_batch(jax.random.key(300 + i), 8, 8, 4))
     step.wait_snapshots()
-    store = next(iter(step._stores.values()))
-    taken = store.snapshot_serial()
+    store = next(iter(step._proxies.stores.values()))
+    taken = store.runtime.snapshot_serial()
     on_disk = sorted(int(d) for d in os.listdir(tmp_path))
     assert step.stats()["snapshots_written"] == taken == len(on_disk), (taken, on_disk)
     assert on_disk[-1] == 16, on_disk  # the exit-time flush: the last commit's

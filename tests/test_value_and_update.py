@@ -510,14 +510,12 @@ def test_a_freed_step_frees_the_proxies_state_at_once():
     batch = make_batch(jax.random.key(17), 8, 8, 4)
     step = _coarse_step(mesh, coarse.optim.adam(1e-3))
     jax.block_until_ready(step(params, batch))
-    from coarse_jax._ffi import store as runtime_store
-
-    (store,) = step._stores.values()
-    held = (store.platform, store.id)  # the runtime's store by id, not the Python record
-    assert runtime_store.proxy_bytes(*held)
+    (store,) = step._proxies.stores.values()
+    held = store.runtime  # the runtime's store by its handle, not the Python record
+    assert held.proxy_bytes()
     gc.disable()  # no cycle collection: the step must go by reference counting alone
     try:
         del step, store
-        assert not runtime_store.proxy_bytes(*held)
+        assert not held.proxy_bytes()
     finally:
         gc.enable()

@@ -141,7 +141,7 @@ def virtual_sync_seconds() -> list[float]:
 
     One entry per finished synchronization (a `coarse.sync` step's
     `value_and_grad` / `all_reduce` each count one) with
-    ``Config(topology=coarse.Topology(..., clock="virtual"))``, in completion
+    ``Config(topology=coarse.EmulatedTopology(..., clock="virtual"))``, in completion
     order, since the previous call; each call returns and forgets them. A
     synchronization's time is its latest device's simulated clock when it
     ends, counted from 0 when it starts.
@@ -151,7 +151,7 @@ def virtual_sync_seconds() -> list[float]:
       virtual clock (or the CPU extension is missing).
 
     Example:
-      >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+      >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
       >>> step = coarse.sync(lambda x: coarse.all_reduce(x), mesh=mesh,
       ...                    config=coarse.Config(topology=topo))
       >>> _ = jax.block_until_ready(step(jnp.ones((8, 256))))

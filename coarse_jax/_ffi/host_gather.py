@@ -55,7 +55,7 @@ def host_gather(
       timeout_ms: how long a worker waits for the others of its host.
       chunk_size: elements of a chunk that count.
       inter_host: on emulated links, the inter-host link's attributes
-        (``hosts`` and `coarse.Topology.inter_host_attrs`): after the hand-out
+        (``hosts`` and `coarse.EmulatedTopology.inter_host_attrs`): after the hand-out
         every worker waits for the host's network link (ffi/xla/host_gather.cc).
 
     Returns:

@@ -154,7 +154,7 @@ def across_hosts(plan: Plan, call: _ffi.CallSite, leaves: list[jax.Array]) -> li
     if ctx.mesh.devices.flat[0].platform == "cpu" and not HOOKS.xla_hand_out:
         topo = plan.config.topology
         # Emulated links: the host's network link is charged in the hand-out
-        # (coarse.Topology inter_host_*; coarse.model.predict_hosts_sync_s).
+        # (coarse.EmulatedTopology inter_host_*; coarse.perf_model.predict_hosts_sync_s).
         inter_host = None if topo is None else {"hosts": np.int64(hosts), **topo.inter_host_attrs()}
         vals = _ffi.host_gather(
             mine,

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 from coarse_jax import _ffi
-from coarse_jax._ffi import store as ffi_store
+from coarse_jax._ffi.store import RuntimeStore
 from coarse_jax.api import _inter_host
 from coarse_jax.config import Config
 from coarse_jax.dispatch import context
@@ -36,62 +36,22 @@ _serials = itertools.count(1)
 class ProxyStore:
     """One value_and_update site of a step: the one Python object of its runtime store.
 
-    It names the runtime's store (``id`` on ``platform``), says what the
-    store holds (the params' structure, shapes and dtypes, the plan, the
-    optimizer) and is the only way the API reaches it: the runtime's calls
-    (`coarse_jax._ffi.store`), the conversion of its [slot][leaf] f32 bytes
-    to and from the params' trees, and the ring's optimizer operands of a
-    traced call. `SyncedStep`'s proxies' state methods
-    (`coarse_jax.api.proxy_state`) pick a store by the call's index and use
-    these.
+    It holds the runtime's store (``runtime``, a `coarse_jax._ffi.store.RuntimeStore`
+    handle: the store's calls), says what the store holds (the params'
+    structure, shapes and dtypes, the plan, the optimizer) and is the only way
+    the API reaches it: through its handle, the conversion of its [slot][leaf]
+    f32 bytes to and from the params' trees, and the ring's optimizer operands
+    of a traced call. A step's `coarse_jax.api.proxy_state.ProxyState` picks
+    a store by the call's index and uses these.
     """
 
-    id: int
-    name: str
+    runtime: RuntimeStore  # the runtime's store: platform, id and name in one handle
     optimizer: ProxyOptimizer
     treedef: Any  # the params' structure
     shapes: list[tuple[int, ...]]  # per params leaf
     dtypes: list[np.dtype]
     plan: Plan
-    platform: str
     delayed: bool = False  # value_and_update(delayed=True): a gradient may be pending
-
-    # -- the runtime's store -------------------------------------------------
-
-    def export(
-        self, *, snapshot: bool = False, for_writer: bool = False
-    ) -> ffi_store.Exported | None:
-        """The committed state, or with ``snapshot`` the newest complete snapshot (None if
-        there is none); ``for_writer``: the snapshot writer takes that snapshot."""
-        return ffi_store.export(self.platform, self.id, snapshot=snapshot, for_writer=for_writer)
-
-    def load(self, count: int, leaves: list[int], values: list[list[bytes]]) -> None:
-        """The next update starts from this exported state."""
-        ffi_store.load(self.platform, self.id, self.name, count, leaves, values)
-
-    def reset(self) -> None:
-        """The next update seeds the store from the params it gets."""
-        ffi_store.reset(self.platform, self.id)
-
-    def proxy_bytes(self) -> list[int]:
-        """The store's bytes on each proxy (both buffers); empty before its first update."""
-        return ffi_store.proxy_bytes(self.platform, self.id)
-
-    def attach_writer(self) -> None:
-        """A snapshot writer takes this store's snapshots from now on."""
-        ffi_store.attach_writer(self.platform, self.id, self.name)
-
-    def snapshot_now(self) -> int:
-        """Snapshots the committed state now (between steps); returns its step count."""
-        return ffi_store.snapshot_now(self.platform, self.id)
-
-    def snapshot_serial(self) -> int:
-        """How many snapshots completed (0: none valid now)."""
-        return ffi_store.snapshot_serial(self.platform, self.id)
-
-    def snapshot_due(self) -> bool:
-        """Whether the next update takes a snapshot (between steps)."""
-        return ffi_store.snapshot_due(self.platform, self.id)
 
     # -- the params' trees -----------------------------------------------------
 
@@ -115,7 +75,7 @@ class ProxyStore:
     def read(self, who: str) -> tuple[int, list[list[np.ndarray]]]:
         """(count, [slot][params leaf] f32 arrays), slot 0 the master; ``who`` names the
         caller in the error when the store holds nothing yet."""
-        got = self.export()
+        got = self.runtime.export()
         if got is None:
             raise RuntimeError(
                 f"{who}: the proxies hold no state yet (no step has finished). Run a step first."
@@ -143,7 +103,7 @@ class ProxyStore:
                 )
             flat = [np.asarray(x, np.float32).ravel() for x in tree]
             values.append([flat[self.plan.sync_order[s]].tobytes() for s in ids])
-        self.load(count, ids, values)
+        self.runtime.load(count, ids, values)
 
     # -- a traced call -----------------------------------------------------------
 
@@ -246,13 +206,14 @@ def register(
             "params' structure fixed, or use a new coarse.sync step for the new params."
         )
     if store is None:
-        name = f"{ctx.step_name} update {index}"
-        platform = ctx.mesh.devices.flat[0].platform
-        store = ProxyStore(next(_serials), name, optimizer, treedef, shapes, dtypes, plan, platform)
+        runtime = RuntimeStore(
+            ctx.mesh.devices.flat[0].platform, next(_serials), f"{ctx.step_name} update {index}"
+        )
+        store = ProxyStore(runtime, optimizer, treedef, shapes, dtypes, plan)
         ctx.stores[index] = store
         # The runtime's copy (master, state, snapshots) lives as long as the
         # step that owns this record.
-        weakref.finalize(store, ffi_store.drop, platform, store.id)
+        weakref.finalize(store, runtime.drop)
     store.optimizer, store.plan, store.dtypes = optimizer, plan, dtypes
     store.delayed = delayed
     decay = optimizer.decay_mask(params)
@@ -261,8 +222,8 @@ def register(
         if t < n_params:
             flags[s] = 1 | (2 if decay[t] else 0)
     attrs = {
-        "opt_store": np.int64(store.id),
-        "opt_name": store.name,
+        "opt_store": np.int64(store.runtime.id),
+        "opt_name": store.runtime.name,
         "opt_leaf_flags": flags,
         "opt_snapshot_every": np.int64(ctx.snapshot_every),
         "opt_check_params": np.int64(ctx.check_params),

@@ -401,7 +401,7 @@ def _ffi_sync(sync: _Sync) -> Any:
         pushed = [leaves[t] for t in plan.proxy_leaves]
     leaves = finish(plan, call, leaves, pushed, in_place=True, update=update)
     if store is not None:  # which step inputs and outputs these are (dispatch/params_check.py)
-        sync.ctx.update_io.append((store.id, params, leaves[: sync.n_grad]))
+        sync.ctx.update_io.append((store.runtime.id, params, leaves[: sync.n_grad]))
     return _result(sync, leaves, _ffi.vary(aux) if aux is not None else None)
 
 

@@ -164,7 +164,7 @@ def optimizer_bytes(store: Any) -> int:
     """The largest per-proxy bytes of a value_and_update store: measured, or before its first
     step the runtime's layout of it (what each proxy owns of the parameters, master plus
     slots, two buffers)."""
-    measured = store.proxy_bytes()
+    measured = store.runtime.proxy_bytes()
     if measured:
         return int(max(measured))
     layout = _ffi.plan_layout(

@@ -1,12 +1,15 @@
 """The proxies' state of a `coarse.sync` step: what `coarse.value_and_update` keeps there.
 
-`ProxyState` gives `SyncedStep` its methods that reach the proxies' master
-parameters, optimizer state and snapshots (`optimizer_state`,
-`master_params`, `load_optimizer_state`, `reset_optimizer`, `snapshot`,
-`wait_snapshots`, `restore`), through each `coarse.value_and_update` call's
-`coarse_jax.api._stores.ProxyStore`, the one object of its runtime store.
-The step itself (layout, compile, dispatch) lives in `coarse_jax.api.sync`:
-this module is the service's side of the seam.
+`ProxyState` is its one holder: a `SyncedStep` owns one, and it owns the
+step's stores (one `coarse_jax.api._stores.ProxyStore` per
+`coarse.value_and_update` call, each holding its runtime store's handle), a
+load asked for before the first trace, the snapshot writer and, with
+``mode="reference"``, the state threaded through the program instead. Its
+methods (`optimizer_state`, `master_params`, `load_optimizer_state`,
+`reset_optimizer`, `snapshot`, `wait_snapshots`, `restore`) are the step's,
+which forwards to them; `before_call` and `after_call` are what a call of the
+step does with that state. The step itself (binding, compile, dispatch) lives
+in `coarse_jax.api.sync`.
 """
 
 from __future__ import annotations
@@ -18,28 +21,86 @@ import jax
 import jax.numpy as jnp
 
 from coarse_jax.api._stores import ProxyStore
-from coarse_jax.api.snapshots import SnapshotWriter, read_latest, slot_names
+from coarse_jax.api.snapshots import (
+    Snapshots,
+    SnapshotWriter,
+    flush_at_exit,
+    read_latest,
+    slot_names,
+)
 from coarse_jax.api.update import to_jax
-from coarse_jax.config import Config
 from coarse_jax.dispatch.params_check import ParamsCheck
 
 
 class ProxyState:
-    """The proxies' state methods of `SyncedStep` (a base class: it reads the step's stores,
-    config and in-flight calls, which the step owns)."""
+    """The state the proxies hold for one step, and the step's methods that reach it.
 
-    _name: str
-    _config: Config
-    _stores: dict[int, ProxyStore]
-    _pending_load: Callable[[], None] | None
-    _params_check: ParamsCheck
-    _writer: SnapshotWriter | None
-    _ref_state: dict[int, Any]
-    _ref_optimizers: dict[int, Any]
-    restored_count: int | None
+    Args:
+      name: the step's name, for errors (``coarse.sync(name).method``).
+      reference: whether the step runs ``mode="reference"`` (a re-profiled
+        Config keeps the mode).
+      wait_all: blocks until the step's calls in flight finished.
 
-    def _wait_all(self) -> None:
-        raise NotImplementedError  # the step's: blocks until its calls in flight finish
+    It holds nothing that holds the step (the step is freed by reference
+    counting alone, and its runtime stores with it).
+      params_check: the step's params check (a load or restore re-seeds it).
+      snapshots: when the proxies snapshot and where they write.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        reference: bool,
+        wait_all: Callable[[], None],
+        params_check: ParamsCheck,
+        snapshots: Snapshots,
+    ) -> None:
+        self._name = name
+        self._reference = reference
+        self._wait_all = wait_all
+        self._params_check = params_check
+        self.snapshots = snapshots
+        # The proxies' optimizer stores, per value_and_update call of the step.
+        self.stores: dict[int, ProxyStore] = {}
+        # A load asked for before the step's first trace (it names the stores).
+        self._pending_load: Callable[[], None] | None = None
+        self.writer: SnapshotWriter | None = None  # Snapshots.directory
+        self.restored_count: int | None = None  # optimizer steps of the last restore()
+        # mode="reference" value_and_update: (f32 master, optax state) per call
+        # position, threaded through the program (api/_stores.reference_update).
+        self.ref_state: dict[int, Any] = {}
+        self.ref_optimizers: dict[int, Any] = {}
+
+    # -- what a call of the step does with the state ---------------------------
+
+    def before_call(self, trace: Callable[[], Any]) -> None:
+        """Before a call is dispatched: a pending load (``trace`` first if no trace has
+        named the stores yet), then the writer's pacing (a snapshot on disk before the
+        next is taken)."""
+        if self._pending_load is not None:
+            if not self.stores:  # trace now: the stores come from the trace
+                trace()
+            load, self._pending_load = self._pending_load, None
+            load()
+        if self.writer is not None:
+            self.writer.pace(list(self.stores.values()), self._wait_all)
+
+    def after_call(self) -> None:
+        """After a call is dispatched: offers the stores' new snapshots to the writer.
+
+        Across processes every host's proxies hold the same master and state
+        (they apply the same update), so one process writes the directory;
+        every process can restore from it.
+        """
+        snaps = self.snapshots
+        if snaps.directory is not None and self.stores and jax.process_index() == 0:
+            if self.writer is None:
+                self.writer = SnapshotWriter(snaps.directory, snaps.keep)
+                flush_at_exit(self)
+            for store in self.stores.values():
+                self.writer.offer(store)
+
+    # -- the step's methods -----------------------------------------------------
 
     def _who(self, what: str) -> str:
         """How an error names method ``what`` of this step."""
@@ -48,23 +109,23 @@ class ProxyState:
     def _store(self, index: int | None, what: str) -> ProxyStore:
         """The store of the step's value_and_update call ``index`` (the only one if None)."""
         who = self._who(what)
-        if not self._stores:
+        if not self.stores:
             raise RuntimeError(
                 f"{who}: the step has no coarse.value_and_update (or has not run yet): call it "
                 "once first."
             )
         if index is None:
-            if len(self._stores) > 1:
+            if len(self.stores) > 1:
                 raise ValueError(
-                    f"{who}: the step has {len(self._stores)} value_and_update calls; pass "
+                    f"{who}: the step has {len(self.stores)} value_and_update calls; pass "
                     "index= (0 for the first) to say which."
                 )
-            index = next(iter(self._stores))
-        if index not in self._stores:
+            index = next(iter(self.stores))
+        if index not in self.stores:
             raise ValueError(
-                f"{who}: no value_and_update call {index}; the step has {sorted(self._stores)}."
+                f"{who}: no value_and_update call {index}; the step has {sorted(self.stores)}."
             )
-        return self._stores[index]
+        return self.stores[index]
 
     def _read(self, index: int | None, what: str) -> tuple[ProxyStore, int, list[Any]]:
         """(store, count, [slot][params leaf] f32 arrays) once the calls in flight are done."""
@@ -100,7 +161,7 @@ class ProxyState:
           >>> jax.tree.leaves(step.optimizer_state()) == []    # optax.sgd(0.1)'s: empty
           True
         """
-        if self._config.mode == "reference":
+        if self._reference:
             return self._ref_held(index, "optimizer_state")[1]
         store, count, slots = self._read(index, "optimizer_state")
         master = to_jax(slots[0], store.treedef)
@@ -131,7 +192,7 @@ class ProxyState:
           >>> bool(jnp.all(step.master_params()["w"] == params["w"]))    # f32, as returned
           True
         """
-        if self._config.mode == "reference":
+        if self._reference:
             return self._ref_held(index, "master_params")[0]
         store, _, slots = self._read(index, "master_params")
         return to_jax(slots[0], store.treedef)
@@ -168,9 +229,9 @@ class ProxyState:
           1
         """
 
-        if self._config.mode == "reference":
+        if self._reference:
             master = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
-            self._ref_state = {**self._ref_state, index or 0: (master, opt_state)}
+            self.ref_state = {**self.ref_state, index or 0: (master, opt_state)}
             return
 
         def load() -> None:
@@ -218,12 +279,12 @@ class ProxyState:
         self._refuse_reference("snapshot")
         store = self._store(index, "snapshot")
         self._wait_all()
-        if self._writer is not None:  # the previous one on disk first (CheckFreq's rule)
-            self._writer.offer(store)
-            self._writer.wait_before_taking()
-        count = store.snapshot_now()
-        if self._writer is not None:
-            self._writer.offer(store)
+        if self.writer is not None:  # the previous one on disk first (CheckFreq's rule)
+            self.writer.offer(store)
+            self.writer.wait_before_taking()
+        count = store.runtime.snapshot_now()
+        if self.writer is not None:
+            self.writer.offer(store)
         return count
 
     def wait_snapshots(self) -> None:
@@ -253,15 +314,15 @@ class ProxyState:
           >>> step.stats()["snapshot_on_disk"]
           1
         """
-        if self._writer is not None:
+        if self.writer is not None:
             self._wait_all()
-            for store in self._stores.values():
-                self._writer.offer(store)
-                if store.snapshot_due():
-                    self._writer.wait_before_taking()
-                    store.snapshot_now()
-                    self._writer.offer(store)
-            self._writer.flush()
+            for store in self.stores.values():
+                self.writer.offer(store)
+                if store.runtime.snapshot_due():
+                    self.writer.wait_before_taking()
+                    store.runtime.snapshot_now()
+                    self.writer.offer(store)
+            self.writer.flush()
 
     def restore(self, directory: str | None = None, index: int | None = None) -> Any:
         """Rolls the proxies back and returns the params the workers continue from.
@@ -303,7 +364,7 @@ class ProxyState:
         if directory is None:
             store = self._store(index, "restore")
             self._wait_all()
-            got = store.export(snapshot=True)
+            got = store.runtime.export(snapshot=True)
             if got is None:
                 raise RuntimeError(
                     f"{self._who('restore')}: the proxies hold no complete snapshot. "
@@ -311,7 +372,7 @@ class ProxyState:
                     "step.snapshot() first."
                 )
             count, leaves, values = got
-            store.load(*got)
+            store.runtime.load(*got)
             self._params_check.seeds_next()
             master = store.slot_leaves(leaves, values[:1])[0]
             params = jax.tree.unflatten(
@@ -359,24 +420,24 @@ class ProxyState:
           >>> params, _ = step({"w": jnp.zeros((3,))}, jnp.ones((8, 3)))  # other params: fine
         """
         self._pending_load = None
-        if self._config.mode == "reference":
-            self._ref_state = {k: v for k, v in self._ref_state.items() if k != (index or 0)}
+        if self._reference:
+            self.ref_state = {k: v for k, v in self.ref_state.items() if k != (index or 0)}
             return
         if not self._access_ready():
             return
         store = self._store(index, "reset_optimizer")
         self._wait_all()
-        store.reset()
+        store.runtime.reset()
         self._params_check.seeds_next()  # from the params it gets: nothing to check
 
     def _refuse_reference(self, what: str) -> None:
-        if self._config.mode == "reference":
+        if self._reference:
             raise NotImplementedError(
                 f"{self._who(what)}: snapshots are taken by the runtime on the "
                 "proxies, which Config(mode='reference') does not use. Fix: mode='ffi', or "
                 "save step.optimizer_state() and step.master_params() yourself."
             )
-        if any(store.delayed for store in self._stores.values()):
+        if any(store.delayed for store in self.stores.values()):
             raise NotImplementedError(
                 f"{self._who(what)}: a value_and_update(delayed=True) holds a "
                 "pending gradient a snapshot would not keep. Fix: drop delayed=True to take "
@@ -386,12 +447,12 @@ class ProxyState:
     def _ref_held(self, index: int | None, what: str) -> Any:
         """mode="reference": the (master, optax state) of value_and_update call ``index``."""
         i = index or 0
-        if i not in self._ref_state:
+        if i not in self.ref_state:
             raise RuntimeError(
                 f"{self._who(what)}: no state for value_and_update call {i} "
                 "(the step has none, or has not run yet): call it once first."
             )
-        return self._ref_state[i]
+        return self.ref_state[i]
 
     def _access_ready(self) -> bool:
-        return bool(self._stores)
+        return bool(self.stores)

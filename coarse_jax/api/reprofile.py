@@ -10,6 +10,7 @@ from coarse_jax.mesh import DATA, MeshLike, has_hosts, num_proxies
 from coarse_jax.plan import plan as make_plan
 from coarse_jax.plan.xla_route import xla_below_bytes
 from coarse_jax.profiling import profile
+from coarse_jax.profiling.to_config import config_from_profile
 
 # Fields the profile decides; every other field of the step's Config is kept.
 _FROM_PROFILE = ("routes", "latency_threshold_bytes", "shard_bytes", "profile")
@@ -52,7 +53,7 @@ def reprofiled(mesh: MeshLike, config: Config) -> Config:
         for f in dataclasses.fields(config)
         if f.name not in _FROM_PROFILE
     }
-    return Config.from_profile(fresh, **kept)
+    return config_from_profile(fresh, **kept)
 
 
 def changes_plans(

@@ -43,7 +43,9 @@ class Snapshots:
     """When the proxies snapshot their state, and where the snapshots are written.
 
     Given to `coarse.sync` (``snapshots=``), for the step's
-    `coarse.value_and_update` calls. A snapshot is the proxies' copy of the
+    `coarse.value_and_update` calls: a setting, held with the snapshots' writer
+    by the step's one holder of the proxies' state
+    (`coarse_jax.api.proxy_state.ProxyState`). A snapshot is the proxies' copy of the
     f32 master parameters, the optimizer state and the step count, taken in
     their own memory at the start of the next step's update (in worker k's
     ring call, for proxy k's share); `SyncedStep.snapshot` takes one on
@@ -201,7 +203,7 @@ class SnapshotWriter:
 
     def offer(self, store: ProxyStore) -> None:
         """Queues the store's newest snapshot if it is new (cheap: one counter read)."""
-        if store.id not in self._offered:
+        if store.runtime.id not in self._offered:
             # Before the store's second snapshot can be taken (the first is
             # taken by the update of its second call at the earliest): the
             # runtime then never copies a snapshot over one not yet written.
@@ -210,11 +212,11 @@ class SnapshotWriter:
             # other counts than the other hosts' (their in-memory restore
             # must agree); there the loop's pacing alone keeps the rule.
             if jax.process_count() == 1:
-                store.attach_writer()
-            self._offered[store.id] = 0
-        serial = store.snapshot_serial()
-        if serial > self._offered[store.id]:
-            self._offered[store.id] = serial
+                store.runtime.attach_writer()
+            self._offered[store.runtime.id] = 0
+        serial = store.runtime.snapshot_serial()
+        if serial > self._offered[store.runtime.id]:
+            self._offered[store.runtime.id] = serial
             with self._lock:
                 self._pending += 1
             self._queue.put((store, time.perf_counter()))
@@ -232,7 +234,7 @@ class SnapshotWriter:
         wait_steps()
         for store in stores:
             self.offer(store)  # a snapshot the finished calls took
-        if any(store.snapshot_due() for store in stores):
+        if any(store.runtime.snapshot_due() for store in stores):
             self.flush()
         self.waited_s += time.perf_counter() - began
 
@@ -284,7 +286,7 @@ class SnapshotWriter:
                 self._queue.task_done()
 
     def _write(self, store: ProxyStore, taken: float) -> None:
-        got = store.export(snapshot=True, for_writer=True)
+        got = store.runtime.export(snapshot=True, for_writer=True)
         if got is None:
             return
         count, leaves, values = got

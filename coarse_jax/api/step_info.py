@@ -1,9 +1,9 @@
 """What a `coarse.sync` step tells about itself: its config, counters, timeline and memory.
 
-A base class of `SyncedStep <coarse_jax.api.sync.SyncedStep>`, as
-`ProxyState <coarse_jax.api.proxy_state.ProxyState>` is: it reads what the step
-owns (its config, counters, compiled programs, calls in flight and plans) and
-changes none of it.
+A base class of `SyncedStep <coarse_jax.api.sync.SyncedStep>` holding no
+state: it reads what the step owns (its config, counters, compiled programs,
+calls in flight, plans, and its `ProxyState <coarse_jax.api.proxy_state.ProxyState>`)
+and changes none of it.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import jax
 from jax.sharding import Mesh
 
 from coarse_jax import _ffi
-from coarse_jax.api._stores import ProxyStore
 from coarse_jax.api.memory import MemoryReport, StepMemory, tally
+from coarse_jax.api.proxy_state import ProxyState
 from coarse_jax.api.snapshots import SnapshotWriter
 from coarse_jax.api.timeline import Timeline
 from coarse_jax.config import Config
 from coarse_jax.dispatch import placement as _placement
-from coarse_jax.dispatch.arguments import Layout
+from coarse_jax.dispatch.binding import CallBinding
 from coarse_jax.dispatch.compiles import Compiles
 from coarse_jax.dispatch.in_flight import InFlight
 from coarse_jax.mesh import Tiers, platform
@@ -37,20 +37,18 @@ class StepInfo:
     _compiled: dict[Any, Any]
     _compiles: Compiles
     _in_flight: InFlight
-    _writer: SnapshotWriter | None
-    _stores: dict[int, ProxyStore]
-    _ref_state: dict[int, Any]
+    _proxies: ProxyState
     _traced_plans: list[Any]
     _all_workers: Any
 
     def _wait_all(self) -> None:
         raise NotImplementedError  # the step's: blocks until its calls in flight finish
 
-    def _layout(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Layout, Any, Any]:
-        raise NotImplementedError  # the step's: the call's layout, arguments, NNX state
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[CallBinding, Any, Any]:
+        raise NotImplementedError  # the step's: the call's binding, arguments, NNX state
 
-    def _compile(self, cfg: Config, layout: Layout, check: bool) -> Any:
-        raise NotImplementedError  # the step's: the jitted program of a layout
+    def _compile(self, cfg: Config, binding: CallBinding, check: bool) -> Any:
+        raise NotImplementedError  # the step's: the jitted program of a binding
 
     def config(self) -> Config:
         """The `Config` in use (re-profiling may have replaced the one given).
@@ -93,13 +91,14 @@ class StepInfo:
           >>> stats["calls"], stats["compiled"], stats["snapshots_written"]
           (1, 1, 0)
         """
-        writer = SnapshotWriter.idle_stats() if self._writer is None else self._writer.stats()
+        writer = self._proxies.writer
+        writer_stats = SnapshotWriter.idle_stats() if writer is None else writer.stats()
         return {
             "calls": self._calls,
             "reprofiles": self._reprofiles,
             "compiled": self._compiles.total(list(self._compiled.values())),
             "in_flight": len(self._in_flight),
-            **writer,
+            **writer_stats,
         }
 
     def timeline(self) -> Timeline:
@@ -147,18 +146,21 @@ class StepInfo:
     def _memory_parts(self, *args: Any, **kwargs: Any) -> StepMemory:
         """XLA's memory analysis of the program for ``args``, the plans it builds, and the
         bytes of arguments and outputs on one proxy's device where they follow the mesh."""
-        layout, full, graph_state = self._layout(args, kwargs)
+        binding, full, graph_state = self._bind(args, kwargs)
         cfg = self._config
-        dyn = [full[i] for i in layout.dynamic() if i not in layout.graph]
-        if layout.graph:
+        dyn = [full[i] for i in binding.dynamic() if i not in binding.graph]
+        if binding.graph:
             dyn.append(graph_state)
         # Shapes only: a call would move arrays committed elsewhere onto the workers.
         dyn = _placement.abstract_off_workers(dyn, self.mesh)
-        jitted: Any = self._compile(cfg, layout, check=False)  # (the same memory either way)
-        compiled = jitted.lower(*dyn, self._ref_state).compile()
+        jitted: Any = self._compile(cfg, binding, check=False)  # (the same memory either way)
+        ref_state = self._proxies.ref_state
+        compiled = jitted.lower(*dyn, ref_state).compile()
         plans = [p for p in self._traced_plans if not p.xla]  # XLA's own: no runtime storage
         home = _placement.home(self.mesh, full)  # outputs follow onto the two-tier mesh
-        outputs = jax.eval_shape(jitted, *dyn, self._ref_state)[:3] if home is not None else None
+        outputs = (
+            jax.eval_shape(jitted, *dyn, self._proxies.ref_state)[:3] if home is not None else None
+        )
         arg_bytes, out_bytes = _placement.bytes_on_a_proxy(
             self._tiers, home, full, outputs, self._all_workers
         )
@@ -166,7 +168,7 @@ class StepInfo:
             compiled.memory_analysis(),
             plans,
             self._tiers.proxies.count,
-            list(self._stores.values()),
+            list(self._proxies.stores.values()),
             arg_bytes,
             out_bytes,
             self._tiers.proxies.on,

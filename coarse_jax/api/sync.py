@@ -4,7 +4,7 @@ The proxies run no XLA program: their part of each step is the runtime's
 service (ffi/runtime/service.h), started by the workers' custom calls.
 
 `SyncedStep` dispatches the calls; the jobs it hands out: the arguments'
-layout (`_arguments`), the program (`_program`), whether the params are
+binding (`_arguments`), the program (`_program`), whether the params are
 checked (`_params_check`), the calls in flight (`_in_flight`), the proxies'
 state (`proxy_state`), and what it tells about itself (`step_info`).
 """
@@ -14,31 +14,46 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
 from coarse_jax import _ffi
-from coarse_jax.api._stores import ProxyStore
 from coarse_jax.api.collectives import all_reduce
 from coarse_jax.api.proxy_state import ProxyState
 from coarse_jax.api.reprofile import changes_plans, check_reprofile, reprofiled
-from coarse_jax.api.snapshots import Snapshots, SnapshotWriter, flush_at_exit
+from coarse_jax.api.snapshots import Snapshots
 from coarse_jax.api.step_info import StepInfo
 from coarse_jax.config import Config
 from coarse_jax.dispatch import arguments as _arguments
 from coarse_jax.dispatch import arrival, context, nnx, outputs, placement, static_leaves, uniform
-from coarse_jax.dispatch.arguments import Layout
+from coarse_jax.dispatch import binding as _binding
+from coarse_jax.dispatch.binding import CallBinding
 from coarse_jax.dispatch.compiles import Compiles
 from coarse_jax.dispatch.in_flight import DeviceOrder, InFlight
 from coarse_jax.dispatch.params_check import ParamsCheck
 from coarse_jax.dispatch.program import compile_program
 from coarse_jax.mesh import DATA, Tiers, check_mesh, has_hosts, platform
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
-class SyncedStep(ProxyState, StepInfo):
+
+def _to_proxies(
+    method: Callable[Concatenate[ProxyState, _P], _R],
+) -> Callable[Concatenate[SyncedStep, _P], _R]:
+    """A `SyncedStep` method that is its `ProxyState`'s (the same signature and docs)."""
+
+    @functools.wraps(method)
+    def forward(step: SyncedStep, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return method(step._proxies, *args, **kwargs)
+
+    return forward
+
+
+class SyncedStep(StepInfo):
     """A train step compiled by `coarse.sync`; call it like the function it wraps.
 
     Calling it runs one step on the workers (the proxies' part runs in the
@@ -53,8 +68,6 @@ class SyncedStep(ProxyState, StepInfo):
 
     Attributes:
       mesh: the mesh it was decorated with (`coarse.make_mesh`'s: its workers).
-      restored_count: after `restore`, the optimizer step count restored (the
-        data position to resume from).
 
     Example:
       >>> @coarse.sync(mesh)
@@ -91,18 +104,18 @@ class SyncedStep(ProxyState, StepInfo):
         self._two_tier_outputs = placement.TwoTierOutputs(self._name)  # old-style placement
         self._arguments = _arguments.Arguments(fn, self._name, **argument_options)
         self._batch_outputs = tuple(
-            sorted(set(_arguments.indices(batch_outputs, "batch_outputs", self._name)))
+            sorted(set(_binding.indices(batch_outputs, "batch_outputs", self._name)))
         )
         # The config can change when re-profiling re-plans; a compiled program
         # is kept per config, so an unchanged plan never recompiles.
         self._config = config or Config()
-        # Per (layout, config, whether the proxies check the params): its program.
-        self._compiled: dict[tuple[Layout, Config, bool], Callable[..., Any]] = {}
+        # Per (binding, config, whether the proxies check the params): its program.
+        self._compiled: dict[tuple[CallBinding, Config, bool], Callable[..., Any]] = {}
         self._params_check = ParamsCheck()  # which of the two a call runs
         self._compiles = Compiles(self._name)  # XLA's compiles of those programs
         # The first call's (what, signature) of each non-batch argument: the
         # proxies' state (value_and_update) is laid out for it.
-        self._first_structure: tuple[tuple[str, _arguments.Signature], ...] | None = None
+        self._first_structure: tuple[tuple[str, _binding.Signature], ...] | None = None
         self._plans: list[context.PlanRequest] = []  # what the traces planned
         self._site_names: dict[int, str] = {}  # site -> "coarse.all_reduce", ... (traces)
         self._calls = 0
@@ -114,22 +127,20 @@ class SyncedStep(ProxyState, StepInfo):
             [*np.asarray(tiers.devices).flat, *(d for row in tiers.proxies.devices for d in row)],
             own_calls=tiers.proxies.on == "host",
         )
-        # The proxies' optimizer stores, per value_and_update call of the step.
-        self._stores: dict[int, ProxyStore] = {}
-        # A load asked for before the step's first trace (it names the stores).
-        self._pending_load: Callable[[], None] | None = None
         if snapshots is not None and not isinstance(snapshots, Snapshots):
             raise TypeError(
                 f"coarse.sync: snapshots must be a coarse.Snapshots, got {snapshots!r}. Fix: "
                 "snapshots=coarse.Snapshots(every=K, directory=...)."
             )
-        self._snapshots = snapshots or Snapshots()
-        self._writer: SnapshotWriter | None = None  # Snapshots.directory
-        self.restored_count: int | None = None  # optimizer steps of the last restore()
-        # mode="reference" value_and_update: (f32 master, optax state) per call
-        # position, threaded through the program (api/_stores.reference_update).
-        self._ref_state: dict[int, Any] = {}
-        self._ref_optimizers: dict[int, Any] = {}
+        # The proxies' state (value_and_update's stores, snapshots, the
+        # reference mode's state): its one holder.
+        self._proxies = ProxyState(
+            self._name,
+            self._config.mode == "reference",
+            self._in_flight.wait_all,
+            self._params_check,
+            snapshots or Snapshots(),
+        )
         self._traced_plans: list[Any] = []  # the plans of the latest trace
         # Whether a trace's outputs held non-array leaves (dispatch/static_leaves.py).
         self._static_outputs = False
@@ -138,19 +149,34 @@ class SyncedStep(ProxyState, StepInfo):
         """Blocks until every call dispatched so far finished (errors are the caller's)."""
         self._in_flight.wait_all()
 
+    # The proxies' state: its holder's methods (`coarse_jax.api.proxy_state`).
+    optimizer_state = _to_proxies(ProxyState.optimizer_state)
+    master_params = _to_proxies(ProxyState.master_params)
+    load_optimizer_state = _to_proxies(ProxyState.load_optimizer_state)
+    reset_optimizer = _to_proxies(ProxyState.reset_optimizer)
+    snapshot = _to_proxies(ProxyState.snapshot)
+    wait_snapshots = _to_proxies(ProxyState.wait_snapshots)
+    restore = _to_proxies(ProxyState.restore)
+
+    @property
+    def restored_count(self) -> int | None:
+        """After `restore`, the optimizer step count restored (the data position to
+        resume from); None before any."""
+        return self._proxies.restored_count
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         repeat = self._arguments.repeat(args, kwargs)  # a training loop's next call
         if repeat is not None:
-            layout, full, graph_state = repeat, args, None
+            binding, full, graph_state = repeat, args, None
         else:
-            layout, full, graph_state = self._layout(args, kwargs)
+            binding, full, graph_state = self._bind(args, kwargs)
         cfg = self._config
         if cfg.reprofile_every:
-            check_reprofile(self._tiers, layout.outer_trace, self._name)
-        graph_nodes = tuple(full[i] for i in layout.graph)
-        passed = [i for i in layout.dynamic() if i not in layout.graph]
-        trees = [(full[i], i in layout.batch) for i in passed]
-        if layout.graph:
+            check_reprofile(self._tiers, binding.outer_trace, self._name)
+        graph_nodes = tuple(full[i] for i in binding.graph)
+        passed = [i for i in binding.dynamic() if i not in binding.graph]
+        trees = [(full[i], i in binding.batch) for i in passed]
+        if binding.graph:
             trees.append((graph_state, False))
         # on_mesh: where the outputs go (None: they stay on the workers).
         if repeat is not None:  # remembered only where nothing moved
@@ -158,26 +184,27 @@ class SyncedStep(ProxyState, StepInfo):
         else:
             on_mesh, dyn = placement.onto_workers(self.mesh, trees)
             if on_mesh is None and all(d is t for d, (t, _) in zip(dyn, trees, strict=True)):
-                self._arguments.remember(args, kwargs, layout)
-        base = (layout, cfg)
+                self._arguments.remember(args, kwargs, binding)
+        base = (binding, cfg)
         unused = [c for c in (False, True) if (*base, c) not in self._compiled]
-        if layout.outer_trace:
+        if binding.outer_trace:
             self._params_check.outer_trace()
+        proxies = self._proxies
         check = self._params_check.needed(
             base,
-            [s.id for s in self._stores.values()],
+            [s.runtime.id for s in proxies.stores.values()],
             [full[i] for i in passed],
-            lambda: self._program(base, False).trace(*dyn, self._ref_state),
+            lambda: self._program(base, False).trace(*dyn, proxies.ref_state),
         )
-        key = (layout, cfg, check)
+        key = (binding, cfg, check)
         new = check in unused  # (the map's trace may have built it, not called it)
         jitted = self._program(base, check)
-        if layout.outer_trace:  # inside the user's jit: its outputs are tracers
+        if binding.outer_trace:  # inside the user's jit: its outputs are tracers
             on_mesh = None
         # Ctrl-C abandons a step stalled in the runtime (unless the program
         # installed its own SIGINT handler); checked per call, about 2.5 us.
         _ffi.arm_interrupt_hook()
-        across = self._across_processes and not layout.outer_trace
+        across = self._across_processes and not binding.outer_trace
         if across:
             # Every process must dispatch this call: a host that never comes
             # fails the others here, naming it, instead of a hang in the
@@ -189,7 +216,7 @@ class SyncedStep(ProxyState, StepInfo):
             # Before anything runs: a coarse call that only some devices would
             # run (inside a cond on a mesh axis) is a TypeError, not a hang.
             # jit caches the trace, so the call below does not trace again.
-            uniform.check(jitted.trace(*dyn, self._ref_state).jaxpr, self._site_names, self._name)
+            uniform.check(jitted.trace(*dyn, proxies.ref_state).jaxpr, self._site_names, self._name)
             if across:  # the trace just built this program's plans
                 keys = [int(plan.ffi_attrs()["plan_key"]) for plan in self._traced_plans]
                 try:
@@ -197,56 +224,41 @@ class SyncedStep(ProxyState, StepInfo):
                 except ValueError:
                     del self._compiled[key]  # checked again, on every process, next call
                     raise
-        if self._pending_load is not None:
-            if not self._stores:  # trace now: the stores come from the trace
-                jitted.trace(*dyn, self._ref_state)
-            load, self._pending_load = self._pending_load, None
-            load()
-        if self._writer is not None:  # a snapshot on disk before the next is taken
-            self._writer.pace(list(self._stores.values()), self._wait_all)
-        if not layout.outer_trace:  # Config.max_steps_in_flight, with this call
+        proxies.before_call(lambda: jitted.trace(*dyn, proxies.ref_state))
+        if not binding.outer_trace:  # Config.max_steps_in_flight, with this call
             self._in_flight.make_room(cfg)
             self._device_order.wait_for_others()
-        if new and not layout.outer_trace:
-            self._compiles.first_call(key, self._arguments.named(layout, passed, dyn))
-        *results, self._ref_state = jitted(*dyn, self._ref_state)
-        if not layout.outer_trace:
+        if new and not binding.outer_trace:
+            self._compiles.first_call(key, self._arguments.named(binding, passed, dyn))
+        *results, proxies.ref_state = jitted(*dyn, proxies.ref_state)
+        if not binding.outer_trace:
             self._params_check.dispatched()
-        if repeat is None and not layout.outer_trace:  # a repeat's types meet jit's cache
+        if repeat is None and not binding.outer_trace:  # a repeat's types meet jit's cache
             self._compiles.after_call(
-                key, jitted, lambda: self._arguments.named(layout, passed, dyn)
+                key, jitted, lambda: self._arguments.named(binding, passed, dyn)
             )
-        # Across processes every host's proxies hold the same master and state
-        # (they apply the same update), so one process writes the directory;
-        # every process can restore from it.
-        snaps = self._snapshots
-        if snaps.directory is not None and self._stores and jax.process_index() == 0:
-            if self._writer is None:
-                self._writer = SnapshotWriter(snaps.directory, snaps.keep)
-                flush_at_exit(self)
-            for store in self._stores.values():
-                self._writer.offer(store)
+        proxies.after_call()
         replicated, per_example, new_state = results
-        if not layout.outer_trace:
+        if not binding.outer_trace:
             # An NNX step may return nothing else; wait_all waits for steps whose
             # proxies hold state, or that trace.
-            self._in_flight.add(cfg, results, keep_last=bool(self._stores) or cfg.trace)
+            self._in_flight.add(cfg, results, keep_last=bool(proxies.stores) or cfg.trace)
             self._device_order.note(results)
         if on_mesh is not None:  # outputs follow arguments put on a two-tier mesh
             replicated, per_example, new_state = self._two_tier_outputs.place(
                 (replicated, per_example, new_state), on_mesh
             )
-        if layout.graph:
+        if binding.graph:
             nnx.update(graph_nodes, new_state)
         result = outputs.join(replicated, per_example, self._batch_outputs)
-        if not layout.outer_trace:
+        if not binding.outer_trace:
             self._count_call()
             self._params_check.returned(base, result)
         # Only a step whose outputs hold leaves compiled in pays for looking.
         return static_leaves.release(result) if self._static_outputs else result
 
-    def _program(self, base: tuple[Layout, Config], check: bool) -> Any:
-        """The jitted program of ``base`` (layout, config) with or without the params check."""
+    def _program(self, base: tuple[CallBinding, Config], check: bool) -> Any:
+        """The jitted program of ``base`` (binding, config) with or without the params check."""
         key = (*base, check)
         if key not in self._compiled:
             self._compiled[key] = self._compile(base[1], base[0], check)
@@ -258,26 +270,26 @@ class SyncedStep(ProxyState, StepInfo):
         if cfg.reprofile_every and self._calls % cfg.reprofile_every == 0:
             self._reprofile()
 
-    def _layout(
+    def _bind(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Layout, tuple[Any, ...], Any]:
-        """(the call's layout, all its arguments in order, the state of its NNX arguments)."""
-        layout, full, graph_state = self._arguments.layout(args, kwargs)
-        _arguments.check_batch(
-            full, layout, self._all_workers, self._name, self._arguments.batch_chosen
+    ) -> tuple[CallBinding, tuple[Any, ...], Any]:
+        """(the call's binding, all its arguments in order, the state of its NNX arguments)."""
+        binding, full, graph_state = self._arguments.binding(args, kwargs)
+        _binding.check_batch(
+            full, binding, self._all_workers, self._name, self._arguments.batch_chosen
         )
-        self._check_structure(layout)
-        return layout, full, graph_state
+        self._check_structure(binding)
+        return binding, full, graph_state
 
-    def _check_structure(self, layout: Layout) -> None:
+    def _check_structure(self, binding: CallBinding) -> None:
         """A new structure of the non-batch arguments compiles a new program (as ``jax.jit``
         retraces), unless the proxies hold state laid out for the first one."""
         if self._first_structure is None:
-            self._first_structure = layout.structure
-        elif self._stores:
-            _arguments.check_structure(self._first_structure, layout.structure, self._name)
+            self._first_structure = binding.structure
+        elif self._proxies.stores:
+            _binding.check_structure(self._first_structure, binding.structure, self._name)
 
-    def _compile(self, cfg: Config, layout: Layout, check: bool) -> Callable[..., Any]:
+    def _compile(self, cfg: Config, binding: CallBinding, check: bool) -> Callable[..., Any]:
         if cfg.mode == "ffi":
             _ffi.check_platform(self._tiers)
         return compile_program(
@@ -285,12 +297,12 @@ class SyncedStep(ProxyState, StepInfo):
             self._tiers,
             self._fn,
             cfg,
-            layout,
+            binding,
             name=self._name,
             batch_outputs=self._batch_outputs,
             mean_state=all_reduce,
             check_params=check,
-            on_io_map=functools.partial(self._params_check.traced, (layout, cfg)),
+            on_io_map=functools.partial(self._params_check.traced, (binding, cfg)),
         )
 
     def _trace_context(
@@ -301,13 +313,13 @@ class SyncedStep(ProxyState, StepInfo):
             self._tiers,
             cfg,
             self._plans,
-            stores=self._stores,
+            stores=self._proxies.stores,
             step_name=self._name,
             site_names=self._site_names,
             ref_in=ref_in,
-            ref_optimizers=self._ref_optimizers,
+            ref_optimizers=self._proxies.ref_optimizers,
             check_params=check_params,
-            snapshot_every=self._snapshots.every,
+            snapshot_every=self._proxies.snapshots.every,
         )
         self._traced_plans = ctx.built
         return ctx

@@ -92,7 +92,7 @@ def main() -> None:
         )
 
     import coarse_jax as coarse
-    from coarse_jax import model
+    from coarse_jax import perf_model
     from coarse_jax.cli import schemes
     from coarse_jax.cli.resnet50 import RESNET50_SHAPES, resnet50_tree
     from coarse_jax.profiling.measure import DEFAULT_SIZES
@@ -104,10 +104,10 @@ def main() -> None:
     probe_topo = sync_topo = None
     if args.emulate:
         where = {"proxies": q, "proxies_on": args.proxies_on, "clock": args.clock}
-        probe_topo = coarse.Topology.preset(
+        probe_topo = coarse.EmulatedTopology.preset(
             args.emulate, p, time_scale=args.profile_time_scale, **where
         )
-        sync_topo = coarse.Topology.preset(
+        sync_topo = coarse.EmulatedTopology.preset(
             args.emulate, p, time_scale=args.sync_time_scale, **where
         )
     sizes = [s for s in DEFAULT_SIZES if s <= args.max_size]
@@ -142,7 +142,7 @@ def main() -> None:
     boundaries = [0]
     for _, shape in RESNET50_SHAPES:
         boundaries.append(boundaries[-1] + math.prod(shape) * 4)
-    m, t_train = model.best_split(
+    m, t_train = perf_model.best_split(
         n,
         p,
         bw_proxy,
@@ -172,7 +172,7 @@ def main() -> None:
         scfg = schemes.scheme_config(scheme, dataclasses.replace(cfg, leading_bytes=0), p)
         measured = schemes.time_sync(mesh, tree, scfg, reps=args.reps)
         predicted = (
-            model.predict_plan_sync_s(coarse.diagnostics.plan(tree, mesh, scfg), sync_topo)
+            perf_model.predict_plan_sync_s(coarse.diagnostics.plan(tree, mesh, scfg), sync_topo)
             if sync_topo
             else float("nan")
         )

@@ -1,6 +1,6 @@
 """Where the proxies go: COARSE-devices beside COARSE-host, AllReduce and DENSE, on one board.
 
-For an emulated board (`coarse.Topology.preset`), p workers and q proxies:
+For an emulated board (`coarse.EmulatedTopology.preset`), p workers and q proxies:
 
 * ``DENSE``: every worker pushes to and pulls from proxy device 0;
 * ``AllReduce``: the workers' ring (no proxies);
@@ -9,10 +9,10 @@ For an emulated board (`coarse.Topology.preset`), p workers and q proxies:
   profile of that mesh;
 * ``COARSE-host``: COARSE with q proxies in host memory
   (``make_mesh(workers=p, proxies=q, proxies_on="host")``, p devices, the
-  preset's host link, `coarse_jax.profiling.host_link`), routed from a
+  preset's PCIe link, `coarse_jax.emulation.pcie_link`), routed from a
   profile of that mesh.
 
-Each row has the model's time (`coarse.model.predict_plan_sync_s`) and,
+Each row has the model's time (`coarse.perf_model.predict_plan_sync_s`) and,
 when run, the time the runtime took on the emulated links (on the virtual
 clock: simulated, exact; on the real clock: wall time, host noise included).
 `favoured` names the placement with the shorter COARSE time.
@@ -26,11 +26,11 @@ from typing import Any
 
 from coarse_jax.cli import schemes
 from coarse_jax.config import Config
+from coarse_jax.emulation.topology import EmulatedTopology
 from coarse_jax.mesh import check_mesh, make_mesh
-from coarse_jax.model import predict_plan_sync_s
+from coarse_jax.perf_model import predict_plan_sync_s
 from coarse_jax.plan import plan as make_plan
 from coarse_jax.profiling.measure import profile
-from coarse_jax.profiling.topology import Topology
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ def compare_placements(
     for placement in ("devices", "host"):
         # Their tiers, fixed now: the two meshes are one jax object (the same workers).
         mesh = check_mesh(make_mesh(workers=p, proxies=q, proxies_on=placement), "placement")
-        topo = Topology.preset(preset, p, proxies=q, proxies_on=placement, clock=clock)
+        topo = EmulatedTopology.preset(preset, p, proxies=q, proxies_on=placement, clock=clock)
         probe = dataclasses.replace(topo, time_scale=profile_time_scale)
         prof = profile(mesh, topology=probe, sizes=sizes, reps=max(2, reps))
         sync_topo = dataclasses.replace(topo, time_scale=time_scale)

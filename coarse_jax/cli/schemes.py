@@ -74,7 +74,7 @@ def sync_step(mesh: Any, shapes: Any, config: Config) -> tuple[Callable[[], Any]
 def time_sync(mesh: Any, shapes: Any, config: Config, reps: int = 3) -> float:
     """Median seconds of one synchronization (see `sync_step`), compile and warm-up excluded.
 
-    On a virtual-clock topology (``Topology(clock="virtual")``) the seconds
+    On a virtual-clock topology (``EmulatedTopology(clock="virtual")``) the seconds
     are the simulated ones the runtime reports (exact and repeatable);
     otherwise wall time.
     """

@@ -4,7 +4,7 @@
 step's call goes through, below them (it imports none of them):
 
 * `arguments.py`: a call bound to the step's signature, as ``jax.jit`` binds
-  it (positions, keywords, batch / static / donated), and its `Layout`;
+  it (positions, keywords, batch / static / donated), and its `CallBinding`;
 * `placement.py`: arguments onto the workers, outputs back where the
   arguments were;
 * `program.py`: the step's program, ``jit(shard_map(body))`` over the workers,

@@ -1,220 +1,29 @@
 """How a call's arguments map onto a `coarse.sync` step's program, as ``jax.jit`` maps them.
 
-One call is bound to the step's signature once (`Arguments.layout`): keyword
+One call is bound to the step's signature once (`Arguments.binding`): keyword
 arguments become positions, defaults a keyword skips over are compiled in,
 and ``batch_*``, ``static_*`` and ``donate_*`` name positions (``*_argnums``)
-or parameters (``*_argnames``). The result, a `Layout`, is part of the
-compiled program's cache key; the program calls the step's function with the
-same positional and keyword arguments the user passed.
+or parameters (``*_argnames``). The result, a
+`coarse_jax.dispatch.binding.CallBinding`, is part of the compiled program's
+cache key; the program calls the step's function with the same positional
+and keyword arguments the user passed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from coarse_jax.dispatch import nnx, static_leaves
-
-# (structure, ((shape, dtype) of every leaf)) of one argument: computed at every
-# call, so it stays as cheap as the flatten itself (paths only for messages).
-Signature = tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]
+from coarse_jax.dispatch.binding import CallBinding, indices, label, names, positions, signature_of
 
 _EMPTY = inspect.Parameter.empty
-_ROLES_KEPT = 64  # call shapes whose positions `Arguments.layout` remembers
-_REPEATS_KEPT = 16  # calls whose whole layout `Arguments.repeat` remembers
+_ROLES_KEPT = 64  # call shapes whose positions `Arguments.binding` remembers
+_REPEATS_KEPT = 16  # calls whose whole binding `Arguments.repeat` remembers
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
-
-def _shape_dtype(x: Any) -> tuple[tuple[int, ...], str]:
-    if isinstance(x, jax.Array):  # its dtype is already jax's (about 10x faster than below)
-        return x.shape, str(x.dtype)
-    return tuple(jnp.shape(x)), str(jnp.result_type(x))
-
-
-def signature_of(tree: Any) -> Signature:
-    leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple(_shape_dtype(x) for x in leaves)
-
-
-def _by_path(sig: Signature) -> dict[str, tuple[tuple[int, ...], str]]:
-    treedef, leaves = sig
-    skeleton = jax.tree.unflatten(treedef, list(range(len(leaves))))
-    paths = jax.tree_util.tree_flatten_with_path(skeleton)[0]
-    return {jax.tree_util.keystr(path) or "<root>": leaves[i] for path, i in paths}
-
-
-def describe_change(first: Signature, now: Signature, limit: int = 4) -> str:
-    """What differs between two signatures, by leaf path, in a line or two."""
-    before, after = _by_path(first), _by_path(now)
-
-    def show(items: list[str]) -> str:
-        more = f" and {len(items) - limit} more" if len(items) > limit else ""
-        return ", ".join(items[:limit]) + more
-
-    parts = []
-    gone = [p for p in before if p not in after]
-    new = [p for p in after if p not in before]
-    changed = [
-        f"{p} {before[p][1]}{list(before[p][0])} -> {after[p][1]}{list(after[p][0])}"
-        for p in before
-        if p in after and before[p] != after[p]
-    ]
-    if gone:
-        parts.append(f"leaves gone: {show(gone)}")
-    if new:
-        parts.append(f"new leaves: {show(new)}")
-    if changed:
-        parts.append(f"changed: {show(changed)}")
-    if not parts:  # same paths, shapes and dtypes: the containers differ (a list for a tuple)
-        parts.append(f"containers differ: {str(first[0])[:80]} -> {str(now[0])[:80]}")
-    return "; ".join(parts)
-
-
-def indices(value: int | Sequence[int] | None, what: str, step: str) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    nums = (value,) if isinstance(value, int) else tuple(value)
-    for v in nums:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(
-                f"coarse.sync({step}): {what} must be an int or a sequence of ints (positions), "
-                f"got {value!r}."
-            )
-    return nums
-
-
-def names(value: str | Sequence[str] | None, what: str, step: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    got = (value,) if isinstance(value, str) else tuple(value)
-    for v in got:
-        if not isinstance(v, str) or not v.isidentifier():
-            raise TypeError(
-                f"coarse.sync({step}): {what} must be a parameter name or a sequence of names "
-                f"(strings), got {value!r}."
-            )
-    return got
-
-
-def _positions(nums: tuple[int, ...], n: int, what: str, step: str) -> set[int]:
-    for b in nums:
-        if not -n <= b < n:
-            raise ValueError(
-                f"coarse.sync({step}): {what} {nums!r} names argument {b}, but the step was "
-                f"called with {n} positional arguments. Fix: pass {what} positions of its "
-                "arguments, or name keyword arguments with the *_argnames options."
-            )
-    return {b % n for b in nums}
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """How one call's arguments map onto the compiled program; part of its cache key.
-
-    Positions ``0 .. n_pos - 1`` are passed positionally, the rest by the
-    names in ``kwnames``, in that order.
-    """
-
-    n: int
-    n_pos: int
-    kwnames: tuple[str, ...]
-    batch: tuple[int, ...]  # sharded over "data"
-    static: tuple[tuple[int, Any], ...]  # (position, value): compiled in, as jax.jit's
-    donate: tuple[int, ...]
-    graph: tuple[int, ...]  # NNX graph nodes, passed as their state
-    graphdef: Any  # their graph definition (static), or None
-    outer_trace: bool  # called while an outer jax transformation traces it
-    # (what, signature) of the non-batch arguments: jax.jit retraces on it.
-    structure: tuple[tuple[str, Signature], ...]
-
-    def dynamic(self) -> list[int]:
-        static = {i for i, _ in self.static}
-        return [i for i in range(self.n) if i not in static]
-
-    def call(self, fn: Callable[..., Any], args: Sequence[Any]) -> Any:
-        """``fn`` called with ``args`` (all positions) as the user passed them."""
-        kwargs = dict(zip(self.kwnames, args[self.n_pos :], strict=True))
-        return fn(*args[: self.n_pos], **kwargs)
-
-
-def check_structure(
-    first: tuple[tuple[str, Signature], ...], now: tuple[tuple[str, Signature], ...], step: str
-) -> None:
-    """The non-batch arguments have the ``first`` call's structure and shapes (a step whose
-    proxies hold state laid out for them), else a ValueError naming what changed."""
-    if now == first:
-        return
-    was, got = dict(first), dict(now)
-    diffs = [
-        f"{what}: {describe_change(was[what], got[what])}"
-        for what in was
-        if what in got and was[what] != got[what]
-    ]
-    gone = [what for what in was if what not in got]
-    new = [what for what in got if what not in was]
-    if gone or new:
-        diffs.append(f"arguments {gone or ''} -> {new or ''}")
-    raise ValueError(
-        f"coarse.sync({step}): the step's arguments changed structure or shapes "
-        f"({'; '.join(diffs)[:600]}), but its proxies hold master parameters and optimizer "
-        "state laid out for the first call's (coarse.value_and_update). Fix: keep the "
-        "state's structure fixed during training, or decorate a new function with "
-        "coarse.sync for the new tree."
-    )
-
-
-def label(i: int, n_pos: int, kwnames: tuple[str, ...]) -> str:
-    return f"argument {i}" if i < n_pos else f"keyword argument {kwnames[i - n_pos]!r}"
-
-
-def _splits(value: Any, p: int) -> bool:
-    """Whether every leaf of ``value`` has a leading axis divisible by ``p`` (and one leaf)."""
-    leaves = jax.tree.leaves(value)
-    return bool(leaves) and all(jnp.ndim(x) and jnp.shape(x)[0] % p == 0 for x in leaves)
-
-
-def check_batch(
-    full: Sequence[Any], layout: Layout, p: int, step: str, chosen: bool = True
-) -> None:
-    """Every batch leaf has a leading axis divisible by the ``p`` workers. ``chosen``: the
-    user named the batch (``batch_argnums`` / ``batch_argnames``); else it is the default,
-    the last argument, and one that cannot be a batch at all (a PRNG key, a scalar: no
-    leading axis) is a step's ``rng`` or the like, not a batch of the wrong size: the
-    error then says how to name the batch, with the argument before it that splits, if
-    one does."""
-    for i in layout.batch:
-        for x in jax.tree.leaves(full[i]):
-            shape = x.shape if isinstance(x, jax.Array) else jnp.shape(x)
-            if shape and shape[0] % p == 0:
-                continue
-            what = label(i, layout.n_pos, layout.kwnames)
-            key = isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-            got = f"got a leaf of shape {jnp.shape(x)}" + (" (a PRNG key)" if key else "")
-            fix = f"use a global batch size that is a multiple of {p}"
-            if not chosen and (not shape or key):
-                others = [
-                    j
-                    for j in range(layout.n_pos)
-                    if j != i and j not in dict(layout.static) and j not in layout.graph
-                    if _splits(full[j], p)
-                ]
-                name = f"batch_argnums={others[-1]}" if others else "batch_argnums=<its position>"
-                raise ValueError(
-                    f"coarse.sync({step}): {what} is taken as the batch (without "
-                    "batch_argnums, the batch is the last argument without a default) and must "
-                    f"have a leading axis divisible by the {p} workers, {got}. Fix: name the "
-                    f"batch, coarse.sync(mesh, {name}) (or batch_argnames=...); every other "
-                    f"argument is replicated. If {what} is the batch, {fix}."
-                )
-            raise ValueError(
-                f"coarse.sync({step}): batch {what} must have a leading axis divisible by the "
-                f"{p} workers, {got}. Fix: {fix}."
-            )
 
 
 class Arguments:
@@ -247,9 +56,9 @@ class Arguments:
         except (TypeError, ValueError):  # a builtin, say: keyword arguments by name only
             self._sig = None
         self._check_names()
-        # A call's shape (`layout`'s key) -> its (static, batch, donated, NNX) positions.
+        # A call's shape (`binding`'s key) -> its (static, batch, donated, NNX) positions.
         self._roles: dict[tuple[Any, ...], tuple[tuple[int, ...], ...]] = {}
-        self._repeats: dict[tuple[Any, ...], Layout] = {}
+        self._repeats: dict[tuple[Any, ...], CallBinding] = {}
 
     def _check_names(self) -> None:
         if self._sig is None:
@@ -266,19 +75,21 @@ class Arguments:
                     )
 
     def named(
-        self, layout: Layout, passed: Sequence[int], values: Sequence[Any]
+        self, binding: CallBinding, passed: Sequence[int], values: Sequence[Any]
     ) -> list[tuple[str, Any]]:
         """(label, value) of a program's arguments as messages name them: ``argument 2
         (scale)``, ``batch argument 1``; ``values``: the arguments at ``passed``, then
-        the NNX state when ``layout`` has graph nodes."""
+        the NNX state when ``binding`` has graph nodes."""
         params = self._positional_params()
         labels = []
         for i in passed:
-            text = ("batch " if i in layout.batch else "") + label(i, layout.n_pos, layout.kwnames)
-            if i < layout.n_pos and i < len(params):
+            text = ("batch " if i in binding.batch else "") + label(
+                i, binding.n_pos, binding.kwnames
+            )
+            if i < binding.n_pos and i < len(params):
                 text += f" ({params[i].name})"
             labels.append(text)
-        if layout.graph:
+        if binding.graph:
             labels.append("the NNX state")
         return list(zip(labels, values, strict=True))
 
@@ -353,10 +164,10 @@ class Arguments:
         """Whether the user named the batch (``batch_*``), not the default (check_batch)."""
         return self._batch_given
 
-    def layout(
+    def binding(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Layout, tuple[Any, ...], Any]:
-        """(the call's layout, all its arguments in order, the state of its NNX arguments)."""
+    ) -> tuple[CallBinding, tuple[Any, ...], Any]:
+        """(the call's binding, all its arguments in order, the state of its NNX arguments)."""
         step = self._step
         full, n_pos, kwnames, filled = self.bind(args, kwargs)
         n = len(full)
@@ -391,7 +202,7 @@ class Arguments:
             what = f"the NNX state of argument(s) {list(graph)}"
             structure += ((what, signature_of(graph_state)),)
         outer = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(full))
-        layout = Layout(
+        binding = CallBinding(
             n=n,
             n_pos=n_pos,
             kwnames=kwnames,
@@ -403,7 +214,7 @@ class Arguments:
             outer_trace=outer,
             structure=structure,
         )
-        return layout, full, graph_state
+        return binding, full, graph_state
 
     def _hold(
         self,
@@ -438,7 +249,7 @@ class Arguments:
         where the options contradict each other for it."""
         step = self._step
         n = len(full)
-        static = _positions(self.static_argnums, n_pos, "static_argnums", step)
+        static = positions(self.static_argnums, n_pos, "static_argnums", step)
         static |= self._named(self.static_argnames, n_pos, kwnames)
         for j in filled:  # defaults a keyword skipped over: constants, as in the function
             try:
@@ -448,7 +259,7 @@ class Arguments:
             static.add(j)
         graph = tuple(i for i in graph_at if i not in static)
         if self._batch_given:
-            batch = _positions(self.batch_argnums, n_pos, "batch_argnums", step)
+            batch = positions(self.batch_argnums, n_pos, "batch_argnums", step)
             batch |= self._named(self.batch_argnames, n_pos, kwnames)
             if not batch and self.batch_argnames:
                 raise TypeError(
@@ -458,7 +269,7 @@ class Arguments:
                 )
         else:
             batch = {self._default_batch(n, n_pos, kwnames, static, graph)}
-        donate = _positions(self.donate_argnums, n_pos, "donate_argnums", step)
+        donate = positions(self.donate_argnums, n_pos, "donate_argnums", step)
         donate |= self._named(self.donate_argnames, n_pos, kwnames)
         for what, group in (("batch", batch), ("donate", donate)):
             both = sorted(group & static)
@@ -492,16 +303,16 @@ class Arguments:
             return arrays[-1]
         return free[-1] if free else n - 1
 
-    def repeat(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Layout | None:
-        """The layout of a call exactly like a remembered one, or None.
+    def repeat(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallBinding | None:
+        """The binding of a call exactly like a remembered one, or None.
 
         A training loop calls its step with the same tree of arrays every
-        time: then the layout (binding, roles, structure, the batch check,
+        time: then the binding (binding, roles, structure, the batch check,
         placement) is the one worked out before, found by one look at each
         leaf (about 7 of the 28 µs `coarse.sync` spent around a 1 KiB sync).
         Exactly like: positional arguments only, every leaf a concrete
         `jax.Array` with the same shape, dtype, weak type, sharding and
-        commitment, so everything the layout and the placement read is the
+        commitment, so everything the binding and the placement read is the
         same.
         """
         if kwargs or not self._repeats:
@@ -509,13 +320,13 @@ class Arguments:
         key = _repeat_key(args)
         return None if key is None else self._repeats.get(key)
 
-    def remember(self, args: tuple[Any, ...], kwargs: dict[str, Any], layout: Layout) -> None:
-        """Keeps ``layout`` for `repeat`: a call that `coarse.sync` passed on as it came (no
+    def remember(self, args: tuple[Any, ...], kwargs: dict[str, Any], binding: CallBinding) -> None:
+        """Keeps ``binding`` for `repeat`: a call that `coarse.sync` passed on as it came (no
         argument moved, no static or NNX argument, no outer trace)."""
-        if kwargs or layout.static or layout.graph or layout.outer_trace:
+        if kwargs or binding.static or binding.graph or binding.outer_trace:
             return
         if len(self._repeats) < _REPEATS_KEPT and (key := _repeat_key(args)) is not None:
-            self._repeats[key] = layout
+            self._repeats[key] = binding
 
 
 def _repeat_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:

@@ -1,6 +1,6 @@
 """What XLA compiled for a step, and why it compiled again.
 
-A `coarse.sync` step keeps one jitted program per layout and Config; ``jax.jit``
+A `coarse.sync` step keeps one jitted program per binding and Config; ``jax.jit``
 compiles that program once per argument *type and placement* it meets. A weak
 type that became strong (a ``TrainState.step`` restored from a checkpoint as
 ``int32``) or an argument placed elsewhere compiles the program again, as long

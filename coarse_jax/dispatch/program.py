@@ -1,6 +1,6 @@
 """The program of a `coarse.sync` step: ``jit(shard_map(body))`` over the workers.
 
-The body rebuilds the call's arguments from its layout, runs the user's
+The body rebuilds the call's arguments from its binding, runs the user's
 function under the step's `SyncContext`, averages the NNX state the workers
 changed, and splits the outputs into replicated and per-example ones. The
 proxies run no XLA program: their part is the runtime's service, driven by
@@ -29,7 +29,7 @@ from coarse_jax.dispatch import (
     params_check,
     static_leaves,
 )
-from coarse_jax.dispatch.arguments import Layout
+from coarse_jax.dispatch.binding import CallBinding
 from coarse_jax.mesh import DATA, PROGRAM_HOST_AXES, Tiers, batch_axes, workers_mesh
 
 
@@ -57,7 +57,7 @@ def compile_program(
     mesh: Tiers,
     fn: Callable[..., Any],
     cfg: Config,
-    layout: Layout,
+    binding: CallBinding,
     *,
     name: str,
     batch_outputs: tuple[int, ...],
@@ -65,7 +65,7 @@ def compile_program(
     check_params: bool = True,
     on_io_map: Callable[[params_check.IoMap], None] | None = None,
 ) -> Callable[..., Any]:
-    """The jitted program of ``layout``'s calls, given the passed arguments (the NNX state
+    """The jitted program of ``binding``'s calls, given the passed arguments (the NNX state
     last) and the reference-mode update state; it returns (replicated, per-example, new
     NNX state, new reference-mode update state).
 
@@ -81,8 +81,8 @@ def compile_program(
     value_and_updates; ``on_io_map`` gets, once traced, where their params and
     new params are among its inputs and outputs (`coarse_jax.dispatch.params_check`).
     """
-    passed = [i for i in layout.dynamic() if i not in layout.graph]
-    static = dict(layout.static)
+    passed = [i for i in binding.dynamic() if i not in binding.graph]
+    static = dict(binding.static)
     program_mesh = workers_mesh(mesh)
     # jax.grad inside the step differentiates the workers' mean loss, so code
     # written for jit or for pmap (a kept lax.pmean) gets the mean gradient
@@ -94,23 +94,23 @@ def compile_program(
         assert owner is not None, "a coarse.sync step was traced after it was freed"
         # The last input: mode="reference" value_and_update state ({} otherwise).
         *dyn, ref_in = dyn_and_ref
-        args: list[Any] = [None] * layout.n
+        args: list[Any] = [None] * binding.n
         for i, v in static.items():
             args[i] = v
         for i, v in zip(passed, dyn, strict=False):
             args[i] = eqx_state.per_worker(static_leaves.release(v))
         nodes: tuple[Any, ...] = ()
-        if layout.graph:
-            nodes = nnx.merge(layout.graphdef, dyn[-1])
-            for i, node in zip(layout.graph, nodes, strict=True):
+        if binding.graph:
+            nodes = nnx.merge(binding.graphdef, dyn[-1])
+            for i, node in zip(binding.graph, nodes, strict=True):
                 args[i] = node
-        ctx = owner._trace_context(cfg, dict(ref_in), check_params or layout.outer_trace)
+        ctx = owner._trace_context(cfg, dict(ref_in), check_params or binding.outer_trace)
         context.stack().append(ctx)
         try:
             put_rngs_back = nnx.fold_rngs_by_worker(nodes) if nodes else None
             try:
                 with _jax_compat.mean_gradients(batch_sizes):
-                    out = layout.call(fn, args)
+                    out = binding.call(fn, args)
             except (AssertionError, NameError, ValueError, KeyError) as err:
                 unknown = _jax_compat.unbound_axis_name(err, program_mesh.axis_names)
                 if unknown is None:
@@ -123,7 +123,7 @@ def compile_program(
             if held is not out:
                 owner._outputs_hold_static()
             out = held
-            if on_io_map is not None and not layout.outer_trace:
+            if on_io_map is not None and not binding.outer_trace:
                 on_io_map(params_check.io_map(ctx.update_io, dyn[: len(passed)], out))
             new_state = None
             if nodes:
@@ -137,7 +137,7 @@ def compile_program(
             new_state = outputs.collapse_tier(new_state)
         replicated, per_example = outputs.split(out, batch_outputs, name)
         outputs.check_replicated(replicated, name, batch_outputs)
-        if layout.outer_trace:
+        if binding.outer_trace:
             # Counted where it runs: an outer jit traces this body once.
             jax.debug.callback(
                 functools.partial(_count_on_first_device, step), lax.axis_index(DATA)
@@ -145,11 +145,11 @@ def compile_program(
         return replicated, per_example, new_state, ctx.ref_out
 
     split = P(batch_axes(mesh))  # "data", or ("host", "data") across hosts
-    in_specs = [split if i in layout.batch else P() for i in passed]
-    donate = [k for k, i in enumerate(passed) if i in layout.donate]
-    if layout.graph:
+    in_specs = [split if i in binding.batch else P() for i in passed]
+    donate = [k for k, i in enumerate(passed) if i in binding.donate]
+    if binding.graph:
         in_specs.append(P())
-        if set(layout.graph) & set(layout.donate):
+        if set(binding.graph) & set(binding.donate):
             donate.append(len(passed))
     in_specs.append(P())  # the reference-mode update state, replaced every call
     donate.append(len(in_specs) - 1)

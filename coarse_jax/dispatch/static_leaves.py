@@ -9,7 +9,7 @@ argument it passes into its program (the batch too) and with what the step
 returns: `hold` wraps each such leaf in a `Held` pytree node that has no
 children and keeps the value as its static data, so the tree jax traces has
 arrays only; the value becomes part of the tree's structure, hence of the
-program's cache key (`coarse_jax.dispatch.arguments.Layout`) and of jit's,
+program's cache key (`coarse_jax.dispatch.arguments.CallBinding`) and of jit's,
 exactly as eqx.filter_jit's static part is. `release` unwraps them.
 
 Which leaves are traced:

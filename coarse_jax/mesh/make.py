@@ -96,9 +96,9 @@ def make_mesh(
     _check_count("proxies", proxies)
     _check_proxies_on(proxies_on)
     if proxies_on == "host":
-        return _make_host_proxy_mesh(workers, proxies, devices)
+        return _make_host_memory_proxy_mesh(workers, proxies, devices)
     if devices is None and jax.process_count() > 1:
-        return _make_host_mesh(workers, proxies)
+        return _make_mesh_across_hosts(workers, proxies)
     pool = list(jax.devices()) if devices is None else list(devices)
     if devices is not None and len(set(pool)) != len(pool):
         raise ValueError(
@@ -175,7 +175,7 @@ def _resolve_counts(
     return workers, q
 
 
-def _make_host_proxy_mesh(
+def _make_host_memory_proxy_mesh(
     workers: int | None, proxies: int | None, devices: Sequence[jax.Device] | None
 ) -> Mesh:
     """``proxies_on="host"``: the p workers' mesh (per process its first p devices)."""
@@ -216,7 +216,7 @@ def _devices_by_process() -> list[list[jax.Device]]:
     return by_process
 
 
-def _make_host_mesh(workers: int | None, proxies: int | None) -> Mesh:
+def _make_mesh_across_hosts(workers: int | None, proxies: int | None) -> Mesh:
     """``("host", "tier", "data")``: per process its workers; their proxies recorded beside."""
     by_process = _devices_by_process()
     fewest = min(len(devs) for devs in by_process)

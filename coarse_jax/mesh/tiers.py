@@ -40,6 +40,10 @@ class LegacyPlacement(UserWarning):
 class Proxies:
     """A coarse mesh's proxies: where they live, how many, and which workers each serves.
 
+    A record of places, not of state: what the proxies hold for a step (its
+    stores, snapshots) has one holder, the step's
+    `coarse_jax.api.proxy_state.ProxyState`.
+
     Attributes:
       on: ``"devices"`` (each proxy a jax device) or ``"host"`` (host memory
         and CPU threads beside the workers).

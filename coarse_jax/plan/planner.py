@@ -10,7 +10,7 @@ import numpy as np
 
 from coarse_jax.config import Config
 from coarse_jax.mesh import num_proxies, proxies_on
-from coarse_jax.model.paper import best_split
+from coarse_jax.perf_model.paper import best_split
 from coarse_jax.plan.dtypes import check_dtype
 from coarse_jax.plan.types import BucketPlan, LeafPlan, PiecePlan, Plan
 from coarse_jax.plan.xla_route import xla_below_bytes
@@ -110,13 +110,13 @@ def plan(
     if topo is not None and placement is not None and topo.proxies_on != placement:
         raise ValueError(
             f"Config.topology: describes proxies on {topo.proxies_on!r}, the mesh's are on "
-            f"{placement!r}. Fix: coarse.Topology.preset(name, workers={workers}, "
+            f"{placement!r}. Fix: coarse.EmulatedTopology.preset(name, workers={workers}, "
             f"proxies={proxies}, proxies_on={placement!r})."
         )
     if topo is not None and (topo.workers, topo.proxies) != (workers, proxies):
         raise ValueError(
             f"Config.topology: describes {topo.workers} workers and {topo.proxies} proxies, the "
-            f"mesh has {workers} and {proxies}. Fix: coarse.Topology.preset(name, "
+            f"mesh has {workers} and {proxies}. Fix: coarse.EmulatedTopology.preset(name, "
             f"workers={workers}, proxies={proxies})."
         )
     paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)

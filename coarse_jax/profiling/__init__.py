@@ -8,7 +8,11 @@
 * `decision.py`, `rounds.py`: routing decisions, made from repeated rounds.
 * `routing.py`: LatProxy / BwProxy per worker, the threshold S, the shard size S'.
 * `report.py`: `Profile.table()` and `Profile.plot()`.
-* `topology.py`: `coarse.Topology`, emulated interconnects and their clocks.
+* `to_config.py`: `config_from_profile`, a `coarse.Config` planned from a `Profile`
+  (what `coarse.Config.from_profile` calls).
+
+The emulated interconnect it measures on (`coarse.EmulatedTopology`) is
+`coarse_jax.emulation`, a layer below.
 
 The command line that profiles a mesh and compares the sync schemes on it,
 ``python -m coarse_jax.cli``, is `coarse_jax.cli`: it syncs through
@@ -18,6 +22,5 @@ The command line that profiles a mesh and compares the sync schemes on it,
 from coarse_jax.profiling.data import Profile
 from coarse_jax.profiling.decision import Decision
 from coarse_jax.profiling.measure import measure_step_times, profile, robust_time
-from coarse_jax.profiling.topology import Topology
 
-__all__ = ["Decision", "Profile", "Topology", "measure_step_times", "profile", "robust_time"]
+__all__ = ["Decision", "Profile", "measure_step_times", "profile", "robust_time"]

@@ -8,7 +8,7 @@ plots them; `coarse_jax.profiling.measure` takes them. The kinds of link and
 the figures read from their times are `coarse_jax.profiling.links`.
 
 Units: times are seconds, sizes bytes, latencies microseconds, bandwidths GB/s
-(1e9 bytes/s), as in `coarse.Topology`.
+(1e9 bytes/s), as in `coarse.EmulatedTopology`.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class Profile:
 
     Example:
       >>> import os, tempfile
-      >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+      >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
       >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
       >>> path = os.path.join(tempfile.mkdtemp(), "v100.json")
       >>> prof.save(path)
@@ -105,7 +105,7 @@ class Profile:
       True
       >>> cfg = coarse.Config.from_profile(prof, leading_bytes=64 << 10)
       >>> shared = coarse.make_mesh(workers=4, proxies=2)            # COARSE(2:1)
-      >>> topo = coarse.Topology.preset("v100", 4, proxies=2, clock="virtual")
+      >>> topo = coarse.EmulatedTopology.preset("v100", 4, proxies=2, clock="virtual")
       >>> prof = coarse.diagnostics.profile(shared, topology=topo, sizes=[1 << 10, 1 << 20])
       >>> prof.proxies, prof.wp_oneway_s.shape, prof.pp_oneway_s.shape
       (2, (4, 2, 2), (2, 2, 2))
@@ -156,7 +156,7 @@ class Profile:
           It, or None when the profile holds no decisions (``decisions=None``).
 
         Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
           >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> d = prof.decision(0, "bandwidth")
           >>> d.choice, d.basis
@@ -204,7 +204,7 @@ class Profile:
           the tolerance.
 
         Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
           >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> prof.allclose(coarse.diagnostics.Profile.from_json_dict(prof.to_json_dict()))
           True
@@ -241,7 +241,7 @@ class Profile:
           TypeError: ``worker`` is not an int.
 
         Example:
-          >>> topo = coarse.Topology.preset("t4", 4, proxies=2, clock="virtual")
+          >>> topo = coarse.EmulatedTopology.preset("t4", 4, proxies=2, clock="virtual")
           >>> shared = coarse.make_mesh(workers=4, proxies=2)
           >>> prof = coarse.diagnostics.profile(shared, topology=topo, sizes=[1 << 10])
           >>> [prof.local_proxy(i) for i in range(4)]
@@ -277,7 +277,7 @@ class Profile:
             of the workers' ring (measured one way only).
 
         Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
           >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> lat = prof.link("wp", "latency_us")     # v100: local 3 us, remote 8 us (+ 1 KiB)
           >>> bool(lat[0, 0] < lat[0, 1]), prof.link("pp", "bandwidth_curve_gbps").shape
@@ -305,7 +305,7 @@ class Profile:
           A dict that ``json.dumps`` accepts; `from_json_dict` reads it back.
 
         Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
           >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> d = prof.to_json_dict()
           >>> d["format"], d["workers"], d["proxies"], d["sizes"]
@@ -332,7 +332,7 @@ class Profile:
             values `Profile` rejects.
 
         Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
           >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> coarse.diagnostics.Profile.from_json_dict(prof.to_json_dict()) == prof
           True
@@ -353,7 +353,7 @@ class Profile:
           OSError: the file cannot be written.
 
         Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
           >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> import os, tempfile
           >>> path = os.path.join(tempfile.mkdtemp(), "v100.json")
@@ -381,7 +381,7 @@ class Profile:
 
         Example:
           >>> import os, tempfile
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
           >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> path = os.path.join(tempfile.mkdtemp(), "v100.json")
           >>> prof.save(path)
@@ -407,7 +407,7 @@ class Profile:
           The table as a string.
 
         Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
           >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> print(prof.table())  # doctest: +ELLIPSIS
           Profile v100: 4 workers on cpu, 8 devices; sizes 1KiB..1MiB (2 sizes)
@@ -427,7 +427,7 @@ class Profile:
           ImportError: matplotlib is not installed.
 
         Example:
-          >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+          >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
           >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
           >>> import os, tempfile
           >>> path = os.path.join(tempfile.mkdtemp(), "v100.png")

@@ -47,6 +47,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from coarse_jax import _ffi
+from coarse_jax.emulation.topology import EmulatedTopology
 from coarse_jax.mesh import (
     DATA,
     MeshLike,
@@ -62,7 +63,6 @@ from coarse_jax.mesh import (
 from coarse_jax.profiling.data import Profile
 from coarse_jax.profiling.decision import DECISION_KINDS, Decision
 from coarse_jax.profiling.rounds import decide as decide_rounds
-from coarse_jax.profiling.topology import Topology
 
 DEFAULT_SIZES = tuple(4**k for k in range(5, 13))  # 1 KiB, 4 KiB, .., 16 MiB
 _PROBE_SITE = 1 << 40  # keeps probe sessions apart from sync sites
@@ -96,7 +96,7 @@ def _probe_mesh(mesh: Tiers) -> Mesh:
 
 
 def _probe_program(
-    probe_mesh: Mesh, p: int, q: int, nbytes: int, reps: int, topology: Topology | None
+    probe_mesh: Mesh, p: int, q: int, nbytes: int, reps: int, topology: EmulatedTopology | None
 ) -> Callable[[jax.Array], np.ndarray]:
     """jit(shard_map): every device runs coarse_probe; returns seconds [p + q, reps].
 
@@ -181,7 +181,7 @@ def _device(tier: int, index: int, p: int) -> int:
 def profile(
     mesh: MeshLike,
     *,
-    topology: Topology | None = None,
+    topology: EmulatedTopology | None = None,
     sizes: Sequence[int] | None = None,
     reps: int = 5,
     budget_s: float = DEFAULT_BUDGET_S,
@@ -194,7 +194,7 @@ def profile(
 
     Args:
       mesh: a mesh from `coarse.make_mesh` (1:1 or k:1).
-      topology: measure this emulated interconnect (`coarse.Topology`, for
+      topology: measure this emulated interconnect (`coarse.EmulatedTopology`, for
         the mesh's p workers and q proxies) instead of the host's real transport.
       sizes: transfer sizes in bytes (ascending); default 1 KiB to 16 MiB.
         Include sizes past the latency/bandwidth crossing, or the planner
@@ -220,8 +220,8 @@ def profile(
       `coarse.Config.from_profile` turns it into routes, threshold and shard size.
 
     With proxies in host memory (``make_mesh(..., proxies_on="host")``) the
-    worker<->proxy links are the workers' host links: give a host-link
-    topology (``Topology.preset(name, p, proxies=q, proxies_on="host")``) to
+    worker<->proxy links are the workers' PCIe links: give a PCIe-link
+    topology (``EmulatedTopology.preset(name, p, proxies=q, proxies_on="host")``) to
     measure the emulated link; without one the probe times the host's own
     copies, which on CPU devices are memory-to-memory copies.
 
@@ -232,19 +232,21 @@ def profile(
       NotImplementedError: the mesh spans hosts (profile each host's part).
 
     Example:
-      >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")   # exact, nothing sleeps
+      >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")  # exact, no sleep
       >>> sizes = [1 << 10, 1 << 16, 1 << 22]
       >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=sizes)
       >>> cfg = coarse.Config.from_profile(prof, topology=topo)
       >>> cfg.routes       # (latency proxy, bandwidth proxy) per worker: local, then next
       ((0, 1), (1, 2), (2, 3), (3, 0))
       >>> shared = coarse.make_mesh(workers=4, proxies=2)            # COARSE(2:1)
-      >>> topo = coarse.Topology.preset("v100", 4, proxies=2, clock="virtual")
+      >>> topo = coarse.EmulatedTopology.preset("v100", 4, proxies=2, clock="virtual")
       >>> prof = coarse.diagnostics.profile(shared, topology=topo, sizes=sizes)
       >>> coarse.Config.from_profile(prof, topology=topo).routes   # local i // 2, then the other
       ((0, 1), (0, 1), (1, 0), (1, 0))
       >>> host = coarse.make_mesh(workers=4, proxies=2, proxies_on="host")
-      >>> topo = coarse.Topology.preset("pcie4", 4, proxies=2, proxies_on="host", clock="virtual")
+      >>> topo = coarse.EmulatedTopology.preset(
+      ...     "pcie4", 4, proxies=2, proxies_on="host", clock="virtual"
+      ... )
       >>> prof = coarse.diagnostics.profile(host, topology=topo, sizes=[1 << 10, 1 << 22])
       >>> us = float(prof.wp_oneway_s[0, 1, -1]) * 1e6    # 4 MiB at 12.5 GB/s (Gen4 shared) + 2 us
       >>> round(us, 1), round(topo.transfer_s("wp", 0, 1, 1 << 22) * 1e6, 1)
@@ -266,14 +268,15 @@ def profile(
         raise ValueError(
             f"coarse.diagnostics.profile: topology describes {topology.workers} workers and "
             f"{topology.proxies} proxies, the mesh has {p} workers and {q} proxies. Fix: "
-            f"coarse.Topology.preset(name, {p}, proxies={q}), or a Topology of {p}x{q} "
+            f"coarse.EmulatedTopology.preset(name, {p}, proxies={q}), or an EmulatedTopology of "
+            f"{p}x{q} "
             "worker_proxy matrices."
         )
     if topology is not None and topology.proxies_on != placement:
         raise ValueError(
             "coarse.diagnostics.profile: topology describes proxies on "
             f"{topology.proxies_on!r}, the mesh's are on {placement!r}. Fix: "
-            f"coarse.Topology.preset(name, {p}, proxies={q}, proxies_on={placement!r})."
+            f"coarse.EmulatedTopology.preset(name, {p}, proxies={q}, proxies_on={placement!r})."
         )
     probe_mesh = _probe_mesh(tiers)
     # The probe's transfers are host memcpys: no CUDA version yet.
@@ -281,7 +284,8 @@ def profile(
         "coarse_probe",
         platform(tiers),
         " coarse.diagnostics.profile times host transfers: profile a CPU mesh or an emulated "
-        "Topology, or give the routes directly (Config(routes=..., latency_threshold_bytes=...)).",
+        "topology (coarse.EmulatedTopology), or give the routes directly "
+        "(Config(routes=..., latency_threshold_bytes=...)).",
     )
     sizes = tuple(int(s) for s in (DEFAULT_SIZES if sizes is None else sizes))
     if not sizes or any(s <= 0 for s in sizes) or list(sizes) != sorted(set(sizes)):
@@ -428,7 +432,7 @@ def measure_step_times(
       >>> t_fp, t_bp = coarse.diagnostics.measure_step_times(loss_fn, params, batch_shard)
       >>> t_fp > 0 and t_bp >= 0
       True
-      >>> topo = coarse.Topology.preset("v100", 4, clock="virtual")
+      >>> topo = coarse.EmulatedTopology.preset("v100", 4, clock="virtual")
       >>> prof = coarse.diagnostics.profile(mesh, topology=topo, sizes=[1 << 10, 1 << 20])
       >>> cfg = coarse.Config.from_profile(prof, leading_bytes="auto", step_times_s=(t_fp, t_bp))
     """

@@ -20,7 +20,7 @@ sizes around the crossing, the interval of ``T_LatProxy / T_BwProxy`` lies
 on the right side of 1 at each.
 
 A decision still unclear when the time budget is spent keeps the model's
-choice: on an emulated `coarse.Topology` the choice its own link formula
+choice: on an emulated `coarse.EmulatedTopology` the choice its own link formula
 gives (the same rule on the times it predicts); on the host's own devices,
 which have no model, the local proxy (what a Config without a profile does),
 and a threshold interpolated between the medians, marked "unclear". The

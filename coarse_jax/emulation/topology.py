@@ -1,4 +1,4 @@
-"""`coarse.Topology`: an emulated interconnect, enforced inside the runtime's transport.
+"""`coarse.EmulatedTopology`: an emulated interconnect, enforced inside the runtime's transport.
 
 COARSE's decisions depend on the links between devices (the paper's Fig. 8:
 on AWS V100 boxes remote PCIe is *faster* than local, on SDSC P100 boxes it is
@@ -34,11 +34,11 @@ bytes still move for real (gloo, NCCL); its wall time overlaps the emulated
 transfer. The virtual clock does not time the inter-host step.
 
 Proxies in host memory (``make_mesh(..., proxies_on="host")``,
-``Topology(proxies_on="host")``): the worker<->proxy links are each worker's
-host link (PCIe to the CPU), shared with the other workers on its root
+``EmulatedTopology(proxies_on="host")``): the worker<->proxy links are each worker's
+PCIe link to the CPU, shared with the other workers on its root
 complex (``root_complex_gbps``, ``root_complex_workers``), and a host proxy
 has no serial-bus port of its own; both clocks emulate it. The figures and
-what is modelled: `coarse_jax.profiling.host_link`.
+what is modelled: `coarse_jax.emulation.pcie_link`.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from coarse_jax.emulation import pcie_link
 from coarse_jax.mesh import local_proxy
-from coarse_jax.profiling import host_link
 
 Matrix = tuple[tuple[float, ...], ...]
 CLOCKS = ("real", "virtual")
@@ -60,7 +60,8 @@ def _matrix(value: Any, shape: tuple[int, int], what: str) -> Matrix:
     m = np.asarray(value, dtype=np.float64)
     if m.shape != shape:
         raise ValueError(
-            f"Topology.{what}: expected a {shape[0]}x{shape[1]} matrix, got shape {m.shape}."
+            f"EmulatedTopology.{what}: expected a {shape[0]}x{shape[1]} matrix, got shape "
+            f"{m.shape}."
         )
     return tuple(tuple(float(v) for v in row) for row in m)
 
@@ -73,7 +74,7 @@ def _local_remote(p: int, q: int, local: float, remote: float) -> Matrix:
 
 
 @dataclasses.dataclass(frozen=True)
-class Topology:
+class EmulatedTopology:
     """Per-link bandwidth (GB/s) and latency (us) for a mesh of ``workers`` workers and proxies.
 
     Attributes:
@@ -97,11 +98,11 @@ class Topology:
         default) means p.
       proxies_on: "devices" (the default) or "host", as the mesh's
         (``coarse.make_mesh(..., proxies_on=...)``). With "host",
-        ``worker_proxy_*`` are the workers' host links (the same to every
+        ``worker_proxy_*`` are the workers' PCIe links (the same to every
         host proxy, as every host proxy is reached over the one link), a host
         proxy has no port of its own, and the links share a root complex.
       root_complex_gbps: with host proxies, the aggregate bandwidth per
-        direction of one root complex, shared by its workers' host links:
+        direction of one root complex, shared by its workers' PCIe links:
         each runs at ``min(link, root_complex_gbps / workers on it)``
         (`effective_worker_proxy_gbps`). ``math.inf`` (the default): no cap.
       root_complex_workers: workers per root complex, consecutive (worker i
@@ -116,9 +117,9 @@ class Topology:
         device proxies.
 
     Example:
-      >>> topo = coarse.Topology.preset("v100", workers=4)
+      >>> topo = coarse.EmulatedTopology.preset("v100", workers=4)
       >>> cfg = coarse.Config(topology=topo)          # every coarse sync on these links
-      >>> own = coarse.Topology(
+      >>> own = coarse.EmulatedTopology(
       ...     "flat", 2,
       ...     worker_proxy_gbps=[[10, 10], [10, 10]], worker_proxy_us=[[2, 2], [2, 2]],
       ...     proxy_proxy_gbps=[[1, 20], [20, 1]], proxy_proxy_us=[[0, 1], [1, 0]],
@@ -150,11 +151,11 @@ class Topology:
     def __post_init__(self) -> None:
         p = self.workers
         if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-            raise ValueError(f"Topology.workers: expected a positive int, got {p!r}.")
+            raise ValueError(f"EmulatedTopology.workers: expected a positive int, got {p!r}.")
         q = self.proxies or p
         if isinstance(q, bool) or not isinstance(q, int) or q < 1 or q > p or p % q:
             raise ValueError(
-                f"Topology.proxies: expected a positive int dividing workers={p}, got "
+                f"EmulatedTopology.proxies: expected a positive int dividing workers={p}, got "
                 f"{self.proxies!r}."
             )
         object.__setattr__(self, "proxies", q)
@@ -173,33 +174,34 @@ class Topology:
                 )
                 values = arr if off_diagonal is None else arr[off_diagonal]
                 if field.name.endswith("_gbps") and not (values > 0).all():
-                    raise ValueError(f"Topology.{field.name}: bandwidths must be > 0 GB/s.")
+                    raise ValueError(f"EmulatedTopology.{field.name}: bandwidths must be > 0 GB/s.")
                 if field.name.endswith("_us") and not (values >= 0).all():
-                    raise ValueError(f"Topology.{field.name}: latencies must be >= 0 us.")
+                    raise ValueError(f"EmulatedTopology.{field.name}: latencies must be >= 0 us.")
                 object.__setattr__(self, field.name, m)
         for name in ("inter_host_gbps", "inter_host_us"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise ValueError(f"Topology.{name}: expected a number, got {v!r}.")
+                raise ValueError(f"EmulatedTopology.{name}: expected a number, got {v!r}.")
             object.__setattr__(self, name, float(v))
         if not self.inter_host_gbps > 0:
             raise ValueError(
-                "Topology.inter_host_gbps: bandwidths must be > 0 GB/s, got "
+                "EmulatedTopology.inter_host_gbps: bandwidths must be > 0 GB/s, got "
                 f"{self.inter_host_gbps!r} (100 Gb/s is 12.5 GB/s)."
             )
         if not self.inter_host_us >= 0:
             raise ValueError(
-                f"Topology.inter_host_us: latencies must be >= 0 us, got {self.inter_host_us!r}."
+                "EmulatedTopology.inter_host_us: latencies must be >= 0 us, got "
+                f"{self.inter_host_us!r}."
             )
         if not self.time_scale > 0:
-            raise ValueError(f"Topology.time_scale: expected > 0, got {self.time_scale!r}.")
-        host_link.check_placement(
+            raise ValueError(f"EmulatedTopology.time_scale: expected > 0, got {self.time_scale!r}.")
+        pcie_link.check_placement(
             self.proxies_on, self.root_complex_gbps, self.root_complex_workers
         )
         object.__setattr__(self, "root_complex_gbps", float(self.root_complex_gbps))
         if self.clock not in CLOCKS:
             raise ValueError(
-                f"Topology.clock: expected one of {CLOCKS}, got {self.clock!r}; "
+                f"EmulatedTopology.clock: expected one of {CLOCKS}, got {self.clock!r}; "
                 '"virtual" simulates time (exact, repeatable), "real" sleeps.'
             )
 
@@ -212,7 +214,7 @@ class Topology:
         proxies_on: str = "devices",
         time_scale: float = 1.0,
         clock: str = "real",
-    ) -> Topology:
+    ) -> EmulatedTopology:
         """An interconnect from the paper (Section III-E, Fig. 8) or a PCIe generation.
 
         A worker's *local* proxy is the one of its group (proxy ``i // k``,
@@ -236,11 +238,11 @@ class Topology:
 
         With ``proxies_on="host"`` (a mesh of ``make_mesh(...,
         proxies_on="host")``) the proxies are host memory: each worker
-        reaches every proxy over its host link, the preset's PCIe generation
+        reaches every proxy over its PCIe link, the preset's PCIe generation
         (the paper's boards are Gen3: pcie3), two workers share one root
         complex of one x16 link's bandwidth, and proxy<->proxy copies run in
         host memory (20 GB/s, 1 us); the worker<->worker links stay the
-        preset's. Figures and sources: `coarse_jax.profiling.host_link`.
+        preset's. Figures and sources: `coarse_jax.emulation.pcie_link`.
 
         Args:
           name: "t4", "v100", "p100", "pcie3", "pcie4" or "pcie5".
@@ -251,17 +253,17 @@ class Topology:
           clock: "real" or "virtual" (see the module docstring).
 
         Returns:
-          A `Topology` named after the preset ("v100+host" with host proxies).
+          A `EmulatedTopology` named after the preset ("v100+host" with host proxies).
 
         Raises:
           ValueError: an unknown preset name or placement, or ``proxies``
             not dividing ``workers``.
 
         Example:
-          >>> topo = coarse.Topology.preset("v100", 4, time_scale=300, clock="virtual")
+          >>> topo = coarse.EmulatedTopology.preset("v100", 4, time_scale=300, clock="virtual")
           >>> topo.worker_proxy_gbps[0][0], topo.worker_proxy_gbps[0][1]   # local, remote
           (9.0, 16.0)
-          >>> host = coarse.Topology.preset("pcie4", 4, proxies=2, proxies_on="host")
+          >>> host = coarse.EmulatedTopology.preset("pcie4", 4, proxies=2, proxies_on="host")
           >>> host.name, host.worker_proxy_gbps[0], host.root_complex_gbps
           ('pcie4+host', (25.0, 25.0), 25.0)
           >>> host.effective_worker_proxy_gbps()[0]     # two workers share the root complex
@@ -272,23 +274,24 @@ class Topology:
             "v100": ((9.0, 3.0), (16.0, 8.0)),
             "p100": ((25.0, 3.0), (18.0, 8.0)),
         }
-        names = sorted(boards) + sorted(host_link.PCIE)
+        names = sorted(boards) + sorted(pcie_link.PCIE)
         if name not in names:
-            raise ValueError(f"Topology.preset: name must be one of {names}, got {name!r}.")
-        if proxies_on not in host_link.PLACEMENTS:
+            raise ValueError(f"EmulatedTopology.preset: name must be one of {names}, got {name!r}.")
+        if proxies_on not in pcie_link.PLACEMENTS:
             raise ValueError(
-                f"Topology.preset: proxies_on must be one of {host_link.PLACEMENTS}, got "
+                f"EmulatedTopology.preset: proxies_on must be one of {pcie_link.PLACEMENTS}, got "
                 f"{proxies_on!r}; pass the mesh's (coarse_jax.mesh.proxies_on(mesh))."
             )
         p = workers
         q = p if proxies is None else proxies
         if isinstance(q, bool) or not isinstance(q, int) or q < 1 or p % q:
             raise ValueError(
-                f"Topology.preset: proxies must be a positive int dividing workers={p}, got "
+                "EmulatedTopology.preset: proxies must be a positive int dividing "
+                f"workers={p}, got "
                 f"{proxies!r}."
             )
-        gen = host_link.BOARD_PCIE.get(name, name)
-        pcie_bw, pcie_us = host_link.PCIE[gen]
+        gen = pcie_link.BOARD_PCIE.get(name, name)
+        pcie_bw, pcie_us = pcie_link.PCIE[gen]
         (local_bw, local_us), (remote_bw, remote_us) = boards.get(
             name, ((pcie_bw, pcie_us), (pcie_bw, pcie_us))
         )
@@ -298,13 +301,13 @@ class Topology:
         if proxies_on == "host":
             local_bw = remote_bw = pcie_bw
             local_us = remote_us = pcie_us
-            pp_bw, pp_us = host_link.HOST_MEMORY
+            pp_bw, pp_us = pcie_link.HOST_MEMORY
             extra = {
                 "proxies_on": "host",
                 "root_complex_gbps": pcie_bw,
-                "root_complex_workers": host_link.ROOT_COMPLEX_WORKERS,
+                "root_complex_workers": pcie_link.ROOT_COMPLEX_WORKERS,
             }
-        return Topology(
+        return EmulatedTopology(
             name=name + ("+host" if proxies_on == "host" else ""),
             workers=p,
             worker_proxy_gbps=_local_remote(p, q, local_bw, remote_bw),
@@ -328,15 +331,15 @@ class Topology:
           root_complex_gbps / n)``, n the workers on worker i's root complex.
 
         Example:
-          >>> topo = coarse.Topology.preset("pcie3", 3, proxies=1, proxies_on="host")
+          >>> topo = coarse.EmulatedTopology.preset("pcie3", 3, proxies=1, proxies_on="host")
           >>> topo.effective_worker_proxy_gbps()      # workers 0, 1 share; worker 2 alone
           ((6.25,), (6.25,), (12.5,))
         """
         if self.proxies_on != "host":
             return self.worker_proxy_gbps
-        sharing = host_link.group_sizes(self.workers, self.root_complex_workers)
+        sharing = pcie_link.group_sizes(self.workers, self.root_complex_workers)
         return tuple(
-            tuple(host_link.shared_gbps(bw, self.root_complex_gbps, sharing[i]) for bw in row)
+            tuple(pcie_link.shared_gbps(bw, self.root_complex_gbps, sharing[i]) for bw in row)
             for i, row in enumerate(self.worker_proxy_gbps)
         )
 
@@ -345,7 +348,7 @@ class Topology:
 
         Args:
           kind: "wp" (indexed [worker][proxy], both directions; with host
-            proxies the worker's host link, its root complex shared), "pp" or "ww".
+            proxies the worker's PCIe link, its root complex shared), "pp" or "ww".
           a: the first index (worker, or sending proxy / worker).
           b: the second index (proxy, or receiving proxy / worker).
 
@@ -356,7 +359,7 @@ class Topology:
           KeyError: an unknown ``kind``.
 
         Example:
-          >>> s_per_byte, latency = coarse.Topology.preset("t4", 2).link("wp", 0, 1)
+          >>> s_per_byte, latency = coarse.EmulatedTopology.preset("t4", 2).link("wp", 0, 1)
           >>> round(1 / s_per_byte / 1e9, 6), round(latency * 1e6, 6)       # 12 GB/s, 5 us
           (12.0, 5.0)
         """
@@ -380,9 +383,9 @@ class Topology:
           Seconds, ``time_scale`` applied.
 
         Example:
-          >>> round(coarse.Topology.preset("v100", 4).transfer_s("wp", 0, 1, 16e9), 6)
+          >>> round(coarse.EmulatedTopology.preset("v100", 4).transfer_s("wp", 0, 1, 16e9), 6)
           1.000008
-          >>> host = coarse.Topology.preset("pcie5", 4, proxies_on="host")   # the host link:
+          >>> host = coarse.EmulatedTopology.preset("pcie5", 4, proxies_on="host")  # PCIe link:
           >>> round(host.transfer_s("wp", 0, 3, 25e9), 6)     # 50 GB/s shared by two, 2 us
           1.000002
         """
@@ -399,7 +402,7 @@ class Topology:
           ``time_scale * (inter_host_us * 1e-6 + nbytes / (inter_host_gbps * 1e9))``.
 
         Example:
-          >>> coarse.Topology.preset("v100", 4).inter_host_s(12.5e9)   # 100 Gb/s, 5 us
+          >>> coarse.EmulatedTopology.preset("v100", 4).inter_host_s(12.5e9)   # 100 Gb/s, 5 us
           1.000005
         """
         return self.time_scale * (self.inter_host_us * 1e-6 + nbytes / (self.inter_host_gbps * 1e9))
@@ -412,7 +415,7 @@ class Topology:
           whether the clock is virtual).
 
         Example:
-          >>> attrs = coarse.Topology.preset("v100", 4).inter_host_attrs()
+          >>> attrs = coarse.EmulatedTopology.preset("v100", 4).inter_host_attrs()
           >>> round(float(attrs["emu_host_latency_s"]) * 1e6, 6)             # 5 us
           5.0
         """
@@ -433,10 +436,11 @@ class Topology:
           A dict from attribute name to a numpy array (per link) or scalar.
 
         Example:
-          >>> attrs = coarse.Topology.preset("v100", 4, clock="virtual").ffi_attrs()
+          >>> attrs = coarse.EmulatedTopology.preset("v100", 4, clock="virtual").ffi_attrs()
           >>> attrs["emu_wp_latency_s"].shape, int(attrs["emu_virtual"])
           ((16,), 1)
-          >>> host = coarse.Topology.preset("pcie4", 4, proxies=2, proxies_on="host").ffi_attrs()
+          >>> host = coarse.EmulatedTopology.preset("pcie4", 4, proxies=2, proxies_on="host")
+          >>> host = host.ffi_attrs()
           >>> round(1 / float(host["emu_wp_s_per_byte"][0]) / 1e9, 6), int(host["emu_host_proxies"])
           (12.5, 1)
         """

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coarse_jax.model.schedule import predict_plan_sync_s
+from coarse_jax.emulation.schedule import predict_plan_sync_s
 
 F32_BYTES = 4
 
@@ -42,7 +42,7 @@ def inter_host_bytes(plan: Any, hosts: int) -> int:
 
     Example:
       >>> plan = coarse.diagnostics.plan({"w": jnp.zeros((1024,), jnp.bfloat16)}, 4)
-      >>> coarse.model.inter_host_bytes(plan, hosts=3)          # 2 x 1024 f32 values
+      >>> coarse.perf_model.inter_host_bytes(plan, hosts=3)          # 2 x 1024 f32 values
       8192
     """
     if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
@@ -61,7 +61,7 @@ def predict_hosts_sync_s(plan: Any, topology: Any, hosts: int) -> float:
 
     Args:
       plan: the `coarse.diagnostics.Plan` of one host.
-      topology: the `coarse.Topology` of one host's devices, with its inter-host link.
+      topology: the `coarse.EmulatedTopology` of one host's devices, with its inter-host link.
       hosts: how many hosts (processes).
 
     Returns:
@@ -72,11 +72,11 @@ def predict_hosts_sync_s(plan: Any, topology: Any, hosts: int) -> float:
         another worker count than ``plan``.
 
     Example:
-      >>> topo = coarse.Topology.preset("v100", workers=4, clock="virtual")
+      >>> topo = coarse.EmulatedTopology.preset("v100", workers=4, clock="virtual")
       >>> plan = coarse.diagnostics.plan({"w": jnp.zeros((256, 1024))}, 4)   # 1 MiB per worker
-      >>> one = coarse.model.predict_hosts_sync_s(plan, topo, hosts=1)
-      >>> two = coarse.model.predict_hosts_sync_s(plan, topo, hosts=2)
-      >>> one == coarse.model.predict_plan_sync_s(plan, topo), two > one
+      >>> one = coarse.perf_model.predict_hosts_sync_s(plan, topo, hosts=1)
+      >>> two = coarse.perf_model.predict_hosts_sync_s(plan, topo, hosts=2)
+      >>> one == coarse.perf_model.predict_plan_sync_s(plan, topo), two > one
       (True, True)
     """
     intra = predict_plan_sync_s(plan, topology)

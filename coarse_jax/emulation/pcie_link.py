@@ -1,8 +1,8 @@
-"""The host link: each worker's PCIe link to host memory, where host proxies live.
+"""The PCIe link from each worker to host memory, where host proxies live.
 
 With ``make_mesh(..., proxies_on="host")`` the proxies are host memory, and a
 worker reaches them over its own PCIe link to the CPU (the paper's memory
-device on a serial bus). `coarse.Topology.preset(name, workers,
+device on a serial bus). `coarse.EmulatedTopology.preset(name, workers,
 proxies_on="host")` describes that link with these figures, per direction,
 for an x16 link:
 
@@ -32,7 +32,7 @@ way) two GPUs sit behind one PCIe switch whose one x16 uplink goes to the CPU
 pair their GPUs behind PCIe switches the same way). So the presets put
 ``root_complex_workers = 2`` consecutive workers on one uplink that carries
 one x16 link's effective bandwidth (``root_complex_gbps``) per direction.
-The share is static: each worker's host link runs at
+The share is static: each worker's PCIe link runs at
 ``min(link, root_complex_gbps / workers on its root complex)``, its fair share
 when all of them move data at once, which is what a synchronization does
 (every worker pushes, then every worker pulls). A worker that moves data
@@ -68,7 +68,7 @@ def group_sizes(workers: int, per_group: int) -> list[int]:
       A list of p ints.
 
     Example:
-      >>> from coarse_jax.profiling.host_link import group_sizes
+      >>> from coarse_jax.emulation.pcie_link import group_sizes
       >>> group_sizes(5, 2)
       [2, 2, 2, 2, 1]
     """
@@ -77,7 +77,7 @@ def group_sizes(workers: int, per_group: int) -> list[int]:
 
 
 def shared_gbps(link_gbps: float, root_complex_gbps: float, sharing: int) -> float:
-    """A host link's bandwidth with its root complex shared by ``sharing`` workers.
+    """A PCIe link's bandwidth with its root complex shared by ``sharing`` workers.
 
     Args:
       link_gbps: the link's own bandwidth, GB/s.
@@ -89,7 +89,7 @@ def shared_gbps(link_gbps: float, root_complex_gbps: float, sharing: int) -> flo
       ``min(link_gbps, root_complex_gbps / sharing)``.
 
     Example:
-      >>> from coarse_jax.profiling.host_link import shared_gbps
+      >>> from coarse_jax.emulation.pcie_link import shared_gbps
       >>> shared_gbps(25.0, 25.0, 2), shared_gbps(25.0, float("inf"), 2)
       (12.5, 25.0)
     """
@@ -97,29 +97,31 @@ def shared_gbps(link_gbps: float, root_complex_gbps: float, sharing: int) -> flo
 
 
 def check_placement(proxies_on: object, root_complex_gbps: object, per_group: object) -> None:
-    """Raises ValueError naming the argument when a host-link field is invalid."""
+    """Raises ValueError naming the argument when a PCIe-link field is invalid."""
     if proxies_on not in PLACEMENTS:
         raise ValueError(
-            f"Topology.proxies_on: expected one of {PLACEMENTS}, got {proxies_on!r}; "
+            f"EmulatedTopology.proxies_on: expected one of {PLACEMENTS}, got {proxies_on!r}; "
             '"host" for make_mesh(..., proxies_on="host"), "devices" otherwise.'
         )
     if isinstance(root_complex_gbps, bool) or not isinstance(root_complex_gbps, (int, float)):
         raise ValueError(
-            f"Topology.root_complex_gbps: expected a number, got {root_complex_gbps!r}."
+            f"EmulatedTopology.root_complex_gbps: expected a number, got {root_complex_gbps!r}."
         )
     if not root_complex_gbps > 0:
         raise ValueError(
-            f"Topology.root_complex_gbps: expected > 0 GB/s (math.inf: no cap), got "
+            f"EmulatedTopology.root_complex_gbps: expected > 0 GB/s (math.inf: no cap), got "
             f"{root_complex_gbps!r}."
         )
     if isinstance(per_group, bool) or not isinstance(per_group, int) or per_group < 0:
         raise ValueError(
-            f"Topology.root_complex_workers: expected an int >= 0 (0: all workers share one), "
+            "EmulatedTopology.root_complex_workers: expected an int >= 0 (0: all workers share "
+            f"one), "
             f"got {per_group!r}."
         )
     if proxies_on == "devices" and (root_complex_gbps != math.inf or per_group):
         raise ValueError(
-            "Topology.root_complex_gbps / root_complex_workers: the root complex is shared by "
-            "host links, which only host proxies use; got them with proxies_on='devices'. "
+            "EmulatedTopology.root_complex_gbps / root_complex_workers: the root complex is shared "
+            "by "
+            "PCIe links, which only host proxies use; got them with proxies_on='devices'. "
             "Fix: pass proxies_on='host', or leave them at their defaults."
         )

@@ -9,7 +9,7 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
     """Predicted seconds for one `coarse.all_reduce` of ``plan`` on an emulated ``topology``.
 
     The paper's push -> proxy ring -> pull pipeline, evaluated piece by piece
-    on the links and ports the runtime books (coarse_jax/profiling/topology.py,
+    on the links and ports the runtime books (coarse_jax/emulation/topology.py,
     ffi/runtime/emulator.h), so unequal pieces, crossing routes and DENSE
     (every worker routed to one proxy: no ring, one port) are all covered:
 
@@ -24,9 +24,9 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
     * pulls: each worker takes its pieces in order from its proxy once reduced;
     * leading layers: the worker ring (same two rings on worker links).
 
-    With host proxies (``Topology(proxies_on="host")``) a worker<->proxy
-    transfer runs over the worker's host link at its root-complex share
-    (`coarse.Topology.effective_worker_proxy_gbps`) and books only the
+    With host proxies (``EmulatedTopology(proxies_on="host")``) a worker<->proxy
+    transfer runs over the worker's PCIe link at its root-complex share
+    (`coarse.EmulatedTopology.effective_worker_proxy_gbps`) and books only the
     worker's port: host memory has no serial-bus port, so k clients of one
     host proxy do not queue on it.
 
@@ -34,24 +34,24 @@ def predict_plan_sync_s(plan: Any, topology: Any) -> float:
     runtime does them inside the emulated transfers' windows where it can
     (ffi/runtime/ring.cc), so they show only when they outlast a transfer;
     pick a ``time_scale`` that makes the emulated links dominate.
-    `coarse.model.link_bound` is the floor under this schedule.
+    `coarse.perf_model.link_bound` is the floor under this schedule.
 
     Args:
       plan: a `coarse.diagnostics.Plan` (`coarse.diagnostics.plan(tree, mesh, config)`).
-      topology: the `coarse.Topology` it runs on (its ``time_scale`` applies).
+      topology: the `coarse.EmulatedTopology` it runs on (its ``time_scale`` applies).
 
     Returns:
       Seconds; on ``clock="virtual"`` the runtime's simulated time of the same
       synchronization (`coarse.diagnostics.virtual_sync_seconds`) equals it.
 
     Example:
-      >>> topo = coarse.Topology.preset("v100", workers=4, clock="virtual")
+      >>> topo = coarse.EmulatedTopology.preset("v100", workers=4, clock="virtual")
       >>> cfg = coarse.Config(topology=topo)
       >>> tree = {"w": jnp.ones((256, 1024))}                    # 1 MiB per worker
       >>> step = coarse.sync(lambda t, x: coarse.all_reduce(t), mesh=mesh, config=cfg)
       >>> _ = jax.block_until_ready(step(tree, jnp.ones((8,))))
       >>> plan = coarse.diagnostics.plan(tree, mesh, cfg)
-      >>> predicted = coarse.model.predict_plan_sync_s(plan, topo)
+      >>> predicted = coarse.perf_model.predict_plan_sync_s(plan, topo)
       >>> (simulated,) = coarse.diagnostics.virtual_sync_seconds()
       >>> abs(simulated - predicted) < 1e-8
       True

@@ -11,8 +11,8 @@ resource is busy, plus the latency a byte cannot avoid on its way:
   each proxy's in port the pushes it receives, its out port the pulls it
   serves. DENSE: proxy 0's in port carries p·n, its out port p·n. At
   COARSE k:1 a proxy's ports carry its k clients' pushes and pulls. A host
-  proxy (``Topology(proxies_on="host")``) has no port: only the workers'
-  host links count, each at its root-complex share.
+  proxy (``EmulatedTopology(proxies_on="host")``) has no port: only the workers'
+  PCIe links count, each at its root-complex share.
 * ring links: a ring of m members (q proxies, or p workers) over m bytes (two rings in opposite
   directions, halves of the bytes) moves (p-1)/p·m over each directed link
   between neighbours (with p = 2 the one link per direction carries both
@@ -49,7 +49,7 @@ class LinkBound:
       latency_s: the binding resource's unavoidable latency (see the module docstring).
 
     Example:
-      >>> b = coarse.model.LinkBound(1.5, "proxy 0 in port", {"proxy 0 in port": 1.0}, 0.5)
+      >>> b = coarse.perf_model.LinkBound(1.5, "proxy 0 in port", {"proxy 0 in port": 1.0}, 0.5)
       >>> b.seconds == b.busy_s[b.binding] + b.latency_s
       True
     """
@@ -75,7 +75,7 @@ def link_bound(plan: Any, topology: Any) -> LinkBound:
 
     Args:
       plan: a `coarse.diagnostics.Plan` (`coarse.diagnostics.plan(tree, mesh, config)`).
-      topology: the `coarse.Topology` it runs on (its ``time_scale`` applies).
+      topology: the `coarse.EmulatedTopology` it runs on (its ``time_scale`` applies).
 
     Returns:
       A `LinkBound` with the seconds, the binding resource and every resource's busy time.
@@ -84,9 +84,9 @@ def link_bound(plan: Any, topology: Any) -> LinkBound:
       ValueError: ``topology`` describes another worker count than ``plan``.
 
     Example:
-      >>> topo = coarse.Topology.preset("v100", workers=4, clock="virtual")
+      >>> topo = coarse.EmulatedTopology.preset("v100", workers=4, clock="virtual")
       >>> tree = {"w": jnp.zeros((256, 1024))}                  # 1 MiB per worker
-      >>> b = coarse.model.link_bound(coarse.diagnostics.plan(tree, mesh), topo)
+      >>> b = coarse.perf_model.link_bound(coarse.diagnostics.plan(tree, mesh), topo)
       >>> print(f"{b.seconds * 1e6:.1f} us, bound by {b.binding}")
       119.5 us, bound by worker 0 out port
     """
@@ -95,7 +95,7 @@ def link_bound(plan: Any, topology: Any) -> LinkBound:
         raise ValueError(
             f"link_bound: topology describes {topology.workers} workers and "
             f"{topology.proxies} proxies, the plan {p} and {q}; use "
-            f"coarse.Topology.preset(name, workers={p}, proxies={q})."
+            f"coarse.EmulatedTopology.preset(name, workers={p}, proxies={q})."
         )
     host_proxies = getattr(topology, "proxies_on", "devices") == "host"
     busy: dict[str, float] = {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from coarse_jax.model._checks import check_nonneg
+from coarse_jax.perf_model._checks import check_nonneg
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Layer:
     """Per-layer costs of one training iteration on one worker.
 
     Example:
-      >>> coarse.model.Layer("fc", fwd_s=0.001, bwd_s=0.002, grad_bytes=4_000_000).grad_bytes
+      >>> coarse.perf_model.Layer("fc", fwd_s=0.001, bwd_s=0.002, grad_bytes=4_000_000).grad_bytes
       4000000
 
     Attributes:
@@ -82,12 +82,12 @@ def dag_iteration_s(
       ValueError: On an invalid ``worker_layers``/``worker_comm_s``.
 
     Example:
-      >>> from coarse_jax.model import Layer
+      >>> from coarse_jax.perf_model import Layer
       >>> layers = [Layer("conv", 0.002, 0.004, 4_000_000), Layer("fc", 0.001, 0.002, 8_000_000)]
       >>> comm = lambda nbytes: nbytes / 4e9                     # 4 GB/s, seconds
-      >>> round(coarse.model.dag_iteration_s(layers, comm) * 1e3, 3)          # ms, overlapped
+      >>> round(coarse.perf_model.dag_iteration_s(layers, comm) * 1e3, 3)          # ms, overlapped
       10.0
-      >>> round(coarse.model.dag_iteration_s(layers, comm, overlap=False) * 1e3, 3)
+      >>> round(coarse.perf_model.dag_iteration_s(layers, comm, overlap=False) * 1e3, 3)
       12.0
     """
     return dag_iterations_s(
@@ -139,10 +139,10 @@ def dag_iterations_s(
       ValueError: On ``steps < 1`` or an invalid ``worker_layers``/``worker_comm_s``.
 
     Example:
-      >>> from coarse_jax.model import Layer
+      >>> from coarse_jax.perf_model import Layer
       >>> layers = [Layer("conv", 0.002, 0.004, 4_000_000), Layer("fc", 0.001, 0.002, 8_000_000)]
       >>> comm = lambda nbytes: nbytes / 4e9                     # 4 GB/s, seconds
-      >>> round(coarse.model.dag_iterations_s(layers, comm, steps=3) * 1e3, 3)  # ms
+      >>> round(coarse.perf_model.dag_iterations_s(layers, comm, steps=3) * 1e3, 3)  # ms
       30.0
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

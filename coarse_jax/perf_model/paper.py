@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from coarse_jax.model._checks import (
+from coarse_jax.perf_model._checks import (
     TIE_RTOL,
     check_bw,
     check_nonneg,
@@ -44,7 +44,7 @@ def ring_allreduce_s(nbytes: float, p: int, gbps: float, latency_us: float = 0.0
       ValueError: On ``p < 1``, negative sizes or latency, non-positive bandwidth.
 
     Example:
-      >>> round(coarse.model.ring_allreduce_s(100e6, 4, 10.0) * 1e3, 3)  # 100 MB, 10 GB/s, ms
+      >>> round(coarse.perf_model.ring_allreduce_s(100e6, 4, 10.0) * 1e3, 3)  # 100 MB, 10 GB/s, ms
       15.0
     """
     check_p(p)
@@ -69,7 +69,7 @@ def t_sync_proxy(m: float, p: int, bw_proxy_gbps: float) -> float:
       Seconds.
 
     Example:
-      >>> round(coarse.model.t_sync_proxy(100e6, 4, 24.0) * 1e3, 3)     # ms
+      >>> round(coarse.perf_model.t_sync_proxy(100e6, 4, 24.0) * 1e3, 3)     # ms
       6.25
     """
     return ring_allreduce_s(m, p, bw_proxy_gbps)
@@ -87,7 +87,7 @@ def t_sync_gpu(n_minus_m: float, p: int, bw_gpu_gbps: float) -> float:
       Seconds.
 
     Example:
-      >>> round(coarse.model.t_sync_gpu(10e6, 4, 9.0) * 1e3, 3)          # ms
+      >>> round(coarse.perf_model.t_sync_gpu(10e6, 4, 9.0) * 1e3, 3)          # ms
       1.667
     """
     return ring_allreduce_s(n_minus_m, p, bw_gpu_gbps)
@@ -111,7 +111,7 @@ def leading_bytes_for(m: float, n: float) -> float:
       ValueError: If ``m`` is outside ``[0, n]``.
 
     Example:
-      >>> coarse.model.leading_bytes_for(90.0, 100.0)
+      >>> coarse.perf_model.leading_bytes_for(90.0, 100.0)
       10.0
     """
     check_nonneg(n, "n")
@@ -154,7 +154,7 @@ def t_train(
 
     Example:
       >>> # 100 MB of gradients, 4 workers, 90 MB through the proxies:
-      >>> round(coarse.model.t_train(90e6, 100e6, 4, 24.0, 9.0, t_fp=0.03, t_bp=0.06), 4)
+      >>> round(coarse.perf_model.t_train(90e6, 100e6, 4, 24.0, 9.0, t_fp=0.03, t_bp=0.06), 4)
       0.0917
     """
     check_nonneg(t_fp, "t_fp")
@@ -211,7 +211,7 @@ def best_split(
       ValueError: On out-of-range arguments or a candidate outside ``[0, n]``.
 
     Example:
-      >>> m, t = coarse.model.best_split(100_000_000, 4, 24.0, 9.0, t_fp=0.001, t_bp=0.002)
+      >>> m, t = coarse.perf_model.best_split(100_000_000, 4, 24.0, 9.0, t_fp=0.001, t_bp=0.002)
       >>> m, round(t * 1e3, 3)
       (81454546, 6.091)
     """
@@ -297,7 +297,7 @@ def coarse_sync_s(
       ValueError: On out-of-range arguments.
 
     Example:
-      >>> round(coarse.model.coarse_sync_s(100e6, 4, push_gbps=16.0, pull_gbps=16.0,
+      >>> round(coarse.perf_model.coarse_sync_s(100e6, 4, push_gbps=16.0, pull_gbps=16.0,
       ...                                  bw_proxy_gbps=24.0, shard_bytes=4 << 20) * 1e3, 3)
       6.771
     """
@@ -365,7 +365,7 @@ def dense_sync_s(
       ValueError: On out-of-range arguments.
 
     Example:
-      >>> round(coarse.model.dense_sync_s(100e6, 4, 16.0, shard_bytes=4 << 20) * 1e3, 3)
+      >>> round(coarse.perf_model.dense_sync_s(100e6, 4, 16.0, shard_bytes=4 << 20) * 1e3, 3)
       26.042
     """
     check_p(p)
