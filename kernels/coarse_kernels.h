@@ -37,6 +37,13 @@ cudaError_t LaunchUnpack(const void* buf, DType buf_dtype, const Span* spans, in
 cudaError_t LaunchReduce(const void* const* inputs, int num_inputs, void* out, int64_t n,
                          DType dtype, float scale, cudaStream_t stream);
 
+// LaunchReduce over `rows` rows of n f32 elements in one launch: row i of
+// input k at inputs[k] + i * in_pitch[k], of `out` at out + i * out_pitch
+// (elements); each element's arithmetic is LaunchReduce's (the same bits).
+cudaError_t LaunchReduceRows(const float* const* inputs, const int64_t* in_pitch, int num_inputs,
+                             float* out, int64_t out_pitch, int64_t n, int64_t rows, float scale,
+                             cudaStream_t stream);
+
 // The proxy optimizer (kernels/optim.cu; arithmetic in optimizer_math.h): for i < n, w_out[i] =
 // grad_io[i] = OptStep(o, grad_io[i], w_in[i], ...), state slots read from s_in*, written to s_out*
 // (unused slots may be null).

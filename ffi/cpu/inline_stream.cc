@@ -31,6 +31,13 @@ class InlineHostStream final : public Stream {
     return ffi::Error::Success();
   }
 
+  ffi::Error ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                        float scale, const RowPitches& rows) override {
+    if (ffi::Error e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
+    host_kernels::ReduceRows(inputs, num_inputs, out, n, scale, rows);
+    return ffi::Error::Success();
+  }
+
   ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override {
     host_kernels::Optimizer(o, b, n);
     return ffi::Error::Success();
@@ -56,6 +63,12 @@ class InlineHostStream final : public Stream {
   ffi::Error Copy(void* dst, int64_t, const void* src, int64_t, size_t bytes,
                   const char*) override {
     if (dst != src) std::memcpy(dst, src, bytes);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error CopyRows(void* dst, int64_t, size_t dst_pitch, const void* src, int64_t,
+                      size_t src_pitch, size_t row_bytes, int64_t rows, const char*) override {
+    host_kernels::CopyRows(dst, dst_pitch, src, src_pitch, row_bytes, rows);
     return ffi::Error::Success();
   }
 
