@@ -90,6 +90,7 @@ void StreamDevice::BeginCall() {
   queued_.spans.clear();
   queued_.at.clear();
   outbound_.clear();
+  inbound_.clear();
   staged_ = 0;
   acquired_.Forget();
   dirty_ = true;
@@ -167,26 +168,69 @@ ffi::Error StreamDevice::Flush() {
     }
     table = res_.spans(self_) + slot * res_.max_runs();
   }
+  // A pull's copies into staging, before the unpack that reads them.
+  if (e.success() && kind == Queued::Kind::kUnpack)
+    e = IssueCopies(inbound_, "pull: peer copy from the proxy");
+  inbound_.clear();
   if (e.success())
     e = kind == Queued::Kind::kPack ? Enqueue()->Pack(table, num, total, base)
                                     : Enqueue()->Unpack(base, table, num, total);
   spans.clear();
   queued_.at.clear();
   // The pack's copies out of staging, one per range contiguous at both ends
-  // (a push's pieces to one proxy lie side by side in its arena at p = 1).
+  // (a push's pieces to one proxy lie side by side in its arena at p = 1),
+  // or per run of rows at fixed pitches (IssueCopies).
   // (Neither CopyDown nor Transfer flushes, so nothing is added meanwhile.)
-  const std::vector<Outbound>& out = outbound_;
-  for (size_t i = 0; i < out.size() && e.success();) {
-    Outbound o = out[i++];
-    while (i < out.size() && out[i].dst_device == o.dst_device && out[i].dst == o.dst + o.n &&
-           out[i].src == o.src + o.n)
-      o.n += out[i++].n;
-    e = copies_ != nullptr && res_.in_host_memory(o.dst_device)
-            ? CopyDown(o)
-            : Transfer(o.dst, o.dst_device, o.src, self_, o.n, "push: peer copy to the proxy");
-  }
+  if (e.success()) e = IssueCopies(outbound_, "push: peer copy to the proxy");
   outbound_.clear();
   return e;
+}
+
+ffi::Error StreamDevice::IssueCopies(const std::vector<Outbound>& out, const char* what) {
+  auto src_of = [&](const Outbound& o) { return o.src_device < 0 ? self_ : o.src_device; };
+  auto same_ends = [&](const Outbound& a, const Outbound& b) {
+    return a.dst_device == b.dst_device && src_of(a) == src_of(b);
+  };
+  for (size_t i = 0; i < out.size();) {
+    Outbound o = out[i++];
+    const int64_t src_device = src_of(o);
+    if (copies_ != nullptr && res_.in_host_memory(o.dst_device)) {
+      while (i < out.size() && same_ends(out[i], o) && out[i].dst == o.dst + o.n &&
+             out[i].src == o.src + o.n)
+        o.n += out[i++].n;
+      if (ffi::Error e = CopyDown(o); e.failure()) return e;
+      continue;
+    }
+    // Between devices: ranges contiguous at both ends in one copy, else rows of
+    // equal length at fixed pitches at both ends (a k:1 proxy's slots of
+    // consecutive pieces are k pieces apart; a pull's pieces of a group lie a
+    // piece's slots apart at the proxy) in one copy too (Stream::CopyRows).
+    if (i < out.size() && same_ends(out[i], o) && out[i].dst == o.dst + o.n &&
+        out[i].src == o.src + o.n) {
+      while (i < out.size() && same_ends(out[i], o) && out[i].dst == o.dst + o.n &&
+             out[i].src == o.src + o.n)
+        o.n += out[i++].n;
+    } else if (i < out.size() && same_ends(out[i], o) && out[i].n == o.n &&
+               !res_.in_host_memory(o.dst_device) && !res_.in_host_memory(src_device)) {
+      const int64_t dst_pitch = out[i].dst - o.dst, src_pitch = out[i].src - o.src;
+      int64_t rows = 1;
+      while (dst_pitch >= o.n && src_pitch >= o.n && i < out.size() && same_ends(out[i], o) &&
+             out[i].n == o.n && out[i].dst == o.dst + rows * dst_pitch &&
+             out[i].src == o.src + rows * src_pitch) {
+        ++rows;
+        ++i;
+      }
+      if (rows > 1) {
+        ffi::Error e = Enqueue()->CopyRows(o.dst, o.dst_device, dst_pitch * kF32, o.src,
+                                           src_device, src_pitch * kF32, o.n * kF32, rows, what);
+        if (e.failure()) return e;
+        continue;
+      }
+    }
+    if (ffi::Error e = Transfer(o.dst, o.dst_device, o.src, src_device, o.n, what); e.failure())
+      return e;
+  }
+  return ffi::Error::Success();
 }
 
 ffi::ErrorOr<float*> StreamDevice::Stage(Queued::Kind kind, int64_t n, int64_t num_runs) {
@@ -309,9 +353,16 @@ ffi::Error StreamDevice::Scatter(const float* src, int64_t src_device, int64_t s
     // (the held unpack reads none of that room), then unpacked with them.
     ffi::ErrorOr<float*> at = Stage(Queued::Kind::kUnpack, src_len, num_runs);
     if (at.has_error()) return at.error();
-    ffi::Error e =
-        Transfer(at.value(), self_, src, src_device, src_len, "pull: peer copy from the proxy");
-    if (e.failure()) return e;
+    if (res_.in_host_memory(src_device)) {
+      ffi::Error e =
+          Transfer(at.value(), self_, src, src_device, src_len, "pull: peer copy from the proxy");
+      if (e.failure()) return e;
+    } else {
+      // Another GPU's: copied by the Flush that launches the unpack, with
+      // the call's other pieces from there, as rows (IssueCopies). The
+      // waits for the proxy (Acquire) are already on the stream.
+      inbound_.push_back({at.value(), self_, src, src_len, src_device});
+    }
     from = at.value();
   }
   // Merged with the call's other unpacks (a pull is one launch).

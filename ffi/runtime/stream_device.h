@@ -133,13 +133,20 @@ class StreamDevice final : public Device {
   // staging by one launch, then copied out (Outbound), a pull's pieces copied
   // in side by side and unpacked by one launch.
   xla::ffi::ErrorOr<float*> Stage(Queued::Kind kind, int64_t n, int64_t num_runs);
-  // A copy out of staging, issued by Flush after the held pack that fills it.
+  // A copy out of staging, issued by Flush after the held pack that fills it
+  // (or into staging, before the held unpack that reads it: `src_device`
+  // then names the peer; -1 is this device).
   struct Outbound {
     float* dst;
     int64_t dst_device;
     const float* src;
     int64_t n;
+    int64_t src_device = -1;
   };
+  // `copies` in order, merged: ranges contiguous at both ends into one copy,
+  // rows of equal length at fixed pitches into one CopyRows; down to a proxy
+  // in host memory on the copy stream (CopyDown).
+  xla::ffi::Error IssueCopies(const std::vector<Outbound>& copies, const char* what);
   // The stream, for work about to be enqueued: the next Publish records.
   Stream* Enqueue();
   // Whether this device's kernels read and write `device`'s memory directly.
@@ -198,6 +205,7 @@ class StreamDevice final : public Device {
   StreamResources& res_;
   Queued queued_;
   std::vector<Outbound> outbound_;  // the held pack's copies out of staging, in order
+  std::vector<Outbound> inbound_;   // the held unpack's copies into staging, in order
   int64_t staged_ = 0;              // floats of staging the held work uses, from its start
   PublicationsSeen acquired_;       // Acquire waits once per publication of a device
   bool dirty_ = true;               // work enqueued since this device's last record (Publish)
