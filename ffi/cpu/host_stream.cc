@@ -205,6 +205,15 @@ ffi::Error HostStream::Optimizer(const OptScalars& o, const OptBuffers& b, int64
   return ffi::Error::Success();
 }
 
+ffi::Error HostStream::OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n,
+                                     int64_t rows, int64_t grad_pitch, int64_t buf_pitch) {
+  q_.Enqueue([=] {
+    for (int64_t i = 0; i < rows; ++i)
+      host_kernels::Optimizer(o, OptRow(b, i, grad_pitch, buf_pitch), n);
+  });
+  return ffi::Error::Success();
+}
+
 ffi::Error HostStream::SumSquares(const float* x, int64_t n, double*, double* out) {
   q_.Enqueue([=] { host_kernels::SumSquares(x, n, out); });
   return ffi::Error::Success();

@@ -43,6 +43,13 @@ class InlineHostStream final : public Stream {
     return ffi::Error::Success();
   }
 
+  ffi::Error OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
+                           int64_t grad_pitch, int64_t buf_pitch) override {
+    for (int64_t i = 0; i < rows; ++i)
+      host_kernels::Optimizer(o, OptRow(b, i, grad_pitch, buf_pitch), n);
+    return ffi::Error::Success();
+  }
+
   ffi::Error SumSquares(const float* x, int64_t n, double*, double* out) override {
     host_kernels::SumSquares(x, n, out);
     return ffi::Error::Success();

@@ -54,6 +54,14 @@ ffi::Error CudaStream::Optimizer(const OptScalars& o, const OptBuffers& b, int64
                "optimizer kernel");
 }
 
+ffi::Error CudaStream::OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n,
+                                     int64_t rows, int64_t grad_pitch, int64_t buf_pitch) {
+  return Check(kernels::LaunchOptimizerRows(o, b.grad_io, b.w_in, b.w_out, b.s_in[0], b.s_in[1],
+                                            b.s_out[0], b.s_out[1], n, rows, grad_pitch,
+                                            buf_pitch, stream_),
+               "optimizer kernel (rows)");
+}
+
 ffi::Error CudaStream::SumSquares(const float* x, int64_t n, double* partial, double* out) {
   return Check(kernels::LaunchSumSquares(x, n, partial, out, stream_), "sum-of-squares kernel");
 }

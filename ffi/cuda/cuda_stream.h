@@ -28,6 +28,8 @@ class CudaStream final : public Stream {
   xla::ffi::Error ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
                              float scale, const RowPitches& rows) override;
   xla::ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
+  xla::ffi::Error OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
+                                int64_t grad_pitch, int64_t buf_pitch) override;
   xla::ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) override;
   xla::ffi::Error FirstMismatch(const float* master, kernels::DType dtype, const void* given,
                                 kernels::DType given_dtype, int64_t n, unsigned long long base,

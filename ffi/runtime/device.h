@@ -70,6 +70,21 @@ struct Rows {
   int64_t peer_pitch = 0;
 };
 
+// Row i of an optimizer update over rows (Stream::OptimizerRows): the
+// gradient's pointer `grad_pitch` floats on per row, the store's (weights
+// and state) `buf_pitch`; unused state slots stay null.
+inline OptBuffers OptRow(const OptBuffers& b, int64_t i, int64_t grad_pitch, int64_t buf_pitch) {
+  OptBuffers r = b;
+  r.grad_io += i * grad_pitch;
+  r.w_in += i * buf_pitch;
+  r.w_out += i * buf_pitch;
+  for (int j = 0; j < 2; ++j) {
+    if (r.s_in[j] != nullptr) r.s_in[j] += i * buf_pitch;
+    if (r.s_out[j] != nullptr) r.s_out[j] += i * buf_pitch;
+  }
+  return r;
+}
+
 // Where the rows of a Stream::ReduceRows lie: `count` rows, consecutive rows
 // of the output `out` floats apart, of input k `in[k]` apart.
 struct RowPitches {

@@ -55,6 +55,12 @@ class Stream {
   virtual xla::ffi::Error ReduceRows(const float* const* inputs, int num_inputs, float* out,
                                      int64_t n, float scale, const RowPitches& rows) = 0;
   virtual xla::ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) = 0;
+  // The same over `rows` rows of n elements in one launch, row i's buffers
+  // OptRow(b, i, grad_pitch, buf_pitch) (the owned chunks of a ring group's
+  // pieces, StreamDevice::ApplyOptimizer); each element's arithmetic is
+  // Optimizer's.
+  virtual xla::ffi::Error OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n,
+                                        int64_t rows, int64_t grad_pitch, int64_t buf_pitch) = 0;
   // *out = sum x[i]^2 in f64; `partial`: kSumSquaresBlocks doubles of scratch.
   virtual xla::ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) = 0;
   // *first = min(*first, base + the first i where master[i] rounded to

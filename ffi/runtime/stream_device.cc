@@ -141,7 +141,10 @@ ffi::Error StreamDevice::Flush() {
   // in stream order, so all of it is free again.
   staged_ = 0;
   if (kind == Queued::Kind::kOptimizer)
-    return Enqueue()->Optimizer(queued_.o, queued_.b, queued_.n);
+    return queued_.rows == 1 ? Enqueue()->Optimizer(queued_.o, queued_.b, queued_.n)
+                             : Enqueue()->OptimizerRows(queued_.o, queued_.b, queued_.n,
+                                                        queued_.rows, queued_.grad_pitch,
+                                                        queued_.buf_pitch);
   // One span table for every run held: offsets from the lowest address, so
   // runs into several pieces (of one arena, or of the staging buffer) share
   // one launch.
@@ -452,6 +455,17 @@ bool Continues(const OptBuffers& a, int64_t n, const OptBuffers& b, int32_t slot
   return yes;
 }
 
+// Whether `b` is row i of rows starting at `a`, the gradient `gp` floats on
+// per row, the store's buffers `bp` (a ring group's owned chunks).
+bool IsRow(const OptBuffers& a, int64_t i, int64_t gp, int64_t bp, const OptBuffers& b,
+           int32_t slots) {
+  bool yes = b.grad_io == a.grad_io + i * gp && b.w_in == a.w_in + i * bp &&
+             b.w_out == a.w_out + i * bp;
+  for (int32_t j = 0; j < slots && yes; ++j)
+    yes = b.s_in[j] == a.s_in[j] + i * bp && b.s_out[j] == a.s_out[j] + i * bp;
+  return yes;
+}
+
 }  // namespace
 
 ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
@@ -459,11 +473,24 @@ ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b
   CountOptimizer(o, n);
   // Consecutive updates of consecutive elements with the same scalars (a
   // proxy's segments, its pieces) are one launch: the same arithmetic per
-  // element.
-  if (queued_.kind == Queued::Kind::kOptimizer && SameScalars(queued_.o, o) &&
-      Continues(queued_.b, queued_.n, b, OptSlots(o.kind, o.momentum))) {
-    queued_.n += n;
-    return ffi::Error::Success();
+  // element. So are updates of equal length at fixed pitches (a ring
+  // group's owned chunks of one half, one per piece: OptimizerRows).
+  const int32_t slots = OptSlots(o.kind, o.momentum);
+  if (queued_.kind == Queued::Kind::kOptimizer && SameScalars(queued_.o, o)) {
+    if (queued_.rows == 1 && Continues(queued_.b, queued_.n, b, slots)) {
+      queued_.n += n;
+      return ffi::Error::Success();
+    }
+    if (n == queued_.n) {
+      const int64_t gp = queued_.rows > 1 ? queued_.grad_pitch : b.grad_io - queued_.b.grad_io;
+      const int64_t bp = queued_.rows > 1 ? queued_.buf_pitch : b.w_in - queued_.b.w_in;
+      if (gp >= n && bp >= n && IsRow(queued_.b, queued_.rows, gp, bp, b, slots)) {
+        queued_.grad_pitch = gp;
+        queued_.buf_pitch = bp;
+        ++queued_.rows;
+        return ffi::Error::Success();
+      }
+    }
   }
   ffi::Error e = Flush();
   if (e.failure()) return e;
@@ -471,6 +498,7 @@ ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b
   queued_.o = o;
   queued_.b = b;
   queued_.n = n;
+  queued_.rows = 1;
   return holds_ ? ffi::Error::Success() : Flush();
 }
 

@@ -120,6 +120,9 @@ class StreamDevice final : public Device {
     OptScalars o;                      // kOptimizer
     OptBuffers b{};
     int64_t n = 0;
+    // kOptimizer over rows (Stream::OptimizerRows): `rows` of n elements,
+    // row i's buffers OptRow(b, i, grad_pitch, buf_pitch).
+    int64_t rows = 1, grad_pitch = 0, buf_pitch = 0;
   };
   // Holds `runs` back as a pack into (or unpack out of) `buf`, `buf_len`
   // floats, merged with what is held if it is of the same kind; a run's

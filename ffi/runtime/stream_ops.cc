@@ -48,6 +48,11 @@ class CountingStream final : public Stream {
     Add(StreamOp::kLaunches);
     return inner_->Optimizer(o, b, n);
   }
+  ffi::Error OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
+                           int64_t grad_pitch, int64_t buf_pitch) override {
+    Add(StreamOp::kLaunches);
+    return inner_->OptimizerRows(o, b, n, rows, grad_pitch, buf_pitch);
+  }
   ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) override {
     Add(StreamOp::kLaunches);
     return inner_->SumSquares(x, n, partial, out);

@@ -281,9 +281,14 @@ class PieceReducer {
       ffi::Error err = AwaitUpdateInputs(call_, dev_, *update_);
       if (err.failure()) return err;
       TraceScope opt(session_, w_ + k_, "optimizer", s);
-      for (int64_t t = s; t < s + g.count && err.success(); ++t)
-        err = update_->spec->delayed ? TakePending(call_, dev_, *update_, t, Own(t))
-                                     : ApplyOptimizer(call_, dev_, *update_, t, Own(t));
+      // A group's pieces half by half: each half's chunks are rows of one
+      // launch (StreamDevice::ApplyOptimizer); the same arithmetic per element.
+      const bool delayed = update_->spec->delayed;
+      for (int half = delayed || g.count == 1 ? -1 : 0; half < 2 && err.success();
+           half = half < 0 ? 2 : half + 1)
+        for (int64_t t = s; t < s + g.count && err.success(); ++t)
+          err = delayed ? TakePending(call_, dev_, *update_, t, Own(t))
+                        : ApplyOptimizer(call_, dev_, *update_, t, Own(t), half);
       if (err.failure()) return err;
     }
     if (plan_.piece_holder[s] == k_) {
