@@ -55,9 +55,9 @@ cudaError_t LaunchOptimizer(const coarse::OptScalars& o, float* grad_io, const f
 // weights and state at w_in/w_out/s_* + i * buf_pitch (elements; unused
 // slots null); each element's arithmetic is LaunchOptimizer's.
 cudaError_t LaunchOptimizerRows(const coarse::OptScalars& o, float* grad_io, const float* w_in,
-                                float* w_out, const float* s_in0, const float* s_in1,
-                                float* s_out0, float* s_out1, int64_t n, int64_t rows,
-                                int64_t grad_pitch, int64_t buf_pitch, cudaStream_t stream);
+                                float* w_out, const float* s_in0, const float* s_in1, float* s_out0,
+                                float* s_out1, int64_t n, int64_t rows, int64_t grad_pitch,
+                                int64_t buf_pitch, cudaStream_t stream);
 // *out = sum x[i]^2 in f64, in a fixed order; `partial` holds
 // kSumSquaresBlocks doubles of scratch.
 cudaError_t LaunchSumSquares(const float* x, int64_t n, double* partial, double* out,

@@ -191,8 +191,8 @@ ffi::Error HostStream::Reduce(const float* const* inputs, int num_inputs, float*
   return ffi::Error::Success();
 }
 
-ffi::Error HostStream::ReduceRows(const float* const* inputs, int num_inputs, float* out,
-                                  int64_t n, float scale, const RowPitches& rows) {
+ffi::Error HostStream::ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                                  float scale, const RowPitches& rows) {
   if (ffi::Error e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
   std::array<const float*, kernels::kMaxReduceInputs> in{};
   for (int k = 0; k < num_inputs; ++k) in[k] = inputs[k];

@@ -41,8 +41,8 @@ ffi::Error CudaStream::Reduce(const float* const* inputs, int num_inputs, float*
                "reduce kernel");
 }
 
-ffi::Error CudaStream::ReduceRows(const float* const* inputs, int num_inputs, float* out,
-                                  int64_t n, float scale, const RowPitches& rows) {
+ffi::Error CudaStream::ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                                  float scale, const RowPitches& rows) {
   return Check(kernels::LaunchReduceRows(inputs, rows.in, num_inputs, out, rows.out, n, rows.count,
                                          scale, stream_),
                "reduce kernel (rows)");
@@ -56,10 +56,10 @@ ffi::Error CudaStream::Optimizer(const OptScalars& o, const OptBuffers& b, int64
 
 ffi::Error CudaStream::OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n,
                                      int64_t rows, int64_t grad_pitch, int64_t buf_pitch) {
-  return Check(kernels::LaunchOptimizerRows(o, b.grad_io, b.w_in, b.w_out, b.s_in[0], b.s_in[1],
-                                            b.s_out[0], b.s_out[1], n, rows, grad_pitch,
-                                            buf_pitch, stream_),
-               "optimizer kernel (rows)");
+  return Check(
+      kernels::LaunchOptimizerRows(o, b.grad_io, b.w_in, b.w_out, b.s_in[0], b.s_in[1], b.s_out[0],
+                                   b.s_out[1], n, rows, grad_pitch, buf_pitch, stream_),
+      "optimizer kernel (rows)");
 }
 
 ffi::Error CudaStream::SumSquares(const float* x, int64_t n, double* partial, double* out) {

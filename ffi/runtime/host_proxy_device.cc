@@ -48,8 +48,8 @@ ffi::Error HostProxyDevice::Scatter(const float* src, int64_t, int64_t, const Le
   return host_->Unpack(src, spans_.data(), num_runs, total);
 }
 
-ffi::Error HostProxyDevice::AddFrom(float* own, const float* peer, int64_t, int64_t n,
-                                    float scale, const Rows& rows) {
+ffi::Error HostProxyDevice::AddFrom(float* own, const float* peer, int64_t, int64_t n, float scale,
+                                    const Rows& rows) {
   for (int64_t i = 0; i < rows.count && n > 0; ++i) {
     CountTraffic(TrafficOp::kRingStep, 2 * n * kF32, n * kF32);
     float* o = own + i * rows.own_pitch;

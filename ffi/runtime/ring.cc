@@ -53,8 +53,7 @@ ffi::Error RunSteps(Session& session, Device& dev, const Who& who, int64_t n, fl
     // directions run at the same time, as on full-duplex links.
     for (int r = 0; r < 2; ++r) {
       ffi::Error err = session.Wait(
-          who, Session::Waits::kPeer,
-          [&] { return PredDone(m, r, g); },
+          who, Session::Waits::kPeer, [&] { return PredDone(m, r, g); },
           [&] { return what(r, g); });
       if (err.failure()) return err;
       err = dev.Acquire(m.pred_device[r]);

@@ -42,10 +42,10 @@ struct RingMember {
   int64_t own_pitch = 0;
   int64_t pred_pitch[2] = {0, 0};
   int64_t progress_stride = 0;
-  int64_t successor_device[2];             // whom to wake after a step
-  int64_t position[2];                     // position in ring r, 0..p-1
-  int64_t self_device, pred_device[2];     // mesh devices: peer copies, emulated links
-  double wire_bytes_per_elem;              // bytes a chunk element costs on a link
+  int64_t successor_device[2];          // whom to wake after a step
+  int64_t position[2];                  // position in ring r, 0..p-1
+  int64_t self_device, pred_device[2];  // mesh devices: peer copies, emulated links
+  double wire_bytes_per_elem;           // bytes a chunk element costs on a link
   // Emulated links only (else null): when this member's / its predecessor's
   // progress in ring r reached g, RingSteps(p) + 1 entries (Session's
   // *_step_times). A step's transfer is ready when both were there.

@@ -80,9 +80,9 @@ class Stream {
   // `rows` rows of `row_bytes` in one copy (cudaMemcpy2DAsync /
   // cudaMemcpy3DPeerAsync): row i from src + i * src_pitch to dst + i *
   // dst_pitch (bytes), between mesh devices as Copy.
-  virtual xla::ffi::Error CopyRows(void* dst, int64_t dst_device, size_t dst_pitch,
-                                   const void* src, int64_t src_device, size_t src_pitch,
-                                   size_t row_bytes, int64_t rows, const char* what) = 0;
+  virtual xla::ffi::Error CopyRows(void* dst, int64_t dst_device, size_t dst_pitch, const void* src,
+                                   int64_t src_device, size_t src_pitch, size_t row_bytes,
+                                   int64_t rows, const char* what) = 0;
   // Host -> this device. `src` may die as soon as the call returns.
   virtual xla::ffi::Error Upload(void* dst, const void* src, size_t bytes, const char* what) = 0;
   // This device -> host. `dst` holds the bytes only after Synchronize, or

@@ -141,10 +141,10 @@ ffi::Error StreamDevice::Flush() {
   // in stream order, so all of it is free again.
   staged_ = 0;
   if (kind == Queued::Kind::kOptimizer)
-    return queued_.rows == 1 ? Enqueue()->Optimizer(queued_.o, queued_.b, queued_.n)
-                             : Enqueue()->OptimizerRows(queued_.o, queued_.b, queued_.n,
-                                                        queued_.rows, queued_.grad_pitch,
-                                                        queued_.buf_pitch);
+    return queued_.rows == 1
+               ? Enqueue()->Optimizer(queued_.o, queued_.b, queued_.n)
+               : Enqueue()->OptimizerRows(queued_.o, queued_.b, queued_.n, queued_.rows,
+                                          queued_.grad_pitch, queued_.buf_pitch);
   // One span table for every run held: offsets from the lowest address, so
   // runs into several pieces (of one arena, or of the staging buffer) share
   // one launch.
@@ -224,8 +224,8 @@ ffi::Error StreamDevice::IssueCopies(const std::vector<Outbound>& out, const cha
         ++i;
       }
       if (rows > 1) {
-        ffi::Error e = Enqueue()->CopyRows(o.dst, o.dst_device, dst_pitch * kF32, o.src,
-                                           src_device, src_pitch * kF32, o.n * kF32, rows, what);
+        ffi::Error e = Enqueue()->CopyRows(o.dst, o.dst_device, dst_pitch * kF32, o.src, src_device,
+                                           src_pitch * kF32, o.n * kF32, rows, what);
         if (e.failure()) return e;
         continue;
       }
@@ -459,8 +459,8 @@ bool Continues(const OptBuffers& a, int64_t n, const OptBuffers& b, int32_t slot
 // per row, the store's buffers `bp` (a ring group's owned chunks).
 bool IsRow(const OptBuffers& a, int64_t i, int64_t gp, int64_t bp, const OptBuffers& b,
            int32_t slots) {
-  bool yes = b.grad_io == a.grad_io + i * gp && b.w_in == a.w_in + i * bp &&
-             b.w_out == a.w_out + i * bp;
+  bool yes =
+      b.grad_io == a.grad_io + i * gp && b.w_in == a.w_in + i * bp && b.w_out == a.w_out + i * bp;
   for (int32_t j = 0; j < slots && yes; ++j)
     yes = b.s_in[j] == a.s_in[j] + i * bp && b.s_out[j] == a.s_out[j] + i * bp;
   return yes;

@@ -23,7 +23,8 @@ ffi::Error SumSlotsOn(Stream& stream, float* own, int64_t n, int64_t slots, floa
   if (slots <= 1) CountSumSlots(elems, slots, scale);
   if (slots == 0) {
     for (int64_t i = 0; i < rows.count; ++i)
-      if (ffi::Error e = stream.Memset(own + i * rows.own_pitch, n * sizeof(float), "zeroing a slot");
+      if (ffi::Error e =
+              stream.Memset(own + i * rows.own_pitch, n * sizeof(float), "zeroing a slot");
           e.failure())
         return e;
     return ffi::Error::Success();

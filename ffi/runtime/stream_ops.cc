@@ -92,8 +92,8 @@ class CountingStream final : public Stream {
                       int64_t src_device, size_t src_pitch, size_t row_bytes, int64_t rows,
                       const char* what) override {
     CountCopy(dst_device, src_device, static_cast<int64_t>(row_bytes) * rows);
-    return inner_->CopyRows(dst, dst_device, dst_pitch, src, src_device, src_pitch, row_bytes,
-                            rows, what);
+    return inner_->CopyRows(dst, dst_device, dst_pitch, src, src_device, src_pitch, row_bytes, rows,
+                            what);
   }
   ffi::Error Upload(void* dst, const void* src, size_t bytes, const char* what) override {
     Add(StreamOp::kCopiesH2D);

@@ -23,8 +23,8 @@ ffi::Error ExchangeOwned(Session& session, Device& dev, int64_t k, const HostsSt
         std::to_string(hosts.width) +
         " (the step was built from another plan than the one that runs: coarse_jax reads "
         "the width from ExchangeRanges, ffi/runtime/param_store.cc)");
-  TraceScope span(session, plan.workers + k, to_hosts ? "to the other hosts" : "from the other hosts",
-                  -1, n * 4);
+  TraceScope span(session, plan.workers + k,
+                  to_hosts ? "to the other hosts" : "from the other hosts", -1, n * 4);
   for (const OwnedRange& r : ranges) {
     float* own = session.arena(k) + plan.slot(k, r.piece, 0) + r.lo;
     float* x = hosts.chunks + r.off;

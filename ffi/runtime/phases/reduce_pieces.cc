@@ -430,13 +430,13 @@ class PieceReducer {
   ProxyUpdate* update_;
   Session& session_;
   const Plan& plan_;
-  const int64_t w_, q_, k_;    // workers (proxy k is device w_ + k), proxies, this proxy
-  const bool gather_pull_;     // no all-gather: the pulls read owned chunks (phases.h)
-  const bool fused_;           // the pushes are read in place (PushesInPlace, phases.h)
-  std::vector<int64_t> held_;  // finished DENSE pieces not announced yet (AnnounceHeld)
+  const int64_t w_, q_, k_;              // workers (proxy k is device w_ + k), proxies, this proxy
+  const bool gather_pull_;               // no all-gather: the pulls read owned chunks (phases.h)
+  const bool fused_;                     // the pushes are read in place (PushesInPlace, phases.h)
+  std::vector<int64_t> held_;            // finished DENSE pieces not announced yet (AnnounceHeld)
   const std::vector<RingGroup> groups_;  // the ring's groups of pieces (ring_groups.h)
-  std::vector<bool> final_;    // FlagInOrder: the pieces final here
-  int64_t flagged_ = 0;        // FlagInOrder: flags written for pieces [0, flagged_)
+  std::vector<bool> final_;              // FlagInOrder: the pieces final here
+  int64_t flagged_ = 0;                  // FlagInOrder: flags written for pieces [0, flagged_)
 };
 
 }  // namespace
