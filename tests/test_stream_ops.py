@@ -350,11 +350,15 @@ _RING_SCRIPT = textwrap.dedent(
     """
 )
 
-# Of the counts held below, those timing moves (see _TIMED above): a record is skipped
-# when nothing was enqueued since the device's last one, a stream wait when the device
-# waited for has not published since; both by a few in a window, never by a piece's
-# worth. A per-piece ring would move them by hundreds here (see the deliberate bug).
-_RING_TIMED_SLACK = 0.05
+# Of the counts held below, those timing moves (see _TIMED above), as a share of the
+# larger: a record is skipped when nothing was enqueued since the device's last one
+# (seen: at most 1.5%, 136.3 vs 137.7 a step at 4:4), a stream wait when the device
+# waited for has not published since, which depends on which proxy got where first
+# (seen: up to 15%, 130 vs 150 a step at 4:4, in one window of the same step). A ring
+# stepped per piece (the deliberate bug) moves launches by 41-47%, peer copies by
+# 42-48%, records by 45-48% and stream waits by 19-47% here: the waits' window does
+# not catch it at 4:2 (19-22%), the other three do everywhere.
+_RING_TIMED_SLACK = {"records": 0.05, "stream_waits": 0.25}
 
 
 def _ring_counts(group_floats: str = "default") -> dict:
@@ -414,7 +418,7 @@ def _assert_ring_per_call(counts: dict) -> None:
                     assert a[k] == b[k], (big_name, k, a[k], b[k])
             for k in ("records", "stream_waits"):
                 for a, b in ((big, small), (big2, small2)):
-                    assert abs(a[k] - b[k]) <= _RING_TIMED_SLACK * max(a[k], b[k]), (
+                    assert abs(a[k] - b[k]) <= _RING_TIMED_SLACK[k] * max(a[k], b[k]), (
                         big_name,
                         k,
                         a[k],
