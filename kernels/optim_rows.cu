@@ -40,18 +40,16 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t LaunchOptimizerRows(const coarse::OptScalars& o, float* grad_io, const float* w_in,
-                                float* w_out, const float* s_in0, const float* s_in1,
-                                float* s_out0, float* s_out1, int64_t n, int64_t rows,
-                                int64_t grad_pitch, int64_t buf_pitch, cudaStream_t stream) {
+                                float* w_out, const float* s_in0, const float* s_in1, float* s_out0,
+                                float* s_out1, int64_t n, int64_t rows, int64_t grad_pitch,
+                                int64_t buf_pitch, cudaStream_t stream) {
   if (n <= 0 || rows <= 0) return cudaSuccess;
   const int64_t per_block = kThreads * 4;
-  const dim3 grid(
-      static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + per_block - 1) / per_block,
-                                                                   1 << 16))),
-      static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
-  OptimizerRowsKernel<<<grid, kThreads, 0, stream>>>(o, grad_io, w_in, w_out, s_in0, s_in1,
-                                                     s_out0, s_out1, n, rows, grad_pitch,
-                                                     buf_pitch);
+  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(
+                      1, std::min<int64_t>((n + per_block - 1) / per_block, 1 << 16))),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  OptimizerRowsKernel<<<grid, kThreads, 0, stream>>>(o, grad_io, w_in, w_out, s_in0, s_in1, s_out0,
+                                                     s_out1, n, rows, grad_pitch, buf_pitch);
   return cudaGetLastError();
 }
 
