@@ -37,12 +37,27 @@ cudaError_t LaunchUnpack(const void* buf, DType buf_dtype, const Span* spans, in
 cudaError_t LaunchReduce(const void* const* inputs, int num_inputs, void* out, int64_t n,
                          DType dtype, float scale, cudaStream_t stream);
 
+// LaunchReduce over `rows` rows of n f32 elements in one launch: row i of
+// input k at inputs[k] + i * in_pitch[k], of `out` at out + i * out_pitch
+// (elements); each element's arithmetic is LaunchReduce's (the same bits).
+cudaError_t LaunchReduceRows(const float* const* inputs, const int64_t* in_pitch, int num_inputs,
+                             float* out, int64_t out_pitch, int64_t n, int64_t rows, float scale,
+                             cudaStream_t stream);
+
 // The proxy optimizer (kernels/optim.cu; arithmetic in optimizer_math.h): for i < n, w_out[i] =
 // grad_io[i] = OptStep(o, grad_io[i], w_in[i], ...), state slots read from s_in*, written to s_out*
 // (unused slots may be null).
 cudaError_t LaunchOptimizer(const coarse::OptScalars& o, float* grad_io, const float* w_in,
                             float* w_out, const float* s_in0, const float* s_in1, float* s_out0,
                             float* s_out1, int64_t n, cudaStream_t stream);
+// LaunchOptimizer over `rows` rows of n elements in one launch
+// (kernels/optim_rows.cu): row i's gradient at grad_io + i * grad_pitch, its
+// weights and state at w_in/w_out/s_* + i * buf_pitch (elements; unused
+// slots null); each element's arithmetic is LaunchOptimizer's.
+cudaError_t LaunchOptimizerRows(const coarse::OptScalars& o, float* grad_io, const float* w_in,
+                                float* w_out, const float* s_in0, const float* s_in1, float* s_out0,
+                                float* s_out1, int64_t n, int64_t rows, int64_t grad_pitch,
+                                int64_t buf_pitch, cudaStream_t stream);
 // *out = sum x[i]^2 in f64, in a fixed order; `partial` holds
 // kSumSquaresBlocks doubles of scratch.
 cudaError_t LaunchSumSquares(const float* x, int64_t n, double* partial, double* out,

@@ -59,7 +59,50 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+struct RowInputs {
+  const float* p[kMaxReduceInputs];
+  int64_t pitch[kMaxReduceInputs];
+  int n;
+};
+
+// Rows of a group (blockIdx.y strides over them), elements of a row over
+// blockIdx.x: scalar loads, the same per-element sum as ReduceKernel.
+__global__ void __launch_bounds__(kThreads)
+    ReduceRowsKernel(RowInputs in, float* out, int64_t out_pitch, int64_t n, int64_t rows,
+                     float scale) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (int64_t i = first; i < n; i += stride) {
+      float acc = in.p[0][r * in.pitch[0] + i];
+#pragma unroll
+      for (int k = 1; k < kMaxReduceInputs; ++k)
+        if (k < in.n) acc = ReduceAdd(acc, in.p[k][r * in.pitch[k] + i]);
+      out[r * out_pitch + i] = ReduceResult(acc, scale);
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchReduceRows(const float* const* inputs, const int64_t* in_pitch, int num_inputs,
+                             float* out, int64_t out_pitch, int64_t n, int64_t rows, float scale,
+                             cudaStream_t stream) {
+  if (num_inputs < 1 || num_inputs > kMaxReduceInputs) return cudaErrorInvalidValue;
+  if (n <= 0 || rows <= 0) return cudaSuccess;
+  RowInputs in{};
+  in.n = num_inputs;
+  for (int k = 0; k < num_inputs; ++k) {
+    in.p[k] = inputs[k];
+    in.pitch[k] = in_pitch[k];
+  }
+  const int64_t per_block = kThreads * kVectorsPerThread;
+  const int64_t blocks = std::min<int64_t>((n + per_block - 1) / per_block, 1 << 16);
+  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(blocks, 1)),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  ReduceRowsKernel<<<grid, kThreads, 0, stream>>>(in, out, out_pitch, n, rows, scale);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchReduce(const void* const* inputs, int num_inputs, void* out, int64_t n,
                          DType dtype, float scale, cudaStream_t stream) {

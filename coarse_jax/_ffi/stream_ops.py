@@ -92,3 +92,14 @@ def reset_stream_ops() -> None:
     for module in _modules():
         module.reset_stream_ops()
     _hand_off_base = wakeup_stats().notify_sleeper
+
+
+def set_ring_group_floats(floats: int) -> int:
+    """Testing: the most floats the proxies' ring steps as one group of pieces
+    (``ffi/runtime/ring_groups.h``), in every loaded runtime; 0 steps the ring piece by
+    piece (what the step budgets must catch), a negative value restores the default
+    (4 MiB of f32). Returns the previous value (the CPU runtime's)."""
+    before = int(cpu_module().set_ring_group_floats(int(floats)))
+    for module in _modules():
+        module.set_ring_group_floats(int(floats))
+    return before

@@ -191,8 +191,26 @@ ffi::Error HostStream::Reduce(const float* const* inputs, int num_inputs, float*
   return ffi::Error::Success();
 }
 
+ffi::Error HostStream::ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                                  float scale, const RowPitches& rows) {
+  if (ffi::Error e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
+  std::array<const float*, kernels::kMaxReduceInputs> in{};
+  for (int k = 0; k < num_inputs; ++k) in[k] = inputs[k];
+  q_.Enqueue([=] { host_kernels::ReduceRows(in.data(), num_inputs, out, n, scale, rows); });
+  return ffi::Error::Success();
+}
+
 ffi::Error HostStream::Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
   q_.Enqueue([=] { host_kernels::Optimizer(o, b, n); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n,
+                                     int64_t rows, int64_t grad_pitch, int64_t buf_pitch) {
+  q_.Enqueue([=] {
+    for (int64_t i = 0; i < rows; ++i)
+      host_kernels::Optimizer(o, OptRow(b, i, grad_pitch, buf_pitch), n);
+  });
   return ffi::Error::Success();
 }
 
@@ -234,6 +252,19 @@ ffi::Error HostStream::Copy(void* dst, int64_t, const void* src, int64_t, size_t
   // One address space: a peer copy is a memcpy, but on this stream, in its
   // order, as cudaMemcpyPeerAsync on the caller's stream.
   q_.Enqueue([=] { std::memcpy(dst, src, bytes); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::CopyRows(void* dst, int64_t, size_t dst_pitch, const void* src, int64_t,
+                                size_t src_pitch, size_t row_bytes, int64_t rows,
+                                const char* what) {
+  for (int64_t i = 0; i < rows; ++i) {
+    ffi::Error e = NotHostMemory(static_cast<char*>(dst) + i * dst_pitch, row_bytes, what);
+    if (e.success())
+      e = NotHostMemory(static_cast<const char*>(src) + i * src_pitch, row_bytes, what);
+    if (e.failure()) return e;
+  }
+  q_.Enqueue([=] { host_kernels::CopyRows(dst, dst_pitch, src, src_pitch, row_bytes, rows); });
   return ffi::Error::Success();
 }
 

@@ -41,10 +41,25 @@ ffi::Error CudaStream::Reduce(const float* const* inputs, int num_inputs, float*
                "reduce kernel");
 }
 
+ffi::Error CudaStream::ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                                  float scale, const RowPitches& rows) {
+  return Check(kernels::LaunchReduceRows(inputs, rows.in, num_inputs, out, rows.out, n, rows.count,
+                                         scale, stream_),
+               "reduce kernel (rows)");
+}
+
 ffi::Error CudaStream::Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
   return Check(kernels::LaunchOptimizer(o, b.grad_io, b.w_in, b.w_out, b.s_in[0], b.s_in[1],
                                         b.s_out[0], b.s_out[1], n, stream_),
                "optimizer kernel");
+}
+
+ffi::Error CudaStream::OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n,
+                                     int64_t rows, int64_t grad_pitch, int64_t buf_pitch) {
+  return Check(
+      kernels::LaunchOptimizerRows(o, b.grad_io, b.w_in, b.w_out, b.s_in[0], b.s_in[1], b.s_out[0],
+                                   b.s_out[1], n, rows, grad_pitch, buf_pitch, stream_),
+      "optimizer kernel (rows)");
 }
 
 ffi::Error CudaStream::SumSquares(const float* x, int64_t n, double* partial, double* out) {
@@ -79,6 +94,34 @@ ffi::Error CudaStream::Copy(void* dst, int64_t dst_device, const void* src, int6
   return Check(cudaMemcpyPeerAsync(dst, static_cast<int>(ordinals_[dst_device]), src,
                                    static_cast<int>(ordinals_[src_device]), bytes, stream_),
                what);
+}
+
+ffi::Error CudaStream::CopyRows(void* dst, int64_t dst_device, size_t dst_pitch, const void* src,
+                                int64_t src_device, size_t src_pitch, size_t row_bytes,
+                                int64_t rows, const char* what) {
+  if (rows <= 0 || row_bytes == 0) return ffi::Error::Success();
+  const size_t height = static_cast<size_t>(rows);
+  if (dst_device == src_device)
+    return Check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, height,
+                                   cudaMemcpyDeviceToDevice, stream_),
+                 what);
+  if (dst_device >= static_cast<int64_t>(ordinals_.size()) ||
+      src_device >= static_cast<int64_t>(ordinals_.size()))
+    return ffi::Error::Internal(std::string("coarse_jax: ") + what +
+                                ": the stream has no ordinal for a mesh device");
+  // Host memory is mapped (UVA), as in Copy: the driver infers the direction.
+  if (IsHostOrdinal(ordinals_[dst_device]) || IsHostOrdinal(ordinals_[src_device]))
+    return Check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, height,
+                                   cudaMemcpyDefault, stream_),
+                 what);
+  // Between two GPUs: a 2D copy as a 3D peer copy of depth 1.
+  cudaMemcpy3DPeerParms parms{};
+  parms.srcPtr = make_cudaPitchedPtr(const_cast<void*>(src), src_pitch, row_bytes, height);
+  parms.srcDevice = static_cast<int>(ordinals_[src_device]);
+  parms.dstPtr = make_cudaPitchedPtr(dst, dst_pitch, row_bytes, height);
+  parms.dstDevice = static_cast<int>(ordinals_[dst_device]);
+  parms.extent = make_cudaExtent(row_bytes, height, 1);
+  return Check(cudaMemcpy3DPeerAsync(&parms, stream_), what);
 }
 
 ffi::Error CudaStream::Upload(void* dst, const void* src, size_t bytes, const char* what) {

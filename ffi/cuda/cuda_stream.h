@@ -25,7 +25,11 @@ class CudaStream final : public Stream {
                          int64_t total) override;
   xla::ffi::Error Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
                          float scale) override;
+  xla::ffi::Error ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                             float scale, const RowPitches& rows) override;
   xla::ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
+  xla::ffi::Error OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
+                                int64_t grad_pitch, int64_t buf_pitch) override;
   xla::ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) override;
   xla::ffi::Error FirstMismatch(const float* master, kernels::DType dtype, const void* given,
                                 kernels::DType given_dtype, int64_t n, unsigned long long base,
@@ -33,6 +37,9 @@ class CudaStream final : public Stream {
   xla::ffi::Error Memset(void* dst, size_t bytes, const char* what) override;
   xla::ffi::Error Copy(void* dst, int64_t dst_device, const void* src, int64_t src_device,
                        size_t bytes, const char* what) override;
+  xla::ffi::Error CopyRows(void* dst, int64_t dst_device, size_t dst_pitch, const void* src,
+                           int64_t src_device, size_t src_pitch, size_t row_bytes, int64_t rows,
+                           const char* what) override;
   xla::ffi::Error Upload(void* dst, const void* src, size_t bytes, const char* what) override;
   xla::ffi::Error Download(void* dst, const void* src, size_t bytes, const char* what) override;
   xla::ffi::Error Record(StreamEvent event) override;

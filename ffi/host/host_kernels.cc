@@ -70,6 +70,24 @@ void Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n, f
   }
 }
 
+void ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n, float scale,
+                const RowPitches& rows) {
+  const float* in[kernels::kMaxReduceInputs];
+  for (int64_t i = 0; i < rows.count; ++i) {
+    for (int k = 0; k < num_inputs; ++k) in[k] = inputs[k] + i * rows.in[k];
+    Reduce(in, num_inputs, out + i * rows.out, n, scale);
+  }
+}
+
+void CopyRows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+              int64_t rows) {
+  for (int64_t i = 0; i < rows; ++i) {
+    char* d = static_cast<char*>(dst) + i * dst_pitch;
+    const char* from = static_cast<const char*>(src) + i * src_pitch;
+    if (d != from) std::memcpy(d, from, row_bytes);
+  }
+}
+
 void Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
   // A large share (a host proxy's of a big model) on the bounded host pool:
   // element-wise, so the same bits however it is split. (OptimizerF32 reads

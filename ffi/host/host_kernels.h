@@ -21,6 +21,12 @@ void Pack(const kernels::Span* spans, int64_t num_spans, float* buf);
 void Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans);
 // out[i] = (in[0][i] + ... + in[k-1][i]) * scale, in input order; out may alias in[0].
 void Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n, float scale);
+// Reduce over `rows.count` rows (Stream::ReduceRows), row by row.
+void ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n, float scale,
+                const RowPitches& rows);
+// `rows` rows of `row_bytes`, row i from src + i * src_pitch to dst + i * dst_pitch (bytes).
+void CopyRows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+              int64_t rows);
 void Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n);
 // *out = sum x[i]^2 in f64, in index order.
 void SumSquares(const float* x, int64_t n, double* out);

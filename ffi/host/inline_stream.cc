@@ -31,8 +31,22 @@ class InlineHostStream final : public Stream {
     return ffi::Error::Success();
   }
 
+  ffi::Error ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                        float scale, const RowPitches& rows) override {
+    if (ffi::Error e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
+    host_kernels::ReduceRows(inputs, num_inputs, out, n, scale, rows);
+    return ffi::Error::Success();
+  }
+
   ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override {
     host_kernels::Optimizer(o, b, n);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
+                           int64_t grad_pitch, int64_t buf_pitch) override {
+    for (int64_t i = 0; i < rows; ++i)
+      host_kernels::Optimizer(o, OptRow(b, i, grad_pitch, buf_pitch), n);
     return ffi::Error::Success();
   }
 
@@ -56,6 +70,12 @@ class InlineHostStream final : public Stream {
   ffi::Error Copy(void* dst, int64_t, const void* src, int64_t, size_t bytes,
                   const char*) override {
     if (dst != src) std::memcpy(dst, src, bytes);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error CopyRows(void* dst, int64_t, size_t dst_pitch, const void* src, int64_t,
+                      size_t src_pitch, size_t row_bytes, int64_t rows, const char*) override {
+    host_kernels::CopyRows(dst, dst_pitch, src, src_pitch, row_bytes, rows);
     return ffi::Error::Success();
   }
 

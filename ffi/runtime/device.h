@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kernels/optimizer_math.h"
+#include "kernels/span.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace coarse {
@@ -58,6 +59,40 @@ struct LeafRun {
 // the piece), pointing into the worker's gradient buffers.
 using PushedRuns = std::vector<LeafRun>;
 
+// Rows of equal length spread at fixed pitches (floats): the same chunk of
+// each piece of a group (the proxies' ring steps a group in one copy and one
+// launch, runtime/ring.h). Device::AddFrom / CopyFrom / SumSlots take `count`
+// rows: row i of `own` at own + i * own_pitch, of the peer's buffer at
+// peer + i * peer_pitch. One row by default.
+struct Rows {
+  int64_t count = 1;
+  int64_t own_pitch = 0;
+  int64_t peer_pitch = 0;
+};
+
+// Row i of an optimizer update over rows (Stream::OptimizerRows): the
+// gradient's pointer `grad_pitch` floats on per row, the store's (weights
+// and state) `buf_pitch`; unused state slots stay null.
+inline OptBuffers OptRow(const OptBuffers& b, int64_t i, int64_t grad_pitch, int64_t buf_pitch) {
+  OptBuffers r = b;
+  r.grad_io += i * grad_pitch;
+  r.w_in += i * buf_pitch;
+  r.w_out += i * buf_pitch;
+  for (int j = 0; j < 2; ++j) {
+    if (r.s_in[j] != nullptr) r.s_in[j] += i * buf_pitch;
+    if (r.s_out[j] != nullptr) r.s_out[j] += i * buf_pitch;
+  }
+  return r;
+}
+
+// Where the rows of a Stream::ReduceRows lie: `count` rows, consecutive rows
+// of the output `out` floats apart, of input k `in[k]` apart.
+struct RowPitches {
+  int64_t count = 1;
+  int64_t out = 0;
+  int64_t in[kernels::kMaxReduceInputs] = {};
+};
+
 struct Mismatch {
   int64_t run = -1;           // which of the runs checked (Device::FirstMismatch), -1 if none
   int64_t index = -1;         // the element in it
@@ -79,13 +114,18 @@ class Device {
   // Local storage: own[i] = (sum_j own[j * n + i]) * scale over `slots`
   // consecutive slots (zeros if slots == 0), in slot order; the scale is the
   // same multiply as a Scale after the sum (the same bits), without its pass.
-  virtual xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots, float scale) = 0;
-  // own[i] = (own[i] + peer[i]) * scale, `peer` storage of `peer_device`.
+  // With `rows` (peer_pitch unused), each of rows.count rows of n elements at
+  // own + i * own_pitch, its slots n apart, in one pass.
+  virtual xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots, float scale,
+                                   const Rows& rows = Rows{}) = 0;
+  // own[i] = (own[i] + peer[i]) * scale, `peer` storage of `peer_device`;
+  // with `rows`, for each row (a device with streams: one copy and one
+  // launch for all of them).
   virtual xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                                  float scale) = 0;
-  // own[i] = peer[i].
-  virtual xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device,
-                                   int64_t n) = 0;
+                                  float scale, const Rows& rows = Rows{}) = 0;
+  // own[i] = peer[i]; with `rows`, for each row (one copy).
+  virtual xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                                   const Rows& rows = Rows{}) = 0;
   // x[i] *= scale (local).
   virtual xla::ffi::Error Scale(float* x, int64_t n, float scale) = 0;
 

@@ -48,18 +48,27 @@ ffi::Error HostProxyDevice::Scatter(const float* src, int64_t, int64_t, const Le
   return host_->Unpack(src, spans_.data(), num_runs, total);
 }
 
-ffi::Error HostProxyDevice::AddFrom(float* own, const float* peer, int64_t, int64_t n,
-                                    float scale) {
-  CountTraffic(TrafficOp::kRingStep, 2 * n * kF32, n * kF32);
-  const float* in[2] = {own, peer};
-  return n == 0 ? ffi::Error::Success() : host_->Reduce(in, 2, own, n, scale);
+ffi::Error HostProxyDevice::AddFrom(float* own, const float* peer, int64_t, int64_t n, float scale,
+                                    const Rows& rows) {
+  for (int64_t i = 0; i < rows.count && n > 0; ++i) {
+    CountTraffic(TrafficOp::kRingStep, 2 * n * kF32, n * kF32);
+    float* o = own + i * rows.own_pitch;
+    const float* in[2] = {o, peer + i * rows.peer_pitch};
+    ffi::Error e = host_->Reduce(in, 2, o, n, scale);
+    if (e.failure()) return e;
+  }
+  return ffi::Error::Success();
 }
 
-ffi::Error HostProxyDevice::CopyFrom(float* own, const float* peer, int64_t peer_device,
-                                     int64_t n) {
-  CountTraffic(TrafficOp::kRingStep, n * kF32, n * kF32);
-  return n <= 0 ? ffi::Error::Success()
-                : host_->Copy(own, workers_, peer, peer_device, n * sizeof(float), "ring copy");
+ffi::Error HostProxyDevice::CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                                     const Rows& rows) {
+  for (int64_t i = 0; i < rows.count && n > 0; ++i) {
+    CountTraffic(TrafficOp::kRingStep, n * kF32, n * kF32);
+    ffi::Error e = host_->Copy(own + i * rows.own_pitch, workers_, peer + i * rows.peer_pitch,
+                               peer_device, n * sizeof(float), "ring copy");
+    if (e.failure()) return e;
+  }
+  return ffi::Error::Success();
 }
 
 ffi::Error HostProxyDevice::Scale(float* x, int64_t n, float scale) {

@@ -50,13 +50,16 @@ class HostProxyDevice final : public Device {
                          int64_t dst_len) override;
   xla::ffi::Error Scatter(const float* src, int64_t src_device, int64_t src_len,
                           const LeafRun* runs, int64_t num_runs) override;
-  xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots, float scale) override {
+  xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots, float scale,
+                           const Rows& rows = Rows{}) override {
     Stall();
-    return SumSlotsOn(*host_, own, n, slots, scale);
+    return SumSlotsOn(*host_, own, n, slots, scale, rows);
   }
+  // Host loops: row by row (a host stream's work is not a launch).
   xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                          float scale) override;
-  xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) override;
+                          float scale, const Rows& rows = Rows{}) override;
+  xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                           const Rows& rows = Rows{}) override;
   xla::ffi::Error Scale(float* x, int64_t n, float scale) override;
   xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
   xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override;

@@ -97,9 +97,12 @@ xla::ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update,
 // against it.
 xla::ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& update);
 // Turns the mean gradient in `own` (piece s's accumulator) into new
-// parameters on the ranges this proxy owns, updating its master and state.
+// parameters on the ranges this proxy owns, updating its master and state;
+// with `half` 0 or 1 only the range of ring `half`'s half of the piece (a
+// ring group updates one half of all its pieces, then the other: rows of one
+// launch each, StreamDevice::ApplyOptimizer).
 xla::ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& update, int64_t s,
-                               float* own);
+                               float* own, int half = -1);
 // The one-step delayed update (OptimizerSpec::delayed), proxy k's parts:
 // ApplyPending, first in its job (while the workers run forward and
 // backward): holds and lays out the store, then, with a gradient pending,

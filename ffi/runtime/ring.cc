@@ -3,6 +3,7 @@
 #include "runtime/ring.h"
 
 #include <algorithm>
+#include <string>
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -16,8 +17,17 @@ void NoteStep(Session& session, const RingMember& m, int r, int32_t g,
   if (m.step_times[r])
     m.step_times[r][g].store(Ticks(at ? *at : session.Now(m.self_device)),
                              std::memory_order_release);
-  m.progress[r]->store(g, std::memory_order_release);
+  // A group's counters together, then one wake-up for all of them.
+  for (int64_t i = 0; i < m.rows; ++i)
+    m.progress[r][i * m.progress_stride].store(g, std::memory_order_release);
   session.Notify(m.successor_device[r]);
+}
+
+// Whether the ring r predecessor completed step g of every buffer of the group.
+bool PredDone(const RingMember& m, int r, int32_t g) {
+  for (int64_t i = 0; i < m.rows; ++i)
+    if (m.pred_progress[r][i * m.progress_stride].load(std::memory_order_acquire) < g) return false;
+  return true;
 }
 
 // Steps [from, to) of both rings. The completion of step `to` - 1 is
@@ -43,8 +53,7 @@ ffi::Error RunSteps(Session& session, Device& dev, const Who& who, int64_t n, fl
     // directions run at the same time, as on full-duplex links.
     for (int r = 0; r < 2; ++r) {
       ffi::Error err = session.Wait(
-          who, Session::Waits::kPeer,
-          [&] { return m.pred_progress[r]->load(std::memory_order_acquire) >= g; },
+          who, Session::Waits::kPeer, [&] { return PredDone(m, r, g); },
           [&] { return what(r, g); });
       if (err.failure()) return err;
       err = dev.Acquire(m.pred_device[r]);
@@ -55,7 +64,7 @@ ffi::Error RunSteps(Session& session, Device& dev, const Who& who, int64_t n, fl
       if (m.pred_step_times[r])
         ready = std::max(ready, AtTicks(m.pred_step_times[r][g].load(std::memory_order_acquire)));
       arrival[r] = session.Reserve(m.pred_device[r], m.self_device,
-                                   (hi[r] - lo[r]) * m.wire_bytes_per_elem, ready);
+                                   (hi[r] - lo[r]) * m.rows * m.wire_bytes_per_elem, ready);
     }
     // The copies/adds of both rings happen inside the emulated transfer
     // windows, before either sleeps: the host's own cost is hidden while it
@@ -66,10 +75,11 @@ ffi::Error RunSteps(Session& session, Device& dev, const Who& who, int64_t n, fl
       const int64_t n_chunk = hi[r] - lo[r];
       if (n_chunk == 0) continue;
       const float step_scale = reducing && g == p - 2 ? scale : 1.0f;
-      ffi::Error err =
-          reducing
-              ? dev.AddFrom(m.own + lo[r], m.pred[r] + lo[r], m.pred_device[r], n_chunk, step_scale)
-              : dev.CopyFrom(m.own + lo[r], m.pred[r] + lo[r], m.pred_device[r], n_chunk);
+      const Rows rows{m.rows, m.own_pitch, m.pred_pitch[r]};
+      ffi::Error err = reducing ? dev.AddFrom(m.own + lo[r], m.pred[r] + lo[r], m.pred_device[r],
+                                              n_chunk, step_scale, rows)
+                                : dev.CopyFrom(m.own + lo[r], m.pred[r] + lo[r], m.pred_device[r],
+                                               n_chunk, rows);
       if (err.failure()) return err;
       err = dev.Publish();
       if (err.failure()) return err;
@@ -104,6 +114,10 @@ ffi::Error RingReduceScatter(Session& session, Device& dev, const Who& who, int6
                              const RingMember& m, FunctionRef<std::string(int, int32_t)> what,
                              bool announce) {
   const int64_t p = m.members;
+  if ((m.rows > 1 || m.rows < 1) && (m.step_times[0] || m.on_final || p == 1))
+    return ffi::Error::Internal(
+        "coarse_jax: a ring group of " + std::to_string(m.rows) +
+        " buffers on emulated links, with on_final or alone (ring.h: RingMember::rows)");
   if (p == 1 && scale != 1.0f) {  // no ring step to fold it into
     ffi::Error e = dev.Scale(m.own, n, scale);
     if (e.failure()) return e;

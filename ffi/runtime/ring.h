@@ -8,6 +8,13 @@
 // directly (the "transfer" is that read) once the predecessor has completed
 // g steps. The order of additions depends only on ring positions, so results
 // are bitwise reproducible run to run.
+//
+// A member may be a group of `rows` buffers of n floats each (the proxies'
+// pieces of one push, RingGroups in runtime/ring_groups.h): every step then
+// moves the same chunk of each of them, one copy and one launch for the
+// group (Rows, runtime/device.h), and the group's counters advance together.
+// Each buffer's chunks, and so the order of its additions, are those of its
+// own ring: the bits are a lone buffer's.
 #pragma once
 
 #include <atomic>
@@ -27,10 +34,18 @@ struct RingMember {
   const float* pred[2];                    // ring r predecessor's buffer
   std::atomic<int32_t>* progress[2];       // steps this member completed, per ring
   std::atomic<int32_t>* pred_progress[2];  // same for the ring r predecessor
-  int64_t successor_device[2];             // whom to wake after a step
-  int64_t position[2];                     // position in ring r, 0..p-1
-  int64_t self_device, pred_device[2];     // mesh devices: peer copies, emulated links
-  double wire_bytes_per_elem;              // bytes a chunk element costs on a link
+  // A group of `rows` buffers (see the top of this file): buffer i at own +
+  // i * own_pitch, its predecessor's at pred[r] + i * pred_pitch[r] (floats),
+  // its counters at progress[r] + i * progress_stride (pred_progress alike).
+  // Not with emulated links (step_times), which book one buffer a step.
+  int64_t rows = 1;
+  int64_t own_pitch = 0;
+  int64_t pred_pitch[2] = {0, 0};
+  int64_t progress_stride = 0;
+  int64_t successor_device[2];          // whom to wake after a step
+  int64_t position[2];                  // position in ring r, 0..p-1
+  int64_t self_device, pred_device[2];  // mesh devices: peer copies, emulated links
+  double wire_bytes_per_elem;           // bytes a chunk element costs on a link
   // Emulated links only (else null): when this member's / its predecessor's
   // progress in ring r reached g, RingSteps(p) + 1 entries (Session's
   // *_step_times). A step's transfer is ready when both were there.

@@ -48,7 +48,19 @@ class Stream {
   // `out` may alias in[0]. `inputs` itself may die on return.
   virtual xla::ffi::Error Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
                                  float scale) = 0;
+  // The same over `rows.count` rows of n elements in one launch: row i of
+  // input k at inputs[k] + i * rows.in[k], of `out` at out + i * rows.out
+  // (floats). Each element's arithmetic is Reduce's (the same bits). The
+  // proxies' ring steps a group of pieces with it (ring.h: RingMember::rows).
+  virtual xla::ffi::Error ReduceRows(const float* const* inputs, int num_inputs, float* out,
+                                     int64_t n, float scale, const RowPitches& rows) = 0;
   virtual xla::ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) = 0;
+  // The same over `rows` rows of n elements in one launch, row i's buffers
+  // OptRow(b, i, grad_pitch, buf_pitch) (the owned chunks of a ring group's
+  // pieces, StreamDevice::ApplyOptimizer); each element's arithmetic is
+  // Optimizer's.
+  virtual xla::ffi::Error OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n,
+                                        int64_t rows, int64_t grad_pitch, int64_t buf_pitch) = 0;
   // *out = sum x[i]^2 in f64; `partial`: kSumSquaresBlocks doubles of scratch.
   virtual xla::ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) = 0;
   // *first = min(*first, base + the first i where master[i] rounded to
@@ -65,6 +77,12 @@ class Stream {
   // may be this device, or both: a local copy).
   virtual xla::ffi::Error Copy(void* dst, int64_t dst_device, const void* src, int64_t src_device,
                                size_t bytes, const char* what) = 0;
+  // `rows` rows of `row_bytes` in one copy (cudaMemcpy2DAsync /
+  // cudaMemcpy3DPeerAsync): row i from src + i * src_pitch to dst + i *
+  // dst_pitch (bytes), between mesh devices as Copy.
+  virtual xla::ffi::Error CopyRows(void* dst, int64_t dst_device, size_t dst_pitch, const void* src,
+                                   int64_t src_device, size_t src_pitch, size_t row_bytes,
+                                   int64_t rows, const char* what) = 0;
   // Host -> this device. `src` may die as soon as the call returns.
   virtual xla::ffi::Error Upload(void* dst, const void* src, size_t bytes, const char* what) = 0;
   // This device -> host. `dst` holds the bytes only after Synchronize, or
@@ -205,7 +223,9 @@ class StreamResources {
 // own[i] = (sum_j own[j * n + i]) * scale over `slots` slots on `stream`
 // (Device::SumSlots), in slot order, in launches of up to
 // kernels::kMaxReduceInputs inputs; its bytes counted (runtime/traffic.h).
-xla::ffi::Error SumSlotsOn(Stream& stream, float* own, int64_t n, int64_t slots, float scale);
+// With `rows`, each launch covers every row (ReduceRows).
+xla::ffi::Error SumSlotsOn(Stream& stream, float* own, int64_t n, int64_t slots, float scale,
+                           const Rows& rows = Rows{});
 
 // Whether a proxy of `plan` is in host memory: then the workers copy down
 // to it on copy streams of their own (StreamDevice's `copies`).

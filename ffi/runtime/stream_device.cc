@@ -90,6 +90,7 @@ void StreamDevice::BeginCall() {
   queued_.spans.clear();
   queued_.at.clear();
   outbound_.clear();
+  inbound_.clear();
   staged_ = 0;
   acquired_.Forget();
   dirty_ = true;
@@ -140,7 +141,10 @@ ffi::Error StreamDevice::Flush() {
   // in stream order, so all of it is free again.
   staged_ = 0;
   if (kind == Queued::Kind::kOptimizer)
-    return Enqueue()->Optimizer(queued_.o, queued_.b, queued_.n);
+    return queued_.rows == 1
+               ? Enqueue()->Optimizer(queued_.o, queued_.b, queued_.n)
+               : Enqueue()->OptimizerRows(queued_.o, queued_.b, queued_.n, queued_.rows,
+                                          queued_.grad_pitch, queued_.buf_pitch);
   // One span table for every run held: offsets from the lowest address, so
   // runs into several pieces (of one arena, or of the staging buffer) share
   // one launch.
@@ -167,26 +171,69 @@ ffi::Error StreamDevice::Flush() {
     }
     table = res_.spans(self_) + slot * res_.max_runs();
   }
+  // A pull's copies into staging, before the unpack that reads them.
+  if (e.success() && kind == Queued::Kind::kUnpack)
+    e = IssueCopies(inbound_, "pull: peer copy from the proxy");
+  inbound_.clear();
   if (e.success())
     e = kind == Queued::Kind::kPack ? Enqueue()->Pack(table, num, total, base)
                                     : Enqueue()->Unpack(base, table, num, total);
   spans.clear();
   queued_.at.clear();
   // The pack's copies out of staging, one per range contiguous at both ends
-  // (a push's pieces to one proxy lie side by side in its arena at p = 1).
+  // (a push's pieces to one proxy lie side by side in its arena at p = 1),
+  // or per run of rows at fixed pitches (IssueCopies).
   // (Neither CopyDown nor Transfer flushes, so nothing is added meanwhile.)
-  const std::vector<Outbound>& out = outbound_;
-  for (size_t i = 0; i < out.size() && e.success();) {
-    Outbound o = out[i++];
-    while (i < out.size() && out[i].dst_device == o.dst_device && out[i].dst == o.dst + o.n &&
-           out[i].src == o.src + o.n)
-      o.n += out[i++].n;
-    e = copies_ != nullptr && res_.in_host_memory(o.dst_device)
-            ? CopyDown(o)
-            : Transfer(o.dst, o.dst_device, o.src, self_, o.n, "push: peer copy to the proxy");
-  }
+  if (e.success()) e = IssueCopies(outbound_, "push: peer copy to the proxy");
   outbound_.clear();
   return e;
+}
+
+ffi::Error StreamDevice::IssueCopies(const std::vector<Outbound>& out, const char* what) {
+  auto src_of = [&](const Outbound& o) { return o.src_device < 0 ? self_ : o.src_device; };
+  auto same_ends = [&](const Outbound& a, const Outbound& b) {
+    return a.dst_device == b.dst_device && src_of(a) == src_of(b);
+  };
+  for (size_t i = 0; i < out.size();) {
+    Outbound o = out[i++];
+    const int64_t src_device = src_of(o);
+    if (copies_ != nullptr && res_.in_host_memory(o.dst_device)) {
+      while (i < out.size() && same_ends(out[i], o) && out[i].dst == o.dst + o.n &&
+             out[i].src == o.src + o.n)
+        o.n += out[i++].n;
+      if (ffi::Error e = CopyDown(o); e.failure()) return e;
+      continue;
+    }
+    // Between devices: ranges contiguous at both ends in one copy, else rows of
+    // equal length at fixed pitches at both ends (a k:1 proxy's slots of
+    // consecutive pieces are k pieces apart; a pull's pieces of a group lie a
+    // piece's slots apart at the proxy) in one copy too (Stream::CopyRows).
+    if (i < out.size() && same_ends(out[i], o) && out[i].dst == o.dst + o.n &&
+        out[i].src == o.src + o.n) {
+      while (i < out.size() && same_ends(out[i], o) && out[i].dst == o.dst + o.n &&
+             out[i].src == o.src + o.n)
+        o.n += out[i++].n;
+    } else if (i < out.size() && same_ends(out[i], o) && out[i].n == o.n &&
+               !res_.in_host_memory(o.dst_device) && !res_.in_host_memory(src_device)) {
+      const int64_t dst_pitch = out[i].dst - o.dst, src_pitch = out[i].src - o.src;
+      int64_t rows = 1;
+      while (dst_pitch >= o.n && src_pitch >= o.n && i < out.size() && same_ends(out[i], o) &&
+             out[i].n == o.n && out[i].dst == o.dst + rows * dst_pitch &&
+             out[i].src == o.src + rows * src_pitch) {
+        ++rows;
+        ++i;
+      }
+      if (rows > 1) {
+        ffi::Error e = Enqueue()->CopyRows(o.dst, o.dst_device, dst_pitch * kF32, o.src, src_device,
+                                           src_pitch * kF32, o.n * kF32, rows, what);
+        if (e.failure()) return e;
+        continue;
+      }
+    }
+    if (ffi::Error e = Transfer(o.dst, o.dst_device, o.src, src_device, o.n, what); e.failure())
+      return e;
+  }
+  return ffi::Error::Success();
 }
 
 ffi::ErrorOr<float*> StreamDevice::Stage(Queued::Kind kind, int64_t n, int64_t num_runs) {
@@ -309,81 +356,20 @@ ffi::Error StreamDevice::Scatter(const float* src, int64_t src_device, int64_t s
     // (the held unpack reads none of that room), then unpacked with them.
     ffi::ErrorOr<float*> at = Stage(Queued::Kind::kUnpack, src_len, num_runs);
     if (at.has_error()) return at.error();
-    ffi::Error e =
-        Transfer(at.value(), self_, src, src_device, src_len, "pull: peer copy from the proxy");
-    if (e.failure()) return e;
+    if (res_.in_host_memory(src_device)) {
+      ffi::Error e =
+          Transfer(at.value(), self_, src, src_device, src_len, "pull: peer copy from the proxy");
+      if (e.failure()) return e;
+    } else {
+      // Another GPU's: copied by the Flush that launches the unpack, with
+      // the call's other pieces from there, as rows (IssueCopies). The
+      // waits for the proxy (Acquire) are already on the stream.
+      inbound_.push_back({at.value(), self_, src, src_len, src_device});
+    }
     from = at.value();
   }
   // Merged with the call's other unpacks (a pull is one launch).
   return QueueRuns(Queued::Kind::kUnpack, runs, num_runs, from, src_len);
-}
-
-ffi::Error SumSlotsOn(Stream& stream, float* own, int64_t n, int64_t slots, float scale) {
-  // One slot, unscaled: the sum is already there.
-  if (n == 0 || (slots == 1 && scale == 1.0f)) return ffi::Error::Success();
-  if (slots <= 1) CountSumSlots(n, slots, scale);
-  if (slots == 0) return stream.Memset(own, n * sizeof(float), "zeroing a slot");
-  // Slot order: ((s0 + s1) + s2) + ..., in launches of up to 8 inputs; the
-  // last launch scales.
-  for (int64_t j = 1; j < slots || slots == 1;) {
-    const float* in[kernels::kMaxReduceInputs] = {own};
-    int count = 1;
-    for (; count < kernels::kMaxReduceInputs && j < slots; ++count, ++j) in[count] = own + j * n;
-    if (count > 1) CountSumSlots(n, count, 1.0f);  // one pass over `count` slots
-    ffi::Error e = stream.Reduce(in, count, own, n, j >= slots ? scale : 1.0f);
-    if (e.failure() || j >= slots) return e;
-  }
-  return ffi::Error::Success();
-}
-
-ffi::Error StreamDevice::SumSlots(float* own, int64_t n, int64_t slots, float scale) {
-  // (Nothing to enqueue: nothing held back need go first.)
-  if (n == 0 || (slots == 1 && scale == 1.0f)) return ffi::Error::Success();
-  if (ffi::Error held = Flush(); held.failure()) return held;
-  return SumSlotsOn(*Enqueue(), own, n, slots, scale);
-}
-
-ffi::Error StreamDevice::AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                                 float scale) {
-  if (ffi::Error held = Flush(); held.failure()) return held;
-  if (n == 0) return ffi::Error::Success();
-  CountTraffic(TrafficOp::kRingStep, 2 * n * kF32, n * kF32);
-  // A peer's memory this device's kernels address (one GPU's, the host's)
-  // is read where it is; any other's is copied into staging first.
-  const float* x = peer;
-  if (!Addressable(peer_device)) {
-    // Received at the accumulator's own 16-byte offset, so the reduce kernel
-    // peels the same head from both and runs the rest vectorized.
-    const int64_t shift = (reinterpret_cast<uintptr_t>(own) / sizeof(float)) % 4;
-    if (n + shift > res_.staging_len() + 4)
-      return ffi::Error::Internal("coarse_jax: a ring chunk exceeds the staging buffer");
-    float* recv = res_.staging(self_) + shift;
-    ffi::Error e = JoinCopies();  // staging is written next
-    if (e.success()) e = PeerCopy(recv, self_, peer, peer_device, n, "ring: peer copy");
-    if (e.failure()) return e;
-    x = recv;
-  }
-  const float* in[2] = {own, x};
-  return Enqueue()->Reduce(in, 2, own, n, scale);
-}
-
-ffi::Error StreamDevice::CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) {
-  if (ffi::Error held = Flush(); held.failure()) return held;
-  // Not PeerCopy: besides the workers' ring, worker k copies proxy k's store
-  // into its snapshot (ParamStore::CopySnapshot), both in the proxy's memory,
-  // with `own` not this device's: for a proxy in host memory a host-to-host
-  // copy on this stream (on CUDA with UVA, as host memory is mapped).
-  if (n <= 0) return ffi::Error::Success();
-  CountTraffic(TrafficOp::kRingStep, n * kF32, n * kF32);
-  return Enqueue()->Copy(own, self_, peer, peer_device, static_cast<size_t>(n) * sizeof(float),
-                         "ring: peer copy");
-}
-
-ffi::Error StreamDevice::Scale(float* x, int64_t n, float scale) {
-  if (ffi::Error held = Flush(); held.failure()) return held;
-  CountTraffic(TrafficOp::kScale, n * kF32, n * kF32);
-  const float* in[1] = {x};
-  return Enqueue()->Reduce(in, 1, x, n, scale);
 }
 
 ffi::Error StreamDevice::ZeroBytes(void* dst, size_t bytes) {
@@ -469,6 +455,17 @@ bool Continues(const OptBuffers& a, int64_t n, const OptBuffers& b, int32_t slot
   return yes;
 }
 
+// Whether `b` is row i of rows starting at `a`, the gradient `gp` floats on
+// per row, the store's buffers `bp` (a ring group's owned chunks).
+bool IsRow(const OptBuffers& a, int64_t i, int64_t gp, int64_t bp, const OptBuffers& b,
+           int32_t slots) {
+  bool yes =
+      b.grad_io == a.grad_io + i * gp && b.w_in == a.w_in + i * bp && b.w_out == a.w_out + i * bp;
+  for (int32_t j = 0; j < slots && yes; ++j)
+    yes = b.s_in[j] == a.s_in[j] + i * bp && b.s_out[j] == a.s_out[j] + i * bp;
+  return yes;
+}
+
 }  // namespace
 
 ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
@@ -476,11 +473,24 @@ ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b
   CountOptimizer(o, n);
   // Consecutive updates of consecutive elements with the same scalars (a
   // proxy's segments, its pieces) are one launch: the same arithmetic per
-  // element.
-  if (queued_.kind == Queued::Kind::kOptimizer && SameScalars(queued_.o, o) &&
-      Continues(queued_.b, queued_.n, b, OptSlots(o.kind, o.momentum))) {
-    queued_.n += n;
-    return ffi::Error::Success();
+  // element. So are updates of equal length at fixed pitches (a ring
+  // group's owned chunks of one half, one per piece: OptimizerRows).
+  const int32_t slots = OptSlots(o.kind, o.momentum);
+  if (queued_.kind == Queued::Kind::kOptimizer && SameScalars(queued_.o, o)) {
+    if (queued_.rows == 1 && Continues(queued_.b, queued_.n, b, slots)) {
+      queued_.n += n;
+      return ffi::Error::Success();
+    }
+    if (n == queued_.n) {
+      const int64_t gp = queued_.rows > 1 ? queued_.grad_pitch : b.grad_io - queued_.b.grad_io;
+      const int64_t bp = queued_.rows > 1 ? queued_.buf_pitch : b.w_in - queued_.b.w_in;
+      if (gp >= n && bp >= n && IsRow(queued_.b, queued_.rows, gp, bp, b, slots)) {
+        queued_.grad_pitch = gp;
+        queued_.buf_pitch = bp;
+        ++queued_.rows;
+        return ffi::Error::Success();
+      }
+    }
   }
   ffi::Error e = Flush();
   if (e.failure()) return e;
@@ -488,6 +498,7 @@ ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b
   queued_.o = o;
   queued_.b = b;
   queued_.n = n;
+  queued_.rows = 1;
   return holds_ ? ffi::Error::Success() : Flush();
 }
 

@@ -51,10 +51,12 @@ class StreamDevice final : public Device {
                          int64_t dst_len) override;
   xla::ffi::Error Scatter(const float* src, int64_t src_device, int64_t src_len,
                           const LeafRun* runs, int64_t num_runs) override;
-  xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots, float scale) override;
+  xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots, float scale,
+                           const Rows& rows = Rows{}) override;
   xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                          float scale) override;
-  xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n) override;
+                          float scale, const Rows& rows = Rows{}) override;
+  xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                           const Rows& rows = Rows{}) override;
   xla::ffi::Error Scale(float* x, int64_t n, float scale) override;
   xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
   xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override;
@@ -118,6 +120,9 @@ class StreamDevice final : public Device {
     OptScalars o;                      // kOptimizer
     OptBuffers b{};
     int64_t n = 0;
+    // kOptimizer over rows (Stream::OptimizerRows): `rows` of n elements,
+    // row i's buffers OptRow(b, i, grad_pitch, buf_pitch).
+    int64_t rows = 1, grad_pitch = 0, buf_pitch = 0;
   };
   // Holds `runs` back as a pack into (or unpack out of) `buf`, `buf_len`
   // floats, merged with what is held if it is of the same kind; a run's
@@ -131,13 +136,20 @@ class StreamDevice final : public Device {
   // staging by one launch, then copied out (Outbound), a pull's pieces copied
   // in side by side and unpacked by one launch.
   xla::ffi::ErrorOr<float*> Stage(Queued::Kind kind, int64_t n, int64_t num_runs);
-  // A copy out of staging, issued by Flush after the held pack that fills it.
+  // A copy out of staging, issued by Flush after the held pack that fills it
+  // (or into staging, before the held unpack that reads it: `src_device`
+  // then names the peer; -1 is this device).
   struct Outbound {
     float* dst;
     int64_t dst_device;
     const float* src;
     int64_t n;
+    int64_t src_device = -1;
   };
+  // `copies` in order, merged: ranges contiguous at both ends into one copy,
+  // rows of equal length at fixed pitches into one CopyRows; down to a proxy
+  // in host memory on the copy stream (CopyDown).
+  xla::ffi::Error IssueCopies(const std::vector<Outbound>& copies, const char* what);
   // The stream, for work about to be enqueued: the next Publish records.
   Stream* Enqueue();
   // Whether this device's kernels read and write `device`'s memory directly.
@@ -196,6 +208,7 @@ class StreamDevice final : public Device {
   StreamResources& res_;
   Queued queued_;
   std::vector<Outbound> outbound_;  // the held pack's copies out of staging, in order
+  std::vector<Outbound> inbound_;   // the held unpack's copies into staging, in order
   int64_t staged_ = 0;              // floats of staging the held work uses, from its start
   PublicationsSeen acquired_;       // Acquire waits once per publication of a device
   bool dirty_ = true;               // work enqueued since this device's last record (Publish)

@@ -39,9 +39,19 @@ class CountingStream final : public Stream {
     Add(StreamOp::kLaunches);
     return inner_->Reduce(inputs, num_inputs, out, n, scale);
   }
+  ffi::Error ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                        float scale, const RowPitches& rows) override {
+    Add(StreamOp::kLaunches);
+    return inner_->ReduceRows(inputs, num_inputs, out, n, scale, rows);
+  }
   ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override {
     Add(StreamOp::kLaunches);
     return inner_->Optimizer(o, b, n);
+  }
+  ffi::Error OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
+                           int64_t grad_pitch, int64_t buf_pitch) override {
+    Add(StreamOp::kLaunches);
+    return inner_->OptimizerRows(o, b, n, rows, grad_pitch, buf_pitch);
   }
   ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) override {
     Add(StreamOp::kLaunches);
@@ -59,7 +69,11 @@ class CountingStream final : public Stream {
   }
   ffi::Error Copy(void* dst, int64_t dst_device, const void* src, int64_t src_device, size_t bytes,
                   const char* what) override {
-    const auto n = static_cast<int64_t>(bytes);
+    CountCopy(dst_device, src_device, static_cast<int64_t>(bytes));
+    return inner_->Copy(dst, dst_device, src, src_device, bytes, what);
+  }
+  // One copy of `n` bytes between mesh devices, by direction.
+  void CountCopy(int64_t dst_device, int64_t src_device, int64_t n) {
     if (res_.in_host_memory(dst_device)) {
       Add(StreamOp::kCopiesD2H);
       Add(StreamOp::kBytesD2H, n);
@@ -73,7 +87,13 @@ class CountingStream final : public Stream {
       Add(StreamOp::kCopiesPeer);
       Add(StreamOp::kBytesPeer, n);
     }
-    return inner_->Copy(dst, dst_device, src, src_device, bytes, what);
+  }
+  ffi::Error CopyRows(void* dst, int64_t dst_device, size_t dst_pitch, const void* src,
+                      int64_t src_device, size_t src_pitch, size_t row_bytes, int64_t rows,
+                      const char* what) override {
+    CountCopy(dst_device, src_device, static_cast<int64_t>(row_bytes) * rows);
+    return inner_->CopyRows(dst, dst_device, dst_pitch, src, src_device, src_pitch, row_bytes, rows,
+                            what);
   }
   ffi::Error Upload(void* dst, const void* src, size_t bytes, const char* what) override {
     Add(StreamOp::kCopiesH2D);

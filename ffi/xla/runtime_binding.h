@@ -20,6 +20,7 @@
 #include "runtime/interrupt.h"
 #include "runtime/mailbox.h"
 #include "runtime/param_store.h"
+#include "runtime/ring_groups.h"
 #include "runtime/service.h"
 #include "runtime/session.h"
 #include "runtime/storage.h"
@@ -321,6 +322,10 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       "What this module's stream devices asked of their streams since the last reset, per "
       "kind (runtime/stream_ops.h). See coarse_jax.testing.stream_ops.");
   m.def("reset_stream_ops", &ResetStreamOps, "Zeroes stream_ops().");
+  m.def("set_ring_group_floats", &SetRingGroupFloats, nb::arg("floats"),
+        "Testing: the most floats the proxies' ring steps as one group of pieces; 0 steps it "
+        "piece by piece, negative restores the default. Returns the previous value "
+        "(runtime/ring_groups.h).");
   m.def("set_service_idle_ms", &SetServiceIdleMs, nb::arg("ms"),
         "Testing: how long a service thread beyond the reservation waits idle before it exits "
         "(default 30000, at least 1); returns the previous value (runtime/service.h).");

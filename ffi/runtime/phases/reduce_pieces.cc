@@ -1,6 +1,8 @@
 // ReducePieces (coarse_proxy_ring): a proxy reduces every piece with the other proxies.
 //
-// Pieces are walked in the plan's one global order on every proxy. For each
+// Pieces are walked in the plan's one global order on every proxy, in the
+// ring's groups (runtime/ring_groups.h: a push's pieces, stepped together:
+// one copy and one launch per ring step per group). For each
 // piece the proxy waits until all clients routed to it have pushed (one slot
 // per client: a proxy is never blocked on one client's queue by another's;
 // a timeout names the clients whose push is missing, Session::pushed),
@@ -24,7 +26,9 @@
 #include <vector>
 
 #include "runtime/phases.h"
+#include "runtime/phases/exchange_owned.h"
 #include "runtime/ring.h"
+#include "runtime/ring_groups.h"
 #include "runtime/stream.h"
 #include "runtime/trace.h"
 
@@ -51,7 +55,14 @@ class PieceReducer {
         q_(plan_.proxies),
         k_(call.who.index),
         gather_pull_(GatherPull(session_)),
-        fused_(PushesInPlace(session_, in_place)) {}
+        fused_(PushesInPlace(session_, in_place)),
+        // The ring's groups; a piece each where no ring steps (one-shot sums)
+        // or the emulated links book every piece's transfer.
+        groups_(RingGroups(plan_,
+                           gather_pull_ || fused_ || session_.emulated() ? 0 : RingGroupFloats(),
+                           [this](int64_t s) { return updates(s) ? 1 : 0; })) {}
+
+  const std::vector<RingGroup>& groups() const { return groups_; }
 
   bool updates(int64_t s) const { return update_ && update_->spec->updates_piece(plan_, s); }
   bool copies_from_holder(int64_t s) const {
@@ -61,20 +72,23 @@ class PieceReducer {
   // Waits for the pushes of piece s, sums them and runs the reduce-scatter
   // (DENSE holder: scales the sum). `announce`: let peers read the owned
   // chunks now (no update in between).
-  ffi::Error ReduceScatter(int64_t s, bool announce) {
+  // A group (RingGroup: its pieces' pushes, one sum and one ring for all).
+  ffi::Error ReduceScatter(const RingGroup& g, bool announce) {
+    const int64_t s = g.first;
     if (copies_from_holder(s)) return ffi::Error::Success();
     if (fused_) return FusedReduceScatter(s, announce);
     const auto& from = plan_.contributors_of(k_, s);
     ffi::Error err;
     {
       TraceScope wait(session_, w_ + k_, "wait for pushes", s);
-      err = WaitForPushes(k_, s);
+      for (int64_t t = s; t < s + g.count && err.success(); ++t) err = WaitForPushes(k_, t);
     }
     if (err.failure()) return err;
-    for (int32_t w : from) {
-      err = dev_.Acquire(w);
-      if (err.failure()) return err;
-    }
+    for (int64_t t = s; t < s + g.count; ++t)
+      for (int32_t w : plan_.contributors_of(k_, t)) {
+        err = dev_.Acquire(w);  // once per publication: a push's pieces wait once
+        if (err.failure()) return err;
+      }
     if (session_.emulated()) {
       // A push is a transfer the worker started: it does not wait for this
       // proxy to be free, only for the link and ports.
@@ -96,14 +110,14 @@ class PieceReducer {
     const bool dense = plan_.piece_holder[s] == k_;
     {
       TraceScope sum(session_, w_ + k_, "sum pushes", s);
-      err =
-          dev_.SumSlots(own, n, static_cast<int64_t>(from.size()), dense ? MeanScale(plan_) : 1.0f);
+      err = dev_.SumSlots(own, n, static_cast<int64_t>(from.size()),
+                          dense ? MeanScale(plan_) : 1.0f, Rows{g.count, Pitch(k_, g), 0});
     }
     if (err.failure() || dense) return err;
     if (gather_pull_) return OneShotReduceScatter(s, announce);
-    const RingMember m = Member(s);
-    TraceScope ring(session_, w_ + k_, "reduce-scatter", s, RingBytes(s));
-    return RingReduceScatter(session_, dev_, call_.who, n, MeanScale(plan_), m, What(s), announce);
+    const RingMember m = Member(g);
+    TraceScope ring(session_, w_ + k_, "reduce-scatter", s, RingBytes(s) * g.count);
+    return RingReduceScatter(session_, dev_, call_.who, n, MeanScale(plan_), m, What(g), announce);
   }
 
   // With GatherPull (CPU): the reduce-scatter in one pass instead of p - 1
@@ -215,11 +229,11 @@ class PieceReducer {
   // final here, and the workers' streams that wait for it may copy it back.
   // `batch`: a DENSE piece this proxy holds is announced with the next
   // one (the caller finishes that next, with no wait: NextIsHere).
-  ffi::Error Finish(int64_t s, bool update, bool announce, bool batch = false) {
-    ffi::Error err = FinishPiece(s, update, announce);
+  ffi::Error Finish(const RingGroup& g, bool update, bool announce, bool batch = false) {
+    ffi::Error err = FinishPiece(g, update, announce);
     if (err.success() && !batch) err = AnnounceHeld();
     if (err.failure()) return err;
-    FlagInOrder(s);
+    for (int64_t t = g.first; t < g.first + g.count; ++t) FlagInOrder(t);
     return err;
   }
 
@@ -236,7 +250,8 @@ class PieceReducer {
       WriteFlag(session_.ready_flag(k_, flagged_), session_.ready_value());
   }
 
-  ffi::Error FinishPiece(int64_t s, bool update, bool announce) {
+  ffi::Error FinishPiece(const RingGroup& g, bool update, bool announce) {
+    const int64_t s = g.first;
     const int64_t n = plan_.piece_nelems[s];
     // Every pull reads the holder's copy in place: nothing to copy.
     if (copies_from_holder(s) && gather_pull_) return ffi::Error::Success();
@@ -266,8 +281,14 @@ class PieceReducer {
       ffi::Error err = AwaitUpdateInputs(call_, dev_, *update_);
       if (err.failure()) return err;
       TraceScope opt(session_, w_ + k_, "optimizer", s);
-      err = update_->spec->delayed ? TakePending(call_, dev_, *update_, s, Own(s))
-                                   : ApplyOptimizer(call_, dev_, *update_, s, Own(s));
+      // A group's pieces half by half: each half's chunks are rows of one
+      // launch (StreamDevice::ApplyOptimizer); the same arithmetic per element.
+      const bool delayed = update_->spec->delayed;
+      for (int half = delayed || g.count == 1 ? -1 : 0; half < 2 && err.success();
+           half = half < 0 ? 2 : half + 1)
+        for (int64_t t = s; t < s + g.count && err.success(); ++t)
+          err = delayed ? TakePending(call_, dev_, *update_, t, Own(t))
+                        : ApplyOptimizer(call_, dev_, *update_, t, Own(t), half);
       if (err.failure()) return err;
     }
     if (plan_.piece_holder[s] == k_) {
@@ -277,7 +298,7 @@ class PieceReducer {
       held_.push_back(s);
       return ffi::Error::Success();
     } else {
-      const RingMember m = Member(s);
+      const RingMember m = Member(g);
       if (announce) {
         ffi::Error err = RingAnnounceOwned(session_, dev_, m);
         if (err.failure()) return err;
@@ -287,11 +308,15 @@ class PieceReducer {
         for (int64_t d = 0; d < session_.devices(); ++d) session_.Notify(d);
         return ffi::Error::Success();
       }
-      TraceScope ring(session_, w_ + k_, "all-gather", s, RingBytes(s));
-      ffi::Error err = RingAllGather(session_, dev_, call_.who, n, m, What(s));
+      TraceScope ring(session_, w_ + k_, "all-gather", s, RingBytes(s) * g.count);
+      ffi::Error err = RingAllGather(session_, dev_, call_.who, n, m, What(g));
       if (err.failure()) return err;
     }
-    for (int32_t w : plan_.contributors_of(k_, s)) session_.Notify(w);  // their pull may wait
+    // Their pull may wait: each client once for the group.
+    const auto& first = plan_.contributors_of(k_, s);
+    for (int64_t t = s; t < s + g.count; ++t)
+      for (int32_t w : plan_.contributors_of(k_, t))
+        if (t == s || std::find(first.begin(), first.end(), w) == first.end()) session_.Notify(w);
     return ffi::Error::Success();
   }
 
@@ -308,32 +333,9 @@ class PieceReducer {
     return ffi::Error::Success();
   }
 
-  // Across hosts: the owned chunks of every piece to XLA's buffer (`to_hosts`)
-  // or back from it, laid out by ExchangeRanges; the tail is zeros.
+  // Across hosts (exchange_owned.h).
   ffi::Error Exchange(const HostsStage& hosts, bool to_hosts) {
-    const std::vector<OwnedRange> ranges = ExchangeRanges(plan_, k_);
-    const int64_t n =
-        ranges.empty() ? 0 : ranges.back().off + (ranges.back().hi - ranges.back().lo);
-    if (n > hosts.width)
-      return ffi::Error::Internal(
-          "coarse_jax: coarse_proxy_ring across hosts: proxy " + std::to_string(k_) + " owns " +
-          std::to_string(n) + " elements after the reduce-scatter but the exchange buffer has " +
-          std::to_string(hosts.width) +
-          " (the step was built from another plan than the one that runs: coarse_jax reads "
-          "the width from ExchangeRanges, ffi/runtime/param_store.cc)");
-    TraceScope span(session_, w_ + k_, to_hosts ? "to the other hosts" : "from the other hosts", -1,
-                    n * 4);
-    for (const OwnedRange& r : ranges) {
-      float* own = Own(r.piece) + r.lo;
-      float* x = hosts.chunks + r.off;
-      const size_t bytes = static_cast<size_t>(r.hi - r.lo) * sizeof(float);
-      // `x` is host memory (the session's chunks), `own` this proxy's storage.
-      ffi::Error err = to_hosts ? dev_.CopyToHost(x, own, bytes) : dev_.CopyFromHost(own, x, bytes);
-      if (err.failure()) return err;
-    }
-    if (to_hosts && hosts.width > n)  // host memory: the host zeroes it
-      std::fill(hosts.chunks + n, hosts.chunks + hosts.width, 0.0f);
-    return ffi::Error::Success();
+    return ExchangeOwned(session_, dev_, k_, hosts, to_hosts);
   }
 
  private:
@@ -380,20 +382,32 @@ class PieceReducer {
   // (p - 1 chunks of n / p elements, on the wire in the leaves' dtypes).
   int64_t RingBytes(int64_t s) const { return q_ > 1 ? plan_.piece_nbytes[s] * (q_ - 1) / q_ : 0; }
 
-  RingMember Member(int64_t s) {
+  // Proxy j's storage distance between consecutive pieces of group g (floats).
+  int64_t Pitch(int64_t j, const RingGroup& g) const {
+    return g.count > 1 ? plan_.slot(j, g.first + 1, 0) - plan_.slot(j, g.first, 0) : 0;
+  }
+
+  RingMember Member(const RingGroup& g) {
+    const int64_t s = g.first;
     RingMember m;
     m.members = q_;
     m.own = Own(s);
+    m.rows = g.count;
+    m.own_pitch = Pitch(k_, g);
+    if (g.count > 1)  // the counters of consecutive pieces
+      m.progress_stride =
+          &session_.proxy_progress(k_, s + 1, 0) - &session_.proxy_progress(k_, s, 0);
     for (int r = 0; r < 2; ++r) {
       const int64_t pred = RingPredecessor(r, k_, q_);
       m.pred[r] = session_.arena(pred) + plan_.slot(pred, s, 0);
+      m.pred_pitch[r] = Pitch(pred, g);
       m.progress[r] = &session_.proxy_progress(k_, s, r);
       m.pred_progress[r] = &session_.proxy_progress(pred, s, r);
       m.successor_device[r] = w_ + RingSuccessor(r, k_, q_);
       m.position[r] = RingPosition(r, k_, q_);
       m.pred_device[r] = w_ + pred;
-      m.step_times[r] = session_.proxy_step_times(k_, s, r);
-      m.pred_step_times[r] = session_.proxy_step_times(pred, s, r);
+      m.step_times[r] = g.count > 1 ? nullptr : session_.proxy_step_times(k_, s, r);
+      m.pred_step_times[r] = g.count > 1 ? nullptr : session_.proxy_step_times(pred, s, r);
     }
     m.self_device = w_ + k_;
     const int64_t n = plan_.piece_nelems[s];
@@ -401,11 +415,13 @@ class PieceReducer {
     return m;
   }
 
-  std::function<std::string(int, int32_t)> What(int64_t s) {
-    return [this, s](int r, int32_t g) {
+  std::function<std::string(int, int32_t)> What(const RingGroup& grp) {
+    return [this, grp](int r, int32_t g) {
+      const std::string also =
+          grp.count > 1 ? " and the " + std::to_string(grp.count - 1) + " pieces after it" : "";
       return "proxy " + std::to_string(RingPredecessor(r, k_, q_)) + " to finish step " +
              std::to_string(g + 1) + "/" + std::to_string(RingSteps(q_)) + " of ring " +
-             std::to_string(r) + " for " + plan_.DescribePiece(s);
+             std::to_string(r) + " for " + plan_.DescribePiece(grp.first) + also;
     };
   }
 
@@ -414,12 +430,13 @@ class PieceReducer {
   ProxyUpdate* update_;
   Session& session_;
   const Plan& plan_;
-  const int64_t w_, q_, k_;    // workers (proxy k is device w_ + k), proxies, this proxy
-  const bool gather_pull_;     // no all-gather: the pulls read owned chunks (phases.h)
-  const bool fused_;           // the pushes are read in place (PushesInPlace, phases.h)
-  std::vector<int64_t> held_;  // finished DENSE pieces not announced yet (AnnounceHeld)
-  std::vector<bool> final_;    // FlagInOrder: the pieces final here
-  int64_t flagged_ = 0;        // FlagInOrder: flags written for pieces [0, flagged_)
+  const int64_t w_, q_, k_;              // workers (proxy k is device w_ + k), proxies, this proxy
+  const bool gather_pull_;               // no all-gather: the pulls read owned chunks (phases.h)
+  const bool fused_;                     // the pushes are read in place (PushesInPlace, phases.h)
+  std::vector<int64_t> held_;            // finished DENSE pieces not announced yet (AnnounceHeld)
+  const std::vector<RingGroup> groups_;  // the ring's groups of pieces (ring_groups.h)
+  std::vector<bool> final_;              // FlagInOrder: the pieces final here
+  int64_t flagged_ = 0;                  // FlagInOrder: flags written for pieces [0, flagged_)
 };
 
 }  // namespace
@@ -428,8 +445,6 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
                         bool in_place) {
   TraceScope all(*call.session, call.device(), "proxy ring");
   PieceReducer r(call, dev, update, in_place);
-  const Plan& plan = call.plan();
-  const int64_t S = plan.num_pieces();
   if (update && !update->from_worker && hosts.kind != HostsStage::kFromHosts) {
     TraceScope begin(*call.session, call.device(), "optimizer setup");
     ffi::Error err = BeginUpdate(call, dev, *update);
@@ -451,31 +466,32 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
   };
   switch (hosts.kind) {
     case HostsStage::kToHosts:
-      for (int64_t s = 0; s < S; ++s) {
-        ffi::Error err = r.ReduceScatter(s, /*announce=*/false);
+      for (const RingGroup& g : r.groups()) {
+        ffi::Error err = r.ReduceScatter(g, /*announce=*/false);
         if (err.failure()) return err;
       }
       return r.Exchange(hosts, /*to_hosts=*/true);
     case HostsStage::kFromHosts: {
       ffi::Error err = r.Exchange(hosts, /*to_hosts=*/false);
       if (err.success() && clip) err = global_norm();
-      for (int64_t s = 0; s < S && err.success(); ++s) err = r.Finish(s, r.updates(s), true);
+      for (size_t i = 0; i < r.groups().size() && err.success(); ++i)
+        err = r.Finish(r.groups()[i], r.updates(r.groups()[i].first), true);
       if (err.failure()) return err;
       break;
     }
     case HostsStage::kWhole: {
-      for (int64_t s = 0; s < S; ++s) {
-        const bool upd = r.updates(s);
-        ffi::Error err = r.ReduceScatter(s, !upd);
+      for (const RingGroup& g : r.groups()) {
+        const bool upd = r.updates(g.first);  // the same for every piece of g
+        ffi::Error err = r.ReduceScatter(g, !upd);
         if (err.failure()) return err;
         if (clip && upd) continue;  // finished below, once the global norm is known
-        err = r.Finish(s, upd, upd, /*batch=*/!clip && r.NextIsHere(s));
+        err = r.Finish(g, upd, upd, /*batch=*/!clip && r.NextIsHere(g.first + g.count - 1));
         if (err.failure()) return err;
       }
       if (clip) {
         ffi::Error err = global_norm();
-        for (int64_t s = 0; s < S && err.success(); ++s)
-          if (r.updates(s)) err = r.Finish(s, true, true);
+        for (size_t i = 0; i < r.groups().size() && err.success(); ++i)
+          if (r.updates(r.groups()[i].first)) err = r.Finish(r.groups()[i], true, true);
         if (err.failure()) return err;
       }
       break;

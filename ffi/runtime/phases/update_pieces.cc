@@ -253,10 +253,14 @@ ffi::Error UpdateOwned(const Plan& plan, Device& dev, const ProxyUpdate& u, int6
 
 }  // namespace
 
-ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& u, int64_t s, float* own) {
+ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& u, int64_t s, float* own,
+                          int half) {
+  const int64_t n = call.plan().piece_nelems[s];  // ring 1's half starts at n / 2 (ring.h)
   return UpdateOwned(
       call.plan(), dev, u, call.who.index, ScalarsOf(u),
-      [&](const OwnedRange& r) { return r.piece == s; },
+      [&](const OwnedRange& r) {
+        return r.piece == s && (half < 0 || (r.lo >= n / 2 ? 1 : 0) == half);
+      },
       [&](const OwnedRange&, int64_t piece_off) { return own + piece_off; });
 }
 
