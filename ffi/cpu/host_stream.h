@@ -108,6 +108,10 @@ class HostStream final : public Stream {
                          float scale) override;
   xla::ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
   xla::ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) override;
+  xla::ffi::Error SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t total,
+                                  double* partial, double* out, bool accumulate) override;
+  xla::ffi::Error ClipScalars(const double* parts, int64_t num, float clip_norm,
+                              float* out) override;
   xla::ffi::Error FirstMismatch(const float* master, kernels::DType dtype, const void* given,
                                 kernels::DType given_dtype, int64_t n, unsigned long long base,
                                 unsigned long long* first) override;

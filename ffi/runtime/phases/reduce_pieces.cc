@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "runtime/phases.h"
+#include "runtime/phases/pull_wakeups.h"
 #include "runtime/ring.h"
 #include "runtime/stream.h"
 #include "runtime/trace.h"
@@ -51,7 +52,8 @@ class PieceReducer {
         q_(plan_.proxies),
         k_(call.who.index),
         gather_pull_(GatherPull(session_)),
-        fused_(PushesInPlace(session_, in_place)) {}
+        fused_(PushesInPlace(session_, in_place)),
+        pulls_(plan_, k_, gather_pull_) {}
 
   bool updates(int64_t s) const { return update_ && update_->spec->updates_piece(plan_, s); }
   bool copies_from_holder(int64_t s) const {
@@ -239,7 +241,7 @@ class PieceReducer {
   ffi::Error FinishPiece(int64_t s, bool update, bool announce) {
     const int64_t n = plan_.piece_nelems[s];
     // Every pull reads the holder's copy in place: nothing to copy.
-    if (copies_from_holder(s) && gather_pull_) return ffi::Error::Success();
+    if (copies_from_holder(s) && gather_pull_) return pulls_.Final(session_, s);
     if (copies_from_holder(s)) {
       TraceScope copy(session_, w_ + k_, "copy from the holder", s);
       const int32_t holder = plan_.piece_holder[s];
@@ -260,7 +262,7 @@ class PieceReducer {
       err = dev_.Publish();
       if (err.failure()) return err;
       session_.MarkReduced(k_, s);
-      return ffi::Error::Success();
+      return pulls_.Final(session_, s);
     }
     if (update) {
       ffi::Error err = AwaitUpdateInputs(call_, dev_, *update_);
@@ -282,17 +284,13 @@ class PieceReducer {
         ffi::Error err = RingAnnounceOwned(session_, dev_, m);
         if (err.failure()) return err;
       }
-      if (gather_pull_) {
-        // Every device pulls this proxy's owned chunks of s: wake them all.
-        for (int64_t d = 0; d < session_.devices(); ++d) session_.Notify(d);
-        return ffi::Error::Success();
-      }
+      // Every worker pulls this proxy's owned chunks of s (PullWakeups).
+      if (gather_pull_) return pulls_.Final(session_, s);
       TraceScope ring(session_, w_ + k_, "all-gather", s, RingBytes(s));
       ffi::Error err = RingAllGather(session_, dev_, call_.who, n, m, What(s));
       if (err.failure()) return err;
     }
-    for (int32_t w : plan_.contributors_of(k_, s)) session_.Notify(w);  // their pull may wait
-    return ffi::Error::Success();
+    return pulls_.Final(session_, s);
   }
 
   // Publishes the pieces this proxy holds (DENSE) and finished but has not
@@ -302,8 +300,7 @@ class PieceReducer {
     ffi::Error err = dev_.Publish();
     if (err.failure()) return err;
     for (int64_t s : held_) session_.MarkReduced(k_, s);
-    for (int64_t s : held_)
-      for (int32_t w : plan_.contributors_of(k_, s)) session_.Notify(w);
+    for (int64_t s : held_) pulls_.Final(session_, s);
     held_.clear();
     return ffi::Error::Success();
   }
@@ -417,6 +414,7 @@ class PieceReducer {
   const int64_t w_, q_, k_;    // workers (proxy k is device w_ + k), proxies, this proxy
   const bool gather_pull_;     // no all-gather: the pulls read owned chunks (phases.h)
   const bool fused_;           // the pushes are read in place (PushesInPlace, phases.h)
+  PullWakeups pulls_;          // when the pulls reading this proxy are woken
   std::vector<int64_t> held_;  // finished DENSE pieces not announced yet (AnnounceHeld)
   std::vector<bool> final_;    // FlagInOrder: the pieces final here
   int64_t flagged_ = 0;        // FlagInOrder: flags written for pieces [0, flagged_)
@@ -474,8 +472,11 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
       }
       if (clip) {
         ffi::Error err = global_norm();
+        // All here now: the held pieces announced once, with the last (batch).
+        int64_t last = S - 1;
+        while (last >= 0 && !r.updates(last)) --last;
         for (int64_t s = 0; s < S && err.success(); ++s)
-          if (r.updates(s)) err = r.Finish(s, true, true);
+          if (r.updates(s)) err = r.Finish(s, true, true, /*batch=*/s < last);
         if (err.failure()) return err;
       }
       break;
