@@ -17,8 +17,9 @@ Test switches, each a call in the process it changes (never an environment
 variable, so none leaks into a user's run): `set_default_xla_below_bytes`
 (the project's suite sends small trees through the proxies, the path a GPU
 run takes), `xla_hand_out` (XLA's all_gather hands out within a host on CPU
-too, as on GPUs) and `kill_before_rename` (a crash between a checkpoint's
-write and its rename).
+too, as on GPUs), `kill_before_rename` (a crash between a checkpoint's
+write and its rename) and `deliberate_faults` (an old cost brought back, for
+a budget test to show it fails without the change that removed it).
 
 `stream_ops` counts, per kind, what the runtime asked of its streams (kernel
 launches, copies by direction with their bytes, event records, stream waits,
@@ -46,6 +47,7 @@ from coarse_jax.mesh import AXES
 __all__ = [
     "StreamOps",
     "active_backend",
+    "deliberate_faults",
     "kill_before_rename",
     "reset_stream_ops",
     "set_default_xla_below_bytes",
@@ -161,6 +163,31 @@ def xla_hand_out() -> Iterator[None]:
         yield
     finally:
         HOOKS.xla_hand_out = before
+
+
+@contextlib.contextmanager
+def deliberate_faults(
+    notify_per_piece: bool = False, clip_sync_per_piece: bool = False
+) -> Iterator[None]:
+    """Within it, the CPU runtime runs with deliberate faults, each an old cost back. Test only.
+
+    Args:
+      notify_per_piece: a push wakes its proxies, and a proxy the pulls reading
+        it, once per piece instead of once per bucket / group of pieces.
+      clip_sync_per_piece: global-norm clipping synchronizes the host once per
+        range of the gradient a proxy owns (the sums stay on the device still).
+
+    Example:
+      >>> from coarse_jax.testing import deliberate_faults
+      >>> with deliberate_faults(notify_per_piece=True):
+      ...     pass
+    """
+    mask = (1 if notify_per_piece else 0) | (2 if clip_sync_per_piece else 0)
+    before = _ffi.set_faults(mask)
+    try:
+        yield
+    finally:
+        _ffi.set_faults(before)
 
 
 def kill_before_rename(step: int | None) -> None:

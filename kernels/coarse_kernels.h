@@ -62,6 +62,16 @@ cudaError_t LaunchOptimizerRows(const coarse::OptScalars& o, float* grad_io, con
 // kSumSquaresBlocks doubles of scratch.
 cudaError_t LaunchSumSquares(const float* x, int64_t n, double* partial, double* out,
                              cudaStream_t stream);
+// The same over the f32 runs of a span table (span.leaf, span.len; `spans`
+// device memory, `total` their length), all in one pass, in a fixed order for
+// a given table: *out = (accumulate ? *out : 0) + the sum (global-norm
+// clipping: a proxy's owned ranges in two launches, not two per range).
+cudaError_t LaunchSumSquaresSpans(const Span* spans, int64_t num_spans, int64_t total,
+                                  double* partial, double* out, bool accumulate,
+                                  cudaStream_t stream);
+// out[0, 2) = ClipScalarsOf(parts, num, clip_norm) (optimizer_math.h), one thread.
+cudaError_t LaunchClipScalars(const double* parts, int64_t num, float clip_norm, float* out,
+                              cudaStream_t stream);
 // *first = min(*first, base + the first i where given[i], an element of
 // `given_dtype` (`dtype`: the params where they are; f32: widened), differs
 // bitwise from master[i] rounded to `dtype`); the caller sets *first

@@ -78,7 +78,32 @@ __global__ void SumSquaresKernel(const float* x, int64_t n, double* partial) {
   if (threadIdx.x == 0) partial[blockIdx.x] = acc[0];
 }
 
-__global__ void SumPartialsKernel(const double* partial, int n, double* out) {
+// SumSquaresKernel over a span table's runs, one after the other: each
+// thread's strided elements of run 0, then of run 1, ... (a fixed order).
+__global__ void SumSquaresSpansKernel(const Span* spans, int64_t num_spans, double* partial) {
+  __shared__ double acc[kThreads];
+  double v = 0;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t r = 0; r < num_spans; ++r) {
+    const float* x = static_cast<const float*>(spans[r].leaf);
+    const int64_t n = spans[r].len;
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += stride)
+      v = SquareAdd(v, x[i]);
+  }
+  acc[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) acc[threadIdx.x] += acc[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc[0];
+}
+
+__global__ void ClipScalarsKernel(const double* parts, int64_t num, float clip_norm, float* out) {
+  coarse::ClipScalarsOf(parts, num, clip_norm, out);
+}
+
+__global__ void SumPartialsKernel(const double* partial, int n, double* out, bool accumulate) {
   __shared__ double acc[kThreads];
   double v = 0;
   for (int i = threadIdx.x; i < n; i += kThreads) v += partial[i];
@@ -88,7 +113,7 @@ __global__ void SumPartialsKernel(const double* partial, int n, double* out) {
     if (threadIdx.x < s) acc[threadIdx.x] += acc[threadIdx.x + s];
     __syncthreads();
   }
-  if (threadIdx.x == 0) *out = acc[0];
+  if (threadIdx.x == 0) *out = accumulate ? *out + acc[0] : acc[0];
 }
 
 __global__ void FirstMismatchKernel(const float* master, DType t, const void* given, DType gt,
@@ -142,7 +167,22 @@ cudaError_t LaunchSumSquares(const float* x, int64_t n, double* partial, double*
                              cudaStream_t stream) {
   const int blocks = Blocks(n);
   SumSquaresKernel<<<blocks, kThreads, 0, stream>>>(x, n, partial);
-  SumPartialsKernel<<<1, kThreads, 0, stream>>>(partial, blocks, out);
+  SumPartialsKernel<<<1, kThreads, 0, stream>>>(partial, blocks, out, false);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSumSquaresSpans(const Span* spans, int64_t num_spans, int64_t total,
+                                  double* partial, double* out, bool accumulate,
+                                  cudaStream_t stream) {
+  const int blocks = Blocks(total);
+  SumSquaresSpansKernel<<<blocks, kThreads, 0, stream>>>(spans, num_spans, partial);
+  SumPartialsKernel<<<1, kThreads, 0, stream>>>(partial, blocks, out, accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchClipScalars(const double* parts, int64_t num, float clip_norm, float* out,
+                              cudaStream_t stream) {
+  ClipScalarsKernel<<<1, 1, 0, stream>>>(parts, num, clip_norm, out);
   return cudaGetLastError();
 }
 

@@ -51,7 +51,26 @@ struct OptScalars {
   // or the host's), read when the update runs (WithStep); null: the fields
   // above hold them.
   const float* step = nullptr;
+  // norm and the clip flag (ClipScalarsOf), likewise: global-norm clipping
+  // summed on the device, read there by the kernels; null: norm, clip hold them.
+  const float* clip_at = nullptr;
 };
+
+// The global norm's clip scalars from its parts (each proxy's f64 sum of
+// squares), added in proxy order from 0: out[0] = norm = float(sqrt(total)),
+// out[1] = 1 where clipping applies (!(norm < clip_norm), so a NaN norm
+// clips, as optax's clip_by_global_norm), else 0.
+COARSE_HD void ClipScalarsOf(const double* parts, int64_t num, float clip_norm, float* out) {
+  double total = 0;
+  for (int64_t j = 0; j < num; ++j) total += parts[j];
+#if defined(__CUDACC__)
+  const float norm = static_cast<float>(sqrt(total));
+#else
+  const float norm = static_cast<float>(std::sqrt(total));
+#endif
+  out[0] = norm;
+  out[1] = !(norm < clip_norm) ? 1.0f : 0.0f;
+}
 
 // `o` with this step's lr, bc1, bc2 read from `o.step`: each kernel calls it
 // once, when it runs (stream order puts it after the copy that wrote them).
@@ -61,6 +80,11 @@ COARSE_HD OptScalars WithStep(OptScalars o) {
     o.bc1 = o.step[1];
     o.bc2 = o.step[2];
     o.step = nullptr;
+  }
+  if (o.clip_at != nullptr) {
+    o.norm = o.clip_at[0];
+    o.clip = o.clip_at[1] != 0.0f;
+    o.clip_at = nullptr;
   }
   return o;
 }

@@ -248,6 +248,17 @@ def inject_stale_flags() -> None:
     cpu_module().inject_stale_flags()
 
 
+def set_faults(mask: int) -> int:
+    """Testing hook: the deliberate faults the CPU runtime runs with from now on.
+
+    A mask (ffi/runtime/faults.h): 1, a push wakes its proxies and a proxy its
+    pulls once per piece; 2, global-norm clipping synchronizes the host once
+    per owned range. Returns the previous mask. See
+    ``coarse_jax.testing.deliberate_faults``.
+    """
+    return int(cpu_module().set_faults(int(mask)))
+
+
 def inject_dropped_push(worker: int) -> None:
     """Testing hook: the next session loses the first push of ``worker``.
 

@@ -219,6 +219,17 @@ ffi::Error HostStream::SumSquares(const float* x, int64_t n, double*, double* ou
   return ffi::Error::Success();
 }
 
+ffi::Error HostStream::SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t,
+                                       double*, double* out, bool accumulate) {
+  q_.Enqueue([=] { host_kernels::SumSquaresSpans(spans, num_spans, out, accumulate); });
+  return ffi::Error::Success();
+}
+
+ffi::Error HostStream::ClipScalars(const double* parts, int64_t num, float clip_norm, float* out) {
+  q_.Enqueue([=] { ClipScalarsOf(parts, num, clip_norm, out); });
+  return ffi::Error::Success();
+}
+
 ffi::Error HostStream::FirstMismatch(const float* master, kernels::DType dtype, const void* given,
                                      kernels::DType given_dtype, int64_t n, unsigned long long base,
                                      unsigned long long* first) {

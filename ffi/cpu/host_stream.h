@@ -112,6 +112,10 @@ class HostStream final : public Stream {
   xla::ffi::Error OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
                                 int64_t grad_pitch, int64_t buf_pitch) override;
   xla::ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) override;
+  xla::ffi::Error SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t total,
+                                  double* partial, double* out, bool accumulate) override;
+  xla::ffi::Error ClipScalars(const double* parts, int64_t num, float clip_norm,
+                              float* out) override;
   xla::ffi::Error FirstMismatch(const float* master, kernels::DType dtype, const void* given,
                                 kernels::DType given_dtype, int64_t n, unsigned long long base,
                                 unsigned long long* first) override;

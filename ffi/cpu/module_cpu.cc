@@ -18,6 +18,7 @@
 #include "cpu/cpu_backend_choice.h"
 #include "cpu/host_stream_check.h"
 #include "host/host_pool.h"
+#include "runtime/faults.h"
 #include "runtime/hand_out.h"
 #include "runtime/interrupt.h"
 #include "runtime/numa.h"
@@ -105,6 +106,10 @@ NB_MODULE(_coarse_cpu, m) {
         "Testing: the next session created loses the first push of `worker` (its proxy must "
         "time out, not hang); that session consumes the hook even if its mesh has no such "
         "worker.");
+  m.def("set_faults", &coarse::SetFaults, nb::arg("mask"),
+        "Testing: the deliberate faults active from now on (a mask: 1, a notify per piece; 2, "
+        "a host synchronization per range of the global norm; runtime/faults.h); returns "
+        "the previous mask.");
   m.def("inject_stale_flags", &coarse::InjectStaleFlags,
         "Testing: the next session created reuses its storage set's previous ready value "
         "(a stale counter); a proxy in host memory with device streams refuses it.");

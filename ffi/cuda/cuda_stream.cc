@@ -66,6 +66,18 @@ ffi::Error CudaStream::SumSquares(const float* x, int64_t n, double* partial, do
   return Check(kernels::LaunchSumSquares(x, n, partial, out, stream_), "sum-of-squares kernel");
 }
 
+ffi::Error CudaStream::SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t total,
+                                       double* partial, double* out, bool accumulate) {
+  return Check(
+      kernels::LaunchSumSquaresSpans(spans, num_spans, total, partial, out, accumulate, stream_),
+      "sum-of-squares kernel");
+}
+
+ffi::Error CudaStream::ClipScalars(const double* parts, int64_t num, float clip_norm, float* out) {
+  return Check(kernels::LaunchClipScalars(parts, num, clip_norm, out, stream_),
+               "clip-scalars kernel");
+}
+
 ffi::Error CudaStream::FirstMismatch(const float* master, kernels::DType dtype, const void* given,
                                      kernels::DType given_dtype, int64_t n, unsigned long long base,
                                      unsigned long long* first) {

@@ -99,6 +99,13 @@ void Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
 
 void SumSquares(const float* x, int64_t n, double* out) { *out = cpu::SumSquaresF32(x, n); }
 
+void SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, double* out, bool accumulate) {
+  double acc = accumulate ? *out : 0.0;
+  for (int64_t r = 0; r < num_spans; ++r)
+    acc += cpu::SumSquaresF32(static_cast<const float*>(spans[r].leaf), spans[r].len);
+  *out = acc;
+}
+
 void FirstMismatch(const float* master, kernels::DType dtype, const void* given,
                    kernels::DType given_dtype, int64_t n, unsigned long long base,
                    unsigned long long* first) {

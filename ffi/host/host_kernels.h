@@ -30,6 +30,9 @@ void CopyRows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, si
 void Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n);
 // *out = sum x[i]^2 in f64, in index order.
 void SumSquares(const float* x, int64_t n, double* out);
+// *out = (accumulate ? *out : 0) + each span's run (f32) summed as SumSquares
+// sums it, the runs' sums added in span order.
+void SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, double* out, bool accumulate);
 // *first = min(*first, base + the first i where master[i] rounded to `dtype`
 // differs bitwise from given[i], an element of `given_dtype` (`dtype`: the
 // params where they are; f32: widened); runs at or past *first are skipped.

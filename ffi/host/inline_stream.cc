@@ -55,6 +55,17 @@ class InlineHostStream final : public Stream {
     return ffi::Error::Success();
   }
 
+  ffi::Error SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t, double*,
+                             double* out, bool accumulate) override {
+    host_kernels::SumSquaresSpans(spans, num_spans, out, accumulate);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error ClipScalars(const double* parts, int64_t num, float clip_norm, float* out) override {
+    ClipScalarsOf(parts, num, clip_norm, out);
+    return ffi::Error::Success();
+  }
+
   ffi::Error FirstMismatch(const float* master, kernels::DType dtype, const void* given,
                            kernels::DType given_dtype, int64_t n, unsigned long long base,
                            unsigned long long* first) override {

@@ -99,6 +99,27 @@ struct Mismatch {
   float given = 0, held = 0;  // the params' value, the master's rounded value
 };
 
+// Global-norm clipping kept on a device (StreamDevice): each proxy's sum of
+// squares and the clip scalars the optimizer reads stay in the device's
+// memory, so the host reads nothing back (phases/update_pieces.cc).
+class NormOnDevice {
+ public:
+  virtual ~NormOnDevice() = default;
+  // Proxy `part`'s share of the norm: the sum of squares of `num` ranges of
+  // this device's storage (xs[r], ns[r] floats), each summed in f64, the
+  // sums added in order from 0, into this device's slot `part`. Enqueued,
+  // not waited for: Publish before a peer reads it.
+  virtual xla::ffi::Error SumSquaresPart(const float* const* xs, const int64_t* ns, int64_t num,
+                                         int64_t part) = 0;
+  // The clip scalars (norm, clip flag: ClipScalarsOf) from the shares of `q`
+  // proxies, proxy j's on mesh device devices[j], this device's own at
+  // `own`: the others (Acquired by the caller) are copied beside it, then
+  // all added in order. Returns where the scalars are, in this device's
+  // memory, for OptScalars::clip_at.
+  virtual xla::ffi::ErrorOr<const float*> ClipScalars(int64_t own, const int64_t* devices,
+                                                      int64_t q, float clip_norm) = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -135,6 +156,9 @@ class Device {
   // sum x[i]^2 in f64 over local storage (global-norm clipping). Blocks the
   // host until the value exists (on CUDA: a device-to-host copy).
   virtual xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) = 0;
+  // Where clipping's sums stay on this device (NormOnDevice); null where
+  // SumSquares serves (a proxy in host memory: its memory is the host's).
+  virtual NormOnDevice* norm_on_device() { return nullptr; }
   // The params check: the first run of `runs` (in order; their buf_off
   // increase), and in it the first i < len, where the params (a leaf's
   // elements, in its dtype) differ bitwise from master[buf_off + i] rounded

@@ -67,6 +67,9 @@ struct ProxyUpdate {
   bool check_params = true;
   float norm = 1.0f;  // global gradient norm (clip_norm > 0 only)
   bool clip = false;  // clipping applies this step
+  // Where norm and clip lie in the proxy's device memory instead, for the
+  // kernels to read (OptScalars::clip_at): clipping kept on the device.
+  const float* clip_at = nullptr;
   // The proxy runs as a service (runtime/service.h): its local worker ran
   // BeginUpdate for it and posts lr, bc1, bc2 (Session::PostUpdateInputs);
   // `params` is unset. AwaitUpdateInputs fills them (or `step`) in.
@@ -115,8 +118,10 @@ xla::ffi::Error ApplyPending(Call& call, Device& dev, ProxyUpdate& update);
 xla::ffi::Error TakePending(Call& call, Device& dev, const ProxyUpdate& update, int64_t s,
                             float* own);
 xla::ffi::Error KeepUnapplied(Call& call, Device& dev, const ProxyUpdate& update);
-// Every proxy posts the squares of the gradient chunks it owns; sets
-// update.norm / update.clip once all have.
+// Every proxy posts the squares of the gradient chunks it owns; once all
+// have, sets update.clip_at (NormOnDevice: the sums and the clip scalars stay
+// on the devices, no host synchronization) or, for proxies in host memory,
+// update.norm / update.clip.
 xla::ffi::Error ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& update);
 
 // With ProxyUpdate::from_worker: waits until proxy k's local worker has set
@@ -187,6 +192,36 @@ inline bool OneShotLeading(const Session& session) {
 // written per step, is not made.
 inline bool PushesInPlace(const Session& session, bool in_place) {
   return in_place && GatherPull(session);
+}
+
+// The most floats of consecutive pieces that a pull waits for as one group
+// (4 MiB of f32): a proxy in host memory's flags are waited for on the
+// stream once per group (phases/pull_pieces.cc), and a pull waiting on the
+// host is woken once per group and proxy (phases/reduce_pieces.cc). Smaller
+// pieces make more pieces per group, not more groups, so halving
+// shard_bytes changes neither count; a larger step still pulls group by
+// group as the proxies make them final.
+inline constexpr int64_t kPullGroupFloats = int64_t{1} << 20;
+
+// The plan's pieces in such groups: consecutive pieces in the plan's order,
+// a new group where the next piece would pass kPullGroupFloats.
+struct PullGroupsOf {
+  std::vector<int64_t> of;    // per piece: its group
+  std::vector<int64_t> size;  // per group: its pieces
+};
+inline PullGroupsOf PullGroups(const Plan& plan) {
+  PullGroupsOf g;
+  int64_t floats = 0;
+  for (int64_t s = 0; s < plan.num_pieces(); ++s) {
+    if (g.size.empty() || floats + plan.piece_nelems[s] > kPullGroupFloats) {
+      g.size.push_back(0);
+      floats = 0;
+    }
+    floats += plan.piece_nelems[s];
+    ++g.size.back();
+    g.of.push_back(static_cast<int64_t>(g.size.size()) - 1);
+  }
+  return g;
 }
 
 // coarse_pull: a worker writes the reduced proxy pieces into its leaves

@@ -8,10 +8,12 @@
 #include <limits>
 #include <list>
 #include <map>
+#include <numeric>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
 
+#include "runtime/faults.h"
 #include "runtime/interrupt.h"
 
 namespace coarse {
@@ -293,7 +295,8 @@ void Session::MarkReduced(int64_t proxy, int64_t piece) {
   }
   proxy_progress(proxy, piece, 0).store(steps, std::memory_order_release);
   proxy_progress(proxy, piece, 1).store(steps, std::memory_order_release);
-  for (int64_t d = 0; d < devices(); ++d) Notify(d);  // its clients and the other proxies
+  for (int64_t d = 0; d < devices(); ++d)  // the other proxies; the pulls: PullWakeups
+    if ((d >= p() && d != p() + proxy) || NotifiesPerPiece()) Notify(d);
 }
 
 Session::~Session() {
@@ -462,10 +465,8 @@ void Session::PostHostChunks(int64_t proxy, int32_t stage) {
 
 bool Session::NormReady() const { return norm_posted_.load(std::memory_order_acquire) == q(); }
 
-double Session::NormTotal() const {
-  double total = 0;
-  for (int64_t k = 0; k < q(); ++k) total += norm_parts_[k];
-  return total;
+double Session::NormTotal() const {  // in proxy order, from 0 (the bits: ClipScalarsOf's)
+  return std::accumulate(norm_parts_.get(), norm_parts_.get() + q(), 0.0);
 }
 
 bool Session::TakeDroppedPush(int64_t worker) {

@@ -148,7 +148,8 @@ class Session {
   // Piece `piece` is reduced on proxy `proxy`: both its rings are complete
   // there (or it was marked so without a ring, see MarkReduced).
   bool IsReduced(int64_t proxy, int64_t piece);
-  // Marks it reduced without a ring (DENSE) and wakes everyone who may wait on it.
+  // Marks it reduced without a ring (DENSE) and wakes the other proxies (the
+  // pulls are woken by the proxy: PullWakeups, phases/pull_wakeups.h).
   void MarkReduced(int64_t proxy, int64_t piece);
 
   // Emulated transport (see emulator.h). Times are Clock time points: the
@@ -239,6 +240,8 @@ class Session {
   void set_store(std::shared_ptr<SessionHold> store);
   // Global-norm clipping: proxy k posts the f64 sum of squares of the mean
   // gradient it owns; once all p have, NormTotal() sums them in proxy order.
+  // Where the shares stay on the devices (NormOnDevice) the post says the
+  // share is enqueued and published, and `sum_sq` is 0.
   void PostNormPart(int64_t proxy, double sum_sq);
   bool NormReady() const;
   double NormTotal() const;

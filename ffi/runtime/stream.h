@@ -63,6 +63,17 @@ class Stream {
                                         int64_t rows, int64_t grad_pitch, int64_t buf_pitch) = 0;
   // *out = sum x[i]^2 in f64; `partial`: kSumSquaresBlocks doubles of scratch.
   virtual xla::ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) = 0;
+  // *out = (accumulate ? *out : 0) + the sum of squares of the spans' f32
+  // runs (span.leaf, span.len; spans: device memory, `total` their length):
+  // on the host each run summed alone in index order, the runs' sums added
+  // in span order (the bits of SumSquares per run, added in order); on CUDA
+  // one pass over them all, in a fixed order for a given table.
+  virtual xla::ffi::Error SumSquaresSpans(const kernels::Span* spans, int64_t num_spans,
+                                          int64_t total, double* partial, double* out,
+                                          bool accumulate) = 0;
+  // out[0, 2) = ClipScalarsOf(parts, num, clip_norm) (kernels/optimizer_math.h).
+  virtual xla::ffi::Error ClipScalars(const double* parts, int64_t num, float clip_norm,
+                                      float* out) = 0;
   // *first = min(*first, base + the first i where master[i] rounded to
   // `dtype` differs bitwise from given[i], an element of `given_dtype`:
   // `dtype` (the params read where they are) or f32 (widened into scratch
@@ -194,9 +205,14 @@ class StreamResources {
   virtual kernels::Span* spans(int64_t device) = 0;
   virtual SpanTables& span_tables(int64_t device) = 0;
   virtual int64_t max_runs() const = 0;
-  // kScalarSlots doubles: the sum of squares' partials and result, and the
-  // params check's index (as an unsigned long long) in the last one.
-  static constexpr int64_t kScalarSlots = kernels::kSumSquaresBlocks + 2;
+  // kScalarSlots doubles: the sum of squares' partials and result; global-norm
+  // clipping's parts, up to kMaxNormParts proxies' (this proxy's own at its
+  // index, the others copied beside it) and its clip scalars (two floats, in
+  // one slot); the params check's index (as an unsigned long long) in the last.
+  static constexpr int64_t kMaxNormParts = 64;
+  static constexpr int64_t kNormPartsSlot = kernels::kSumSquaresBlocks + 1;
+  static constexpr int64_t kClipSlot = kNormPartsSlot + kMaxNormParts;
+  static constexpr int64_t kScalarSlots = kClipSlot + 2;
   virtual double* scalars(int64_t device) = 0;
   virtual StreamEvent event(int64_t device) = 0;
   // Whether mesh device `device` is a proxy in host memory (IsHostOrdinal):

@@ -131,6 +131,28 @@ ffi::Error StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64
   return holds_ ? ffi::Error::Success() : Flush();
 }
 
+ffi::Error StreamDevice::Table(const kernels::Span* spans, int64_t num,
+                               const kernels::Span** table) {
+  // A stream whose work is done when enqueued reads the table where it is,
+  // in host memory. Else a table a slot already holds is launched on as it
+  // is (SpanTables); another is uploaded into the least recently used slot,
+  // behind every launch that read it in stream order.
+  *table = spans;
+  if (!holds_) return ffi::Error::Success();
+  SpanTables& tables = res_.span_tables(self_);
+  int slot = tables.Find(spans, num);
+  ffi::Error e;
+  if (slot < 0) {
+    slot = tables.Claim(spans, num);
+    e = Enqueue()->Upload(res_.spans(self_) + slot * res_.max_runs(), spans,
+                          num * sizeof(kernels::Span), "uploading a span table");
+    if (e.failure()) tables.Forget(slot);
+    CountStreamOp(StreamOp::kTableUploads);
+  }
+  *table = res_.spans(self_) + slot * res_.max_runs();
+  return e;
+}
+
 ffi::Error StreamDevice::Flush() {
   const Queued::Kind kind = queued_.kind;
   if (kind == Queued::Kind::kNone) return ffi::Error::Success();
@@ -153,24 +175,8 @@ ffi::Error StreamDevice::Flush() {
   for (size_t r = 0; r < spans.size(); ++r) spans[r].buf_off = queued_.at[r] - base;
   const int64_t num = static_cast<int64_t>(spans.size());
   const int64_t total = kernels::SetBegins(spans.data(), num);
-  // A stream whose work is done when enqueued reads the table where it is,
-  // in host memory. Else a table a slot already holds is launched on as it
-  // is (SpanTables); another is uploaded into the least recently used slot,
-  // behind every launch that read it in stream order.
-  const kernels::Span* table = spans.data();
-  ffi::Error e;
-  if (holds_) {
-    SpanTables& tables = res_.span_tables(self_);
-    int slot = tables.Find(spans.data(), num);
-    if (slot < 0) {
-      slot = tables.Claim(spans.data(), num);
-      e = Enqueue()->Upload(res_.spans(self_) + slot * res_.max_runs(), spans.data(),
-                            num * sizeof(kernels::Span), "uploading a span table");
-      if (e.failure()) tables.Forget(slot);
-      CountStreamOp(StreamOp::kTableUploads);
-    }
-    table = res_.spans(self_) + slot * res_.max_runs();
-  }
+  const kernels::Span* table = nullptr;
+  ffi::Error e = Table(spans.data(), num, &table);
   // A pull's copies into staging, before the unpack that reads them.
   if (e.success() && kind == Queued::Kind::kUnpack)
     e = IssueCopies(inbound_, "pull: peer copy from the proxy");
@@ -444,7 +450,7 @@ bool SameScalars(const OptScalars& a, const OptScalars& b) {
          a.lr == b.lr && a.bc1 == b.bc1 && a.bc2 == b.bc2 && a.b1 == b.b1 &&
          a.one_minus_b1 == b.one_minus_b1 && a.b2 == b.b2 && a.one_minus_b2 == b.one_minus_b2 &&
          a.eps == b.eps && a.weight_decay == b.weight_decay && a.momentum == b.momentum &&
-         a.norm == b.norm && a.clip_norm == b.clip_norm && a.step == b.step;
+         a.norm == b.norm && a.clip_norm == b.clip_norm && a.step == b.step && a.clip_at == b.clip_at;
 }
 
 // Whether `b` continues `a` (n elements) in every buffer the update touches.

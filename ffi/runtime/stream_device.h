@@ -23,7 +23,7 @@
 
 namespace coarse {
 
-class StreamDevice final : public Device {
+class StreamDevice final : public Device, public NormOnDevice {
  public:
   // `self`: the caller's mesh device index (worker i -> i, proxy k -> p + k).
   // `copies` (a worker's, where a proxy is in host memory; else null): the
@@ -60,6 +60,11 @@ class StreamDevice final : public Device {
   xla::ffi::Error Scale(float* x, int64_t n, float scale) override;
   xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
   xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override;
+  NormOnDevice* norm_on_device() override { return this; }
+  xla::ffi::Error SumSquaresPart(const float* const* xs, const int64_t* ns, int64_t num,
+                                 int64_t part) override;
+  xla::ffi::ErrorOr<const float*> ClipScalars(int64_t own, const int64_t* devices, int64_t q,
+                                              float clip_norm) override;
   xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun* runs,
                                             int64_t num_runs, float* scratch,
                                             int64_t scratch_device, int64_t scratch_len) override;
@@ -152,6 +157,10 @@ class StreamDevice final : public Device {
   xla::ffi::Error IssueCopies(const std::vector<Outbound>& copies, const char* what);
   // The stream, for work about to be enqueued: the next Publish records.
   Stream* Enqueue();
+  // Where a launch reads `spans` (`num` of them, `begin` filled): a span
+  // table of this device's, uploaded unless a slot holds it (SpanTables),
+  // or, on a stream whose work is done when enqueued, `spans` itself.
+  xla::ffi::Error Table(const kernels::Span* spans, int64_t num, const kernels::Span** table);
   // Whether this device's kernels read and write `device`'s memory directly.
   bool Addressable(int64_t device) const { return res_.shares_memory(self_, device); }
 
@@ -207,6 +216,7 @@ class StreamDevice final : public Device {
   int64_t self_;
   StreamResources& res_;
   Queued queued_;
+  std::vector<kernels::Span> norm_spans_;  // SumSquaresPart's runs (kept: no allocation per step)
   std::vector<Outbound> outbound_;  // the held pack's copies out of staging, in order
   std::vector<Outbound> inbound_;   // the held unpack's copies into staging, in order
   int64_t staged_ = 0;              // floats of staging the held work uses, from its start

@@ -1,6 +1,7 @@
 // StreamDevice's two operations that block the host (see stream_device.h):
-// the sum of squares (global-norm clipping) and the params check, a few
-// scalars per step whose results the host reads.
+// the sum of squares (global-norm clipping, where a testing fault asks for
+// it) and the params check, a few scalars per step whose results the host
+// reads; and global-norm clipping kept on the device (NormOnDevice).
 #include <algorithm>
 #include <string>
 
@@ -34,6 +35,65 @@ ffi::ErrorOr<double> StreamDevice::SumSquares(const float* x, int64_t n) {
   if (e.success()) e = Enqueue()->Synchronize("sum of squares");
   if (e.failure()) return ffi::Unexpected(e);
   return out;
+}
+
+// Global-norm clipping on the device (NormOnDevice): nothing is read back.
+// The ranges go to one launch per span table (at most max_runs() runs each,
+// the launches after the first adding to the part), a table a resident slot
+// holds uploading nothing; the part lives in this device's scalars, where
+// the peers copy it from (ClipScalars), and the next session's sum comes
+// after this one's readers: it waits for the storage's previous user.
+ffi::Error StreamDevice::SumSquaresPart(const float* const* xs, const int64_t* ns, int64_t num,
+                                        int64_t part) {
+  if (part < 0 || part >= StreamResources::kMaxNormParts)
+    return ffi::Error::InvalidArgument(
+        "coarse_jax: global-norm clipping on the device takes at most " +
+        std::to_string(StreamResources::kMaxNormParts) + " proxies (this one is proxy " +
+        std::to_string(part) + "). Fix: fewer proxies, or clip_norm=None");
+  if (ffi::Error held = Flush(); held.failure()) return held;
+  double* scratch = res_.scalars(self_);
+  double* out = scratch + StreamResources::kNormPartsSlot + part;
+  const int64_t chunk = res_.max_runs();
+  int64_t lo = 0;
+  do {
+    const int64_t hi = std::min(num, lo + chunk);
+    norm_spans_.clear();
+    for (int64_t r = lo; r < hi; ++r) {
+      kernels::Span span{};
+      span.leaf = const_cast<float*>(xs[r]);
+      span.len = ns[r];
+      span.leaf_dtype = kernels::DType::kF32;
+      norm_spans_.push_back(span);
+      CountTraffic(TrafficOp::kCheck, ns[r] * kF32, 0);
+    }
+    const int64_t total = kernels::SetBegins(norm_spans_.data(), hi - lo);
+    const kernels::Span* table = nullptr;
+    ffi::Error e = Table(norm_spans_.data(), hi - lo, &table);
+    if (e.success())
+      e = Enqueue()->SumSquaresSpans(table, hi - lo, total, scratch, out, /*accumulate=*/lo > 0);
+    if (e.failure()) return e;
+    lo = hi;
+  } while (lo < num);
+  return ffi::Error::Success();
+}
+
+ffi::ErrorOr<const float*> StreamDevice::ClipScalars(int64_t own, const int64_t* devices,
+                                                     int64_t q, float clip_norm) {
+  if (ffi::Error held = Flush(); held.failure()) return ffi::Unexpected(held);
+  double* parts = res_.scalars(self_) + StreamResources::kNormPartsSlot;
+  for (int64_t j = 0; j < q; ++j) {
+    if (j == own) continue;
+    // A double as two floats: the copy moves its bits.
+    const double* theirs = res_.scalars(devices[j]) + StreamResources::kNormPartsSlot + j;
+    ffi::Error e = PeerCopy(reinterpret_cast<float*>(parts + j), self_,
+                            reinterpret_cast<const float*>(theirs), devices[j], 2,
+                            "copying a proxy's share of the global norm");
+    if (e.failure()) return ffi::Unexpected(e);
+  }
+  auto* clip = reinterpret_cast<float*>(res_.scalars(self_) + StreamResources::kClipSlot);
+  ffi::Error e = Enqueue()->ClipScalars(parts, q, clip_norm, clip);
+  if (e.failure()) return ffi::Unexpected(e);
+  return clip;
 }
 
 ffi::ErrorOr<Mismatch> StreamDevice::FirstMismatch(const float* master, const LeafRun* runs,

@@ -57,6 +57,15 @@ class CountingStream final : public Stream {
     Add(StreamOp::kLaunches);
     return inner_->SumSquares(x, n, partial, out);
   }
+  ffi::Error SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t total,
+                             double* partial, double* out, bool accumulate) override {
+    Add(StreamOp::kLaunches);
+    return inner_->SumSquaresSpans(spans, num_spans, total, partial, out, accumulate);
+  }
+  ffi::Error ClipScalars(const double* parts, int64_t num, float clip_norm, float* out) override {
+    Add(StreamOp::kLaunches);
+    return inner_->ClipScalars(parts, num, clip_norm, out);
+  }
   ffi::Error FirstMismatch(const float* master, kernels::DType dtype, const void* given,
                            kernels::DType given_dtype, int64_t n, unsigned long long base,
                            unsigned long long* first) override {

@@ -21,12 +21,6 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// The most floats one wait of a pull from a proxy in host memory covers
-// (4 MiB of f32): pieces smaller than that are waited for, copied and
-// unpacked together, so halving shard_bytes changes no count; larger steps
-// still pull group by group as the host optimizer makes them final.
-constexpr int64_t kPullGroupFloats = int64_t{1} << 20;
-
 // GatherPull (phases.h): piece s straight from the chunks each proxy owns
 // after its reduce-scatter (chunk (position + 1) % p of each half, ring.h).
 ffi::Error PullOwnedChunks(Call& call, Device& dev, int64_t s, const LeafResolver& leaf_of,

@@ -6,7 +6,9 @@
 // kernel plus a peer copy on CUDA, or one pack for all the pieces where the
 // proxy is on the worker's GPU); then it publishes them all at once, marks
 // each piece pushed by this worker (Session::pushed: what a proxy's timeout
-// names), bumps that proxy's arrival counter for the piece and wakes it. It never waits for anyone,
+// names) and bumps that proxy's arrival counter for the piece; then it wakes each proxy it
+// pushed to once, for the bucket (a proxy walks a bucket's pieces in order:
+// woken per piece it would park and wake once per piece). It never waits for anyone,
 // so pushes cannot deadlock whatever order XLA runs them in. Still, the Python side chains them by
 // a token (each push takes the previous one's) so they are issued in the plan's order, the order
 // every proxy walks: left to XLA, independent pushes run in any order and a proxy idles on a piece
@@ -14,17 +16,28 @@
 //
 // On CPU (PushesInPlace, phases.h) nothing is copied: the push records where
 // each piece's values lie in the worker's gradient buffers, which the caller
-// keeps alive until its pull, bumps the arrival counter and wakes every
-// proxy (each owns a chunk of every piece); the proxies read the values
-// from there. Still no wait.
+// keeps alive until its pull and bumps the arrival counter; where it was a
+// piece's last push it wakes every proxy (each owns a chunk of every piece),
+// once for the bucket; the proxies read the values from there. Still no wait.
 #include <algorithm>
 #include <vector>
 
+#include "runtime/faults.h"
 #include "runtime/phases.h"
 #include "runtime/trace.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
+
+namespace {
+
+// Wakes every proxy once, if a push of this bucket completed a piece.
+void NotifyProxies(Session& session, const Plan& plan, bool completed) {
+  if (!completed) return;
+  for (int64_t j = 0; j < plan.proxies; ++j) session.Notify(plan.workers + j);
+}
+
+}  // namespace
 
 ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_pieces,
                       const LeafResolver& leaf_of, bool in_place) {
@@ -35,6 +48,7 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
   TraceScope all(session, call.device(), "push");
   const bool fused = PushesInPlace(session, in_place);
   std::vector<LeafRun> runs;
+  bool completed = false;  // fused: this push was the last of one of its pieces
   for (int64_t s = first_piece; s < first_piece + num_pieces; ++s) {
     TraceScope piece(session, call.device(), "push piece", s, plan.piece_nbytes[s]);
     const int64_t k = plan.dest(s, i);
@@ -45,15 +59,18 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
     if (fused) {
       // The proxies read these runs in place (PushesInPlace, phases.h). Each
       // waits for every worker's push of the piece (it owns a chunk of all
-      // of them), so only the last push wakes them, all at once: a wake-up
-      // per push would switch 8 threads on a few cores for nothing.
+      // of them), so only the last push wakes them, all at once and once
+      // for its bucket (below): a wake-up per push, or per piece, would
+      // switch 8 threads on a few cores for nothing.
       std::sort(runs.begin(), runs.end(),
                 [](const LeafRun& a, const LeafRun& b) { return a.buf_off < b.buf_off; });
       session.pushed_runs(i, s) = runs;
       session.pushed(i, s).store(1, std::memory_order_relaxed);  // published by the bump below
       session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
-      if (session.pushes_of(s).fetch_add(1, std::memory_order_acq_rel) + 1 == plan.workers)
-        for (int64_t j = 0; j < plan.proxies; ++j) session.Notify(plan.workers + j);
+      const bool last =
+          session.pushes_of(s).fetch_add(1, std::memory_order_acq_rel) + 1 == plan.workers;
+      completed = completed || last;
+      if (NotifiesPerPiece()) NotifyProxies(session, plan, last);  // testing: the old wake-ups
       continue;
     }
     ffi::Error e =
@@ -64,18 +81,28 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
     // it when it takes the piece (the push itself never waits).
     session.NotePushReady(i, s);
   }
-  if (fused) return ffi::Error::Success();
+  // After every bump of the bucket: a proxy woken here finds all of them.
+  if (fused) {
+    NotifyProxies(session, plan, completed);
+    return ffi::Error::Success();
+  }
   // One publication for the whole bucket (on a GPU: its pieces' packs merged
   // into one launch, Device::Flush, and one event record), then every piece
   // is announced: work per call, not per piece.
   ffi::Error e = dev.Publish();
   if (e.failure()) return e;
+  std::vector<bool> to(plan.proxies, false);  // the proxies this bucket reached
   for (int64_t s = first_piece; s < first_piece + num_pieces; ++s) {
     const int64_t k = plan.dest(s, i);
     session.pushed(i, s).store(1, std::memory_order_relaxed);  // published by the bump below
     session.arrived(k, s).fetch_add(1, std::memory_order_acq_rel);
-    session.Notify(plan.workers + k);
+    to[k] = true;
+    if (NotifiesPerPiece()) session.Notify(plan.workers + k);
   }
+  // Each proxy once, after all the bucket's bumps (its wait re-checks the
+  // piece it is at, and finds the rest there as it walks on).
+  for (int64_t k = 0; k < plan.proxies; ++k)
+    if (to[k]) session.Notify(plan.workers + k);
   return ffi::Error::Success();
 }
 

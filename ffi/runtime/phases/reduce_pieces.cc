@@ -27,6 +27,7 @@
 
 #include "runtime/phases.h"
 #include "runtime/phases/exchange_owned.h"
+#include "runtime/phases/pull_wakeups.h"
 #include "runtime/ring.h"
 #include "runtime/ring_groups.h"
 #include "runtime/stream.h"
@@ -56,6 +57,7 @@ class PieceReducer {
         k_(call.who.index),
         gather_pull_(GatherPull(session_)),
         fused_(PushesInPlace(session_, in_place)),
+        pulls_(plan_, k_, gather_pull_),
         // The ring's groups; a piece each where no ring steps (one-shot sums)
         // or the emulated links book every piece's transfer.
         groups_(RingGroups(plan_,
@@ -254,7 +256,7 @@ class PieceReducer {
     const int64_t s = g.first;
     const int64_t n = plan_.piece_nelems[s];
     // Every pull reads the holder's copy in place: nothing to copy.
-    if (copies_from_holder(s) && gather_pull_) return ffi::Error::Success();
+    if (copies_from_holder(s) && gather_pull_) return FinalGroup(g);
     if (copies_from_holder(s)) {
       TraceScope copy(session_, w_ + k_, "copy from the holder", s);
       const int32_t holder = plan_.piece_holder[s];
@@ -275,7 +277,7 @@ class PieceReducer {
       err = dev_.Publish();
       if (err.failure()) return err;
       session_.MarkReduced(k_, s);
-      return ffi::Error::Success();
+      return FinalGroup(g);
     }
     if (update) {
       ffi::Error err = AwaitUpdateInputs(call_, dev_, *update_);
@@ -303,20 +305,19 @@ class PieceReducer {
         ffi::Error err = RingAnnounceOwned(session_, dev_, m);
         if (err.failure()) return err;
       }
-      if (gather_pull_) {
-        // Every device pulls this proxy's owned chunks of s: wake them all.
-        for (int64_t d = 0; d < session_.devices(); ++d) session_.Notify(d);
-        return ffi::Error::Success();
-      }
+      // Every worker pulls this proxy's owned chunks of s (PullWakeups).
+      if (gather_pull_) return FinalGroup(g);
       TraceScope ring(session_, w_ + k_, "all-gather", s, RingBytes(s) * g.count);
       ffi::Error err = RingAllGather(session_, dev_, call_.who, n, m, What(g));
       if (err.failure()) return err;
     }
-    // Their pull may wait: each client once for the group.
-    const auto& first = plan_.contributors_of(k_, s);
-    for (int64_t t = s; t < s + g.count; ++t)
-      for (int32_t w : plan_.contributors_of(k_, t))
-        if (t == s || std::find(first.begin(), first.end(), w) == first.end()) session_.Notify(w);
+    return FinalGroup(g);
+  }
+
+  // The group's pieces are final here for the pulls that read them: the
+  // pulls are woken once their pull group is (PullWakeups).
+  ffi::Error FinalGroup(const RingGroup& g) {
+    for (int64_t t = g.first; t < g.first + g.count; ++t) pulls_.Final(session_, t);
     return ffi::Error::Success();
   }
 
@@ -327,8 +328,7 @@ class PieceReducer {
     ffi::Error err = dev_.Publish();
     if (err.failure()) return err;
     for (int64_t s : held_) session_.MarkReduced(k_, s);
-    for (int64_t s : held_)
-      for (int32_t w : plan_.contributors_of(k_, s)) session_.Notify(w);
+    for (int64_t s : held_) pulls_.Final(session_, s);
     held_.clear();
     return ffi::Error::Success();
   }
@@ -433,6 +433,7 @@ class PieceReducer {
   const int64_t w_, q_, k_;              // workers (proxy k is device w_ + k), proxies, this proxy
   const bool gather_pull_;               // no all-gather: the pulls read owned chunks (phases.h)
   const bool fused_;                     // the pushes are read in place (PushesInPlace, phases.h)
+  PullWakeups pulls_;                    // when the pulls reading this proxy are woken
   std::vector<int64_t> held_;            // finished DENSE pieces not announced yet (AnnounceHeld)
   const std::vector<RingGroup> groups_;  // the ring's groups of pieces (ring_groups.h)
   std::vector<bool> final_;              // FlagInOrder: the pieces final here
@@ -490,8 +491,12 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
       }
       if (clip) {
         ffi::Error err = global_norm();
-        for (size_t i = 0; i < r.groups().size() && err.success(); ++i)
-          if (r.updates(r.groups()[i].first)) err = r.Finish(r.groups()[i], true, true);
+        // All here now: the held pieces announced once, with the last (batch).
+        const auto& gs = r.groups();
+        int64_t last = static_cast<int64_t>(gs.size()) - 1;
+        while (last >= 0 && !r.updates(gs[last].first)) --last;
+        for (int64_t i = 0; i < static_cast<int64_t>(gs.size()) && err.success(); ++i)
+          if (r.updates(gs[i].first)) err = r.Finish(gs[i], true, true, /*batch=*/i < last);
         if (err.failure()) return err;
       }
       break;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/dtype.h"
+#include "runtime/faults.h"
 #include "runtime/host_memory.h"
 #include "runtime/phases.h"
 #include "runtime/trace.h"
@@ -216,6 +217,7 @@ OptScalars ScalarsOf(const ProxyUpdate& u) {
   o.norm = u.norm;
   o.clip_norm = spec.clip_norm;
   o.step = u.step;
+  o.clip_at = u.clip_at;
   return o;
 }
 
@@ -317,23 +319,60 @@ ffi::Error KeepUnapplied(Call& call, Device& dev, const ProxyUpdate& u) {
   return ffi::Error::Success();
 }
 
+// On a device (NormOnDevice) the owned ranges' sum of squares is one
+// operation, its result stays in the proxy's memory, the peers' shares are
+// copied beside it there, and the optimizer's kernels read the clip scalars
+// where they are: per step a launch or two, a peer copy per other proxy, no
+// host synchronization (one per owned range read each sum back before). A
+// proxy in host memory sums on the host, where the values already are.
 ffi::Error ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& u) {
   Session& session = *call.session;
-  const int64_t k = call.who.index;
+  const int64_t k = call.who.index, q = call.plan().proxies, w = call.plan().workers;
   const Plan& plan = call.plan();
-  double sum_sq = 0;
+  NormOnDevice* on_device = dev.norm_on_device();
+  double sum_sq = 0;  // a host proxy's share (on a device it stays there)
+  std::vector<const float*> xs;
+  std::vector<int64_t> ns;
   for (const OwnedRange& r : u.store->owned(k)) {
-    auto part = dev.SumSquares(session.arena(k) + plan.slot(k, r.piece, 0) + r.lo, r.hi - r.lo);
-    if (part.has_error()) return part.error();
-    sum_sq += part.value();
+    const float* x = session.arena(k) + plan.slot(k, r.piece, 0) + r.lo;
+    if (on_device == nullptr) {
+      auto part = dev.SumSquares(x, r.hi - r.lo);
+      if (part.has_error()) return part.error();
+      sum_sq += part.value();
+      continue;
+    }
+    xs.push_back(x);
+    ns.push_back(r.hi - r.lo);
+    if (ClipSyncsPerPiece()) {  // testing: a host synchronization per range, as before
+      ffi::Error e = dev.SynchronizeHost("testing: the global norm's host sync per range");
+      if (e.failure()) return e;
+    }
+  }
+  if (on_device != nullptr) {
+    ffi::Error e =
+        on_device->SumSquaresPart(xs.data(), ns.data(), static_cast<int64_t>(xs.size()), k);
+    if (e.success() && q > 1) e = dev.Publish();  // the peers copy this share
+    if (e.failure()) return e;
   }
   session.PostNormPart(k, sum_sq);
   ffi::Error err = session.Wait(
       call.who, Session::Waits::kPeer, [&] { return session.NormReady(); },
       [&] { return std::string("every proxy's share of the global gradient norm (clip_norm)"); });
   if (err.failure()) return err;
-  u.norm = static_cast<float>(std::sqrt(session.NormTotal()));
-  u.clip = !(u.norm < u.spec->clip_norm);
+  if (on_device == nullptr) {
+    u.norm = static_cast<float>(std::sqrt(session.NormTotal()));
+    u.clip = !(u.norm < u.spec->clip_norm);
+    return ffi::Error::Success();
+  }
+  std::vector<int64_t> devices(q);
+  for (int64_t j = 0; j < q && err.success(); ++j) {
+    devices[j] = w + j;
+    if (j != k) err = dev.Acquire(w + j);
+  }
+  if (err.failure()) return err;
+  auto clip = on_device->ClipScalars(k, devices.data(), q, u.spec->clip_norm);
+  if (clip.has_error()) return clip.error();
+  u.clip_at = clip.value();
   return ffi::Error::Success();
 }
 
