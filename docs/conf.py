@@ -11,7 +11,7 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import coarse_jax  # noqa: E402
+import coarse_jax
 
 project = "coarse_jax"
 author = "the coarse_jax authors"

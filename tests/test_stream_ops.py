@@ -602,8 +602,9 @@ def _assert_per_call(counts: dict, layout: str) -> None:
                 assert window["hand_offs"] <= c + b + _HAND_OFF_SLACK, (layout, window, c, b)
     kinds = _PER_CALL_KINDS + (() if layout in _RING_PER_PIECE else ("hand_offs",))
     for kind in kinds:
-        within = {"copies": 0, "hand_offs": _SAME_HAND_OFFS}.get(kind, _SAME_WITHIN * b)  # b: all pushes
-        for w_small, w_big in zip(small["windows"], big["windows"]):
+        # b: all the pushes
+        within = {"copies": 0, "hand_offs": _SAME_HAND_OFFS}.get(kind, _SAME_WITHIN * b)
+        for w_small, w_big in zip(small["windows"], big["windows"], strict=True):
             a, z = _per_step(w_small, kind), _per_step(w_big, kind)
             assert abs(a - z) <= within, (layout, kind, a, z)
 
@@ -615,7 +616,7 @@ def _print_per_call(counts: dict) -> None:
             f"\n{name} ({got['pushes']} pushes, {got['pieces']} pieces): "
             + ", ".join(
                 f"{k} {_per_step(w[0], k):g}/{_per_step(w[1], k):g}"
-                for k in _PER_CALL_KINDS + ("host_syncs", "hand_offs")
+                for k in (*_PER_CALL_KINDS, "host_syncs", "hand_offs")
             )
         )
 

@@ -450,7 +450,8 @@ bool SameScalars(const OptScalars& a, const OptScalars& b) {
          a.lr == b.lr && a.bc1 == b.bc1 && a.bc2 == b.bc2 && a.b1 == b.b1 &&
          a.one_minus_b1 == b.one_minus_b1 && a.b2 == b.b2 && a.one_minus_b2 == b.one_minus_b2 &&
          a.eps == b.eps && a.weight_decay == b.weight_decay && a.momentum == b.momentum &&
-         a.norm == b.norm && a.clip_norm == b.clip_norm && a.step == b.step && a.clip_at == b.clip_at;
+         a.norm == b.norm && a.clip_norm == b.clip_norm && a.step == b.step &&
+         a.clip_at == b.clip_at;
 }
 
 // Whether `b` continues `a` (n elements) in every buffer the update touches.

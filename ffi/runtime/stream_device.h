@@ -217,11 +217,11 @@ class StreamDevice final : public Device, public NormOnDevice {
   StreamResources& res_;
   Queued queued_;
   std::vector<kernels::Span> norm_spans_;  // SumSquaresPart's runs (kept: no allocation per step)
-  std::vector<Outbound> outbound_;  // the held pack's copies out of staging, in order
-  std::vector<Outbound> inbound_;   // the held unpack's copies into staging, in order
-  int64_t staged_ = 0;              // floats of staging the held work uses, from its start
-  PublicationsSeen acquired_;       // Acquire waits once per publication of a device
-  bool dirty_ = true;               // work enqueued since this device's last record (Publish)
+  std::vector<Outbound> outbound_;         // the held pack's copies out of staging, in order
+  std::vector<Outbound> inbound_;          // the held unpack's copies into staging, in order
+  int64_t staged_ = 0;                     // floats of staging the held work uses, from its start
+  PublicationsSeen acquired_;              // Acquire waits once per publication of a device
+  bool dirty_ = true;  // work enqueued since this device's last record (Publish)
 };
 
 // The device of worker `device`'s call, kept in its storage set across calls

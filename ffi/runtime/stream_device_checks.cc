@@ -77,17 +77,17 @@ ffi::Error StreamDevice::SumSquaresPart(const float* const* xs, const int64_t* n
   return ffi::Error::Success();
 }
 
-ffi::ErrorOr<const float*> StreamDevice::ClipScalars(int64_t own, const int64_t* devices,
-                                                     int64_t q, float clip_norm) {
+ffi::ErrorOr<const float*> StreamDevice::ClipScalars(int64_t own, const int64_t* devices, int64_t q,
+                                                     float clip_norm) {
   if (ffi::Error held = Flush(); held.failure()) return ffi::Unexpected(held);
   double* parts = res_.scalars(self_) + StreamResources::kNormPartsSlot;
   for (int64_t j = 0; j < q; ++j) {
     if (j == own) continue;
     // A double as two floats: the copy moves its bits.
     const double* theirs = res_.scalars(devices[j]) + StreamResources::kNormPartsSlot + j;
-    ffi::Error e = PeerCopy(reinterpret_cast<float*>(parts + j), self_,
-                            reinterpret_cast<const float*>(theirs), devices[j], 2,
-                            "copying a proxy's share of the global norm");
+    ffi::Error e =
+        PeerCopy(reinterpret_cast<float*>(parts + j), self_, reinterpret_cast<const float*>(theirs),
+                 devices[j], 2, "copying a proxy's share of the global norm");
     if (e.failure()) return ffi::Unexpected(e);
   }
   auto* clip = reinterpret_cast<float*>(res_.scalars(self_) + StreamResources::kClipSlot);
