@@ -330,7 +330,7 @@ def test_config_from_profile(v100):
     cfg = Config.from_profile(v100, leading_bytes=1 << 16, shard_bytes=1 << 20, mode="reference")
     assert (cfg.leading_bytes, cfg.shard_bytes, cfg.mode) == (1 << 16, 1 << 20, "reference")
     assert cfg.routes == routes_from_profile(v100)
-    with pytest.raises(ValueError, match=r"Config.from_profile: unknown Config field.*shard_size"):
+    with pytest.raises(ValueError, match=r"config_from_profile: unknown Config field.*shard_size"):
         Config.from_profile(v100, shard_size=4096)
     with pytest.raises(ValueError, match="leading_bytes"):
         Config.from_profile(v100, leading_bytes=-1)
