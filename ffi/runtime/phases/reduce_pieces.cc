@@ -28,6 +28,7 @@
 #include "runtime/phases.h"
 #include "runtime/phases/exchange_owned.h"
 #include "runtime/phases/pull_wakeups.h"
+#include "runtime/phases/ring_group_member.h"
 #include "runtime/ring.h"
 #include "runtime/ring_groups.h"
 #include "runtime/stream.h"
@@ -37,12 +38,6 @@ namespace coarse {
 namespace ffi = xla::ffi;
 
 namespace {
-
-std::string ListWorkers(const std::vector<int32_t>& ws) {
-  std::string out;
-  for (int32_t w : ws) out += (out.empty() ? "" : ", ") + std::to_string(w);
-  return out;
-}
 
 class PieceReducer {
  public:
@@ -83,7 +78,7 @@ class PieceReducer {
     ffi::Error err;
     {
       TraceScope wait(session_, w_ + k_, "wait for pushes", s);
-      for (int64_t t = s; t < s + g.count && err.success(); ++t) err = WaitForPushes(k_, t);
+      for (int64_t t = s; t < s + g.count && err.success(); ++t) err = AwaitPushes(call_, k_, t);
     }
     if (err.failure()) return err;
     for (int64_t t = s; t < s + g.count; ++t)
@@ -112,14 +107,16 @@ class PieceReducer {
     const bool dense = plan_.piece_holder[s] == k_;
     {
       TraceScope sum(session_, w_ + k_, "sum pushes", s);
-      err = dev_.SumSlots(own, n, static_cast<int64_t>(from.size()),
-                          dense ? MeanScale(plan_) : 1.0f, Rows{g.count, Pitch(k_, g), 0});
+      err =
+          dev_.SumSlots(own, n, static_cast<int64_t>(from.size()), dense ? MeanScale(plan_) : 1.0f,
+                        Rows{g.count, GroupPitch(plan_, k_, g), 0});
     }
     if (err.failure() || dense) return err;
     if (gather_pull_) return OneShotReduceScatter(s, announce);
-    const RingMember m = Member(g);
+    const RingMember m = GroupMember(session_, k_, g);
     TraceScope ring(session_, w_ + k_, "reduce-scatter", s, RingBytes(s) * g.count);
-    return RingReduceScatter(session_, dev_, call_.who, n, MeanScale(plan_), m, What(g), announce);
+    return RingReduceScatter(session_, dev_, call_.who, n, MeanScale(plan_), m,
+                             GroupStepWhat(plan_, k_, g), announce);
   }
 
   // With GatherPull (CPU): the reduce-scatter in one pass instead of p - 1
@@ -172,9 +169,9 @@ class PieceReducer {
       // Its own clients' pushes first, and only those as a wait on a push:
       // a missing push then times out on the proxy it was routed to, which
       // names it, while the others wait a grace period longer (Waits).
-      err = WaitForPushes(k_, s);
+      err = AwaitPushes(call_, k_, s);
       for (int64_t j = 0; j < q_ && err.success() && !dense; ++j)
-        if (j != k_) err = WaitForPushes(j, s, Session::Waits::kPeer);
+        if (j != k_) err = AwaitPushes(call_, j, s, Session::Waits::kPeer);
     }
     if (err.failure()) return err;
     auto pushes_to = [&](int64_t j) {
@@ -300,7 +297,7 @@ class PieceReducer {
       held_.push_back(s);
       return ffi::Error::Success();
     } else {
-      const RingMember m = Member(g);
+      const RingMember m = GroupMember(session_, k_, g);
       if (announce) {
         ffi::Error err = RingAnnounceOwned(session_, dev_, m);
         if (err.failure()) return err;
@@ -308,7 +305,7 @@ class PieceReducer {
       // Every worker pulls this proxy's owned chunks of s (PullWakeups).
       if (gather_pull_) return FinalGroup(g);
       TraceScope ring(session_, w_ + k_, "all-gather", s, RingBytes(s) * g.count);
-      ffi::Error err = RingAllGather(session_, dev_, call_.who, n, m, What(g));
+      ffi::Error err = RingAllGather(session_, dev_, call_.who, n, m, GroupStepWhat(plan_, k_, g));
       if (err.failure()) return err;
     }
     return FinalGroup(g);
@@ -338,14 +335,10 @@ class PieceReducer {
     return ExchangeOwned(session_, dev_, k_, hosts, to_hosts);
   }
 
- private:
-  float* Own(int64_t s) { return session_.arena(k_) + plan_.slot(k_, s, 0); }
-
   // Whether piece s + 1 is one this proxy holds whose pushes have all
   // arrived, so finishing it now costs no wait: s's announcement can go
   // with it. Not on emulated links, whose schedule books each piece when it
   // is reduced.
- public:
   bool NextIsHere(int64_t s) const {
     const int64_t t = s + 1;
     if (session_.emulated() || t >= plan_.num_pieces() || plan_.piece_holder[t] != k_) return false;
@@ -354,76 +347,11 @@ class PieceReducer {
   }
 
  private:
-  // Until every client routed to proxy j has pushed piece s.
-  ffi::Error WaitForPushes(int64_t j, int64_t s, Session::Waits kind = Session::Waits::kPush) {
-    const auto& from = plan_.contributors_of(j, s);
-    const int32_t expected = static_cast<int32_t>(from.size());
-    return session_.Wait(
-        call_.who, kind,
-        [&] { return session_.arrived(j, s).load(std::memory_order_acquire) >= expected; },
-        [&] {
-          // Exactly the clients whose push is missing (a shared proxy's
-          // group minus those that pushed), not the whole group.
-          std::vector<int32_t> missing;
-          for (int32_t w : from)
-            if (!session_.pushed(w, s).load(std::memory_order_acquire)) missing.push_back(w);
-          const std::string arrived =
-              std::to_string(expected - static_cast<int32_t>(missing.size())) + " of " +
-              std::to_string(expected) + " arrived";
-          if (missing.empty())  // the last push landed just as the wait timed out
-            return "worker(s) " + ListWorkers(from) + " to push " + plan_.DescribePiece(s) + " (" +
-                   arrived + " as the wait timed out)";
-          return "worker(s) " + ListWorkers(missing) + " to push " + plan_.DescribePiece(s) + " (" +
-                 arrived + ")";
-        });
-  }
+  float* Own(int64_t s) { return session_.arena(k_) + plan_.slot(k_, s, 0); }
 
   // Bytes one member receives in one half of a ring all-reduce of piece s
   // (p - 1 chunks of n / p elements, on the wire in the leaves' dtypes).
   int64_t RingBytes(int64_t s) const { return q_ > 1 ? plan_.piece_nbytes[s] * (q_ - 1) / q_ : 0; }
-
-  // Proxy j's storage distance between consecutive pieces of group g (floats).
-  int64_t Pitch(int64_t j, const RingGroup& g) const {
-    return g.count > 1 ? plan_.slot(j, g.first + 1, 0) - plan_.slot(j, g.first, 0) : 0;
-  }
-
-  RingMember Member(const RingGroup& g) {
-    const int64_t s = g.first;
-    RingMember m;
-    m.members = q_;
-    m.own = Own(s);
-    m.rows = g.count;
-    m.own_pitch = Pitch(k_, g);
-    if (g.count > 1)  // the counters of consecutive pieces
-      m.progress_stride =
-          &session_.proxy_progress(k_, s + 1, 0) - &session_.proxy_progress(k_, s, 0);
-    for (int r = 0; r < 2; ++r) {
-      const int64_t pred = RingPredecessor(r, k_, q_);
-      m.pred[r] = session_.arena(pred) + plan_.slot(pred, s, 0);
-      m.pred_pitch[r] = Pitch(pred, g);
-      m.progress[r] = &session_.proxy_progress(k_, s, r);
-      m.pred_progress[r] = &session_.proxy_progress(pred, s, r);
-      m.successor_device[r] = w_ + RingSuccessor(r, k_, q_);
-      m.position[r] = RingPosition(r, k_, q_);
-      m.pred_device[r] = w_ + pred;
-      m.step_times[r] = g.count > 1 ? nullptr : session_.proxy_step_times(k_, s, r);
-      m.pred_step_times[r] = g.count > 1 ? nullptr : session_.proxy_step_times(pred, s, r);
-    }
-    m.self_device = w_ + k_;
-    const int64_t n = plan_.piece_nelems[s];
-    m.wire_bytes_per_elem = n ? static_cast<double>(plan_.piece_nbytes[s]) / n : 0.0;
-    return m;
-  }
-
-  std::function<std::string(int, int32_t)> What(const RingGroup& grp) {
-    return [this, grp](int r, int32_t g) {
-      const std::string also =
-          grp.count > 1 ? " and the " + std::to_string(grp.count - 1) + " pieces after it" : "";
-      return "proxy " + std::to_string(RingPredecessor(r, k_, q_)) + " to finish step " +
-             std::to_string(g + 1) + "/" + std::to_string(RingSteps(q_)) + " of ring " +
-             std::to_string(r) + " for " + plan_.DescribePiece(grp.first) + also;
-    };
-  }
 
   Call& call_;
   Device& dev_;
