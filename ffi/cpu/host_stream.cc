@@ -1,8 +1,11 @@
 // HostQueue, HostStream and the streams of the mesh's devices (see host_stream.h).
 #include "cpu/host_stream.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -102,6 +105,14 @@ void HostQueue::ChaosBeforeTask(bool record) {
 }
 
 void HostQueue::Loop() {
+  // The thread's name in top -H, gdb, py-spy (at most 15 characters): "coarse " and
+  // the stream's initials and ordinal ("worker copy stream 3": "coarse wcs3").
+  std::string short_name = "coarse ";
+  for (size_t i = 0; i < name_.size(); ++i)
+    if (std::isdigit(static_cast<unsigned char>(name_[i])) ||
+        ((i == 0 || name_[i - 1] == ' ' || name_[i - 1] == '-') && std::isalpha(name_[i])))
+      short_name += name_[i];
+  pthread_setname_np(pthread_self(), short_name.substr(0, 15).c_str());
   for (;;) {
     Task task;
     {

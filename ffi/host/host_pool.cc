@@ -1,6 +1,8 @@
 // The bounded host pool (see host_pool.h).
 #include "host/host_pool.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -50,7 +52,10 @@ class Pool {
   explicit Pool(int threads) {
     for (int t = 0; t < threads; ++t) {
       CountWakeup(Wakeup::kThreadStart);
-      std::thread([this] { Loop(); }).detach();
+      std::thread([this] {
+        pthread_setname_np(pthread_self(), "coarse pool");  // top -H, gdb, py-spy
+        Loop();
+      }).detach();
     }
   }
   void Offer(const std::shared_ptr<Job>& job, int64_t helpers) {

@@ -1,6 +1,8 @@
 // The proxies' jobs and the thread pool that runs them (see service.h).
 #include "runtime/service.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -67,7 +69,10 @@ class Pool {
   void StartLocked() {
     ++threads_;
     CountWakeup(Wakeup::kThreadStart);
-    std::thread([this] { Loop(); }).detach();
+    std::thread([this] {
+      pthread_setname_np(pthread_self(), "coarse service");  // top -H, gdb, py-spy
+      Loop();
+    }).detach();
   }
 
   // Waits for a job: spins for the mailboxes' budget (mailbox.h; on a host
