@@ -239,7 +239,7 @@ bench: $(STAMP)
 		--benchmark-json=$(BENCH_OUT)/parts/snapshots.json
 	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_goals.py \
 		--benchmark-json=$(BENCH_OUT)/parts/goals.json
-	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_wakeups.py
+	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_wakeups.py $(CURDIR)/benchmarks/test_context_switches.py
 	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_examples.py \
 		--benchmark-json=$(BENCH_OUT)/parts/examples.json
 	$(BENCH_PYTEST) -s $(CURDIR)/benchmarks/test_shared_proxies.py
