@@ -60,28 +60,33 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Stage 1: block b sums elements b, b + grid, ... (strided, fixed order per
-// thread, then a fixed tree) into partial[b]. Stage 2: one block sums the
-// partials the same way.
-__global__ void SumSquaresKernel(const float* x, int64_t n, double* partial) {
+// The block's threads' values summed in a fixed tree; every thread gets the sum.
+__device__ double BlockSum(double v) {
   __shared__ double acc[kThreads];
-  double v = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    v = SquareAdd(v, x[i]);
   acc[threadIdx.x] = v;
   __syncthreads();
   for (int s = kThreads / 2; s > 0; s /= 2) {
     if (threadIdx.x < s) acc[threadIdx.x] += acc[threadIdx.x + s];
     __syncthreads();
   }
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc[0];
+  return acc[0];
+}
+
+// Stage 1: block b sums elements b, b + grid, ... (strided, fixed order per
+// thread, then a fixed tree) into partial[b]. Stage 2: one block sums the
+// partials the same way.
+__global__ void SumSquaresKernel(const float* x, int64_t n, double* partial) {
+  double v = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    v = SquareAdd(v, x[i]);
+  const double sum = BlockSum(v);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
 // SumSquaresKernel over a span table's runs, one after the other: each
 // thread's strided elements of run 0, then of run 1, ... (a fixed order).
 __global__ void SumSquaresSpansKernel(const Span* spans, int64_t num_spans, double* partial) {
-  __shared__ double acc[kThreads];
   double v = 0;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   for (int64_t r = 0; r < num_spans; ++r) {
@@ -90,13 +95,8 @@ __global__ void SumSquaresSpansKernel(const Span* spans, int64_t num_spans, doub
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += stride)
       v = SquareAdd(v, x[i]);
   }
-  acc[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) acc[threadIdx.x] += acc[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc[0];
+  const double sum = BlockSum(v);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
 __global__ void ClipScalarsKernel(const double* parts, int64_t num, float clip_norm, float* out) {
@@ -104,16 +104,10 @@ __global__ void ClipScalarsKernel(const double* parts, int64_t num, float clip_n
 }
 
 __global__ void SumPartialsKernel(const double* partial, int n, double* out, bool accumulate) {
-  __shared__ double acc[kThreads];
   double v = 0;
   for (int i = threadIdx.x; i < n; i += kThreads) v += partial[i];
-  acc[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) acc[threadIdx.x] += acc[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *out = accumulate ? *out + acc[0] : acc[0];
+  const double sum = BlockSum(v);
+  if (threadIdx.x == 0) *out = accumulate ? *out + sum : sum;
 }
 
 __global__ void FirstMismatchKernel(const float* master, DType t, const void* given, DType gt,
