@@ -357,8 +357,10 @@ _RING_SCRIPT = textwrap.dedent(
 # (seen: up to 15%, 130 vs 150 a step at 4:4, in one window of the same step). A ring
 # stepped per piece (the deliberate bug) moves launches by 41-47%, peer copies by
 # 42-48%, records by 45-48% and stream waits by 19-47% here: the waits' window does
-# not catch it at 4:2 (19-22%), the other three do everywhere.
-_RING_TIMED_SLACK = {"records": 0.05, "stream_waits": 0.25}
+# not catch it at 4:2 (19-22%), the other three do everywhere. Records' window was 5%
+# until a run at load 4 (this suite beside a build on the 2 cores) moved them by 5.6%
+# (28.33 vs 30.0 a step at 2:2): 10% holds that and still catches the ring per piece.
+_RING_TIMED_SLACK = {"records": 0.10, "stream_waits": 0.25}
 
 
 def _ring_counts(group_floats: str = "default") -> dict:
@@ -648,7 +650,7 @@ def test_every_layouts_step_is_work_per_call_at_two_piece_sizes():
 
 @pytest.mark.parametrize(
     ("fault", "layouts"),
-    [(1, ("host", "host2", "k2")), (2, ("clip",))],
+    [(1, ("host", "host2")), (2, ("clip",))],
     ids=["notify-per-piece", "clip-host-sync-per-piece"],
 )
 def test_the_budgets_catch_the_old_per_piece_costs(fault, layouts):
@@ -656,9 +658,11 @@ def test_the_budgets_catch_the_old_per_piece_costs(fault, layouts):
     per piece (hand-offs grow with the pieces), a host synchronization per owned range
     of the global norm. The budgets above must fail. The notify per piece is shown on a
     proxy in host memory, whose pull parks while the host optimizer makes its pieces
-    final, on two host proxies and on 4:2 (their rings' waits park too); on the shared
-    device the pull mostly finds them final already (the old notifies cost 1-122
-    hand-offs a step there, by timing), so it is not caught there every run."""
+    final, and on two host proxies. On device proxies the pull mostly finds its pieces
+    final already, so what the notifies cost is timing: 1-122 hand-offs a step on the
+    shared device; at 4:2 162-422 a step at 16 KiB pieces in a run at load 2-3, but
+    37-92 in a CI run at load 4 (a build beside it), inside the budget of 168, so
+    neither is caught every run."""
     counts = _mlp_counts(layouts, faults=fault)
     _print_per_call(counts)
     for layout in layouts:
