@@ -55,6 +55,9 @@ def test_the_copy_keeps_it_before_it_is_broken(tree: pathlib.Path) -> None:
         # The kernels take no XLA type and include nothing above them.
         ("kernels/span.h", '#include "xla/ffi/api/ffi.h"', "kernels/ takes no XLA type"),
         ("kernels/span.h", '#include "runtime/plan.h"', "from kernels/ into runtime/"),
+        # Nor do the runtime and the host backend: the binding converts (xla/status_xla.h).
+        ("ffi/runtime/session.h", '#include "xla/ffi/api/ffi.h"', "runtime/ takes no XLA type"),
+        ("ffi/host/element_loops.h", '#include "xla/ffi/api/ffi.h"', "host/ takes no XLA type"),
         # Nothing includes the lab.
         ("ffi/cpu/module_cpu.cc", '#include "lab/host_bench.h"', "from cpu/ into lab/"),
         # The CUDA runtime stays in cuda/, kernels/ and lab/.

@@ -30,14 +30,16 @@ CONTRACT: dict[str, tuple[str, ...]] = {
     # Plain launch functions and their per-element arithmetic, in plain C++
     # too: no XLA type, nothing of coarse above them.
     "kernels": ("CUDA",),
-    # The protocol. XLA's FFI header for now: its phases return ffi::Error /
-    # ErrorOr and read ffi::DataType (13 headers). Replacing those with the
-    # runtime's own types is left for when the runtime work in flight lands.
-    "runtime": ("kernels", "XLA"),
+    # The protocol, in plain C++: no XLA type. Its phases return its own
+    # Status / StatusOr (runtime/status.h) and read its own DType
+    # (runtime/dtype.h).
+    "runtime": ("kernels",),
     # The host backend both modules link: element loops, the kernels' host
-    # loops, the host pool, the inline stream.
-    "host": ("runtime", "kernels", "XLA"),
-    # The XLA binding, platform-neutral: buffers and attributes into runtime calls.
+    # loops, the host pool, the inline stream. No XLA type either.
+    "host": ("runtime", "kernels"),
+    # The XLA binding, platform-neutral: buffers and attributes into runtime
+    # calls, and the one conversion of the runtime's types into XLA's
+    # (xla/status_xla.h).
     "xla": ("runtime", "kernels", "XLA"),
     # The platforms' modules: devices, storage and streams of one platform,
     # and the handlers that bind xla/'s translation to it.

@@ -9,17 +9,16 @@
 #include "runtime/stream_device.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
 // The resources of `call`'s storage set (both backends' sets have them).
-ffi::ErrorOr<StreamResources*> ResourcesOf(const Call& call) {
+StatusOr<StreamResources*> ResourcesOf(const Call& call) {
   auto* res = dynamic_cast<StreamResources*>(&call.session->storage());
   if (res == nullptr)
-    return ffi::Unexpected(ffi::Error::Internal(
+    return Status::Internal(
         "coarse_jax: a CPU session's storage has no streams' resources (the storage pool "
-        "installed is not the CPU module's)"));
+        "installed is not the CPU module's)");
   return res;
 }
 
@@ -52,9 +51,9 @@ std::unique_ptr<StreamDevice> StreamWorker(const Call& call, StreamResources& re
 
 }  // namespace
 
-ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue** queue) {
+StatusOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue** queue) {
   auto res = ResourcesOf(call);
-  if (res.has_error()) return ffi::Unexpected(res.error());
+  if (res.has_error()) return res.error();
   const bool worker = call.who.tier == kWorker;
   HostQueue* q = nullptr;
   if (!Inline()) q = worker ? &WorkerQueue(OrdinalOf(call)) : &ProxyQueue(OrdinalOf(call));
@@ -71,9 +70,9 @@ ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue*
   return std::unique_ptr<Device>(new StreamDevice(StreamOn(q), call.device(), *res.value()));
 }
 
-ffi::ErrorOr<DeviceHandle> CpuWorkerDevice(const Call& call, WorkerStreams* streams) {
+StatusOr<DeviceHandle> CpuWorkerDevice(const Call& call, WorkerStreams* streams) {
   auto res = ResourcesOf(call);
-  if (res.has_error()) return ffi::Unexpected(res.error());
+  if (res.has_error()) return res.error();
   // The inline stream is the same whoever runs it: the key of every inline device.
   static const char kInline = 0;
   HostQueue* q = Inline() ? nullptr : &WorkerQueue(OrdinalOf(call));
@@ -83,7 +82,7 @@ ffi::ErrorOr<DeviceHandle> CpuWorkerDevice(const Call& call, WorkerStreams* stre
   }
   const void* key = q != nullptr ? static_cast<const void*>(q) : &kInline;
   return KeptStreamDevice(*res.value(), call.device(), key,
-                          [&]() -> ffi::ErrorOr<std::unique_ptr<StreamDevice>> {
+                          [&]() -> StatusOr<std::unique_ptr<StreamDevice>> {
                             return StreamWorker(call, *res.value(), q);
                           });
 }

@@ -15,13 +15,13 @@
 #include "runtime/call.h"
 #include "runtime/device.h"
 #include "runtime/service.h"
-#include "xla/ffi/api/ffi.h"
+#include "runtime/status.h"
 
 namespace coarse {
 
 // The device `call` runs on. With the streams backend `*queue` (if given)
 // names its stream; else it is left alone.
-xla::ffi::ErrorOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue** queue);
+StatusOr<std::unique_ptr<Device>> MakeCpuDevice(const Call& call, HostQueue** queue);
 // With the streams backend, the streams a worker's call enqueues on that it
 // answers for before it returns (handlers_cpu.cc): its own, and with a proxy
 // in host memory its copy-up stream (whose flag waits report their timeouts
@@ -32,7 +32,7 @@ struct WorkerStreams {
 };
 // A worker's call's device: a StreamDevice kept in the storage set across
 // its calls (KeptStreamDevice); `*streams` (if given) names its streams.
-xla::ffi::ErrorOr<DeviceHandle> CpuWorkerDevice(const Call& call, WorkerStreams* streams);
+StatusOr<DeviceHandle> CpuWorkerDevice(const Call& call, WorkerStreams* streams);
 
 // The proxies' jobs run on the same backend (runtime/service.h).
 const MakeProxyDevice& CpuProxies();

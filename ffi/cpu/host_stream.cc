@@ -22,7 +22,6 @@
 #include "runtime/wakeups.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 HostQueue::HostQueue(std::string name, std::optional<uint64_t> chaos_seed)
     : name_(std::move(name)), chaos_(chaos_seed.has_value()) {
@@ -182,147 +181,146 @@ void DrainAllHostQueues() {
 // Every operation captures its arguments by value: the caller's arrays and
 // stack may be gone by the time the stream runs it.
 
-ffi::Error HostStream::Pack(const kernels::Span* spans, int64_t num_spans, int64_t, float* buf) {
+Status HostStream::Pack(const kernels::Span* spans, int64_t num_spans, int64_t, float* buf) {
   q_.Enqueue([=] { host_kernels::Pack(spans, num_spans, buf); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
-                              int64_t) {
+Status HostStream::Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
+                          int64_t) {
   q_.Enqueue([=] { host_kernels::Unpack(buf, spans, num_spans); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
-                              float scale) {
-  if (ffi::Error e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
+Status HostStream::Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                          float scale) {
+  if (Status e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
   std::array<const float*, kernels::kMaxReduceInputs> in{};
   for (int k = 0; k < num_inputs; ++k) in[k] = inputs[k];
   q_.Enqueue([=] { host_kernels::Reduce(in.data(), num_inputs, out, n, scale); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
-                                  float scale, const RowPitches& rows) {
-  if (ffi::Error e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
+Status HostStream::ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                              float scale, const RowPitches& rows) {
+  if (Status e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
   std::array<const float*, kernels::kMaxReduceInputs> in{};
   for (int k = 0; k < num_inputs; ++k) in[k] = inputs[k];
   q_.Enqueue([=] { host_kernels::ReduceRows(in.data(), num_inputs, out, n, scale, rows); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
+Status HostStream::Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
   q_.Enqueue([=] { host_kernels::Optimizer(o, b, n); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n,
-                                     int64_t rows, int64_t grad_pitch, int64_t buf_pitch) {
+Status HostStream::OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
+                                 int64_t grad_pitch, int64_t buf_pitch) {
   q_.Enqueue([=] {
     for (int64_t i = 0; i < rows; ++i)
       host_kernels::Optimizer(o, OptRow(b, i, grad_pitch, buf_pitch), n);
   });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::SumSquares(const float* x, int64_t n, double*, double* out) {
+Status HostStream::SumSquares(const float* x, int64_t n, double*, double* out) {
   q_.Enqueue([=] { host_kernels::SumSquares(x, n, out); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t,
-                                       double*, double* out, bool accumulate) {
+Status HostStream::SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t, double*,
+                                   double* out, bool accumulate) {
   q_.Enqueue([=] { host_kernels::SumSquaresSpans(spans, num_spans, out, accumulate); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::ClipScalars(const double* parts, int64_t num, float clip_norm, float* out) {
+Status HostStream::ClipScalars(const double* parts, int64_t num, float clip_norm, float* out) {
   q_.Enqueue([=] { ClipScalarsOf(parts, num, clip_norm, out); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::FirstMismatch(const float* master, kernels::DType dtype, const void* given,
-                                     kernels::DType given_dtype, int64_t n, unsigned long long base,
-                                     unsigned long long* first) {
+Status HostStream::FirstMismatch(const float* master, kernels::DType dtype, const void* given,
+                                 kernels::DType given_dtype, int64_t n, unsigned long long base,
+                                 unsigned long long* first) {
   q_.Enqueue(
       [=] { host_kernels::FirstMismatch(master, dtype, given, given_dtype, n, base, first); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 // A device's Copy or Memset on the runtime's host memory is the CUDA
 // backend's error (a device-to-device copy of a host pointer): refused here
 // too, so that CPU runs catch it (runtime/host_memory.h).
-static ffi::Error NotHostMemory(const void* p, size_t bytes, const char* what) {
-  if (!IsHostMemory(p, bytes)) return ffi::Error::Success();
-  return ffi::Error::Internal(std::string("coarse_jax: ") + what +
-                              ": a device copy or memset touched the runtime's host memory "
-                              "(use Device::CopyToHost/CopyFromHost, runtime/device.h)");
+static Status NotHostMemory(const void* p, size_t bytes, const char* what) {
+  if (!IsHostMemory(p, bytes)) return Status::Success();
+  return Status::Internal(std::string("coarse_jax: ") + what +
+                          ": a device copy or memset touched the runtime's host memory "
+                          "(use Device::CopyToHost/CopyFromHost, runtime/device.h)");
 }
 
-ffi::Error HostStream::Memset(void* dst, size_t bytes, const char* what) {
-  ffi::Error e = NotHostMemory(dst, bytes, what);
+Status HostStream::Memset(void* dst, size_t bytes, const char* what) {
+  Status e = NotHostMemory(dst, bytes, what);
   if (e.failure()) return e;
   q_.Enqueue([=] { std::memset(dst, 0, bytes); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::Copy(void* dst, int64_t, const void* src, int64_t, size_t bytes,
-                            const char* what) {
-  ffi::Error e = NotHostMemory(dst, bytes, what);
+Status HostStream::Copy(void* dst, int64_t, const void* src, int64_t, size_t bytes,
+                        const char* what) {
+  Status e = NotHostMemory(dst, bytes, what);
   if (e.success()) e = NotHostMemory(src, bytes, what);
   if (e.failure()) return e;
   // One address space: a peer copy is a memcpy, but on this stream, in its
   // order, as cudaMemcpyPeerAsync on the caller's stream.
   q_.Enqueue([=] { std::memcpy(dst, src, bytes); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::CopyRows(void* dst, int64_t, size_t dst_pitch, const void* src, int64_t,
-                                size_t src_pitch, size_t row_bytes, int64_t rows,
-                                const char* what) {
+Status HostStream::CopyRows(void* dst, int64_t, size_t dst_pitch, const void* src, int64_t,
+                            size_t src_pitch, size_t row_bytes, int64_t rows, const char* what) {
   for (int64_t i = 0; i < rows; ++i) {
-    ffi::Error e = NotHostMemory(static_cast<char*>(dst) + i * dst_pitch, row_bytes, what);
+    Status e = NotHostMemory(static_cast<char*>(dst) + i * dst_pitch, row_bytes, what);
     if (e.success())
       e = NotHostMemory(static_cast<const char*>(src) + i * src_pitch, row_bytes, what);
     if (e.failure()) return e;
   }
   q_.Enqueue([=] { host_kernels::CopyRows(dst, dst_pitch, src, src_pitch, row_bytes, rows); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::Upload(void* dst, const void* src, size_t bytes, const char*) {
+Status HostStream::Upload(void* dst, const void* src, size_t bytes, const char*) {
   auto copy = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                   static_cast<const char*>(src) + bytes);
   q_.Enqueue([=] { std::memcpy(dst, copy->data(), bytes); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::Download(void* dst, const void* src, size_t bytes, const char*) {
+Status HostStream::Download(void* dst, const void* src, size_t bytes, const char*) {
   q_.Enqueue([=] { std::memcpy(dst, src, bytes); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::UploadPinned(void* dst, const void* src, size_t bytes, const char* what) {
+Status HostStream::UploadPinned(void* dst, const void* src, size_t bytes, const char* what) {
   // Only the runtime's pinned host memory (a host proxy's storage) may be
   // read late: anything else may be gone by then (use Upload).
   if (!IsHostMemory(src, bytes))
-    return ffi::Error::Internal(std::string("coarse_jax: ") + what +
-                                ": a pinned upload from memory that is not the runtime's "
-                                "registered host memory (runtime/host_memory.h)");
+    return Status::Internal(std::string("coarse_jax: ") + what +
+                            ": a pinned upload from memory that is not the runtime's "
+                            "registered host memory (runtime/host_memory.h)");
   q_.Enqueue([=] { std::memcpy(dst, src, bytes); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 // A WaitValue that timed out on this stream fails the next call that
 // reports the stream's state.
-static ffi::Error StreamError(HostQueue& q) {
+static Status StreamError(HostQueue& q) {
   std::string e = q.TakeError();
-  if (e.empty()) return ffi::Error::Success();
-  return ffi::Error::Internal(e);
+  if (e.empty()) return Status::Success();
+  return Status::Internal(e);
 }
 
-ffi::Error HostStream::Record(StreamEvent event) {
-  ffi::Error err = StreamError(q_);
+Status HostStream::Record(StreamEvent event) {
+  Status err = StreamError(q_);
   if (err.failure()) return err;
   auto* e = static_cast<HostEvent*>(event);
   // The marker task does nothing: the event is done when the stream reaches it.
@@ -330,10 +328,10 @@ ffi::Error HostStream::Record(StreamEvent event) {
   std::lock_guard<std::mutex> lock(e->mu);
   e->queue = &q_;
   e->ticket = ticket;
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::Wait(StreamEvent event, int64_t) {
+Status HostStream::Wait(StreamEvent event, int64_t) {
   auto* e = static_cast<HostEvent*>(event);
   HostQueue* queue;
   uint64_t ticket;
@@ -343,18 +341,18 @@ ffi::Error HostStream::Wait(StreamEvent event, int64_t) {
     queue = e->queue;
     ticket = e->ticket;
   }
-  if (queue == nullptr || queue == &q_) return ffi::Error::Success();  // never recorded / in order
+  if (queue == nullptr || queue == &q_) return Status::Success();  // never recorded / in order
   q_.Enqueue([queue, ticket] { queue->WaitFor(ticket); });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostStream::Synchronize(const char*) {
+Status HostStream::Synchronize(const char*) {
   q_.Drain();
   return StreamError(q_);
 }
 
-ffi::Error HostStream::HostWait(StreamEvent event, std::chrono::milliseconds timeout,
-                                const std::string& what) {
+Status HostStream::HostWait(StreamEvent event, std::chrono::milliseconds timeout,
+                            const std::string& what) {
   auto* e = static_cast<HostEvent*>(event);
   HostQueue* queue;
   uint64_t ticket;
@@ -363,15 +361,15 @@ ffi::Error HostStream::HostWait(StreamEvent event, std::chrono::milliseconds tim
     queue = e->queue;
     ticket = e->ticket;
   }
-  if (queue == nullptr) return ffi::Error::Success();  // never recorded
+  if (queue == nullptr) return Status::Success();  // never recorded
   if (queue->WaitUntil(ticket, std::chrono::steady_clock::now() + timeout))
-    return ffi::Error::Success();
-  return ffi::Error::Internal(what + ": timed out after " + std::to_string(timeout.count()) +
-                              " ms waiting on the host for an event of " + queue->name());
+    return Status::Success();
+  return Status::Internal(what + ": timed out after " + std::to_string(timeout.count()) +
+                          " ms waiting on the host for an event of " + queue->name());
 }
 
-ffi::Error HostStream::WaitValue(const uint32_t* flag, uint32_t value,
-                                 std::chrono::milliseconds timeout, const std::string& what) {
+Status HostStream::WaitValue(const uint32_t* flag, uint32_t value,
+                             std::chrono::milliseconds timeout, const std::string& what) {
   HostQueue* q = &q_;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   q_.Enqueue([=] {
@@ -381,7 +379,7 @@ ffi::Error HostStream::WaitValue(const uint32_t* flag, uint32_t value,
                   " ms waiting for its flag to reach " + std::to_string(value) + " (it holds " +
                   std::to_string(now) + ")");
   });
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 }  // namespace coarse

@@ -100,41 +100,39 @@ class HostStream final : public Stream {
  public:
   explicit HostStream(HostQueue& queue) : q_(queue) {}
 
-  xla::ffi::Error Pack(const kernels::Span* spans, int64_t num_spans, int64_t total,
-                       float* buf) override;
-  xla::ffi::Error Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
-                         int64_t total) override;
-  xla::ffi::Error Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
-                         float scale) override;
-  xla::ffi::Error ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
-                             float scale, const RowPitches& rows) override;
-  xla::ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
-  xla::ffi::Error OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
-                                int64_t grad_pitch, int64_t buf_pitch) override;
-  xla::ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) override;
-  xla::ffi::Error SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t total,
-                                  double* partial, double* out, bool accumulate) override;
-  xla::ffi::Error ClipScalars(const double* parts, int64_t num, float clip_norm,
-                              float* out) override;
-  xla::ffi::Error FirstMismatch(const float* master, kernels::DType dtype, const void* given,
-                                kernels::DType given_dtype, int64_t n, unsigned long long base,
-                                unsigned long long* first) override;
-  xla::ffi::Error Memset(void* dst, size_t bytes, const char* what) override;
-  xla::ffi::Error Copy(void* dst, int64_t dst_device, const void* src, int64_t src_device,
-                       size_t bytes, const char* what) override;
-  xla::ffi::Error CopyRows(void* dst, int64_t dst_device, size_t dst_pitch, const void* src,
-                           int64_t src_device, size_t src_pitch, size_t row_bytes, int64_t rows,
-                           const char* what) override;
-  xla::ffi::Error Upload(void* dst, const void* src, size_t bytes, const char* what) override;
-  xla::ffi::Error Download(void* dst, const void* src, size_t bytes, const char* what) override;
-  xla::ffi::Error UploadPinned(void* dst, const void* src, size_t bytes, const char* what) override;
-  xla::ffi::Error Record(StreamEvent event) override;
-  xla::ffi::Error Wait(StreamEvent event, int64_t device) override;
-  xla::ffi::Error Synchronize(const char* what) override;
-  xla::ffi::Error HostWait(StreamEvent event, std::chrono::milliseconds timeout,
-                           const std::string& what) override;
-  xla::ffi::Error WaitValue(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
-                            const std::string& what) override;
+  Status Pack(const kernels::Span* spans, int64_t num_spans, int64_t total, float* buf) override;
+  Status Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
+                int64_t total) override;
+  Status Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                float scale) override;
+  Status ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n, float scale,
+                    const RowPitches& rows) override;
+  Status Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
+  Status OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
+                       int64_t grad_pitch, int64_t buf_pitch) override;
+  Status SumSquares(const float* x, int64_t n, double* partial, double* out) override;
+  Status SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t total,
+                         double* partial, double* out, bool accumulate) override;
+  Status ClipScalars(const double* parts, int64_t num, float clip_norm, float* out) override;
+  Status FirstMismatch(const float* master, kernels::DType dtype, const void* given,
+                       kernels::DType given_dtype, int64_t n, unsigned long long base,
+                       unsigned long long* first) override;
+  Status Memset(void* dst, size_t bytes, const char* what) override;
+  Status Copy(void* dst, int64_t dst_device, const void* src, int64_t src_device, size_t bytes,
+              const char* what) override;
+  Status CopyRows(void* dst, int64_t dst_device, size_t dst_pitch, const void* src,
+                  int64_t src_device, size_t src_pitch, size_t row_bytes, int64_t rows,
+                  const char* what) override;
+  Status Upload(void* dst, const void* src, size_t bytes, const char* what) override;
+  Status Download(void* dst, const void* src, size_t bytes, const char* what) override;
+  Status UploadPinned(void* dst, const void* src, size_t bytes, const char* what) override;
+  Status Record(StreamEvent event) override;
+  Status Wait(StreamEvent event, int64_t device) override;
+  Status Synchronize(const char* what) override;
+  Status HostWait(StreamEvent event, std::chrono::milliseconds timeout,
+                  const std::string& what) override;
+  Status WaitValue(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
+                   const std::string& what) override;
 
   HostQueue& queue() { return q_; }
 

@@ -19,7 +19,7 @@ FlagWaitResult CheckFlagWait(int64_t timeout_ms, int64_t delay_ms, bool write) {
   float dst = -1.0f;
   HostEvent event;
   FlagWaitResult out;
-  auto note = [&](xla::ffi::Error e) {
+  auto note = [&](Status e) {
     if (e.failure() && out.error.empty()) out.error = std::string(e.message());
   };
   note(stream.WaitValue(flag.data(), 7, std::chrono::milliseconds(timeout_ms), "the check's flag"));

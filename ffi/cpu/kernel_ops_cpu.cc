@@ -9,6 +9,7 @@
 #include "host/element_loops.h"
 #include "runtime/dtype.h"
 #include "xla/kernel_ops.h"
+#include "xla/status_xla.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -22,13 +23,13 @@ ffi::Error CheckDtype(ffi::DataType t, const char* op, const std::string& what) 
 }
 
 // dst = dst_t(scale * float(src)), through an f32 temporary when needed.
-void ConvertScaled(ffi::DataType src_t, const void* src, ffi::DataType dst_t, void* dst, int64_t n,
-                   float scale, std::vector<float>& tmp) {
+void ConvertScaled(DType src_t, const void* src, DType dst_t, void* dst, int64_t n, float scale,
+                   std::vector<float>& tmp) {
   if (n == 0) return;
-  float* f = dst_t == ffi::DataType::F32 ? static_cast<float*>(dst) : (tmp.resize(n), tmp.data());
+  float* f = dst_t == DType::kF32 ? static_cast<float*>(dst) : (tmp.resize(n), tmp.data());
   cpu::WidenToF32(src_t, src, f, n);
   if (scale != 1.0f) cpu::ScaleF32(f, scale, n);
-  if (dst_t != ffi::DataType::F32) cpu::NarrowFromF32(dst_t, f, dst, n);
+  if (dst_t != DType::kF32) cpu::NarrowFromF32(dst_t, f, dst, n);
 }
 
 template <bool kPack>
@@ -48,15 +49,15 @@ ffi::Error MoveLeaves(const char* op, ffi::AnyBuffer buf, const std::vector<ffi:
         std::to_string(buf.element_count()) + " elements, the leaves " + std::to_string(total));
   std::vector<float> tmp;
   int64_t off = 0;
+  const DType buf_t = *AsDType(buf.element_type());  // checked above, as every leaf's
   for (const ffi::AnyBuffer& leaf : leaves) {
-    void* at = ElementPtr(buf.untyped_data(), buf.element_type(), off);
+    void* at = ElementPtr(buf.untyped_data(), buf_t, off);
     const int64_t n = static_cast<int64_t>(leaf.element_count());
+    const DType leaf_t = *AsDType(leaf.element_type());
     if (kPack)
-      ConvertScaled(leaf.element_type(), leaf.untyped_data(), buf.element_type(), at, n, scale,
-                    tmp);
+      ConvertScaled(leaf_t, leaf.untyped_data(), buf_t, at, n, scale, tmp);
     else
-      ConvertScaled(buf.element_type(), at, leaf.element_type(), leaf.untyped_data(), n, scale,
-                    tmp);
+      ConvertScaled(buf_t, at, leaf_t, leaf.untyped_data(), n, scale, tmp);
     off += n;
   }
   return ffi::Error::Success();
@@ -79,7 +80,7 @@ ffi::Error ReduceImpl(ffi::RemainingArgs inputs, ffi::Result<ffi::AnyBuffer> out
   if (e.failure()) return e;
   e = CheckDtype(out->element_type(), "coarse_reduce", "the output");
   if (e.failure()) return e;
-  const ffi::DataType t = out->element_type();
+  const DType t = *AsDType(out->element_type());  // checked above
   const int64_t n = static_cast<int64_t>(out->element_count());
   std::vector<float> acc(n), x(n);
   if (n == 0) return ffi::Error::Success();

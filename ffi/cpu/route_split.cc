@@ -9,11 +9,13 @@
 // nearest even as XLA's convert does (the CPU backend's own loops,
 // host/element_loops.h; a NaN may come back as another NaN pattern).
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "host/element_loops.h"
 #include "runtime/dtype.h"
 #include "xla/ffi/api/ffi.h"
+#include "xla/status_xla.h"
 
 namespace coarse {
 namespace ffi = xla::ffi;
@@ -38,10 +40,9 @@ ffi::Error RouteJoinImpl(ffi::RemainingArgs leaves, ffi::Result<ffi::AnyBuffer> 
       return ffi::Error::InvalidArgument(
           "coarse_route_join: the leaves hold more elements (" + std::to_string(offset + n) +
           " after leaf " + std::to_string(i) + ") than the result's " + std::to_string(total));
-    if (!IsSupported(leaf.element_type()))
-      return Unsupported("coarse_route_join", i, leaf.element_type());
-    cpu::WidenToF32(leaf.element_type(), leaf.untyped_data(), dst + offset,
-                    static_cast<int64_t>(n));
+    const std::optional<DType> dtype = AsDType(leaf.element_type());
+    if (!dtype) return Unsupported("coarse_route_join", i, leaf.element_type());
+    cpu::WidenToF32(*dtype, leaf.untyped_data(), dst + offset, static_cast<int64_t>(n));
     offset += n;
   }
   if (offset != total)
@@ -64,10 +65,9 @@ ffi::Error RouteSplitImpl(ffi::AnyBuffer flat, ffi::RemainingRets outs) {
       return ffi::Error::InvalidArgument(
           "coarse_route_split: the leaves hold more elements (" + std::to_string(offset + n) +
           " after leaf " + std::to_string(i) + ") than the operand's " + std::to_string(total));
-    if (!IsSupported(leaf.element_type()))
-      return Unsupported("coarse_route_split", i, leaf.element_type());
-    cpu::NarrowFromF32(leaf.element_type(), src + offset, leaf.untyped_data(),
-                       static_cast<int64_t>(n));
+    const std::optional<DType> dtype = AsDType(leaf.element_type());
+    if (!dtype) return Unsupported("coarse_route_split", i, leaf.element_type());
+    cpu::NarrowFromF32(*dtype, src + offset, leaf.untyped_data(), static_cast<int64_t>(n));
     offset += n;
   }
   if (offset != total)

@@ -9,15 +9,14 @@
 #include "runtime/traffic.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 constexpr int64_t kF32 = sizeof(float);
 
-ffi::Error HostSharedMemory::SumInRingOrder(float* dst, const float* const* srcs, int64_t num,
-                                            int64_t n, float scale) {
+Status HostSharedMemory::SumInRingOrder(float* dst, const float* const* srcs, int64_t num,
+                                        int64_t n, float scale) {
   cpu::SumInOrderF32(dst, srcs, num, n, scale);
   CountTraffic(TrafficOp::kSum, num * n * kF32, n * kF32);
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 namespace {
@@ -35,14 +34,14 @@ int64_t WidenRuns(const PushedRuns& runs, int64_t a, int64_t b, float* target, b
       cpu::WidenToF32(part.dtype, part.leaf, target + part.buf_off, part.len);
     else
       cpu::AddWidenedF32(part.dtype, part.leaf, target + part.buf_off, part.len);
-    read += part.len * xla::ffi::ByteWidth(part.dtype);
+    read += part.len * ByteWidth(part.dtype);
   }
   return read;
 }
 
 }  // namespace
 
-ffi::Error HostSharedMemory::SumPushesInRingOrder(
+Status HostSharedMemory::SumPushesInRingOrder(
     float* dst, int64_t lo, int64_t hi, const std::vector<std::vector<const PushedRuns*>>& groups,
     float scale) {
   // Each client's runs of [lo, hi) are read once (in their dtype, counted as
@@ -68,7 +67,7 @@ ffi::Error HostSharedMemory::SumPushesInRingOrder(
     std::memcpy(dst + (a - lo), acc, m * sizeof(float));
   }
   CountTraffic(TrafficOp::kSum, read, (hi - lo) * kF32);
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 SharedMemory& TheHostSharedMemory() {

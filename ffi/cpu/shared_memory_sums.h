@@ -9,11 +9,11 @@ namespace coarse {
 
 class HostSharedMemory final : public SharedMemory {
  public:
-  xla::ffi::Error SumInRingOrder(float* dst, const float* const* srcs, int64_t num, int64_t n,
-                                 float scale) override;
-  xla::ffi::Error SumPushesInRingOrder(float* dst, int64_t lo, int64_t hi,
-                                       const std::vector<std::vector<const PushedRuns*>>& groups,
-                                       float scale) override;
+  Status SumInRingOrder(float* dst, const float* const* srcs, int64_t num, int64_t n,
+                        float scale) override;
+  Status SumPushesInRingOrder(float* dst, int64_t lo, int64_t hi,
+                              const std::vector<std::vector<const PushedRuns*>>& groups,
+                              float scale) override;
 };
 
 // The one instance (stateless), which the host storage offers its sessions.

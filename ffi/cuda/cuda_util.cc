@@ -1,4 +1,4 @@
-// CUDA errors as FFI errors, the pinned, never-waiting host->device upload
+// CUDA errors as runtime errors, the pinned, never-waiting host->device upload
 // and the runtime's own streams (see cuda_util.h).
 #include "cuda/cuda_util.h"
 
@@ -10,12 +10,11 @@
 #include <vector>
 
 namespace coarse::cuda {
-namespace ffi = xla::ffi;
 
-ffi::Error Check(cudaError_t err, const std::string& what) {
-  if (err == cudaSuccess) return ffi::Error::Success();
-  return ffi::Error::Internal("coarse_jax: " + what + ": " + cudaGetErrorName(err) + " (" +
-                              cudaGetErrorString(err) + ")");
+Status Check(cudaError_t err, const std::string& what) {
+  if (err == cudaSuccess) return Status::Success();
+  return Status::Internal("coarse_jax: " + what + ": " + cudaGetErrorName(err) + " (" +
+                          cudaGetErrorString(err) + ")");
 }
 
 namespace {
@@ -75,16 +74,15 @@ cudaError_t UploadAsync(int device, void* dst, const void* src, size_t bytes, cu
   return blocks->Upload(device, dst, src, bytes, stream);
 }
 
-ffi::ErrorOr<cudaStream_t> OwnedStream(const std::string& key, const std::string& what) {
+StatusOr<cudaStream_t> OwnedStream(const std::string& key, const std::string& what) {
   static std::mutex mu;
   static auto* streams = new std::map<std::string, cudaStream_t>;  // never destroyed
   std::lock_guard<std::mutex> lock(mu);
   auto it = streams->find(key);
   if (it != streams->end()) return it->second;
   cudaStream_t stream = nullptr;
-  ffi::Error e =
-      Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating " + what);
-  if (e.failure()) return ffi::Unexpected(e);
+  Status e = Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating " + what);
+  if (e.failure()) return e;
   (*streams)[key] = stream;
   return stream;
 }

@@ -1,5 +1,5 @@
-// What every CUDA handler needs besides the kernels: CUDA errors as FFI
-// errors and a host->device upload that
+// What every CUDA handler needs besides the kernels: CUDA errors as runtime
+// errors (runtime/status.h) and a host->device upload that
 // never waits for the GPU.
 #pragma once
 
@@ -9,16 +9,13 @@
 #include <string>
 
 #include "coarse_kernels.h"
+#include "runtime/status.h"
 #include "runtime/stream.h"
-#include "xla/ffi/api/ffi.h"
 
 namespace coarse::cuda {
 
 // Success, or an Internal error "coarse_jax: <what>: <CUDA's message>".
-xla::ffi::Error Check(cudaError_t err, const std::string& what);
-
-// ToKernelDType (XLA dtypes as kernel dtypes) is runtime/stream.h's.
-using ::coarse::ToKernelDType;
+Status Check(cudaError_t err, const std::string& what);
 
 // Copies `bytes` from host `src` to device `dst` in stream order, through
 // pinned host blocks that are reused once the copy that last used them has
@@ -30,6 +27,6 @@ cudaError_t UploadAsync(int device, void* dst, const void* src, size_t bytes, cu
 // A non-blocking stream the runtime owns, one per `key`, on the current GPU:
 // created on first use and never destroyed (a job may still hold it while
 // the process exits). `what` names it in the error if creating it fails.
-xla::ffi::ErrorOr<cudaStream_t> OwnedStream(const std::string& key, const std::string& what);
+StatusOr<cudaStream_t> OwnedStream(const std::string& key, const std::string& what);
 
 }  // namespace coarse::cuda

@@ -38,7 +38,7 @@ namespace {
 // flag waits that gate them (`ups`), so XLA's stream does not stall on a
 // flag: the two directions of PCIe run at once.
 enum class RuntimeStreamKind { kProxy, kCopies, kCopiesUp };
-ffi::ErrorOr<cudaStream_t> RuntimeStream(RuntimeStreamKind kind, int ordinal) {
+StatusOr<cudaStream_t> RuntimeStream(RuntimeStreamKind kind, int ordinal) {
   const std::string name = kind == RuntimeStreamKind::kProxy    ? "proxy"
                            : kind == RuntimeStreamKind::kCopies ? "copy"
                                                                 : "copy-up";
@@ -47,21 +47,21 @@ ffi::ErrorOr<cudaStream_t> RuntimeStream(RuntimeStreamKind kind, int ordinal) {
 }
 
 auto DeviceMaker(cudaStream_t stream, int32_t ordinal) {
-  return [stream, ordinal](const Call& call) -> ffi::ErrorOr<DeviceHandle> {
+  return [stream, ordinal](const Call& call) -> StatusOr<DeviceHandle> {
     auto& storage = static_cast<CudaStorage&>(call.session->storage());
-    if (!storage.error().empty()) return ffi::Unexpected(ffi::Error::Internal(storage.error()));
-    ffi::Error e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
-    if (e.failure()) return ffi::Unexpected(e);
+    if (!storage.error().empty()) return Status::Internal(storage.error());
+    Status e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
+    if (e.failure()) return e;
     // Kept in the storage set across the worker's calls, built again only
     // when XLA's stream changed (KeptStreamDevice).
     return KeptStreamDevice(
-        storage, call.device(), stream, [&]() -> ffi::ErrorOr<std::unique_ptr<StreamDevice>> {
+        storage, call.device(), stream, [&]() -> StatusOr<std::unique_ptr<StreamDevice>> {
           std::unique_ptr<Stream> copies, ups;
           if (HasHostProxy(call.plan(), storage)) {
             auto down = RuntimeStream(RuntimeStreamKind::kCopies, ordinal);
-            if (down.has_error()) return ffi::Unexpected(down.error());
+            if (down.has_error()) return down.error();
             auto up = RuntimeStream(RuntimeStreamKind::kCopiesUp, ordinal);
-            if (up.has_error()) return ffi::Unexpected(up.error());
+            if (up.has_error()) return up.error();
             copies = std::make_unique<CudaStream>(down.value(), ordinal, storage.ordinals());
             ups = std::make_unique<CudaStream>(up.value(), ordinal, storage.ordinals());
           }
@@ -75,10 +75,9 @@ auto DeviceMaker(cudaStream_t stream, int32_t ordinal) {
 // The device a proxy's job runs on: its GPU (the session's ordinals), on
 // the runtime's stream there.
 const MakeProxyDevice& CudaProxies() {
-  static const MakeProxyDevice make =
-      [](const Call& call) -> ffi::ErrorOr<std::unique_ptr<Device>> {
+  static const MakeProxyDevice make = [](const Call& call) -> StatusOr<std::unique_ptr<Device>> {
     auto& storage = static_cast<CudaStorage&>(call.session->storage());
-    if (!storage.error().empty()) return ffi::Unexpected(ffi::Error::Internal(storage.error()));
+    if (!storage.error().empty()) return Status::Internal(storage.error());
     if (storage.in_host_memory(call.device())) {
       // A proxy in host memory: the CPU platform's loops in this job's thread
       // over its pinned storage; a CUDA stream object only for its host
@@ -90,10 +89,10 @@ const MakeProxyDevice& CudaProxies() {
           s.p(), call.who.Describe() + s.DescribeStep(), s.PeerWaitLimit()));
     }
     const int ordinal = static_cast<int>(storage.ordinal(call.device()));
-    ffi::Error e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
-    if (e.failure()) return ffi::Unexpected(e);
+    Status e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
+    if (e.failure()) return e;
     auto stream = RuntimeStream(RuntimeStreamKind::kProxy, ordinal);
-    if (stream.has_error()) return ffi::Unexpected(stream.error());
+    if (stream.has_error()) return stream.error();
     return std::unique_ptr<Device>(
         new StreamDevice(std::make_unique<CudaStream>(stream.value(), ordinal, storage.ordinals()),
                          call.device(), storage));

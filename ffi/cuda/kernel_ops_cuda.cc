@@ -2,6 +2,7 @@
 // custom calls (coarse_jax.kernels), so a jitted program can use them and the
 // tests can hold them against plain jnp. The handlers only translate buffers
 // into launches on XLA's stream; nothing here waits on the host.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "cuda/cuda_util.h"
 #include "xla/ffi/api/ffi.h"
 #include "xla/kernel_ops.h"
+#include "xla/status_xla.h"
 
 namespace coarse::cuda {
 namespace ffi = xla::ffi;
@@ -19,7 +21,10 @@ static_assert(kReduceMaxInputs == kernels::kMaxReduceInputs,
 namespace {
 
 ffi::Error DTypeOf(ffi::AnyBuffer b, const char* op, const std::string& what, kernels::DType* out) {
-  if (ToKernelDType(b.element_type(), out)) return ffi::Error::Success();
+  if (const std::optional<DType> d = AsDType(b.element_type())) {
+    *out = *d;
+    return ffi::Error::Success();
+  }
   return ffi::Error::InvalidArgument(std::string("coarse_jax: ") + op + ": " + what +
                                      " must be float32, bfloat16 or float16");
 }
@@ -52,8 +57,8 @@ ffi::ErrorOr<const kernels::Span*> LeafSpans(const std::vector<ffi::AnyBuffer>& 
     return ffi::Unexpected(
         ffi::Error(ffi::ErrorCode::kResourceExhausted,
                    std::string("coarse_jax: ") + op + ": no scratch memory for the span table"));
-  ffi::Error e = Check(UploadAsync(device, *mem, spans.data(), bytes, stream),
-                       std::string(op) + ": uploading the span table");
+  ffi::Error e = ToXlaError(Check(UploadAsync(device, *mem, spans.data(), bytes, stream),
+                                  std::string(op) + ": uploading the span table"));
   if (e.failure()) return ffi::Unexpected(e);
   return static_cast<const kernels::Span*>(*mem);
 }
@@ -78,9 +83,9 @@ ffi::Error PackImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator s
   int64_t total = 0;
   auto spans = LeafSpans(Buffers(leaves), *buf, "coarse_pack", device, stream, scratch, &total);
   if (spans.has_error()) return spans.error();
-  return Check(kernels::LaunchPack(spans.value(), static_cast<int64_t>(leaves.size()), total,
-                                   buf->untyped_data(), buf_dtype, scale, stream),
-               "coarse_pack: launch");
+  return ToXlaError(Check(kernels::LaunchPack(spans.value(), static_cast<int64_t>(leaves.size()),
+                                              total, buf->untyped_data(), buf_dtype, scale, stream),
+                          "coarse_pack: launch"));
 }
 
 ffi::Error UnpackImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
@@ -91,9 +96,10 @@ ffi::Error UnpackImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
   int64_t total = 0;
   auto spans = LeafSpans(Buffers(leaves), buf, "coarse_unpack", device, stream, scratch, &total);
   if (spans.has_error()) return spans.error();
-  return Check(kernels::LaunchUnpack(buf.untyped_data(), buf_dtype, spans.value(),
-                                     static_cast<int64_t>(leaves.size()), total, scale, stream),
-               "coarse_unpack: launch");
+  return ToXlaError(
+      Check(kernels::LaunchUnpack(buf.untyped_data(), buf_dtype, spans.value(),
+                                  static_cast<int64_t>(leaves.size()), total, scale, stream),
+            "coarse_unpack: launch"));
 }
 
 ffi::Error ReduceImpl(cudaStream_t stream, ffi::RemainingArgs inputs,
@@ -106,10 +112,10 @@ ffi::Error ReduceImpl(cudaStream_t stream, ffi::RemainingArgs inputs,
   std::vector<const void*> ptrs;
   for (size_t a = 0; a < inputs.size(); ++a)
     ptrs.push_back(inputs.get<ffi::AnyBuffer>(a).value().untyped_data());
-  return Check(
-      kernels::LaunchReduce(ptrs.data(), static_cast<int>(ptrs.size()), out->untyped_data(),
-                            static_cast<int64_t>(out->element_count()), dtype, scale, stream),
-      "coarse_reduce: launch");
+  return ToXlaError(
+      Check(kernels::LaunchReduce(ptrs.data(), static_cast<int>(ptrs.size()), out->untyped_data(),
+                                  static_cast<int64_t>(out->element_count()), dtype, scale, stream),
+            "coarse_reduce: launch"));
 }
 
 }  // namespace

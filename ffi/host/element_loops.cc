@@ -27,7 +27,6 @@
 #endif
 
 namespace coarse::cpu {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -63,15 +62,15 @@ void CopyF32(float* dst, const float* src, int64_t n) {
 
 }  // namespace
 
-void WidenToF32(ffi::DataType dtype, const void* src, float* dst, int64_t n) {
+void WidenToF32(DType dtype, const void* src, float* dst, int64_t n) {
   switch (dtype) {
-    case ffi::DataType::F32: CopyF32(dst, static_cast<const float*>(src), n); return;
-    case ffi::DataType::BF16: {
+    case DType::kF32: CopyF32(dst, static_cast<const float*>(src), n); return;
+    case DType::kBF16: {
       const uint16_t* s = static_cast<const uint16_t*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(s[i]);
       return;
     }
-    case ffi::DataType::F16: {
+    case DType::kF16: {
       const _Float16* s = static_cast<const _Float16*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
       return;
@@ -80,15 +79,15 @@ void WidenToF32(ffi::DataType dtype, const void* src, float* dst, int64_t n) {
   }
 }
 
-void NarrowFromF32(ffi::DataType dtype, const float* src, void* dst, int64_t n) {
+void NarrowFromF32(DType dtype, const float* src, void* dst, int64_t n) {
   switch (dtype) {
-    case ffi::DataType::F32: CopyF32(static_cast<float*>(dst), src, n); return;
-    case ffi::DataType::BF16: {
+    case DType::kF32: CopyF32(static_cast<float*>(dst), src, n); return;
+    case DType::kBF16: {
       uint16_t* d = static_cast<uint16_t*>(dst);
       for (int64_t i = 0; i < n; ++i) d[i] = F32ToBf16(src[i]);
       return;
     }
-    case ffi::DataType::F16: {
+    case DType::kF16: {
       _Float16* d = static_cast<_Float16*>(dst);
       for (int64_t i = 0; i < n; ++i) d[i] = static_cast<_Float16>(src[i]);
       return;
@@ -102,15 +101,15 @@ void AddF32(float* __restrict acc, const float* __restrict x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
-void AddWidenedF32(ffi::DataType dtype, const void* src, float* acc, int64_t n) {
+void AddWidenedF32(DType dtype, const void* src, float* acc, int64_t n) {
   switch (dtype) {
-    case ffi::DataType::F32: AddF32(acc, static_cast<const float*>(src), n); return;
-    case ffi::DataType::BF16: {
+    case DType::kF32: AddF32(acc, static_cast<const float*>(src), n); return;
+    case DType::kBF16: {
       const uint16_t* s = static_cast<const uint16_t*>(src);
       for (int64_t i = 0; i < n; ++i) acc[i] += Bf16ToF32(s[i]);
       return;
     }
-    case ffi::DataType::F16: {
+    case DType::kF16: {
       const _Float16* s = static_cast<const _Float16*>(src);
       for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<float>(s[i]);
       return;
@@ -233,13 +232,13 @@ double SumSquaresF32(const float* x, int64_t n) {
   return acc;
 }
 
-int64_t FirstMismatchIn(const float* master, const void* params, int64_t n, ffi::DataType dtype) {
+int64_t FirstMismatchIn(const float* master, const void* params, int64_t n, DType dtype) {
   // In the params' own dtype, read where they are (no widened copy): f32
   // compares with the master as it is, 16-bit dtypes with the master rounded
   // to them (widening is exact and one-to-one, so this is the comparison of
   // both widened). Bitwise: a NaN the step returned must come back as the
   // same NaN.
-  if (dtype == ffi::DataType::F32) {
+  if (dtype == DType::kF32) {
     const float* given = static_cast<const float*>(params);
     for (int64_t i = 0; i < n; i += 256) {
       const int64_t m = n - i < 256 ? n - i : 256;

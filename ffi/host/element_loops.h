@@ -12,16 +12,16 @@
 #include <cstdint>
 
 #include "runtime/device.h"
-#include "xla/ffi/api/ffi.h"
+#include "runtime/status.h"
 
 namespace coarse::cpu {
 
 // dst[i] = float(src[i]) for a leaf of `dtype`.
-void WidenToF32(xla::ffi::DataType dtype, const void* src, float* dst, int64_t n);
+void WidenToF32(DType dtype, const void* src, float* dst, int64_t n);
 // dst[i] = dtype(src[i]), round to nearest even.
-void NarrowFromF32(xla::ffi::DataType dtype, const float* src, void* dst, int64_t n);
+void NarrowFromF32(DType dtype, const float* src, void* dst, int64_t n);
 // acc[i] += float(src[i]) for a leaf of `dtype`.
-void AddWidenedF32(xla::ffi::DataType dtype, const void* src, float* acc, int64_t n);
+void AddWidenedF32(DType dtype, const void* src, float* acc, int64_t n);
 // acc[i] += x[i]
 void AddF32(float* __restrict acc, const float* __restrict x, int64_t n);
 // acc[i] = (acc[i] + x[i]) * scale: the last reduce-scatter step of a mean.
@@ -44,7 +44,6 @@ void TriadF32(float* __restrict a, const float* __restrict b, const float* __res
 double SumSquaresF32(const float* x, int64_t n);
 // Device::FirstMismatch: the first i < n where params[i] (n elements of
 // `dtype`) differs bitwise from master[i] rounded to `dtype`; -1 if none.
-int64_t FirstMismatchIn(const float* master, const void* params, int64_t n,
-                        xla::ffi::DataType dtype);
+int64_t FirstMismatchIn(const float* master, const void* params, int64_t n, DType dtype);
 
 }  // namespace coarse::cpu

@@ -14,11 +14,11 @@
 
 namespace coarse::host_kernels {
 
-xla::ffi::Error CheckReduceInputs(int num_inputs) {
-  if (num_inputs >= 1 && num_inputs <= kernels::kMaxReduceInputs) return xla::ffi::Error::Success();
-  return xla::ffi::Error::Internal("coarse_jax: a reduce takes 1 to " +
-                                   std::to_string(kernels::kMaxReduceInputs) + " inputs, got " +
-                                   std::to_string(num_inputs));
+Status CheckReduceInputs(int num_inputs) {
+  if (num_inputs >= 1 && num_inputs <= kernels::kMaxReduceInputs) return Status::Success();
+  return Status::Internal("coarse_jax: a reduce takes 1 to " +
+                          std::to_string(kernels::kMaxReduceInputs) + " inputs, got " +
+                          std::to_string(num_inputs));
 }
 
 bool PollFlag(const uint32_t* flag, uint32_t value, std::chrono::steady_clock::time_point deadline,
@@ -34,24 +34,14 @@ bool PollFlag(const uint32_t* flag, uint32_t value, std::chrono::steady_clock::t
   return true;
 }
 
-xla::ffi::DataType ToXlaDType(kernels::DType t) {
-  switch (t) {
-    case kernels::DType::kBF16: return xla::ffi::DataType::BF16;
-    case kernels::DType::kF16: return xla::ffi::DataType::F16;
-    default: return xla::ffi::DataType::F32;
-  }
-}
-
 void Pack(const kernels::Span* spans, int64_t num_spans, float* buf) {
   for (int64_t s = 0; s < num_spans; ++s)
-    cpu::WidenToF32(ToXlaDType(spans[s].leaf_dtype), spans[s].leaf, buf + spans[s].buf_off,
-                    spans[s].len);
+    cpu::WidenToF32(spans[s].leaf_dtype, spans[s].leaf, buf + spans[s].buf_off, spans[s].len);
 }
 
 void Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans) {
   for (int64_t s = 0; s < num_spans; ++s)
-    cpu::NarrowFromF32(ToXlaDType(spans[s].leaf_dtype), buf + spans[s].buf_off, spans[s].leaf,
-                       spans[s].len);
+    cpu::NarrowFromF32(spans[s].leaf_dtype, buf + spans[s].buf_off, spans[s].leaf, spans[s].len);
 }
 
 void Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n, float scale) {
@@ -112,7 +102,7 @@ void FirstMismatch(const float* master, kernels::DType dtype, const void* given,
   if (base >= *first) return;
   int64_t at = -1;
   if (given_dtype == dtype) {
-    at = cpu::FirstMismatchIn(master, given, n, ToXlaDType(dtype));
+    at = cpu::FirstMismatchIn(master, given, n, dtype);
   } else {  // widened to f32
     const float* g = static_cast<const float*>(given);
     for (int64_t i = 0; i < n && at < 0; ++i)

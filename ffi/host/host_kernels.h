@@ -42,7 +42,7 @@ void FirstMismatch(const float* master, kernels::DType dtype, const void* given,
 
 // Whether a reduce of `num_inputs` inputs is one the kernels take
 // (1..kernels::kMaxReduceInputs): both host streams check it when enqueued.
-xla::ffi::Error CheckReduceInputs(int num_inputs);
+Status CheckReduceInputs(int num_inputs);
 
 // Polls the host-written flag on the calling thread, backing off from 1 to
 // 50 us between reads (as a GPU's front end polls a cuStreamWaitValue32
@@ -50,8 +50,5 @@ xla::ffi::Error CheckReduceInputs(int num_inputs);
 // `*held`: the flag's last value read. Both host streams' WaitValue.
 bool PollFlag(const uint32_t* flag, uint32_t value, std::chrono::steady_clock::time_point deadline,
               uint32_t* held);
-
-// The XLA element type of a kernels' one.
-xla::ffi::DataType ToXlaDType(kernels::DType t);
 
 }  // namespace coarse::host_kernels

@@ -7,117 +7,114 @@
 #include "host/host_kernels.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
 class InlineHostStream final : public Stream {
  public:
-  ffi::Error Pack(const kernels::Span* spans, int64_t num_spans, int64_t, float* buf) override {
+  Status Pack(const kernels::Span* spans, int64_t num_spans, int64_t, float* buf) override {
     host_kernels::Pack(spans, num_spans, buf);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
-  ffi::Error Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
-                    int64_t) override {
+  Status Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans, int64_t) override {
     host_kernels::Unpack(buf, spans, num_spans);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
-  ffi::Error Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
-                    float scale) override {
-    if (ffi::Error e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
+  Status Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                float scale) override {
+    if (Status e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
     host_kernels::Reduce(inputs, num_inputs, out, n, scale);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
-  ffi::Error ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
-                        float scale, const RowPitches& rows) override {
-    if (ffi::Error e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
+  Status ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n, float scale,
+                    const RowPitches& rows) override {
+    if (Status e = host_kernels::CheckReduceInputs(num_inputs); e.failure()) return e;
     host_kernels::ReduceRows(inputs, num_inputs, out, n, scale, rows);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
-  ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override {
+  Status Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override {
     host_kernels::Optimizer(o, b, n);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
-  ffi::Error OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
-                           int64_t grad_pitch, int64_t buf_pitch) override {
+  Status OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
+                       int64_t grad_pitch, int64_t buf_pitch) override {
     for (int64_t i = 0; i < rows; ++i)
       host_kernels::Optimizer(o, OptRow(b, i, grad_pitch, buf_pitch), n);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
-  ffi::Error SumSquares(const float* x, int64_t n, double*, double* out) override {
+  Status SumSquares(const float* x, int64_t n, double*, double* out) override {
     host_kernels::SumSquares(x, n, out);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
-  ffi::Error SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t, double*,
-                             double* out, bool accumulate) override {
+  Status SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t, double*,
+                         double* out, bool accumulate) override {
     host_kernels::SumSquaresSpans(spans, num_spans, out, accumulate);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
-  ffi::Error ClipScalars(const double* parts, int64_t num, float clip_norm, float* out) override {
+  Status ClipScalars(const double* parts, int64_t num, float clip_norm, float* out) override {
     ClipScalarsOf(parts, num, clip_norm, out);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
-  ffi::Error FirstMismatch(const float* master, kernels::DType dtype, const void* given,
-                           kernels::DType given_dtype, int64_t n, unsigned long long base,
-                           unsigned long long* first) override {
+  Status FirstMismatch(const float* master, kernels::DType dtype, const void* given,
+                       kernels::DType given_dtype, int64_t n, unsigned long long base,
+                       unsigned long long* first) override {
     host_kernels::FirstMismatch(master, dtype, given, given_dtype, n, base, first);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
-  ffi::Error Memset(void* dst, size_t bytes, const char*) override {
+  Status Memset(void* dst, size_t bytes, const char*) override {
     std::memset(dst, 0, bytes);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
-  ffi::Error Copy(void* dst, int64_t, const void* src, int64_t, size_t bytes,
-                  const char*) override {
+  Status Copy(void* dst, int64_t, const void* src, int64_t, size_t bytes, const char*) override {
     if (dst != src) std::memcpy(dst, src, bytes);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
-  ffi::Error CopyRows(void* dst, int64_t, size_t dst_pitch, const void* src, int64_t,
-                      size_t src_pitch, size_t row_bytes, int64_t rows, const char*) override {
+  Status CopyRows(void* dst, int64_t, size_t dst_pitch, const void* src, int64_t, size_t src_pitch,
+                  size_t row_bytes, int64_t rows, const char*) override {
     host_kernels::CopyRows(dst, dst_pitch, src, src_pitch, row_bytes, rows);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
-  ffi::Error Upload(void* dst, const void* src, size_t bytes, const char* what) override {
+  Status Upload(void* dst, const void* src, size_t bytes, const char* what) override {
     return Copy(dst, 0, src, 0, bytes, what);
   }
 
-  ffi::Error Download(void* dst, const void* src, size_t bytes, const char* what) override {
+  Status Download(void* dst, const void* src, size_t bytes, const char* what) override {
     return Copy(dst, 0, src, 0, bytes, what);
   }
 
-  ffi::Error UploadPinned(void* dst, const void* src, size_t bytes, const char* what) override {
+  Status UploadPinned(void* dst, const void* src, size_t bytes, const char* what) override {
     return Copy(dst, 0, src, 0, bytes, what);
   }
 
-  ffi::Error WaitValue(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
-                       const std::string& what) override {
+  Status WaitValue(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
+                   const std::string& what) override {
     uint32_t now = 0;
     if (!host_kernels::PollFlag(flag, value, std::chrono::steady_clock::now() + timeout, &now))
-      return ffi::Error::Internal(what + ": timed out after " + std::to_string(timeout.count()) +
-                                  " ms waiting for its flag to reach " + std::to_string(value) +
-                                  " (it holds " + std::to_string(now) + ")");
-    return ffi::Error::Success();
+      return Status::Internal(what + ": timed out after " + std::to_string(timeout.count()) +
+                              " ms waiting for its flag to reach " + std::to_string(value) +
+                              " (it holds " + std::to_string(now) + ")");
+    return Status::Success();
   }
 
   // Nothing is left to mark or wait for: the work is done.
-  ffi::Error Record(StreamEvent) override { return ffi::Error::Success(); }
-  ffi::Error Wait(StreamEvent, int64_t) override { return ffi::Error::Success(); }
-  ffi::Error Synchronize(const char*) override { return ffi::Error::Success(); }
-  ffi::Error HostWait(StreamEvent, std::chrono::milliseconds, const std::string&) override {
-    return ffi::Error::Success();
+  Status Record(StreamEvent) override { return Status::Success(); }
+  Status Wait(StreamEvent, int64_t) override { return Status::Success(); }
+  Status Synchronize(const char*) override { return Status::Success(); }
+  Status HostWait(StreamEvent, std::chrono::milliseconds, const std::string&) override {
+    return Status::Success();
   }
   bool DoneWhenEnqueued() const override { return true; }
 };

@@ -11,7 +11,6 @@
 #include "cpu/cpu_devices.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -33,13 +32,13 @@ class CpuWorker final : public SelfTestWorker {
     buffers_.emplace_back(new float[std::max<int64_t>(n, 1)]);
     return buffers_.back().get();
   }
-  ffi::Error Load(float* buffer, const float* host, int64_t n) override {
+  Status Load(float* buffer, const float* host, int64_t n) override {
     std::memcpy(buffer, host, n * sizeof(float));
-    return ffi::Error::Success();
+    return Status::Success();
   }
-  ffi::Error Store(float* host, const float* buffer, int64_t n) override {
+  Status Store(float* host, const float* buffer, int64_t n) override {
     std::memcpy(host, buffer, n * sizeof(float));
-    return ffi::Error::Success();
+    return Status::Success();
   }
   void CallReturns() override {
     if (queue_ != nullptr) queue_->Drain();

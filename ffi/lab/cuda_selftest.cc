@@ -14,7 +14,6 @@
 #include "runtime/stream_device.h"
 
 namespace coarse::cuda {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -50,12 +49,12 @@ class CudaWorker final : public SelfTestWorker {
     buffers_.push_back(b);
     return static_cast<float*>(b);
   }
-  ffi::Error Load(float* buffer, const float* host, int64_t n) override {
+  Status Load(float* buffer, const float* host, int64_t n) override {
     return Check(cudaMemcpyAsync(buffer, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
                  "self-test load");
   }
-  ffi::Error Store(float* host, const float* buffer, int64_t n) override {
-    ffi::Error e =
+  Status Store(float* host, const float* buffer, int64_t n) override {
+    Status e =
         Check(cudaMemcpyAsync(host, buffer, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
               "self-test store");
     if (e.failure()) return e;
@@ -72,7 +71,7 @@ class CudaWorker final : public SelfTestWorker {
 // like the service's (handlers_cuda.cc RuntimeStream). The service proper
 // keeps one per GPU; here all the proxies share one GPU, and a stream each
 // keeps them racing.
-ffi::ErrorOr<cudaStream_t> SelfTestProxyStream(int ordinal, int64_t k) {
+StatusOr<cudaStream_t> SelfTestProxyStream(int ordinal, int64_t k) {
   return OwnedStream("self-test " + std::to_string(ordinal) + " " + std::to_string(k),
                      "the self-test's stream of proxy " + std::to_string(k));
 }
@@ -87,14 +86,13 @@ SelfTestPlatform CudaSelfTestPlatform(int ordinal, int64_t workers, int64_t prox
   platform.make_worker = [ordinal](const Call& call) {
     return std::unique_ptr<SelfTestWorker>(new CudaWorker(ordinal, call));
   };
-  platform.make_proxy_device =
-      [ordinal](const Call& call) -> ffi::ErrorOr<std::unique_ptr<Device>> {
+  platform.make_proxy_device = [ordinal](const Call& call) -> StatusOr<std::unique_ptr<Device>> {
     auto& storage = static_cast<CudaStorage&>(call.session->storage());
-    if (!storage.error().empty()) return ffi::Unexpected(ffi::Error::Internal(storage.error()));
-    ffi::Error e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
-    if (e.failure()) return ffi::Unexpected(e);
+    if (!storage.error().empty()) return Status::Internal(storage.error());
+    Status e = Check(cudaSetDevice(ordinal), "cudaSetDevice");
+    if (e.failure()) return e;
     auto stream = SelfTestProxyStream(ordinal, call.who.index);
-    if (stream.has_error()) return ffi::Unexpected(stream.error());
+    if (stream.has_error()) return stream.error();
     return std::unique_ptr<Device>(
         new StreamDevice(std::make_unique<CudaStream>(stream.value(), ordinal, storage.ordinals()),
                          call.device(), storage));

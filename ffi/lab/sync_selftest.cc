@@ -12,7 +12,6 @@
 #include "runtime/phases.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -66,18 +65,19 @@ struct Run {
 // worker calls, the storage's previous users on the first call) and ended
 // as the platform's handler ends it. `grad`: its gradient row; `params`:
 // the params this step gets (optimizer only); `out`: its results.
-ffi::Error WorkerStep(const Run& run, int64_t w, const float* grad, const float* params,
-                      float* out) {
+Status WorkerStep(const Run& run, int64_t w, const float* grad, const float* params, float* out) {
   const SyncSelfTestSpec& spec = run.spec;
   const Plan& plan = *run.plan;
-  Call call{JoinSession(run.plan, run.run_id, 0, w, run.platform.ordinals), Who{kWorker, w}};
+  Call call{JoinSession(run.plan, run.run_id, 0, w, run.platform.ordinals.data(),
+                        run.platform.ordinals.size()),
+            Who{kWorker, w}};
   std::unique_ptr<SelfTestWorker> member;
   try {
     member = run.platform.make_worker(call);
   } catch (const std::exception& e) {
     call.session->Poison(e.what());
     call.session->Finish(call.device());
-    return ffi::Error::Internal(e.what());
+    return Status::Internal(e.what());
   }
   Device& dev = member->device();
   const int64_t total = spec.proxy_elems + spec.leading_elems;
@@ -86,7 +86,7 @@ ffi::Error WorkerStep(const Run& run, int64_t w, const float* grad, const float*
   float* prm = run.store ? member->Buffer(spec.proxy_elems) : nullptr;
   auto leaves_at = [&](float* base) -> LeafResolver {
     return [base, &spec](int64_t leaf) {
-      return LeafRef{base + (leaf == 0 ? 0 : spec.proxy_elems), ffi::DataType::F32};
+      return LeafRef{base + (leaf == 0 ? 0 : spec.proxy_elems), DType::kF32};
     };
   };
   const LeafResolver pushed = leaves_at(in);
@@ -96,7 +96,7 @@ ffi::Error WorkerStep(const Run& run, int64_t w, const float* grad, const float*
     return AcquireStorage(call, dev);
   };
   // The step's operands exist before its first call, as XLA's buffers do.
-  ffi::Error e = member->Load(in, grad, total);
+  Status e = member->Load(in, grad, total);
   if (e.success() && prm) e = member->Load(prm, params, spec.proxy_elems);
   if (e.success() && run.store) {  // coarse_opt_count
     e = begin();
@@ -105,9 +105,9 @@ ffi::Error WorkerStep(const Run& run, int64_t w, const float* grad, const float*
       if (count.has_error())
         e = count.error();
       else if (count.value() != run.step)
-        e = ffi::Error::Internal("sync self-test: the store's step count is " +
-                                 std::to_string(count.value()) + " at step " +
-                                 std::to_string(run.step));
+        e = Status::Internal("sync self-test: the store's step count is " +
+                             std::to_string(count.value()) + " at step " +
+                             std::to_string(run.step));
     }
     member->CallReturns();
   }
@@ -127,9 +127,9 @@ ffi::Error WorkerStep(const Run& run, int64_t w, const float* grad, const float*
   if (e.success()) {  // coarse_worker_ring
     e = begin();
     const std::vector<LeafRun> in_runs{
-        LeafRun{in + spec.proxy_elems, ffi::DataType::F32, spec.leading_elems, 0}};
+        LeafRun{in + spec.proxy_elems, DType::kF32, spec.leading_elems, 0}};
     const std::vector<LeafRun> out_runs{
-        LeafRun{res + spec.proxy_elems, ffi::DataType::F32, spec.leading_elems, 0}};
+        LeafRun{res + spec.proxy_elems, DType::kF32, spec.leading_elems, 0}};
     if (e.success()) e = ReduceLeading(call, dev, in_runs, out_runs);
     member->CallReturns();
   }
@@ -189,8 +189,8 @@ std::vector<float> SyncSelfTest(const SyncSelfTestSpec& given, const float* valu
       threads.emplace_back([&, w] {
         // Every worker gets the params the store returned last (the same
         // bits on every worker: worker 0's row of the step before).
-        ffi::Error e = WorkerStep(run, w, values + (step * p + w) * total, step_params.data(),
-                                  out.data() + (step * p + w) * total);
+        Status e = WorkerStep(run, w, values + (step * p + w) * total, step_params.data(),
+                              out.data() + (step * p + w) * total);
         if (e.failure()) {
           std::lock_guard<std::mutex> lock(error_mu);
           if (error.empty()) error = std::string(e.message());

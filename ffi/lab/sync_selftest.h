@@ -29,7 +29,7 @@
 #include "runtime/call.h"
 #include "runtime/device.h"
 #include "runtime/service.h"
-#include "xla/ffi/api/ffi.h"
+#include "runtime/status.h"
 
 namespace coarse {
 
@@ -43,9 +43,9 @@ class SelfTestWorker {
   // A buffer of n floats on the worker's device, valid while it lives.
   virtual float* Buffer(int64_t n) = 0;
   // Enqueues buffer <- host (the host array outlives the step).
-  virtual xla::ffi::Error Load(float* buffer, const float* host, int64_t n) = 0;
+  virtual Status Load(float* buffer, const float* host, int64_t n) = 0;
   // buffer -> host, finished on return.
-  virtual xla::ffi::Error Store(float* host, const float* buffer, int64_t n) = 0;
+  virtual Status Store(float* host, const float* buffer, int64_t n) = 0;
   // What the platform's handler does as a custom call returns to XLA (the
   // stream-semantics CPU backend drains the device's stream).
   virtual void CallReturns() {}

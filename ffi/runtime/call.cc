@@ -6,7 +6,6 @@
 #include "runtime/dtype.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 // How errors name a device (session.h). A proxy in host memory has no mesh
 // coordinates: it is named by its number and the workers it serves.
@@ -27,35 +26,35 @@ std::string Who::Describe() const {
          std::to_string(index * group) + ".." + std::to_string(index * group + group - 1) + ")";
 }
 
-ffi::Error AcquireStorage(Call& call, Device& device) {
+Status AcquireStorage(Call& call, Device& device) {
   if (call.plan().emulated && !device.SupportsEmulation())
-    return ffi::Error::InvalidArgument(
+    return Status::InvalidArgument(
         "coarse_jax: an emulated topology (Config(topology=...)) only runs on CPU devices: "
         "its links are timed on the host");
-  if (!call.session->TakeFirstCall(call.device())) return ffi::Error::Success();
+  if (!call.session->TakeFirstCall(call.device())) return Status::Success();
   for (int64_t d = 0; d < call.session->devices(); ++d) {
     if (d == call.device()) continue;
-    ffi::Error e = device.Acquire(d);
+    Status e = device.Acquire(d);
     if (e.failure()) return e;
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error CheckLeaf(const Plan& plan, int64_t leaf, ffi::DataType dtype, size_t element_count,
-                     const char* op) {
-  if (!IsSupported(dtype))
-    return ffi::Error::InvalidArgument(std::string("coarse_jax: ") + op + ": tensor '" +
-                                       plan.leaf_names[leaf] + "' has " + DtypeName(dtype) +
-                                       "; only float32, bfloat16 and float16 are synchronized");
+Status CheckLeaf(const Plan& plan, int64_t leaf, std::optional<DType> dtype, size_t element_count,
+                 const char* op) {
+  if (!dtype)
+    return Status::InvalidArgument(std::string("coarse_jax: ") + op + ": tensor '" +
+                                   plan.leaf_names[leaf] + "' has an unsupported dtype" +
+                                   "; only float32, bfloat16 and float16 are synchronized");
   if (static_cast<int64_t>(element_count) != plan.leaf_nelems[leaf])
-    return ffi::Error::InvalidArgument(
-        std::string("coarse_jax: ") + op + ": tensor '" + plan.leaf_names[leaf] + "' has " +
-        std::to_string(element_count) + " elements, the plan expects " +
-        std::to_string(plan.leaf_nelems[leaf]));
-  return ffi::Error::Success();
+    return Status::InvalidArgument(std::string("coarse_jax: ") + op + ": tensor '" +
+                                   plan.leaf_names[leaf] + "' has " +
+                                   std::to_string(element_count) + " elements, the plan expects " +
+                                   std::to_string(plan.leaf_nelems[leaf]));
+  return Status::Success();
 }
 
-ffi::Error FinishCall(Call& call, Device& device, ffi::Error status, bool last) {
+Status FinishCall(Call& call, Device& device, Status status, bool last) {
   if (status.failure()) {
     // XLA runs none of this device's later calls: it is done with the
     // session, and with every other session of the execution it is in (a
@@ -82,7 +81,7 @@ ffi::Error FinishCall(Call& call, Device& device, ffi::Error status, bool last) 
     // over (its optimizer update committed, its storage free).
     if (call.who.tier == kWorker && call.session->proxies_started()) {
       Session& s = *call.session;
-      ffi::Error e = s.Wait(
+      Status e = s.Wait(
           call.who, Session::Waits::kPeer, [&] { return s.ProxiesFinished(); },
           [] { return std::string("the proxies to leave the session (their service jobs)"); });
       // The proxies also leave a session that failed: their last act may be
@@ -96,7 +95,7 @@ ffi::Error FinishCall(Call& call, Device& device, ffi::Error status, bool last) 
     }
     // Everything this device did to the storage (its reads included) is
     // what the next session's first calls will wait for.
-    ffi::Error e = device.Publish();
+    Status e = device.Publish();
     if (e.failure()) call.session->Poison(e.message());
     call.session->Finish(call.device());
     return e;

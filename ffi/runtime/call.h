@@ -12,11 +12,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "runtime/device.h"
+#include "runtime/dtype.h"
 #include "runtime/plan.h"
 #include "runtime/session.h"
-#include "xla/ffi/api/ffi.h"
+#include "runtime/status.h"
 
 namespace coarse {
 
@@ -31,18 +33,19 @@ struct Call {
 
 // The caller's first call of a session waits (Device::Acquire) for every
 // device's work of the session that used the storage before.
-xla::ffi::Error AcquireStorage(Call& call, Device& device);
+Status AcquireStorage(Call& call, Device& device);
 
 // Checks that a leaf of `dtype` with `element_count` elements (an operand or
-// result of `op`) matches leaf `leaf` of the plan.
-xla::ffi::Error CheckLeaf(const Plan& plan, int64_t leaf, xla::ffi::DataType dtype,
-                          size_t element_count, const char* op);
+// result of `op`) matches leaf `leaf` of the plan. `dtype` nullopt: one the
+// runtime does not take (xla/status_xla.h AsDType), refused.
+Status CheckLeaf(const Plan& plan, int64_t leaf, std::optional<DType> dtype, size_t element_count,
+                 const char* op);
 
 // Returns `status`. A failure poisons the session and ends the device's part
 // in it (Session::Finish); on success with `last` (this call ends the
 // session on its device: the step, or one iteration of a loop) the device
 // publishes its work and finishes its part.
-xla::ffi::Error FinishCall(Call& call, Device& device, xla::ffi::Error status, bool last);
+Status FinishCall(Call& call, Device& device, Status status, bool last);
 
 // The factor the rings apply once: 1/p for a mean, else 1.
 inline float MeanScale(const Plan& plan) {

@@ -29,7 +29,8 @@
 
 #include "kernels/optimizer_math.h"
 #include "kernels/span.h"
-#include "xla/ffi/api/ffi.h"
+#include "runtime/dtype.h"
+#include "runtime/status.h"
 
 namespace coarse {
 
@@ -48,10 +49,10 @@ struct OptBuffers {
 // A run of consecutive elements of one of this device's leaves and where it
 // sits in an f32 piece (or scratch) buffer.
 struct LeafRun {
-  void* leaf;                // first element of the run inside the leaf
-  xla::ffi::DataType dtype;  // the leaf's element type
-  int64_t len;               // elements
-  int64_t buf_off;           // offset in the f32 buffer
+  void* leaf;       // first element of the run inside the leaf
+  DType dtype;      // the leaf's element type
+  int64_t len;      // elements
+  int64_t buf_off;  // offset in the f32 buffer
 };
 
 // What a worker pushed of one piece when the proxies read it in place
@@ -109,15 +110,15 @@ class NormOnDevice {
   // this device's storage (xs[r], ns[r] floats), each summed in f64, the
   // sums added in order from 0, into this device's slot `part`. Enqueued,
   // not waited for: Publish before a peer reads it.
-  virtual xla::ffi::Error SumSquaresPart(const float* const* xs, const int64_t* ns, int64_t num,
-                                         int64_t part) = 0;
+  virtual Status SumSquaresPart(const float* const* xs, const int64_t* ns, int64_t num,
+                                int64_t part) = 0;
   // The clip scalars (norm, clip flag: ClipScalarsOf) from the shares of `q`
   // proxies, proxy j's on mesh device devices[j], this device's own at
   // `own`: the others (Acquired by the caller) are copied beside it, then
   // all added in order. Returns where the scalars are, in this device's
   // memory, for OptScalars::clip_at.
-  virtual xla::ffi::ErrorOr<const float*> ClipScalars(int64_t own, const int64_t* devices,
-                                                      int64_t q, float clip_norm) = 0;
+  virtual StatusOr<const float*> ClipScalars(int64_t own, const int64_t* devices, int64_t q,
+                                             float clip_norm) = 0;
 };
 
 class Device {
@@ -126,36 +127,36 @@ class Device {
 
   // dst[run.buf_off + i] = float(run.leaf[i]) for every run; `dst` is storage
   // of mesh device `dst_device` (this one or a peer), `dst_len` elements long.
-  virtual xla::ffi::Error Gather(const LeafRun* runs, int64_t num_runs, float* dst,
-                                 int64_t dst_device, int64_t dst_len) = 0;
+  virtual Status Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
+                        int64_t dst_len) = 0;
   // run.leaf[i] = dtype(src[run.buf_off + i]); `src` is storage of `src_device`.
-  virtual xla::ffi::Error Scatter(const float* src, int64_t src_device, int64_t src_len,
-                                  const LeafRun* runs, int64_t num_runs) = 0;
+  virtual Status Scatter(const float* src, int64_t src_device, int64_t src_len, const LeafRun* runs,
+                         int64_t num_runs) = 0;
 
   // Local storage: own[i] = (sum_j own[j * n + i]) * scale over `slots`
   // consecutive slots (zeros if slots == 0), in slot order; the scale is the
   // same multiply as a Scale after the sum (the same bits), without its pass.
   // With `rows` (peer_pitch unused), each of rows.count rows of n elements at
   // own + i * own_pitch, its slots n apart, in one pass.
-  virtual xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots, float scale,
-                                   const Rows& rows = Rows{}) = 0;
+  virtual Status SumSlots(float* own, int64_t n, int64_t slots, float scale,
+                          const Rows& rows = Rows{}) = 0;
   // own[i] = (own[i] + peer[i]) * scale, `peer` storage of `peer_device`;
   // with `rows`, for each row (a device with streams: one copy and one
   // launch for all of them).
-  virtual xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                                  float scale, const Rows& rows = Rows{}) = 0;
+  virtual Status AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n, float scale,
+                         const Rows& rows = Rows{}) = 0;
   // own[i] = peer[i]; with `rows`, for each row (one copy).
-  virtual xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                                   const Rows& rows = Rows{}) = 0;
+  virtual Status CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                          const Rows& rows = Rows{}) = 0;
   // x[i] *= scale (local).
-  virtual xla::ffi::Error Scale(float* x, int64_t n, float scale) = 0;
+  virtual Status Scale(float* x, int64_t n, float scale) = 0;
 
   // The proxy optimizer (kernels/optimizer_math.h), all local storage:
   // b.w_out[i] = b.grad_io[i] = OptStep(o, b.grad_io[i], b.w_in[i], ...).
-  virtual xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) = 0;
+  virtual Status ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) = 0;
   // sum x[i]^2 in f64 over local storage (global-norm clipping). Blocks the
   // host until the value exists (on CUDA: a device-to-host copy).
-  virtual xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) = 0;
+  virtual StatusOr<double> SumSquares(const float* x, int64_t n) = 0;
   // Where clipping's sums stay on this device (NormOnDevice); null where
   // SumSquares serves (a proxy in host memory: its memory is the host's).
   virtual NormOnDevice* norm_on_device() { return nullptr; }
@@ -169,36 +170,35 @@ class Device {
   // whose host loops read the params where they are (CPU) writes nothing. Blocks the
   // host like SumSquares, once for all the runs (on a GPU, one small read per
   // step: one per run cost an H200 step 8-11% of its time, benchmarks/RESULTS.md).
-  virtual xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun* runs,
-                                                    int64_t num_runs, float* scratch,
-                                                    int64_t scratch_device,
-                                                    int64_t scratch_len) = 0;
+  virtual StatusOr<Mismatch> FirstMismatch(const float* master, const LeafRun* runs,
+                                           int64_t num_runs, float* scratch, int64_t scratch_device,
+                                           int64_t scratch_len) = 0;
 
   // Plain local bytes: result buffers the protocol fills (tokens, un-aliased
   // pass-through outputs).
-  virtual xla::ffi::Error ZeroBytes(void* dst, size_t bytes) = 0;
-  virtual xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) = 0;
+  virtual Status ZeroBytes(void* dst, size_t bytes) = 0;
+  virtual Status CopyBytes(void* dst, const void* src, size_t bytes) = 0;
   // Between this device's memory and plain host memory (a std::vector of the
   // session's, such as the chunks across hosts): on a GPU a host-to-device or
   // device-to-host copy, never a device-to-device one. Enqueued like the rest:
   // the host reads `host` after SynchronizeHost, and keeps `host` alive until
   // then (ToDevice may read it only when its copy runs).
-  virtual xla::ffi::Error CopyToHost(void* host, const void* own, size_t bytes) = 0;
-  virtual xla::ffi::Error CopyFromHost(void* own, const void* host, size_t bytes) = 0;
+  virtual Status CopyToHost(void* host, const void* own, size_t bytes) = 0;
+  virtual Status CopyFromHost(void* own, const void* host, size_t bytes) = 0;
 
   // See the top of this file.
-  virtual xla::ffi::Error Publish() = 0;
-  virtual xla::ffi::Error Acquire(int64_t device) = 0;
+  virtual Status Publish() = 0;
+  virtual Status Acquire(int64_t device) = 0;
   // Work this device does after this call waits until the host-written
   // `*flag` reaches `value` (Stream::WaitValue): a worker's pull of a piece
   // a proxy in host memory makes final (Session::ready_flag). A device that
   // runs its work as it is called (CPU) waits here, on the host. Either way
   // at most `timeout`, after which the error names `what`.
-  virtual xla::ffi::Error WaitFlag(const uint32_t* flag, uint32_t value,
-                                   std::chrono::milliseconds timeout, const std::string& what) = 0;
+  virtual Status WaitFlag(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
+                          const std::string& what) = 0;
   // Waits on the host until this device has done everything enqueued so far:
   // before the host reads or frees host memory the device's work touches.
-  virtual xla::ffi::Error SynchronizeHost(const char* what) = 0;
+  virtual Status SynchronizeHost(const char* what) = 0;
 
   // Whether this backend can run an emulated topology (host-timed links).
   virtual bool SupportsEmulation() const = 0;
@@ -209,7 +209,7 @@ class Device {
   // flushes first (a wait may be passed: the merged work only runs later),
   // and RunCall flushes at the end of each call. A device whose operations
   // are done when they return holds nothing back.
-  virtual xla::ffi::Error Flush() { return xla::ffi::Error::Success(); }
+  virtual Status Flush() { return Status::Success(); }
 };
 
 // The device one handler call runs on (RunCall, xla/handler.h): its own,

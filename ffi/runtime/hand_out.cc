@@ -13,7 +13,6 @@
 #include <vector>
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -86,19 +85,19 @@ void Leave(int64_t run_id, int64_t site, const std::shared_ptr<Meeting>& m, int6
 
 }  // namespace
 
-ffi::Error HandOut(int64_t run_id, int64_t site, int64_t device, int64_t devices, const void* chunk,
-                   int64_t timeout_ms, const std::function<void(int64_t, const void*)>& take,
-                   const std::function<std::string(int64_t)>& describe) {
+Status HandOut(int64_t run_id, int64_t site, int64_t device, int64_t devices, const void* chunk,
+               int64_t timeout_ms, const std::function<void(int64_t, const void*)>& take,
+               const std::function<std::string(int64_t)>& describe) {
   if (device < 0 || device >= devices)
-    return ffi::Error::InvalidArgument("coarse_host_gather: device " + std::to_string(device) +
-                                       " is outside the host's " + std::to_string(devices) +
-                                       " devices");
+    return Status::InvalidArgument("coarse_host_gather: device " + std::to_string(device) +
+                                   " is outside the host's " + std::to_string(devices) +
+                                   " devices");
   std::shared_ptr<Meeting> m = Join(run_id, site, device, devices);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   // Waits until `count` reaches `devices`; on timeout fails the meeting,
   // naming the devices `missing` lists.
   auto wait_all = [&](std::unique_lock<std::mutex>& lock, int64_t& count, const char* what,
-                      const std::function<std::vector<int64_t>()>& missing) -> ffi::Error {
+                      const std::function<std::vector<int64_t>()>& missing) -> Status {
     while (count < devices && !m->failed)
       if (m->cv.wait_until(lock, deadline) == std::cv_status::timeout && count < devices &&
           !m->failed) {
@@ -110,10 +109,10 @@ ffi::Error HandOut(int64_t run_id, int64_t site, int64_t device, int64_t devices
                    " (Config.timeout_s); the in-host hand-out of the inter-host step gave up";
         m->cv.notify_all();
       }
-    if (m->failed) return ffi::Error::Internal(m->error);
-    return ffi::Error::Success();
+    if (m->failed) return Status::Internal(m->error);
+    return Status::Success();
   };
-  ffi::Error status = ffi::Error::Success();
+  Status status = Status::Success();
   {
     std::unique_lock<std::mutex> lock(m->mu);
     m->chunks[device] = chunk;

@@ -15,17 +15,16 @@
 #include <functional>
 #include <string>
 
-#include "xla/ffi/api/ffi.h"
+#include "runtime/status.h"
 
 namespace coarse {
 
 // Device `device` of `devices` offers `chunk` and calls `take(d, chunk_d)` for
 // every device d (itself included) once all have offered; returns when every
 // device has taken every chunk. `describe(d)` names device d in errors.
-xla::ffi::Error HandOut(int64_t run_id, int64_t site, int64_t device, int64_t devices,
-                        const void* chunk, int64_t timeout_ms,
-                        const std::function<void(int64_t, const void*)>& take,
-                        const std::function<std::string(int64_t)>& describe);
+Status HandOut(int64_t run_id, int64_t site, int64_t device, int64_t devices, const void* chunk,
+               int64_t timeout_ms, const std::function<void(int64_t, const void*)>& take,
+               const std::function<std::string(int64_t)>& describe);
 
 // Meetings open now (testing: none is left behind).
 int64_t LiveHandOuts();

@@ -11,7 +11,6 @@
 #include "runtime/traffic.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 HostProxyDevice::HostProxyDevice(std::unique_ptr<Stream> host, std::unique_ptr<Stream> waits,
                                  StreamResources& resources, int64_t workers, std::string who,
@@ -30,87 +29,84 @@ namespace {
 constexpr int64_t kF32 = sizeof(float);
 }  // namespace
 
-ffi::Error HostProxyDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t,
-                                   int64_t) {
+Status HostProxyDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t,
+                               int64_t) {
   int64_t total = 0;
-  ffi::Error e = SpansOf(runs, num_runs, &spans_, &total);
+  Status e = SpansOf(runs, num_runs, &spans_, &total);
   if (e.failure() || num_runs == 0) return e;
   CountGather(runs, num_runs);
   return host_->Pack(spans_.data(), num_runs, total, dst);
 }
 
-ffi::Error HostProxyDevice::Scatter(const float* src, int64_t, int64_t, const LeafRun* runs,
-                                    int64_t num_runs) {
+Status HostProxyDevice::Scatter(const float* src, int64_t, int64_t, const LeafRun* runs,
+                                int64_t num_runs) {
   int64_t total = 0;
-  ffi::Error e = SpansOf(runs, num_runs, &spans_, &total);
+  Status e = SpansOf(runs, num_runs, &spans_, &total);
   if (e.failure() || num_runs == 0) return e;
   CountScatter(runs, num_runs);
   return host_->Unpack(src, spans_.data(), num_runs, total);
 }
 
-ffi::Error HostProxyDevice::AddFrom(float* own, const float* peer, int64_t, int64_t n, float scale,
-                                    const Rows& rows) {
+Status HostProxyDevice::AddFrom(float* own, const float* peer, int64_t, int64_t n, float scale,
+                                const Rows& rows) {
   for (int64_t i = 0; i < rows.count && n > 0; ++i) {
     CountTraffic(TrafficOp::kRingStep, 2 * n * kF32, n * kF32);
     float* o = own + i * rows.own_pitch;
     const float* in[2] = {o, peer + i * rows.peer_pitch};
-    ffi::Error e = host_->Reduce(in, 2, o, n, scale);
+    Status e = host_->Reduce(in, 2, o, n, scale);
     if (e.failure()) return e;
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostProxyDevice::CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                                     const Rows& rows) {
+Status HostProxyDevice::CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                                 const Rows& rows) {
   for (int64_t i = 0; i < rows.count && n > 0; ++i) {
     CountTraffic(TrafficOp::kRingStep, n * kF32, n * kF32);
-    ffi::Error e = host_->Copy(own + i * rows.own_pitch, workers_, peer + i * rows.peer_pitch,
-                               peer_device, n * sizeof(float), "ring copy");
+    Status e = host_->Copy(own + i * rows.own_pitch, workers_, peer + i * rows.peer_pitch,
+                           peer_device, n * sizeof(float), "ring copy");
     if (e.failure()) return e;
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error HostProxyDevice::Scale(float* x, int64_t n, float scale) {
+Status HostProxyDevice::Scale(float* x, int64_t n, float scale) {
   CountTraffic(TrafficOp::kScale, n * kF32, n * kF32);
   const float* in[1] = {x};
-  return n == 0 ? ffi::Error::Success() : host_->Reduce(in, 1, x, n, scale);
+  return n == 0 ? Status::Success() : host_->Reduce(in, 1, x, n, scale);
 }
 
-ffi::Error HostProxyDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
+Status HostProxyDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
   Stall();
   CountOptimizer(o, n);
-  return n <= 0 ? ffi::Error::Success() : host_->Optimizer(o, b, n);
+  return n <= 0 ? Status::Success() : host_->Optimizer(o, b, n);
 }
 
-ffi::ErrorOr<double> HostProxyDevice::SumSquares(const float* x, int64_t n) {
+StatusOr<double> HostProxyDevice::SumSquares(const float* x, int64_t n) {
   CountTraffic(TrafficOp::kCheck, n * kF32, 0);
   double out = 0;
-  ffi::Error e = host_->SumSquares(x, n, nullptr, &out);
-  if (e.failure()) return ffi::Unexpected(e);
+  Status e = host_->SumSquares(x, n, nullptr, &out);
+  if (e.failure()) return e;
   return out;
 }
 
-ffi::ErrorOr<Mismatch> HostProxyDevice::FirstMismatch(const float* master, const LeafRun* runs,
-                                                      int64_t num_runs, float*, int64_t, int64_t) {
+StatusOr<Mismatch> HostProxyDevice::FirstMismatch(const float* master, const LeafRun* runs,
+                                                  int64_t num_runs, float*, int64_t, int64_t) {
   // Host memory: the params compared where they are, in their dtype.
   Mismatch m;
   unsigned long long first = ~0ull;
   for (int64_t r = 0; r < num_runs; ++r) {
     const LeafRun& run = runs[r];
-    kernels::DType t;
-    if (!ToKernelDType(run.dtype, &t))
-      return ffi::Unexpected(ffi::Error::InvalidArgument("coarse_jax: unsupported params dtype"));
-    ffi::Error e = host_->FirstMismatch(master + run.buf_off, t, run.leaf, t, run.len,
-                                        static_cast<unsigned long long>(run.buf_off), &first);
-    if (e.failure()) return ffi::Unexpected(e);
+    const DType t = run.dtype;
+    Status e = host_->FirstMismatch(master + run.buf_off, t, run.leaf, t, run.len,
+                                    static_cast<unsigned long long>(run.buf_off), &first);
+    if (e.failure()) return e;
   }
   CountCheck(runs, num_runs, first);
   for (int64_t r = 0; r < num_runs && m.run < 0; ++r) {
     const LeafRun& run = runs[r];
     if (first >= static_cast<unsigned long long>(run.buf_off + run.len)) continue;
-    kernels::DType t;
-    ToKernelDType(run.dtype, &t);
+    const DType t = run.dtype;
     m.run = r;
     m.index = static_cast<int64_t>(first) - run.buf_off;
     m.given = kernels::WidenAt(run.leaf, t, m.index);
@@ -119,13 +115,13 @@ ffi::ErrorOr<Mismatch> HostProxyDevice::FirstMismatch(const float* master, const
   return m;
 }
 
-ffi::Error HostProxyDevice::ZeroBytes(void* dst, size_t bytes) {
+Status HostProxyDevice::ZeroBytes(void* dst, size_t bytes) {
   CountTraffic(TrafficOp::kBytes, 0, static_cast<int64_t>(bytes));
-  return bytes == 0 ? ffi::Error::Success() : host_->Memset(dst, bytes, "zeroing a result");
+  return bytes == 0 ? Status::Success() : host_->Memset(dst, bytes, "zeroing a result");
 }
 
-ffi::Error HostProxyDevice::CopyBytes(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0 || dst == src) return ffi::Error::Success();
+Status HostProxyDevice::CopyBytes(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return Status::Success();
   CountTraffic(TrafficOp::kBytes, static_cast<int64_t>(bytes), static_cast<int64_t>(bytes));
   return host_->Copy(dst, workers_, src, workers_, bytes, "copying bytes");
 }
@@ -136,10 +132,10 @@ void HostProxyDevice::Stall() {
   if (r % 2 == 0) std::this_thread::sleep_for(std::chrono::microseconds((r >> 8) % 1500));
 }
 
-ffi::Error HostProxyDevice::Acquire(int64_t device) {
+Status HostProxyDevice::Acquire(int64_t device) {
   // Another proxy in host memory wrote its storage on the host before its
   // counters said so; a worker's writes are copies on its stream.
-  if (device >= workers_) return ffi::Error::Success();
+  if (device >= workers_) return Status::Success();
   return acquired_.WaitOnce(res_, device, [&] {
     return waits_->HostWait(res_.event(device), timeout_,
                             "coarse_jax: " + who_ + ": worker " + std::to_string(device) +

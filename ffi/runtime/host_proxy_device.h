@@ -46,42 +46,42 @@ class HostProxyDevice final : public Device {
 
   // Every operation below works on host memory, its own or (the proxies'
   // ring) another host proxy's, read in place.
-  xla::ffi::Error Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
-                         int64_t dst_len) override;
-  xla::ffi::Error Scatter(const float* src, int64_t src_device, int64_t src_len,
-                          const LeafRun* runs, int64_t num_runs) override;
-  xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots, float scale,
-                           const Rows& rows = Rows{}) override {
+  Status Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
+                int64_t dst_len) override;
+  Status Scatter(const float* src, int64_t src_device, int64_t src_len, const LeafRun* runs,
+                 int64_t num_runs) override;
+  Status SumSlots(float* own, int64_t n, int64_t slots, float scale,
+                  const Rows& rows = Rows{}) override {
     Stall();
     return SumSlotsOn(*host_, own, n, slots, scale, rows);
   }
   // Host loops: row by row (a host stream's work is not a launch).
-  xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                          float scale, const Rows& rows = Rows{}) override;
-  xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                           const Rows& rows = Rows{}) override;
-  xla::ffi::Error Scale(float* x, int64_t n, float scale) override;
-  xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
-  xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override;
-  xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun* runs,
-                                            int64_t num_runs, float* scratch,
-                                            int64_t scratch_device, int64_t scratch_len) override;
-  xla::ffi::Error ZeroBytes(void* dst, size_t bytes) override;
-  xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) override;
-  xla::ffi::Error CopyToHost(void* host, const void* own, size_t bytes) override {
+  Status AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n, float scale,
+                 const Rows& rows = Rows{}) override;
+  Status CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                  const Rows& rows = Rows{}) override;
+  Status Scale(float* x, int64_t n, float scale) override;
+  Status ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
+  StatusOr<double> SumSquares(const float* x, int64_t n) override;
+  StatusOr<Mismatch> FirstMismatch(const float* master, const LeafRun* runs, int64_t num_runs,
+                                   float* scratch, int64_t scratch_device,
+                                   int64_t scratch_len) override;
+  Status ZeroBytes(void* dst, size_t bytes) override;
+  Status CopyBytes(void* dst, const void* src, size_t bytes) override;
+  Status CopyToHost(void* host, const void* own, size_t bytes) override {
     return CopyBytes(host, own, bytes);
   }
-  xla::ffi::Error CopyFromHost(void* own, const void* host, size_t bytes) override {
+  Status CopyFromHost(void* own, const void* host, size_t bytes) override {
     return CopyBytes(own, host, bytes);
   }
   // Its work is done when it returns; its flags announce it to the workers.
-  xla::ffi::Error Publish() override { return xla::ffi::Error::Success(); }
-  xla::ffi::Error Acquire(int64_t device) override;
-  xla::ffi::Error WaitFlag(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
-                           const std::string& what) override {
+  Status Publish() override { return Status::Success(); }
+  Status Acquire(int64_t device) override;
+  Status WaitFlag(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
+                  const std::string& what) override {
     return host_->WaitValue(flag, value, timeout, what);  // on this thread: done when enqueued
   }
-  xla::ffi::Error SynchronizeHost(const char*) override { return xla::ffi::Error::Success(); }
+  Status SynchronizeHost(const char*) override { return Status::Success(); }
   bool SupportsEmulation() const override { return false; }
   // Its session has no shared-memory strategy (the streams' storage offers
   // none): every device of a session takes the same path through the

@@ -8,7 +8,6 @@
 #include "runtime/session.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -50,7 +49,7 @@ std::vector<OwnedRange> ExchangeRanges(const Plan& plan, int64_t k) {
   return RangesAfterReduceScatter(plan, k, [](int64_t) { return true; });
 }
 
-ffi::Error ParamStore::Enter(const std::shared_ptr<Session>& session, const Who& who) {
+Status ParamStore::Enter(const std::shared_ptr<Session>& session, const Who& who) {
   auto take = [&] {  // mu_ held
     if (held_by_ != nullptr && held_by_ != session.get()) return false;
     if (held_by_ == nullptr) {
@@ -62,7 +61,7 @@ ffi::Error ParamStore::Enter(const std::shared_ptr<Session>& session, const Who&
   };
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (take()) return ffi::Error::Success();
+    if (take()) return Status::Success();
     waiters_.emplace_back(session, who.device(session->p()));
   }
   return session->Wait(
@@ -126,13 +125,13 @@ float* ParamStore::step_scalars(int64_t proxy, int64_t count) {
   return Row(proxy, StateRows(slots_, delayed_)) + 4 * (count & 1);
 }
 
-ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
+Status ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (prepared_session_ == &session) return ffi::Error::Success();
+  if (prepared_session_ == &session) return Status::Success();
   const Plan& plan = session.plan();
   const int64_t p = plan.workers, q = plan.proxies;
   if (host_seed_ && host_seed_->slots != spec.slots())
-    return ffi::Error::InvalidArgument(
+    return Status::InvalidArgument(
         "coarse_jax: the optimizer state loaded into '" + name_ + "' has " +
         std::to_string(host_seed_->slots) + " state slot(s) per parameter, this optimizer uses " +
         std::to_string(spec.slots()) +
@@ -141,8 +140,8 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
   const bool relayout = !plan_ || plan_->key != plan.key || slots_ != spec.slots() ||
                         delayed_ != spec.delayed || static_cast<int64_t>(buffers_.size()) != q;
   if (relayout && has_pending_)
-    return ffi::Error(
-        ffi::ErrorCode::kFailedPrecondition,
+    return Status(
+        StatusCode::kFailedPrecondition,
         "coarse_jax: '" + name_ +
             "' holds a delayed update's pending gradient, which cannot move to another "
             "plan or optimizer (a re-plan: reprofile_every, another Config). Fix: keep the "
@@ -151,7 +150,7 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
   if (relayout) {
     if (seeded_ && !host_seed_) {
       if (slots_ != spec.slots())
-        return ffi::Error::InvalidArgument(
+        return Status::InvalidArgument(
             "coarse_jax: '" + name_ + "' holds the state of an optimizer with " +
             std::to_string(slots_) + " state slot(s) per parameter; this step's optimizer uses " +
             std::to_string(spec.slots()) +
@@ -173,10 +172,10 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
       if (!b) {
         buffers_.clear();
         plan_.reset();
-        return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                          "coarse_jax: could not allocate " + std::to_string(floats * 4) +
-                              " bytes of optimizer state for '" + name_ + "' on proxy " +
-                              std::to_string(k));
+        return Status(StatusCode::kResourceExhausted,
+                      "coarse_jax: could not allocate " + std::to_string(floats * 4) +
+                          " bytes of optimizer state for '" + name_ + "' on proxy " +
+                          std::to_string(k));
       }
       buffers_.push_back(std::move(b));
     }
@@ -195,23 +194,23 @@ ffi::Error ParamStore::Prepare(Session& session, const OptimizerSpec& spec) {
     for (int64_t leaf = 0; leaf < plan.num_proxy_leaves; ++leaf)
       if (spec.updated(leaf)) want.push_back(leaf);
     if (host_seed_->leaves != want)
-      return ffi::Error::InvalidArgument("coarse_jax: the state loaded into '" + name_ + "' has " +
-                                         std::to_string(host_seed_->leaves.size()) +
-                                         " parameter tensors, the params have " +
-                                         std::to_string(want.size()));
+      return Status::InvalidArgument("coarse_jax: the state loaded into '" + name_ + "' has " +
+                                     std::to_string(host_seed_->leaves.size()) +
+                                     " parameter tensors, the params have " +
+                                     std::to_string(want.size()));
     for (size_t j = 0; j < want.size(); ++j)
       for (const auto& slot : host_seed_->values)
         if (static_cast<int64_t>(slot[j].size()) != plan.leaf_nelems[want[j]])
-          return ffi::Error::InvalidArgument(
-              "coarse_jax: the state loaded into '" + name_ + "' has " +
-              std::to_string(slot[j].size()) + " elements for tensor '" + plan.leaf_names[want[j]] +
-              "', the params have " + std::to_string(plan.leaf_nelems[want[j]]));
+          return Status::InvalidArgument("coarse_jax: the state loaded into '" + name_ + "' has " +
+                                         std::to_string(slot[j].size()) + " elements for tensor '" +
+                                         plan.leaf_names[want[j]] + "', the params have " +
+                                         std::to_string(plan.leaf_nelems[want[j]]));
   }
   seed_ = host_seed_ ? Seed::kFromHost : (seeded_ ? Seed::kNone : Seed::kFromParams);
   applies_pending_ = spec.delayed && has_pending_ && seed_ == Seed::kNone;
   spec_ = spec;
   prepared_session_ = &session;
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 // For each owned range of proxy k: which leaf elements it covers.
@@ -229,7 +228,7 @@ static void ForEachOwnedSegment(const Plan& plan, const std::vector<OwnedRange>&
   }
 }
 
-ffi::ErrorOr<HostState> ParamStore::ExportLocked(bool snapshot) {
+StatusOr<HostState> ParamStore::ExportLocked(bool snapshot) {
   const Plan& plan = *plan_;
   HostState out;
   out.count = snapshot ? snap_count_ : count_;
@@ -251,8 +250,8 @@ ffi::ErrorOr<HostState> ParamStore::ExportLocked(bool snapshot) {
       StateBuffer& src = snapshot ? *snap_[k] : *buffers_[k];
       const int64_t off = snapshot ? slot * n : buf(k, 0, slot) - buffers_[k]->data();
       if (n > 0 && !src.ToHost(host.data(), off, n))
-        return ffi::Unexpected(ffi::Error::Internal("coarse_jax: copying the optimizer state of '" +
-                                                    name_ + "' to the host failed"));
+        return Status::Internal("coarse_jax: copying the optimizer state of '" + name_ +
+                                "' to the host failed");
       ForEachOwnedSegment(plan, owned_[k],
                           [&](int64_t leaf, int64_t leaf_off, int64_t buf_off, int64_t len) {
                             std::copy_n(host.data() + buf_off, len,
@@ -263,12 +262,12 @@ ffi::ErrorOr<HostState> ParamStore::ExportLocked(bool snapshot) {
   return out;
 }
 
-ffi::ErrorOr<std::optional<HostState>> ParamStore::Export() {
+StatusOr<std::optional<HostState>> ParamStore::Export() {
   std::lock_guard<std::mutex> lock(mu_);
   if (host_seed_) return std::optional<HostState>(*host_seed_);
   if (!seeded_) return std::optional<HostState>();
   auto state = ExportLocked(false);
-  if (state.has_error()) return ffi::Unexpected(state.error());
+  if (state.has_error()) return state.error();
   return std::optional<HostState>(std::move(state.value()));
 }
 
@@ -338,10 +337,10 @@ bool ParamStore::TakeSnapshotTurn(const Session& session) {
   return true;
 }
 
-ffi::Error ParamStore::CopySnapshot(Device& dev, int64_t k) {
+Status ParamStore::CopySnapshot(Device& dev, int64_t k) {
   const int64_t p = plan_->workers, n = owned_nelems_[k];
   for (int32_t slot = 0; slot <= slots_; ++slot) {
-    ffi::Error e = dev.CopyFrom(snap_[k]->data() + slot * n, buf(k, 0, slot), p + k, n);
+    Status e = dev.CopyFrom(snap_[k]->data() + slot * n, buf(k, 0, slot), p + k, n);
     if (e.failure()) return e;
   }
   return dev.Publish();
@@ -362,31 +361,31 @@ void ParamStore::AttachWriter() {
   writer_attached_ = true;
 }
 
-ffi::Error ParamStore::SnapshotNow() {
+Status ParamStore::SnapshotNow() {
   std::lock_guard<std::mutex> lock(mu_);
   if (held_by_ != nullptr)
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "coarse_jax: '" + name_ + "': a step is updating it; snapshot between steps");
+    return Status(StatusCode::kFailedPrecondition,
+                  "coarse_jax: '" + name_ + "': a step is updating it; snapshot between steps");
   if (!seeded_ || host_seed_)
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "coarse_jax: '" + name_ + "' holds no committed state yet: run a step first");
+    return Status(StatusCode::kFailedPrecondition,
+                  "coarse_jax: '" + name_ + "' holds no committed state yet: run a step first");
   if (!EnsureSnapshotBuffersLocked(ordinals_))
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      "coarse_jax: no memory for a snapshot of '" + name_ + "'");
+    return Status(StatusCode::kResourceExhausted,
+                  "coarse_jax: no memory for a snapshot of '" + name_ + "'");
   snap_valid_ = false;
   for (size_t k = 0; k < snap_.size(); ++k) {
     const int64_t n = owned_nelems_[k];
     for (int32_t slot = 0; slot <= slots_; ++slot)
       if (n > 0 &&
           !snap_[k]->CopyWithin(*buffers_[k], buf(k, 0, slot) - buffers_[k]->data(), slot * n, n))
-        return ffi::Error::Internal("coarse_jax: copying a snapshot of '" + name_ + "' failed");
+        return Status::Internal("coarse_jax: copying a snapshot of '" + name_ + "' failed");
   }
   snap_valid_ = true;
   snap_taken_by_writer_ = false;
   snap_count_ = count_;
   snapshot_due_ = false;
   ++snap_serial_;
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 int64_t ParamStore::snapshot_serial() {
@@ -404,16 +403,16 @@ int64_t ParamStore::snapshot_count() {
   return snap_count_;
 }
 
-ffi::ErrorOr<std::optional<HostState>> ParamStore::ExportSnapshot(bool for_writer) {
+StatusOr<std::optional<HostState>> ParamStore::ExportSnapshot(bool for_writer) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!snap_valid_) return std::optional<HostState>();
   auto state = ExportLocked(true);
-  if (state.has_error()) return ffi::Unexpected(state.error());
+  if (state.has_error()) return state.error();
   if (for_writer) snap_taken_by_writer_ = true;
   return std::optional<HostState>(std::move(state.value()));
 }
 
-ffi::Error ParamStore::SeedFromHost(int64_t k) {
+Status ParamStore::SeedFromHost(int64_t k) {
   std::lock_guard<std::mutex> lock(mu_);
   const HostState& h = *host_seed_;
   std::map<int64_t, int64_t> index;
@@ -427,10 +426,10 @@ ffi::Error ParamStore::SeedFromHost(int64_t k) {
         });
     const int64_t off = buf(k, 0, slot) - buffers_[k]->data();
     if (n > 0 && !buffers_[k]->FromHost(host.data(), off, n))
-      return ffi::Error::Internal("coarse_jax: copying the loaded optimizer state of '" + name_ +
-                                  "' to proxy " + std::to_string(k) + " failed");
+      return Status::Internal("coarse_jax: copying the loaded optimizer state of '" + name_ +
+                              "' to proxy " + std::to_string(k) + " failed");
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 namespace {

@@ -33,8 +33,8 @@
 #include "runtime/device.h"
 #include "runtime/plan.h"
 #include "runtime/session.h"
+#include "runtime/status.h"
 #include "runtime/storage.h"
-#include "xla/ffi/api/ffi.h"
 
 namespace coarse {
 
@@ -112,21 +112,21 @@ class ParamStore : public SessionHold, public std::enable_shared_from_this<Param
 
   // Holds the store for `session` (idempotent), after waiting for the
   // previous session to close; the wait has the session's deadline.
-  xla::ffi::Error Enter(const std::shared_ptr<Session>& session, const Who& who);
+  Status Enter(const std::shared_ptr<Session>& session, const Who& who);
   // Ends `session`'s hold (no-op if it holds none): commits when `ok` and
   // every proxy applied its update (MarkApplied).
   void Close(const Session* session, bool ok) override;
 
   // Under the hold, by each proxy: lays the buffers out for the session's
   // plan and optimizer (once per session; a changed plan moves the state).
-  xla::ffi::Error Prepare(Session& session, const OptimizerSpec& spec);
+  Status Prepare(Session& session, const OptimizerSpec& spec);
 
   // How proxies fill the committed buffer before updating (decided by Prepare).
   enum class Seed { kNone, kFromParams, kFromHost };
   Seed seed() const { return seed_; }
   // Seed::kFromHost: copies proxy k's owned part of the host state into its
   // committed buffer (a blocking host-to-device copy; rare: after a load).
-  xla::ffi::Error SeedFromHost(int64_t k);
+  Status SeedFromHost(int64_t k);
   // Updates applied so far (optax's count), as committed.
   int64_t count() const { return host_seed_ ? host_seed_->count : count_; }
   // The count of the update this session's gradients make (optax's count
@@ -161,10 +161,10 @@ class ParamStore : public SessionHold, public std::enable_shared_from_this<Param
   // TakeSnapshotTurn: whether proxy `k`'s update must copy now.
   bool TakeSnapshotTurn(const Session& session);
   // The copy for proxy k (device-side, from BeginUpdate).
-  xla::ffi::Error CopySnapshot(Device& dev, int64_t k);
+  Status CopySnapshot(Device& dev, int64_t k);
   void SnapshotCopied();
   // Between steps: copy the committed version now (no step may hold the store).
-  xla::ffi::Error SnapshotNow();
+  Status SnapshotNow();
   // Completed snapshots so far (the writer thread polls it; 0 while none is
   // valid) and the newest's optimizer step count.
   int64_t snapshot_serial();
@@ -175,7 +175,7 @@ class ParamStore : public SessionHold, public std::enable_shared_from_this<Param
   bool snapshot_due();
   // The newest snapshot, to the host (as Export), or nothing. `for_writer`:
   // the snapshot writer takes it (see AttachWriter).
-  xla::ffi::ErrorOr<std::optional<HostState>> ExportSnapshot(bool for_writer = false);
+  StatusOr<std::optional<HostState>> ExportSnapshot(bool for_writer = false);
   // A writer (Config.snapshot_dir) writes this store's snapshots to disk.
   // From now on an update never copies a due snapshot over one the writer
   // has not taken yet (ExportSnapshot(for_writer=true)): the copy is
@@ -187,7 +187,7 @@ class ParamStore : public SessionHold, public std::enable_shared_from_this<Param
 
   // Between steps (Python): export the committed state, load one, forget it.
   // Export returns nothing when no step has committed and nothing is loaded.
-  xla::ffi::ErrorOr<std::optional<HostState>> Export();
+  StatusOr<std::optional<HostState>> Export();
   void Load(HostState state);
   void Reset();
   // Bytes on each proxy (both buffers), for coarse.diagnostics.memory_report.
@@ -195,7 +195,7 @@ class ParamStore : public SessionHold, public std::enable_shared_from_this<Param
   const std::string& name() const { return name_; }
 
  private:
-  xla::ffi::ErrorOr<HostState> ExportLocked(bool snapshot);
+  StatusOr<HostState> ExportLocked(bool snapshot);
   // Row `row` of proxy `proxy`'s buffer (StateRows' layout).
   float* Row(int64_t proxy, int64_t row);
   int Version(int which) const { return which == 0 ? front_ : 1 - front_; }

@@ -17,14 +17,14 @@
 #include "runtime/param_store.h"
 #include "runtime/session.h"
 #include "runtime/shared_memory.h"
-#include "xla/ffi/api/ffi.h"
+#include "runtime/status.h"
 
 namespace coarse {
 
 // The caller's buffer of a plan leaf.
 struct LeafRef {
   void* data;
-  xla::ffi::DataType dtype;
+  DType dtype;
 };
 using LeafResolver = std::function<LeafRef(int64_t leaf)>;
 
@@ -45,8 +45,8 @@ inline void RunsOfPiece(const Plan& plan, int64_t s, const LeafResolver& leaf_of
 // coarse_push: a worker pushes pieces [first_piece, first_piece + num_pieces)
 // (phases/push_pieces.cc). `in_place`: the caller keeps the leaves alive
 // until its pull (PushesInPlace).
-xla::ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_pieces,
-                           const LeafResolver& leaf_of, bool in_place = false);
+Status PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_pieces,
+                  const LeafResolver& leaf_of, bool in_place = false);
 
 // What a proxy needs to run the optimizer in its ring (coarse_proxy_ring of
 // a value_and_update; phases/update_pieces.cc).
@@ -92,20 +92,20 @@ struct HostsStage {
 // coarse_proxy_ring: a proxy reduces every piece with the other proxies
 // (phases/reduce_pieces.cc); with `update`, runs the optimizer on the
 // parameter chunks it owns between reduce-scatter and all-gather.
-xla::ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update,
-                             const HostsStage& hosts = {}, bool in_place = false);
+Status ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const HostsStage& hosts = {},
+                    bool in_place = false);
 
 // The proxy optimizer's parts of ReducePieces (phases/update_pieces.cc).
 // Holds the store, lays it out and seeds it, or checks the given params
 // against it.
-xla::ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& update);
+Status BeginUpdate(Call& call, Device& dev, ProxyUpdate& update);
 // Turns the mean gradient in `own` (piece s's accumulator) into new
 // parameters on the ranges this proxy owns, updating its master and state;
 // with `half` 0 or 1 only the range of ring `half`'s half of the piece (a
 // ring group updates one half of all its pieces, then the other: rows of one
 // launch each, StreamDevice::ApplyOptimizer).
-xla::ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& update, int64_t s,
-                               float* own, int half = -1);
+Status ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& update, int64_t s, float* own,
+                      int half = -1);
 // The one-step delayed update (OptimizerSpec::delayed), proxy k's parts:
 // ApplyPending, first in its job (while the workers run forward and
 // backward): holds and lays out the store, then, with a gradient pending,
@@ -114,44 +114,43 @@ xla::ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& updat
 // pending one and puts the weights to hand out in their place. KeepUnapplied,
 // at the end of a call that applied nothing: the version it commits is the
 // committed one.
-xla::ffi::Error ApplyPending(Call& call, Device& dev, ProxyUpdate& update);
-xla::ffi::Error TakePending(Call& call, Device& dev, const ProxyUpdate& update, int64_t s,
-                            float* own);
-xla::ffi::Error KeepUnapplied(Call& call, Device& dev, const ProxyUpdate& update);
+Status ApplyPending(Call& call, Device& dev, ProxyUpdate& update);
+Status TakePending(Call& call, Device& dev, const ProxyUpdate& update, int64_t s, float* own);
+Status KeepUnapplied(Call& call, Device& dev, const ProxyUpdate& update);
 // Every proxy posts the squares of the gradient chunks it owns; once all
 // have, sets update.clip_at (NormOnDevice: the sums and the clip scalars stay
 // on the devices, no host synchronization) or, for proxies in host memory,
 // update.norm / update.clip.
-xla::ffi::Error ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& update);
+Status ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& update);
 
 // With ProxyUpdate::from_worker: waits until proxy k's local worker has set
 // the store up and posted this step's scalars, and takes them (once); then
 // the proxy's device waits for that worker's work (Device::Acquire): on a
 // device with streams the worker's writes to the store (the seeded master,
 // the snapshot copy) are still in its stream when the scalars are posted.
-xla::ffi::Error AwaitUpdateInputs(Call& call, Device& dev, ProxyUpdate& update);
+Status AwaitUpdateInputs(Call& call, Device& dev, ProxyUpdate& update);
 // Worker k's part of proxy k's update (coarse_proxy_ring on a worker, the
 // proxies being a service): BeginUpdate as proxy k with the params the step
 // got, then Session::PostUpdateInputs.
-xla::ffi::Error BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update);
+Status BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update);
 
 // coarse_opt_count: the step count the next update of a store is (the
 // caller, worker k, holds the store for proxy k: it waits for the previous
 // update to close; phases/update_pieces.cc).
-xla::ffi::ErrorOr<int64_t> OptimizerCount(Call& call, ParamStore& store);
+StatusOr<int64_t> OptimizerCount(Call& call, ParamStore& store);
 
 // coarse_worker_ring: a worker gathers `in_runs` (the leading leaves) into
 // its scratch, ring-reduces it with the other workers, and scatters the
 // result into `out_runs` chunk by chunk as the ring finishes it
 // (phases/reduce_leading.cc).
-xla::ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
-                              const std::vector<LeafRun>& out_runs);
+Status ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
+                     const std::vector<LeafRun>& out_runs);
 // Worker `who` runs both rings over the workers' scratch. `values_ready`:
 // when its starting values existed (RingMember); `on_final(lo, hi)`: called
 // as each range of the scratch becomes final.
-xla::ffi::Error WorkerRingAllReduce(
-    Session& session, Device& dev, const Who& who, std::optional<Clock::time_point> values_ready,
-    const std::function<xla::ffi::Error(int64_t, int64_t)>& on_final);
+Status WorkerRingAllReduce(Session& session, Device& dev, const Who& who,
+                           std::optional<Clock::time_point> values_ready,
+                           const std::function<Status(int64_t, int64_t)>& on_final);
 
 // The shared-memory strategy's shortcuts (runtime/shared_memory.h), each
 // taken for a whole session or not at all, as Session::shared_memory was
@@ -227,7 +226,7 @@ inline PullGroupsOf PullGroups(const Plan& plan) {
 // coarse_pull: a worker writes the reduced proxy pieces into its leaves
 // (phases/pull_pieces.cc). With `pushed` (in-place pushes, PushesInPlace) a
 // worker first checks that its pushed leaves are where it pushed them from.
-xla::ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
-                           const LeafResolver* pushed = nullptr);
+Status PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
+                  const LeafResolver* pushed = nullptr);
 
 }  // namespace coarse

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "runtime/emulator.h"
-#include "xla/ffi/api/ffi.h"
+#include "runtime/status.h"
 
 namespace coarse {
 

@@ -23,7 +23,6 @@
 #include <vector>
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -98,8 +97,8 @@ namespace {
 
 // One source identity's part: device `me` times its transfers (if the pairs
 // name it as a source) into out[0, reps).
-ffi::Error RunSource(const ProbeRequest& r, ProbeSession& session, int64_t me, float* out,
-                     const std::string& who) {
+Status RunSource(const ProbeRequest& r, ProbeSession& session, int64_t me, float* out,
+                 const std::string& who) {
   const int64_t p = r.workers;
   const int32_t* pairs = r.pairs;
   const int64_t nbytes = r.nbytes;
@@ -110,12 +109,12 @@ ffi::Error RunSource(const ProbeRequest& r, ProbeSession& session, int64_t me, f
     if (pairs[2 * pair] != me) continue;
     const int64_t dst = pairs[2 * pair + 1];
     if (dst < 0 || dst >= p + r.proxies || dst == me)
-      return ffi::Error::InvalidArgument("coarse_probe: bad destination device");
+      return Status::InvalidArgument("coarse_probe: bad destination device");
     Clock::time_point clock{};  // simulated time of this source (virtual clock)
     for (size_t rep = 0; rep < reps; ++rep) {
       if (!session.Barrier(r.timeout, &clock)) {
-        return ffi::Error(
-            ffi::ErrorCode::kDeadlineExceeded,
+        return Status(
+            StatusCode::kDeadlineExceeded,
             "coarse_probe: " + who + " timed out waiting for the other source of the probe");
       }
       if (virtual_clock) {
@@ -138,12 +137,12 @@ ffi::Error RunSource(const ProbeRequest& r, ProbeSession& session, int64_t me, f
       }
     }
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 }  // namespace
 
-ffi::Error RunProbe(const ProbeRequest& r) {
+Status RunProbe(const ProbeRequest& r) {
   const int64_t p = r.workers;
   const int32_t* pairs = r.pairs;
   const int sources = (pairs[0] >= 0) + (pairs[2] >= 0);
@@ -160,8 +159,8 @@ ffi::Error RunProbe(const ProbeRequest& r) {
     session = slot;
   }
 
-  ffi::Error status = ffi::Error::Success();
-  ffi::Error hosted = ffi::Error::Success();
+  Status status = Status::Success();
+  Status hosted = Status::Success();
   std::thread host_proxy;
   if (r.host_proxies) {
     float* second = r.times + r.reps;

@@ -27,7 +27,7 @@
 
 #include "runtime/emulator.h"
 #include "runtime/session.h"
-#include "xla/ffi/api/ffi.h"
+#include "runtime/status.h"
 
 namespace coarse {
 
@@ -48,6 +48,6 @@ struct ProbeRequest {
   size_t reps = 0;
 };
 
-xla::ffi::Error RunProbe(const ProbeRequest& request);
+Status RunProbe(const ProbeRequest& request);
 
 }  // namespace coarse

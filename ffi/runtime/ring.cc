@@ -6,7 +6,6 @@
 #include <string>
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -32,9 +31,9 @@ bool PredDone(const RingMember& m, int r, int32_t g) {
 
 // Steps [from, to) of both rings. The completion of step `to` - 1 is
 // announced only if `announce_last` (see RingReduceScatter).
-ffi::Error RunSteps(Session& session, Device& dev, const Who& who, int64_t n, float scale,
-                    const RingMember& m, FunctionRef<std::string(int, int32_t)> what, int32_t from,
-                    int32_t to, bool announce_last) {
+Status RunSteps(Session& session, Device& dev, const Who& who, int64_t n, float scale,
+                const RingMember& m, FunctionRef<std::string(int, int32_t)> what, int32_t from,
+                int32_t to, bool announce_last) {
   const int64_t p = m.members;
   // The member's time in the emulated schedule: the latest arrival it has
   // waited for. Steps are booked from it, not from when the thread woke up:
@@ -52,7 +51,7 @@ ffi::Error RunSteps(Session& session, Device& dev, const Who& who, int64_t n, fl
     // Both rings book their transfer before either sleeps: the two
     // directions run at the same time, as on full-duplex links.
     for (int r = 0; r < 2; ++r) {
-      ffi::Error err = session.Wait(
+      Status err = session.Wait(
           who, Session::Waits::kPeer, [&] { return PredDone(m, r, g); },
           [&] { return what(r, g); });
       if (err.failure()) return err;
@@ -76,10 +75,10 @@ ffi::Error RunSteps(Session& session, Device& dev, const Who& who, int64_t n, fl
       if (n_chunk == 0) continue;
       const float step_scale = reducing && g == p - 2 ? scale : 1.0f;
       const Rows rows{m.rows, m.own_pitch, m.pred_pitch[r]};
-      ffi::Error err = reducing ? dev.AddFrom(m.own + lo[r], m.pred[r] + lo[r], m.pred_device[r],
-                                              n_chunk, step_scale, rows)
-                                : dev.CopyFrom(m.own + lo[r], m.pred[r] + lo[r], m.pred_device[r],
-                                               n_chunk, rows);
+      Status err = reducing ? dev.AddFrom(m.own + lo[r], m.pred[r] + lo[r], m.pred_device[r],
+                                          n_chunk, step_scale, rows)
+                            : dev.CopyFrom(m.own + lo[r], m.pred[r] + lo[r], m.pred_device[r],
+                                           n_chunk, rows);
       if (err.failure()) return err;
       err = dev.Publish();
       if (err.failure()) return err;
@@ -94,7 +93,7 @@ ffi::Error RunSteps(Session& session, Device& dev, const Who& who, int64_t n, fl
       if (g + 1 < to || announce_last) NoteStep(session, m, r, g + 1, emu_now);
     }
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 }  // namespace
@@ -110,19 +109,19 @@ void RingChunk(int ring, int32_t g, int64_t position, int64_t p, int64_t n, int6
   *hi = base + (c + 1) * H / p;
 }
 
-ffi::Error RingReduceScatter(Session& session, Device& dev, const Who& who, int64_t n, float scale,
-                             const RingMember& m, FunctionRef<std::string(int, int32_t)> what,
-                             bool announce) {
+Status RingReduceScatter(Session& session, Device& dev, const Who& who, int64_t n, float scale,
+                         const RingMember& m, FunctionRef<std::string(int, int32_t)> what,
+                         bool announce) {
   const int64_t p = m.members;
   if ((m.rows > 1 || m.rows < 1) && (m.step_times[0] || m.on_final || p == 1))
-    return ffi::Error::Internal(
+    return Status::Internal(
         "coarse_jax: a ring group of " + std::to_string(m.rows) +
         " buffers on emulated links, with on_final or alone (ring.h: RingMember::rows)");
   if (p == 1 && scale != 1.0f) {  // no ring step to fold it into
-    ffi::Error e = dev.Scale(m.own, n, scale);
+    Status e = dev.Scale(m.own, n, scale);
     if (e.failure()) return e;
   }
-  ffi::Error e = dev.Publish();  // the member's starting values (read at step 0)
+  Status e = dev.Publish();  // the member's starting values (read at step 0)
   if (e.failure()) return e;
   const int32_t last = static_cast<int32_t>(p - 1);
   // With p == 1 the starting values are already the owned result.
@@ -139,23 +138,23 @@ ffi::Error RingReduceScatter(Session& session, Device& dev, const Who& who, int6
   return RunSteps(session, dev, who, n, scale, m, what, 0, last, announce);
 }
 
-ffi::Error RingAnnounceOwned(Session& session, Device& dev, const RingMember& m) {
-  ffi::Error e = dev.Publish();
+Status RingAnnounceOwned(Session& session, Device& dev, const RingMember& m) {
+  Status e = dev.Publish();
   if (e.failure()) return e;
   const int32_t last = static_cast<int32_t>(m.members - 1);
   for (int r = 0; r < 2; ++r) NoteStep(session, m, r, last);
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error RingAllGather(Session& session, Device& dev, const Who& who, int64_t n,
-                         const RingMember& m, FunctionRef<std::string(int, int32_t)> what) {
+Status RingAllGather(Session& session, Device& dev, const Who& who, int64_t n, const RingMember& m,
+                     FunctionRef<std::string(int, int32_t)> what) {
   const int32_t last = static_cast<int32_t>(m.members - 1);
   return RunSteps(session, dev, who, n, 1.0f, m, what, last, RingSteps(m.members), true);
 }
 
-ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int64_t n, float scale,
-                         const RingMember& m, FunctionRef<std::string(int, int32_t)> what) {
-  ffi::Error e = RingReduceScatter(session, dev, who, n, scale, m, what, true);
+Status RingAllReduce(Session& session, Device& dev, const Who& who, int64_t n, float scale,
+                     const RingMember& m, FunctionRef<std::string(int, int32_t)> what) {
+  Status e = RingReduceScatter(session, dev, who, n, scale, m, what, true);
   if (e.failure()) return e;
   return RingAllGather(session, dev, who, n, m, what);
 }

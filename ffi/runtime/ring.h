@@ -61,7 +61,7 @@ struct RingMember {
   // a member can copy results out while the links, not the host, set the
   // time. Ranges arrive in ring step order and cover [0, n) once. Only for
   // members whose reduce-scatter result is final (announce = true).
-  std::function<xla::ffi::Error(int64_t lo, int64_t hi)> on_final;
+  std::function<Status(int64_t lo, int64_t hi)> on_final;
 };
 
 // The chunk [*lo, *hi) of `own` that the member at `position` in ring r
@@ -111,8 +111,8 @@ inline void RingAddOrder(int ring, int64_t c, int64_t p, int64_t* order) {
 // in the same pass, so the mean costs no extra pass and readers can copy the
 // result as is. `what(ring, step)` names what a wait was for, for the timeout
 // error.
-xla::ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int64_t n, float scale,
-                              const RingMember& m, FunctionRef<std::string(int, int32_t)> what);
+Status RingAllReduce(Session& session, Device& dev, const Who& who, int64_t n, float scale,
+                     const RingMember& m, FunctionRef<std::string(int, int32_t)> what);
 
 // The two halves of RingAllReduce, for a member that changes the chunks it
 // owns in between (the proxy optimizer turns its mean gradient into new
@@ -121,11 +121,11 @@ xla::ffi::Error RingAllReduce(Session& session, Device& dev, const Who& who, int
 // fully reduced and scaled. With `announce` its successors may read it at
 // once; without, only once RingAnnounceOwned says it is final. Then
 // RingAllGather finishes.
-xla::ffi::Error RingReduceScatter(Session& session, Device& dev, const Who& who, int64_t n,
-                                  float scale, const RingMember& m,
-                                  FunctionRef<std::string(int, int32_t)> what, bool announce);
-xla::ffi::Error RingAnnounceOwned(Session& session, Device& dev, const RingMember& m);
-xla::ffi::Error RingAllGather(Session& session, Device& dev, const Who& who, int64_t n,
-                              const RingMember& m, FunctionRef<std::string(int, int32_t)> what);
+Status RingReduceScatter(Session& session, Device& dev, const Who& who, int64_t n, float scale,
+                         const RingMember& m, FunctionRef<std::string(int, int32_t)> what,
+                         bool announce);
+Status RingAnnounceOwned(Session& session, Device& dev, const RingMember& m);
+Status RingAllGather(Session& session, Device& dev, const Who& who, int64_t n, const RingMember& m,
+                     FunctionRef<std::string(int, int32_t)> what);
 
 }  // namespace coarse

@@ -18,7 +18,6 @@
 #include "runtime/wakeups.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -139,7 +138,7 @@ Pool& ThePool() {
 // Across hosts: reduce-scatter within the host, hand the owned chunks to
 // worker k (its stage-1 coarse_proxy_ring call), wait for them summed over
 // the hosts (its stage-2 call), then update and all-gather.
-ffi::Error RunProxyAcrossHosts(Call& call, Device& dev, ProxyUpdate& update) {
+Status RunProxyAcrossHosts(Call& call, Device& dev, ProxyUpdate& update) {
   Session& session = *call.session;
   const int64_t k = call.who.index;
   const std::vector<OwnedRange> ranges = ExchangeRanges(call.plan(), k);
@@ -147,8 +146,7 @@ ffi::Error RunProxyAcrossHosts(Call& call, Device& dev, ProxyUpdate& update) {
   chunks.assign(ranges.empty() ? 0 : ranges.back().off + (ranges.back().hi - ranges.back().lo),
                 0.0f);
   const int64_t n = static_cast<int64_t>(chunks.size());
-  ffi::Error err =
-      ReducePieces(call, dev, &update, HostsStage{HostsStage::kToHosts, chunks.data(), n});
+  Status err = ReducePieces(call, dev, &update, HostsStage{HostsStage::kToHosts, chunks.data(), n});
   // The chunks are host memory that worker k reads once they are posted: on
   // a device with streams the copies into them must have run first.
   if (err.success()) err = dev.SynchronizeHost("the chunks for the other hosts");
@@ -178,11 +176,11 @@ void ReleaseFlags(Session& session, int64_t k) {
 // pull's copies would pass their wait over what an earlier session left
 // (issue 62). An error naming the piece and the values, the session
 // poisoned, if one does.
-ffi::Error CheckReadyFlags(Session& session, int64_t proxy) {
+Status CheckReadyFlags(Session& session, int64_t proxy) {
   const Plan& plan = session.plan();
   for (int64_t s = 0; s < plan.num_pieces(); ++s) {
     const uint32_t* flag = session.ready_flag(proxy, s);
-    if (flag == nullptr) return ffi::Error::Success();
+    if (flag == nullptr) return Status::Success();
     const uint32_t held = ReadFlag(flag);
     if (!FlagReached(held, session.ready_value())) continue;
     const std::string msg =
@@ -195,9 +193,9 @@ ffi::Error CheckReadyFlags(Session& session, int64_t proxy) {
         "The step was stopped before any pull could. This is a coarse_jax bug: please report "
         "it with the steps the process ran.";
     session.Poison(msg);
-    return ffi::Error::Internal(msg);
+    return Status::Internal(msg);
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 // Counts a proxy's job starting, `submitted` when the first worker call
@@ -230,7 +228,7 @@ void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob
     return;
   }
   Device& dev = *device.value();
-  ffi::Error status = AcquireStorage(call, dev);
+  Status status = AcquireStorage(call, dev);
   if (status.success()) status = CheckReadyFlags(*session, k);
   if (status.success()) {
     if (job.store) {
@@ -242,7 +240,7 @@ void RunProxy(const std::shared_ptr<Session>& session, int64_t k, const ProxyJob
       // done before the job leaves (the session may end as soon as it has),
       // whether or not the job failed.
       if (job.across_hosts) {
-        ffi::Error synced = dev.SynchronizeHost("the chunks of the other hosts");
+        Status synced = dev.SynchronizeHost("the chunks of the other hosts");
         if (status.success()) status = std::move(synced);
       }
     } else {

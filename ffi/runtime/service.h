@@ -34,7 +34,7 @@
 #include "runtime/device.h"
 #include "runtime/param_store.h"
 #include "runtime/session.h"
-#include "xla/ffi/api/ffi.h"
+#include "runtime/status.h"
 
 namespace coarse {
 
@@ -49,7 +49,7 @@ struct ProxyJob {
 
 // Makes the device backend a proxy's job runs on (the platform's: a
 // StreamDevice on its stream, a HostProxyDevice for a proxy in host memory).
-using MakeProxyDevice = std::function<xla::ffi::ErrorOr<std::unique_ptr<Device>>(const Call& call)>;
+using MakeProxyDevice = std::function<StatusOr<std::unique_ptr<Device>>(const Call& call)>;
 
 // Starts proxy k's job of `session` for every proxy k, unless the session's
 // proxies were started already (Session::TakeProxyStart). Returns at once:

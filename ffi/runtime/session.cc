@@ -17,7 +17,6 @@
 #include "runtime/interrupt.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -62,7 +61,7 @@ void AtomicMax(std::atomic<int64_t>& a, int64_t v) {
 class Registry {
  public:
   std::shared_ptr<Session> Join(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
-                                int64_t device, ffi::Span<const int64_t> ordinals) {
+                                int64_t device, const int64_t* ordinals, size_t num_ordinals) {
     std::lock_guard<std::mutex> lock(mu_);
     RunState& run = RunLocked(run_id);
     const int64_t iteration = run.iterations[std::make_pair(site, device)];
@@ -82,7 +81,7 @@ class Registry {
     const int64_t step = NextStepLocked(plan->key, site);
     auto session = std::make_shared<Session>(
         std::move(plan), run_id, site, iteration, step, run.interrupts_at_start,
-        std::vector<int64_t>(ordinals.begin(), ordinals.end()));
+        std::vector<int64_t>(ordinals, ordinals + num_ordinals));
     sessions_.emplace(key, session);
     return session;
   }
@@ -230,25 +229,24 @@ Clock::time_point Session::Reserve(int64_t src, int64_t dst, double bytes,
   return emulator_ ? emulator_->Reserve(src, dst, bytes, ready) : ready;
 }
 
-ffi::ErrorOr<Clock::time_point> Session::ReserveInOrder(const Who& who, int64_t src, int64_t dst,
-                                                        double bytes, Clock::time_point ready,
-                                                        int64_t src_rank, int64_t dst_rank,
-                                                        const std::string& what) {
+StatusOr<Clock::time_point> Session::ReserveInOrder(const Who& who, int64_t src, int64_t dst,
+                                                    double bytes, Clock::time_point ready,
+                                                    int64_t src_rank, int64_t dst_rank,
+                                                    const std::string& what) {
   if (!emulator_) return ready;
   const auto deadline = std::chrono::steady_clock::now() + WaitLimit(Waits::kPeer);
   auto arrival = emulator_->ReserveInOrder(src, dst, bytes, ready, src_rank, dst_rank, [&] {
     return poisoned() || Interrupted() || std::chrono::steady_clock::now() > deadline;
   });
   if (arrival.has_value()) return *arrival;
-  if (poisoned()) return ffi::Unexpected(GaveUp(who, "booking the emulated link for " + what));
-  if (Interrupted())
-    return ffi::Unexpected(StopInterrupted(who, "booking the emulated link for " + what));
+  if (poisoned()) return GaveUp(who, "booking the emulated link for " + what);
+  if (Interrupted()) return StopInterrupted(who, "booking the emulated link for " + what);
   std::string msg = "coarse_jax: " + who.Describe() + " timed out" + DescribeStep() +
                     " booking the emulated link for " + what +
                     ": the transfers ordered before it on the same ports never booked. Every "
                     "device of the mesh must run the same coarse.sync step.";
   Poison(msg);
-  return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kDeadlineExceeded, msg));
+  return Status(StatusCode::kDeadlineExceeded, msg);
 }
 
 void Session::NotePushReady(int64_t worker, int64_t piece) {
@@ -341,36 +339,35 @@ std::string Session::DescribeStep() const {
   return out;
 }
 
-ffi::Error Session::GaveUp(const Who& who, const std::string& doing) {
+Status Session::GaveUp(const Who& who, const std::string& doing) {
   std::lock_guard<std::mutex> elock(error_mu_);
-  return ffi::Error::Internal("coarse_jax: " + who.Describe() + " gave up" + DescribeStep() +
-                              " while " + doing +
-                              ", because another device failed first: " + error_);
+  return Status::Internal("coarse_jax: " + who.Describe() + " gave up" + DescribeStep() +
+                          " while " + doing + ", because another device failed first: " + error_);
 }
 
 bool Session::Interrupted() const {
   return InterruptAborts() && (InterruptCount() != interrupts_at_start_ || ExitingAfterInterrupt());
 }
 
-ffi::Error Session::StopInterrupted(const Who& who, const std::string& doing) {
+Status Session::StopInterrupted(const Who& who, const std::string& doing) {
   const std::string msg = "coarse_jax: " + who.Describe() + " stopped" + DescribeStep() +
                           " while " + doing +
                           ": interrupted (Ctrl-C / SIGINT); the step was abandoned on every "
                           "device of the mesh.";
   Poison(msg);
-  return ffi::Error(ffi::ErrorCode::kCancelled, msg);
+  return Status(StatusCode::kCancelled, msg);
 }
 
-ffi::Error Session::Wait(const Who& who, Waits kind, FunctionRef<bool()> ready,
-                         FunctionRef<std::string()> what) {
-  if (ready()) return ffi::Error::Success();
+Status Session::Wait(const Who& who, Waits kind, FunctionRef<bool()> ready,
+                     FunctionRef<std::string()> what) {
+  if (ready()) return Status::Success();
   Mailbox& m = mailboxes_[who.device(p())];
   const auto timeout = WaitLimit(kind);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   const auto woken = [&] { return ready() || poisoned(); };
   bool interrupt_seen = false;
   while (true) {
-    if (ready()) return ffi::Error::Success();
+    if (ready()) return Status::Success();
     if (poisoned()) return GaveUp(who, "waiting for " + what());
     if (Interrupted()) {
       // A wait on a peer stops one slice later than a wait on a push, so
@@ -389,7 +386,7 @@ ffi::Error Session::Wait(const Who& who, Waits kind, FunctionRef<bool()> ready,
                         ". Every device of the mesh must run the same coarse.sync step; "
                         "raise Config(timeout_s=...) if the step is just slow.";
       Poison(msg);
-      return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, msg);
+      return Status(StatusCode::kDeadlineExceeded, msg);
     }
     // Short slices, so that a Ctrl-C is noticed (interrupt.h); a peer's
     // progress still wakes the wait at once (Notify).
@@ -475,8 +472,8 @@ bool Session::TakeDroppedPush(int64_t worker) {
 }
 
 std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
-                                     int64_t device, ffi::Span<const int64_t> ordinals) {
-  return TheRegistry().Join(std::move(plan), run_id, site, device, ordinals);
+                                     int64_t device, const int64_t* ordinals, size_t num_ordinals) {
+  return TheRegistry().Join(std::move(plan), run_id, site, device, ordinals, num_ordinals);
 }
 
 void InjectDroppedPush(int64_t worker) { g_dropped_push_worker.store(worker); }

@@ -39,8 +39,8 @@
 #include "runtime/host_memory.h"
 #include "runtime/mailbox.h"
 #include "runtime/plan.h"
+#include "runtime/status.h"
 #include "runtime/storage.h"
-#include "xla/ffi/api/ffi.h"
 
 namespace coarse {
 
@@ -172,10 +172,9 @@ class Session {
   // Reserve for a worker<->proxy transfer in the plan's port order
   // (Emulator::ReserveInOrder, ranks from Plan). `who` (the caller) and
   // `what` name the wait in the error if earlier transfers never book.
-  xla::ffi::ErrorOr<Clock::time_point> ReserveInOrder(const Who& who, int64_t src, int64_t dst,
-                                                      double bytes, Clock::time_point ready,
-                                                      int64_t src_rank, int64_t dst_rank,
-                                                      const std::string& what);
+  StatusOr<Clock::time_point> ReserveInOrder(const Who& who, int64_t src, int64_t dst, double bytes,
+                                             Clock::time_point ready, int64_t src_rank,
+                                             int64_t dst_rank, const std::string& what);
 
   // When shared state changed, for whoever books a transfer from it (all
   // Clock::time_point::min() without a topology). A waiter's transfer is
@@ -207,8 +206,8 @@ class Session {
   // (Ctrl-C) since the run started poisons the session the same way, with
   // an error saying it was interrupted.
   // (FunctionRef: a wait per piece builds no std::function.)
-  xla::ffi::Error Wait(const Who& who, Waits kind, FunctionRef<bool()> ready,
-                       FunctionRef<std::string()> what);
+  Status Wait(const Who& who, Waits kind, FunctionRef<bool()> ready,
+              FunctionRef<std::string()> what);
 
   // Marks the session failed with `error` and wakes everyone.
   void Poison(const std::string& error);
@@ -216,8 +215,8 @@ class Session {
   // stops `doing` something because another device failed first: for a
   // wait whose condition may hold even so (the proxies leave a failed
   // session too).
-  xla::ffi::Error FailureOf(const Who& who, const std::string& doing) {
-    return poisoned() ? GaveUp(who, doing) : xla::ffi::Error::Success();
+  Status FailureOf(const Who& who, const std::string& doing) {
+    return poisoned() ? GaveUp(who, doing) : Status::Success();
   }
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
   int64_t run_id() const { return run_id_; }
@@ -294,11 +293,11 @@ class Session {
   // waits on peers (see Waits).
   std::chrono::milliseconds WaitLimit(Waits kind) const;
   // The error of a device that stops `doing` something because another failed.
-  xla::ffi::Error GaveUp(const Who& who, const std::string& doing);
+  Status GaveUp(const Who& who, const std::string& doing);
   // A SIGINT arrived since the run's first session opened (and interrupts abort).
   bool Interrupted() const;
   // Poisons the session with the interrupt error of `who`, stopped `doing`.
-  xla::ffi::Error StopInterrupted(const Who& who, const std::string& doing);
+  Status StopInterrupted(const Who& who, const std::string& doing);
 
   std::shared_ptr<const Plan> plan_;
   int64_t run_id_, site_, iteration_, step_;
@@ -344,10 +343,10 @@ class Session {
 
 // Finds or creates the session of (run_id, site, the caller's current
 // iteration of them) for `plan`; `device` is the caller's mesh device index.
-// `ordinals`: see StoragePool::Take.
+// `ordinals[0..num_ordinals)`: see StoragePool::Take.
 // (`ordinals` is copied only into a new session: a call's attribute, read in place.)
 std::shared_ptr<Session> JoinSession(std::shared_ptr<const Plan> plan, int64_t run_id, int64_t site,
-                                     int64_t device, xla::ffi::Span<const int64_t> ordinals);
+                                     int64_t device, const int64_t* ordinals, size_t num_ordinals);
 
 // Testing hook, exposed by the nanobind module: the next session created (by
 // whatever mesh, in this module) loses the first push of `worker`, so its

@@ -26,7 +26,7 @@
 #include "runtime/device.h"
 #include "runtime/plan.h"
 #include "runtime/span_tables.h"
-#include "xla/ffi/api/ffi.h"
+#include "runtime/status.h"
 
 namespace coarse {
 
@@ -40,87 +40,83 @@ class Stream {
 
   // The kernels (kernels/coarse_kernels.h), on f32 buffers of this device.
   // spans: device memory (this device's span table), `begin` filled.
-  virtual xla::ffi::Error Pack(const kernels::Span* spans, int64_t num_spans, int64_t total,
-                               float* buf) = 0;
-  virtual xla::ffi::Error Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
-                                 int64_t total) = 0;
+  virtual Status Pack(const kernels::Span* spans, int64_t num_spans, int64_t total, float* buf) = 0;
+  virtual Status Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
+                        int64_t total) = 0;
   // out[i] = (in[0][i] + ... + in[k-1][i]) * scale, 1 <= k <= kMaxReduceInputs;
   // `out` may alias in[0]. `inputs` itself may die on return.
-  virtual xla::ffi::Error Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
-                                 float scale) = 0;
+  virtual Status Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                        float scale) = 0;
   // The same over `rows.count` rows of n elements in one launch: row i of
   // input k at inputs[k] + i * rows.in[k], of `out` at out + i * rows.out
   // (floats). Each element's arithmetic is Reduce's (the same bits). The
   // proxies' ring steps a group of pieces with it (ring.h: RingMember::rows).
-  virtual xla::ffi::Error ReduceRows(const float* const* inputs, int num_inputs, float* out,
-                                     int64_t n, float scale, const RowPitches& rows) = 0;
-  virtual xla::ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) = 0;
+  virtual Status ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                            float scale, const RowPitches& rows) = 0;
+  virtual Status Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) = 0;
   // The same over `rows` rows of n elements in one launch, row i's buffers
   // OptRow(b, i, grad_pitch, buf_pitch) (the owned chunks of a ring group's
   // pieces, StreamDevice::ApplyOptimizer); each element's arithmetic is
   // Optimizer's.
-  virtual xla::ffi::Error OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n,
-                                        int64_t rows, int64_t grad_pitch, int64_t buf_pitch) = 0;
+  virtual Status OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
+                               int64_t grad_pitch, int64_t buf_pitch) = 0;
   // *out = sum x[i]^2 in f64; `partial`: kSumSquaresBlocks doubles of scratch.
-  virtual xla::ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) = 0;
+  virtual Status SumSquares(const float* x, int64_t n, double* partial, double* out) = 0;
   // *out = (accumulate ? *out : 0) + the sum of squares of the spans' f32
   // runs (span.leaf, span.len; spans: device memory, `total` their length):
   // on the host each run summed alone in index order, the runs' sums added
   // in span order (the bits of SumSquares per run, added in order); on CUDA
   // one pass over them all, in a fixed order for a given table.
-  virtual xla::ffi::Error SumSquaresSpans(const kernels::Span* spans, int64_t num_spans,
-                                          int64_t total, double* partial, double* out,
-                                          bool accumulate) = 0;
+  virtual Status SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t total,
+                                 double* partial, double* out, bool accumulate) = 0;
   // out[0, 2) = ClipScalarsOf(parts, num, clip_norm) (kernels/optimizer_math.h).
-  virtual xla::ffi::Error ClipScalars(const double* parts, int64_t num, float clip_norm,
-                                      float* out) = 0;
+  virtual Status ClipScalars(const double* parts, int64_t num, float clip_norm, float* out) = 0;
   // *first = min(*first, base + the first i where master[i] rounded to
   // `dtype` differs bitwise from given[i], an element of `given_dtype`:
   // `dtype` (the params read where they are) or f32 (widened into scratch
   // first). Several runs share one result (StreamDevice::FirstMismatch).
-  virtual xla::ffi::Error FirstMismatch(const float* master, kernels::DType dtype,
-                                        const void* given, kernels::DType given_dtype, int64_t n,
-                                        unsigned long long base, unsigned long long* first) = 0;
+  virtual Status FirstMismatch(const float* master, kernels::DType dtype, const void* given,
+                               kernels::DType given_dtype, int64_t n, unsigned long long base,
+                               unsigned long long* first) = 0;
 
   // dst[0, bytes) = 0, this device's memory.
-  virtual xla::ffi::Error Memset(void* dst, size_t bytes, const char* what) = 0;
+  virtual Status Memset(void* dst, size_t bytes, const char* what) = 0;
   // `bytes` from mesh device `src_device`'s memory to `dst_device`'s (either
   // may be this device, or both: a local copy).
-  virtual xla::ffi::Error Copy(void* dst, int64_t dst_device, const void* src, int64_t src_device,
-                               size_t bytes, const char* what) = 0;
+  virtual Status Copy(void* dst, int64_t dst_device, const void* src, int64_t src_device,
+                      size_t bytes, const char* what) = 0;
   // `rows` rows of `row_bytes` in one copy (cudaMemcpy2DAsync /
   // cudaMemcpy3DPeerAsync): row i from src + i * src_pitch to dst + i *
   // dst_pitch (bytes), between mesh devices as Copy.
-  virtual xla::ffi::Error CopyRows(void* dst, int64_t dst_device, size_t dst_pitch, const void* src,
-                                   int64_t src_device, size_t src_pitch, size_t row_bytes,
-                                   int64_t rows, const char* what) = 0;
+  virtual Status CopyRows(void* dst, int64_t dst_device, size_t dst_pitch, const void* src,
+                          int64_t src_device, size_t src_pitch, size_t row_bytes, int64_t rows,
+                          const char* what) = 0;
   // Host -> this device. `src` may die as soon as the call returns.
-  virtual xla::ffi::Error Upload(void* dst, const void* src, size_t bytes, const char* what) = 0;
+  virtual Status Upload(void* dst, const void* src, size_t bytes, const char* what) = 0;
   // This device -> host. `dst` holds the bytes only after Synchronize, or
   // once the host has waited (HostWait) for an event recorded after it.
-  virtual xla::ffi::Error Download(void* dst, const void* src, size_t bytes, const char* what) = 0;
+  virtual Status Download(void* dst, const void* src, size_t bytes, const char* what) = 0;
   // Pinned host memory (a proxy in host memory's storage) -> this device,
   // read when the stream reaches the copy (cudaMemcpyAsync from pinned
   // memory), not when it is enqueued as Upload's `src` is: the host keeps
   // `src` alive and unwritten until then (WaitValue orders it after the
   // host's writes).
-  virtual xla::ffi::Error UploadPinned(void* dst, const void* src, size_t bytes,
-                                       const char* what) = 0;
+  virtual Status UploadPinned(void* dst, const void* src, size_t bytes, const char* what) = 0;
 
   // The event now marks everything enqueued so far on this stream.
-  virtual xla::ffi::Error Record(StreamEvent event) = 0;
+  virtual Status Record(StreamEvent event) = 0;
   // Work enqueued after this waits for what `event` marked when Wait was
   // called (nothing, if it was never recorded). The host does not wait.
-  virtual xla::ffi::Error Wait(StreamEvent event, int64_t device) = 0;
+  virtual Status Wait(StreamEvent event, int64_t device) = 0;
   // The host waits until everything enqueued so far is done.
-  virtual xla::ffi::Error Synchronize(const char* what) = 0;
+  virtual Status Synchronize(const char* what) = 0;
 
   // The host (the caller's thread) waits until what `event` marks now is
   // done, at most `timeout`: a proxy in host memory's job before it reads
   // what a worker's stream copied into its storage. On timeout the error
   // names `what`. `event` may be any stream's (nothing, if never recorded).
-  virtual xla::ffi::Error HostWait(StreamEvent event, std::chrono::milliseconds timeout,
-                                   const std::string& what) = 0;
+  virtual Status HostWait(StreamEvent event, std::chrono::milliseconds timeout,
+                          const std::string& what) = 0;
   // Work enqueued after this waits until the 32-bit flag in pinned host
   // memory, written by the host (WriteFlag), has reached `value`
   // (FlagReached: wrap-around safe). The host does not wait. On the host
@@ -128,8 +124,8 @@ class Stream {
   // Synchronize fails naming `what`; cuStreamWaitValue32 has no timeout, so
   // whoever writes the flag must write it on failure too (the proxies' jobs
   // release their flags when they fail).
-  virtual xla::ffi::Error WaitValue(const uint32_t* flag, uint32_t value,
-                                    std::chrono::milliseconds timeout, const std::string& what) = 0;
+  virtual Status WaitValue(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
+                           const std::string& what) = 0;
 
   // Whether every call has done its work when it returns (the CPU's inline
   // stream, host/inline_stream.h): then the host's clock times the work
@@ -240,8 +236,8 @@ class StreamResources {
 // (Device::SumSlots), in slot order, in launches of up to
 // kernels::kMaxReduceInputs inputs; its bytes counted (runtime/traffic.h).
 // With `rows`, each launch covers every row (ReduceRows).
-xla::ffi::Error SumSlotsOn(Stream& stream, float* own, int64_t n, int64_t slots, float scale,
-                           const Rows& rows = Rows{});
+Status SumSlotsOn(Stream& stream, float* own, int64_t n, int64_t slots, float scale,
+                  const Rows& rows = Rows{});
 
 // Whether a proxy of `plan` is in host memory: then the workers copy down
 // to it on copy streams of their own (StreamDevice's `copies`).
@@ -261,11 +257,11 @@ class PublicationsSeen {
   // Calls wait() (the stream's or the host's wait for `device`'s event) unless
   // this waiter has waited since `device` last published.
   template <typename Wait>
-  xla::ffi::Error WaitOnce(StreamResources& res, int64_t device, Wait&& wait) {
+  Status WaitOnce(StreamResources& res, int64_t device, Wait&& wait) {
     const uint64_t now = res.published(device).load(std::memory_order_acquire) + 1;
     if (static_cast<int64_t>(seen_.size()) <= device) seen_.resize(device + 1, 0);
-    if (seen_[device] == now) return xla::ffi::Error::Success();
-    xla::ffi::Error e = wait();
+    if (seen_[device] == now) return Status::Success();
+    Status e = wait();
     if (e.success()) seen_[device] = now;
     return e;
   }
@@ -287,13 +283,10 @@ struct StagingSizes {
 };
 StagingSizes StagingSizesOf(const Plan& plan);
 
-// The kernels' element type of an XLA one (F32/BF16/F16); false otherwise.
-bool ToKernelDType(xla::ffi::DataType t, kernels::DType* out);
-
 // `runs` as a span table in `*spans` (its room reused), each at its
 // buf_off, begins set; `*total` their elements. For a pack or unpack of
 // memory the caller's kernels read where it is (host memory on the host).
-xla::ffi::Error SpansOf(const LeafRun* runs, int64_t num_runs, std::vector<kernels::Span>* spans,
-                        int64_t* total);
+Status SpansOf(const LeafRun* runs, int64_t num_runs, std::vector<kernels::Span>* spans,
+               int64_t* total);
 
 }  // namespace coarse

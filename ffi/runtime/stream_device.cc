@@ -12,7 +12,6 @@
 #include "runtime/traffic.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 constexpr int64_t kF32 = sizeof(float);
@@ -41,37 +40,25 @@ StagingSizes StagingSizesOf(const Plan& plan) {
   return out;
 }
 
-bool ToKernelDType(ffi::DataType t, kernels::DType* out) {
-  switch (t) {
-    case ffi::DataType::F32: *out = kernels::DType::kF32; return true;
-    case ffi::DataType::BF16: *out = kernels::DType::kBF16; return true;
-    case ffi::DataType::F16: *out = kernels::DType::kF16; return true;
-    default: return false;
-  }
-}
-
 namespace {
 
 // `run` as a span at its buf_off (begin unset).
-ffi::Error SpanOf(const LeafRun& run, kernels::Span* span) {
+void SpanOf(const LeafRun& run, kernels::Span* span) {
   *span = kernels::Span{};
   span->leaf = run.leaf;
   span->len = run.len;
   span->buf_off = run.buf_off;
-  if (ToKernelDType(run.dtype, &span->leaf_dtype)) return ffi::Error::Success();
-  return ffi::Error::InvalidArgument(
-      "coarse_jax: only float32, bfloat16 and float16 leaves are synchronized");
+  span->leaf_dtype = run.dtype;
 }
 
 }  // namespace
 
-ffi::Error SpansOf(const LeafRun* runs, int64_t num_runs, std::vector<kernels::Span>* spans,
-                   int64_t* total) {
+Status SpansOf(const LeafRun* runs, int64_t num_runs, std::vector<kernels::Span>* spans,
+               int64_t* total) {
   spans->resize(num_runs);
-  for (int64_t r = 0; r < num_runs; ++r)
-    if (ffi::Error e = SpanOf(runs[r], &(*spans)[r]); e.failure()) return e;
+  for (int64_t r = 0; r < num_runs; ++r) SpanOf(runs[r], &(*spans)[r]);
   *total = kernels::SetBegins(spans->data(), num_runs);
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 StreamDevice::StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources,
@@ -106,42 +93,41 @@ Stream* StreamDevice::Enqueue() {
   return stream_.get();
 }
 
-ffi::Error StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64_t num_runs,
-                                   float* buf, int64_t buf_len, int64_t lo) {
+Status StreamDevice::QueueRuns(Queued::Kind kind, const LeafRun* runs, int64_t num_runs, float* buf,
+                               int64_t buf_len, int64_t lo) {
   if (num_runs > res_.max_runs())
-    return ffi::Error::Internal("coarse_jax: " + std::to_string(num_runs) +
-                                " runs exceed the span table (" + std::to_string(res_.max_runs()) +
-                                ")");
+    return Status::Internal("coarse_jax: " + std::to_string(num_runs) +
+                            " runs exceed the span table (" + std::to_string(res_.max_runs()) +
+                            ")");
   // (Nothing held: nothing to flush; staging claimed for these runs stays claimed.)
   const bool other = queued_.kind != Queued::Kind::kNone && queued_.kind != kind;
   if (other || static_cast<int64_t>(queued_.spans.size()) + num_runs > res_.max_runs()) {
-    ffi::Error e = Flush();
+    Status e = Flush();
     if (e.failure()) return e;
   }
   queued_.kind = kind;
   for (int64_t r = 0; r < num_runs; ++r) {
     const int64_t off = runs[r].buf_off - lo;
     if (off < 0 || off + runs[r].len > buf_len)
-      return ffi::Error::Internal("coarse_jax: a run falls outside its buffer");
+      return Status::Internal("coarse_jax: a run falls outside its buffer");
     kernels::Span span;  // its buf_off set by Flush, from `at`
-    if (ffi::Error e = SpanOf(runs[r], &span); e.failure()) return e;
+    SpanOf(runs[r], &span);
     queued_.spans.push_back(span);
     queued_.at.push_back(buf + off);
   }
-  return holds_ ? ffi::Error::Success() : Flush();
+  return holds_ ? Status::Success() : Flush();
 }
 
-ffi::Error StreamDevice::Table(const kernels::Span* spans, int64_t num,
-                               const kernels::Span** table) {
+Status StreamDevice::Table(const kernels::Span* spans, int64_t num, const kernels::Span** table) {
   // A stream whose work is done when enqueued reads the table where it is,
   // in host memory. Else a table a slot already holds is launched on as it
   // is (SpanTables); another is uploaded into the least recently used slot,
   // behind every launch that read it in stream order.
   *table = spans;
-  if (!holds_) return ffi::Error::Success();
+  if (!holds_) return Status::Success();
   SpanTables& tables = res_.span_tables(self_);
   int slot = tables.Find(spans, num);
-  ffi::Error e;
+  Status e;
   if (slot < 0) {
     slot = tables.Claim(spans, num);
     e = Enqueue()->Upload(res_.spans(self_) + slot * res_.max_runs(), spans,
@@ -153,11 +139,11 @@ ffi::Error StreamDevice::Table(const kernels::Span* spans, int64_t num,
   return e;
 }
 
-ffi::Error StreamDevice::Flush() {
+Status StreamDevice::Flush() {
   const Queued::Kind kind = queued_.kind;
-  if (kind == Queued::Kind::kNone) return ffi::Error::Success();
+  if (kind == Queued::Kind::kNone) return Status::Success();
   // What is held may read what the copy-up stream copied.
-  if (ffi::Error e = JoinUps(); e.failure()) return e;
+  if (Status e = JoinUps(); e.failure()) return e;
   queued_.kind = Queued::Kind::kNone;
   // Whatever is held is enqueued below: staging written after it comes later
   // in stream order, so all of it is free again.
@@ -176,7 +162,7 @@ ffi::Error StreamDevice::Flush() {
   const int64_t num = static_cast<int64_t>(spans.size());
   const int64_t total = kernels::SetBegins(spans.data(), num);
   const kernels::Span* table = nullptr;
-  ffi::Error e = Table(spans.data(), num, &table);
+  Status e = Table(spans.data(), num, &table);
   // A pull's copies into staging, before the unpack that reads them.
   if (e.success() && kind == Queued::Kind::kUnpack)
     e = IssueCopies(inbound_, "pull: peer copy from the proxy");
@@ -195,7 +181,7 @@ ffi::Error StreamDevice::Flush() {
   return e;
 }
 
-ffi::Error StreamDevice::IssueCopies(const std::vector<Outbound>& out, const char* what) {
+Status StreamDevice::IssueCopies(const std::vector<Outbound>& out, const char* what) {
   auto src_of = [&](const Outbound& o) { return o.src_device < 0 ? self_ : o.src_device; };
   auto same_ends = [&](const Outbound& a, const Outbound& b) {
     return a.dst_device == b.dst_device && src_of(a) == src_of(b);
@@ -207,7 +193,7 @@ ffi::Error StreamDevice::IssueCopies(const std::vector<Outbound>& out, const cha
       while (i < out.size() && same_ends(out[i], o) && out[i].dst == o.dst + o.n &&
              out[i].src == o.src + o.n)
         o.n += out[i++].n;
-      if (ffi::Error e = CopyDown(o); e.failure()) return e;
+      if (Status e = CopyDown(o); e.failure()) return e;
       continue;
     }
     // Between devices: ranges contiguous at both ends in one copy, else rows of
@@ -230,23 +216,23 @@ ffi::Error StreamDevice::IssueCopies(const std::vector<Outbound>& out, const cha
         ++i;
       }
       if (rows > 1) {
-        ffi::Error e = Enqueue()->CopyRows(o.dst, o.dst_device, dst_pitch * kF32, o.src, src_device,
-                                           src_pitch * kF32, o.n * kF32, rows, what);
+        Status e = Enqueue()->CopyRows(o.dst, o.dst_device, dst_pitch * kF32, o.src, src_device,
+                                       src_pitch * kF32, o.n * kF32, rows, what);
         if (e.failure()) return e;
         continue;
       }
     }
-    if (ffi::Error e = Transfer(o.dst, o.dst_device, o.src, src_device, o.n, what); e.failure())
+    if (Status e = Transfer(o.dst, o.dst_device, o.src, src_device, o.n, what); e.failure())
       return e;
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::ErrorOr<float*> StreamDevice::Stage(Queued::Kind kind, int64_t n, int64_t num_runs) {
+StatusOr<float*> StreamDevice::Stage(Queued::Kind kind, int64_t n, int64_t num_runs) {
   if (n > res_.staging_len())
-    return ffi::Unexpected(ffi::Error::Internal("coarse_jax: a transfer of " + std::to_string(n) +
-                                                " elements exceeds the staging buffer (" +
-                                                std::to_string(res_.staging_len()) + ")"));
+    return Status::Internal("coarse_jax: a transfer of " + std::to_string(n) +
+                            " elements exceeds the staging buffer (" +
+                            std::to_string(res_.staging_len()) + ")");
   // Without a copy stream staging is free again once nothing held claims
   // it (stream order); with one, each direction's ring is handed out from
   // its cursor in the storage on (CopyMarks), and taken back only when the
@@ -259,16 +245,16 @@ ffi::ErrorOr<float*> StreamDevice::Stage(Queued::Kind kind, int64_t n, int64_t n
   // The ring's cursor outlives the call (the storage set keeps it): a value
   // outside the ring is state no call of this set left, never a place to write.
   if (next < 0 || next > len)
-    return ffi::Unexpected(ffi::Error::Internal(
+    return Status::Internal(
         "coarse_jax: stale state in a storage set: worker " + std::to_string(self_) + "'s " +
         (up ? "pulls'" : "pushes'") + " staging ring cursor is " + std::to_string(next) +
         ", outside its ring of " + std::to_string(len) +
-        " floats. This is a coarse_jax bug: please report it with the steps the process ran."));
+        " floats. This is a coarse_jax bug: please report it with the steps the process ran.");
   const bool room =
       next + n <= len && static_cast<int64_t>(queued_.spans.size()) + num_runs <= res_.max_runs();
   if (queued_.kind != kind || !room) {
-    ffi::Error e = Flush();
-    if (e.failure()) return ffi::Unexpected(e);
+    Status e = Flush();
+    if (e.failure()) return e;
   }
   if (marks_ == nullptr) {
     if (queued_.kind == Queued::Kind::kNone) staged_ = 0;
@@ -284,8 +270,8 @@ ffi::ErrorOr<float*> StreamDevice::Stage(Queued::Kind kind, int64_t n, int64_t n
   if (wrap) {
     if (up) {
       ups_started_ = false;
-    } else if (ffi::Error e = JoinCopies(); e.failure()) {
-      return ffi::Unexpected(e);
+    } else if (Status e = JoinCopies(); e.failure()) {
+      return e;
     }
     next = 0;
   }
@@ -294,22 +280,22 @@ ffi::ErrorOr<float*> StreamDevice::Stage(Queued::Kind kind, int64_t n, int64_t n
   return at;
 }
 
-ffi::Error StreamDevice::PeerCopy(float* dst, int64_t dst_device, const float* src,
-                                  int64_t src_device, int64_t n, const char* what) {
-  if (n <= 0) return ffi::Error::Success();
-  ffi::Error e = Flush();
+Status StreamDevice::PeerCopy(float* dst, int64_t dst_device, const float* src, int64_t src_device,
+                              int64_t n, const char* what) {
+  if (n <= 0) return Status::Success();
+  Status e = Flush();
   if (e.failure()) return e;
   return Transfer(dst, dst_device, src, src_device, n, what);
 }
 
-ffi::Error StreamDevice::Transfer(float* dst, int64_t dst_device, const float* src,
-                                  int64_t src_device, int64_t n, const char* what) {
-  if (n <= 0) return ffi::Error::Success();
+Status StreamDevice::Transfer(float* dst, int64_t dst_device, const float* src, int64_t src_device,
+                              int64_t n, const char* what) {
+  if (n <= 0) return Status::Success();
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   if (res_.in_host_memory(dst_device)) return Enqueue()->Download(dst, src, bytes, what);
   if (res_.in_host_memory(src_device)) {
     if (ups_ == nullptr) return Enqueue()->UploadPinned(dst, src, bytes, what);
-    ffi::Error e = StartUps();
+    Status e = StartUps();
     if (e.success()) e = ups_->UploadPinned(dst, src, bytes, what);
     if (e.success()) ups_unjoined_ = true;
     return e;
@@ -317,9 +303,9 @@ ffi::Error StreamDevice::Transfer(float* dst, int64_t dst_device, const float* s
   return Enqueue()->Copy(dst, dst_device, src, src_device, bytes, what);
 }
 
-ffi::Error StreamDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst,
-                                int64_t dst_device, int64_t dst_len) {
-  if (num_runs == 0 || dst_len == 0) return ffi::Error::Success();
+Status StreamDevice::Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
+                            int64_t dst_len) {
+  if (num_runs == 0 || dst_len == 0) return Status::Success();
   CountGather(runs, num_runs);
   // Its own memory, or a peer's it addresses (one GPU's, the host's): packed
   // in place, merged with the call's other packs (a push of a bucket is one
@@ -336,34 +322,33 @@ ffi::Error StreamDevice::Gather(const LeafRun* runs, int64_t num_runs, float* ds
     hi = std::max(hi, runs[r].buf_off + runs[r].len);
     covered += runs[r].len;
   }
-  if (lo < 0 || hi > dst_len)
-    return ffi::Error::Internal("coarse_jax: a run falls outside its buffer");
+  if (lo < 0 || hi > dst_len) return Status::Internal("coarse_jax: a run falls outside its buffer");
   if (covered != hi - lo)
-    return ffi::Error::Internal(
+    return Status::Internal(
         "coarse_jax: runs gathered into a peer's buffer must tile one range without gaps or "
         "overlaps (got " +
         std::to_string(covered) + " elements over a range of " + std::to_string(hi - lo) + ")");
   // Packed beside the call's other pieces in staging (one launch for them
   // all), copied out once the pack is launched (Flush: Outbound).
-  ffi::ErrorOr<float*> at = Stage(Queued::Kind::kPack, hi - lo, num_runs);
+  StatusOr<float*> at = Stage(Queued::Kind::kPack, hi - lo, num_runs);
   if (at.has_error()) return at.error();
-  ffi::Error e = QueueRuns(Queued::Kind::kPack, runs, num_runs, at.value(), hi - lo, lo);
+  Status e = QueueRuns(Queued::Kind::kPack, runs, num_runs, at.value(), hi - lo, lo);
   if (e.success()) outbound_.push_back({dst + lo, dst_device, at.value(), hi - lo});
   return e;
 }
 
-ffi::Error StreamDevice::Scatter(const float* src, int64_t src_device, int64_t src_len,
-                                 const LeafRun* runs, int64_t num_runs) {
-  if (num_runs == 0 || src_len == 0) return ffi::Error::Success();
+Status StreamDevice::Scatter(const float* src, int64_t src_device, int64_t src_len,
+                             const LeafRun* runs, int64_t num_runs) {
+  if (num_runs == 0 || src_len == 0) return Status::Success();
   CountScatter(runs, num_runs);
   float* from = const_cast<float*>(src);  // read only: an unpack's source
   if (!Addressable(src_device)) {
     // A peer's storage: copied into staging beside the call's other pieces
     // (the held unpack reads none of that room), then unpacked with them.
-    ffi::ErrorOr<float*> at = Stage(Queued::Kind::kUnpack, src_len, num_runs);
+    StatusOr<float*> at = Stage(Queued::Kind::kUnpack, src_len, num_runs);
     if (at.has_error()) return at.error();
     if (res_.in_host_memory(src_device)) {
-      ffi::Error e =
+      Status e =
           Transfer(at.value(), self_, src, src_device, src_len, "pull: peer copy from the proxy");
       if (e.failure()) return e;
     } else {
@@ -378,36 +363,36 @@ ffi::Error StreamDevice::Scatter(const float* src, int64_t src_device, int64_t s
   return QueueRuns(Queued::Kind::kUnpack, runs, num_runs, from, src_len);
 }
 
-ffi::Error StreamDevice::ZeroBytes(void* dst, size_t bytes) {
-  if (ffi::Error held = Flush(); held.failure()) return held;
-  if (bytes == 0) return ffi::Error::Success();
+Status StreamDevice::ZeroBytes(void* dst, size_t bytes) {
+  if (Status held = Flush(); held.failure()) return held;
+  if (bytes == 0) return Status::Success();
   CountTraffic(TrafficOp::kBytes, 0, static_cast<int64_t>(bytes));
   return Enqueue()->Memset(dst, bytes, "zeroing a result");
 }
 
-ffi::Error StreamDevice::CopyBytes(void* dst, const void* src, size_t bytes) {
-  if (ffi::Error held = Flush(); held.failure()) return held;
-  if (bytes == 0 || dst == src) return ffi::Error::Success();
+Status StreamDevice::CopyBytes(void* dst, const void* src, size_t bytes) {
+  if (Status held = Flush(); held.failure()) return held;
+  if (bytes == 0 || dst == src) return Status::Success();
   CountTraffic(TrafficOp::kBytes, static_cast<int64_t>(bytes), static_cast<int64_t>(bytes));
   return Enqueue()->Copy(dst, self_, src, self_, bytes, "copying a pass-through result");
 }
 
-ffi::Error StreamDevice::CopyToHost(void* host, const void* own, size_t bytes) {
-  if (ffi::Error held = Flush(); held.failure()) return held;
-  if (bytes == 0) return ffi::Error::Success();
+Status StreamDevice::CopyToHost(void* host, const void* own, size_t bytes) {
+  if (Status held = Flush(); held.failure()) return held;
+  if (bytes == 0) return Status::Success();
   CountTraffic(TrafficOp::kBytes, static_cast<int64_t>(bytes), static_cast<int64_t>(bytes));
   return Enqueue()->Download(host, own, bytes, "copying to host memory");
 }
 
-ffi::Error StreamDevice::CopyFromHost(void* own, const void* host, size_t bytes) {
-  if (ffi::Error held = Flush(); held.failure()) return held;
-  if (bytes == 0) return ffi::Error::Success();
+Status StreamDevice::CopyFromHost(void* own, const void* host, size_t bytes) {
+  if (Status held = Flush(); held.failure()) return held;
+  if (bytes == 0) return Status::Success();
   CountTraffic(TrafficOp::kBytes, static_cast<int64_t>(bytes), static_cast<int64_t>(bytes));
   return Enqueue()->Upload(own, host, bytes, "copying from host memory");
 }
 
-ffi::Error StreamDevice::Publish() {
-  ffi::Error e = Flush();
+Status StreamDevice::Publish() {
+  Status e = Flush();
   if (e.success()) e = JoinUps();
   if (e.success() && marks_ != nullptr && marks_->unjoined) {
     // The copy stream has work this stream has not waited for: the event
@@ -433,10 +418,10 @@ ffi::Error StreamDevice::Publish() {
   return e;
 }
 
-ffi::Error StreamDevice::Acquire(int64_t device) {
+Status StreamDevice::Acquire(int64_t device) {
   // A proxy in host memory enqueues nothing (HostProxyDevice): what it
   // wrote is there once its counters or flags say so.
-  if (device == self_ || res_.in_host_memory(device)) return ffi::Error::Success();
+  if (device == self_ || res_.in_host_memory(device)) return Status::Success();
   // Nothing held back is flushed: it may run after the wait. Once per
   // publication (a pull's pieces of one proxy, a proxy's pieces of one push).
   return acquired_.WaitOnce(res_, device,

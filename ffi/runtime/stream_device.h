@@ -47,46 +47,46 @@ class StreamDevice final : public Device, public NormOnDevice {
   StreamDevice(std::unique_ptr<Stream> stream, int64_t self, StreamResources& resources,
                std::unique_ptr<Stream> copies = nullptr, std::unique_ptr<Stream> ups = nullptr);
 
-  xla::ffi::Error Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
-                         int64_t dst_len) override;
-  xla::ffi::Error Scatter(const float* src, int64_t src_device, int64_t src_len,
-                          const LeafRun* runs, int64_t num_runs) override;
-  xla::ffi::Error SumSlots(float* own, int64_t n, int64_t slots, float scale,
-                           const Rows& rows = Rows{}) override;
-  xla::ffi::Error AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                          float scale, const Rows& rows = Rows{}) override;
-  xla::ffi::Error CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                           const Rows& rows = Rows{}) override;
-  xla::ffi::Error Scale(float* x, int64_t n, float scale) override;
-  xla::ffi::Error ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
-  xla::ffi::ErrorOr<double> SumSquares(const float* x, int64_t n) override;
+  Status Gather(const LeafRun* runs, int64_t num_runs, float* dst, int64_t dst_device,
+                int64_t dst_len) override;
+  Status Scatter(const float* src, int64_t src_device, int64_t src_len, const LeafRun* runs,
+                 int64_t num_runs) override;
+  Status SumSlots(float* own, int64_t n, int64_t slots, float scale,
+                  const Rows& rows = Rows{}) override;
+  Status AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n, float scale,
+                 const Rows& rows = Rows{}) override;
+  Status CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                  const Rows& rows = Rows{}) override;
+  Status Scale(float* x, int64_t n, float scale) override;
+  Status ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override;
+  StatusOr<double> SumSquares(const float* x, int64_t n) override;
   NormOnDevice* norm_on_device() override { return this; }
-  xla::ffi::Error SumSquaresPart(const float* const* xs, const int64_t* ns, int64_t num,
-                                 int64_t part) override;
-  xla::ffi::ErrorOr<const float*> ClipScalars(int64_t own, const int64_t* devices, int64_t q,
-                                              float clip_norm) override;
-  xla::ffi::ErrorOr<Mismatch> FirstMismatch(const float* master, const LeafRun* runs,
-                                            int64_t num_runs, float* scratch,
-                                            int64_t scratch_device, int64_t scratch_len) override;
-  xla::ffi::Error ZeroBytes(void* dst, size_t bytes) override;
-  xla::ffi::Error CopyBytes(void* dst, const void* src, size_t bytes) override;
-  xla::ffi::Error CopyToHost(void* host, const void* own, size_t bytes) override;
-  xla::ffi::Error CopyFromHost(void* own, const void* host, size_t bytes) override;
-  xla::ffi::Error Publish() override;
-  xla::ffi::Error Acquire(int64_t device) override;
+  Status SumSquaresPart(const float* const* xs, const int64_t* ns, int64_t num,
+                        int64_t part) override;
+  StatusOr<const float*> ClipScalars(int64_t own, const int64_t* devices, int64_t q,
+                                     float clip_norm) override;
+  StatusOr<Mismatch> FirstMismatch(const float* master, const LeafRun* runs, int64_t num_runs,
+                                   float* scratch, int64_t scratch_device,
+                                   int64_t scratch_len) override;
+  Status ZeroBytes(void* dst, size_t bytes) override;
+  Status CopyBytes(void* dst, const void* src, size_t bytes) override;
+  Status CopyToHost(void* host, const void* own, size_t bytes) override;
+  Status CopyFromHost(void* own, const void* host, size_t bytes) override;
+  Status Publish() override;
+  Status Acquire(int64_t device) override;
   // With a copy-up stream, the wait gates that stream: the copies up after
   // it, and (Flush) whatever this stream launches after them.
-  xla::ffi::Error WaitFlag(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
-                           const std::string& what) override {
+  Status WaitFlag(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
+                  const std::string& what) override {
     if (ups_ == nullptr) return Enqueue()->WaitValue(flag, value, timeout, what);
     // (It touches no staging: the copy-up stream waits for this one later,
     // before its first copy, StartUps.)
-    xla::ffi::Error e = ups_->WaitValue(flag, value, timeout, what);
+    Status e = ups_->WaitValue(flag, value, timeout, what);
     if (e.success()) ups_unjoined_ = true;
     return e;
   }
-  xla::ffi::Error SynchronizeHost(const char* what) override {
-    xla::ffi::Error e = Flush();
+  Status SynchronizeHost(const char* what) override {
+    Status e = Flush();
     if (e.success()) e = JoinUps();
     if (e.success()) e = JoinCopies();
     return e.failure() ? e : Enqueue()->Synchronize(what);
@@ -95,7 +95,7 @@ class StreamDevice final : public Device, public NormOnDevice {
   // they return: the inline stream's (Stream::DoneWhenEnqueued), not a
   // stream whose work runs later.
   bool SupportsEmulation() const override { return !holds_; }
-  xla::ffi::Error Flush() override;
+  Status Flush() override;
 
   // The stream itself, for a caller's own small copies (xla/stream_host_io.h):
   // only between operations of this device, with nothing held back (Flush).
@@ -132,15 +132,15 @@ class StreamDevice final : public Device, public NormOnDevice {
   // Holds `runs` back as a pack into (or unpack out of) `buf`, `buf_len`
   // floats, merged with what is held if it is of the same kind; a run's
   // place in `buf` is its buf_off - `lo`.
-  xla::ffi::Error QueueRuns(Queued::Kind kind, const LeafRun* runs, int64_t num_runs, float* buf,
-                            int64_t buf_len, int64_t lo = 0);
+  Status QueueRuns(Queued::Kind kind, const LeafRun* runs, int64_t num_runs, float* buf,
+                   int64_t buf_len, int64_t lo = 0);
   // `n` floats of this device's staging buffer for held work of `kind`
   // (Flush first where held work of another kind, or too little room or
   // span table, is left); they stay its own until the next Flush. Work per
   // call through a peer's memory: a push's pieces are packed side by side in
   // staging by one launch, then copied out (Outbound), a pull's pieces copied
   // in side by side and unpacked by one launch.
-  xla::ffi::ErrorOr<float*> Stage(Queued::Kind kind, int64_t n, int64_t num_runs);
+  StatusOr<float*> Stage(Queued::Kind kind, int64_t n, int64_t num_runs);
   // A copy out of staging, issued by Flush after the held pack that fills it
   // (or into staging, before the held unpack that reads it: `src_device`
   // then names the peer; -1 is this device).
@@ -154,13 +154,13 @@ class StreamDevice final : public Device, public NormOnDevice {
   // `copies` in order, merged: ranges contiguous at both ends into one copy,
   // rows of equal length at fixed pitches into one CopyRows; down to a proxy
   // in host memory on the copy stream (CopyDown).
-  xla::ffi::Error IssueCopies(const std::vector<Outbound>& copies, const char* what);
+  Status IssueCopies(const std::vector<Outbound>& copies, const char* what);
   // The stream, for work about to be enqueued: the next Publish records.
   Stream* Enqueue();
   // Where a launch reads `spans` (`num` of them, `begin` filled): a span
   // table of this device's, uploaded unless a slot holds it (SpanTables),
   // or, on a stream whose work is done when enqueued, `spans` itself.
-  xla::ffi::Error Table(const kernels::Span* spans, int64_t num, const kernels::Span** table);
+  Status Table(const kernels::Span* spans, int64_t num, const kernels::Span** table);
   // Whether this device's kernels read and write `device`'s memory directly.
   bool Addressable(int64_t device) const { return res_.shares_memory(self_, device); }
 
@@ -170,34 +170,34 @@ class StreamDevice final : public Device, public NormOnDevice {
   // then marks for the proxy's host wait (HostProxyDevice::Acquire); from
   // one (a pull) an UploadPinned, after the caller's WaitFlag; else a peer
   // Copy.
-  xla::ffi::Error PeerCopy(float* dst, int64_t dst_device, const float* src, int64_t src_device,
-                           int64_t n, const char* what);
+  Status PeerCopy(float* dst, int64_t dst_device, const float* src, int64_t src_device, int64_t n,
+                  const char* what);
   // PeerCopy without flushing what is held: for copies that held work does not read or write
   // (a pull's piece into staging the held unpack has not claimed).
-  xla::ffi::Error Transfer(float* dst, int64_t dst_device, const float* src, int64_t src_device,
-                           int64_t n, const char* what);
+  Status Transfer(float* dst, int64_t dst_device, const float* src, int64_t src_device, int64_t n,
+                  const char* what);
 
   // Copies down to a proxy in host memory on the copy stream: this stream
   // marks where the pack that filled staging ends, the copy stream waits for
   // it and copies (Flush).
-  xla::ffi::Error CopyDown(const Outbound& o);
+  Status CopyDown(const Outbound& o);
   // This stream waits for everything the copy stream was asked so far (before
   // staging is written again, and before the host synchronizes).
-  xla::ffi::Error JoinCopies();
+  Status JoinCopies();
   // `side` waits for everything enqueued on this stream so far (`mark`
   // recorded here); this stream waits for everything `side` was asked so
   // far (`mark` recorded there).
-  xla::ffi::Error SideWaits(Stream& side, StreamEvent mark);
-  xla::ffi::Error WaitForSide(Stream& side, StreamEvent mark);
+  Status SideWaits(Stream& side, StreamEvent mark);
+  Status WaitForSide(Stream& side, StreamEvent mark);
   // SideWaits for the copy stream, unless it has since this stream's last
   // enqueued work (marked_).
-  xla::ffi::Error MarkForCopies();
+  Status MarkForCopies();
   // The copy-up stream waits for everything enqueued on this stream so far
   // (before it writes its staging ring), unless it has since this call
   // began or the ring's cursor last wrapped.
-  xla::ffi::Error StartUps();
+  Status StartUps();
   // This stream waits for everything the copy-up stream was asked so far.
-  xla::ffi::Error JoinUps();
+  Status JoinUps();
 
   std::unique_ptr<Stream> stream_;
   // Whether work is held back to merge (Flush): not on a stream whose work
@@ -226,25 +226,25 @@ class StreamDevice final : public Device, public NormOnDevice {
 
 // The device of worker `device`'s call, kept in its storage set across calls
 // (StreamResources::kept_device), so a steady call allocates no device, stream
-// wrappers or vectors: `build()` (ErrorOr<std::unique_ptr<StreamDevice>>)
+// wrappers or vectors: `build()` (StatusOr<std::unique_ptr<StreamDevice>>)
 // makes one on the worker's first call, when the stream it runs on (`key`)
 // changed, and, as the call's own, while another call holds the kept one.
 template <typename Build>
-xla::ffi::ErrorOr<DeviceHandle> KeptStreamDevice(StreamResources& res, int64_t device,
-                                                 const void* key, Build&& build) {
+StatusOr<DeviceHandle> KeptStreamDevice(StreamResources& res, int64_t device, const void* key,
+                                        Build&& build) {
   KeptDevice* kept = res.kept_device(device);
   bool idle = false;
   if (kept == nullptr ||
       !kept->busy.compare_exchange_strong(idle, true, std::memory_order_acq_rel)) {
     auto made = build();
-    if (made.has_error()) return xla::ffi::Unexpected(made.error());
+    if (made.has_error()) return made.error();
     return DeviceHandle(std::unique_ptr<Device>(std::move(made.value())));
   }
   if (kept->device == nullptr || kept->key != key) {
     auto made = build();
     if (made.has_error()) {
       kept->busy.store(false, std::memory_order_release);
-      return xla::ffi::Unexpected(made.error());
+      return made.error();
     }
     kept->device = std::move(made.value());
     kept->key = key;

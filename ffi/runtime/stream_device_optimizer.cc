@@ -5,7 +5,6 @@
 #include "runtime/traffic.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -39,8 +38,8 @@ bool IsRow(const OptBuffers& a, int64_t i, int64_t gp, int64_t bp, const OptBuff
 
 }  // namespace
 
-ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
-  if (n <= 0) return ffi::Error::Success();
+Status StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b, int64_t n) {
+  if (n <= 0) return Status::Success();
   CountOptimizer(o, n);
   // Consecutive updates of consecutive elements with the same scalars (a
   // proxy's segments, its pieces) are one launch: the same arithmetic per
@@ -50,7 +49,7 @@ ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b
   if (queued_.kind == Queued::Kind::kOptimizer && SameScalars(queued_.o, o)) {
     if (queued_.rows == 1 && Continues(queued_.b, queued_.n, b, slots)) {
       queued_.n += n;
-      return ffi::Error::Success();
+      return Status::Success();
     }
     if (n == queued_.n) {
       const int64_t gp = queued_.rows > 1 ? queued_.grad_pitch : b.grad_io - queued_.b.grad_io;
@@ -59,18 +58,18 @@ ffi::Error StreamDevice::ApplyOptimizer(const OptScalars& o, const OptBuffers& b
         queued_.grad_pitch = gp;
         queued_.buf_pitch = bp;
         ++queued_.rows;
-        return ffi::Error::Success();
+        return Status::Success();
       }
     }
   }
-  ffi::Error e = Flush();
+  Status e = Flush();
   if (e.failure()) return e;
   queued_.kind = Queued::Kind::kOptimizer;
   queued_.o = o;
   queued_.b = b;
   queued_.n = n;
   queued_.rows = 1;
-  return holds_ ? ffi::Error::Success() : Flush();
+  return holds_ ? Status::Success() : Flush();
 }
 
 }  // namespace coarse

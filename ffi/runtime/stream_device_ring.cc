@@ -9,25 +9,23 @@
 #include "runtime/traffic.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 constexpr int64_t kF32 = sizeof(float);
 }  // namespace
 
-ffi::Error SumSlotsOn(Stream& stream, float* own, int64_t n, int64_t slots, float scale,
-                      const Rows& rows) {
+Status SumSlotsOn(Stream& stream, float* own, int64_t n, int64_t slots, float scale,
+                  const Rows& rows) {
   // One slot, unscaled: the sum is already there.
-  if (n == 0 || rows.count <= 0 || (slots == 1 && scale == 1.0f)) return ffi::Error::Success();
+  if (n == 0 || rows.count <= 0 || (slots == 1 && scale == 1.0f)) return Status::Success();
   const int64_t elems = n * rows.count;  // counted as the rows' passes would be one by one
   if (slots <= 1) CountSumSlots(elems, slots, scale);
   if (slots == 0) {
     for (int64_t i = 0; i < rows.count; ++i)
-      if (ffi::Error e =
-              stream.Memset(own + i * rows.own_pitch, n * sizeof(float), "zeroing a slot");
+      if (Status e = stream.Memset(own + i * rows.own_pitch, n * sizeof(float), "zeroing a slot");
           e.failure())
         return e;
-    return ffi::Error::Success();
+    return Status::Success();
   }
   RowPitches pitches;
   pitches.count = rows.count;
@@ -41,25 +39,24 @@ ffi::Error SumSlotsOn(Stream& stream, float* own, int64_t n, int64_t slots, floa
     for (; count < kernels::kMaxReduceInputs && j < slots; ++count, ++j) in[count] = own + j * n;
     if (count > 1) CountSumSlots(elems, count, 1.0f);  // one pass over `count` slots
     const float s = j >= slots ? scale : 1.0f;
-    ffi::Error e = rows.count == 1 ? stream.Reduce(in, count, own, n, s)
-                                   : stream.ReduceRows(in, count, own, n, s, pitches);
+    Status e = rows.count == 1 ? stream.Reduce(in, count, own, n, s)
+                               : stream.ReduceRows(in, count, own, n, s, pitches);
     if (e.failure() || j >= slots) return e;
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error StreamDevice::SumSlots(float* own, int64_t n, int64_t slots, float scale,
-                                  const Rows& rows) {
+Status StreamDevice::SumSlots(float* own, int64_t n, int64_t slots, float scale, const Rows& rows) {
   // (Nothing to enqueue: nothing held back need go first.)
-  if (n == 0 || (slots == 1 && scale == 1.0f)) return ffi::Error::Success();
-  if (ffi::Error held = Flush(); held.failure()) return held;
+  if (n == 0 || (slots == 1 && scale == 1.0f)) return Status::Success();
+  if (Status held = Flush(); held.failure()) return held;
   return SumSlotsOn(*Enqueue(), own, n, slots, scale, rows);
 }
 
-ffi::Error StreamDevice::AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                                 float scale, const Rows& rows) {
-  if (ffi::Error held = Flush(); held.failure()) return held;
-  if (n == 0 || rows.count <= 0) return ffi::Error::Success();
+Status StreamDevice::AddFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                             float scale, const Rows& rows) {
+  if (Status held = Flush(); held.failure()) return held;
+  if (n == 0 || rows.count <= 0) return Status::Success();
   CountTraffic(TrafficOp::kRingStep, 2 * n * rows.count * kF32, n * rows.count * kF32);
   if (rows.count > 1) {
     // A group's chunks: received side by side in staging by one copy, then
@@ -72,9 +69,9 @@ ffi::Error StreamDevice::AddFrom(float* own, const float* peer, int64_t peer_dev
     pitches.in[1] = rows.peer_pitch;
     if (!Addressable(peer_device)) {
       if (n * rows.count > res_.staging_len())
-        return ffi::Error::Internal("coarse_jax: a ring group's chunks exceed the staging buffer");
+        return Status::Internal("coarse_jax: a ring group's chunks exceed the staging buffer");
       float* recv = res_.staging(self_);
-      ffi::Error e = JoinCopies();  // staging is written next
+      Status e = JoinCopies();  // staging is written next
       if (e.success())
         e = Enqueue()->CopyRows(recv, self_, n * kF32, peer, peer_device, rows.peer_pitch * kF32,
                                 n * kF32, rows.count, "ring: peer copy of a group's chunks");
@@ -92,9 +89,9 @@ ffi::Error StreamDevice::AddFrom(float* own, const float* peer, int64_t peer_dev
     // peels the same head from both and runs the rest vectorized.
     const int64_t shift = (reinterpret_cast<uintptr_t>(own) / sizeof(float)) % 4;
     if (n + shift > res_.staging_len() + 4)
-      return ffi::Error::Internal("coarse_jax: a ring chunk exceeds the staging buffer");
+      return Status::Internal("coarse_jax: a ring chunk exceeds the staging buffer");
     float* recv = res_.staging(self_) + shift;
-    ffi::Error e = JoinCopies();  // staging is written next
+    Status e = JoinCopies();  // staging is written next
     if (e.success()) e = PeerCopy(recv, self_, peer, peer_device, n, "ring: peer copy");
     if (e.failure()) return e;
     x = recv;
@@ -103,14 +100,14 @@ ffi::Error StreamDevice::AddFrom(float* own, const float* peer, int64_t peer_dev
   return Enqueue()->Reduce(in, 2, own, n, scale);
 }
 
-ffi::Error StreamDevice::CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
-                                  const Rows& rows) {
-  if (ffi::Error held = Flush(); held.failure()) return held;
+Status StreamDevice::CopyFrom(float* own, const float* peer, int64_t peer_device, int64_t n,
+                              const Rows& rows) {
+  if (Status held = Flush(); held.failure()) return held;
   // Not PeerCopy: besides the workers' ring, worker k copies proxy k's store
   // into its snapshot (ParamStore::CopySnapshot), both in the proxy's memory,
   // with `own` not this device's: for a proxy in host memory a host-to-host
   // copy on this stream (on CUDA with UVA, as host memory is mapped).
-  if (n <= 0 || rows.count <= 0) return ffi::Error::Success();
+  if (n <= 0 || rows.count <= 0) return Status::Success();
   CountTraffic(TrafficOp::kRingStep, n * rows.count * kF32, n * rows.count * kF32);
   if (rows.count > 1)
     return Enqueue()->CopyRows(own, self_, rows.own_pitch * kF32, peer, peer_device,
@@ -120,8 +117,8 @@ ffi::Error StreamDevice::CopyFrom(float* own, const float* peer, int64_t peer_de
                          "ring: peer copy");
 }
 
-ffi::Error StreamDevice::Scale(float* x, int64_t n, float scale) {
-  if (ffi::Error held = Flush(); held.failure()) return held;
+Status StreamDevice::Scale(float* x, int64_t n, float scale) {
+  if (Status held = Flush(); held.failure()) return held;
   CountTraffic(TrafficOp::kScale, n * kF32, n * kF32);
   const float* in[1] = {x};
   return Enqueue()->Reduce(in, 1, x, n, scale);

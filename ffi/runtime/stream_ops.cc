@@ -3,7 +3,6 @@
 #include <array>
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -24,60 +23,59 @@ class CountingStream final : public Stream {
       : inner_(std::move(inner)), res_(res) {}
 
   bool DoneWhenEnqueued() const override { return inner_->DoneWhenEnqueued(); }
-  ffi::Error Pack(const kernels::Span* spans, int64_t num_spans, int64_t total,
-                  float* buf) override {
+  Status Pack(const kernels::Span* spans, int64_t num_spans, int64_t total, float* buf) override {
     Add(StreamOp::kLaunches);
     return inner_->Pack(spans, num_spans, total, buf);
   }
-  ffi::Error Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
-                    int64_t total) override {
+  Status Unpack(const float* buf, const kernels::Span* spans, int64_t num_spans,
+                int64_t total) override {
     Add(StreamOp::kLaunches);
     return inner_->Unpack(buf, spans, num_spans, total);
   }
-  ffi::Error Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
-                    float scale) override {
+  Status Reduce(const float* const* inputs, int num_inputs, float* out, int64_t n,
+                float scale) override {
     Add(StreamOp::kLaunches);
     return inner_->Reduce(inputs, num_inputs, out, n, scale);
   }
-  ffi::Error ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n,
-                        float scale, const RowPitches& rows) override {
+  Status ReduceRows(const float* const* inputs, int num_inputs, float* out, int64_t n, float scale,
+                    const RowPitches& rows) override {
     Add(StreamOp::kLaunches);
     return inner_->ReduceRows(inputs, num_inputs, out, n, scale, rows);
   }
-  ffi::Error Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override {
+  Status Optimizer(const OptScalars& o, const OptBuffers& b, int64_t n) override {
     Add(StreamOp::kLaunches);
     return inner_->Optimizer(o, b, n);
   }
-  ffi::Error OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
-                           int64_t grad_pitch, int64_t buf_pitch) override {
+  Status OptimizerRows(const OptScalars& o, const OptBuffers& b, int64_t n, int64_t rows,
+                       int64_t grad_pitch, int64_t buf_pitch) override {
     Add(StreamOp::kLaunches);
     return inner_->OptimizerRows(o, b, n, rows, grad_pitch, buf_pitch);
   }
-  ffi::Error SumSquares(const float* x, int64_t n, double* partial, double* out) override {
+  Status SumSquares(const float* x, int64_t n, double* partial, double* out) override {
     Add(StreamOp::kLaunches);
     return inner_->SumSquares(x, n, partial, out);
   }
-  ffi::Error SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t total,
-                             double* partial, double* out, bool accumulate) override {
+  Status SumSquaresSpans(const kernels::Span* spans, int64_t num_spans, int64_t total,
+                         double* partial, double* out, bool accumulate) override {
     Add(StreamOp::kLaunches);
     return inner_->SumSquaresSpans(spans, num_spans, total, partial, out, accumulate);
   }
-  ffi::Error ClipScalars(const double* parts, int64_t num, float clip_norm, float* out) override {
+  Status ClipScalars(const double* parts, int64_t num, float clip_norm, float* out) override {
     Add(StreamOp::kLaunches);
     return inner_->ClipScalars(parts, num, clip_norm, out);
   }
-  ffi::Error FirstMismatch(const float* master, kernels::DType dtype, const void* given,
-                           kernels::DType given_dtype, int64_t n, unsigned long long base,
-                           unsigned long long* first) override {
+  Status FirstMismatch(const float* master, kernels::DType dtype, const void* given,
+                       kernels::DType given_dtype, int64_t n, unsigned long long base,
+                       unsigned long long* first) override {
     Add(StreamOp::kLaunches);
     return inner_->FirstMismatch(master, dtype, given, given_dtype, n, base, first);
   }
-  ffi::Error Memset(void* dst, size_t bytes, const char* what) override {
+  Status Memset(void* dst, size_t bytes, const char* what) override {
     Add(StreamOp::kLaunches);
     return inner_->Memset(dst, bytes, what);
   }
-  ffi::Error Copy(void* dst, int64_t dst_device, const void* src, int64_t src_device, size_t bytes,
-                  const char* what) override {
+  Status Copy(void* dst, int64_t dst_device, const void* src, int64_t src_device, size_t bytes,
+              const char* what) override {
     CountCopy(dst_device, src_device, static_cast<int64_t>(bytes));
     return inner_->Copy(dst, dst_device, src, src_device, bytes, what);
   }
@@ -97,47 +95,47 @@ class CountingStream final : public Stream {
       Add(StreamOp::kBytesPeer, n);
     }
   }
-  ffi::Error CopyRows(void* dst, int64_t dst_device, size_t dst_pitch, const void* src,
-                      int64_t src_device, size_t src_pitch, size_t row_bytes, int64_t rows,
-                      const char* what) override {
+  Status CopyRows(void* dst, int64_t dst_device, size_t dst_pitch, const void* src,
+                  int64_t src_device, size_t src_pitch, size_t row_bytes, int64_t rows,
+                  const char* what) override {
     CountCopy(dst_device, src_device, static_cast<int64_t>(row_bytes) * rows);
     return inner_->CopyRows(dst, dst_device, dst_pitch, src, src_device, src_pitch, row_bytes, rows,
                             what);
   }
-  ffi::Error Upload(void* dst, const void* src, size_t bytes, const char* what) override {
+  Status Upload(void* dst, const void* src, size_t bytes, const char* what) override {
     Add(StreamOp::kCopiesH2D);
     Add(StreamOp::kBytesH2D, static_cast<int64_t>(bytes));
     return inner_->Upload(dst, src, bytes, what);
   }
-  ffi::Error Download(void* dst, const void* src, size_t bytes, const char* what) override {
+  Status Download(void* dst, const void* src, size_t bytes, const char* what) override {
     Add(StreamOp::kCopiesD2H);
     Add(StreamOp::kBytesD2H, static_cast<int64_t>(bytes));
     return inner_->Download(dst, src, bytes, what);
   }
-  ffi::Error UploadPinned(void* dst, const void* src, size_t bytes, const char* what) override {
+  Status UploadPinned(void* dst, const void* src, size_t bytes, const char* what) override {
     Add(StreamOp::kCopiesH2D);
     Add(StreamOp::kBytesH2D, static_cast<int64_t>(bytes));
     return inner_->UploadPinned(dst, src, bytes, what);
   }
-  ffi::Error Record(StreamEvent event) override {
+  Status Record(StreamEvent event) override {
     Add(StreamOp::kRecords);
     return inner_->Record(event);
   }
-  ffi::Error Wait(StreamEvent event, int64_t device) override {
+  Status Wait(StreamEvent event, int64_t device) override {
     Add(StreamOp::kStreamWaits);
     return inner_->Wait(event, device);
   }
-  ffi::Error Synchronize(const char* what) override {
+  Status Synchronize(const char* what) override {
     Add(StreamOp::kHostSyncs);
     return inner_->Synchronize(what);
   }
-  ffi::Error HostWait(StreamEvent event, std::chrono::milliseconds timeout,
-                      const std::string& what) override {
+  Status HostWait(StreamEvent event, std::chrono::milliseconds timeout,
+                  const std::string& what) override {
     Add(StreamOp::kHostWaits);
     return inner_->HostWait(event, timeout, what);
   }
-  ffi::Error WaitValue(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
-                       const std::string& what) override {
+  Status WaitValue(const uint32_t* flag, uint32_t value, std::chrono::milliseconds timeout,
+                   const std::string& what) override {
     Add(StreamOp::kStreamWaits);
     return inner_->WaitValue(flag, value, timeout, what);
   }

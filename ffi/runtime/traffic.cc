@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "xla/ffi/api/ffi.h"
+#include "runtime/dtype.h"
 
 namespace coarse {
 namespace {
@@ -50,7 +50,7 @@ struct RunBytes {
 RunBytes BytesOf(const LeafRun* runs, int64_t num_runs) {
   RunBytes b;
   for (int64_t r = 0; r < num_runs; ++r) {
-    b.leaf += runs[r].len * xla::ffi::ByteWidth(runs[r].dtype);
+    b.leaf += runs[r].len * ByteWidth(runs[r].dtype);
     b.f32 += runs[r].len * kF32;
   }
   return b;
@@ -79,7 +79,7 @@ void CountCheck(const LeafRun* runs, int64_t num_runs, unsigned long long first)
     const bool here = first < static_cast<unsigned long long>(run.buf_off + run.len);
     const int64_t compared =
         here ? std::max<int64_t>(0, static_cast<int64_t>(first) - run.buf_off + 1) : run.len;
-    CountTraffic(TrafficOp::kCheck, compared * (kF32 + xla::ffi::ByteWidth(run.dtype)), 0);
+    CountTraffic(TrafficOp::kCheck, compared * (kF32 + ByteWidth(run.dtype)), 0);
   }
 }
 

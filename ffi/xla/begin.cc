@@ -15,7 +15,7 @@ namespace ffi = xla::ffi;
 
 ffi::Error BeginBody(Call& call, Device& dev, ffi::Result<ffi::AnyBuffer> token) {
   (void)call;
-  return dev.ZeroBytes(token->untyped_data(), token->size_bytes());
+  return ToXlaError(dev.ZeroBytes(token->untyped_data(), token->size_bytes()));
 }
 
 }  // namespace coarse

@@ -63,9 +63,9 @@ ffi::ErrorOr<Call> BeginCall(ffi::RunId run_id, const Caller& caller, const Call
         "(ffi/runtime/service.h), started by the workers' calls. Run the step's program on the "
         "workers only (coarse.sync does; a hand-made program must shard_map over "
         "coarse_jax.mesh.workers_mesh(mesh))."));
-  return Call{
-      JoinSession(plan.value(), run_id.run_id, attrs.site, who.value().device(p), ordinals.value()),
-      who.value()};
+  return Call{JoinSession(plan.value(), run_id.run_id, attrs.site, who.value().device(p),
+                          ordinals.value().begin(), ordinals.value().size()),
+              who.value()};
 }
 
 ffi::Error StartProxyService(Call& call, const CallAttrs& attrs,
@@ -79,7 +79,12 @@ ffi::Error StartProxyService(Call& call, const CallAttrs& attrs,
 
 ffi::Error EndCall(Call& call, Device& device, ffi::Error status, const CallAttrs& attrs) {
   const bool last = status.success() && attrs.last;
-  return FinishCall(call, device, std::move(status), last);
+  // FinishCall reads a failure's message only (it poisons the session with
+  // it): XLA gets `status` itself back, its code unchanged.
+  const Status finished =
+      FinishCall(call, device,
+                 status.success() ? Status::Success() : Status::Internal(status.message()), last);
+  return status.failure() ? std::move(status) : ToXlaError(finished);
 }
 
 }  // namespace coarse

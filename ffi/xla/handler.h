@@ -21,6 +21,7 @@
 #include "runtime/session.h"
 #include "xla/call_attrs.h"
 #include "xla/ffi/api/ffi.h"
+#include "xla/status_xla.h"
 
 namespace coarse {
 
@@ -65,14 +66,15 @@ xla::ffi::Error RunCall(xla::ffi::RunId run_id, const Caller& caller, const Call
   if (made.has_error()) {
     call.session->Poison(made.error().message());
     call.session->Finish(call.device());
-    return made.error();
+    return ToXlaError(made.error());
   }
   const DeviceHandle device(std::move(made.value()));
   Device& dev = *device;
   xla::ffi::Error status = StartProxyService(call, attrs, make_proxy_device);
-  if (status.success()) status = AcquireStorage(call, dev);
+  if (status.success()) status = ToXlaError(AcquireStorage(call, dev));
   if (status.success()) status = body(call, dev);
-  if (status.success()) status = dev.Flush();  // what the call's device held back (Device::Flush)
+  if (status.success())
+    status = ToXlaError(dev.Flush());  // what the call's device held back (Device::Flush)
   return EndCall(call, dev, std::move(status), attrs);
 }
 

@@ -70,19 +70,19 @@ ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
                                          " is " + DtypeName(dtype) +
                                          ", expected float32, bfloat16 or float16");
     const int64_t n = static_cast<int64_t>(out.value()->element_count());
-    leaves.push_back(LeafRun{out.value()->untyped_data(), dtype, n, total});
+    leaves.push_back(LeafRun{out.value()->untyped_data(), *AsDType(dtype), n, total});
     total += n;
   }
   if (total > p * c)
     return ffi::Error::InvalidArgument(
         "coarse_host_gather: the leaves hold more elements than p chunks (attribute chunk)");
-  ffi::Error failed = ffi::Error::Success();
+  Status failed = Status::Success();
   std::vector<kernels::Span> spans;
   auto take = [&](int64_t k, const void* src) {
     std::vector<LeafRun> runs = ClipRuns(leaves, k * c, (k + 1) * c, k * c);
     if (runs.empty()) return;
     int64_t n = 0;
-    ffi::Error e = SpansOf(runs.data(), static_cast<int64_t>(runs.size()), &spans, &n);
+    Status e = SpansOf(runs.data(), static_cast<int64_t>(runs.size()), &spans, &n);
     if (e.success()) {
       CountScatter(runs.data(), static_cast<int64_t>(runs.size()));
       e = host.Unpack(static_cast<const float*>(src), spans.data(),
@@ -91,10 +91,10 @@ ffi::Error HostGatherBody(ffi::RunId run_id, ffi::AnyBuffer who, ffi::AnyBuffer 
     if (e.failure() && failed.success()) failed = std::move(e);
   };
   auto describe = [](int64_t k) { return Who{kWorker, k}.Describe(); };
-  ffi::Error status = HandOut(run_id.run_id, site, me.value().index, p, chunk.untyped_data(),
-                              timeout_ms, take, describe);
-  if (status.failure()) return std::move(status);
-  if (failed.failure()) return std::move(failed);
+  Status status = HandOut(run_id.run_id, site, me.value().index, p, chunk.untyped_data(),
+                          timeout_ms, take, describe);
+  if (status.failure()) return ToXlaError(status);
+  if (failed.failure()) return ToXlaError(failed);
   return ChargeInterHostLink(run_id.run_id, site, attrs.link, total);
 }
 

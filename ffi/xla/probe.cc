@@ -83,7 +83,7 @@ ffi::Error ProbeBody(ffi::RunId run_id, ffi::AnyBuffer who_buf, ffi::AnyBuffer p
           "coarse_probe: with host_proxies only workers call, with float32[2 * reps] times");
     request.reps /= 2;
   }
-  return RunProbe(request);
+  return ToXlaError(RunProbe(request));
 }
 
 }  // namespace coarse

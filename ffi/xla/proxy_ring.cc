@@ -75,7 +75,8 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
     hosts.kind = hosts_stage == 1 ? HostsStage::kToHosts : HostsStage::kFromHosts;
   auto token = outs.get<ffi::AnyBuffer>(0);
   if (token.has_error()) return token.error();
-  ffi::Error e = dev.ZeroBytes(token.value()->untyped_data(), token.value()->size_bytes());
+  ffi::Error e =
+      ToXlaError(dev.ZeroBytes(token.value()->untyped_data(), token.value()->size_bytes()));
   if (e.failure()) return e;
   int64_t num_args = static_cast<int64_t>(args.size());
   Session& session = *call.session;
@@ -131,8 +132,8 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
     if (!spec.value().updated(leaf)) continue;
     auto x = args.get<ffi::AnyBuffer>(first + leaf);
     if (x.has_error()) return x.error();
-    e = CheckLeaf(plan, leaf, x.value().element_type(), x.value().element_count(),
-                  "coarse_proxy_ring");
+    e = ToXlaError(CheckLeaf(plan, leaf, AsDType(x.value().element_type()),
+                             x.value().element_count(), "coarse_proxy_ring"));
     if (e.failure()) return e;
   }
   auto scalars = args.get<ffi::AnyBuffer>(first + plan.num_proxy_leaves);
@@ -144,11 +145,11 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
   // (ProxyUpdate::scalars_in), no host reads them.
   ProxyUpdate update{store.value(), &spec.value(), 0.0f, 1.0f, 1.0f, [&](int64_t leaf) {
                        ffi::AnyBuffer x = args.get<ffi::AnyBuffer>(first + leaf).value();
-                       return LeafRef{x.untyped_data(), x.element_type()};
+                       return LeafRef{x.untyped_data(), *AsDType(x.element_type())};  // checked
                      }};
   update.scalars_in = static_cast<const float*>(scalars.value().untyped_data());
   update.check_params = attrs.optimizer.check_params;
-  e = BeginUpdateForProxy(call, dev, update);
+  e = ToXlaError(BeginUpdateForProxy(call, dev, update));
   if (e.failure() || hosts.kind != HostsStage::kToHosts) return e;
   // Stage 1: proxy k's owned chunks after the reduce-scatter within the host,
   // to XLA, which sums them over "host" among the workers.
@@ -156,13 +157,13 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
   if (out.has_error()) return out.error();
   float* dst = static_cast<float*>(out.value()->untyped_data());
   const int64_t width = static_cast<int64_t>(out.value()->element_count());
-  if (k < 0) return dev.ZeroBytes(dst, static_cast<size_t>(width) * sizeof(float));
-  e = session.Wait(
+  if (k < 0) return ToXlaError(dev.ZeroBytes(dst, static_cast<size_t>(width) * sizeof(float)));
+  e = ToXlaError(session.Wait(
       call.who, Session::Waits::kPeer, [&] { return session.HostChunksAt(k, 1); },
       [&] {
         return "proxy " + std::to_string(k) +
                " to reduce-scatter every piece within the host (its chunks for the other hosts)";
-      });
+      }));
   if (e.failure()) return e;
   const HostVector<float>& mine = session.host_chunks(k);
   const int64_t n = static_cast<int64_t>(mine.size());
@@ -174,9 +175,9 @@ ffi::Error ProxyRingBody(Call& call, Device& dev, ffi::RemainingArgs args, ffi::
         " (the step was built from another plan than the one that runs: coarse_jax reads "
         "the width from ExchangeRanges, ffi/runtime/param_store.cc)");
   // `mine` is host memory (the session's), `dst` XLA's buffer on this device.
-  e = dev.CopyFromHost(dst, mine.data(), static_cast<size_t>(n) * sizeof(float));
+  e = ToXlaError(dev.CopyFromHost(dst, mine.data(), static_cast<size_t>(n) * sizeof(float)));
   if (e.failure() || width == n) return e;
-  return dev.ZeroBytes(dst + n, static_cast<size_t>(width - n) * sizeof(float));
+  return ToXlaError(dev.ZeroBytes(dst + n, static_cast<size_t>(width - n) * sizeof(float)));
 }
 
 ffi::ErrorOr<ProxyJob> ReadProxyJob(const CallAttrs& attrs, const Plan& plan) {
@@ -200,7 +201,7 @@ ffi::Error OptCountBody(Call& call, Device& dev, ffi::Result<ffi::AnyBuffer> cou
     return ffi::Error::InvalidArgument(
         "coarse_jax: coarse_opt_count needs an optimizer store (attribute call.optimizer.store)");
   auto n = OptimizerCount(call, *store.value());
-  if (n.has_error()) return n.error();
+  if (n.has_error()) return ToXlaError(n.error());
   const int32_t v = static_cast<int32_t>(n.value());
   return io.write(&v, count, sizeof v);
 }

@@ -44,13 +44,14 @@ ffi::Error PushBody(Call& call, Device& dev, const void* after, ffi::RemainingAr
   for (size_t a = 0; a < leaves.size(); ++a) {
     auto in = leaves.get<ffi::AnyBuffer>(a);
     if (in.has_error()) return in.error();
-    ffi::Error e = CheckLeaf(plan, fl + a, in.value().element_type(), in.value().element_count(),
-                             "coarse_push");
+    ffi::Error e = ToXlaError(CheckLeaf(plan, fl + a, AsDType(in.value().element_type()),
+                                        in.value().element_count(), "coarse_push"));
     if (e.failure()) return e;
     if (!passthrough) continue;
     // Aliased to the input; copied only if XLA did not alias.
     ffi::Result<ffi::AnyBuffer> out = outs.get<ffi::AnyBuffer>(a).value();
-    e = dev.CopyBytes(out->untyped_data(), in.value().untyped_data(), in.value().size_bytes());
+    e = ToXlaError(
+        dev.CopyBytes(out->untyped_data(), in.value().untyped_data(), in.value().size_bytes()));
     if (e.failure()) return e;
   }
   // Nothing of the sync ran on any worker before this push (no
@@ -60,16 +61,16 @@ ffi::Error PushBody(Call& call, Device& dev, const void* after, ffi::RemainingAr
   // which coarse_begin zeroed: a memset only where XLA did not alias.
   ffi::Result<ffi::AnyBuffer> token = outs.get<ffi::AnyBuffer>(outs.size() - 1).value();
   if (token->untyped_data() != after) {
-    ffi::Error e = dev.ZeroBytes(token->untyped_data(), token->size_bytes());
+    ffi::Error e = ToXlaError(dev.ZeroBytes(token->untyped_data(), token->size_bytes()));
     if (e.failure()) return e;
   }
-  return PushPieces(
+  return ToXlaError(PushPieces(
       call, dev, fp, np,
       [&](int64_t leaf) {
         ffi::AnyBuffer b = leaves.get<ffi::AnyBuffer>(leaf - fl).value();
-        return LeafRef{b.untyped_data(), b.element_type()};
+        return LeafRef{b.untyped_data(), *AsDType(b.element_type())};  // checked above
       },
-      push_in_place);
+      push_in_place));
 }
 
 }  // namespace coarse

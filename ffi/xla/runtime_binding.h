@@ -155,7 +155,7 @@ inline void DefineRuntimeFunctions(nanobind::module_& m) {
       [](int64_t id) {
         auto store = FindParamStore(id);
         if (!store) throw std::runtime_error("coarse_jax: no such optimizer store");
-        ffi::Error e = store->SnapshotNow();
+        Status e = store->SnapshotNow();
         if (e.failure()) throw std::runtime_error(e.message());
         return store->snapshot_count();
       },

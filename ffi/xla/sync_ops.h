@@ -14,6 +14,7 @@
 #include "runtime/service.h"
 #include "xla/call_attrs.h"
 #include "xla/ffi/api/ffi.h"
+#include "xla/status_xla.h"
 
 namespace coarse {
 

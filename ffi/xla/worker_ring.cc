@@ -2,6 +2,7 @@
 // results) end to end as runs of the f32 scratch,
 // checked against the plan, runs ReduceLeading
 // (runtime/phases/reduce_leading.cc) and zeroes the token result.
+#include <optional>
 #include <vector>
 
 #include "runtime/phases.h"
@@ -17,11 +18,11 @@ static ffi::ErrorOr<std::vector<LeafRun>> LeadingRuns(const Plan& plan,
   int64_t off = 0;
   for (size_t a = 0; a < bufs.size(); ++a) {
     const int64_t leaf = plan.num_proxy_leaves + static_cast<int64_t>(a);
-    ffi::Error e = CheckLeaf(plan, leaf, bufs[a].element_type(), bufs[a].element_count(),
-                             "coarse_worker_ring");
-    if (e.failure()) return ffi::Unexpected(e);
+    const std::optional<DType> dtype = AsDType(bufs[a].element_type());
+    Status e = CheckLeaf(plan, leaf, dtype, bufs[a].element_count(), "coarse_worker_ring");
+    if (e.failure()) return ffi::Unexpected(ToXlaError(e));
     const int64_t n = static_cast<int64_t>(bufs[a].element_count());
-    runs.push_back(LeafRun{bufs[a].untyped_data(), bufs[a].element_type(), n, off});
+    runs.push_back(LeafRun{bufs[a].untyped_data(), *dtype, n, off});
     off += n;
   }
   return runs;
@@ -44,10 +45,10 @@ ffi::Error WorkerRingBody(Call& call, Device& dev, ffi::RemainingArgs leaves,
   if (in_runs.has_error()) return in_runs.error();
   auto out_runs = LeadingRuns(plan, results);
   if (out_runs.has_error()) return out_runs.error();
-  ffi::Error err = ReduceLeading(call, dev, in_runs.value(), out_runs.value());
-  if (err.failure()) return err;
+  Status err = ReduceLeading(call, dev, in_runs.value(), out_runs.value());
+  if (err.failure()) return ToXlaError(err);
   ffi::Result<ffi::AnyBuffer> token = outs.get<ffi::AnyBuffer>(L).value();
-  return dev.ZeroBytes(token->untyped_data(), token->size_bytes());
+  return ToXlaError(dev.ZeroBytes(token->untyped_data(), token->size_bytes()));
 }
 
 }  // namespace coarse

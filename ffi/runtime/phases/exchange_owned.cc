@@ -9,15 +9,14 @@
 #include "runtime/trace.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
-ffi::Error ExchangeOwned(Session& session, Device& dev, int64_t k, const HostsStage& hosts,
-                         bool to_hosts) {
+Status ExchangeOwned(Session& session, Device& dev, int64_t k, const HostsStage& hosts,
+                     bool to_hosts) {
   const Plan& plan = session.plan();
   const std::vector<OwnedRange> ranges = ExchangeRanges(plan, k);
   const int64_t n = ranges.empty() ? 0 : ranges.back().off + (ranges.back().hi - ranges.back().lo);
   if (n > hosts.width)
-    return ffi::Error::Internal(
+    return Status::Internal(
         "coarse_jax: coarse_proxy_ring across hosts: proxy " + std::to_string(k) + " owns " +
         std::to_string(n) + " elements after the reduce-scatter but the exchange buffer has " +
         std::to_string(hosts.width) +
@@ -30,12 +29,12 @@ ffi::Error ExchangeOwned(Session& session, Device& dev, int64_t k, const HostsSt
     float* x = hosts.chunks + r.off;
     const size_t bytes = static_cast<size_t>(r.hi - r.lo) * sizeof(float);
     // `x` is host memory (the session's chunks), `own` this proxy's storage.
-    ffi::Error err = to_hosts ? dev.CopyToHost(x, own, bytes) : dev.CopyFromHost(own, x, bytes);
+    Status err = to_hosts ? dev.CopyToHost(x, own, bytes) : dev.CopyFromHost(own, x, bytes);
     if (err.failure()) return err;
   }
   if (to_hosts && hosts.width > n)  // host memory: the host zeroes it
     std::fill(hosts.chunks + n, hosts.chunks + hosts.width, 0.0f);
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 }  // namespace coarse

@@ -13,7 +13,7 @@ namespace coarse {
 
 // Proxy k's owned chunks of every piece to `hosts.chunks` (`to_hosts`) or
 // back from it, laid out by ExchangeRanges; the buffer's tail is zeros.
-xla::ffi::Error ExchangeOwned(Session& session, Device& dev, int64_t k, const HostsStage& hosts,
-                              bool to_hosts);
+Status ExchangeOwned(Session& session, Device& dev, int64_t k, const HostsStage& hosts,
+                     bool to_hosts);
 
 }  // namespace coarse

@@ -17,19 +17,18 @@
 #include "runtime/trace.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
 // GatherPull (phases.h): piece s straight from the chunks each proxy owns
 // after its reduce-scatter (chunk (position + 1) % p of each half, ring.h).
-ffi::Error PullOwnedChunks(Call& call, Device& dev, int64_t s, const LeafResolver& leaf_of,
-                           std::vector<LeafRun>& runs) {
+Status PullOwnedChunks(Call& call, Device& dev, int64_t s, const LeafResolver& leaf_of,
+                       std::vector<LeafRun>& runs) {
   const Plan& plan = call.plan();
   Session& session = *call.session;
   const int64_t p = plan.workers, q = plan.proxies, n = plan.piece_nelems[s];
   const int32_t owned = static_cast<int32_t>(q - 1);  // ring progress once the chunks are final
-  ffi::Error err;
+  Status err;
   {
     TraceScope wait(session, call.device(), "wait for the reduced piece", s);
     for (int64_t j = 0; j < q && err.success(); ++j)
@@ -59,7 +58,7 @@ ffi::Error PullOwnedChunks(Call& call, Device& dev, int64_t s, const LeafResolve
       if (err.failure()) return err;
     }
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 // PushesInPlace: the proxies read this worker's pushes through the pointers
@@ -68,7 +67,7 @@ ffi::Error PullOwnedChunks(Call& call, Device& dev, int64_t s, const LeafResolve
 // leaves this pull holds, which must be where they were pushed from. A
 // mismatch fails the step on every device rather than pull what may be
 // stale values.
-ffi::Error CheckPushedInPlace(Call& call, const LeafResolver& pushed) {
+Status CheckPushedInPlace(Call& call, const LeafResolver& pushed) {
   const Plan& plan = call.plan();
   Session& session = *call.session;
   const int64_t me = call.who.index;
@@ -95,22 +94,22 @@ ffi::Error CheckPushedInPlace(Call& call, const LeafResolver& pushed) {
           "values; the step was abandoned on every device. This is a coarse_jax bug: please "
           "report it with the step's code.";
       session.Poison(msg);
-      return ffi::Error::Internal(msg);
+      return Status::Internal(msg);
     }
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 }  // namespace
 
-ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
-                      const LeafResolver* pushed) {
+Status PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
+                  const LeafResolver* pushed) {
   const Plan& plan = call.plan();
   Session& session = *call.session;
   const int64_t p = plan.workers, me = call.who.index;
   const bool gather = GatherPull(session);
   if (pushed) {
-    ffi::Error err = CheckPushedInPlace(call, *pushed);
+    Status err = CheckPushedInPlace(call, *pushed);
     if (err.failure()) return err;
   }
   std::vector<LeafRun> runs, piece_runs;  // reused: no allocation per piece
@@ -131,19 +130,19 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
   for (int64_t s = 0; s < plan.num_pieces() && per_call; ++s) {
     const int64_t k = plan.dest(s, me);
     if (session.ready_flag(k, s) != nullptr) continue;
-    ffi::Error err = reduced(k, s);
+    Status err = reduced(k, s);
     if (err.failure()) return err;
   }
   for (int64_t s = 0; s < plan.num_pieces(); ++s) {
     TraceScope piece(session, call.device(), "pull piece", s, plan.piece_nbytes[s]);
     if (gather && plan.piece_holder[s] < 0) {
-      ffi::Error err = PullOwnedChunks(call, dev, s, leaf_of, runs);
+      Status err = PullOwnedChunks(call, dev, s, leaf_of, runs);
       if (err.failure()) return err;
       continue;
     }
     // Without the all-gather (GatherPull) a DENSE piece is only on its holder.
     const int64_t k = gather ? plan.piece_holder[s] : plan.dest(s, me);
-    ffi::Error err;
+    Status err;
     if (!gather && session.ready_flag(k, s) != nullptr) {
       // A proxy in host memory with device streams (Storage::ready_flags):
       // this device's stream waits for the proxy's flag, then copies the
@@ -208,7 +207,7 @@ ffi::Error PullPieces(Call& call, Device& dev, const LeafResolver& leaf_of,
     if (err.failure()) return err;
     session.AdvanceTo(me, arrival);
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 }  // namespace coarse

@@ -34,11 +34,11 @@ class PullWakeups {
   // per piece; returns Success, for the branch that finishes it). On emulated links, whose schedule
   // books each pull from its piece's reduction, the pulls are woken per piece, as they are under
   // the testing fault kNotifyPerPiece.
-  xla::ffi::Error Final(Session& session, int64_t s) {
+  Status Final(Session& session, int64_t s) {
     if (--left_[groups_.of[s]] == 0 || session.emulated() || NotifiesPerPiece())
       for (int64_t w = 0; w < static_cast<int64_t>(pullers_.size()); ++w)
         if (pullers_[w]) session.Notify(w);
-    return xla::ffi::Error::Success();
+    return Status::Success();
   }
 
  private:

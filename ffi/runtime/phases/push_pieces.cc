@@ -27,7 +27,6 @@
 #include "runtime/trace.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -39,12 +38,12 @@ void NotifyProxies(Session& session, const Plan& plan, bool completed) {
 
 }  // namespace
 
-ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_pieces,
-                      const LeafResolver& leaf_of, bool in_place) {
+Status PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_pieces,
+                  const LeafResolver& leaf_of, bool in_place) {
   const Plan& plan = call.plan();
   const int64_t i = call.who.index;
   Session& session = *call.session;
-  if (session.TakeDroppedPush(i)) return ffi::Error::Success();  // testing: a lost push
+  if (session.TakeDroppedPush(i)) return Status::Success();  // testing: a lost push
   TraceScope all(session, call.device(), "push");
   const bool fused = PushesInPlace(session, in_place);
   std::vector<LeafRun> runs;
@@ -73,7 +72,7 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
       if (NotifiesPerPiece()) NotifyProxies(session, plan, last);  // testing: the old wake-ups
       continue;
     }
-    ffi::Error e =
+    Status e =
         dev.Gather(runs.data(), static_cast<int64_t>(runs.size()),
                    session.arena(k) + plan.slot(k, s, j), plan.workers + k, plan.piece_nelems[s]);
     if (e.failure()) return e;
@@ -84,12 +83,12 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
   // After every bump of the bucket: a proxy woken here finds all of them.
   if (fused) {
     NotifyProxies(session, plan, completed);
-    return ffi::Error::Success();
+    return Status::Success();
   }
   // One publication for the whole bucket (on a GPU: its pieces' packs merged
   // into one launch, Device::Flush, and one event record), then every piece
   // is announced: work per call, not per piece.
-  ffi::Error e = dev.Publish();
+  Status e = dev.Publish();
   if (e.failure()) return e;
   std::vector<bool> to(plan.proxies, false);  // the proxies this bucket reached
   for (int64_t s = first_piece; s < first_piece + num_pieces; ++s) {
@@ -103,7 +102,7 @@ ffi::Error PushPieces(Call& call, Device& dev, int64_t first_piece, int64_t num_
   // piece it is at, and finds the rest there as it walks on).
   for (int64_t k = 0; k < plan.proxies; ++k)
     if (to[k]) session.Notify(plan.workers + k);
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 }  // namespace coarse

@@ -20,15 +20,14 @@
 #include "runtime/trace.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
 // Narrows elements [lo, hi) of `src` (storage of `src_device`) into the leaves.
-ffi::Error ScatterRange(Device& dev, const float* src, int64_t src_device,
-                        const std::vector<LeafRun>& out_runs, int64_t lo, int64_t hi) {
+Status ScatterRange(Device& dev, const float* src, int64_t src_device,
+                    const std::vector<LeafRun>& out_runs, int64_t lo, int64_t hi) {
   const std::vector<LeafRun> runs = ClipRuns(out_runs, lo, hi, lo);
-  if (runs.empty()) return ffi::Error::Success();
+  if (runs.empty()) return Status::Success();
   return dev.Scatter(src + lo, src_device, hi - lo, runs.data(), static_cast<int64_t>(runs.size()));
 }
 
@@ -37,8 +36,8 @@ ffi::Error ScatterRange(Device& dev, const float* src, int64_t src_device,
 // published its leaves, 1 once it has summed its chunks into its scratch.
 // No worker writes its outputs (which may alias its leaves, which the
 // others read) before every worker has summed.
-ffi::Error OneShotReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
-                                const std::vector<LeafRun>& out_runs) {
+Status OneShotReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
+                            const std::vector<LeafRun>& out_runs) {
   Session& session = *call.session;
   const Plan& plan = call.plan();
   const int64_t p = plan.workers, me = call.who.index, n = plan.leading_nelems;
@@ -51,7 +50,7 @@ ffi::Error OneShotReduceLeading(Call& call, Device& dev, const std::vector<LeafR
     for (int64_t w = 0; w < p; ++w)
       if (w != me) session.Notify(w);
     for (int64_t w = 0; w < p; ++w) {
-      ffi::Error err = session.Wait(
+      Status err = session.Wait(
           call.who, Session::Waits::kPeer,
           [&] { return session.worker_progress(w, 0).load(std::memory_order_acquire) >= stage; },
           [&] {
@@ -63,9 +62,9 @@ ffi::Error OneShotReduceLeading(Call& call, Device& dev, const std::vector<LeafR
       err = dev.Acquire(w);
       if (err.failure()) return err;
     }
-    return ffi::Error::Success();
+    return Status::Success();
   };
-  ffi::Error err = reach(0, "publish");
+  Status err = reach(0, "publish");
   if (err.failure()) return err;
   float* scratch = session.scratch(me);
   std::vector<int64_t> order(p);
@@ -92,14 +91,14 @@ ffi::Error OneShotReduceLeading(Call& call, Device& dev, const std::vector<LeafR
       err = ScatterRange(dev, session.scratch(w), w, out_runs, lo, hi);
       if (err.failure()) return err;
     }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 }  // namespace
 
-ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who,
-                               std::optional<Clock::time_point> values_ready,
-                               const std::function<ffi::Error(int64_t, int64_t)>& on_final) {
+Status WorkerRingAllReduce(Session& session, Device& dev, const Who& who,
+                           std::optional<Clock::time_point> values_ready,
+                           const std::function<Status(int64_t, int64_t)>& on_final) {
   const Plan& plan = session.plan();
   const int64_t p = plan.workers, me = who.index;
   RingMember m;
@@ -133,8 +132,8 @@ ffi::Error WorkerRingAllReduce(Session& session, Device& dev, const Who& who,
       });
 }
 
-ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
-                         const std::vector<LeafRun>& out_runs) {
+Status ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in_runs,
+                     const std::vector<LeafRun>& out_runs) {
   TraceScope all(*call.session, call.device(), "worker ring", -1, call.plan().leading_nbytes);
   if (OneShotLeading(*call.session)) return OneShotReduceLeading(call, dev, in_runs, out_runs);
   const Plan& plan = call.plan();
@@ -150,8 +149,8 @@ ffi::Error ReduceLeading(Call& call, Device& dev, const std::vector<LeafRun>& in
   // On a GPU the ring would read the leaves in place: the widening copy is
   // host work, so step 0 is booked from the call's start (values_ready).
   const Clock::time_point entered = session.Now(me);
-  ffi::Error err = dev.Gather(in_runs.data(), static_cast<int64_t>(in_runs.size()), scratch, me,
-                              plan.leading_nelems);
+  Status err = dev.Gather(in_runs.data(), static_cast<int64_t>(in_runs.size()), scratch, me,
+                          plan.leading_nelems);
   if (err.failure()) return err;
   return WorkerRingAllReduce(session, dev, call.who, entered, [&](int64_t lo, int64_t hi) {
     return ScatterRange(dev, scratch, me, out_runs, lo, hi);

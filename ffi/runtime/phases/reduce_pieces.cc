@@ -35,7 +35,6 @@
 #include "runtime/trace.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -70,12 +69,12 @@ class PieceReducer {
   // (DENSE holder: scales the sum). `announce`: let peers read the owned
   // chunks now (no update in between).
   // A group (RingGroup: its pieces' pushes, one sum and one ring for all).
-  ffi::Error ReduceScatter(const RingGroup& g, bool announce) {
+  Status ReduceScatter(const RingGroup& g, bool announce) {
     const int64_t s = g.first;
-    if (copies_from_holder(s)) return ffi::Error::Success();
+    if (copies_from_holder(s)) return Status::Success();
     if (fused_) return FusedReduceScatter(s, announce);
     const auto& from = plan_.contributors_of(k_, s);
-    ffi::Error err;
+    Status err;
     {
       TraceScope wait(session_, w_ + k_, "wait for pushes", s);
       for (int64_t t = s; t < s + g.count && err.success(); ++t) err = AwaitPushes(call_, k_, t);
@@ -125,9 +124,9 @@ class PieceReducer {
   // each half) straight from every proxy's storage, in the order the ring
   // would add them, so the bits equal the ring's (GPU, emulated links). It
   // writes only its own chunks, which no peer reads.
-  ffi::Error OneShotReduceScatter(int64_t s, bool announce) {
+  Status OneShotReduceScatter(int64_t s, bool announce) {
     float* own = Own(s);
-    ffi::Error err = dev_.Publish();
+    Status err = dev_.Publish();
     if (err.failure()) return err;
     for (int r = 0; r < 2; ++r)
       session_.proxy_progress(k_, s, r).store(0, std::memory_order_release);
@@ -160,10 +159,10 @@ class PieceReducer {
   // each proxy's clients in client order, the proxies in the ring's order,
   // as OneShotReduceScatter sums the proxies' copies, so the bits are the
   // ring's.
-  ffi::Error FusedReduceScatter(int64_t s, bool announce) {
+  Status FusedReduceScatter(int64_t s, bool announce) {
     const int64_t n = plan_.piece_nelems[s];
     const bool dense = plan_.piece_holder[s] == k_;
-    ffi::Error err;
+    Status err;
     {
       TraceScope wait(session_, w_ + k_, "wait for pushes", s);
       // Its own clients' pushes first, and only those as a wait on a push:
@@ -199,9 +198,8 @@ class PieceReducer {
   // 1) % p of each half), `order` the proxies in the order the ring adds the
   // chunk (from position c onwards: c, c + 1, ..., c - 1, this proxy). Then
   // publishes, and with `announce` tells every device the chunks are final.
-  ffi::Error SumOwnedChunks(
-      int64_t s, bool announce,
-      const std::function<ffi::Error(int64_t, int64_t, const int64_t*)>& sum) {
+  Status SumOwnedChunks(int64_t s, bool announce,
+                        const std::function<Status(int64_t, int64_t, const int64_t*)>& sum) {
     const int64_t n = plan_.piece_nelems[s];
     std::vector<int64_t> order(q_);
     for (int r = 0; r < 2; ++r) {
@@ -209,15 +207,15 @@ class PieceReducer {
       const int64_t c = OwnedChunk(r, k_, q_, n, &lo, &hi);
       if (hi <= lo) continue;
       RingAddOrder(r, c, q_, order.data());
-      ffi::Error err = sum(lo, hi, order.data());
+      Status err = sum(lo, hi, order.data());
       if (err.failure()) return err;
     }
-    ffi::Error err = dev_.Publish();
+    Status err = dev_.Publish();
     if (err.failure() || !announce) return err;
     const int32_t last = static_cast<int32_t>(q_ - 1);  // what the ring's last step leaves
     for (int r = 0; r < 2; ++r)
       session_.proxy_progress(k_, s, r).store(last, std::memory_order_release);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
   // After ReduceScatter: the optimizer on the owned chunks (parameter
@@ -228,8 +226,8 @@ class PieceReducer {
   // final here, and the workers' streams that wait for it may copy it back.
   // `batch`: a DENSE piece this proxy holds is announced with the next
   // one (the caller finishes that next, with no wait: NextIsHere).
-  ffi::Error Finish(const RingGroup& g, bool update, bool announce, bool batch = false) {
-    ffi::Error err = FinishPiece(g, update, announce);
+  Status Finish(const RingGroup& g, bool update, bool announce, bool batch = false) {
+    Status err = FinishPiece(g, update, announce);
     if (err.success() && !batch) err = AnnounceHeld();
     if (err.failure()) return err;
     for (int64_t t = g.first; t < g.first + g.count; ++t) FlagInOrder(t);
@@ -249,7 +247,7 @@ class PieceReducer {
       WriteFlag(session_.ready_flag(k_, flagged_), session_.ready_value());
   }
 
-  ffi::Error FinishPiece(const RingGroup& g, bool update, bool announce) {
+  Status FinishPiece(const RingGroup& g, bool update, bool announce) {
     const int64_t s = g.first;
     const int64_t n = plan_.piece_nelems[s];
     // Every pull reads the holder's copy in place: nothing to copy.
@@ -259,7 +257,7 @@ class PieceReducer {
       const int32_t holder = plan_.piece_holder[s];
       // Not part of the emulated system: this copy only keeps every device's
       // outputs identical, so it is not charged to any link.
-      ffi::Error err = session_.Wait(
+      Status err = session_.Wait(
           call_.who, Session::Waits::kPeer, [&] { return session_.IsReduced(holder, s); },
           [&] {
             return "proxy " + std::to_string(holder) + " to reduce " + plan_.DescribePiece(s);
@@ -277,7 +275,7 @@ class PieceReducer {
       return FinalGroup(g);
     }
     if (update) {
-      ffi::Error err = AwaitUpdateInputs(call_, dev_, *update_);
+      Status err = AwaitUpdateInputs(call_, dev_, *update_);
       if (err.failure()) return err;
       TraceScope opt(session_, w_ + k_, "optimizer", s);
       // A group's pieces half by half: each half's chunks are rows of one
@@ -295,17 +293,17 @@ class PieceReducer {
       // push, not per piece: one publication, and on a GPU one optimizer
       // launch for all of them, StreamDevice::ApplyOptimizer).
       held_.push_back(s);
-      return ffi::Error::Success();
+      return Status::Success();
     } else {
       const RingMember m = GroupMember(session_, k_, g);
       if (announce) {
-        ffi::Error err = RingAnnounceOwned(session_, dev_, m);
+        Status err = RingAnnounceOwned(session_, dev_, m);
         if (err.failure()) return err;
       }
       // Every worker pulls this proxy's owned chunks of s (PullWakeups).
       if (gather_pull_) return FinalGroup(g);
       TraceScope ring(session_, w_ + k_, "all-gather", s, RingBytes(s) * g.count);
-      ffi::Error err = RingAllGather(session_, dev_, call_.who, n, m, GroupStepWhat(plan_, k_, g));
+      Status err = RingAllGather(session_, dev_, call_.who, n, m, GroupStepWhat(plan_, k_, g));
       if (err.failure()) return err;
     }
     return FinalGroup(g);
@@ -313,25 +311,25 @@ class PieceReducer {
 
   // The group's pieces are final here for the pulls that read them: the
   // pulls are woken once their pull group is (PullWakeups).
-  ffi::Error FinalGroup(const RingGroup& g) {
+  Status FinalGroup(const RingGroup& g) {
     for (int64_t t = g.first; t < g.first + g.count; ++t) pulls_.Final(session_, t);
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
   // Publishes the pieces this proxy holds (DENSE) and finished but has not
   // announced yet, then marks them reduced and wakes their clients.
-  ffi::Error AnnounceHeld() {
-    if (held_.empty()) return ffi::Error::Success();
-    ffi::Error err = dev_.Publish();
+  Status AnnounceHeld() {
+    if (held_.empty()) return Status::Success();
+    Status err = dev_.Publish();
     if (err.failure()) return err;
     for (int64_t s : held_) session_.MarkReduced(k_, s);
     for (int64_t s : held_) pulls_.Final(session_, s);
     held_.clear();
-    return ffi::Error::Success();
+    return Status::Success();
   }
 
   // Across hosts (exchange_owned.h).
-  ffi::Error Exchange(const HostsStage& hosts, bool to_hosts) {
+  Status Exchange(const HostsStage& hosts, bool to_hosts) {
     return ExchangeOwned(session_, dev_, k_, hosts, to_hosts);
   }
 
@@ -370,25 +368,25 @@ class PieceReducer {
 
 }  // namespace
 
-ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const HostsStage& hosts,
-                        bool in_place) {
+Status ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const HostsStage& hosts,
+                    bool in_place) {
   TraceScope all(*call.session, call.device(), "proxy ring");
   PieceReducer r(call, dev, update, in_place);
   if (update && !update->from_worker && hosts.kind != HostsStage::kFromHosts) {
     TraceScope begin(*call.session, call.device(), "optimizer setup");
-    ffi::Error err = BeginUpdate(call, dev, *update);
+    Status err = BeginUpdate(call, dev, *update);
     if (err.failure()) return err;
   }
   const bool clip = update && update->spec->clip_norm > 0;
   if (update && update->spec->delayed) {
     if (clip || hosts.kind != HostsStage::kWhole)
-      return ffi::Error::InvalidArgument(
+      return Status::InvalidArgument(
           "coarse_jax: a delayed update runs on one host without global-norm clipping");
-    ffi::Error err = ApplyPending(call, dev, *update);  // overlaps the workers' forward
+    Status err = ApplyPending(call, dev, *update);  // overlaps the workers' forward
     if (err.failure()) return err;
   }
   auto global_norm = [&] {
-    ffi::Error err = AwaitUpdateInputs(call, dev, *update);
+    Status err = AwaitUpdateInputs(call, dev, *update);
     if (err.failure()) return err;
     TraceScope norm(*call.session, call.device(), "global norm");
     return ClipByGlobalNorm(call, dev, *update);
@@ -396,12 +394,12 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
   switch (hosts.kind) {
     case HostsStage::kToHosts:
       for (const RingGroup& g : r.groups()) {
-        ffi::Error err = r.ReduceScatter(g, /*announce=*/false);
+        Status err = r.ReduceScatter(g, /*announce=*/false);
         if (err.failure()) return err;
       }
       return r.Exchange(hosts, /*to_hosts=*/true);
     case HostsStage::kFromHosts: {
-      ffi::Error err = r.Exchange(hosts, /*to_hosts=*/false);
+      Status err = r.Exchange(hosts, /*to_hosts=*/false);
       if (err.success() && clip) err = global_norm();
       for (size_t i = 0; i < r.groups().size() && err.success(); ++i)
         err = r.Finish(r.groups()[i], r.updates(r.groups()[i].first), true);
@@ -411,14 +409,14 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
     case HostsStage::kWhole: {
       for (const RingGroup& g : r.groups()) {
         const bool upd = r.updates(g.first);  // the same for every piece of g
-        ffi::Error err = r.ReduceScatter(g, !upd);
+        Status err = r.ReduceScatter(g, !upd);
         if (err.failure()) return err;
         if (clip && upd) continue;  // finished below, once the global norm is known
         err = r.Finish(g, upd, upd, /*batch=*/!clip && r.NextIsHere(g.first + g.count - 1));
         if (err.failure()) return err;
       }
       if (clip) {
-        ffi::Error err = global_norm();
+        Status err = global_norm();
         // All here now: the held pieces announced once, with the last (batch).
         const auto& gs = r.groups();
         int64_t last = static_cast<int64_t>(gs.size()) - 1;
@@ -434,12 +432,12 @@ ffi::Error ReducePieces(Call& call, Device& dev, ProxyUpdate* update, const Host
     // A proxy that owns nothing to update never waited for its worker's
     // setup: wait now, so the store is held by this session (Enter, by
     // worker k) before it counts as applied in it.
-    ffi::Error err = AwaitUpdateInputs(call, dev, *update);
+    Status err = AwaitUpdateInputs(call, dev, *update);
     if (err.success()) err = KeepUnapplied(call, dev, *update);
     if (err.failure()) return err;
     update->store->MarkApplied();
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 }  // namespace coarse

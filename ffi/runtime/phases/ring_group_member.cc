@@ -6,7 +6,6 @@
 #include <vector>
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
@@ -62,7 +61,7 @@ std::function<std::string(int, int32_t)> GroupStepWhat(const Plan& plan, int64_t
   };
 }
 
-ffi::Error AwaitPushes(const Call& call, int64_t j, int64_t s, Session::Waits kind) {
+Status AwaitPushes(const Call& call, int64_t j, int64_t s, Session::Waits kind) {
   Session& session = *call.session;
   const Plan& plan = session.plan();
   const auto& from = plan.contributors_of(j, s);

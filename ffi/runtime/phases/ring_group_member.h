@@ -31,7 +31,7 @@ std::function<std::string(int, int32_t)> GroupStepWhat(const Plan& plan, int64_t
 
 // Until every client routed to proxy j has pushed piece s; a timeout names
 // exactly the clients whose push is missing (Session::pushed).
-xla::ffi::Error AwaitPushes(const Call& call, int64_t j, int64_t s,
-                            Session::Waits kind = Session::Waits::kPush);
+Status AwaitPushes(const Call& call, int64_t j, int64_t s,
+                   Session::Waits kind = Session::Waits::kPush);
 
 }  // namespace coarse

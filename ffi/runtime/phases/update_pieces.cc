@@ -22,22 +22,21 @@
 #include "runtime/trace.h"
 
 namespace coarse {
-namespace ffi = xla::ffi;
 
 namespace {
 
 // Calls f(leaf, leaf_off, piece_off, len) for the parts of piece r.piece's
 // segments inside [r.lo, r.hi).
 template <typename F>
-ffi::Error ForSegments(const Plan& plan, const OwnedRange& r, F&& f) {
+Status ForSegments(const Plan& plan, const OwnedRange& r, F&& f) {
   for (int64_t g = plan.piece_seg_begin[r.piece]; g < plan.piece_seg_begin[r.piece + 1]; ++g) {
     const Segment& seg = plan.segments[g];
     const int64_t lo = std::max(r.lo, seg.piece_off), hi = std::min(r.hi, seg.piece_off + seg.len);
     if (hi <= lo) continue;
-    ffi::Error e = f(seg.leaf, seg.leaf_off + (lo - seg.piece_off), lo, hi - lo);
+    Status e = f(seg.leaf, seg.leaf_off + (lo - seg.piece_off), lo, hi - lo);
     if (e.failure()) return e;
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 std::string FloatText(float v) {
@@ -48,24 +47,24 @@ std::string FloatText(float v) {
 
 }  // namespace
 
-ffi::ErrorOr<int64_t> OptimizerCount(Call& call, ParamStore& store) {
+StatusOr<int64_t> OptimizerCount(Call& call, ParamStore& store) {
   // Every worker holds the store for this session (the proxies are a
   // service): the count is the one the previous update committed, on every
   // worker.
-  ffi::Error err = store.Enter(call.session, call.who);
-  if (err.failure()) return ffi::Unexpected(err);
+  Status err = store.Enter(call.session, call.who);
+  if (err.failure()) return err;
   return store.update_count();
 }
 
-ffi::Error BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update) {
+Status BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update) {
   // Traced on the worker, whose thread runs it.
   // Proxy j's setup is its group leader's (Plan::group_leader): the other
   // workers of a shared proxy's group have none to do.
   const int64_t j = call.plan().led_proxy(call.who.index);
-  if (j < 0) return ffi::Error::Success();
+  if (j < 0) return Status::Success();
   TraceScope setup(*call.session, call.device(), "optimizer setup");
   Call proxy{call.session, call.session->proxy(j)};
-  ffi::Error err = BeginUpdate(proxy, dev, update);
+  Status err = BeginUpdate(proxy, dev, update);
   if (err.failure()) return err;
   const float scalars[3] = {update.lr, update.bc1, update.bc2};
   float* step = nullptr;
@@ -74,20 +73,20 @@ ffi::Error BeginUpdateForProxy(Call& call, Device& dev, ProxyUpdate& update) {
     // copy of the three floats beside its state, in stream order, published
     // with the store's setup (AwaitUpdateInputs acquires it).
     step = update.store->step_scalars(j, update.store->update_count());
-    const LeafRun run{const_cast<float*>(update.scalars_in), ffi::DataType::F32, 3, 0};
+    const LeafRun run{const_cast<float*>(update.scalars_in), DType::kF32, 3, 0};
     err = dev.Gather(&run, 1, step, call.plan().workers + j, 3);
     if (err.success()) err = dev.Publish();
     if (err.failure()) return err;
   }
   call.session->PostUpdateInputs(j, scalars, step);
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error AwaitUpdateInputs(Call& call, Device& dev, ProxyUpdate& u) {
-  if (!u.from_worker || u.inputs) return ffi::Error::Success();
+Status AwaitUpdateInputs(Call& call, Device& dev, ProxyUpdate& u) {
+  if (!u.from_worker || u.inputs) return Status::Success();
   Session& session = *call.session;
   const int64_t k = call.who.index;
-  ffi::Error err = session.Wait(
+  Status err = session.Wait(
       call.who, Session::Waits::kPeer, [&] { return session.UpdateInputsPosted(k); },
       [&] {
         return "worker " + std::to_string(call.plan().group_leader(k)) +
@@ -105,12 +104,12 @@ ffi::Error AwaitUpdateInputs(Call& call, Device& dev, ProxyUpdate& u) {
   return dev.Acquire(call.plan().group_leader(k));
 }
 
-ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
+Status BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
   Session& session = *call.session;
   const Plan& plan = call.plan();
   const int64_t k = call.who.index, p = plan.workers;
   ParamStore& store = *u.store;
-  ffi::Error err = store.Enter(call.session, call.who);
+  Status err = store.Enter(call.session, call.who);
   if (err.success()) err = store.Prepare(session, *u.spec);
   if (err.failure()) return err;
   const int64_t n = store.owned_nelems(k);
@@ -155,7 +154,7 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
     }
     case ParamStore::Seed::kNone: break;
   }
-  if (!u.check_params) return ffi::Error::Success();
+  if (!u.check_params) return Status::Success();
   // The params this step got must be what the store returned: compared with
   // the committed master rounded to the params' dtype, where they are (CPU)
   // or widened into the buffer this step writes anyway (streams, CUDA).
@@ -170,7 +169,7 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
       runs.push_back(
           LeafRun{ElementPtr(x.data, x.dtype, leaf_off), x.dtype, len, r.off + (piece_off - r.lo)});
       where.emplace_back(leaf, leaf_off);
-      return ffi::Error::Success();
+      return Status::Success();
     });
     if (err.failure()) return err;
   }
@@ -178,7 +177,7 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
   auto bad =
       dev.FirstMismatch(master, runs.data(), static_cast<int64_t>(runs.size()), given, p + k, n);
   if (bad.has_error()) return bad.error();
-  if (bad.value().run < 0) return ffi::Error::Success();
+  if (bad.value().run < 0) return Status::Success();
   const auto [leaf, leaf_off] = where[bad.value().run];
   const int64_t i = bad.value().index;
   const float got = bad.value().given, held = bad.value().held;
@@ -193,7 +192,7 @@ ffi::Error BeginUpdate(Call& call, Device& dev, ProxyUpdate& u) {
       "from other params, call step.load_optimizer_state(params, opt_state) first, or "
       "step.reset_optimizer() to restart the optimizer from the params you pass.";
   session.Poison(msg);
-  return ffi::Error::InvalidArgument(msg);
+  return Status::InvalidArgument(msg);
 }
 
 namespace {
@@ -227,36 +226,35 @@ OptScalars ScalarsOf(const ProxyUpdate& u) {
 // where the new weight is written too; the master and state from the
 // committed buffer to the other one.
 template <typename Pick, typename Grad>
-ffi::Error UpdateOwned(const Plan& plan, Device& dev, const ProxyUpdate& u, int64_t k, OptScalars o,
-                       Pick&& pick, Grad&& grad) {
+Status UpdateOwned(const Plan& plan, Device& dev, const ProxyUpdate& u, int64_t k, OptScalars o,
+                   Pick&& pick, Grad&& grad) {
   ParamStore& store = *u.store;
   const OptimizerSpec& spec = *u.spec;
   const int32_t slots = spec.slots();
   for (const OwnedRange& r : store.owned(k)) {
     if (!pick(r)) continue;
-    ffi::Error err =
-        ForSegments(plan, r, [&](int64_t leaf, int64_t, int64_t piece_off, int64_t len) {
-          const int64_t off = r.off + (piece_off - r.lo);
-          OptBuffers b{};
-          b.grad_io = grad(r, piece_off);
-          b.w_in = store.buf(k, 0, 0) + off;
-          b.w_out = store.buf(k, 1, 0) + off;
-          for (int32_t j = 0; j < slots; ++j) {
-            b.s_in[j] = store.buf(k, 0, 1 + j) + off;
-            b.s_out[j] = store.buf(k, 1, 1 + j) + off;
-          }
-          o.decay = spec.decayed(leaf) && spec.weight_decay != 0.0f;
-          return dev.ApplyOptimizer(o, b, len);
-        });
+    Status err = ForSegments(plan, r, [&](int64_t leaf, int64_t, int64_t piece_off, int64_t len) {
+      const int64_t off = r.off + (piece_off - r.lo);
+      OptBuffers b{};
+      b.grad_io = grad(r, piece_off);
+      b.w_in = store.buf(k, 0, 0) + off;
+      b.w_out = store.buf(k, 1, 0) + off;
+      for (int32_t j = 0; j < slots; ++j) {
+        b.s_in[j] = store.buf(k, 0, 1 + j) + off;
+        b.s_out[j] = store.buf(k, 1, 1 + j) + off;
+      }
+      o.decay = spec.decayed(leaf) && spec.weight_decay != 0.0f;
+      return dev.ApplyOptimizer(o, b, len);
+    });
     if (err.failure()) return err;
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 }  // namespace
 
-ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& u, int64_t s, float* own,
-                          int half) {
+Status ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& u, int64_t s, float* own,
+                      int half) {
   const int64_t n = call.plan().piece_nelems[s];  // ring 1's half starts at n / 2 (ring.h)
   return UpdateOwned(
       call.plan(), dev, u, call.who.index, ScalarsOf(u),
@@ -266,11 +264,11 @@ ffi::Error ApplyOptimizer(Call& call, Device& dev, const ProxyUpdate& u, int64_t
       [&](const OwnedRange&, int64_t piece_off) { return own + piece_off; });
 }
 
-ffi::Error ApplyPending(Call& call, Device& dev, ProxyUpdate& u) {
+Status ApplyPending(Call& call, Device& dev, ProxyUpdate& u) {
   ParamStore& store = *u.store;
   const int64_t k = call.who.index;
   TraceScope span(*call.session, call.device(), "delayed update");
-  ffi::Error err = store.Enter(call.session, call.who);
+  Status err = store.Enter(call.session, call.who);
   if (err.success()) err = store.Prepare(*call.session, *u.spec);
   if (err.failure() || !store.applies_pending()) return err;
   // The previous call's gradient (committed) into this version's buffer,
@@ -291,7 +289,7 @@ ffi::Error ApplyPending(Call& call, Device& dev, ProxyUpdate& u) {
   return err;
 }
 
-ffi::Error TakePending(Call& call, Device& dev, const ProxyUpdate& u, int64_t s, float* own) {
+Status TakePending(Call& call, Device& dev, const ProxyUpdate& u, int64_t s, float* own) {
   ParamStore& store = *u.store;
   const int64_t k = call.who.index, self = call.device();
   // The weights to hand out: this call's update of the previous gradient, or
@@ -300,23 +298,23 @@ ffi::Error TakePending(Call& call, Device& dev, const ProxyUpdate& u, int64_t s,
   for (const OwnedRange& r : store.owned(k)) {
     if (r.piece != s) continue;
     const int64_t len = r.hi - r.lo;
-    ffi::Error err = dev.CopyFrom(store.pending(k, 1) + r.off, own + r.lo, self, len);
+    Status err = dev.CopyFrom(store.pending(k, 1) + r.off, own + r.lo, self, len);
     if (err.success()) err = dev.CopyFrom(own + r.lo, weights + r.off, self, len);
     if (err.failure()) return err;
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
-ffi::Error KeepUnapplied(Call& call, Device& dev, const ProxyUpdate& u) {
+Status KeepUnapplied(Call& call, Device& dev, const ProxyUpdate& u) {
   ParamStore& store = *u.store;
-  if (!u.spec->delayed || store.applies_pending()) return ffi::Error::Success();
+  if (!u.spec->delayed || store.applies_pending()) return Status::Success();
   // Nothing applied: the version this session commits is the committed one.
   const int64_t k = call.who.index, n = store.owned_nelems(k), self = call.device();
   for (int32_t slot = 0; slot <= u.spec->slots(); ++slot) {
-    ffi::Error err = dev.CopyFrom(store.buf(k, 1, slot), store.buf(k, 0, slot), self, n);
+    Status err = dev.CopyFrom(store.buf(k, 1, slot), store.buf(k, 0, slot), self, n);
     if (err.failure()) return err;
   }
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 // On a device (NormOnDevice) the owned ranges' sum of squares is one
@@ -325,7 +323,7 @@ ffi::Error KeepUnapplied(Call& call, Device& dev, const ProxyUpdate& u) {
 // where they are: per step a launch or two, a peer copy per other proxy, no
 // host synchronization (one per owned range read each sum back before). A
 // proxy in host memory sums on the host, where the values already are.
-ffi::Error ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& u) {
+Status ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& u) {
   Session& session = *call.session;
   const int64_t k = call.who.index, q = call.plan().proxies, w = call.plan().workers;
   const Plan& plan = call.plan();
@@ -344,25 +342,24 @@ ffi::Error ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& u) {
     xs.push_back(x);
     ns.push_back(r.hi - r.lo);
     if (ClipSyncsPerPiece()) {  // testing: a host synchronization per range, as before
-      ffi::Error e = dev.SynchronizeHost("testing: the global norm's host sync per range");
+      Status e = dev.SynchronizeHost("testing: the global norm's host sync per range");
       if (e.failure()) return e;
     }
   }
   if (on_device != nullptr) {
-    ffi::Error e =
-        on_device->SumSquaresPart(xs.data(), ns.data(), static_cast<int64_t>(xs.size()), k);
+    Status e = on_device->SumSquaresPart(xs.data(), ns.data(), static_cast<int64_t>(xs.size()), k);
     if (e.success() && q > 1) e = dev.Publish();  // the peers copy this share
     if (e.failure()) return e;
   }
   session.PostNormPart(k, sum_sq);
-  ffi::Error err = session.Wait(
+  Status err = session.Wait(
       call.who, Session::Waits::kPeer, [&] { return session.NormReady(); },
       [&] { return std::string("every proxy's share of the global gradient norm (clip_norm)"); });
   if (err.failure()) return err;
   if (on_device == nullptr) {
     u.norm = static_cast<float>(std::sqrt(session.NormTotal()));
     u.clip = !(u.norm < u.spec->clip_norm);
-    return ffi::Error::Success();
+    return Status::Success();
   }
   std::vector<int64_t> devices(q);
   for (int64_t j = 0; j < q && err.success(); ++j) {
@@ -373,7 +370,7 @@ ffi::Error ClipByGlobalNorm(Call& call, Device& dev, ProxyUpdate& u) {
   auto clip = on_device->ClipScalars(k, devices.data(), q, u.spec->clip_norm);
   if (clip.has_error()) return clip.error();
   u.clip_at = clip.value();
-  return ffi::Error::Success();
+  return Status::Success();
 }
 
 }  // namespace coarse
