@@ -8,8 +8,6 @@
 #pragma once
 
 #include <optional>
-#include <string>
-#include <utility>
 
 #include "runtime/dtype.h"
 #include "runtime/status.h"
@@ -36,13 +34,6 @@ inline xla::ffi::Error ToXlaError(const Status& status) {
   return xla::ffi::Error(ErrorCode::kInternal, status.message());
 }
 
-// `value` as XLA's value-or-error.
-template <typename T>
-xla::ffi::ErrorOr<T> ToXlaErrorOr(StatusOr<T> value) {
-  if (value.has_error()) return xla::ffi::Unexpected(ToXlaError(value.error()));
-  return std::move(value).value();
-}
-
 // The runtime's dtype of XLA's element type `t`; nullopt for any other than
 // float32, bfloat16 and float16.
 inline std::optional<DType> AsDType(xla::ffi::DataType t) {
@@ -61,36 +52,6 @@ inline bool IsSupported(xla::ffi::DataType t) { return AsDType(t).has_value(); }
 inline const char* DtypeName(xla::ffi::DataType t) {
   const std::optional<DType> d = AsDType(t);
   return d ? DtypeName(*d) : "an unsupported dtype";
-}
-
-// XLA's name of `t` ("f64", "s32", ...), for naming what was refused.
-inline std::string XlaDtypeName(xla::ffi::DataType t) {
-  using xla::ffi::DataType;
-  switch (t) {
-    case DataType::PRED: return "bool";
-    case DataType::S8: return "s8";
-    case DataType::S16: return "s16";
-    case DataType::S32: return "s32";
-    case DataType::S64: return "s64";
-    case DataType::U8: return "u8";
-    case DataType::U16: return "u16";
-    case DataType::U32: return "u32";
-    case DataType::U64: return "u64";
-    case DataType::F16: return "f16";
-    case DataType::F32: return "f32";
-    case DataType::F64: return "f64";
-    case DataType::BF16: return "bf16";
-    case DataType::C64: return "c64";
-    case DataType::C128: return "c128";
-    default: return "XLA element type " + std::to_string(static_cast<int>(t));
-  }
-}
-
-// AsDType, or an InvalidArgument naming the element type refused.
-inline StatusOr<DType> ToDType(xla::ffi::DataType t) {
-  if (const std::optional<DType> d = AsDType(t)) return *d;
-  return Status::InvalidArgument("coarse_jax: a leaf of " + XlaDtypeName(t) +
-                                 "; only float32, bfloat16 and float16 are synchronized");
 }
 
 }  // namespace coarse
