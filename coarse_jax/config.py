@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -14,6 +15,17 @@ from coarse_jax.mesh import local_proxy
 
 Mode = Literal["ffi", "reference"]
 _MODES = ("ffi", "reference")
+
+# Config.from_profile's builder, handed in by the profiler when it loads
+# (coarse_jax/profiling/to_config.py), so that this module, a plain value's,
+# imports nothing from the profiler.
+_profile_builder: Callable[..., Config] | None = None
+
+
+def register_profile_builder(builder: Callable[..., Config]) -> None:
+    """Makes ``builder(profile, **overrides)`` what `Config.from_profile` calls (the profiler's)."""
+    global _profile_builder
+    _profile_builder = builder
 
 
 # The longest wait Config.timeout_s allows: the runtime counts nanoseconds in
@@ -244,9 +256,11 @@ class Config:
         """A Config whose routes, latency threshold and shard size come from ``profile``.
 
         The design card's entry to `coarse.diagnostics.config_from_profile`,
-        which documents the rules; the profiler is imported only when this is
-        called, so a Config stays a plain value (`coarse_jax.config` imports
-        nothing from `coarse_jax.profiling`: the import contract checks it).
+        which documents the rules. A Config stays a plain value:
+        `coarse_jax.config` imports nothing from `coarse_jax.profiling`, not
+        even when this is called (the import contract checks it); the profiler
+        hands its builder in when it loads (`register_profile_builder`), which
+        ``import coarse_jax`` does.
 
         Args:
           profile: a `coarse.diagnostics.Profile`.
@@ -266,9 +280,12 @@ class Config:
           >>> cfg == coarse.diagnostics.config_from_profile(prof, topology=topo)
           True
         """
-        from coarse_jax.profiling.to_config import config_from_profile
-
-        return config_from_profile(profile, **overrides)
+        if _profile_builder is None:
+            raise RuntimeError(
+                "Config.from_profile: no profiler is loaded. Fix: import coarse_jax (it loads "
+                "coarse_jax.profiling), or call coarse.diagnostics.config_from_profile."
+            )
+        return _profile_builder(profile, **overrides)
 
     def routes_for(self, workers: int, proxies: int | None = None) -> tuple[tuple[int, int], ...]:
         """The routing table for ``workers`` workers and ``proxies`` proxies, checked.

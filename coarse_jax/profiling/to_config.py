@@ -2,7 +2,8 @@
 
 A Config is a plain value and imports nothing from the profiler; building one
 from measurements belongs here, with the measurements. `coarse.Config.from_profile`
-(the design card's entry) imports this module when called.
+(the design card's entry) calls `config_from_profile`, which this module hands to
+`coarse_jax.config` when it loads (`register_profile_builder`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from coarse_jax.config import Config
+from coarse_jax.config import Config, register_profile_builder
 from coarse_jax.profiling import routing
 from coarse_jax.profiling.data import Profile
 
@@ -88,3 +89,6 @@ def config_from_profile(profile: Profile, **overrides: Any) -> Config:
     )
     cfg.routes_for(profile.workers, profile.proxies)  # the planner names proxies 0..q-1
     return dataclasses.replace(cfg, **overrides)
+
+
+register_profile_builder(config_from_profile)
