@@ -109,7 +109,8 @@ void HostQueue::Loop() {
   std::string short_name = "coarse ";
   for (size_t i = 0; i < name_.size(); ++i)
     if (std::isdigit(static_cast<unsigned char>(name_[i])) ||
-        ((i == 0 || name_[i - 1] == ' ' || name_[i - 1] == '-') && std::isalpha(name_[i])))
+        ((i == 0 || name_[i - 1] == ' ' || name_[i - 1] == '-') &&
+         std::isalpha(static_cast<unsigned char>(name_[i]))))
       short_name += name_[i];
   pthread_setname_np(pthread_self(), short_name.substr(0, 15).c_str());
   for (;;) {
