@@ -54,6 +54,23 @@ Status CheckLeaf(const Plan& plan, int64_t leaf, std::optional<DType> dtype, siz
   return Status::Success();
 }
 
+namespace {
+
+// Where each proxy's job of `s` is that has not left it, for a timeout's message:
+// "proxy 1 running, proxy 3 not started" (a job starts when it reaches the storage).
+std::string ProxiesLeft(const Session& s) {
+  std::string out;
+  for (int64_t k = 0; k < s.q(); ++k) {
+    const int64_t d = s.p() + k;
+    if (s.Finished(d)) continue;
+    out += (out.empty() ? "proxy " : ", proxy ") + std::to_string(k) +
+           (s.Started(d) ? " running" : " not started");
+  }
+  return out.empty() ? "all have left" : out;
+}
+
+}  // namespace
+
 Status FinishCall(Call& call, Device& device, Status status, bool last) {
   if (status.failure()) {
     // XLA runs none of this device's later calls: it is done with the
@@ -83,7 +100,9 @@ Status FinishCall(Call& call, Device& device, Status status, bool last) {
       Session& s = *call.session;
       Status e = s.Wait(
           call.who, Session::Waits::kPeer, [&] { return s.ProxiesFinished(); },
-          [] { return std::string("the proxies to leave the session (their service jobs)"); });
+          [&] {
+            return "the proxies to leave the session (their service jobs: " + ProxiesLeft(s) + ")";
+          });
       // The proxies also leave a session that failed: their last act may be
       // releasing the ready flags a pull's copies waited for, over values
       // no proxy finished. The step then fails here, never returns them.

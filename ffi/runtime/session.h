@@ -220,6 +220,14 @@ class Session {
   }
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
   int64_t run_id() const { return run_id_; }
+  // Whether `device` has made a call of this session (a proxy: its job reached its
+  // storage), and whether it has finished it.
+  bool Started(int64_t device) const {
+    return first_call_[device].load(std::memory_order_acquire) != 0;
+  }
+  bool Finished(int64_t device) const {
+    return finished_[device].load(std::memory_order_acquire) != 0;
+  }
   // Whether `device` has made a call of this session and not finished it.
   bool InProgress(int64_t device) const {
     return first_call_[device].load(std::memory_order_acquire) != 0 &&
