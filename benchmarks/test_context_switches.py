@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -32,7 +33,7 @@ ROUNDS, STEPS = 12, 10
 
 _SCRIPT = textwrap.dedent(
     """
-    import json, os, resource, statistics, sys
+    import json, os, resource, sys
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     import jax, jax.numpy as jnp, numpy as np
     import coarse_jax as coarse
@@ -107,11 +108,6 @@ def _run(backend: str | None) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return (xs[len(xs) // 2] + xs[(len(xs) - 1) // 2]) / 2
-
-
 @pytest.mark.benchmark(group="context-switches")
 @pytest.mark.parametrize("backend", [None, "streams"], ids=["default-cpu", "streams"])
 def test_context_switches_do_not_grow_with_the_pieces(benchmark, backend):
@@ -120,13 +116,12 @@ def test_context_switches_do_not_grow_with_the_pieces(benchmark, backend):
 
     def size(shard: int) -> str:
         pushes, pieces = plans[str(shard)]
-        return (
-            f"{shard >> 10} KiB ({pushes} pushes, {pieces} pieces) {_median(per[str(shard)]):.1f}"
-        )
+        median = statistics.median(per[str(shard)])
+        return f"{shard >> 10} KiB ({pushes} pushes, {pieces} pieces) {median:.1f}"
 
     def ratio(a: int, b: int) -> str:
         rounds = [x / y for x, y in zip(per[str(a)], per[str(b)], strict=True) if y > 0]
-        whole = _median(per[str(a)]) / max(_median(per[str(b)]), 1e-9)
+        whole = statistics.median(per[str(a)]) / max(statistics.median(per[str(b)]), 1e-9)
         return f"{whole:.2f} (per round {min(rounds):.2f}-{max(rounds):.2f})"
 
     print(
