@@ -8,14 +8,15 @@ same step takes at the default 4 MiB.
 
 The step: the stream budget test's ``value_and_update`` Adam step of an 8-layer MLP,
 256 wide (2.1 MB of f32), at p = 1 with its proxy on the worker's device
-(``coarse_jax.testing.shared_device_mesh(1)``): at 16 KiB and 64 KiB pieces 9 pushes
-(129 and 33 pieces: only the pieces differ), at 4 MiB 2 pushes of one piece each (the
-planner batches tensors below ``shard_bytes`` into one push, so there the calls differ
-too). The three steps are compiled in one process and run interleaved, ``ROUNDS`` rounds of
-``STEPS`` steps each, each step waited for, so the host thread's own waits are the
-same in both; the ratios of their medians are printed with the machine's
-load, once per CPU backend (the default one, and ``COARSE_JAX_BACKEND=streams``: a
-GPU's orchestration), each in a fresh process.
+(``coarse_jax.testing.shared_device_mesh(1)``). At the default ``push_bytes`` (4 MiB)
+every size pushes the same 2 buckets (the loss, and the 8 weights together), in 129,
+33 and 2 pieces at 16 KiB, 64 KiB and 4 MiB: only the pieces differ. A fourth step,
+16 KiB with ``push_bytes=0`` (each 256 KiB weight a push of its own, 9 pushes: the plan
+before ``push_bytes``), shows what a push costs. The steps are compiled in one process
+and run interleaved, ``ROUNDS`` rounds of ``STEPS`` steps each, each step waited for,
+so the host thread's own waits are the same in all; the ratios of their medians are
+printed with the machine's load, once per CPU backend (the default one, and
+``COARSE_JAX_BACKEND=streams``: a GPU's orchestration), each in a fresh process.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ import textwrap
 import pytest
 
 ROUNDS, STEPS = 12, 10
+# (name, shard_bytes, push_bytes): the default push_bytes at three piece sizes,
+# and a push per weight at 16 KiB.
+SIZES = [
+    ("16 KiB", 16 << 10, 4 << 20),
+    ("64 KiB", 64 << 10, 4 << 20),
+    ("4 MiB", 4 << 20, 4 << 20),
+    ("16 KiB, push_bytes=0", 16 << 10, 0),
+]
 
 _SCRIPT = textwrap.dedent(
     """
@@ -40,6 +49,7 @@ _SCRIPT = textwrap.dedent(
     from coarse_jax.testing import active_backend, shared_device_mesh
 
     rounds, steps = int(sys.argv[1]), int(sys.argv[2])
+    SIZES = json.loads(sys.argv[3])
 
     def loss(p, b):
         h = b["x"]
@@ -57,8 +67,8 @@ _SCRIPT = textwrap.dedent(
     }
     mesh = shared_device_mesh(1)
     runs = {}
-    for shard in (16 << 10, 64 << 10, 4 << 20):
-        cfg = coarse.Config(shard_bytes=shard, xla_below_bytes=0)
+    for name, shard, push in SIZES:
+        cfg = coarse.Config(shard_bytes=shard, push_bytes=push, xla_below_bytes=0)
         step = coarse.sync(
             lambda p, b: coarse.value_and_update(loss, coarse.optim.adam(1e-3))(p, b),
             mesh=mesh, config=cfg,
@@ -67,28 +77,28 @@ _SCRIPT = textwrap.dedent(
         for _ in range(5):
             _, p = step(p, batch)
         jax.block_until_ready(p)
-        runs[shard] = [step, p]
-    per_step = {shard: [] for shard in runs}
+        runs[name] = [step, p]
+    per_step = {name: [] for name in runs}
     for _ in range(rounds):
-        for shard, run in runs.items():
+        for name, run in runs.items():
             step, p = run
             before = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
             for _ in range(steps):
                 _, p = step(p, batch)
                 jax.block_until_ready(p)
-            per_step[shard].append(
+            per_step[name].append(
                 (resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - before) / steps)
             run[1] = p
     print(json.dumps({
         "backend": active_backend(),
         "plans": {
-            str(s): [
+            s: [
                 sum(len(getattr(pl, kind)) for pl in r[0]._traced_plans if not pl.xla)
                 for kind in ("buckets", "pieces")
             ]
             for s, r in runs.items()
         },
-        "per_step": {str(s): v for s, v in per_step.items()},
+        "per_step": per_step,
     }))
     """
 )
@@ -101,7 +111,7 @@ def _run(backend: str | None) -> dict:
     if backend:
         env["COARSE_JAX_BACKEND"] = backend
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(ROUNDS), str(STEPS)],
+        [sys.executable, "-c", _SCRIPT, str(ROUNDS), str(STEPS), json.dumps(SIZES)],
         env=env, capture_output=True, text=True, timeout=900, cwd="/",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -114,20 +124,20 @@ def test_context_switches_do_not_grow_with_the_pieces(benchmark, backend):
     got = benchmark.pedantic(_run, args=(backend,), rounds=1, iterations=1)
     per, plans = got["per_step"], got["plans"]
 
-    def size(shard: int) -> str:
-        pushes, pieces = plans[str(shard)]
-        median = statistics.median(per[str(shard)])
-        return f"{shard >> 10} KiB ({pushes} pushes, {pieces} pieces) {median:.1f}"
+    def size(name: str) -> str:
+        pushes, pieces = plans[name]
+        return f"{name} ({pushes} pushes, {pieces} pieces) {statistics.median(per[name]):.1f}"
 
-    def ratio(a: int, b: int) -> str:
-        rounds = [x / y for x, y in zip(per[str(a)], per[str(b)], strict=True) if y > 0]
-        whole = statistics.median(per[str(a)]) / max(statistics.median(per[str(b)]), 1e-9)
+    def ratio(a: str, b: str) -> str:
+        rounds = [x / y for x, y in zip(per[a], per[b], strict=True) if y > 0]
+        whole = statistics.median(per[a]) / max(statistics.median(per[b]), 1e-9)
         return f"{whole:.2f} (per round {min(rounds):.2f}-{max(rounds):.2f})"
 
     print(
         f"\n{got['backend']} backend, load {os.getloadavg()[0]:.1f}: voluntary context switches "
         f"per step, median of {ROUNDS} rounds of {STEPS}: "
-        + ", ".join(size(s) for s in (16 << 10, 64 << 10, 4 << 20))
-        + f"; 16 KiB / 4 MiB {ratio(16 << 10, 4 << 20)} (goal: at most 1.3), "
-        f"16 KiB / 64 KiB, the same pushes {ratio(16 << 10, 64 << 10)}"
+        + ", ".join(size(name) for name, _, _ in SIZES)
+        + f"; 16 KiB / 4 MiB {ratio('16 KiB', '4 MiB')} (goal: at most 1.3), "
+        f"16 KiB / 64 KiB {ratio('16 KiB', '64 KiB')}, a push per weight / 16 KiB "
+        f"{ratio('16 KiB, push_bytes=0', '16 KiB')}"
     )

@@ -90,6 +90,15 @@ class Config:
       shard_bytes: tensors larger than this are cut into equal shards (the last
         one shorter); smaller tensors are batched together into pieces of up
         to this size, so a step pays per-piece, not per-tensor, latency.
+      push_bytes: what one push carries: consecutive tensors (of one group)
+        are pushed together, in one custom call from the backward pass, up to
+        this many bytes (at least ``shard_bytes``); a larger tensor is a push
+        of its own. As PyTorch DDP's ``bucket_cap_mb``: the pushes, and with
+        them a step's calls, launches and wake-ups, depend on this alone, the
+        pieces on ``shard_bytes``, so small shards pipeline the proxies' ring
+        finer at no extra call. Lower it (e.g. to ``shard_bytes``) to push
+        each tensor as soon as the backward pass has it, at one call (on a GPU
+        a few launches and a wake-up) per push.
       latency_threshold_bytes: pieces smaller than this go to a worker's
         latency proxy, the rest to its bandwidth proxy.
       xla_below_bytes: the latency route. A `coarse.all_reduce` or
@@ -193,10 +202,12 @@ class Config:
     reprofile_every: int = 0
     max_steps_in_flight: int | None = None
     trace: bool = False
+    push_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
         for name in (
             "shard_bytes",
+            "push_bytes",
             "latency_threshold_bytes",
             "xla_below_bytes",
             "leading_bytes",

@@ -26,6 +26,42 @@ def test_pieces_cover_every_element_once():
     assert all((c == 1).all() for c in covered.values())
 
 
+def _pushes(plan):
+    return [(plan.bucket_leaves(b), b.num_pieces) for b in plan.buckets]
+
+
+def test_pushes_follow_push_bytes_pieces_follow_shard_bytes():
+    # Eight 256 KiB weights and two small leaves: the default push_bytes
+    # (4 MiB) pushes them in one bucket at every piece size, cut into pieces
+    # of shard_bytes; the pieces are what shard_bytes alone would give.
+    tree = _tree([(64, 1024)] * 8 + [(10,), (7,)])
+    for shard in (16 << 10, 64 << 10, 4 << 20):
+        plan = coarse.diagnostics.plan(tree, 2, coarse.Config(shard_bytes=shard))
+        assert len(plan.buckets) == 1, (shard, _pushes(plan))
+        b = plan.buckets[0]
+        assert (b.first_piece, b.num_pieces, b.num_leaves) == (0, len(plan.pieces), 10)
+        assert all(pc.nbytes <= shard for pc in plan.pieces)
+        # Every leaf above shard_bytes in equal shards, the two small ones
+        # batched into one piece: pieces never span a shard and a batch.
+        big = 8 * -(-(256 << 10) // shard) if shard < (256 << 10) else 0
+        assert len(plan.pieces) == (big + 1 if big else 1), (shard, len(plan.pieces))
+    # push_bytes at most shard_bytes: the plan before push_bytes, a push per
+    # leaf above shard_bytes and per batch; the pieces unchanged.
+    for push in (0, 16 << 10):
+        old = coarse.diagnostics.plan(
+            tree, 2, coarse.Config(shard_bytes=16 << 10, push_bytes=push)
+        )
+        assert [n for _, n in _pushes(old)] == [1] + [16] * 8  # the batch comes first
+        new = coarse.diagnostics.plan(tree, 2, coarse.Config(shard_bytes=16 << 10))
+        assert old.pieces == new.pieces
+    # In between: consecutive leaves up to push_bytes, a larger leaf alone.
+    mid = coarse.diagnostics.plan(
+        tree, 2, coarse.Config(shard_bytes=16 << 10, push_bytes=600 << 10)
+    )
+    # (backward order: the two small leaves, then w7 and w6 fill 512 KiB + 68 B)
+    assert [len(ids) for ids, _ in _pushes(mid)] == [4, 2, 2, 2]
+
+
 def test_backward_order_and_leading_prefix():
     tree = _tree([(4,), (4,), (4,), (4,)])  # 16 bytes each
     plan = coarse.diagnostics.plan(tree, 2, coarse.Config(leading_bytes=32))
@@ -91,6 +127,8 @@ def test_config_errors():
         coarse.Config(leading_bytes="auto")
     with pytest.raises(ValueError, match="mode"):
         coarse.Config(mode="fast")
+    with pytest.raises(ValueError, match=r"Config.push_bytes: expected a non-negative int"):
+        coarse.Config(push_bytes=-1)
     with pytest.raises(ValueError, match=r"routes\[1\]"):
         coarse.Config(routes=((0, 0), (0, 5))).routes_for(2)
     with pytest.raises(ValueError, match="expected 4"):

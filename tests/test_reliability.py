@@ -116,6 +116,8 @@ def _malformed(plan, **changes):
         ({"workers": np.int64(0)}, r"workers must be >= 1"),
         ({"timeout_ms": np.int64(-5)}, r"timeout_ms must be >= 0"),
         ({"piece_dest": np.array([5], np.int64)}, r"piece_dest routes to proxy 5"),
+        ({"piece_push": np.array([0, 0], np.int64)}, r"piece_push has 2 entries, piece_nelems 1"),
+        ({"piece_push": np.array([-1], np.int64)}, r"piece_push must be >= 0 and non-decreasing"),
         (
             {"segments": np.array([0, 0, 10_000, 0, 0], np.int64)},
             r"segment 0 .*leaf_off \+ len exceeds the leaf's",

@@ -88,7 +88,10 @@ _SCRIPT = textwrap.dedent(
     out = {}
     for placement, mesh in meshes.items():
         for shard in (16 << 10, 8 << 10):
-            cfg = coarse.Config(shard_bytes=shard, xla_below_bytes=0)
+            # push_bytes=0: a push per tensor above shard_bytes (the plan
+            # before push_bytes; the default batches them into fewer pushes),
+            # so the calls are many and only the pieces change between sizes.
+            cfg = coarse.Config(shard_bytes=shard, push_bytes=0, xla_below_bytes=0)
             step = coarse.sync(
                 lambda p, b: coarse.value_and_update(loss, coarse.optim.adam(1e-3))(p, b),
                 mesh=mesh, config=cfg,
@@ -323,7 +326,7 @@ _RING_SCRIPT = textwrap.dedent(
         for kind in ("update", "grad"):
             for shard in (16 << 10, 8 << 10):
                 mesh = coarse.make_mesh(workers=p, proxies=q)
-                cfg = coarse.Config(shard_bytes=shard, xla_below_bytes=0)
+                cfg = coarse.Config(shard_bytes=shard, push_bytes=0, xla_below_bytes=0)
                 if kind == "update":
                     fn = lambda w, b: coarse.value_and_update(loss, coarse.optim.adam(1e-3))(w, b)
                 else:
@@ -494,7 +497,7 @@ _MLP_SCRIPT = textwrap.dedent(
     from coarse_jax import _ffi
     from coarse_jax.testing import reset_stream_ops, shared_device_mesh, stream_ops
 
-    faults, names = int(sys.argv[1]), sys.argv[2].split(",")
+    faults, names, push = int(sys.argv[1]), sys.argv[2].split(","), int(sys.argv[3])
     warnings.simplefilter("ignore")  # ProxiesReplaced: each step is decorated after its mesh
     if faults:
         _ffi.set_faults(faults)
@@ -537,7 +540,10 @@ _MLP_SCRIPT = textwrap.dedent(
             "y": jnp.asarray(rng.standard_normal((rows, 256)) * 0.1, jnp.float32),
         }
         for shard in (16 << 10, 64 << 10):
-            cfg = coarse.Config(shard_bytes=shard, xla_below_bytes=0)
+            # push_bytes 0: the issue's model, each 256 KiB weight its own push
+            # (the plan before push_bytes), B = 9; the default (4 MiB): the
+            # weights in one push, B = 2. At both sizes either way.
+            cfg = coarse.Config(shard_bytes=shard, push_bytes=push, xla_below_bytes=0)
             fn = sgd_step if opt is None else (
                 lambda p, b, opt=opt: coarse.value_and_update(loss, opt)(p, b))
             step = coarse.sync(fn, mesh=mesh, config=cfg)
@@ -575,11 +581,11 @@ _HAND_OFF_SLACK = 8  # per step, over C + B + R (above)
 _SAME_HAND_OFFS = 16.0  # per step, between the two piece sizes, + R (measured spread: above)
 
 
-def _mlp_counts(layouts: tuple[str, ...], faults: int = 0) -> dict:
+def _mlp_counts(layouts: tuple[str, ...], faults: int = 0, push_bytes: int = 0) -> dict:
     env = dict(os.environ, COARSE_JAX_BACKEND="streams")
     env.pop("COARSE_JAX_STREAM_CHAOS", None)
     proc = subprocess.run(
-        [sys.executable, "-c", _MLP_SCRIPT, str(faults), ",".join(layouts)],
+        [sys.executable, "-c", _MLP_SCRIPT, str(faults), ",".join(layouts), str(push_bytes)],
         env=env,
         capture_output=True,
         text=True,
@@ -640,9 +646,12 @@ def _print_per_call(counts: dict) -> None:
         )
 
 
-def test_every_layouts_step_is_work_per_call_at_two_piece_sizes():
-    """Issue 64's budgets on the streams backend: nothing grows with the number of pieces."""
-    counts = _mlp_counts(_PER_CALL)
+@pytest.mark.parametrize("push_bytes", [0, 4 << 20], ids=["push-per-weight", "push-bytes-4MiB"])
+def test_every_layouts_step_is_work_per_call_at_two_piece_sizes(push_bytes):
+    """Issue 64's budgets on the streams backend: nothing grows with the number of pieces,
+    with a push per weight (9 a worker) and with the default push_bytes (2: the ring's
+    groups then span the weights of one push, ffi/runtime/ring_groups.h)."""
+    counts = _mlp_counts(_PER_CALL, push_bytes=push_bytes)
     _print_per_call(counts)
     for layout in _PER_CALL:
         _assert_per_call(counts, layout)

@@ -148,7 +148,9 @@ def _result(x: jax.Array, varying: bool) -> Any:
 # optimizer (a value_and_grad's sync), store -1.
 _TABLES = tuple(f"{t}_{m}" for t in ("wp", "pp", "ww") for m in ("s_per_byte", "latency_s"))
 _PLAN_INTS = ("plan_key", "workers", "timeout_ms", "num_proxy_leaves", "leading_nbytes")
-_PLAN_ARRAYS = ("piece_nelems", "piece_nbytes", "piece_dest", "segments", "leaf_nelems")
+_PLAN_ARRAYS = (
+    *("piece_nelems", "piece_nbytes", "piece_dest", "segments", "leaf_nelems", "piece_push"),
+)
 _PLAN_KEYS = {*_PLAN_INTS, *_PLAN_ARRAYS, "proxies", "mean", "leaf_names", "trace"}
 _OPT_FLOATS = (
     *("b1", "b2", "eps", "one_minus_b1", "one_minus_b2"),

@@ -166,40 +166,61 @@ def plan(
         dest = tuple(route[kind] for route in routes)
         pieces.append(PiecePlan(len(pieces), nelems, nbytes, tuple(segments), dest))
 
-    batch: list[tuple[int, int, int, int]] = []  # segments of the open batch
+    # A push (one bucket, one custom call in the backward pass) takes
+    # consecutive proxy leaves of one group up to `push_bytes` (at least
+    # `shard_bytes`: a batched piece fits in one push); a larger leaf is a
+    # push of its own. Within it, each leaf above `shard_bytes` is cut into
+    # equal shards, and runs of smaller leaves are batched into pieces of up to
+    # `shard_bytes`. So the pushes (calls, wake-ups, launches) depend on
+    # `push_bytes` alone, and the pieces (what the proxies route and ring) on
+    # `shard_bytes`: smaller pieces pipeline the ring finer at no extra call.
+    # With push_bytes <= shard_bytes this is one piece per batch, one push per
+    # batch or large leaf.
+    push_limit = max(config.push_bytes, config.shard_bytes)
+    batch: list[tuple[int, int, int, int]] = []  # segments of the open batched piece
     batch_elems = batch_bytes = 0
-    batch_first_leaf = batch_group = None
+    push_first_leaf = push_group = None
+    push_first_piece = push_leaves = push_bytes = 0
 
     def close_batch() -> None:
-        nonlocal batch, batch_elems, batch_bytes, batch_first_leaf
+        nonlocal batch, batch_elems, batch_bytes
         if batch:
-            assert batch_first_leaf is not None
-            first_piece = len(pieces)
             add_piece(batch, batch_elems, batch_bytes)
-            buckets.append(BucketPlan(batch_first_leaf, len(batch), first_piece, 1))
-        batch, batch_elems, batch_bytes, batch_first_leaf = [], 0, 0, None
+        batch, batch_elems, batch_bytes = [], 0, 0
+
+    def close_push() -> None:
+        nonlocal push_first_leaf, push_leaves, push_bytes
+        close_batch()
+        if push_first_leaf is not None:
+            n = len(pieces) - push_first_piece
+            buckets.append(BucketPlan(push_first_leaf, push_leaves, push_first_piece, n))
+        push_first_leaf, push_leaves, push_bytes = None, 0, 0
 
     for sid, t in enumerate(proxy_tree_ids):
         leaf = leaves[t]
+        if push_first_leaf is not None and (
+            push_bytes + leaf.nbytes > push_limit or leaf.group != push_group
+        ):
+            close_push()
+        if push_first_leaf is None:
+            push_first_leaf, push_group, push_first_piece = sid, leaf.group, len(pieces)
+        push_leaves += 1
+        push_bytes += leaf.nbytes
         if leaf.nbytes > config.shard_bytes:
             close_batch()
             per_shard = max(1, config.shard_bytes // leaf.dtype.itemsize)
             n_shards = -(-leaf.size // per_shard)
             shard = -(-leaf.size // n_shards)  # equal shards, the last one shorter
-            first_piece = len(pieces)
             for off in range(0, leaf.size, shard):
                 n = min(shard, leaf.size - off)
                 add_piece([(sid, off, n, 0)], n, n * leaf.dtype.itemsize)
-            buckets.append(BucketPlan(sid, 1, first_piece, len(pieces) - first_piece))
             continue
-        if batch and (batch_bytes + leaf.nbytes > config.shard_bytes or leaf.group != batch_group):
+        if batch and batch_bytes + leaf.nbytes > config.shard_bytes:
             close_batch()
-        if not batch:
-            batch_first_leaf, batch_group = sid, leaf.group
         batch.append((sid, 0, leaf.size, batch_elems))
         batch_elems += leaf.size
         batch_bytes += leaf.nbytes
-    close_batch()
+    close_push()
 
     if xla_route is None:
         mesh = None if isinstance(mesh_or_workers, int) else mesh_or_workers

@@ -233,6 +233,10 @@ class Plan:
             ).reshape(-1),
             "segments": segs,
             "leaf_nelems": np.array([self.leaves[i].size for i in self.sync_order], dtype=np.int64),
+            "piece_push": np.array(
+                [i for i, b in enumerate(self.buckets) for _ in range(b.num_pieces)],
+                dtype=np.int64,
+            ).reshape(-1),
             "leaf_names": "\n".join(self.leaves[i].name for i in self.sync_order),
         }
         if self.config.topology is not None:
@@ -348,7 +352,7 @@ class Plan:
                 f"({len(self.leading_leaves)} leaves)"
             )
         rows.append(
-            f"shard {self.config.shard_bytes} B, latency threshold "
+            f"shard {self.config.shard_bytes} B, push {max(self.config.push_bytes, self.config.shard_bytes)} B, latency threshold "
             f"{self.config.latency_threshold_bytes} B, routes (lat, bw) per worker: "
             + " ".join(f"w{i}:{lat},{bw}" for i, (lat, bw) in enumerate(routes))
         )

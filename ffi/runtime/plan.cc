@@ -24,6 +24,12 @@ void FinishPlan(Plan* plan) {
         continues ? plan->piece_num_shards[s + 1] : plan->piece_shard[s] + 1;
   }
 
+  if (static_cast<int64_t>(plan->piece_push.size()) != S) {
+    plan->piece_push.assign(S, 0);
+    for (int64_t s = 1; s < S; ++s)
+      plan->piece_push[s] = plan->piece_push[s - 1] + (plan->piece_shard[s] == 0 ? 1 : 0);
+  }
+
   // A piece every worker routes to one proxy needs no ring (DENSE).
   plan->piece_holder.assign(S, -1);
   for (int64_t s = 0; s < S; ++s) {

@@ -46,6 +46,10 @@ struct Plan {
   std::vector<int64_t> piece_seg_begin;   // [num_pieces + 1]
   std::vector<int64_t> piece_shard;       // shard index of the piece in its leaf
   std::vector<int64_t> piece_num_shards;  // shard count of that leaf
+  // The push (plan bucket, one coarse_push) each piece is in, in order:
+  // its pieces land together. Empty (a plan built in C++, the lab's): a push
+  // per leaf run, FinishPlan fills it so.
+  std::vector<int64_t> piece_push;
 
   // Leaves in sync order.
   std::vector<int64_t> leaf_nelems;

@@ -10,16 +10,8 @@ namespace {
 constexpr int64_t kDefaultGroupFloats = int64_t{1} << 20;  // 4 MiB of f32
 std::atomic<int64_t> g_group_floats{kDefaultGroupFloats};
 
-// Whether piece t continues piece t - 1's leaf: one segment each, the next shard.
-bool NextShard(const Plan& plan, int64_t t) {
-  const int64_t s = t - 1;
-  if (plan.piece_seg_begin[s + 1] - plan.piece_seg_begin[s] != 1) return false;
-  if (plan.piece_seg_begin[t + 1] - plan.piece_seg_begin[t] != 1) return false;
-  const Segment& a = plan.segments[plan.piece_seg_begin[s]];
-  const Segment& b = plan.segments[plan.piece_seg_begin[t]];
-  return a.leaf == b.leaf && b.leaf_off == a.leaf_off + a.len &&
-         plan.piece_shard[t] == plan.piece_shard[s] + 1;
-}
+// Whether piece t is in piece t - 1's push (so they land together).
+bool SamePush(const Plan& plan, int64_t t) { return plan.piece_push[t] == plan.piece_push[t - 1]; }
 
 // Proxy j's storage distance from piece t - 1 to piece t (floats).
 int64_t Pitch(const Plan& plan, int64_t j, int64_t t) {
@@ -38,7 +30,7 @@ std::vector<RingGroup> RingGroups(const Plan& plan, int64_t max_floats,
     auto joins = [&](int64_t t) {
       if (q < 2 || plan.piece_holder[t] >= 0 || plan.piece_holder[s] >= 0) return false;
       if (plan.piece_nelems[t] != n || (g.count + 1) * n > max_floats) return false;
-      if (!NextShard(plan, t) || kind(t) != kind(s)) return false;
+      if (!SamePush(plan, t) || kind(t) != kind(s)) return false;
       for (int64_t j = 0; j < q; ++j) {
         if (plan.contributors_of(j, t).size() != plan.contributors_of(j, s).size()) return false;
         if (plan.contributors_of(j, t).empty()) return false;  // zero-filled: not a row of slots

@@ -1,11 +1,12 @@
 // Groups of pieces the proxies' ring steps together (runtime/ring.h:
 // RingMember::rows): work per push, not per piece. A group is consecutive
-// shards of one leaf (pushed by one call, so they land together), of equal
-// length, reduced through the ring (no DENSE holder), laid out at one pitch
+// pieces of one push (Plan::piece_push: one call, so they land together;
+// the shards of one leaf, or of several leaves a push batches, Config.push_bytes),
+// of equal length, reduced through the ring (no DENSE holder), laid out at one pitch
 // in every proxy's storage (the same number of slots per piece), and at most
 // RingGroupFloats() floats (4 MiB of f32 by default: the pull's bound per
-// wait, pull_pieces.cc), past which a leaf's pieces form several groups, so
-// a big leaf's ring still overlaps its tail. Every proxy derives the same
+// wait, pull_pieces.cc), past which a push's pieces form several groups, so
+// a big push's ring still overlaps its tail. Every proxy derives the same
 // groups from the plan, so their counters agree. Each group starts as soon
 // as its pieces' pushes are there.
 #pragma once

@@ -44,6 +44,7 @@ struct PlanAttrs {
   xla::ffi::Span<const int64_t> piece_dest;    // [S * p]: the proxy of each (piece, worker)
   xla::ffi::Span<const int64_t> segments;      // [5 * G]: leaf, leaf_off, len, piece, piece_off
   xla::ffi::Span<const int64_t> leaf_nelems;   // [L], sync order
+  xla::ffi::Span<const int64_t> piece_push;    // [S]: the push (bucket) each piece is in
   std::string_view leaf_names;                 // '\n'-separated, sync order
   bool trace;                                  // Config(trace=True)
   TopologyAttrs topology;
@@ -99,6 +100,7 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("piece_dest"),
     ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("segments"),
     ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("leaf_nelems"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("piece_push"),
     ::xla::ffi::StructMember<std::string_view>("leaf_names"),
     ::xla::ffi::StructMember<bool>("trace"),
     ::xla::ffi::StructMember<::coarse::TopologyAttrs>("topology"));

@@ -50,6 +50,15 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const PlanAttrs& attrs) {
     return ffi::Unexpected(
         Invalid("piece_dest has " + std::to_string(piece_dest.size()) +
                 " entries, expected pieces x workers = " + std::to_string(S * p)));
+  const ffi::Span<const int64_t> piece_push = attrs.piece_push;
+  if (static_cast<int64_t>(piece_push.size()) != S)
+    return ffi::Unexpected(Invalid("piece_push has " + std::to_string(piece_push.size()) +
+                                   " entries, piece_nelems " + std::to_string(S)));
+  for (int64_t s = 0; s < S; ++s)
+    if (piece_push[s] < 0 || (s > 0 && piece_push[s] < piece_push[s - 1]))
+      return ffi::Unexpected(Invalid("piece_push must be >= 0 and non-decreasing, got " +
+                                     std::to_string(piece_push[s]) + " at piece " +
+                                     std::to_string(s)));
   if (segments.size() % 5 != 0)
     return ffi::Unexpected(Invalid("segments' length is not a multiple of 5"));
   for (int64_t s = 0; s < S; ++s)
@@ -67,6 +76,7 @@ ffi::ErrorOr<std::shared_ptr<const Plan>> Parse(const PlanAttrs& attrs) {
   plan->num_proxy_leaves = num_proxy_leaves;
   plan->piece_nelems.assign(piece_nelems.begin(), piece_nelems.end());
   plan->piece_nbytes.assign(piece_nbytes.begin(), piece_nbytes.end());
+  plan->piece_push.assign(piece_push.begin(), piece_push.end());
   plan->leading_nbytes = leading_nbytes;
   plan->trace = attrs.trace;
   auto emulated = ParseTopology(attrs.topology, p, q, &plan->topology);
