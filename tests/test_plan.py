@@ -48,9 +48,7 @@ def test_pushes_follow_push_bytes_pieces_follow_shard_bytes():
     # push_bytes at most shard_bytes: the plan before push_bytes, a push per
     # leaf above shard_bytes and per batch; the pieces unchanged.
     for push in (0, 16 << 10):
-        old = coarse.diagnostics.plan(
-            tree, 2, coarse.Config(shard_bytes=16 << 10, push_bytes=push)
-        )
+        old = coarse.diagnostics.plan(tree, 2, coarse.Config(shard_bytes=16 << 10, push_bytes=push))
         assert [n for _, n in _pushes(old)] == [1] + [16] * 8  # the batch comes first
         new = coarse.diagnostics.plan(tree, 2, coarse.Config(shard_bytes=16 << 10))
         assert old.pieces == new.pieces
